@@ -1,0 +1,77 @@
+"""The channel-provider interface every adapter implements, and its normalised outcome.
+
+An adapter turns one :class:`OutboundMessage` into one provider request on the provider's
+real wire format and returns a :class:`SendResult`. It never raises for provider answers or
+transport failures: those are outcomes (errors are data).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from enum import StrEnum
+from typing import Protocol
+
+from notiflow.schemas.enums import Channel, Tier
+from notiflow.schemas.messages import PushRecipient
+
+
+class Outcome(StrEnum):
+    ACCEPTED = "accepted"
+    """The provider took responsibility for the message (has a provider message id)."""
+    TRANSIENT = "transient"
+    """Not sent; retrying may succeed (timeout before send, 5xx, 429, connection refused)."""
+    PERMANENT = "permanent"
+    """Not sent and never will be (invalid address, unsubscribed, rejected content)."""
+    AMBIGUOUS = "ambiguous"
+    """The request may or may not have been accepted (timeout after the request was sent)."""
+
+
+@dataclass(frozen=True, slots=True)
+class OutboundMessage:
+    """A rendered message ready for a provider."""
+
+    message_id: str
+    attempt: int
+    tenant_id: str
+    channel: Channel
+    tier: Tier
+    recipient: str | PushRecipient
+    body: str
+    subject: str | None = None
+
+    @property
+    def idempotency_key(self) -> str:
+        """Provider idempotency key (message_id + logical attempt), where the API has one."""
+        return f"{self.message_id}:{self.attempt}"
+
+
+@dataclass(frozen=True, slots=True)
+class SendResult:
+    outcome: Outcome
+    provider_id: str
+    started_at: datetime
+    completed_at: datetime
+    provider_message_id: str | None = None
+    reason: str | None = None
+    """Normalised reason, e.g. ``invalid_recipient``, ``rate_limited``, ``server_error``."""
+    error_code: str | None = None
+    """The provider's own error code, as text."""
+    retry_after_s: float | None = None
+    deactivate_recipient: bool = False
+    """True when the provider says the address/token is dead (unregistered, hard bounce)."""
+
+
+class ProviderClient(Protocol):
+    """One provider account of one channel."""
+
+    provider_id: str
+    channel: Channel
+
+    async def send(self, message: OutboundMessage) -> SendResult:
+        """Send one message; never raises for provider or transport errors."""
+        ...
+
+    async def aclose(self) -> None:
+        """Release connections."""
+        ...

@@ -1,0 +1,198 @@
+"""``notiflow``: the one command line for every process and operator task."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from notiflow.schemas.enums import Tier
+from notiflow.settings import Settings, load_settings
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
+stack_app = typer.Typer(no_args_is_help=True, help="Local Kafka, Cassandra and Redis.")
+flow_app = typer.Typer(no_args_is_help=True, help="Bytewax dataflows.")
+schemas_app = typer.Typer(no_args_is_help=True, help="Wire contracts.")
+app.add_typer(stack_app, name="stack")
+app.add_typer(flow_app, name="flow")
+app.add_typer(schemas_app, name="schemas")
+console = Console()
+
+
+def _settings() -> Settings:
+    try:
+        return load_settings()
+    except Exception as exc:
+        console.print(f"[red]invalid configuration:[/red] {exc}")
+        raise typer.Exit(2) from None
+
+
+def _stack_call(fn_name: str, **kwargs: object) -> None:
+    from notiflow.ops.stack import Stack, StackError
+
+    stack = Stack(_settings(), log=lambda m: console.print(m, highlight=False))
+    try:
+        getattr(stack, fn_name)(**kwargs)
+    except StackError as exc:
+        console.print(f"[red]error:[/red] {exc}", highlight=False)
+        raise typer.Exit(1) from None
+
+
+@stack_app.command("up")
+def stack_up() -> None:
+    """Start Kafka, Cassandra and Redis (idempotent), create topics, apply migrations."""
+    _stack_call("up")
+
+
+@stack_app.command("down")
+def stack_down(wipe: Annotated[bool, typer.Option(help="Delete all data too.")] = False) -> None:
+    """Stop the local stack."""
+    _stack_call("down", wipe=wipe)
+
+
+@stack_app.command("fetch")
+def stack_fetch() -> None:
+    """Download the Kafka and Cassandra jars from Maven Central (cached)."""
+    _stack_call("fetch")
+
+
+@stack_app.command("migrate")
+def stack_migrate() -> None:
+    """Apply pending CQL migrations."""
+    _stack_call("migrate")
+
+
+@stack_app.command("status")
+def stack_status() -> None:
+    """Show each component's pid, port and health; exit 1 if any is down."""
+    from notiflow.ops.stack import Stack
+
+    table = Table("component", "pid", "port", "state")
+    ok = True
+    for name, pid, port, healthy in Stack(_settings()).status():
+        ok &= healthy
+        state = "[green]up[/green]" if healthy else ("[yellow]unhealthy[/yellow]" if pid
+                                                     else "[red]down[/red]")
+        table.add_row(name, str(pid or "-"), str(port), state)
+    console.print(table)
+    raise typer.Exit(0 if ok else 1)
+
+
+@app.command("api")
+def api() -> None:
+    """Messaging API and provider webhook receiver (uvicorn)."""
+    from notiflow.gateway.app import serve
+
+    serve(_settings())
+
+
+@app.command("fakes")
+def fakes() -> None:
+    """Local emulators of the provider APIs on loopback."""
+    from notiflow.fakes.server import serve
+
+    serve(_settings())
+
+
+@flow_app.command("send")
+def flow_send(
+    tier: Annotated[Tier, typer.Option(case_sensitive=False, help="Tier to serve.")],
+    process_id: Annotated[int | None, typer.Option("-i", "--process-id")] = None,
+    addresses: Annotated[str | None, typer.Option("-a", "--addresses",
+                                                  help="host:port;host:port")] = None,
+    recovery_dir: Annotated[Path | None, typer.Option()] = None,
+) -> None:
+    """Run the send dataflow of one tier (with Bytewax recovery)."""
+    from notiflow.flows.runner import run_flow
+    from notiflow.flows.send import build_send_flow
+
+    s = _settings()
+    run_flow(lambda: build_send_flow(s, tier), s, f"send-{tier.value.lower()}",
+             process_id=process_id, addresses=addresses, recovery_dir=recovery_dir)
+
+
+@flow_app.command("reconcile")
+def flow_reconcile(
+    process_id: Annotated[int | None, typer.Option("-i", "--process-id")] = None,
+    addresses: Annotated[str | None, typer.Option("-a", "--addresses")] = None,
+    recovery_dir: Annotated[Path | None, typer.Option()] = None,
+) -> None:
+    """Run the reconciliation dataflow (status events + receipts → Cassandra)."""
+    from notiflow.flows.reconcile import build_reconcile_flow
+    from notiflow.flows.runner import run_flow
+
+    s = _settings()
+    run_flow(lambda: build_reconcile_flow(s), s, "reconcile",
+             process_id=process_id, addresses=addresses, recovery_dir=recovery_dir)
+
+
+@app.command("status")
+def status(message_id: str) -> None:
+    """Print a message's current status, attempts and history from Cassandra."""
+    from notiflow.ops.inspect import message_history
+
+    s = _settings()
+    history = asyncio.run(message_history(s, message_id))
+    if history is None:
+        console.print(f"[red]no message {message_id}[/red]")
+        raise typer.Exit(1)
+    msg, attempts, events = history
+    console.print(
+        f"[bold]{message_id}[/bold]  status=[bold]{msg['status']}[/bold]"
+        f"{'  reason=' + msg['reason'] if msg.get('reason') else ''}  tenant={msg['tenant_id']}  "
+        f"{msg['channel']}/{msg['tier']}  recipient={msg.get('recipient_masked')}",
+        highlight=False,
+    )
+    table = Table("time (UTC)", "status", "attempt", "reason", "source", "applied", title="history")
+    for e in events:
+        table.add_row(str(e["occurred_at"]), e["status"], str(e["attempt"]), e["reason"] or "",
+                      e["source"] or "", "yes" if e["applied"] else "no (older)")
+    console.print(table)
+    if attempts:
+        at = Table("#", "provider", "outcome", "provider message id", "error", "started",
+                   "completed", title="attempts")
+        for a in attempts:
+            at.add_row(str(a["attempt_no"]), a["provider_id"], a["outcome"],
+                       a["provider_message_id"] or "", a["normalized_error"] or "",
+                       str(a["started_at"]), str(a["completed_at"]))
+        console.print(at)
+
+
+@app.command("demo")
+def demo(
+    messages: Annotated[int, typer.Option(help="Messages to send through the API.")] = 400,
+    keep_running: Annotated[bool, typer.Option(help="Leave stack and processes up.")] = False,
+) -> None:
+    """Stack up, fakes, API, flows; send traffic through the API; print a per-tier report."""
+    from notiflow.ops.demo import run_demo
+
+    code = run_demo(messages=messages, keep_running=keep_running, console=console)
+    raise typer.Exit(code)
+
+
+@schemas_app.command("export")
+def schemas_export(
+    out: Annotated[Path, typer.Option(help="Target folder.")] = Path("schemas/json"),
+) -> None:
+    """Write the JSON Schema of every wire contract."""
+    from notiflow.schemas.messages import json_schemas
+
+    out.mkdir(parents=True, exist_ok=True)
+    for name, schema in json_schemas().items():
+        (out / f"{name}.schema.json").write_text(json.dumps(schema, indent=2, sort_keys=True)
+                                                 + "\n")
+        console.print(f"wrote {out / name}.schema.json")
+
+
+def main() -> None:
+    app(prog_name="notiflow")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,248 @@
+"""The one settings object.
+
+Every process builds exactly one frozen :class:`Settings` (env prefix ``NOTIFLOW_``, nested
+keys joined by ``__``, optional TOML file named by ``NOTIFLOW_CONFIG``) and passes it
+explicitly. Secrets (tenant tokens, provider credentials, the DLQ key) only ever come from the
+environment or that file, never from code.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+from notiflow.schemas.enums import Channel, Tier
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class TierPolicy(_Frozen):
+    """Per-tier defaults from DESIGN.md ("Tier policy defaults")."""
+
+    sla: timedelta
+    ttl: timedelta
+    retry_caps: tuple[timedelta, ...]
+    batch_size: int = Field(500, ge=1, le=10_000)
+    max_in_flight: int = Field(64, ge=1, le=10_000)
+    provider_timeout: timedelta = timedelta(seconds=5)
+
+
+def _s(*seconds: float) -> tuple[timedelta, ...]:
+    return tuple(timedelta(seconds=s) for s in seconds)
+
+
+DEFAULT_TIERS: dict[Tier, TierPolicy] = {
+    Tier.P0: TierPolicy(
+        sla=timedelta(seconds=1),
+        ttl=timedelta(seconds=60),
+        retry_caps=_s(0, 1, 3, 10),
+        batch_size=100,
+        max_in_flight=128,
+        provider_timeout=timedelta(seconds=2),
+    ),
+    Tier.P1: TierPolicy(
+        sla=timedelta(seconds=10),
+        ttl=timedelta(minutes=30),
+        retry_caps=_s(2, 10, 30, 120),
+        batch_size=250,
+        max_in_flight=64,
+    ),
+    Tier.P2: TierPolicy(
+        sla=timedelta(minutes=5),
+        ttl=timedelta(hours=4),
+        retry_caps=_s(30, 120, 600, 1800),
+        batch_size=500,
+        max_in_flight=64,
+    ),
+    Tier.P3: TierPolicy(
+        sla=timedelta(hours=1),
+        ttl=timedelta(hours=24),
+        retry_caps=_s(300, 1800, 7200),
+        batch_size=1000,
+        max_in_flight=64,
+    ),
+}
+
+
+class TenantConfig(_Frozen):
+    """A calling service: its bearer token and what it may send."""
+
+    id: str = Field(pattern=r"^[a-z0-9][a-z0-9_-]{0,62}$")
+    token: SecretStr
+    tiers: frozenset[Tier] = frozenset(Tier)
+    channels: frozenset[Channel] = frozenset(Channel)
+    templates: frozenset[str] | None = None
+
+    def allows_template(self, template_id: str) -> bool:
+        return self.templates is None or template_id in self.templates
+
+
+class TwilioSettings(_Frozen):
+    """Twilio Messages API account; the base URL points at Twilio or at ``notiflow fakes``."""
+
+    provider_id: str = "twilio"
+    base_url: str = "http://127.0.0.1:18090/twilio"
+    account_sid: str = "AC00000000000000000000000000000000"
+    auth_token: SecretStr | None = None
+    from_number: str = "+15005550006"
+    status_callback_url: str | None = None
+
+
+class Settings(BaseSettings):
+    """Runtime configuration shared by every notiflow process."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="NOTIFLOW_",
+        env_nested_delimiter="__",
+        frozen=True,
+        extra="ignore",
+    )
+
+    # infrastructure (loopback, non-default ports)
+    kafka_bootstrap: str = "127.0.0.1:19092"
+    kafka_controller_port: int = 19093
+    topic_prefix: str = ""
+    ingest_partitions: int = Field(4, ge=1, le=256)
+    events_partitions: int = Field(4, ge=1, le=256)
+    cassandra_hosts: tuple[str, ...] = ("127.0.0.1",)
+    cassandra_port: int = 19042
+    cassandra_storage_port: int = 17000
+    cassandra_jmx_port: int = 17199
+    cassandra_keyspace: str = Field("notiflow", pattern=r"^[a-z][a-z0-9_]{0,47}$")
+    redis_url: str = "redis://127.0.0.1:16379/0"
+    redis_port: int = 16379
+
+    # local stack
+    stack_dir: Path = Path(".stack")
+    cache_dir: Path = Path.home() / ".cache" / "notiflow"
+    kafka_version: str = "4.1.1"
+    cassandra_version: str = "5.0.6"
+    kafka_heap_mb: int = 384
+    cassandra_heap_mb: int = 768
+    java_home: Path | None = None
+
+    # processes
+    api_host: str = "127.0.0.1"
+    api_port: int = 18080
+    fakes_host: str = "127.0.0.1"
+    fakes_port: int = 18090
+    flow_epoch_seconds: int = Field(2, ge=1)
+    recovery_partitions: int = Field(4, ge=1)
+
+    # policy
+    tiers: dict[Tier, TierPolicy] = Field(default_factory=lambda: dict(DEFAULT_TIERS))
+    time_scale: float = Field(1.0, gt=0)
+    content_dedup_window: timedelta = timedelta(minutes=10)
+    operational_ttl: timedelta = timedelta(days=30)
+    idempotency_ttl: timedelta = timedelta(hours=24)
+    outbox_sweep_after: timedelta = timedelta(seconds=30)
+    max_variables_bytes: int = 16_384
+
+    # tenants and providers
+    tenants: tuple[TenantConfig, ...] = ()
+    twilio: TwilioSettings = TwilioSettings()
+
+    # secrets
+    dlq_key: SecretStr | None = None
+
+    @field_validator("content_dedup_window")
+    @classmethod
+    def _dedup_window_bounds(cls, v: timedelta) -> timedelta:
+        if not timedelta(minutes=10) <= v <= timedelta(hours=24):
+            raise ValueError("content_dedup_window must be between 10 minutes and 24 hours")
+        return v
+
+    @model_validator(mode="after")
+    def _complete_tiers(self) -> Settings:
+        missing = set(Tier) - set(self.tiers)
+        if missing:
+            merged = dict(DEFAULT_TIERS)
+            merged.update(self.tiers)
+            object.__setattr__(self, "tiers", merged)
+        ids = [t.id for t in self.tenants]
+        if len(ids) != len(set(ids)):
+            raise ValueError("tenant ids must be unique")
+        return self
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        config_file = os.environ.get("NOTIFLOW_CONFIG")
+        if config_file:
+            sources.append(TomlConfigSettingsSource(settings_cls, toml_file=Path(config_file)))
+        return tuple(sources)
+
+    # derived helpers -------------------------------------------------------------------
+
+    def scaled(self, d: timedelta) -> timedelta:
+        """A policy duration multiplied by ``time_scale`` (DESIGN.md, "Time in tests")."""
+        return d * self.time_scale
+
+    def policy(self, tier: Tier) -> TierPolicy:
+        return self.tiers[tier]
+
+    def tier_ttl(self, tier: Tier) -> timedelta:
+        return self.scaled(self.tiers[tier].ttl)
+
+    def topic(self, name: str) -> str:
+        return f"{self.topic_prefix}{name}"
+
+    def ingest_topic(self, channel: Channel, tier: Tier) -> str:
+        return self.topic(f"ingest.{channel.value.lower()}.{tier.value.lower()}")
+
+    def dlq_topic(self, tier: Tier | None) -> str:
+        return self.topic(f"notify.dlq.{tier.value.lower()}" if tier else "notify.dlq.reconcile")
+
+    @property
+    def events_topic(self) -> str:
+        return self.topic("notify.events")
+
+    @property
+    def receipts_topic(self) -> str:
+        return self.topic("notify.receipts")
+
+    @property
+    def preferences_topic(self) -> str:
+        return self.topic("notify.preferences")
+
+    def tenant_by_token(self, token: str) -> TenantConfig | None:
+        import hmac
+
+        for tenant in self.tenants:
+            if hmac.compare_digest(tenant.token.get_secret_value(), token):
+                return tenant
+        return None
+
+    def tenant(self, tenant_id: str) -> TenantConfig | None:
+        return next((t for t in self.tenants if t.id == tenant_id), None)
+
+    def enabled_channels(self) -> frozenset[Channel]:
+        """Channels that have a configured provider; others are refused at admission."""
+        channels = set()
+        if self.twilio.auth_token is not None:
+            channels.add(Channel.SMS)
+        return frozenset(channels)
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """Build the settings object once per process (overrides win over env and file)."""
+    return Settings(**overrides)

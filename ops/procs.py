@@ -1,0 +1,119 @@
+"""Child processes of notiflow (API, fakes, flows) for the demo and the test suite.
+
+Each child writes to its own log file (never to the parent's stdout), runs in its own process
+group, and is stopped when the owner exits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+import httpx
+
+
+class ProcessFailed(RuntimeError):
+    pass
+
+
+class ManagedProcess:
+    """One ``notiflow ...`` child process."""
+
+    def __init__(self, name: str, args: list[str], log_dir: Path,
+                 env: Mapping[str, str] | None = None) -> None:
+        self.name = name
+        self.args = args
+        self.log_path = log_dir / f"{name}.log"
+        self.env = dict(env if env is not None else os.environ)
+        self.proc: subprocess.Popen[bytes] | None = None
+        log_dir.mkdir(parents=True, exist_ok=True)
+
+    @property
+    def command(self) -> list[str]:
+        return [sys.executable, "-m", "notiflow.cli", *self.args]
+
+    def start(self) -> ManagedProcess:
+        with open(self.log_path, "ab") as log, open(os.devnull, "rb") as devnull:
+            self.proc = subprocess.Popen(self.command, stdin=devnull, stdout=log,
+                                         stderr=subprocess.STDOUT, env=self.env,
+                                         start_new_session=True)
+        return self
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def wait_until(self, ready: Callable[[], bool], timeout: float = 60.0) -> ManagedProcess:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not self.alive:
+                raise ProcessFailed(f"{self.name} exited ({self.proc and self.proc.returncode});"
+                                    f" log:\n{self.tail()}")
+            try:
+                if ready():
+                    return self
+            except Exception:
+                pass
+            time.sleep(0.2)
+        raise ProcessFailed(f"{self.name} not ready after {timeout:.0f}s; log:\n{self.tail()}")
+
+    def wait_http(self, url: str, timeout: float = 60.0) -> ManagedProcess:
+        return self.wait_until(lambda: httpx.get(url, timeout=1.0).status_code == 200, timeout)
+
+    def stop(self, timeout: float = 20.0) -> None:
+        """SIGTERM (graceful), SIGKILL after ``timeout``."""
+        self._signal(signal.SIGTERM)
+        self._wait(timeout)
+
+    def kill(self) -> None:
+        """SIGKILL: a crash, for recovery tests."""
+        self._signal(signal.SIGKILL)
+        self._wait(10)
+
+    def _signal(self, sig: signal.Signals) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, sig)
+
+    def _wait(self, timeout: float) -> None:
+        if self.proc is None:
+            return
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self._signal(signal.SIGKILL)
+            self.proc.wait(10)
+
+
+class ProcessGroup:
+    """Start several children; stop them all (in reverse order) on exit."""
+
+    def __init__(self) -> None:
+        self.procs: list[ManagedProcess] = []
+
+    def add(self, proc: ManagedProcess) -> ManagedProcess:
+        self.procs.append(proc)
+        return proc
+
+    def stop_all(self) -> None:
+        for p in reversed(self.procs):
+            p.stop()
+
+    def __enter__(self) -> ProcessGroup:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop_all()

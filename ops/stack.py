@@ -1,0 +1,479 @@
+"""The local stack without Docker: Kafka (KRaft, one node) and Cassandra 5.0 as plain ``java``
+processes from Maven Central jars, Redis from Debian's ``redis-server``, all on loopback.
+
+``up`` is idempotent and waits for health (Kafka metadata lists the broker, CQL answers,
+Redis PONGs), then creates every topic and applies the CQL migrations. Jars are fetched once
+into ``cache_dir`` (shared between clones); data, logs and pid files live in ``stack_dir``.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+from notiflow.settings import Settings
+
+START_TIMEOUT_S = 180.0
+
+
+class StackError(RuntimeError):
+    """A clear, actionable failure of the local stack."""
+
+
+@dataclass(frozen=True)
+class Paths:
+    root: Path
+    cache: Path
+
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+    @property
+    def run(self) -> Path:
+        return self.root / "run"
+
+    @property
+    def conf(self) -> Path:
+        return self.root / "conf"
+
+    @property
+    def pids(self) -> Path:
+        return self.root / "pids"
+
+    @property
+    def tmp(self) -> Path:
+        return self.root / "tmp"
+
+    def libs(self, name: str, version: str) -> Path:
+        return self.cache / "libs" / f"{name}-{version}"
+
+    def make(self) -> None:
+        for p in (self.logs, self.run, self.conf, self.pids, self.tmp):
+            p.mkdir(parents=True, exist_ok=True)
+
+
+def paths(settings: Settings) -> Paths:
+    return Paths(settings.stack_dir.resolve(), settings.cache_dir.expanduser().resolve())
+
+
+# ---------------------------------------------------------------------------------- helpers
+
+
+def _java(settings: Settings) -> str:
+    home = settings.java_home or (Path(os.environ["JAVA_HOME"]) if "JAVA_HOME" in os.environ
+                                  else None)
+    java = str(home / "bin" / "java") if home else shutil.which("java")
+    if not java or not Path(java).exists():
+        raise StackError(
+            "Java not found: install OpenJDK 17 (Debian: apt-get install openjdk-17-jre-headless)"
+            " or set NOTIFLOW_JAVA_HOME"
+        )
+    out = subprocess.run([java, "-version"], capture_output=True, text=True).stderr
+    m = re.search(r'version "(\d+)', out)
+    major = int(m.group(1)) if m else 0
+    if major != 17:
+        raise StackError(
+            f"{java} is Java {major or '?'}; Cassandra 5.0 needs JDK 17 (Kafka 4 needs >= 17). "
+            "Set NOTIFLOW_JAVA_HOME to a JDK 17."
+        )
+    return java
+
+
+def port_open(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.settimeout(0.3)
+        return s.connect_ex((host, port)) == 0
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return stat.split(") ", 1)[1][0] != "Z"
+    except OSError:
+        return True
+
+
+def _tail(path: Path, lines: int = 30) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+@dataclass
+class Component:
+    name: str
+    port: int
+    extra_ports: tuple[int, ...]
+    start: Callable[[], list[str]]
+    healthy: Callable[[], bool]
+    prepare: Callable[[], None] = lambda: None
+    env: dict[str, str] | None = None
+
+
+class Stack:
+    """Start, stop and inspect the local Kafka, Cassandra and Redis."""
+
+    def __init__(self, settings: Settings, log: Callable[[str], None] = print) -> None:
+        self.s = settings
+        self.p = paths(settings)
+        self.log = log
+
+    # ------------------------------------------------------------------ jars (Maven Central)
+
+    def fetch(self) -> None:
+        """Download the Kafka and Cassandra jars once (cached in ``cache_dir``)."""
+        for name, version in (("kafka", self.s.kafka_version),
+                              ("cassandra", self.s.cassandra_version)):
+            target = self.p.libs(name, version)
+            if (target / ".complete").exists():
+                continue
+            mvn = shutil.which("mvn")
+            if not mvn:
+                raise StackError("Maven (mvn) not found: apt-get install maven")
+            self.log(f"fetching {name} {version} jars from Maven Central into {target} ...")
+            target.mkdir(parents=True, exist_ok=True)
+            pom_text = (resources.files("notiflow.ops") / "maven" / f"{name}-pom.xml").read_text()
+            pom = target.parent / f"{name}-{version}-pom.xml"
+            pom.write_text(pom_text.replace("@VERSION@", version))
+            cmd = [mvn, "-B", "-q", "-f", str(pom),
+                   "org.apache.maven.plugins:maven-dependency-plugin:3.6.1:copy-dependencies",
+                   "-DincludeScope=runtime", f"-DoutputDirectory={target}"]
+            done = subprocess.run(cmd, capture_output=True, text=True)
+            if done.returncode != 0:
+                raise StackError(f"mvn failed for {name}:\n{done.stdout[-3000:]}"
+                                 f"{done.stderr[-2000:]}")
+            (target / ".complete").write_text(version)
+
+    # ------------------------------------------------------------------------ components
+
+    def components(self) -> list[Component]:
+        return [self._redis(), self._kafka(), self._cassandra()]
+
+    def _redis(self) -> Component:
+        s, p = self.s, self.p
+        data = p.run / "redis"
+
+        def start() -> list[str]:
+            exe = shutil.which("redis-server")
+            if not exe:
+                raise StackError("redis-server not found: apt-get install redis-server")
+            data.mkdir(parents=True, exist_ok=True)
+            return [exe, "--port", str(s.redis_port), "--bind", "127.0.0.1",
+                    "--dir", str(data), "--appendonly", "yes", "--appendfsync", "everysec",
+                    "--save", "", "--daemonize", "no", "--protected-mode", "yes",
+                    "--maxmemory-policy", "noeviction"]
+
+        def healthy() -> bool:
+            import redis
+
+            try:
+                return bool(redis.Redis(port=s.redis_port, socket_timeout=1).ping())
+            except redis.RedisError:
+                return False
+
+        return Component("redis", s.redis_port, (), start, healthy)
+
+    def _kafka(self) -> Component:
+        s, p = self.s, self.p
+        data = p.run / "kafka"
+        props = p.conf / "kafka.properties"
+        libs = p.libs("kafka", s.kafka_version)
+        log4j = resources.files("notiflow.ops") / "conf" / "kafka-log4j2.properties"
+
+        def prepare() -> None:
+            props.write_text("\n".join([
+                "process.roles=broker,controller",
+                "node.id=1",
+                f"controller.quorum.voters=1@127.0.0.1:{s.kafka_controller_port}",
+                f"listeners=PLAINTEXT://{s.kafka_bootstrap},"
+                f"CONTROLLER://127.0.0.1:{s.kafka_controller_port}",
+                f"advertised.listeners=PLAINTEXT://{s.kafka_bootstrap}",
+                "controller.listener.names=CONTROLLER",
+                "inter.broker.listener.name=PLAINTEXT",
+                "listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+                f"log.dirs={data}",
+                "num.partitions=1",
+                "auto.create.topics.enable=false",
+                "offsets.topic.replication.factor=1",
+                "offsets.topic.num.partitions=1",
+                "transaction.state.log.replication.factor=1",
+                "transaction.state.log.min.isr=1",
+                "share.coordinator.state.topic.replication.factor=1",
+                "share.coordinator.state.topic.min.isr=1",
+                "group.initial.rebalance.delay.ms=0",
+                "min.insync.replicas=1",
+                "",
+            ]))
+            if (data / "meta.properties").exists():
+                return
+            data.mkdir(parents=True, exist_ok=True)
+            cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+            fmt = subprocess.run(
+                [_java(s), f"-Dlog4j2.configurationFile=file:{log4j}", "-cp", f"{libs}/*",
+                 "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(props),
+                 "--ignore-formatted"],
+                capture_output=True, text=True,
+            )
+            if fmt.returncode != 0:
+                raise StackError(f"kafka storage format failed:\n{fmt.stdout[-2000:]}"
+                                 f"{fmt.stderr[-2000:]}")
+
+        def start() -> list[str]:
+            return [_java(s), f"-Xms{s.kafka_heap_mb}m", f"-Xmx{s.kafka_heap_mb}m",
+                    "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20",
+                    "-XX:InitiatingHeapOccupancyPercent=35", "-XX:+ExplicitGCInvokesConcurrent",
+                    "-Djava.awt.headless=true", f"-Djava.io.tmpdir={p.tmp}",
+                    f"-Dlog4j2.configurationFile=file:{log4j}",
+                    "-cp", f"{libs}/*", "kafka.Kafka", str(props)]
+
+        def healthy() -> bool:
+            import logging
+
+            from confluent_kafka.admin import AdminClient
+
+            if not port_open(port):
+                return False
+            quiet = logging.getLogger("notiflow.stack.kafka-probe")
+            quiet.addHandler(logging.NullHandler())
+            quiet.propagate = False
+            try:
+                md = AdminClient({"bootstrap.servers": s.kafka_bootstrap,
+                                  "socket.timeout.ms": 2000, "logger": quiet}
+                                 ).list_topics(timeout=2)
+            except Exception:
+                return False
+            return 1 in md.brokers
+
+        port = int(s.kafka_bootstrap.rsplit(":", 1)[1])
+        return Component("kafka", port, (s.kafka_controller_port,), start, healthy, prepare)
+
+    def _cassandra(self) -> Component:
+        s, p = self.s, self.p
+        data = p.run / "cassandra"
+        yaml = p.conf / "cassandra.yaml"
+        libs = p.libs("cassandra", s.cassandra_version)
+        logback = resources.files("notiflow.ops") / "conf" / "cassandra-logback.xml"
+
+        def prepare() -> None:
+            data.mkdir(parents=True, exist_ok=True)
+            yaml.write_text(f"""cluster_name: 'notiflow'
+num_tokens: 1
+initial_token: 0
+partitioner: org.apache.cassandra.dht.Murmur3Partitioner
+endpoint_snitch: SimpleSnitch
+listen_address: 127.0.0.1
+rpc_address: 127.0.0.1
+storage_port: {s.cassandra_storage_port}
+native_transport_port: {s.cassandra_port}
+start_native_transport: true
+seed_provider:
+  - class_name: org.apache.cassandra.locator.SimpleSeedProvider
+    parameters: [{{seeds: "127.0.0.1"}}]
+data_file_directories: [{data}/data]
+commitlog_directory: {data}/commitlog
+saved_caches_directory: {data}/saved_caches
+hints_directory: {data}/hints
+commitlog_sync: periodic
+commitlog_sync_period: 10s
+auto_snapshot: false
+concurrent_compactors: 1
+concurrent_reads: 8
+concurrent_writes: 16
+concurrent_counter_writes: 4
+memtable_flush_writers: 1
+write_request_timeout: 5000ms
+read_request_timeout: 5000ms
+cas_contention_timeout: 2000ms
+""")
+
+        def start() -> list[str]:
+            jamm = sorted(libs.glob("jamm-*.jar"))
+            if not jamm:
+                raise StackError(f"jamm jar missing in {libs}: run `notiflow stack fetch`")
+            opens = [
+                "java.base/java.lang.module", "java.base/jdk.internal.loader",
+                "java.base/jdk.internal.ref", "java.base/jdk.internal.reflect",
+                "java.base/jdk.internal.math", "java.base/jdk.internal.module",
+                "java.base/jdk.internal.util.jar", "jdk.management/com.sun.management.internal",
+                "java.base/sun.nio.ch", "java.base/java.io", "java.base/java.lang.reflect",
+                "jdk.compiler/com.sun.tools.javac", "java.base/java.lang", "java.base/java.util",
+            ]
+            exports = [
+                "java.base/jdk.internal.misc",
+                "java.management.rmi/com.sun.jmx.remote.internal.rmi",
+                "java.rmi/sun.rmi.registry", "java.rmi/sun.rmi.server", "java.sql/java.sql",
+                "java.base/java.lang.ref", "jdk.unsupported/sun.misc",
+                "jdk.compiler/com.sun.tools.javac.file", "jdk.attach/sun.tools.attach",
+            ]
+            heap = s.cassandra_heap_mb
+            return [
+                _java(s), f"-Xms{heap}m", f"-Xmx{heap}m", "-Xss256k", "-XX:+UseG1GC",
+                "-XX:+ParallelRefProcEnabled", "-XX:MaxTenuringThreshold=1",
+                "-XX:MaxGCPauseMillis=300", "-XX:+UseThreadPriorities",
+                "-XX:+PerfDisableSharedMem", "-ea", "-da:net.openhft...",
+                "-Djava.net.preferIPv4Stack=true", "-Djdk.attach.allowAttachSelf=true",
+                *[f"--add-exports={e}=ALL-UNNAMED" for e in exports],
+                *[f"--add-opens={o}=ALL-UNNAMED" for o in opens],
+                "-Dio.netty.tryReflectionSetAccessible=true",
+                "-Dio.netty.allocator.useCacheForAllThreads=true",
+                "-Dio.netty.allocator.maxOrder=11",
+                f"-Djava.io.tmpdir={p.tmp}", f"-Djna.tmpdir={p.tmp}",
+                f"-Dio.netty.native.workdir={p.tmp}",
+                f"-javaagent:{jamm[-1]}",
+                "-Dcassandra-foreground=yes",
+                f"-Dcassandra.config=file://{yaml}",
+                f"-Dcassandra.storagedir={data}",
+                f"-Dcassandra.logdir={p.logs}",
+                f"-Dlogback.configurationFile=file://{logback}",
+                f"-Dcassandra.jmx.local.port={s.cassandra_jmx_port}",
+                "-Dcassandra.skip_wait_for_gossip_to_settle=0",
+                "-Dcassandra.unsafesystem=true",
+                "-cp", f"{libs}/*", "org.apache.cassandra.service.CassandraDaemon",
+            ]
+
+        def healthy() -> bool:
+            if not port_open(s.cassandra_port):
+                return False
+            from notiflow.adapters.cassandra_store import connect
+
+            try:
+                cluster, session = connect(s, keyspace=None, connect_timeout=3)
+            except Exception:
+                return False
+            try:
+                return session.execute("SELECT release_version FROM system.local").one() is not None
+            except Exception:
+                return False
+            finally:
+                cluster.shutdown()
+
+        return Component("cassandra", s.cassandra_port,
+                         (s.cassandra_storage_port, s.cassandra_jmx_port),
+                         start, healthy, prepare)
+
+    # ---------------------------------------------------------------------- lifecycle
+
+    def _pidfile(self, c: Component) -> Path:
+        return self.p.pids / f"{c.name}.pid"
+
+    def pid(self, c: Component) -> int | None:
+        f = self._pidfile(c)
+        try:
+            pid = int(f.read_text().strip())
+        except (OSError, ValueError):
+            return None
+        return pid if _pid_alive(pid) else None
+
+    def up(self, *, topics: bool = True, migrations: bool = True) -> None:
+        self.p.make()
+        self.fetch()
+        started: list[tuple[Component, subprocess.Popen[bytes]]] = []
+        for c in self.components():
+            if self.pid(c) is not None:
+                self.log(f"{c.name}: already running (pid {self.pid(c)})")
+                continue
+            for port in (c.port, *c.extra_ports):
+                if port_open(port):
+                    raise StackError(
+                        f"{c.name}: port {port} is already in use by a process notiflow did "
+                        "not start; stop it or change the port setting"
+                    )
+            c.prepare()
+            cmd = c.start()
+            log_path = self.p.logs / f"{c.name}.log"
+            with open(log_path, "ab") as log, open(os.devnull, "rb") as devnull:
+                proc = subprocess.Popen(cmd, stdin=devnull, stdout=log, stderr=subprocess.STDOUT,
+                                        start_new_session=True, cwd=self.p.root)
+            self._pidfile(c).write_text(str(proc.pid))
+            self.log(f"{c.name}: started (pid {proc.pid}), log {log_path}")
+            started.append((c, proc))
+        for c in self.components():
+            self._wait_healthy(c)
+        if topics:
+            from notiflow.ops.topics import ensure_topics
+
+            created = ensure_topics(self.s)
+            self.log(f"kafka: {len(created)} topics created" if created else "kafka: topics ok")
+        if migrations:
+            self.migrate()
+
+    def migrate(self) -> None:
+        from notiflow.adapters.cassandra_store import connect
+        from notiflow.ops.migrate import apply
+
+        cluster, session = connect(self.s, keyspace=None)
+        try:
+            done = apply(session, self.s)
+        finally:
+            cluster.shutdown()
+        names = ", ".join(f"{m.version:04d}_{m.name}" for m in done)
+        self.log(f"cassandra: migrations applied: {names}" if done else "cassandra: schema ok")
+
+    def _wait_healthy(self, c: Component) -> None:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if c.healthy():
+                self.log(f"{c.name}: healthy on 127.0.0.1:{c.port}")
+                return
+            if self.pid(c) is None:
+                raise StackError(f"{c.name} exited during start-up; last log lines:\n"
+                                 f"{_tail(self.p.logs / f'{c.name}.log')}")
+            time.sleep(0.5)
+        raise StackError(f"{c.name} not healthy after {START_TIMEOUT_S:.0f}s; last log lines:\n"
+                         f"{_tail(self.p.logs / f'{c.name}.log')}")
+
+    def down(self, *, wipe: bool = False) -> None:
+        for c in reversed(self.components()):
+            pid = self.pid(c)
+            if pid is None:
+                self.log(f"{c.name}: not running")
+            else:
+                stop_process(pid, c.name, self.log)
+            self._pidfile(c).unlink(missing_ok=True)
+        if wipe:
+            shutil.rmtree(self.p.run, ignore_errors=True)
+            self.log("data wiped")
+
+    def status(self) -> list[tuple[str, int | None, int, bool]]:
+        """(component, pid, port, healthy) for each component."""
+        return [(c.name, self.pid(c), c.port, self.pid(c) is not None and c.healthy())
+                for c in self.components()]
+
+
+def stop_process(pid: int, name: str, log: Callable[[str], None] = print,
+                 timeout: float = 30.0) -> None:
+    """SIGTERM the process group, then SIGKILL after ``timeout``."""
+    try:
+        os.killpg(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    except PermissionError:
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and _pid_alive(pid):
+        time.sleep(0.2)
+    if _pid_alive(pid):
+        log(f"{name}: did not stop in {timeout:.0f}s, killing")
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
+    log(f"{name}: stopped")

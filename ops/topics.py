@@ -1,0 +1,69 @@
+"""Every Kafka topic of DESIGN.md, created idempotently."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from notiflow.schemas.enums import Channel, Tier
+from notiflow.settings import Settings
+
+_DAY_MS = 24 * 3600 * 1000
+
+
+@dataclass(frozen=True)
+class TopicSpec:
+    name: str
+    partitions: int
+    config: dict[str, str] = field(default_factory=dict)
+
+
+def topic_specs(settings: Settings) -> list[TopicSpec]:
+    specs = [
+        TopicSpec(
+            settings.ingest_topic(channel, tier),
+            settings.ingest_partitions,
+            {"retention.ms": str(7 * _DAY_MS)},
+        )
+        for channel in Channel
+        for tier in Tier
+    ]
+    specs += [
+        TopicSpec(settings.events_topic, settings.events_partitions,
+                  {"retention.ms": str(7 * _DAY_MS)}),
+        TopicSpec(settings.receipts_topic, settings.events_partitions,
+                  {"retention.ms": str(7 * _DAY_MS)}),
+        TopicSpec(settings.preferences_topic, settings.events_partitions,
+                  {"cleanup.policy": "compact"}),
+    ]
+    specs += [
+        TopicSpec(settings.dlq_topic(tier), 1, {"retention.ms": str(30 * _DAY_MS)})
+        for tier in [*Tier, None]
+    ]
+    return specs
+
+
+def ensure_topics(settings: Settings, timeout: float = 30.0) -> list[str]:
+    """Create missing topics; returns the names created."""
+    admin = AdminClient({"bootstrap.servers": settings.kafka_bootstrap})
+    existing = set(admin.list_topics(timeout=timeout).topics)
+    wanted = [s for s in topic_specs(settings) if s.name not in existing]
+    if not wanted:
+        return []
+    futures = admin.create_topics(
+        [NewTopic(s.name, num_partitions=s.partitions, replication_factor=1, config=s.config)
+         for s in wanted],
+        operation_timeout=timeout,
+        request_timeout=timeout,
+    )
+    created = []
+    for name, fut in futures.items():
+        try:
+            fut.result(timeout=timeout)
+            created.append(name)
+        except KafkaException as exc:
+            if "TOPIC_ALREADY_EXISTS" not in str(exc):
+                raise
+    return created

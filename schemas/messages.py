@@ -1,0 +1,346 @@
+"""Wire contracts: the send request, the topic envelopes, status events, attempts, receipts.
+
+These pydantic models are the only definition of the payloads; ``notiflow schemas export``
+writes them as JSON Schema for upstream producers (``schemas/json/``).
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+import phonenumbers
+from email_validator import EmailNotValidError, validate_email
+from pydantic import (
+    AfterValidator,
+    AwareDatetime,
+    BaseModel,
+    ConfigDict,
+    Field,
+    HttpUrl,
+    field_validator,
+    model_validator,
+)
+
+from notiflow.schemas.enums import Category, Channel, PushPlatform, Status, Tier
+
+SCHEMA_VERSION = 1
+MAX_VARIABLES = 64
+MAX_VARIABLE_VALUE = 4096
+MAX_VARIABLES_BYTES = 16_384
+_MESSAGE_ID_NAMESPACE = uuid.UUID("5b7c3e0e-6f0b-4c55-9a63-0c6a1f0d2f61")
+_VARIABLE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
+_APNS_TOKEN = re.compile(r"^[0-9a-fA-F]{64,200}$")
+_FCM_TOKEN = re.compile(r"^[A-Za-z0-9_:\-]{32,4096}$")
+
+MessageId = Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
+TenantId = Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9_-]{0,62}$")]
+TemplateId = Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9._-]{0,127}$")]
+IdempotencyKey = Annotated[str, Field(min_length=1, max_length=255, pattern=r"^[\x21-\x7e]+$")]
+
+
+def new_message_id() -> str:
+    return f"msg_{uuid.uuid4().hex}"
+
+
+def derived_message_id(*parts: str) -> str:
+    """A deterministic id, so a replayed or re-produced record maps to the same message."""
+    return f"msg_{uuid.uuid5(_MESSAGE_ID_NAMESPACE, ':'.join(parts)).hex}"
+
+
+def _e164(value: str) -> str:
+    if not re.fullmatch(r"\+[1-9]\d{6,14}", value):
+        raise ValueError("phone number must be in E.164 form, e.g. +14155550123")
+    try:
+        parsed = phonenumbers.parse(value, None)
+    except phonenumbers.NumberParseException as exc:
+        raise ValueError(f"phone number cannot be parsed: {exc}") from None
+    if not phonenumbers.is_valid_number(parsed):
+        raise ValueError("phone number is not a valid number for its country code")
+    return value
+
+
+def _email(value: str) -> str:
+    try:
+        return validate_email(value, check_deliverability=False).normalized
+    except EmailNotValidError as exc:
+        raise ValueError(f"invalid email address: {exc}") from None
+
+
+PhoneNumber = Annotated[str, AfterValidator(_e164)]
+EmailAddress = Annotated[str, Field(max_length=254), AfterValidator(_email)]
+
+
+class Wire(BaseModel):
+    """Base of every wire model: unknown fields are rejected, instances are immutable."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class PushRecipient(Wire):
+    device_token: str = Field(min_length=32, max_length=4096)
+    platform: PushPlatform
+
+    @model_validator(mode="after")
+    def _token_shape(self) -> PushRecipient:
+        pattern = _APNS_TOKEN if self.platform is PushPlatform.IOS else _FCM_TOKEN
+        if not pattern.fullmatch(self.device_token):
+            raise ValueError(f"device_token is not a valid {self.platform.value} token")
+        return self
+
+
+Recipient = str | PushRecipient
+VariableValue = str | int | float | bool | None
+
+
+class SendRequest(Wire):
+    """Body of ``POST /v1/messages`` (seed 004 section 4)."""
+
+    channel: Channel
+    tier: Tier
+    recipient: Recipient
+    template_id: TemplateId
+    template_version: int = Field(ge=1, le=1_000_000)
+    variables: dict[str, VariableValue] = Field(default_factory=dict)
+    category: Category = Category.TRANSACTIONAL
+    expires_at: AwareDatetime | None = None
+    scheduled_at: AwareDatetime | None = None
+    ordering_key: str | None = Field(None, min_length=1, max_length=256)
+    status_webhook: HttpUrl | None = None
+
+    @field_validator("variables")
+    @classmethod
+    def _variables_bounded(cls, v: dict[str, VariableValue]) -> dict[str, VariableValue]:
+        if len(v) > MAX_VARIABLES:
+            raise ValueError(f"at most {MAX_VARIABLES} variables")
+        size = 0
+        for name, value in v.items():
+            if not _VARIABLE_NAME.fullmatch(name):
+                raise ValueError(f"invalid variable name {name!r}")
+            if isinstance(value, str) and len(value) > MAX_VARIABLE_VALUE:
+                raise ValueError(f"variable {name!r} longer than {MAX_VARIABLE_VALUE} chars")
+            size += len(name) + len(str(value))
+        if size > MAX_VARIABLES_BYTES:
+            raise ValueError(f"variables larger than {MAX_VARIABLES_BYTES} bytes")
+        return v
+
+    @model_validator(mode="after")
+    def _recipient_matches_channel(self) -> SendRequest:
+        r = self.recipient
+        if self.channel is Channel.PUSH:
+            if not isinstance(r, PushRecipient):
+                raise ValueError("PUSH recipient must be {device_token, platform}")
+        elif isinstance(r, PushRecipient):
+            raise ValueError(f"{self.channel.value} recipient must be a string")
+        elif self.channel is Channel.SMS:
+            object.__setattr__(self, "recipient", _e164(r))
+        else:
+            object.__setattr__(self, "recipient", _email(r))
+        if self.scheduled_at is not None:
+            if self.tier not in (Tier.P2, Tier.P3):
+                raise ValueError("scheduled_at is allowed for P2 and P3 only")
+            if self.expires_at is not None and self.scheduled_at >= self.expires_at:
+                raise ValueError("scheduled_at must be before expires_at")
+        return self
+
+    def recipient_key(self) -> str:
+        """The recipient as one string (for hashing, caps and dedup)."""
+        r = self.recipient
+        if isinstance(r, PushRecipient):
+            return f"{r.platform.value}:{r.device_token}"
+        return r.lower() if self.channel is Channel.EMAIL else r
+
+
+class IngestRecord(SendRequest):
+    """Value of an ``ingest.{channel}.{tier}`` record.
+
+    Written by the Messaging API (with ``message_id`` and ``accepted_at``) or directly by an
+    upstream producer (which may omit both: the send flow then derives a stable message id
+    from the idempotency key, or from the record's topic/partition/offset, and uses the
+    Kafka timestamp as acceptance time).
+    """
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    tenant_id: TenantId
+    message_id: MessageId | None = None
+    idempotency_key: IdempotencyKey | None = None
+    accepted_at: AwareDatetime | None = None
+    attempt: int = Field(1, ge=1, le=1000)
+    not_before: AwareDatetime | None = None
+
+    def request(self) -> SendRequest:
+        return SendRequest.model_validate(
+            self.model_dump(include=set(SendRequest.model_fields), mode="python")
+        )
+
+
+class AttemptRecord(Wire):
+    """One provider call (Cassandra ``attempts``)."""
+
+    attempt_no: int = Field(ge=1)
+    provider_id: str
+    outcome: Literal["accepted", "transient", "permanent", "ambiguous"]
+    provider_message_id: str | None = None
+    normalized_error: str | None = None
+    error_code: str | None = None
+    retry_after_s: float | None = None
+    started_at: AwareDatetime
+    completed_at: AwareDatetime
+
+
+class MessageSnapshot(Wire):
+    """What the reconciler needs to create a message row it has not seen (direct producers)."""
+
+    tenant_id: TenantId
+    channel: Channel
+    tier: Tier
+    category: Category
+    template_id: TemplateId
+    template_version: int
+    recipient_hash: str
+    recipient_masked: str
+    accepted_at: AwareDatetime
+    expires_at: AwareDatetime | None = None
+    scheduled_at: AwareDatetime | None = None
+    idempotency_key: str | None = None
+    ordering_key: str | None = None
+    status_webhook: str | None = None
+
+
+class StatusEvent(Wire):
+    """Value of a ``notify.events`` record (key = message_id)."""
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    event_id: str
+    message_id: MessageId
+    tenant_id: TenantId
+    channel: Channel
+    tier: Tier
+    status: Status
+    attempt: int = Field(0, ge=0)
+    reason: str | None = None
+    occurred_at: AwareDatetime
+    source: str
+    attempt_detail: AttemptRecord | None = None
+    message: MessageSnapshot | None = None
+    next_attempt_at: AwareDatetime | None = None
+
+    @staticmethod
+    def make_id(message_id: str, status: Status, attempt: int, extra: str = "") -> str:
+        """Deterministic id: the same transition replayed yields the same event id."""
+        return f"{message_id}:{status.value}:{attempt}{':' + extra if extra else ''}"
+
+
+class Receipt(Wire):
+    """Value of a ``notify.receipts`` record: a provider delivery report, normalised."""
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    provider_id: str
+    provider_event_id: str
+    provider_message_id: str
+    status: Literal[
+        Status.SENT,
+        Status.DELIVERED,
+        Status.FAILED,
+        Status.BOUNCED,
+        Status.OPENED,
+        Status.CLICKED,
+    ]
+    occurred_at: AwareDatetime
+    raw_status: str | None = None
+    error_code: str | None = None
+
+
+class DlqRecord(Wire):
+    """Value of a ``notify.dlq.{tier}`` record. The original bytes are encrypted (Fernet)."""
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    dlq_id: str
+    tier: Tier | None
+    reason: str
+    error_class: str
+    category: Literal["invalid_data", "provider_outage", "bug", "unavailable"]
+    failed_at: AwareDatetime
+    source_topic: str
+    source_partition: int
+    source_offset: int
+    source_timestamp_ms: int | None = None
+    message_id: str | None = None
+    tenant_id: str | None = None
+    headers: dict[str, str] = Field(default_factory=dict)
+    payload_encrypted: str
+    attempts: tuple[AttemptRecord, ...] = ()
+
+
+class TemplateCreate(Wire):
+    """Body of ``POST /v1/templates``; omit ``version`` to get the next one."""
+
+    template_id: TemplateId
+    channel: Channel
+    version: int | None = Field(None, ge=1, le=1_000_000)
+    subject: str | None = Field(None, max_length=998)
+    body: str = Field(min_length=1, max_length=65_536)
+    description: str | None = Field(None, max_length=1024)
+
+
+class TemplateVersion(Wire):
+    tenant_id: TenantId
+    template_id: TemplateId
+    version: int
+    channel: Channel
+    subject: str | None
+    body: str
+    variables: tuple[str, ...]
+    checksum: str
+    created_at: datetime
+
+
+class Accepted(Wire):
+    """``202`` body of ``POST /v1/messages``."""
+
+    message_id: str
+    status: Literal[Status.QUEUED, Status.SCHEDULED]
+    accepted_at: datetime
+
+
+class AttemptView(Wire):
+    attempt_no: int
+    provider_id: str | None
+    provider_message_id: str | None
+    outcome: str | None
+    normalized_error: str | None
+    started_at: datetime | None
+    completed_at: datetime | None
+
+
+class MessageView(Wire):
+    """``GET /v1/messages/{id}``."""
+
+    message_id: str
+    status: Status
+    reason: str | None
+    channel: Channel
+    tier: Tier
+    category: str | None
+    template_id: str | None
+    template_version: int | None
+    accepted_at: datetime | None
+    updated_at: datetime | None
+    attempts: tuple[AttemptView, ...]
+
+
+def json_schemas() -> dict[str, dict[str, Any]]:
+    """JSON Schema of every contract an external party produces or consumes."""
+    models: dict[str, type[BaseModel]] = {
+        "send_request": SendRequest,
+        "ingest_record": IngestRecord,
+        "status_event": StatusEvent,
+        "receipt": Receipt,
+        "dlq_record": DlqRecord,
+        "template_create": TemplateCreate,
+        "accepted": Accepted,
+        "message_view": MessageView,
+    }
+    return {name: model.model_json_schema() for name, model in models.items()}

@@ -1,0 +1,60 @@
+"""The monotonic order of message statuses.
+
+Statuses form a total order, so merging is ``max``: the result does not depend on the order
+in which events or receipts arrive (duplicated, shuffled, replayed). The order encodes the
+rules of DESIGN.md:
+
+    CREATED < SCHEDULED < QUEUED
+      < PROCESSING(1) < RETRY_PENDING(1) < UNKNOWN(1) < PROCESSING(2) < ...   (per attempt)
+      < SUPPRESSED < EXPIRED < PROVIDER_ACCEPTED < SENT < FAILED < DELIVERED
+      < BOUNCED < OPENED < CLICKED
+
+so DELIVERED never goes back to SENT, FAILED never overwrites DELIVERED, a carrier failure
+after SENT is recorded, an email DELIVERED may still become BOUNCED, and a late provider
+acceptance (an UNKNOWN attempt that did go through) wins over the decision to give up.
+The rank is stored in Cassandra and compared in a lightweight transaction
+(``IF status_rank < ?``), so the order is enforced by the database for every writer.
+"""
+
+from __future__ import annotations
+
+from notiflow.schemas.enums import Status
+
+_CLASS: dict[Status, int] = {
+    Status.CREATED: 0,
+    Status.SCHEDULED: 1,
+    Status.QUEUED: 2,
+    Status.PROCESSING: 3,
+    Status.RETRY_PENDING: 3,
+    Status.UNKNOWN: 3,
+    Status.SUPPRESSED: 4,
+    Status.EXPIRED: 5,
+    Status.PROVIDER_ACCEPTED: 6,
+    Status.SENT: 7,
+    Status.FAILED: 8,
+    Status.DELIVERED: 9,
+    Status.BOUNCED: 10,
+    Status.OPENED: 11,
+    Status.CLICKED: 12,
+}
+_WITHIN_ATTEMPT: dict[Status, int] = {
+    Status.PROCESSING: 0,
+    Status.RETRY_PENDING: 1,
+    Status.UNKNOWN: 2,
+}
+MAX_ATTEMPT = 99_999
+_CLASS_WEIGHT = 1_000_000
+
+
+def rank(status: Status, attempt: int = 0) -> int:
+    """Position of ``status`` in the order; ``attempt`` matters only for in-flight statuses."""
+    if status in _WITHIN_ATTEMPT:
+        if not 0 <= attempt <= MAX_ATTEMPT:
+            raise ValueError(f"attempt out of range: {attempt}")
+        return _CLASS[status] * _CLASS_WEIGHT + attempt * 10 + _WITHIN_ATTEMPT[status]
+    return _CLASS[status] * _CLASS_WEIGHT
+
+
+def supersedes(new: Status, new_attempt: int, old: Status, old_attempt: int) -> bool:
+    """True when ``new`` may replace ``old`` as the current status."""
+    return rank(new, new_attempt) > rank(old, old_attempt)

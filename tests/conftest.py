@@ -1,0 +1,92 @@
+"""Shared fixtures.
+
+Unit tests need nothing. Flow and integration tests share one real stack (Kafka, Cassandra,
+Redis; started once per session by ``notiflow stack up`` or by the ``stack`` fixture) and get
+their own topic prefix and keyspace per session, so runs never see each other's data.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from notiflow.devenv import dev_environment, free_port
+from notiflow.ops.procs import ManagedProcess, ProcessGroup
+from notiflow.settings import Settings
+
+ROOT = Path(__file__).resolve().parent.parent
+RUN_ID = uuid.uuid4().hex[:8]
+
+
+@pytest.fixture(scope="session")
+def test_env() -> dict[str, str]:
+    """NOTIFLOW_* variables of this test session (also exported to ``os.environ``)."""
+    env, tokens = dev_environment(
+        api_port=free_port(),
+        fakes_port=free_port(),
+        time_scale=0.01,
+        extra={
+            "NOTIFLOW_TOPIC_PREFIX": f"t{RUN_ID}.",
+            "NOTIFLOW_CASSANDRA_KEYSPACE": f"nf_test_{RUN_ID}",
+            "NOTIFLOW_STACK_DIR": os.environ.get("NOTIFLOW_STACK_DIR", str(ROOT / ".stack")),
+            "NOTIFLOW_FLOW_EPOCH_SECONDS": "1",
+        },
+    )
+    os.environ.update(env)
+    env.update({f"TOKEN_{tid.upper()}": tok for tid, tok in tokens.items()})
+    return env
+
+
+@pytest.fixture(scope="session")
+def tokens(test_env: dict[str, str]) -> dict[str, str]:
+    return {k.removeprefix("TOKEN_").lower(): v for k, v in test_env.items()
+            if k.startswith("TOKEN_")}
+
+
+@pytest.fixture(scope="session")
+def settings(test_env: dict[str, str]) -> Settings:
+    return Settings()
+
+
+@pytest.fixture(scope="session")
+def log_dir(settings: Settings) -> Path:
+    d = settings.stack_dir.resolve() / "logs" / f"test-{RUN_ID}"
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+@pytest.fixture(scope="session")
+def stack(settings: Settings) -> Settings:
+    """The real local stack, with this session's topics and keyspace."""
+    from notiflow.ops.stack import Stack
+
+    Stack(settings, log=lambda _m: None).up()
+    return settings
+
+
+@pytest.fixture(scope="session")
+def processes() -> Iterator[ProcessGroup]:
+    group = ProcessGroup()
+    yield group
+    group.stop_all()
+
+
+@pytest.fixture(scope="session")
+def fakes(stack: Settings, processes: ProcessGroup, log_dir: Path) -> str:
+    """``notiflow fakes`` on loopback; returns its base URL."""
+    base = f"http://127.0.0.1:{stack.fakes_port}"
+    processes.add(ManagedProcess("fakes", ["fakes"], log_dir)).start().wait_http(
+        f"{base}/_admin/health")
+    return base
+
+
+@pytest.fixture(scope="session")
+def api(stack: Settings, fakes: str, processes: ProcessGroup, log_dir: Path) -> str:
+    """``notiflow api``; returns its base URL."""
+    base = f"http://127.0.0.1:{stack.api_port}"
+    processes.add(ManagedProcess("api", ["api"], log_dir)).start().wait_http(f"{base}/healthz")
+    return base
