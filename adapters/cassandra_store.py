@@ -15,7 +15,13 @@ from datetime import UTC, date, datetime
 from typing import Any
 
 from cassandra import ConsistencyLevel
-from cassandra.cluster import Cluster, ExecutionProfile, ResponseFuture, Session
+from cassandra.cluster import (
+    EXEC_PROFILE_DEFAULT,
+    Cluster,
+    ExecutionProfile,
+    ResponseFuture,
+    Session,
+)
 from cassandra.policies import DCAwareRoundRobinPolicy, RetryPolicy
 from cassandra.query import PreparedStatement, dict_factory
 
@@ -45,7 +51,7 @@ def connect(
     cluster = Cluster(
         list(settings.cassandra_hosts),
         port=settings.cassandra_port,
-        execution_profiles={"default": profile},
+        execution_profiles={EXEC_PROFILE_DEFAULT: profile},
         connect_timeout=connect_timeout,
         control_connection_timeout=connect_timeout,
         protocol_version=5,
@@ -185,6 +191,21 @@ class CassandraStore:
         rows = await self._run("msg_get", (message_id,))
         return rows[0] if rows else None
 
+    async def delete_unsent_message(
+        self, message_id: str, tenant_id: str, accepted_at: datetime, max_status: Status
+    ) -> bool:
+        """Delete a message row that never got past ``max_status`` (LWT), and its
+        tenant-history row; True if the row was deleted or did not exist. Used to undo an
+        acceptance whose ingest record was never published."""
+        rows = await self._run("msg_delete_unsent", (message_id, rank(max_status)))
+        row = rows[0] if rows else {}
+        gone = bool(row.get("[applied]")) or row.get("status_rank") is None
+        if gone:
+            await self._run("tenant_day_delete", (
+                tenant_id, date_of(accepted_at), _ts(accepted_at), message_id,
+            ))
+        return gone
+
     async def transition(
         self, message_id: str, status: Status, attempt: int, reason: str | None,
         now: datetime, provider_id: str | None = None, provider_message_id: str | None = None,
@@ -262,6 +283,17 @@ class CassandraStore:
         rows = await self._run("template_latest", (tenant_id, template_id))
         return int(rows[0]["version"]) if rows else 0
 
+    async def latest_template(self, tenant_id: str, template_id: str) -> dict[str, Any] | None:
+        """The highest version of a template, or None."""
+        rows = await self._run("template_latest_row", (tenant_id, template_id))
+        return rows[0] if rows else None
+
+    # ---------------------------------------------------------------------------- health
+
+    async def ping(self) -> None:
+        """One cheap read at the configured consistency; raises when Cassandra cannot answer."""
+        await self._run("ping", ())
+
 
 def date_of(d: datetime) -> date:
     return d.astimezone(UTC).date()
@@ -283,6 +315,9 @@ _STATEMENTS: dict[str, str] = {
     "tenant_day_insert": "INSERT INTO messages_by_tenant_day (tenant_id, day, created_at, "
     "message_id, channel, tier, category) VALUES (?, ?, ?, ?, ?, ?, ?)",
     "msg_get": "SELECT * FROM messages WHERE message_id = ?",
+    "msg_delete_unsent": "DELETE FROM messages WHERE message_id = ? IF status_rank <= ?",
+    "tenant_day_delete": "DELETE FROM messages_by_tenant_day WHERE tenant_id = ? AND day = ? "
+    "AND created_at = ? AND message_id = ?",
     "msg_transition": "UPDATE messages SET status = ?, status_rank = ?, reason = ?, attempt = ?, "
     "updated_at = ?, provider_id = ?, provider_message_id = ?, next_attempt_at = ? "
     "WHERE message_id = ? IF status_rank < ?",
@@ -306,4 +341,7 @@ _STATEMENTS: dict[str, str] = {
     "AND version = ?",
     "template_latest": "SELECT version FROM templates WHERE tenant_id = ? AND template_id = ? "
     "LIMIT 1",
+    "template_latest_row": "SELECT * FROM templates WHERE tenant_id = ? AND template_id = ? "
+    "LIMIT 1",
+    "ping": "SELECT release_version FROM system.local",
 }

@@ -62,6 +62,12 @@ def stack_fetch() -> None:
     _stack_call("fetch")
 
 
+@stack_app.command("init")
+def stack_init() -> None:
+    """Create topics and apply migrations on an already running stack (e.g. docker compose)."""
+    _stack_call("init")
+
+
 @stack_app.command("migrate")
 def stack_migrate() -> None:
     """Apply pending CQL migrations."""

@@ -207,10 +207,11 @@ class Settings(BaseSettings):
         return f"{self.topic_prefix}{name}"
 
     def ingest_topic(self, channel: Channel, tier: Tier) -> str:
-        return self.topic(f"ingest.{channel.value.lower()}.{tier.value.lower()}")
+        return self.topic(f"ingest.{Channel(channel).value.lower()}.{Tier(tier).value.lower()}")
 
     def dlq_topic(self, tier: Tier | None) -> str:
-        return self.topic(f"notify.dlq.{tier.value.lower()}" if tier else "notify.dlq.reconcile")
+        name = f"notify.dlq.{Tier(tier).value.lower()}" if tier else "notify.dlq.reconcile"
+        return self.topic(name)
 
     @property
     def events_topic(self) -> str:

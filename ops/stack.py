@@ -409,6 +409,10 @@ cas_contention_timeout: 2000ms
             started.append((c, proc))
         for c in self.components():
             self._wait_healthy(c)
+        self.init(topics=topics, migrations=migrations)
+
+    def init(self, *, topics: bool = True, migrations: bool = True) -> None:
+        """Create the topics and apply the migrations (on any reachable stack)."""
         if topics:
             from notiflow.ops.topics import ensure_topics
 

@@ -1,0 +1,341 @@
+"""Twilio Programmable Messaging (SMS) adapter, on Twilio's real wire format.
+
+``POST {base_url}/2010-04-01/Accounts/{AccountSid}/Messages.json`` with a form-encoded body
+(``To``, ``From``, ``Body``, optional ``StatusCallback``) and HTTP Basic auth
+``AccountSid:AuthToken``. A 201 with a Message resource (``sid``) is the provider's acceptance.
+
+Every other answer, and every transport failure, is mapped to an :class:`Outcome` through the
+data tables below (:data:`ERROR_CODES`, :data:`HTTP_STATUSES`, :data:`STATUS_CLASSES`,
+:data:`TRANSPORT_ERRORS`); ``docs/providers.md`` explains each row. Twilio has no idempotency
+key for message creation, so a timeout after the request was sent is AMBIGUOUS and cannot be
+resolved by retrying with a key; the ``message_id``/``attempt`` carried in the StatusCallback
+query lets a later status callback settle it.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from email.utils import parsedate_to_datetime
+from typing import Any, Final
+from urllib.parse import urlencode
+
+import aiohttp
+import orjson
+from yarl import URL
+
+from notiflow.adapters.providers.base import OutboundMessage, Outcome, SendResult
+from notiflow.redact import mask
+from notiflow.schemas.enums import Channel
+from notiflow.settings import Settings, TwilioSettings
+
+log = logging.getLogger(__name__)
+
+API_VERSION: Final = "2010-04-01"
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    """How one provider answer is classified."""
+
+    outcome: Outcome
+    reason: str
+    deactivate: bool = False
+
+
+_T, _P, _A = Outcome.TRANSIENT, Outcome.PERMANENT, Outcome.AMBIGUOUS
+
+ERROR_CODES: Final[Mapping[int, Rule]] = {
+    # credentials and account wiring: a platform misconfiguration, never the message's fault
+    20003: Rule(_T, "auth_failed"),
+    20005: Rule(_T, "account_inactive"),
+    20404: Rule(_T, "misconfigured"),
+    21212: Rule(_T, "misconfigured"),
+    21606: Rule(_T, "misconfigured"),
+    # throttling and provider-side trouble
+    20429: Rule(_T, "rate_limited"),
+    21611: Rule(_T, "rate_limited"),
+    20500: Rule(_A, "server_error"),
+    20503: Rule(_T, "server_error"),
+    # the recipient
+    21211: Rule(_P, "invalid_recipient"),
+    21265: Rule(_P, "invalid_recipient"),
+    21266: Rule(_P, "invalid_recipient"),
+    21604: Rule(_P, "invalid_recipient"),
+    21614: Rule(_P, "not_mobile"),
+    21635: Rule(_P, "not_mobile"),
+    21612: Rule(_P, "unreachable_recipient"),
+    21408: Rule(_P, "region_not_permitted"),
+    21608: Rule(_P, "unverified_recipient"),
+    21610: Rule(_P, "unsubscribed", deactivate=True),
+    # the content
+    21602: Rule(_P, "invalid_content"),
+    21617: Rule(_P, "invalid_content"),
+}
+"""Twilio error code (``code`` of the error body) → rule; consulted first. A 500 (20500) on
+message creation is AMBIGUOUS: Twilio documents that the message may have been created."""
+
+HTTP_STATUSES: Final[Mapping[int, Rule]] = {
+    400: Rule(_P, "rejected"),
+    401: Rule(_T, "auth_failed"),
+    403: Rule(_T, "misconfigured"),
+    404: Rule(_T, "misconfigured"),
+    405: Rule(_T, "misconfigured"),
+    408: Rule(_T, "timeout"),
+    413: Rule(_P, "invalid_content"),
+    429: Rule(_T, "rate_limited"),
+    500: Rule(_A, "server_error"),
+    502: Rule(_T, "server_error"),
+    503: Rule(_T, "server_error"),
+    504: Rule(_A, "gateway_timeout"),
+}
+"""HTTP status → rule, for answers whose error code is absent or not in :data:`ERROR_CODES`."""
+
+STATUS_CLASSES: Final[Mapping[int, Rule]] = {
+    1: Rule(_A, "unexpected_status"),
+    2: Rule(_A, "malformed_response"),
+    3: Rule(_T, "misconfigured"),
+    4: Rule(_P, "rejected"),
+    5: Rule(_T, "server_error"),
+}
+"""``status // 100`` → rule; the last resort for a non-success answer."""
+
+TRANSPORT_ERRORS: Final[tuple[tuple[type[BaseException], Rule], ...]] = (
+    (aiohttp.ConnectionTimeoutError, Rule(_T, "connect_timeout")),
+    (aiohttp.ClientConnectorError, Rule(_T, "connect_error")),
+    (aiohttp.InvalidURL, Rule(_T, "misconfigured")),
+    (TimeoutError, Rule(_A, "timeout")),
+    (aiohttp.ServerDisconnectedError, Rule(_A, "connection_lost")),
+    (aiohttp.ClientPayloadError, Rule(_A, "connection_lost")),
+    (aiohttp.ClientOSError, Rule(_A, "connection_lost")),
+    (aiohttp.ClientError, Rule(_A, "transport_error")),
+    (Exception, Rule(_A, "client_error")),
+)
+"""Exception type → rule, first ``isinstance`` match wins. Connection set-up failures happen
+before a byte of the request is sent (TRANSIENT); anything later may have been processed."""
+
+
+def classify_response(status: int, code: int | None) -> Rule:
+    """The rule for a non-success answer: error code, then HTTP status, then status class."""
+    if code is not None and (rule := ERROR_CODES.get(code)) is not None:
+        return rule
+    rule = HTTP_STATUSES.get(status)
+    if rule is not None:
+        return rule
+    return STATUS_CLASSES.get(status // 100, Rule(_A, "unexpected_status"))
+
+
+def classify_exception(exc: BaseException) -> Rule:
+    """The rule for a transport failure (see :data:`TRANSPORT_ERRORS`)."""
+    for kind, rule in TRANSPORT_ERRORS:
+        if isinstance(exc, kind):
+            return rule
+    return Rule(_A, "client_error")
+
+
+def parse_retry_after(value: str | None, *, now: datetime | None = None) -> float | None:
+    """Seconds to wait from a ``Retry-After`` header (delta-seconds or HTTP-date); None if
+    absent or unparseable. Never negative."""
+    if not value:
+        return None
+    value = value.strip()
+    try:
+        return max(float(value), 0.0)
+    except ValueError:
+        pass
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return max((when - (now or datetime.now(UTC))).total_seconds(), 0.0)
+
+
+def error_code_of(payload: Any) -> int | None:
+    """The integer ``code`` of a Twilio error body, if any."""
+    if isinstance(payload, dict):
+        code = payload.get("code")
+        if isinstance(code, int) and not isinstance(code, bool):
+            return code
+        if isinstance(code, str) and code.isdigit():
+            return int(code)
+    return None
+
+
+def signature(auth_token: str, url: str, params: Mapping[str, str]) -> str:
+    """``X-Twilio-Signature`` of a webhook: base64(HMAC-SHA1(auth token, full URL followed by
+    every POST parameter name and value, sorted by name, without separators))."""
+    payload = url + "".join(name + params[name] for name in sorted(params))
+    digest = hmac.new(auth_token.encode(), payload.encode(), hashlib.sha1).digest()
+    return base64.b64encode(digest).decode()
+
+
+def verify_signature(auth_token: str, url: str, params: Mapping[str, str],
+                     header: str | None) -> bool:
+    """True when ``header`` is the signature Twilio computes for this request (constant time)."""
+    if not header:
+        return False
+    return hmac.compare_digest(signature(auth_token, url, params), header)
+
+
+def status_callback(base: str, message_id: str, attempt: int) -> str:
+    """The StatusCallback URL of one attempt: ``base`` plus ``message_id`` and ``attempt``."""
+    sep = "&" if "?" in base else "?"
+    return f"{base}{sep}{urlencode({'message_id': message_id, 'attempt': attempt})}"
+
+
+def _seconds(value: float | timedelta) -> float:
+    return value.total_seconds() if isinstance(value, timedelta) else float(value)
+
+
+def _utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class TwilioSms:
+    """One Twilio account as a :class:`~notiflow.adapters.providers.base.ProviderClient`.
+
+    Build it with :meth:`open` inside the event loop that will use it. ``send`` never raises
+    for provider answers or transport failures; it bounds each call by the caller's timeout.
+    """
+
+    channel = Channel.SMS
+
+    def __init__(self, config: TwilioSettings, session: aiohttp.ClientSession, *,
+                 timeout: float, connect_timeout: float | None = None,
+                 clock: Callable[[], datetime] = _utcnow) -> None:
+        if config.auth_token is None:
+            raise ValueError("twilio.auth_token is not configured")
+        if timeout <= 0:
+            raise ValueError("timeout must be positive")
+        self.provider_id = config.provider_id
+        self._config = config
+        self._session = session
+        self._clock = clock
+        self._url = URL(f"{config.base_url.rstrip('/')}/{API_VERSION}/Accounts/"
+                        f"{config.account_sid}/Messages.json")
+        self._callback = config.status_callback_url
+        self._default_timeout = self._timeout(timeout, connect_timeout)
+        self._last_warned: dict[str, float] = {}
+
+    @classmethod
+    async def open(cls, settings: Settings | TwilioSettings, *, timeout: float | timedelta,
+                   connect_timeout: float | timedelta | None = None,
+                   max_connections: int = 256,
+                   clock: Callable[[], datetime] = _utcnow) -> TwilioSms:
+        """Open a pooled client bound to the running loop.
+
+        ``timeout`` bounds each ``send`` (the tier's ``provider_timeout``); connection set-up,
+        including a wait for a free pooled connection, gets ``connect_timeout`` (default half of
+        ``timeout``) so that a timeout before anything was sent stays distinguishable
+        (TRANSIENT) from one after (AMBIGUOUS).
+        """
+        config = settings.twilio if isinstance(settings, Settings) else settings
+        if config.auth_token is None:
+            raise ValueError("twilio.auth_token is not configured")
+        token = config.auth_token.get_secret_value()
+        credentials = base64.b64encode(f"{config.account_sid}:{token}".encode()).decode()
+        connector = aiohttp.TCPConnector(limit=max_connections, limit_per_host=max_connections,
+                                         ttl_dns_cache=300, keepalive_timeout=15)
+        session = aiohttp.ClientSession(
+            connector=connector,
+            headers={
+                "Authorization": f"Basic {credentials}",
+                "Content-Type": "application/x-www-form-urlencoded",
+                "Accept": "application/json",
+                "User-Agent": "notiflow-twilio/1",
+            },
+            raise_for_status=False,
+        )
+        try:
+            return cls(config, session, timeout=_seconds(timeout),
+                       connect_timeout=None if connect_timeout is None
+                       else _seconds(connect_timeout), clock=clock)
+        except BaseException:
+            await session.close()
+            raise
+
+    @staticmethod
+    def _timeout(total: float, connect: float | None) -> aiohttp.ClientTimeout:
+        return aiohttp.ClientTimeout(total=total, connect=connect if connect else total / 2)
+
+    def form(self, message: OutboundMessage) -> dict[str, str]:
+        """The form fields Twilio receives for ``message``."""
+        fields = {"To": str(message.recipient), "From": self._config.from_number,
+                  "Body": message.body}
+        if self._callback:
+            fields["StatusCallback"] = status_callback(self._callback, message.message_id,
+                                                       message.attempt)
+        return fields
+
+    async def send(self, message: OutboundMessage, *,
+                   timeout: float | timedelta | None = None) -> SendResult:
+        """Create one Twilio Message; ``timeout`` overrides the one given to :meth:`open`."""
+        started = self._clock()
+        if not isinstance(message.recipient, str):
+            return self._result(Rule(_P, "invalid_recipient"), message, started)
+        limits = (self._default_timeout if timeout is None
+                  else self._timeout(_seconds(timeout), None))
+        data = urlencode(self.form(message)).encode()
+        try:
+            async with self._session.post(self._url, data=data, timeout=limits,
+                                          allow_redirects=False) as resp:
+                raw = await resp.read()
+                status = resp.status
+                retry_after = resp.headers.get("Retry-After")
+        except Exception as exc:
+            rule = classify_exception(exc)
+            if rule.reason == "client_error":
+                log.exception("twilio send of %s attempt %d to %s failed unexpectedly",
+                              message.message_id, message.attempt, mask(message.recipient))
+            return self._result(rule, message, started, error_code=type(exc).__name__)
+        payload = self._json(raw)
+        if 200 <= status < 300:
+            sid = payload.get("sid") if isinstance(payload, dict) else None
+            if isinstance(sid, str) and sid:
+                return SendResult(Outcome.ACCEPTED, self.provider_id, started, self._clock(),
+                                  provider_message_id=sid)
+            return self._result(STATUS_CLASSES[2], message, started, error_code=f"http_{status}")
+        code = error_code_of(payload)
+        rule = classify_response(status, code)
+        wait = parse_retry_after(retry_after) if rule.outcome is Outcome.TRANSIENT else None
+        return self._result(rule, message, started,
+                            error_code=str(code) if code is not None else f"http_{status}",
+                            retry_after_s=wait)
+
+    @staticmethod
+    def _json(raw: bytes) -> Any:
+        try:
+            return orjson.loads(raw) if raw else None
+        except orjson.JSONDecodeError:
+            return None
+
+    def _result(self, rule: Rule, message: OutboundMessage, started: datetime, *,
+                error_code: str | None = None, retry_after_s: float | None = None) -> SendResult:
+        if rule.reason in ("auth_failed", "misconfigured", "account_inactive"):
+            self._warn(rule.reason, error_code)
+        elif log.isEnabledFor(logging.DEBUG):
+            recipient = message.recipient if isinstance(message.recipient, str) else "push"
+            log.debug("twilio %s attempt %d to %s: %s %s (%s)", message.message_id,
+                      message.attempt, mask(recipient), rule.outcome, rule.reason, error_code)
+        return SendResult(rule.outcome, self.provider_id, started, self._clock(),
+                          reason=rule.reason, error_code=error_code,
+                          retry_after_s=retry_after_s, deactivate_recipient=rule.deactivate)
+
+    def _warn(self, reason: str, error_code: str | None) -> None:
+        now = time.monotonic()
+        if now - self._last_warned.get(reason, -1e9) >= 10.0:
+            self._last_warned[reason] = now
+            log.warning("twilio account %s: %s (%s); check the provider settings",
+                        self._config.account_sid, reason, error_code)
+
+    async def aclose(self) -> None:
+        """Close the pooled connections."""
+        await self._session.close()

@@ -1,0 +1,146 @@
+"""Send dedup in Redis: per-attempt leases and content fingerprints, pipelined per batch.
+
+Lease ``lease:{message_id}:{attempt}``: ``SET NX`` with a TTL of at least the tier TTL. Its
+value says who holds it and how the attempt ended, so a replayed record can be told apart
+from a new one:
+
+- ``pending:{owner}`` — an attempt is in flight in process ``owner``;
+- ``done:{json}`` — the provider accepted it (or it ended for good); replays are skipped and
+  the recorded outcome re-emitted.
+
+A lease is deleted when an attempt fails before the provider accepted it, so the next try
+(retry, failover, replay) is not mistaken for a duplicate.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+
+import orjson
+import redis.asyncio as aioredis
+
+from notiflow.settings import Settings
+
+_RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseState:
+    """Result of trying to take a lease."""
+
+    acquired: bool
+    holder: str | None = None
+    """``pending:{owner}`` or ``done:{...}`` when not acquired."""
+
+    @property
+    def done(self) -> dict[str, object] | None:
+        if self.holder and self.holder.startswith("done:"):
+            value = orjson.loads(self.holder[5:])
+            return value if isinstance(value, dict) else {}
+        return None
+
+    def pending_owner(self) -> str | None:
+        if self.holder and self.holder.startswith("pending:"):
+            return self.holder[8:]
+        return None
+
+
+class DedupStore:
+    """Leases and content fingerprints; one client per worker event loop."""
+
+    def __init__(self, client: aioredis.Redis, owner: str, namespace: str = "") -> None:
+        self.r = client
+        self.owner = owner
+        self.ns = namespace
+
+    @classmethod
+    def open(cls, settings: Settings, owner: str) -> DedupStore:
+        client = aioredis.Redis.from_url(settings.redis_url, socket_timeout=5,
+                                         socket_connect_timeout=2, decode_responses=True,
+                                         health_check_interval=30)
+        return cls(client, owner, settings.topic_prefix)
+
+    def lease_key(self, message_id: str, attempt: int) -> str:
+        return f"{self.ns}lease:{message_id}:{attempt}"
+
+    def content_key(self, tenant_id: str, fingerprint: str) -> str:
+        return f"{self.ns}content:{tenant_id}:{fingerprint}"
+
+    @property
+    def pending_value(self) -> str:
+        return f"pending:{self.owner}"
+
+    async def acquire(self, keys: list[str], ttl: timedelta) -> list[LeaseState]:
+        """``SET key pending:{owner} NX PX ttl GET`` for every key in one round trip."""
+        if not keys:
+            return []
+        pipe = self.r.pipeline(transaction=False)
+        px = int(ttl.total_seconds() * 1000)
+        for k in keys:
+            pipe.set(k, self.pending_value, nx=True, px=px, get=True)
+        previous = await pipe.execute()
+        return [LeaseState(True) if prev is None else LeaseState(False, prev)
+                for prev in previous]
+
+    async def take_over(self, key: str, stale: str, ttl: timedelta) -> bool:
+        """Replace a stale ``pending`` lease of a crashed process with ours (atomic)."""
+        pipe = self.r.pipeline(transaction=True)
+        await pipe.watch(key)
+        if await pipe.get(key) != stale:
+            await pipe.reset()
+            return False
+        pipe.multi()
+        pipe.set(key, self.pending_value, px=int(ttl.total_seconds() * 1000))
+        try:
+            await pipe.execute()
+        except aioredis.WatchError:
+            return False
+        return True
+
+    async def finish(self, items: list[tuple[str, dict[str, object]]], ttl: timedelta) -> None:
+        """Mark leases done with the recorded outcome (pipelined)."""
+        if not items:
+            return
+        pipe = self.r.pipeline(transaction=False)
+        px = int(ttl.total_seconds() * 1000)
+        for key, outcome in items:
+            pipe.set(key, "done:" + orjson.dumps(outcome).decode(), px=px)
+        await pipe.execute()
+
+    async def release(self, keys: list[str]) -> None:
+        """Drop our own pending leases (an attempt failed before the provider accepted it)."""
+        if not keys:
+            return
+        pipe = self.r.pipeline(transaction=False)
+        for k in keys:
+            pipe.eval(_RELEASE, 1, k, self.pending_value)
+        await pipe.execute()
+
+    async def claim_content(self, items: list[tuple[str, str]],
+                            window: timedelta) -> list[str | None]:
+        """For each (fingerprint key, message_id): claim it for the window; returns the
+        message id that already holds it, or None when the claim is ours (or a replay)."""
+        if not items:
+            return []
+        pipe = self.r.pipeline(transaction=False)
+        px = int(window.total_seconds() * 1000)
+        for key, mid in items:
+            pipe.set(key, mid, nx=True, px=px, get=True)
+        previous = await pipe.execute()
+        return [None if prev is None or prev == mid else prev
+                for prev, (_, mid) in zip(previous, items, strict=True)]
+
+    async def release_content(self, items: list[tuple[str, str]]) -> None:
+        if not items:
+            return
+        pipe = self.r.pipeline(transaction=False)
+        for key, mid in items:
+            pipe.eval(_RELEASE, 1, key, mid)
+        await pipe.execute()
+
+    async def aclose(self) -> None:
+        await self.r.aclose()

@@ -1,0 +1,58 @@
+"""Per-worker I/O runtime for Bytewax steps.
+
+Bytewax runs each worker's operators on one thread. Network I/O is done per batch on one
+long-lived asyncio loop per worker thread, with long-lived clients (Cassandra session,
+Redis pool, provider HTTP sessions) opened on first use.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+class WorkerLoop:
+    """One event loop and a set of named resources per worker thread."""
+
+    def __init__(self) -> None:
+        self._local = threading.local()
+        self._all: list[tuple[asyncio.AbstractEventLoop, dict[str, Any]]] = []
+        self._lock = threading.Lock()
+
+    def _state(self) -> tuple[asyncio.AbstractEventLoop, dict[str, Any]]:
+        st = getattr(self._local, "state", None)
+        if st is None:
+            loop = asyncio.new_event_loop()
+            st = (loop, {})
+            self._local.state = st
+            with self._lock:
+                self._all.append(st)
+        return st
+
+    def run(self, coro: Awaitable[T]) -> T:
+        loop, _ = self._state()
+        return loop.run_until_complete(coro)  # type: ignore[arg-type]
+
+    def resource(self, name: str, factory: Callable[[], Awaitable[Any]]) -> Any:
+        """The worker's instance of ``name``, created by awaiting ``factory`` on first use."""
+        loop, res = self._state()
+        if name not in res:
+            res[name] = loop.run_until_complete(factory())
+        return res[name]
+
+    def close(self) -> None:
+        """Close every resource that has ``aclose``/``shutdown`` and the loops."""
+        with self._lock:
+            states, self._all = self._all, []
+        for loop, res in states:
+            for value in res.values():
+                closer = getattr(value, "aclose", None)
+                if closer is not None:
+                    loop.run_until_complete(closer())
+                elif hasattr(value, "shutdown"):
+                    value.shutdown()
+            loop.close()

@@ -1,0 +1,76 @@
+"""``notiflow fakes``: the provider emulators on one loopback HTTP server.
+
+Routes: each emulator under its provider prefix (``/twilio/...``), its admin API under
+``/_admin/{provider}/...``, plus ``GET /_admin/health`` and ``POST /_admin/reset`` (every
+emulator: records, pending callbacks and knobs). See ``docs/providers.md``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+
+import uvloop
+from aiohttp import web
+
+from notiflow.fakes.twilio import TwilioEmulator
+from notiflow.settings import Settings
+
+log = logging.getLogger(__name__)
+
+TWILIO = web.AppKey("twilio", TwilioEmulator)
+
+
+async def _health(_request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
+
+
+async def _reset(request: web.Request) -> web.Response:
+    request.app[TWILIO].reset()
+    return web.json_response({"reset": True})
+
+
+def build_app(settings: Settings) -> web.Application:
+    """The emulators' application; the callback dispatchers run while it is started."""
+    app = web.Application(client_max_size=1024 * 1024)
+    twilio = TwilioEmulator(settings)
+    app[TWILIO] = twilio
+    app.add_routes(twilio.routes())
+    app.router.add_get("/_admin/health", _health)
+    app.router.add_post("/_admin/reset", _reset)
+    app.cleanup_ctx.append(twilio.lifecycle)
+    return app
+
+
+async def run(settings: Settings, stop: asyncio.Event) -> None:
+    """Serve on ``fakes_host:fakes_port`` until ``stop`` is set, then shut down cleanly
+    (requests still hanging on purpose are dropped after one second)."""
+    runner = web.AppRunner(build_app(settings), access_log=None, handle_signals=False,
+                           shutdown_timeout=1.0)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, settings.fakes_host, settings.fakes_port, backlog=2048,
+                           reuse_address=True)
+        await site.start()
+        log.info("fakes listening on http://%s:%d", settings.fakes_host, settings.fakes_port)
+        await stop.wait()
+        log.info("fakes stopping")
+    finally:
+        await runner.cleanup()
+
+
+def serve(settings: Settings) -> None:
+    """Run the emulators until SIGTERM or SIGINT; return after a clean shutdown."""
+    logging.basicConfig(level=logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await run(settings, stop)
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(main())

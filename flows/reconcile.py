@@ -1,0 +1,190 @@
+"""The reconciliation dataflow: the single place where status reaches Cassandra.
+
+Recipe (``build_reconcile_flow``)::
+
+    notify.events + notify.receipts       Kafka, offsets in Bytewax recovery
+      → parse                             unparseable → notify.dlq.{tier|reconcile}
+      → apply (per batch, async I/O)      per message: create the row if a direct-producer
+                                          message is new, compare-and-set the highest status
+                                          (schemas/status.py), history + attempts + index;
+                                          receipts: dedup by (provider, event id), correlate
+                                          by provider message id
+      → encode → confirming Kafka sink    DLQ records only
+
+Merging is ``max`` over a total order, so duplicated, replayed or shuffled inputs converge
+to the same row, and a status never regresses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import defaultdict
+from datetime import timedelta
+from typing import Any
+
+import bytewax.operators as op
+from bytewax.dataflow import Dataflow
+from bytewax.inputs import Source
+from bytewax.outputs import Sink
+
+from notiflow.adapters.bytewax_kafka import ConfirmingSink, check_topics, kafka_source
+from notiflow.adapters.cassandra_store import CassandraStore, connect
+from notiflow.adapters.dlq_crypto import DlqCipher
+from notiflow.adapters.kafka_io import OutRecord
+from notiflow.adapters.worker import WorkerLoop
+from notiflow.flows.model import SourceRef, utcnow
+from notiflow.flows.steps import Clock, Encoder, dead_letter, parse_reconcile
+from notiflow.schemas.enums import Status
+from notiflow.schemas.messages import DlqRecord, Receipt, StatusEvent
+from notiflow.schemas.status import rank
+from notiflow.settings import Settings
+
+log = logging.getLogger(__name__)
+
+CONCURRENCY = 64
+INFRA_RETRY_FOR = timedelta(minutes=5)
+
+
+class _Store:
+    def __init__(self, cluster: Any, store: CassandraStore) -> None:
+        self.cluster = cluster
+        self.store = store
+
+    def shutdown(self) -> None:
+        self.cluster.shutdown()
+
+
+class ApplyStep:
+    """``flat_map_batch`` mapper: events and receipts → Cassandra; yields DLQ records."""
+
+    def __init__(self, settings: Settings, cipher: DlqCipher, clock: Clock = utcnow) -> None:
+        self.settings = settings
+        self.cipher = cipher
+        self.clock = clock
+        self.runtime = WorkerLoop()
+
+    def _store(self) -> CassandraStore:
+        async def open_store() -> _Store:
+            cluster, session = await asyncio.to_thread(connect, self.settings)
+            return _Store(cluster, CassandraStore(session, self.settings))
+
+        return self.runtime.resource("cassandra", open_store).store
+
+    def __call__(self, batch: list[StatusEvent | Receipt]) -> list[DlqRecord]:
+        store = self._store()
+        return self.runtime.run(self._with_retries(batch, store))
+
+    async def _with_retries(self, batch: list[StatusEvent | Receipt],
+                            store: CassandraStore) -> list[DlqRecord]:
+        """Cassandra down → wait and retry the whole batch (writes are idempotent); nothing
+        is committed meanwhile. Gives up (the flow stops) after ``INFRA_RETRY_FOR``."""
+        delay = 0.5
+        deadline = asyncio.get_running_loop().time() + INFRA_RETRY_FOR.total_seconds()
+        while True:
+            try:
+                return await self._apply(batch, store)
+            except Exception as exc:
+                if asyncio.get_running_loop().time() >= deadline:
+                    raise
+                log.warning("reconcile batch failed (%s); retrying in %.1fs", exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 10.0)
+
+    async def _apply(self, batch: list[StatusEvent | Receipt],
+                     store: CassandraStore) -> list[DlqRecord]:
+        sem = asyncio.Semaphore(CONCURRENCY)
+        events: dict[str, list[StatusEvent]] = defaultdict(list)
+        receipts: list[Receipt] = []
+        for item in batch:
+            if isinstance(item, StatusEvent):
+                events[item.message_id].append(item)
+            else:
+                receipts.append(item)
+
+        async def bounded(coro: Any) -> Any:
+            async with sem:
+                return await coro
+
+        await asyncio.gather(*(bounded(self._apply_events(mid, evs, store))
+                               for mid, evs in events.items()))
+        dlq = await asyncio.gather(*(bounded(self._apply_receipt(r, store)) for r in receipts))
+        return [d for d in dlq if d is not None]
+
+    async def _apply_events(self, message_id: str, evs: list[StatusEvent],
+                            store: CassandraStore) -> None:
+        now = self.clock()
+        top = max(evs, key=lambda e: rank(e.status, e.attempt))
+        applied, exists = await store.transition(
+            message_id, top.status, top.attempt, top.reason, now,
+            *_provider_ids(top), next_attempt_at=top.next_attempt_at)
+        if not exists:
+            snap = next((e.message for e in evs if e.message is not None), None)
+            if snap is None:
+                log.error("event for unknown message %s without snapshot", message_id)
+            else:
+                initial = Status.SCHEDULED if snap.scheduled_at else Status.QUEUED
+                if await store.create_message(message_id, snap, initial, now):
+                    await store.record_event(message_id, snap.accepted_at,
+                                             f"{message_id}:{initial.value}:0", initial, 0,
+                                             None, "reconcile", True)
+                applied, _ = await store.transition(
+                    message_id, top.status, top.attempt, top.reason, now,
+                    *_provider_ids(top), next_attempt_at=top.next_attempt_at)
+        writes = []
+        for e in evs:
+            writes.append(store.record_event(message_id, e.occurred_at, e.event_id, e.status,
+                                             e.attempt, e.reason, e.source,
+                                             applied and e is top))
+            if e.attempt_detail is not None:
+                writes.append(store.record_attempt(message_id, e.attempt_detail))
+        await asyncio.gather(*writes)
+
+    async def _apply_receipt(self, r: Receipt, store: CassandraStore) -> DlqRecord | None:
+        now = self.clock()
+        idx = await store.message_for_provider_id(r.provider_id, r.provider_message_id)
+        if idx is None:
+            return dead_letter(
+                raw=r.model_dump_json().encode(), source=SourceRef(
+                    self.settings.receipts_topic, -1, -1), reason="unknown provider message id "
+                f"{r.provider_id}/{r.provider_message_id}", error_class="uncorrelated_receipt",
+                category="invalid_data", tier=None, cipher=self.cipher, now=now)
+        message_id = str(idx["message_id"])
+        if await store.receipt_seen(r.provider_id, r.provider_event_id, message_id, r.status,
+                                    now):
+            return None
+        attempt = int(idx.get("attempt_no") or 0)
+        applied, _ = await store.transition(message_id, r.status, attempt, r.error_code, now,
+                                            r.provider_id, r.provider_message_id)
+        await store.record_event(message_id, r.occurred_at,
+                                 f"{r.provider_id}:{r.provider_event_id}", r.status, attempt,
+                                 r.error_code or r.raw_status, f"receipt.{r.provider_id}",
+                                 applied)
+        return None
+
+
+def _provider_ids(e: StatusEvent) -> tuple[str | None, str | None]:
+    d = e.attempt_detail
+    return (d.provider_id, d.provider_message_id) if d is not None else (None, None)
+
+
+def build_reconcile_flow(
+    settings: Settings,
+    *,
+    source: Source[Any] | None = None,
+    sink: Sink[OutRecord] | None = None,
+    clock: Clock = utcnow,
+) -> Dataflow:
+    """The reconciliation dataflow; ``source``/``sink`` default to Kafka."""
+    cipher = DlqCipher.from_settings(settings)
+    flow = Dataflow("reconcile")
+    topics = [settings.events_topic, settings.receipts_topic]
+    if source is None:
+        check_topics(settings, topics)
+    raw = op.input("events", flow, source or kafka_source(settings, topics, 1000))
+    parsed = op.map("parse", raw, lambda m: parse_reconcile(m, settings, cipher, clock))
+    split = op.branch("is-valid", parsed, lambda x: not isinstance(x, DlqRecord))
+    failed = op.flat_map_batch("apply", split.trues, ApplyStep(settings, cipher, clock))
+    records = op.map("encode", op.merge("dlq", failed, split.falses), Encoder(settings))
+    op.output("kafka-out", records, sink or ConfirmingSink(settings))
+    return flow

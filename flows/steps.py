@@ -1,0 +1,313 @@
+"""Pure steps of the send and reconcile dataflows (no I/O)."""
+
+from __future__ import annotations
+
+import copy
+import uuid
+from collections.abc import Callable, Iterable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import orjson
+from bytewax.connectors.kafka import KafkaError, KafkaSourceMessage
+from bytewax.operators import StatefulLogic
+from pydantic import ValidationError
+
+from notiflow.adapters.dlq_crypto import DlqCipher
+from notiflow.adapters.kafka_io import OutRecord, header, make_headers
+from notiflow.flows.model import Out, Retry, SourceRef, Work
+from notiflow.redact import mask, recipient_hash
+from notiflow.schemas.enums import Channel, Status, Tier
+from notiflow.schemas.messages import (
+    AttemptRecord,
+    DlqRecord,
+    IngestRecord,
+    MessageSnapshot,
+    Receipt,
+    StatusEvent,
+    derived_message_id,
+)
+from notiflow.settings import Settings
+
+Clock = Callable[[], datetime]
+RawMessage = KafkaSourceMessage[bytes | None, bytes | None] | KafkaError[Any, Any]
+
+
+def source_of(msg: KafkaSourceMessage[Any, Any]) -> SourceRef:
+    ts = msg.timestamp[1] if msg.timestamp and msg.timestamp[0] else None
+    return SourceRef(msg.topic or "", msg.partition or 0, msg.offset or 0, ts)
+
+
+def validation_reason(exc: ValidationError) -> str:
+    """A readable summary of a validation error without echoing the input (PII)."""
+    parts = []
+    for err in exc.errors(include_input=False, include_url=False)[:5]:
+        loc = ".".join(str(x) for x in err["loc"]) or "body"
+        parts.append(f"{loc}: {err['msg']}")
+    return "; ".join(parts)
+
+
+def dead_letter(
+    *, raw: bytes | None, source: SourceRef, reason: str, error_class: str, category: str,
+    tier: Tier | None, cipher: DlqCipher, now: datetime, message_id: str | None = None,
+    tenant_id: str | None = None, headers: Iterable[tuple[str, bytes | None]] = (),
+    attempts: tuple[AttemptRecord, ...] = (),
+) -> DlqRecord:
+    return DlqRecord(
+        dlq_id=uuid.uuid4().hex,
+        tier=tier,
+        reason=reason,
+        error_class=error_class,
+        category=category,  # type: ignore[arg-type]
+        failed_at=now,
+        source_topic=source.topic,
+        source_partition=source.partition,
+        source_offset=source.offset,
+        source_timestamp_ms=source.timestamp_ms,
+        message_id=message_id,
+        tenant_id=tenant_id,
+        headers={k: v.decode(errors="replace") for k, v in headers if v is not None
+                 and k != "traceparent"},
+        payload_encrypted=cipher.encrypt(raw),
+        attempts=attempts,
+    )
+
+
+class IngestParser:
+    """Bytes from ``ingest.{channel}.{tier}`` → :class:`Work`, or an error as data:
+    a :class:`DlqRecord` (unparseable, unknown schema or tenant, wrong topic, unavailable
+    channel) or a FAILED :class:`StatusEvent` (tenant not allowed to use the tier/channel)."""
+
+    def __init__(self, settings: Settings, tier: Tier, cipher: DlqCipher,
+                 clock: Clock) -> None:
+        self.settings = settings
+        self.tier = tier
+        self.cipher = cipher
+        self.clock = clock
+        self.enabled = settings.enabled_channels()
+        self.topics = {settings.ingest_topic(c, tier): c for c in Channel}
+
+    def __call__(self, msg: RawMessage) -> Work | DlqRecord | StatusEvent:
+        now = self.clock()
+        if isinstance(msg, KafkaError):
+            src = source_of(msg.msg)
+            return self._dlq(msg.msg.value, src, f"kafka error: {msg.err}", "consumer_error",
+                             "bug", now, msg.msg.headers)
+        src = source_of(msg)
+        raw = msg.value
+        if raw is None:
+            return self._dlq(raw, src, "empty value (tombstone)", "poison", "invalid_data", now,
+                             msg.headers)
+        try:
+            doc = orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            return self._dlq(raw, src, f"not JSON: {exc}", "poison", "invalid_data", now,
+                             msg.headers)
+        if not isinstance(doc, dict):
+            return self._dlq(raw, src, "JSON value is not an object", "poison", "invalid_data",
+                             now, msg.headers)
+        version = doc.get("schema_version", 1)
+        if version != 1:
+            return self._dlq(raw, src, f"unknown schema_version {version!r}", "unknown_schema",
+                             "invalid_data", now, msg.headers)
+        try:
+            record = IngestRecord.model_validate(doc)
+        except ValidationError as exc:
+            return self._dlq(raw, src, f"invalid record: {validation_reason(exc)}",
+                             "validation", "invalid_data", now, msg.headers,
+                             tenant_id=doc.get("tenant_id") if isinstance(
+                                 doc.get("tenant_id"), str) else None)
+        if self.topics.get(src.topic, record.channel) is not record.channel or (
+                record.tier is not self.tier):
+            return self._dlq(raw, src, f"{record.channel}/{record.tier} record on topic "
+                             f"{src.topic}", "wrong_topic", "invalid_data", now, msg.headers,
+                             tenant_id=record.tenant_id)
+        tenant = self.settings.tenant(record.tenant_id)
+        if tenant is None:
+            return self._dlq(raw, src, f"unknown tenant {record.tenant_id!r}", "unknown_tenant",
+                             "invalid_data", now, msg.headers, tenant_id=record.tenant_id)
+        record = complete_record(record, src, self.settings)
+        work = Work(record, src, raw, msg.key, tuple(msg.headers or ()))
+        if record.tier not in tenant.tiers or record.channel not in tenant.channels:
+            reason = ("tier_not_allowed" if record.tier not in tenant.tiers
+                      else "channel_not_allowed")
+            return status_event(work, Status.FAILED, now, f"send.{self.tier.value.lower()}",
+                                reason=reason)
+        if not tenant.allows_template(record.template_id):
+            return status_event(work, Status.FAILED, now, f"send.{self.tier.value.lower()}",
+                                reason="template_not_allowed")
+        if record.channel not in self.enabled:
+            return self._dlq(raw, src, f"no provider configured for {record.channel}",
+                             "channel_unavailable", "unavailable", now, msg.headers,
+                             message_id=record.message_id, tenant_id=record.tenant_id)
+        return work
+
+    def _dlq(self, raw: bytes | None, src: SourceRef, reason: str, error_class: str,
+             category: str, now: datetime, headers: Any, *, message_id: str | None = None,
+             tenant_id: str | None = None) -> DlqRecord:
+        return dead_letter(raw=raw, source=src, reason=reason, error_class=error_class,
+                           category=category, tier=self.tier, cipher=self.cipher, now=now,
+                           message_id=message_id or header(headers, "message_id"),
+                           tenant_id=tenant_id, headers=headers or ())
+
+
+def complete_record(record: IngestRecord, src: SourceRef, settings: Settings) -> IngestRecord:
+    """Fill what a direct producer may omit: a stable message id, acceptance time, expiry."""
+    updates: dict[str, Any] = {}
+    if record.message_id is None:
+        basis = ((record.tenant_id, "idem", record.idempotency_key) if record.idempotency_key
+                 else ("kafka", src.topic, str(src.partition), str(src.offset)))
+        updates["message_id"] = derived_message_id(*basis)
+    accepted = record.accepted_at
+    if accepted is None:
+        accepted = (datetime.fromtimestamp(src.timestamp_ms / 1000, UTC)
+                    if src.timestamp_ms else datetime.now(UTC))
+        updates["accepted_at"] = accepted
+    if record.expires_at is None:
+        updates["expires_at"] = accepted + settings.tier_ttl(record.tier)
+    return record.model_copy(update=updates) if updates else record
+
+
+def snapshot_of(record: IngestRecord) -> MessageSnapshot:
+    key = record.recipient_key()
+    assert record.accepted_at is not None
+    return MessageSnapshot(
+        tenant_id=record.tenant_id,
+        channel=record.channel,
+        tier=record.tier,
+        category=record.category,
+        template_id=record.template_id,
+        template_version=record.template_version,
+        recipient_hash=recipient_hash(record.tenant_id, key),
+        recipient_masked=mask(key),
+        accepted_at=record.accepted_at,
+        expires_at=record.expires_at,
+        scheduled_at=record.scheduled_at,
+        idempotency_key=record.idempotency_key,
+        ordering_key=record.ordering_key,
+        status_webhook=str(record.status_webhook) if record.status_webhook else None,
+    )
+
+
+def status_event(
+    work: Work, status: Status, now: datetime, source: str, *, reason: str | None = None,
+    attempt: int | None = None, detail: AttemptRecord | None = None,
+    next_attempt_at: datetime | None = None,
+) -> StatusEvent:
+    """An event about ``work``; carries the message snapshot so the reconciler can create the
+    row of a message that did not come through the API."""
+    r = work.record
+    n = r.attempt if attempt is None else attempt
+    return StatusEvent(
+        event_id=StatusEvent.make_id(work.message_id, status, n),
+        message_id=work.message_id,
+        tenant_id=r.tenant_id,
+        channel=r.channel,
+        tier=r.tier,
+        status=status,
+        attempt=n,
+        reason=reason,
+        occurred_at=now,
+        source=source,
+        attempt_detail=detail,
+        message=snapshot_of(r),
+        next_attempt_at=next_attempt_at,
+    )
+
+
+def is_expired(work: Work, now: datetime) -> bool:
+    exp = work.record.expires_at
+    return exp is not None and now >= exp
+
+
+class Hold(StatefulLogic[Work, Work, list[Work]]):
+    """Keeps records whose time has not come (retry backoff, ``scheduled_at``) in recoverable
+    state and releases each when due. Keyed by message_id; state = pending records."""
+
+    def __init__(self, resume: list[Work] | None, clock: Clock) -> None:
+        self.pending: list[Work] = list(resume or [])
+        self.clock = clock
+
+    def on_item(self, value: Work) -> tuple[Iterable[Work], bool]:
+        self.pending.append(value)
+        return self._release()
+
+    def on_notify(self) -> tuple[Iterable[Work], bool]:
+        return self._release()
+
+    def on_eof(self) -> tuple[Iterable[Work], bool]:
+        return [], StatefulLogic.RETAIN
+
+    def _release(self) -> tuple[Iterable[Work], bool]:
+        now = self.clock()
+        due = [w for w in self.pending if w.is_due(now)]
+        self.pending = [w for w in self.pending if not w.is_due(now)]
+        return due, (StatefulLogic.DISCARD if not self.pending else StatefulLogic.RETAIN)
+
+    def notify_at(self) -> datetime | None:
+        times = [w.due_at for w in self.pending if w.due_at is not None]
+        return min(times) if times else None
+
+    def snapshot(self) -> list[Work]:
+        return copy.copy(self.pending)
+
+
+def retry_record(work: Work, next_attempt: int, not_before: datetime) -> Retry:
+    rec = work.record.model_copy(update={"attempt": next_attempt, "not_before": not_before})
+    return Retry(work, rec)
+
+
+class Encoder:
+    """Typed outputs → Kafka records (topic, key, JSON value, contract headers)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+
+    def __call__(self, out: Out) -> OutRecord:
+        s = self.settings
+        if isinstance(out, StatusEvent):
+            return OutRecord(s.events_topic, out.message_id.encode(),
+                             out.model_dump_json(exclude_none=True).encode(),
+                             make_headers(out.message_id, out.tenant_id, out.tier.value))
+        if isinstance(out, Retry):
+            r = out.record
+            return OutRecord(s.ingest_topic(r.channel, r.tier), out.work.key,
+                             r.model_dump_json(exclude_none=True).encode(),
+                             list(out.work.headers) or make_headers(
+                                 out.work.message_id, r.tenant_id, r.tier.value))
+        if isinstance(out, DlqRecord):
+            key = (out.message_id or f"{out.source_topic}:{out.source_partition}:"
+                   f"{out.source_offset}").encode()
+            return OutRecord(s.dlq_topic(out.tier), key,
+                             out.model_dump_json(exclude_none=True).encode(),
+                             make_headers(out.message_id or "", out.tenant_id,
+                                          out.tier.value if out.tier else None))
+        raise TypeError(f"cannot encode {type(out).__name__}")
+
+
+def parse_reconcile(msg: RawMessage, settings: Settings, cipher: DlqCipher,
+                    clock: Clock) -> StatusEvent | Receipt | DlqRecord:
+    """A record of ``notify.events`` or ``notify.receipts`` → typed, or a DLQ record."""
+    now = clock()
+    if isinstance(msg, KafkaError):
+        return dead_letter(raw=msg.msg.value, source=source_of(msg.msg),
+                           reason=f"kafka error: {msg.err}", error_class="consumer_error",
+                           category="bug", tier=None, cipher=cipher, now=now)
+    src = source_of(msg)
+    model = Receipt if src.topic == settings.receipts_topic else StatusEvent
+    tier_h = header(msg.headers, "tier")
+    tier = Tier(tier_h) if tier_h in Tier.__members__ else None
+    try:
+        return model.model_validate_json(msg.value or b"")
+    except ValidationError as exc:
+        return dead_letter(raw=msg.value, source=src, reason=f"invalid {model.__name__}: "
+                           f"{validation_reason(exc)}", error_class="validation",
+                           category="invalid_data", tier=tier, cipher=cipher, now=now,
+                           message_id=header(msg.headers, "message_id"),
+                           headers=msg.headers or ())
+
+
+def scaled_lease_ttl(settings: Settings, tier: Tier) -> timedelta:
+    """Dedup lease TTL: at least the tier's TTL (unscaled, so a lease never expires before a
+    message could)."""
+    return max(settings.policy(tier).ttl, settings.tier_ttl(tier)) + timedelta(minutes=10)

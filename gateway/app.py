@@ -1,0 +1,134 @@
+"""The Messaging API process (``notiflow api``): FastAPI app and uvicorn server.
+
+One :class:`~notiflow.gateway.runtime.Runtime` per process (one Cassandra store, one Kafka
+producer, the outbox sweeper), created in the lifespan and closed on shutdown. ``/healthz``
+answers while the process runs; ``/readyz`` also requires Cassandra and Kafka.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import uvicorn
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse
+
+from notiflow.gateway import errors, messages, templates
+from notiflow.gateway.outbox import OutboxSweeper
+from notiflow.gateway.runtime import Runtime
+from notiflow.settings import Settings
+
+log = logging.getLogger("notiflow.gateway")
+
+GRACEFUL_SHUTDOWN_S = 10
+
+REPEAT_INTERVAL_S = 60.0
+_NOISY_WHEN_DOWN = ("notiflow.kafka.producer", "notiflow.kafka.admin", "cassandra.cluster",
+                    "cassandra.connection", "cassandra.pool")
+
+
+class RepeatFilter(logging.Filter):
+    """Passes a record at most once per ``interval_s`` per (logger, level, message template,
+    first argument): librdkafka and the Cassandra driver log every reconnect attempt while a
+    dependency is down."""
+
+    def __init__(self, interval_s: float = REPEAT_INTERVAL_S) -> None:
+        super().__init__()
+        self.interval_s = interval_s
+        self._last: dict[tuple[str, int, str, str], float] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        first = str(record.args[0]) if isinstance(record.args, tuple) and record.args else ""
+        key = (record.name, record.levelno, str(record.msg), first)
+        now = time.monotonic()
+        if now - self._last.get(key, -self.interval_s) < self.interval_s:
+            return False
+        if len(self._last) > 1000:
+            self._last.clear()
+        self._last[key] = now
+        return True
+
+
+LOGGING: dict[str, Any] = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {
+        "plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"},
+    },
+    "filters": {"repeat": {"()": RepeatFilter}},
+    "handlers": {
+        "stdout": {"class": "logging.StreamHandler", "formatter": "plain",
+                   "stream": "ext://sys.stdout"},
+    },
+    "root": {"handlers": ["stdout"], "level": "WARNING"},
+    "loggers": {
+        "notiflow": {"level": "INFO"},
+        "uvicorn": {"level": "INFO"},
+        "uvicorn.error": {"level": "INFO"},
+        "uvicorn.access": {"level": "INFO"},
+        **{name: {"filters": ["repeat"]} for name in _NOISY_WHEN_DOWN},
+    },
+}
+
+
+def build_app(settings: Settings) -> FastAPI:
+    """The ASGI app; resources are created when its lifespan starts."""
+    runtime = Runtime(settings)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        await runtime.start()
+        runtime.spawn(OutboxSweeper(runtime).run(), "outbox-sweeper")
+        log.info("messaging API ready on %s:%s", settings.api_host, settings.api_port)
+        try:
+            yield
+        finally:
+            await runtime.close()
+            log.info("messaging API stopped")
+
+    app = FastAPI(title="notiflow Messaging API", version="1", lifespan=lifespan)
+    app.state.runtime = runtime
+    errors.install(app)
+    app.include_router(messages.router)
+    app.include_router(templates.router)
+
+    @app.get("/healthz")
+    async def healthz() -> JSONResponse:
+        """200 while the process serves requests."""
+        return JSONResponse({"status": "ok"})
+
+    @app.get("/readyz")
+    async def readyz() -> JSONResponse:
+        """200 when Cassandra and Kafka answer, else 503 with the failing checks."""
+        cassandra, kafka = await asyncio.gather(runtime.check_cassandra(),
+                                                runtime.check_kafka())
+        checks = {"cassandra": cassandra, "kafka": kafka}
+        if all(v == "ok" for v in checks.values()):
+            return JSONResponse({"status": "ready", "checks": checks})
+        err = errors.unavailable("not_ready", "a dependency is unreachable")
+        return JSONResponse({**err.body(), "checks": checks}, status_code=503,
+                            headers=err.headers)
+
+    return app
+
+
+def serve(settings: Settings) -> None:
+    """Run the API with uvicorn on ``api_host:api_port`` (logs to stdout) until SIGINT or
+    SIGTERM; in-flight requests get :data:`GRACEFUL_SHUTDOWN_S` to finish."""
+    config = uvicorn.Config(
+        build_app(settings),
+        host=settings.api_host,
+        port=settings.api_port,
+        loop="uvloop",
+        http="httptools",
+        lifespan="on",
+        log_config=LOGGING,
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+        server_header=False,
+    )
+    uvicorn.Server(config).run()

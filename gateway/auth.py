@@ -1,0 +1,71 @@
+"""Request dependencies: the process runtime, the calling tenant, the JSON body."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any
+
+from fastapi import Depends, Request
+
+from notiflow.gateway.errors import ApiError, bad_request
+from notiflow.gateway.runtime import Runtime
+from notiflow.settings import TenantConfig
+
+MAX_BODY_BYTES = 256 * 1024
+
+
+def get_runtime(request: Request) -> Runtime:
+    runtime: Runtime = request.app.state.runtime
+    return runtime
+
+
+def _unauthorized(reason: str, message: str) -> ApiError:
+    return ApiError(401, "unauthorized", reason, message,
+                    headers={"WWW-Authenticate": "Bearer"})
+
+
+def authenticate(request: Request,
+                 rt: Annotated[Runtime, Depends(get_runtime)]) -> TenantConfig:
+    """The tenant owning the ``Authorization: Bearer <token>``; ``401`` otherwise."""
+    header = request.headers.get("authorization")
+    if not header:
+        raise _unauthorized("missing_token", "Authorization: Bearer <token> is required")
+    scheme, _, token = header.partition(" ")
+    token = token.strip()
+    if scheme.lower() != "bearer" or not token:
+        raise _unauthorized("malformed_authorization", "expected Authorization: Bearer <token>")
+    tenant = rt.settings.tenant_by_token(token)
+    if tenant is None:
+        raise _unauthorized("unknown_token", "the bearer token is not valid")
+    return tenant
+
+
+Tenant = Annotated[TenantConfig, Depends(authenticate)]
+RuntimeDep = Annotated[Runtime, Depends(get_runtime)]
+
+
+async def read_json_object(request: Request) -> dict[str, Any]:
+    """The body as a JSON object: ``413`` when too large, ``400`` when not JSON, ``422``
+    when JSON but not an object."""
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        raise ApiError(413, "payload_too_large", "body_too_large",
+                       f"request bodies are limited to {MAX_BODY_BYTES} bytes")
+    raw = await request.body()
+    if len(raw) > MAX_BODY_BYTES:
+        raise ApiError(413, "payload_too_large", "body_too_large",
+                       f"request bodies are limited to {MAX_BODY_BYTES} bytes")
+    if not raw.strip():
+        raise bad_request("empty_body", "a JSON object body is required")
+    try:
+        data = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        reason = exc.msg if isinstance(exc, json.JSONDecodeError) else "not UTF-8"
+        pos = f" at line {exc.lineno} column {exc.colno}" if isinstance(
+            exc, json.JSONDecodeError) else ""
+        raise bad_request("malformed_json", f"body is not valid JSON: {reason}{pos}") from None
+    if not isinstance(data, dict):
+        raise ApiError(422, "validation_failed", "invalid_body",
+                       details=[{"loc": [], "msg": "body must be a JSON object",
+                                 "type": "model_type"}])
+    return data

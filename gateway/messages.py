@@ -1,0 +1,275 @@
+"""``POST /v1/messages`` (durable acceptance) and ``GET /v1/messages/{id}``.
+
+Order of checks: auth (401) → ``Idempotency-Key`` shape (400) → JSON (400) → schema (422
+``details``) → tenant policy (403) → channel enabled, scheduling bounds, expiry (422) →
+template and its variables (422) → acceptance (202, 409, 503). See ``docs/api.md``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import re
+from datetime import UTC, datetime
+from typing import Any
+
+from fastapi import APIRouter, Request, Response
+from pydantic import ValidationError
+
+from notiflow.adapters.cassandra_store import utc
+from notiflow.adapters.kafka_io import DeliveryFailed
+from notiflow.gateway.auth import RuntimeDep, Tenant, read_json_object
+from notiflow.gateway.errors import (
+    STORE_ERRORS,
+    ApiError,
+    bad_request,
+    forbidden,
+    invalid_body,
+    kafka_unavailable,
+    not_found,
+    store_unavailable,
+    unavailable,
+    unprocessable,
+)
+from notiflow.gateway.outbox import (
+    ACCEPTED,
+    AUTO_KEY_PREFIX,
+    complete_acceptance,
+    settle_published,
+    traceparent,
+    undo_acceptance,
+)
+from notiflow.gateway.runtime import Runtime, now_ms
+from notiflow.redact import mask
+from notiflow.schemas.enums import Status
+from notiflow.schemas.messages import (
+    AttemptView,
+    IngestRecord,
+    MessageView,
+    SendRequest,
+    new_message_id,
+)
+from notiflow.settings import Settings, TenantConfig
+from notiflow.templating import missing_variables
+
+log = logging.getLogger("notiflow.gateway.messages")
+router = APIRouter()
+
+_IDEMPOTENCY_KEY = re.compile(r"^[\x21-\x7e]{1,255}$")
+_MESSAGE_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+JSON = "application/json"
+
+
+def request_hash(req: SendRequest) -> str:
+    """SHA-256 of the validated request as canonical JSON (sorted keys); excludes everything
+    the API adds (message id, acceptance time, default expiry)."""
+    canonical = json.dumps(req.model_dump(mode="json"), sort_keys=True,
+                           separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def idempotency_key(value: str | None) -> str | None:
+    """The client's key (1-255 printable ASCII characters, no spaces) or None; 400 otherwise."""
+    if value is None:
+        return None
+    if not _IDEMPOTENCY_KEY.fullmatch(value):
+        raise bad_request("invalid_idempotency_key",
+                          "Idempotency-Key must be 1-255 printable ASCII characters")
+    return value
+
+
+def check_policy(settings: Settings, tenant: TenantConfig, req: SendRequest) -> None:
+    """403 for what the tenant may not send, 422 for what the platform cannot send."""
+    if req.tier not in tenant.tiers:
+        allowed = ", ".join(sorted(t.value for t in tenant.tiers))
+        raise forbidden("tier_not_allowed",
+                        f"tenant {tenant.id} may not send tier {req.tier.value} "
+                        f"(allowed: {allowed})")
+    if req.channel not in tenant.channels:
+        raise forbidden("channel_not_allowed",
+                        f"tenant {tenant.id} may not send on channel {req.channel.value}")
+    if not tenant.allows_template(req.template_id):
+        raise forbidden("template_not_allowed",
+                        f"tenant {tenant.id} may not use template {req.template_id}")
+    if req.channel not in settings.enabled_channels():
+        raise unprocessable("channel_unavailable",
+                            f"channel {req.channel.value} has no configured provider")
+    size = len(json.dumps(req.variables, separators=(",", ":")).encode())
+    if size > settings.max_variables_bytes:
+        raise unprocessable("variables_too_large",
+                            f"variables take {size} bytes, at most "
+                            f"{settings.max_variables_bytes} are allowed")
+
+
+def effective_expiry(settings: Settings, req: SendRequest, accepted_at: datetime) -> datetime:
+    """The client's ``expires_at`` (must be in the future), else the tier TTL counted from
+    ``scheduled_at`` when that is later than acceptance, else from acceptance."""
+    if req.scheduled_at is not None and req.scheduled_at - accepted_at > settings.operational_ttl:
+        raise unprocessable("scheduled_too_far",
+                            "scheduled_at lies beyond the retention of operational data "
+                            f"({settings.operational_ttl.days} days)")
+    if req.expires_at is not None:
+        if req.expires_at <= accepted_at:
+            raise unprocessable("expired", "expires_at is in the past")
+        return req.expires_at.astimezone(UTC)
+    base = accepted_at
+    if req.scheduled_at is not None and req.scheduled_at > accepted_at:
+        base = req.scheduled_at.astimezone(UTC)
+    return base + settings.tier_ttl(req.tier)
+
+
+async def check_template(rt: Runtime, tenant: TenantConfig, req: SendRequest) -> None:
+    """The template version exists for this tenant and channel, and every variable it
+    declares is supplied; 422 otherwise."""
+    row = await rt.template(tenant.id, req.template_id, req.template_version)
+    if row is None or row.get("channel") != req.channel.value:
+        what = "does not exist" if row is None else f"is not a {req.channel.value} template"
+        raise unprocessable("unknown_template",
+                            f"template {req.template_id} version {req.template_version} {what}")
+    absent = missing_variables(row.get("variables"), req.variables)
+    if absent:
+        raise unprocessable("missing_template_variable",
+                            f"template variables not supplied: {', '.join(absent)}",
+                            variables=list(absent))
+
+
+def _accepted(body: str, trace: str, *, replayed: bool = False) -> Response:
+    message_id = json.loads(body)["message_id"]
+    headers = {"Location": f"/v1/messages/{message_id}", "traceparent": trace}
+    if replayed:
+        headers["Idempotent-Replayed"] = "true"
+    return Response(body, status_code=202, media_type=JSON, headers=headers)
+
+
+async def _resume(rt: Runtime, tenant_id: str, key: str, req_hash: str,
+                  existing: dict[str, Any], trace: str) -> Response:
+    """A key that was reserved before: 409 for another request, the stored response when
+    accepted, otherwise finish the earlier acceptance with its stored payload."""
+    if existing.get("request_hash") != req_hash:
+        raise ApiError(409, "idempotency_conflict", "request_mismatch",
+                       "this Idempotency-Key was used with a different request")
+    if existing.get("state") == ACCEPTED and existing.get("response"):
+        return _accepted(existing["response"], trace, replayed=True)
+    payload, topic, created_at = existing.get("payload"), existing.get("topic"), utc(
+        existing.get("created_at"))
+    if not payload or not topic or created_at is None:
+        raise unavailable("acceptance_in_progress", "an earlier request with this key is "
+                          "still being accepted")
+    record = IngestRecord.model_validate_json(payload)
+    try:
+        body = await complete_acceptance(rt, tenant_id=tenant_id, key=key,
+                                         created_at=created_at, record=record, topic=topic,
+                                         payload=payload, trace=trace)
+    except DeliveryFailed as exc:
+        raise kafka_unavailable(exc) from None
+    except STORE_ERRORS as exc:
+        raise store_unavailable(exc) from None
+    return _accepted(body, trace, replayed=True)
+
+
+async def accept(rt: Runtime, tenant: TenantConfig, req: SendRequest, key: str | None,
+                 req_hash: str, accepted_at: datetime, expires_at: datetime,
+                 trace: str) -> Response:
+    """Reserve the key, write outbox + message row, publish, mark accepted (202).
+
+    When the record is definitively not published, everything written is removed again
+    and the client gets 503, so a retry with the same key starts afresh."""
+    message_id = new_message_id()
+    internal_key = key or f"{AUTO_KEY_PREFIX}{message_id}"
+    data = req.model_dump()
+    data.update(tenant_id=tenant.id, message_id=message_id, idempotency_key=key,
+                accepted_at=accepted_at, expires_at=expires_at)
+    record = IngestRecord.model_validate(data)
+    payload = record.model_dump_json(exclude_none=True)
+    topic = rt.settings.ingest_topic(req.channel, req.tier)
+    store = rt.store()
+    try:
+        reservation = await store.reserve(tenant.id, internal_key, req_hash, message_id, topic,
+                                          payload, accepted_at)
+        existing = reservation.existing
+        if not reservation.applied and not existing:
+            existing = await store.get_reservation(tenant.id, internal_key)
+    except STORE_ERRORS as exc:
+        raise store_unavailable(exc) from None
+    if not reservation.applied:
+        if not existing:
+            raise unavailable("acceptance_in_progress", "retry the request")
+        return await _resume(rt, tenant.id, internal_key, req_hash, existing, trace)
+    try:
+        body = await complete_acceptance(rt, tenant_id=tenant.id, key=internal_key,
+                                         created_at=accepted_at, record=record, topic=topic,
+                                         payload=payload, trace=trace)
+    except (DeliveryFailed, *STORE_ERRORS) as exc:
+        undone = await undo_acceptance(rt.store(), tenant_id=tenant.id, key=internal_key,
+                                       created_at=accepted_at, record=record)
+        if undone:
+            if isinstance(exc, DeliveryFailed):
+                raise kafka_unavailable(exc) from None
+            raise store_unavailable(exc) from None
+        body = await settle_published(rt.store(), tenant_id=tenant.id, key=internal_key,
+                                      created_at=accepted_at, record=record)
+    log.debug("accepted %s tenant=%s %s/%s recipient=%s", message_id, tenant.id,
+              req.channel.value, req.tier.value, mask(req.recipient_key()))
+    return _accepted(body, trace)
+
+
+@router.post("/v1/messages", status_code=202)
+async def send_message(request: Request, tenant: Tenant, rt: RuntimeDep) -> Response:
+    """Accept a send request durably; 202 ``{message_id, status, accepted_at}``."""
+    key = idempotency_key(request.headers.get("idempotency-key"))
+    data = await read_json_object(request)
+    try:
+        req = SendRequest.model_validate(data)
+    except ValidationError as exc:
+        raise invalid_body(exc) from None
+    check_policy(rt.settings, tenant, req)
+    trace = traceparent(request.headers.get("traceparent"))
+    req_hash = request_hash(req)
+    accepted_at = now_ms()
+    try:
+        expires_at = effective_expiry(rt.settings, req, accepted_at)
+    except ApiError:
+        if key is not None:
+            existing = await rt.store().get_reservation(tenant.id, key)
+            if existing is not None:
+                return await _resume(rt, tenant.id, key, req_hash, existing, trace)
+        raise
+    await check_template(rt, tenant, req)
+    return await accept(rt, tenant, req, key, req_hash, accepted_at, expires_at, trace)
+
+
+@router.get("/v1/messages/{message_id}")
+async def get_message(message_id: str, tenant: Tenant, rt: RuntimeDep) -> Response:
+    """Current status and attempts of a message owned by the caller; 404 otherwise."""
+    if not _MESSAGE_ID.fullmatch(message_id):
+        raise not_found()
+    store = rt.store()
+    row, attempts = await asyncio.gather(store.get_message(message_id),
+                                         store.attempts(message_id))
+    if row is None or row.get("tenant_id") != tenant.id:
+        raise not_found()
+    view = MessageView(
+        message_id=message_id,
+        status=Status(row["status"]),
+        reason=row.get("reason"),
+        channel=row["channel"],
+        tier=row["tier"],
+        category=row.get("category"),
+        template_id=row.get("template_id"),
+        template_version=row.get("template_version"),
+        accepted_at=utc(row.get("accepted_at")),
+        updated_at=utc(row.get("updated_at")),
+        attempts=tuple(
+            AttemptView(
+                attempt_no=a["attempt_no"], provider_id=a.get("provider_id"),
+                provider_message_id=a.get("provider_message_id"), outcome=a.get("outcome"),
+                normalized_error=a.get("normalized_error"),
+                started_at=utc(a.get("started_at")), completed_at=utc(a.get("completed_at")),
+            )
+            for a in attempts
+        ),
+    )
+    return Response(view.model_dump_json(), media_type=JSON)
+

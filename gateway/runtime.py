@@ -1,0 +1,169 @@
+"""Per-process resources of the API: one Cassandra store, one Kafka producer.
+
+Cassandra is connected lazily: one attempt at start-up, then retries in the background, so
+the process starts (``/healthz`` answers) while Cassandra is down and requests get ``503``
+until it is reachable. The producer never blocks start-up; an unreachable broker shows up as
+a failed delivery after :data:`DELIVERY_TIMEOUT_MS`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import OrderedDict
+from collections.abc import Coroutine
+from datetime import UTC, datetime
+from typing import Any
+
+from cassandra.cluster import Cluster
+from confluent_kafka.admin import AdminClient
+
+from notiflow.adapters.cassandra_store import CassandraStore, connect
+from notiflow.adapters.kafka_io import AsyncProducer
+from notiflow.gateway.errors import unavailable
+from notiflow.settings import Settings
+
+log = logging.getLogger("notiflow.gateway")
+
+DELIVERY_TIMEOUT_MS = 5_000
+CONNECT_TIMEOUT_S = 5.0
+RECONNECT_MAX_S = 5.0
+PROBE_TIMEOUT_S = 2.0
+TEMPLATE_CACHE_SIZE = 4096
+
+
+def api_producer_overrides() -> dict[str, Any]:
+    """Short delivery deadline: a dead broker yields ``503`` within ~5 s, not 30 s."""
+    return {
+        "delivery.timeout.ms": DELIVERY_TIMEOUT_MS,
+        "request.timeout.ms": DELIVERY_TIMEOUT_MS,
+        "linger.ms": 1,
+    }
+
+
+def now_ms() -> datetime:
+    """Current UTC time truncated to milliseconds (Cassandra's timestamp precision)."""
+    now = datetime.now(UTC)
+    return now.replace(microsecond=now.microsecond // 1000 * 1000)
+
+
+class Runtime:
+    """Owns the store, the producer and the background tasks of one API process."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._store: CassandraStore | None = None
+        self._cluster: Cluster | None = None
+        self._producer: AsyncProducer | None = None
+        self._admin: AdminClient | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._templates: OrderedDict[tuple[str, str, int], dict[str, Any]] = OrderedDict()
+        self._closed = False
+
+    async def start(self) -> None:
+        """Create the producer, try Cassandra once, keep retrying in the background."""
+        self._producer = AsyncProducer(self.settings, **api_producer_overrides())
+        self._admin = AdminClient({"bootstrap.servers": self.settings.kafka_bootstrap,
+                                   "logger": logging.getLogger("notiflow.kafka.admin")})
+        if not await self._connect_once():
+            self.spawn(self._connect_loop(), "cassandra-connect")
+
+    def spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
+        """Run a background task owned by this runtime (cancelled on :meth:`close`)."""
+        self._tasks.append(asyncio.create_task(coro, name=name))
+
+    async def _connect_once(self) -> bool:
+        try:
+            cluster, session = await asyncio.to_thread(
+                connect, self.settings, connect_timeout=CONNECT_TIMEOUT_S)
+        except Exception as exc:
+            log.warning("cassandra not reachable yet (%s); retrying in background",
+                        type(exc).__name__)
+            return False
+        try:
+            store = await asyncio.to_thread(CassandraStore, session, self.settings)
+        except Exception as exc:
+            log.warning("cassandra statements not prepared (%s)", type(exc).__name__)
+            await asyncio.to_thread(cluster.shutdown)
+            return False
+        if self._closed:
+            await asyncio.to_thread(cluster.shutdown)
+            return False
+        self._cluster, self._store = cluster, store
+        log.info("connected to cassandra keyspace %s", self.settings.cassandra_keyspace)
+        return True
+
+    async def _connect_loop(self) -> None:
+        delay = 0.5
+        while not self._closed:
+            await asyncio.sleep(delay)
+            if await self._connect_once():
+                return
+            delay = min(delay * 2, RECONNECT_MAX_S)
+
+    @property
+    def connected(self) -> bool:
+        return self._store is not None
+
+    def store(self) -> CassandraStore:
+        """The store; raises a ``503`` error while Cassandra has not been reached."""
+        if self._store is None:
+            raise unavailable("cassandra_unavailable", "the message store is unavailable")
+        return self._store
+
+    async def template(self, tenant_id: str, template_id: str,
+                       version: int) -> dict[str, Any] | None:
+        """A template version. Versions are immutable, so found rows are cached (LRU of
+        :data:`TEMPLATE_CACHE_SIZE`); misses are not, a version may be created later."""
+        key = (tenant_id, template_id, version)
+        row = self._templates.get(key)
+        if row is not None:
+            self._templates.move_to_end(key)
+            return row
+        row = await self.store().get_template(tenant_id, template_id, version)
+        if row is not None:
+            self._templates[key] = row
+            while len(self._templates) > TEMPLATE_CACHE_SIZE:
+                self._templates.popitem(last=False)
+        return row
+
+    def producer(self) -> AsyncProducer:
+        if self._producer is None:
+            raise unavailable("kafka_unavailable", "the producer is not running")
+        return self._producer
+
+    async def check_cassandra(self) -> str:
+        """``"ok"`` or a short reason."""
+        if self._store is None:
+            return "not connected"
+        try:
+            await asyncio.wait_for(self._store.ping(), PROBE_TIMEOUT_S)
+        except Exception as exc:
+            return type(exc).__name__
+        return "ok"
+
+    async def check_kafka(self) -> str:
+        """``"ok"`` when the broker answers a metadata request for an ingest topic."""
+        admin = self._admin
+        if admin is None:
+            return "not started"
+        try:
+            meta = await asyncio.to_thread(admin.list_topics, timeout=PROBE_TIMEOUT_S)
+        except Exception as exc:
+            return type(exc).__name__
+        return "ok" if meta.brokers else "no brokers"
+
+    async def close(self) -> None:
+        """Stop background tasks, flush the producer, close the Cassandra connection."""
+        self._closed = True
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        if self._producer is not None:
+            await asyncio.to_thread(self._producer.close, DELIVERY_TIMEOUT_MS / 1000)
+        if self._cluster is not None:
+            await asyncio.to_thread(self._cluster.shutdown)
+        self._store = None

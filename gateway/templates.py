@@ -1,0 +1,136 @@
+"""``POST /v1/templates`` and ``GET /v1/templates/{template_id}/versions/{version}``.
+
+Versions are immutable: a version is written once (lightweight transaction). Re-posting a
+version with identical content (same channel and checksum) answers ``200`` with the stored
+representation; different content answers ``409 template_version_immutable``. Without a
+version the next one (latest + 1) is created, unless the latest already has identical
+content, which is then returned with ``200``.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Any
+
+from fastapi import APIRouter, Request, Response
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from notiflow.adapters.cassandra_store import CassandraStore, utc
+from notiflow.gateway.auth import RuntimeDep, Tenant, read_json_object
+from notiflow.gateway.errors import (
+    ApiError,
+    forbidden,
+    invalid_body,
+    not_found,
+    unavailable,
+    unprocessable,
+)
+from notiflow.gateway.runtime import now_ms
+from notiflow.schemas.enums import Channel
+from notiflow.schemas.messages import TemplateCreate, TemplateVersion
+from notiflow.templating import TemplateSyntaxError, analyse
+
+router = APIRouter()
+
+MAX_VERSION_RACES = 8
+JSON = "application/json"
+
+
+class TemplateCreated(BaseModel):
+    """Body of a successful ``POST /v1/templates`` (201 new, 200 identical existing)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    template_id: str
+    version: int
+    channel: Channel
+    variables: tuple[str, ...]
+    checksum: str
+    created_at: datetime
+
+
+def _created(row: dict[str, Any], status: int) -> Response:
+    body = TemplateCreated(
+        template_id=row["template_id"], version=row["version"], channel=row["channel"],
+        variables=tuple(row.get("variables") or ()), checksum=row["checksum"],
+        created_at=utc(row["created_at"]),
+    )
+    headers = {"Location": f"/v1/templates/{row['template_id']}/versions/{row['version']}"}
+    return Response(body.model_dump_json(), status_code=status, media_type=JSON,
+                    headers=headers)
+
+
+def _same_content(row: dict[str, Any], values: dict[str, Any]) -> bool:
+    return row.get("channel") == values["channel"] and row.get("checksum") == values["checksum"]
+
+
+async def _insert_next(store: CassandraStore, values: dict[str, Any]) -> Response:
+    for _ in range(MAX_VERSION_RACES):
+        latest = await store.latest_template(values["tenant_id"], values["template_id"])
+        if latest is not None and _same_content(latest, values):
+            return _created(latest, 200)
+        candidate = {**values, "version": (int(latest["version"]) if latest else 0) + 1}
+        applied, _ = await store.put_template(candidate)
+        if applied:
+            return _created(candidate, 201)
+    raise unavailable("template_version_contention",
+                      "too many concurrent versions of this template; retry")
+
+
+@router.post("/v1/templates", status_code=201)
+async def create_template(request: Request, tenant: Tenant, rt: RuntimeDep) -> Response:
+    """Create an immutable template version; 201, 200 (identical), 409, 422."""
+    data = await read_json_object(request)
+    try:
+        tc = TemplateCreate.model_validate(data)
+    except ValidationError as exc:
+        raise invalid_body(exc) from None
+    if not tenant.allows_template(tc.template_id):
+        raise forbidden("template_not_allowed",
+                        f"tenant {tenant.id} may not use template {tc.template_id}")
+    try:
+        info = analyse(tc.subject, tc.body)
+    except TemplateSyntaxError as exc:
+        raise unprocessable("template_syntax_error", str(exc), field=exc.field,
+                            line=exc.lineno) from None
+    values: dict[str, Any] = {
+        "tenant_id": tenant.id, "template_id": tc.template_id, "version": tc.version,
+        "channel": tc.channel.value, "subject": tc.subject, "body": tc.body,
+        "variables": list(info.variables), "description": tc.description,
+        "checksum": info.checksum, "created_at": now_ms(),
+    }
+    store = rt.store()
+    if tc.version is None:
+        return await _insert_next(store, values)
+    applied, existing = await store.put_template(values)
+    if applied:
+        return _created(values, 201)
+    if existing is None or not existing.get("checksum"):
+        existing = await store.get_template(tenant.id, tc.template_id, tc.version)
+    if existing is not None and _same_content(existing, values):
+        return _created(existing, 200)
+    raise ApiError(409, "template_version_immutable", "content_differs",
+                   f"template {tc.template_id} version {tc.version} already exists with "
+                   "different content")
+
+
+@router.get("/v1/templates/{template_id}/versions/{version}")
+async def get_template(template_id: str, version: int, tenant: Tenant,
+                       rt: RuntimeDep) -> Response:
+    """One immutable template version of the caller's tenant; 404 otherwise."""
+    if version < 1:
+        raise not_found()
+    row = await rt.store().get_template(tenant.id, template_id, version)
+    if row is None:
+        raise not_found()
+    view = TemplateVersion(
+        tenant_id=row["tenant_id"], template_id=row["template_id"], version=row["version"],
+        channel=row["channel"], subject=row.get("subject"), body=row["body"],
+        variables=tuple(row.get("variables") or ()), checksum=row["checksum"],
+        created_at=utc(row["created_at"]),
+    )
+    body = view.model_dump(mode="json")
+    body["description"] = row.get("description")
+    return Response(json.dumps(body, separators=(",", ":"), ensure_ascii=False),
+                    media_type=JSON)

@@ -1,0 +1,26 @@
+"""Operator read paths over Cassandra (``notiflow status``)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from notiflow.adapters.cassandra_store import CassandraStore, connect
+from notiflow.settings import Settings
+
+
+async def message_history(
+    settings: Settings, message_id: str
+) -> tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]] | None:
+    """(message row, attempts, status history) of one message, or None if unknown."""
+    cluster, session = await asyncio.to_thread(connect, settings)
+    try:
+        store = CassandraStore(session, settings)
+        msg = await store.get_message(message_id)
+        if msg is None:
+            return None
+        attempts, events = await asyncio.gather(store.attempts(message_id),
+                                                store.events(message_id))
+        return msg, attempts, events
+    finally:
+        cluster.shutdown()

@@ -1,0 +1,110 @@
+"""Small test utilities over the real stack (Kafka, Cassandra, emulator)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+import httpx
+from cassandra.cluster import Session
+from confluent_kafka import Consumer, TopicPartition
+
+from notiflow.adapters.kafka_io import OutRecord, SyncProducer
+from notiflow.settings import Settings
+
+T = TypeVar("T")
+
+
+def wait_for(fn: Callable[[], T | None], timeout: float = 60.0, interval: float = 0.25,
+             what: str = "condition") -> T:
+    """Poll ``fn`` until it returns something truthy."""
+    deadline = time.monotonic() + timeout
+    last: T | None = None
+    while time.monotonic() < deadline:
+        last = fn()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
+
+
+def produce(settings: Settings, records: list[OutRecord]) -> list[tuple[int, int]]:
+    """Produce and confirm; returns (partition, offset) of each record in order."""
+    from confluent_kafka import Producer
+
+    from notiflow.adapters.kafka_io import producer_config
+
+    p = Producer(producer_config(settings))
+    placed: list[tuple[int, int] | None] = [None] * len(records)
+
+    def cb(i: int) -> Callable[[Any, Any], None]:
+        def done(err: Any, msg: Any) -> None:
+            assert err is None, err
+            placed[i] = (msg.partition(), msg.offset())
+        return done
+
+    for i, r in enumerate(records):
+        p.produce(r.topic, r.value, r.key, headers=r.headers, on_delivery=cb(i))
+    assert p.flush(30) == 0
+    return [x for x in placed if x is not None]
+
+
+def produce_quick(settings: Settings, records: list[OutRecord]) -> None:
+    SyncProducer(settings).send_all(records)
+
+
+def read_topic(settings: Settings, topic: str, timeout: float = 5.0) -> Iterator[Any]:
+    """Every record currently in ``topic`` (all partitions, from the beginning)."""
+    c = Consumer({"bootstrap.servers": settings.kafka_bootstrap, "group.id": "tests",
+                  "enable.auto.commit": False, "enable.partition.eof": True})
+    try:
+        md = c.list_topics(topic, timeout=timeout)
+        parts = list(md.topics[topic].partitions)
+        ends = {}
+        for p in parts:
+            _, hi = c.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout)
+            ends[p] = hi
+        c.assign([TopicPartition(topic, p, 0) for p in parts])
+        remaining = {p for p in parts if ends[p] > 0}
+        deadline = time.monotonic() + timeout
+        while remaining and time.monotonic() < deadline:
+            msg = c.poll(0.2)
+            if msg is None:
+                continue
+            if msg.error():
+                remaining.discard(msg.partition())
+                continue
+            yield msg
+            if msg.offset() + 1 >= ends[msg.partition()]:
+                remaining.discard(msg.partition())
+    finally:
+        c.close()
+
+
+def message_row(session: Session, message_id: str) -> dict[str, Any] | None:
+    return session.execute("SELECT * FROM messages WHERE message_id = %s", (message_id,)).one()
+
+
+def statuses(session: Session, ids: list[str]) -> dict[str, str | None]:
+    out: dict[str, str | None] = {}
+    for mid in ids:
+        row = message_row(session, mid)
+        out[mid] = row["status"] if row else None
+    return out
+
+
+def emulator_records(fakes: str, message_id: str | None = None) -> list[dict[str, Any]]:
+    params = {"message_id": message_id} if message_id else None
+    r = httpx.get(f"{fakes}/_admin/twilio/messages", params=params, timeout=30)
+    r.raise_for_status()
+    return list(r.json())
+
+
+def accepted_counts(fakes: str) -> dict[str, int]:
+    """message_id → number of provider-accepted requests the emulator saw."""
+    counts: dict[str, int] = {}
+    for rec in emulator_records(fakes):
+        if rec.get("outcome") == "accepted" and rec.get("message_id"):
+            counts[rec["message_id"]] = counts.get(rec["message_id"], 0) + 1
+    return counts

@@ -1,0 +1,74 @@
+"""Fixtures for tests against the real stack: dataflow processes, CQL, templates."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from cassandra.cluster import Session
+
+from notiflow.adapters.cassandra_store import connect
+from notiflow.ops.procs import ManagedProcess, ProcessGroup
+from notiflow.schemas.enums import Tier
+from notiflow.settings import Settings
+
+pytestmark = pytest.mark.integration
+
+OTP_TEMPLATE = "Your code is {{ code }}"
+
+
+@pytest.fixture(scope="session")
+def cql(stack: Settings) -> Iterator[Session]:
+    cluster, session = connect(stack)
+    yield session
+    cluster.shutdown()
+
+
+@pytest.fixture(scope="session")
+def recovery_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("recovery")
+
+
+FlowStarter = Callable[..., ManagedProcess]
+
+
+@pytest.fixture(scope="session")
+def start_flow(stack: Settings, fakes: str, processes: ProcessGroup, log_dir: Path,
+               recovery_root: Path) -> FlowStarter:
+    """Start a dataflow process: ``start_flow("send", tier=Tier.P1, name=..., recovery=...)``."""
+
+    def start(kind: str, *, tier: Tier | None = None, name: str | None = None,
+              recovery: Path | None = None) -> ManagedProcess:
+        label = name or (f"send-{tier.value.lower()}" if tier else kind)
+        args = ["flow", kind]
+        if tier is not None:
+            args += ["--tier", tier.value]
+        args += ["--recovery-dir", str(recovery or recovery_root / label)]
+        proc = processes.add(ManagedProcess(label, args, log_dir)).start()
+        return proc.wait_until(lambda: "starting" in proc.tail(200), timeout=60)
+
+    return start
+
+
+@pytest.fixture(scope="session")
+def reconciler(start_flow: FlowStarter) -> ManagedProcess:
+    return start_flow("reconcile")
+
+
+@pytest.fixture(scope="session")
+def send_p1(start_flow: FlowStarter, reconciler: ManagedProcess) -> ManagedProcess:
+    return start_flow("send", tier=Tier.P1)
+
+
+@pytest.fixture(scope="session")
+def otp_template(api: str, tokens: dict[str, str]) -> dict[str, int]:
+    """tenant id → version of template ``otp`` (SMS, one variable ``code``)."""
+    versions = {}
+    for tenant, token in tokens.items():
+        r = httpx.post(f"{api}/v1/templates", headers={"Authorization": f"Bearer {token}"},
+                       json={"template_id": "otp", "channel": "SMS", "body": OTP_TEMPLATE})
+        assert r.status_code in (200, 201), r.text
+        versions[tenant] = r.json()["version"]
+    return versions

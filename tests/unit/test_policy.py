@@ -1,0 +1,61 @@
+"""Retry rules: full jitter within caps, Retry-After wins, expiry and budget end retries."""
+
+from __future__ import annotations
+
+import random
+from datetime import UTC, datetime, timedelta
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from notiflow.flows.policy import RetryPolicy
+from notiflow.schemas.enums import Tier
+from notiflow.settings import Settings
+
+NOW = datetime(2026, 1, 1, tzinfo=UTC)
+FAR = NOW + timedelta(days=1)
+
+
+def test_tier_defaults_from_design() -> None:
+    s = Settings()
+    assert RetryPolicy.for_tier(s, Tier.P0).caps == tuple(
+        timedelta(seconds=x) for x in (0, 1, 3, 10))
+    assert RetryPolicy.for_tier(s, Tier.P1).max_attempts == 5
+    assert RetryPolicy.for_tier(s, Tier.P3).caps[-1] == timedelta(hours=2)
+
+
+def test_time_scale_shrinks_caps() -> None:
+    s = Settings(time_scale=0.01)
+    assert RetryPolicy.for_tier(s, Tier.P1).caps[0] == timedelta(milliseconds=20)
+
+
+@given(st.integers(1, 4), st.integers(0, 2**32))
+def test_wait_bounded_by_cap(attempt: int, seed: int) -> None:
+    p = RetryPolicy.for_tier(Settings(), Tier.P1)
+    d = p.after_failure(attempt, NOW, FAR, rng=random.Random(seed))
+    assert d.next_attempt == attempt + 1
+    assert d.next_attempt_at is not None
+    assert NOW <= d.next_attempt_at <= NOW + p.caps[attempt - 1]
+
+
+def test_jitter_spreads_over_the_cap() -> None:
+    p = RetryPolicy.for_tier(Settings(), Tier.P2)
+    rng = random.Random(7)
+    waits = [(p.after_failure(1, NOW, FAR, rng=rng).next_attempt_at - NOW).total_seconds()
+             for _ in range(2000)]
+    assert min(waits) < 3 and max(waits) > 27
+    assert 12 < sum(waits) / len(waits) < 18
+
+
+def test_retry_after_wins_when_longer() -> None:
+    p = RetryPolicy.for_tier(Settings(), Tier.P1)
+    d = p.after_failure(1, NOW, FAR, retry_after=timedelta(seconds=60), rng=random.Random(1))
+    assert d.next_attempt_at == NOW + timedelta(seconds=60)
+
+
+def test_budget_exhausted_and_expiry() -> None:
+    p = RetryPolicy.for_tier(Settings(), Tier.P1)
+    assert p.after_failure(5, NOW, FAR).give_up == "retries_exhausted"
+    soon = NOW + timedelta(milliseconds=1)
+    d = p.after_failure(1, NOW, soon, retry_after=timedelta(seconds=1))
+    assert d.give_up == "expires_before_retry" and d.next_attempt is None
