@@ -169,9 +169,11 @@ class CassandraStore:
     # -------------------------------------------------------------------------- messages
 
     async def create_message(
-        self, message_id: str, snap: MessageSnapshot, status: Status, now: datetime
+        self, message_id: str, snap: MessageSnapshot, status: Status, now: datetime,
+        source: str = "api",
     ) -> bool:
-        """Insert the message row if absent (LWT) and its tenant-history row; True if new."""
+        """Insert the message row if absent (LWT), its tenant-history row and the first entry
+        of its status history; True if new."""
         rows = await self._run("msg_insert", (
             message_id, snap.tenant_id, snap.channel.value, snap.tier.value,
             snap.category.value, snap.recipient_hash, snap.recipient_masked, snap.template_id,
@@ -181,10 +183,14 @@ class CassandraStore:
         ))
         created = bool(rows and rows[0].get("[applied]"))
         if created:
-            await self._run("tenant_day_insert", (
-                snap.tenant_id, date_of(snap.accepted_at), _ts(snap.accepted_at), message_id,
-                snap.channel.value, snap.tier.value, snap.category.value,
-            ))
+            await asyncio.gather(
+                self._run("tenant_day_insert", (
+                    snap.tenant_id, date_of(snap.accepted_at), _ts(snap.accepted_at),
+                    message_id, snap.channel.value, snap.tier.value, snap.category.value,
+                )),
+                self.record_event(message_id, snap.accepted_at, f"{message_id}:{status.value}:0",
+                                  status, 0, None, source, True),
+            )
         return created
 
     async def get_message(self, message_id: str) -> dict[str, Any] | None:
@@ -201,9 +207,12 @@ class CassandraStore:
         row = rows[0] if rows else {}
         gone = bool(row.get("[applied]")) or row.get("status_rank") is None
         if gone:
-            await self._run("tenant_day_delete", (
-                tenant_id, date_of(accepted_at), _ts(accepted_at), message_id,
-            ))
+            await asyncio.gather(
+                self._run("tenant_day_delete", (
+                    tenant_id, date_of(accepted_at), _ts(accepted_at), message_id,
+                )),
+                self._run("events_delete", (message_id,)),
+            )
         return gone
 
     async def transition(
@@ -324,6 +333,7 @@ _STATEMENTS: dict[str, str] = {
     "event_insert": "INSERT INTO message_events (message_id, occurred_at, event_id, status, "
     "attempt, reason, source, applied) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
     "events_get": "SELECT * FROM message_events WHERE message_id = ?",
+    "events_delete": "DELETE FROM message_events WHERE message_id = ?",
     "attempt_insert": "INSERT INTO attempts (message_id, attempt_no, provider_id, "
     "provider_message_id, outcome, normalized_error, error_code, started_at, completed_at) "
     "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",

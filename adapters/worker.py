@@ -8,11 +8,21 @@ Redis pool, provider HTTP sessions) opened on first use.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
+import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 T = TypeVar("T")
+_LIVE: weakref.WeakSet[WorkerLoop] = weakref.WeakSet()
+
+
+def close_all() -> None:
+    """Close the resources of every worker loop of this process (at shutdown)."""
+    for wl in list(_LIVE):
+        with contextlib.suppress(Exception):
+            wl.close()
 
 
 class WorkerLoop:
@@ -22,6 +32,7 @@ class WorkerLoop:
         self._local = threading.local()
         self._all: list[tuple[asyncio.AbstractEventLoop, dict[str, Any]]] = []
         self._lock = threading.Lock()
+        _LIVE.add(self)
 
     def _state(self) -> tuple[asyncio.AbstractEventLoop, dict[str, Any]]:
         st = getattr(self._local, "state", None)

@@ -60,7 +60,16 @@ class Retry:
 Out = StatusEvent | DlqRecord | Retry
 """What the send flow emits (encoded to Kafka records by the sink step)."""
 
-ReconcileIn = StatusEvent | Receipt
+@dataclass(frozen=True, slots=True)
+class SourcedReceipt:
+    """A receipt with where it came from (for a DLQ record if it cannot be correlated)."""
+
+    receipt: Receipt
+    source: SourceRef
+    raw: bytes
+
+
+ReconcileIn = StatusEvent | SourcedReceipt
 
 
 def utcnow() -> datetime:

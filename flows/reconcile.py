@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import defaultdict
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import bytewax.operators as op
@@ -33,10 +33,10 @@ from notiflow.adapters.cassandra_store import CassandraStore, connect
 from notiflow.adapters.dlq_crypto import DlqCipher
 from notiflow.adapters.kafka_io import OutRecord
 from notiflow.adapters.worker import WorkerLoop
-from notiflow.flows.model import SourceRef, utcnow
+from notiflow.flows.model import ReconcileIn, SourcedReceipt, utcnow
 from notiflow.flows.steps import Clock, Encoder, dead_letter, parse_reconcile
 from notiflow.schemas.enums import Status
-from notiflow.schemas.messages import DlqRecord, Receipt, StatusEvent
+from notiflow.schemas.messages import DlqRecord, StatusEvent
 from notiflow.schemas.status import rank
 from notiflow.settings import Settings
 
@@ -71,11 +71,11 @@ class ApplyStep:
 
         return self.runtime.resource("cassandra", open_store).store
 
-    def __call__(self, batch: list[StatusEvent | Receipt]) -> list[DlqRecord]:
+    def __call__(self, batch: list[ReconcileIn]) -> list[DlqRecord]:
         store = self._store()
         return self.runtime.run(self._with_retries(batch, store))
 
-    async def _with_retries(self, batch: list[StatusEvent | Receipt],
+    async def _with_retries(self, batch: list[ReconcileIn],
                             store: CassandraStore) -> list[DlqRecord]:
         """Cassandra down → wait and retry the whole batch (writes are idempotent); nothing
         is committed meanwhile. Gives up (the flow stops) after ``INFRA_RETRY_FOR``."""
@@ -91,11 +91,11 @@ class ApplyStep:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 10.0)
 
-    async def _apply(self, batch: list[StatusEvent | Receipt],
+    async def _apply(self, batch: list[ReconcileIn],
                      store: CassandraStore) -> list[DlqRecord]:
         sem = asyncio.Semaphore(CONCURRENCY)
         events: dict[str, list[StatusEvent]] = defaultdict(list)
-        receipts: list[Receipt] = []
+        receipts: list[SourcedReceipt] = []
         for item in batch:
             if isinstance(item, StatusEvent):
                 events[item.message_id].append(item)
@@ -124,10 +124,7 @@ class ApplyStep:
                 log.error("event for unknown message %s without snapshot", message_id)
             else:
                 initial = Status.SCHEDULED if snap.scheduled_at else Status.QUEUED
-                if await store.create_message(message_id, snap, initial, now):
-                    await store.record_event(message_id, snap.accepted_at,
-                                             f"{message_id}:{initial.value}:0", initial, 0,
-                                             None, "reconcile", True)
+                await store.create_message(message_id, snap, initial, now, source="reconcile")
                 applied, _ = await store.transition(
                     message_id, top.status, top.attempt, top.reason, now,
                     *_provider_ids(top), next_attempt_at=top.next_attempt_at)
@@ -140,27 +137,36 @@ class ApplyStep:
                 writes.append(store.record_attempt(message_id, e.attempt_detail))
         await asyncio.gather(*writes)
 
-    async def _apply_receipt(self, r: Receipt, store: CassandraStore) -> DlqRecord | None:
+    async def _apply_receipt(self, sr: SourcedReceipt,
+                             store: CassandraStore) -> DlqRecord | None:
+        r = sr.receipt
         now = self.clock()
-        idx = await store.message_for_provider_id(r.provider_id, r.provider_message_id)
-        if idx is None:
-            return dead_letter(
-                raw=r.model_dump_json().encode(), source=SourceRef(
-                    self.settings.receipts_topic, -1, -1), reason="unknown provider message id "
-                f"{r.provider_id}/{r.provider_message_id}", error_class="uncorrelated_receipt",
-                category="invalid_data", tier=None, cipher=self.cipher, now=now)
-        message_id = str(idx["message_id"])
+        if r.message_id is not None:
+            message_id, attempt = r.message_id, r.attempt or 0
+        else:
+            idx = await store.message_for_provider_id(r.provider_id, r.provider_message_id)
+            if idx is None:
+                return self._uncorrelated(sr, "unknown provider message id", now)
+            message_id, attempt = str(idx["message_id"]), int(idx.get("attempt_no") or 0)
+        applied, exists = await store.transition(message_id, r.status, attempt, r.error_code,
+                                                 now, r.provider_id, r.provider_message_id)
+        if not exists:
+            return self._uncorrelated(sr, f"no message row {message_id}", now)
         if await store.receipt_seen(r.provider_id, r.provider_event_id, message_id, r.status,
                                     now):
             return None
-        attempt = int(idx.get("attempt_no") or 0)
-        applied, _ = await store.transition(message_id, r.status, attempt, r.error_code, now,
-                                            r.provider_id, r.provider_message_id)
         await store.record_event(message_id, r.occurred_at,
                                  f"{r.provider_id}:{r.provider_event_id}", r.status, attempt,
-                                 r.error_code or r.raw_status, f"receipt.{r.provider_id}",
+                                 r.error_code, f"receipt.{r.provider_id}",
                                  applied)
         return None
+
+    def _uncorrelated(self, sr: SourcedReceipt, why: str, now: datetime) -> DlqRecord:
+        r = sr.receipt
+        return dead_letter(raw=sr.raw, source=sr.source,
+                           reason=f"{why} ({r.provider_id}/{r.provider_message_id})",
+                           error_class="uncorrelated_receipt", category="invalid_data",
+                           tier=None, cipher=self.cipher, now=now, message_id=r.message_id)
 
 
 def _provider_ids(e: StatusEvent) -> tuple[str | None, str | None]:

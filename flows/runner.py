@@ -9,6 +9,7 @@ deduplicated by lease, status writes are idempotent).
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 from collections.abc import Callable
@@ -20,6 +21,7 @@ from bytewax.dataflow import Dataflow
 from bytewax.recovery import RecoveryConfig, init_db_dir
 from bytewax.run import cli_main
 
+from notiflow.adapters.worker import close_all
 from notiflow.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -47,6 +49,7 @@ def run_flow(build: Callable[[], Dataflow], settings: Settings, name: str, *,
     ensure_recovery_dir(rdir, settings.recovery_partitions)
     flow = build()
     signal.signal(signal.SIGTERM, _terminate)
+    os.environ.setdefault("RUST_BACKTRACE", "0")
     log.info("starting %s (recovery %s, epoch %ss)", name, rdir, settings.flow_epoch_seconds)
     try:
         cli_main(
@@ -59,3 +62,9 @@ def run_flow(build: Callable[[], Dataflow], settings: Settings, name: str, *,
         )
     except KeyboardInterrupt:
         log.info("%s stopped", name)
+    except Exception as exc:
+        if not isinstance(exc.__cause__, KeyboardInterrupt):
+            raise
+        log.info("%s stopped (interrupted mid-batch; resumes from the last epoch)", name)
+    finally:
+        close_all()

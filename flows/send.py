@@ -76,6 +76,14 @@ def content_fingerprint(work: Work) -> str:
     return hashlib.sha256(doc).hexdigest()
 
 
+def lease_outcome(ev: StatusEvent) -> dict[str, object]:
+    """What a finished lease records, so a replay can re-emit the outcome."""
+    done: dict[str, object] = {"status": ev.status.value, "reason": ev.reason}
+    if ev.attempt_detail is not None:
+        done["detail"] = ev.attempt_detail.model_dump(mode="json")
+    return done
+
+
 def attempt_detail(work: Work, result: SendResult) -> AttemptRecord:
     return AttemptRecord(
         attempt_no=work.record.attempt,
@@ -207,12 +215,11 @@ class SendStep:
         released: list[str] = []
         content_release: list[tuple[str, str]] = []
 
-        def finish(w: Work, ev: StatusEvent) -> None:
+        def finish(w: Work, ev: StatusEvent, *, lease_recorded: bool = False) -> None:
             out.append(ev)
-            done: dict[str, object] = {"status": ev.status.value, "reason": ev.reason}
-            if ev.attempt_detail is not None:
-                done["detail"] = ev.attempt_detail.model_dump(mode="json")
-            finished.append((dedup.lease_key(w.message_id, w.record.attempt), done))
+            if not lease_recorded:
+                finished.append((dedup.lease_key(w.message_id, w.record.attempt),
+                                 lease_outcome(ev)))
 
         sendable: list[Work] = []
         for w in live:
@@ -265,25 +272,35 @@ class SendStep:
 
         sem = asyncio.Semaphore(self.policy.max_in_flight)
 
-        async def call(provider: ProviderClient, msg: OutboundMessage) -> SendResult:
+        async def call(w: Work, provider: ProviderClient,
+                       msg: OutboundMessage) -> tuple[SendResult, StatusEvent | None]:
+            """One provider call; an acceptance is recorded on the lease at once, so a crash
+            later in the batch cannot make a replay send it again."""
             async with sem:
-                return await provider.send(msg)
+                try:
+                    result = await provider.send(msg)
+                except Exception as exc:
+                    log.error("provider call raised for %s: %r", w.message_id, exc)
+                    at = self.clock()
+                    result = SendResult(Outcome.TRANSIENT, provider.provider_id, at, at,
+                                        reason=f"internal_error:{type(exc).__name__}")
+            if result.outcome is not Outcome.ACCEPTED:
+                return result, None
+            ev = status_event(w, Status.PROVIDER_ACCEPTED, result.completed_at, self.source,
+                              detail=attempt_detail(w, result))
+            key = dedup.lease_key(w.message_id, w.record.attempt)
+            await self._infra("redis", lambda: dedup.finish([(key, lease_outcome(ev))],
+                                                            self.lease_ttl))
+            return result, ev
 
-        results = await asyncio.gather(*(call(p, m) for _, m, p in calls),
-                                       return_exceptions=True)
-        done_at = self.clock()
-        for (w, _, provider), res in zip(calls, results, strict=True):
-            result = (res if isinstance(res, SendResult) else SendResult(
-                Outcome.TRANSIENT, provider.provider_id, done_at, done_at,
-                reason=f"internal_error:{type(res).__name__}"))
-            if not isinstance(res, SendResult):
-                log.error("provider call raised for %s: %r", w.message_id, res)
+        results = await asyncio.gather(*(call(w, p, m) for w, m, p in calls))
+        for (w, _, _), (result, accepted) in zip(calls, results, strict=True):
+            done_at = result.completed_at
+            if accepted is not None:
+                finish(w, accepted, lease_recorded=True)
+                continue
             detail = attempt_detail(w, result)
             key = dedup.lease_key(w.message_id, w.record.attempt)
-            if result.outcome is Outcome.ACCEPTED:
-                finish(w, status_event(w, Status.PROVIDER_ACCEPTED, done_at, self.source,
-                                       detail=detail))
-                continue
             if result.outcome is Outcome.PERMANENT:
                 finish(w, status_event(w, Status.FAILED, done_at, self.source,
                                        reason=result.reason, detail=detail))

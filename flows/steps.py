@@ -15,7 +15,7 @@ from pydantic import ValidationError
 
 from notiflow.adapters.dlq_crypto import DlqCipher
 from notiflow.adapters.kafka_io import OutRecord, header, make_headers
-from notiflow.flows.model import Out, Retry, SourceRef, Work
+from notiflow.flows.model import Out, Retry, SourcedReceipt, SourceRef, Work
 from notiflow.redact import mask, recipient_hash
 from notiflow.schemas.enums import Channel, Status, Tier
 from notiflow.schemas.messages import (
@@ -286,7 +286,7 @@ class Encoder:
 
 
 def parse_reconcile(msg: RawMessage, settings: Settings, cipher: DlqCipher,
-                    clock: Clock) -> StatusEvent | Receipt | DlqRecord:
+                    clock: Clock) -> StatusEvent | SourcedReceipt | DlqRecord:
     """A record of ``notify.events`` or ``notify.receipts`` → typed, or a DLQ record."""
     now = clock()
     if isinstance(msg, KafkaError):
@@ -298,13 +298,16 @@ def parse_reconcile(msg: RawMessage, settings: Settings, cipher: DlqCipher,
     tier_h = header(msg.headers, "tier")
     tier = Tier(tier_h) if tier_h in Tier.__members__ else None
     try:
-        return model.model_validate_json(msg.value or b"")
+        item = model.model_validate_json(msg.value or b"")
     except ValidationError as exc:
         return dead_letter(raw=msg.value, source=src, reason=f"invalid {model.__name__}: "
                            f"{validation_reason(exc)}", error_class="validation",
                            category="invalid_data", tier=tier, cipher=cipher, now=now,
                            message_id=header(msg.headers, "message_id"),
                            headers=msg.headers or ())
+    if isinstance(item, Receipt):
+        return SourcedReceipt(item, src, msg.value or b"")
+    return item
 
 
 def scaled_lease_ttl(settings: Settings, tier: Tier) -> timedelta:

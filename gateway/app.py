@@ -18,7 +18,7 @@ import uvicorn
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
-from notiflow.gateway import errors, messages, templates
+from notiflow.gateway import errors, messages, templates, webhooks
 from notiflow.gateway.outbox import OutboxSweeper
 from notiflow.gateway.runtime import Runtime
 from notiflow.settings import Settings
@@ -96,6 +96,7 @@ def build_app(settings: Settings) -> FastAPI:
     errors.install(app)
     app.include_router(messages.router)
     app.include_router(templates.router)
+    app.include_router(webhooks.router)
 
     @app.get("/healthz")
     async def healthz() -> JSONResponse:

@@ -22,7 +22,7 @@ schemas_app = typer.Typer(no_args_is_help=True, help="Wire contracts.")
 app.add_typer(stack_app, name="stack")
 app.add_typer(flow_app, name="flow")
 app.add_typer(schemas_app, name="schemas")
-console = Console()
+console = Console(width=None if sys.stdout.isatty() else 120)
 
 
 def _settings() -> Settings:
@@ -158,7 +158,7 @@ def status(message_id: str) -> None:
     table = Table("time (UTC)", "status", "attempt", "reason", "source", "applied", title="history")
     for e in events:
         table.add_row(str(e["occurred_at"]), e["status"], str(e["attempt"]), e["reason"] or "",
-                      e["source"] or "", "yes" if e["applied"] else "no (older)")
+                      e["source"] or "", "yes" if e["applied"] else "no (superseded)")
     console.print(table)
     if attempts:
         at = Table("#", "provider", "outcome", "provider message id", "error", "started",

@@ -48,25 +48,33 @@ def _port(preferred: int) -> int:
     return preferred if not port_open(preferred) else free_port()
 
 
-async def _send_all(api: str, tokens: dict[str, str], n: int, console: Console
-                    ) -> tuple[list[Sent], Counter[str]]:
-    rejected: Counter[str] = Counter()
-    sent: list[Sent] = []
-    rng = random.Random(42)
+async def _templates(api: str, tokens: dict[str, str]) -> dict[str, int]:
+    versions = {}
     async with httpx.AsyncClient(base_url=api, timeout=30) as client:
         for tenant in sorted(set(TENANT_BY_TIER.values())):
             r = await client.post("/v1/templates", headers={
                 "Authorization": f"Bearer {tokens[tenant]}"}, json={
                 "template_id": "demo-code", "channel": "SMS", "body": TEMPLATE})
             r.raise_for_status()
-        versions = {t: r.json()["version"] for t in TENANT_BY_TIER.values()}
+            versions[tenant] = int(r.json()["version"])
+    return versions
+
+
+async def _send_all(api: str, tokens: dict[str, str], versions: dict[str, int], n: int,
+                    console: Console, *, invalid_every: int = 37
+                    ) -> tuple[list[Sent], Counter[str]]:
+    rejected: Counter[str] = Counter()
+    sent: list[Sent] = []
+    rng = random.Random()
+    async with httpx.AsyncClient(base_url=api, timeout=30) as client:
         sem = asyncio.Semaphore(16)
         tiers = list(Tier)
 
         async def one(i: int) -> None:
             tier = tiers[i % 4]
             tenant = TENANT_BY_TIER[tier]
-            recipient = INVALID_NUMBER if i % 37 == 5 else rng.choice(DEMO_NUMBERS)
+            invalid = invalid_every and i % invalid_every == 5
+            recipient = INVALID_NUMBER if invalid else rng.choice(DEMO_NUMBERS)
             body = {"channel": "SMS", "tier": tier.value, "recipient": recipient,
                     "template_id": "demo-code", "template_version": versions[tenant],
                     "category": CATEGORY_BY_TIER[tier],
@@ -85,8 +93,10 @@ async def _send_all(api: str, tokens: dict[str, str], n: int, console: Console
 
         t0 = time.perf_counter()
         await asyncio.gather(*(one(i) for i in range(n)))
-        console.print(f"sent {n} requests through the API in {time.perf_counter() - t0:.1f}s: "
-                      f"{len(sent)} accepted (202), {sum(rejected.values())} rejected")
+        if n > len(Tier):
+            console.print(f"sent {n} requests through the API in "
+                          f"{time.perf_counter() - t0:.1f}s: {len(sent)} accepted (202), "
+                          f"{sum(rejected.values())} rejected {dict(rejected) or ''}")
     return sent, rejected
 
 
@@ -180,7 +190,15 @@ def run_demo(*, messages: int, keep_running: bool, console: Console) -> int:
             group.add(ManagedProcess(f"send-{tier.value.lower()}",
                                      ["flow", "send", "--tier", tier.value], log_dir)).start()
         console.print(f"processes started; logs in {log_dir}", highlight=False)
-        sent, _ = asyncio.run(_send_all(api, tokens, messages, console))
+        versions = asyncio.run(_templates(api, tokens))
+        warm, _ = asyncio.run(_send_all(api, tokens, versions, len(Tier), console,
+                                        invalid_every=0))
+        warm_rows = asyncio.run(_wait_terminal(settings, warm, timeout=120))
+        if len(warm_rows) < len(warm):
+            console.print("[red]the flows did not process the warm-up messages[/red]")
+        console.print(f"warm-up: one message per tier, {len(warm_rows)} terminal; "
+                      "now the measured run")
+        sent, _ = asyncio.run(_send_all(api, tokens, versions, messages, console))
         rows = asyncio.run(_wait_terminal(settings, sent, timeout=180))
         for p in group.procs:
             if not p.alive:

@@ -67,13 +67,14 @@ def apply(session: Session, settings: Settings) -> list[Migration]:
         "version int PRIMARY KEY, name text, checksum text, applied_at timestamp)"
     )
     applied = {
-        row.version: row for row in session.execute(f"SELECT * FROM {ks}.schema_migrations")
+        row["version"]: row["checksum"]
+        for row in session.execute(f"SELECT version, checksum FROM {ks}.schema_migrations")
     }
     ttl = int(settings.operational_ttl.total_seconds())
     done = []
     for mig in available():
         if mig.version in applied:
-            if applied[mig.version].checksum != mig.checksum:
+            if applied[mig.version] != mig.checksum:
                 raise MigrationError(
                     f"migration {mig.version:04d}_{mig.name} changed after it was applied"
                 )

@@ -251,6 +251,9 @@ class Receipt(Wire):
     occurred_at: AwareDatetime
     raw_status: str | None = None
     error_code: str | None = None
+    message_id: MessageId | None = None
+    """Correlation hint carried by the provider callback (signed), when the adapter set one."""
+    attempt: int | None = Field(None, ge=1)
 
 
 class DlqRecord(Wire):

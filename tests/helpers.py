@@ -14,6 +14,8 @@ from notiflow.adapters.kafka_io import OutRecord, SyncProducer
 from notiflow.settings import Settings
 
 T = TypeVar("T")
+SUCCESS = frozenset({"PROVIDER_ACCEPTED", "SENT", "DELIVERED"})
+"""Statuses that mean the provider took the message (receipts move it past acceptance)."""
 
 
 def wait_for(fn: Callable[[], T | None], timeout: float = 60.0, interval: float = 0.25,

@@ -1,0 +1,61 @@
+"""The local stack: health, topics, and migrations applied once and recorded."""
+
+from __future__ import annotations
+
+import pytest
+from cassandra.cluster import Session
+
+from notiflow.ops.migrate import Migration, MigrationError, apply, available
+from notiflow.ops.stack import Stack
+from notiflow.ops.topics import topic_specs
+from notiflow.settings import Settings
+from tests.helpers import read_topic
+
+pytestmark = pytest.mark.integration
+
+
+def test_status_reports_every_component_healthy(stack: Settings) -> None:
+    status = Stack(stack, log=lambda _m: None).status()
+    assert [(name, healthy) for name, _pid, _port, healthy in status] == [
+        ("redis", True), ("kafka", True), ("cassandra", True)]
+
+
+def test_up_is_idempotent(stack: Settings) -> None:
+    lines: list[str] = []
+    Stack(stack, log=lines.append).up()
+    assert any("already running" in line for line in lines)
+    assert "kafka: topics ok" in lines and "cassandra: schema ok" in lines
+
+
+def test_every_design_topic_exists(stack: Settings) -> None:
+    from confluent_kafka.admin import AdminClient
+
+    md = AdminClient({"bootstrap.servers": stack.kafka_bootstrap}).list_topics(timeout=10)
+    names = {s.name for s in topic_specs(stack)}
+    assert len(names) == 12 + 3 + 5
+    assert names <= set(md.topics)
+    assert len(md.topics[stack.ingest_topic("SMS", "P0")].partitions) == stack.ingest_partitions
+    list(read_topic(stack, stack.preferences_topic, timeout=2))
+
+
+def test_migrations_recorded_and_not_reapplied(stack: Settings, cql: Session) -> None:
+    rows = {r["version"]: r for r in cql.execute("SELECT * FROM schema_migrations")}
+    assert sorted(rows) == [m.version for m in available()]
+    assert rows[1]["checksum"] == available()[0].checksum
+    assert apply(cql, stack) == []
+
+
+def test_edited_migration_is_refused(stack: Settings, cql: Session,
+                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    original = available()
+    edited = [Migration(m.version, m.name, m.text + "\n-- edited") for m in original]
+    monkeypatch.setattr("notiflow.ops.migrate.available", lambda: edited)
+    with pytest.raises(MigrationError, match="changed after it was applied"):
+        apply(cql, stack)
+
+
+def test_statements_split_and_ttl_substituted() -> None:
+    mig = available()[0]
+    stmts = mig.statements(2_592_000)
+    assert all(s.upper().startswith("CREATE TABLE") for s in stmts)
+    assert "{ttl}" not in " ".join(stmts) and "2592000" in " ".join(stmts)
