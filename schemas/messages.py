@@ -261,7 +261,7 @@ class DlqRecord(Wire):
 
     schema_version: Literal[1] = SCHEMA_VERSION
     dlq_id: str
-    tier: Tier | None
+    tier: Tier | None = None
     reason: str
     error_class: str
     category: Literal["invalid_data", "provider_outage", "bug", "unavailable"]

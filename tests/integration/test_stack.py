@@ -59,3 +59,24 @@ def test_statements_split_and_ttl_substituted() -> None:
     stmts = mig.statements(2_592_000)
     assert all(s.upper().startswith("CREATE TABLE") for s in stmts)
     assert "{ttl}" not in " ".join(stmts) and "2592000" in " ".join(stmts)
+
+
+def test_port_in_use_is_a_clear_error(stack: Settings, tmp_path) -> None:
+    import socket
+
+    from notiflow.ops.stack import StackError
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        other = stack.model_copy(update={"redis_port": port, "stack_dir": tmp_path})
+        with pytest.raises(StackError, match=f"port {port} is already in use"):
+            Stack(other, log=lambda _m: None).up()
+
+
+def test_missing_java_is_a_clear_error(stack: Settings, tmp_path) -> None:
+    from notiflow.ops.stack import StackError, _java
+
+    with pytest.raises(StackError, match="Java not found"):
+        _java(stack.model_copy(update={"java_home": tmp_path / "no-jdk"}))

@@ -165,3 +165,14 @@ def test_json_schema_export_covers_contracts() -> None:
 def test_variables_round_trip(variables: dict[str, object]) -> None:
     rec = IngestRecord.model_validate(sms(tenant_id="acme", variables=variables))
     assert IngestRecord.model_validate_json(rec.model_dump_json()).variables == variables
+
+
+def test_exported_json_schemas_are_current() -> None:
+    """``schemas/json/`` is what upstream producers read: it must match the models
+    (regenerate with ``notiflow schemas export``)."""
+    from pathlib import Path
+
+    folder = Path(__file__).resolve().parents[2] / "schemas" / "json"
+    for name, schema in json_schemas().items():
+        stored = json.loads((folder / f"{name}.schema.json").read_text())
+        assert stored == schema, f"{name}.schema.json is stale: run `notiflow schemas export`"

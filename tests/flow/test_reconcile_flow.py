@@ -1,0 +1,116 @@
+"""The reconcile dataflow under TestingSource/TestingSink (1 and 2 workers), writing to the
+real Cassandra: shuffled and duplicated events converge, receipts correlate, poison is
+dead-lettered."""
+
+from __future__ import annotations
+
+import random
+import uuid
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from bytewax.connectors.kafka import KafkaSourceMessage
+from bytewax.testing import TestingSink, TestingSource
+from cassandra.cluster import Session
+
+from notiflow.adapters.cassandra_store import connect
+from notiflow.adapters.kafka_io import OutRecord
+from notiflow.flows.reconcile import build_reconcile_flow
+from notiflow.schemas.enums import Status
+from notiflow.schemas.messages import DlqRecord, Receipt, StatusEvent
+from notiflow.settings import Settings
+from tests.flow.test_send_flow import RUNNERS
+
+pytestmark = pytest.mark.flow
+
+
+@pytest.fixture(scope="module")
+def cql(stack: Settings) -> Session:
+    cluster, session = connect(stack)
+    yield session
+    cluster.shutdown()
+
+
+def event(mid: str, status: Status, attempt: int, at: datetime, **extra: Any) -> StatusEvent:
+    return StatusEvent.model_validate({
+        "event_id": f"{mid}:{status.value}:{attempt}", "message_id": mid, "tenant_id": "acme",
+        "channel": "SMS", "tier": "P1", "status": status.value, "attempt": attempt,
+        "occurred_at": at.isoformat(), "source": "test",
+        "message": {"tenant_id": "acme", "channel": "SMS", "tier": "P1", "category": "otp",
+                    "template_id": "otp", "template_version": 1, "recipient_hash": "h",
+                    "recipient_masked": "+1415*****71", "accepted_at": at.isoformat()},
+        **extra})
+
+
+def kmsg(topic: str, value: bytes, offset: int) -> KafkaSourceMessage:
+    return KafkaSourceMessage(key=None, value=value, topic=topic, headers=[], latency=None,
+                              offset=offset, partition=0, timestamp=(1, 0))
+
+
+@pytest.mark.parametrize("runner", list(RUNNERS))
+def test_shuffled_duplicated_events_converge(stack: Settings, cql: Session, runner: str) -> None:
+    now = datetime.now(UTC)
+    rng = random.Random(runner)
+    a, b, c = (f"msg_rf_{uuid.uuid4().hex}" for _ in range(3))
+    lifecycles = {
+        a: ([Status.PROCESSING, Status.RETRY_PENDING, Status.PROCESSING,
+             Status.PROVIDER_ACCEPTED], Status.PROVIDER_ACCEPTED),
+        b: ([Status.RETRY_PENDING, Status.FAILED], Status.FAILED),
+        c: ([Status.SUPPRESSED], Status.SUPPRESSED),
+    }
+    items: list[StatusEvent] = []
+    for mid, (steps, _) in lifecycles.items():
+        for i, st in enumerate(steps):
+            items.append(event(mid, st, 1 + i // 2, now + timedelta(milliseconds=i)))
+    items = items + items[:3]
+    rng.shuffle(items)
+    topic = stack.events_topic
+    msgs: list[Any] = [kmsg(topic, e.model_dump_json().encode(), i) for i, e in enumerate(items)]
+    msgs.insert(3, kmsg(topic, b"not an event", 999))
+    out: list[OutRecord] = []
+    RUNNERS[runner](build_reconcile_flow(stack, source=TestingSource(msgs, batch_size=2),
+                                         sink=TestingSink(out)))
+    for mid, (_, final) in lifecycles.items():
+        row = cql.execute("SELECT status FROM messages WHERE message_id = %s", (mid,)).one()
+        assert row["status"] == final.value
+    [dlq] = [DlqRecord.model_validate_json(r.value) for r in out]
+    assert dlq.source_offset == 999 and dlq.error_class == "validation"
+    assert dlq.tier is None and out[0].topic == stack.dlq_topic(None)
+
+
+@pytest.mark.parametrize("runner", list(RUNNERS))
+def test_receipts_correlate_dedup_and_park_unknowns(stack: Settings, cql: Session,
+                                                    runner: str) -> None:
+    now = datetime.now(UTC)
+    mid = f"msg_rf_{uuid.uuid4().hex}"
+    sid = "SM" + uuid.uuid4().hex
+    accepted = event(mid, Status.PROVIDER_ACCEPTED, 1, now, attempt_detail={
+        "attempt_no": 1, "provider_id": "twilio", "outcome": "accepted",
+        "provider_message_id": sid, "started_at": now.isoformat(),
+        "completed_at": now.isoformat()})
+
+    def receipt(status: Status, event_id: str, psid: str = sid) -> bytes:
+        return Receipt(provider_id="twilio", provider_event_id=f"{psid}:{event_id}",
+                       provider_message_id=psid, status=status,
+                       occurred_at=now).model_dump_json().encode()
+
+    rt = stack.receipts_topic
+    first: list[Any] = [kmsg(stack.events_topic, accepted.model_dump_json().encode(), 0)]
+    second: list[Any] = [kmsg(rt, receipt(Status.DELIVERED, "d"), 1),
+                         kmsg(rt, receipt(Status.SENT, "s"), 2),
+                         kmsg(rt, receipt(Status.DELIVERED, "d"), 3),
+                         kmsg(rt, receipt(Status.SENT, "x", psid="SMunknown"), 4)]
+    out: list[OutRecord] = []
+    RUNNERS[runner](build_reconcile_flow(stack, source=TestingSource(first),
+                                         sink=TestingSink(out)))
+    RUNNERS[runner](build_reconcile_flow(stack, source=TestingSource(second),
+                                         sink=TestingSink(out)))
+    assert cql.execute("SELECT status FROM messages WHERE message_id = %s",
+                       (mid,)).one()["status"] == "DELIVERED"
+    history = [r["status"] for r in cql.execute(
+        "SELECT status, source FROM message_events WHERE message_id = %s", (mid,))
+        if r["source"] == "receipt.twilio"]
+    assert sorted(history) == ["DELIVERED", "SENT"]
+    [dlq] = [DlqRecord.model_validate_json(r.value) for r in out]
+    assert dlq.error_class == "uncorrelated_receipt" and dlq.source_offset == 4
