@@ -20,6 +20,7 @@ from pydantic import (
     ConfigDict,
     Field,
     HttpUrl,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -126,18 +127,25 @@ class SendRequest(Wire):
             raise ValueError(f"variables larger than {MAX_VARIABLES_BYTES} bytes")
         return v
 
-    @model_validator(mode="after")
-    def _recipient_matches_channel(self) -> SendRequest:
-        r = self.recipient
-        if self.channel is Channel.PUSH:
+    @field_validator("recipient")
+    @classmethod
+    def _recipient_matches_channel(cls, r: Recipient, info: ValidationInfo) -> Recipient:
+        channel = info.data.get("channel")
+        if channel is Channel.PUSH:
             if not isinstance(r, PushRecipient):
                 raise ValueError("PUSH recipient must be {device_token, platform}")
-        elif isinstance(r, PushRecipient):
-            raise ValueError(f"{self.channel.value} recipient must be a string")
-        elif self.channel is Channel.SMS:
-            object.__setattr__(self, "recipient", _e164(r))
-        else:
-            object.__setattr__(self, "recipient", _email(r))
+            return r
+        if isinstance(r, PushRecipient):
+            raise ValueError(f"{channel.value if channel else 'SMS/EMAIL'} recipient must be "
+                             "a string")
+        if channel is Channel.SMS:
+            return _e164(r)
+        if channel is Channel.EMAIL:
+            return _email(r)
+        return r
+
+    @model_validator(mode="after")
+    def _schedule_bounds(self) -> SendRequest:
         if self.scheduled_at is not None:
             if self.tier not in (Tier.P2, Tier.P3):
                 raise ValueError("scheduled_at is allowed for P2 and P3 only")

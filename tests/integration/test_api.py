@@ -219,6 +219,7 @@ def test_invalid_phone_number_is_422_with_reason(client: httpx.Client,
     body = r.json()
     assert body["error"] == "validation_failed"
     assert any("phone number" in d["msg"] for d in body["details"])
+    assert body["details"][0]["loc"] == ["recipient"]
     assert "+447700900123" not in r.text
 
 
