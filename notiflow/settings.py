@@ -9,9 +9,9 @@ environment or that file, never from code.
 from __future__ import annotations
 
 import os
-from datetime import timedelta
+from datetime import time, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import (
@@ -21,7 +21,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-from notiflow.schemas.enums import Channel, Tier
+from notiflow.schemas.enums import Category, Channel, Tier
 
 
 class _Frozen(BaseModel):
@@ -36,7 +36,18 @@ class TierPolicy(_Frozen):
     retry_caps: tuple[timedelta, ...]
     batch_size: int = Field(500, ge=1, le=10_000)
     max_in_flight: int = Field(64, ge=1, le=10_000)
+    """Provider calls in flight at once, per channel, per worker."""
+    max_queued: int = Field(2000, ge=1, le=1_000_000)
+    """Messages waiting per channel and worker before that channel's source pauses."""
     provider_timeout: timedelta = timedelta(seconds=5)
+    redis_down: Literal["local", "pause"] = "pause"
+    """Without Redis: send on conservative local limits (no cluster dedup), or wait."""
+    nice: int = Field(0, ge=0, le=19)
+    """CPU niceness of the tier's flow processes (reservation of CPU for higher tiers)."""
+    max_backlog_age: timedelta | None = None
+    """The API sheds this tier (429) when its oldest unsent message is older than this."""
+    quiet_hours: bool = False
+    """Whether the recipient's quiet hours defer this tier."""
 
 
 def _s(*seconds: float) -> tuple[timedelta, ...]:
@@ -51,6 +62,7 @@ DEFAULT_TIERS: dict[Tier, TierPolicy] = {
         batch_size=100,
         max_in_flight=128,
         provider_timeout=timedelta(seconds=2),
+        redis_down="local",
     ),
     Tier.P1: TierPolicy(
         sla=timedelta(seconds=10),
@@ -58,6 +70,8 @@ DEFAULT_TIERS: dict[Tier, TierPolicy] = {
         retry_caps=_s(2, 10, 30, 120),
         batch_size=250,
         max_in_flight=64,
+        redis_down="local",
+        nice=2,
     ),
     Tier.P2: TierPolicy(
         sla=timedelta(minutes=5),
@@ -65,6 +79,9 @@ DEFAULT_TIERS: dict[Tier, TierPolicy] = {
         retry_caps=_s(30, 120, 600, 1800),
         batch_size=500,
         max_in_flight=64,
+        nice=5,
+        max_backlog_age=timedelta(minutes=4),
+        quiet_hours=True,
     ),
     Tier.P3: TierPolicy(
         sla=timedelta(hours=1),
@@ -72,8 +89,33 @@ DEFAULT_TIERS: dict[Tier, TierPolicy] = {
         retry_caps=_s(300, 1800, 7200),
         batch_size=1000,
         max_in_flight=64,
+        nice=10,
+        max_backlog_age=timedelta(minutes=30),
+        quiet_hours=True,
     ),
 }
+
+DEFAULT_SHARES: dict[Tier, float] = {Tier.P0: 0.20, Tier.P1: 0.25, Tier.P2: 0.25, Tier.P3: 0.30}
+
+
+class CapRule(_Frozen):
+    """At most ``limit`` messages per recipient and category in any ``window``."""
+
+    limit: int = Field(ge=0)
+    window: timedelta
+
+
+DEFAULT_CAPS: dict[Category, CapRule] = {
+    Category.OTP: CapRule(limit=5, window=timedelta(minutes=10)),
+    Category.MARKETING: CapRule(limit=3, window=timedelta(days=7)),
+}
+
+
+class QuietHours(_Frozen):
+    """Local wall-clock window (start inclusive, end exclusive; may wrap midnight)."""
+
+    start: time = time(22, 0)
+    end: time = time(8, 0)
 
 
 class TenantConfig(_Frozen):
@@ -84,6 +126,10 @@ class TenantConfig(_Frozen):
     tiers: frozenset[Tier] = frozenset(Tier)
     channels: frozenset[Channel] = frozenset(Channel)
     templates: frozenset[str] | None = None
+    rate_limit: float | None = Field(None, gt=0)
+    """Admission rate at the API (messages/s, burst of one second); None = unlimited."""
+    daily_marketing_cap: int | None = Field(None, ge=0)
+    """Marketing messages the tenant may send per UTC day; None = unlimited."""
 
     def allows_template(self, template_id: str) -> bool:
         return self.templates is None or template_id in self.templates
@@ -150,6 +196,22 @@ class Settings(BaseSettings):
     outbox_sweep_after: timedelta = timedelta(seconds=30)
     max_variables_bytes: int = 16_384
 
+    # capacity and pressure (DESIGN.md "Capacity reservation and rate limits")
+    mode: Literal["tiered", "shared"] = "tiered"
+    """``shared``: one ingest topic, one flow, one worker pool for all tiers (benchmark
+    baseline only)."""
+    provider_rates: dict[str, float] = Field(default_factory=lambda: {"twilio": 1000.0})
+    """Contracted requests/s per provider account."""
+    tier_shares: dict[Tier, float] = Field(default_factory=lambda: dict(DEFAULT_SHARES))
+    p0_emergency_rate: float = Field(0.0, ge=0)
+    """Requests/s P0 may use beyond its reservation (an emergency quota)."""
+    local_rate_fraction: float = Field(0.5, gt=0, le=1)
+    """Share of a tier's reservation it may use on local limits while Redis is down."""
+    caps: dict[Category, CapRule] = Field(default_factory=lambda: dict(DEFAULT_CAPS))
+    default_quiet_hours: QuietHours = QuietHours()
+    strong_consent_categories: frozenset[Category] = frozenset({Category.MARKETING})
+    """Categories whose opt-out is re-checked in Cassandra at send (strong consistency)."""
+
     # tenants and providers
     tenants: tuple[TenantConfig, ...] = ()
     twilio: TwilioSettings = TwilioSettings()
@@ -203,11 +265,22 @@ class Settings(BaseSettings):
     def tier_ttl(self, tier: Tier) -> timedelta:
         return self.scaled(self.tiers[tier].ttl)
 
+    def share(self, tier: Tier) -> float:
+        return self.tier_shares.get(tier, DEFAULT_SHARES[tier])
+
     def topic(self, name: str) -> str:
         return f"{self.topic_prefix}{name}"
 
     def ingest_topic(self, channel: Channel, tier: Tier) -> str:
+        """Where an accepted message of (channel, tier) goes; one topic for all in shared
+        mode."""
+        if self.mode == "shared":
+            return self.shared_topic
         return self.topic(f"ingest.{Channel(channel).value.lower()}.{Tier(tier).value.lower()}")
+
+    @property
+    def shared_topic(self) -> str:
+        return self.topic("ingest.shared")
 
     def dlq_topic(self, tier: Tier | None) -> str:
         name = f"notify.dlq.{Tier(tier).value.lower()}" if tier else "notify.dlq.reconcile"
