@@ -9,8 +9,12 @@ the flow stops and resumes from the last committed epoch.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from bytewax.connectors.kafka import KafkaSource
+from bytewax.inputs import FixedPartitionedSource, StatefulSourcePartition
 from bytewax.outputs import DynamicSink, StatelessSinkPartition
 from confluent_kafka import OFFSET_BEGINNING
 from confluent_kafka.admin import AdminClient
@@ -52,8 +56,55 @@ def kafka_source(settings: Settings, topics: list[str], batch_size: int) -> Kafk
         starting_offset=OFFSET_BEGINNING,
         batch_size=batch_size,
         raise_on_errors=False,
-        add_config={"fetch.wait.max.ms": "10", "logger": logging.getLogger("notiflow.kafka")},
+        add_config={"fetch.wait.max.ms": "10", "queued.max.messages.kbytes": "8192",
+                    "logger": logging.getLogger("notiflow.kafka")},
     )
+
+
+PAUSE_CHECK = timedelta(milliseconds=20)
+
+
+class _PausablePartition(StatefulSourcePartition[Any, Any]):
+    def __init__(self, inner: StatefulSourcePartition[Any, Any],
+                 paused: Callable[[], bool]) -> None:
+        self.inner = inner
+        self.paused = paused
+        self._awake: datetime | None = None
+
+    def next_batch(self) -> list[Any]:
+        if self.paused():
+            self._awake = datetime.now(UTC) + PAUSE_CHECK
+            return []
+        self._awake = None
+        return list(self.inner.next_batch())
+
+    def next_awake(self) -> datetime | None:
+        return self._awake
+
+    def snapshot(self) -> Any:
+        return self.inner.snapshot()
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+class PausableKafkaSource(FixedPartitionedSource[Any, Any]):
+    """A Kafka source whose partitions stop reading while ``paused(topic)`` is true:
+    backpressure by signal (the consumer is simply not polled; librdkafka's prefetch is
+    bounded by ``queued.max.messages.kbytes``)."""
+
+    def __init__(self, inner: KafkaSource, paused: Callable[[str], bool]) -> None:
+        self.inner = inner
+        self.is_paused = paused
+
+    def list_parts(self) -> list[str]:
+        return self.inner.list_parts()
+
+    def build_part(self, step_id: str, for_part: str,
+                   resume_state: Any | None) -> _PausablePartition:
+        topic = for_part.split("-", 1)[1]
+        part = self.inner.build_part(step_id, for_part, resume_state)
+        return _PausablePartition(part, lambda: self.is_paused(topic))
 
 
 def check_topics(settings: Settings, topics: list[str], timeout: float = 15.0) -> None:

@@ -1,17 +1,20 @@
-"""Cassandra: the operational source of truth (messages, attempts, idempotency, templates).
+"""Cassandra: the operational source of truth (messages, attempts, idempotency, templates,
+recipient preference state, device tokens).
 
 All statements are prepared once; every call is asynchronous (the driver's own I/O thread
 resolves an asyncio future), so a Bytewax worker or the API loop can run many at once.
-Status transitions are compare-and-set on ``status_rank`` (``schemas/status.py``).
+Status transitions are compare-and-set on ``status_rank`` (``schemas/status.py``); recipient
+state changes are compare-and-set on ``version`` (every write to ``recipient_preferences`` is
+a lightweight transaction, so a read at ``LOCAL_QUORUM`` after it returns sees it).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, date, datetime
+from datetime import UTC, date, datetime, time
 from typing import Any
 
 from cassandra import ConsistencyLevel
@@ -27,6 +30,7 @@ from cassandra.query import PreparedStatement, dict_factory
 
 from notiflow.schemas.enums import Status
 from notiflow.schemas.messages import AttemptRecord, MessageSnapshot
+from notiflow.schemas.preferences import OptOut, PreferenceState, QuietWindow, Suppression
 from notiflow.schemas.status import rank
 from notiflow.settings import Settings
 
@@ -34,6 +38,17 @@ log = logging.getLogger(__name__)
 logging.getLogger("cassandra").setLevel(logging.ERROR)
 
 OUTBOX_SHARDS = 16
+MAX_STATE_RACES = 16
+"""Compare-and-set attempts on one recipient's state before :class:`StateContention`."""
+STATE_READ_CONCURRENCY = 256
+
+StateChange = Callable[[PreferenceState], PreferenceState | None]
+"""Given the current state (version 0 when none is stored), the wanted state (its
+``version`` and ``updated_at`` are set by the store), or None when nothing changes."""
+
+
+class StateContention(RuntimeError):
+    """Too many concurrent writers on one recipient's state; the caller may retry."""
 
 
 def connect(
@@ -108,6 +123,52 @@ def utc(d: datetime | None) -> datetime | None:
     return d.replace(tzinfo=UTC) if d.tzinfo is None else d
 
 
+def to_ms(d: datetime) -> datetime:
+    """``d`` in UTC truncated to milliseconds (Cassandra's timestamp precision)."""
+    d = d.astimezone(UTC)
+    return d.replace(microsecond=d.microsecond // 1000 * 1000)
+
+
+def blank_state(tenant_id: str, recipient_hash: str, now: datetime) -> PreferenceState:
+    """Version 0: what a recipient without a stored state is treated as."""
+    return PreferenceState(tenant_id=tenant_id, recipient_hash=recipient_hash, version=0,
+                           updated_at=to_ms(now))
+
+
+def opt_out_text(o: OptOut) -> str:
+    """``{channel}/{category}`` as stored in ``recipient_preferences.opt_outs``."""
+    return f"{o.channel}/{o.category}"
+
+
+def state_from_row(row: dict[str, Any]) -> PreferenceState:
+    """A ``recipient_preferences`` row as the wire state."""
+    start, end = row.get("quiet_start"), row.get("quiet_end")
+    quiet = (QuietWindow(start=time.fromisoformat(start), end=time.fromisoformat(end))
+             if start and end else None)
+    opt_outs = []
+    for text in row.get("opt_outs") or ():
+        channel, _, category = text.partition("/")
+        opt_outs.append(OptOut.model_validate({"channel": channel, "category": category}))
+    updated_at = utc(row.get("updated_at")) or datetime.fromtimestamp(0, UTC)
+    return PreferenceState(
+        tenant_id=row["tenant_id"], recipient_hash=row["recipient_hash"],
+        version=int(row.get("version") or 0), updated_at=updated_at,
+        timezone=row.get("timezone"), quiet_hours=quiet, opt_outs=tuple(opt_outs),
+        suppressed=row.get("suppressed"),
+    )
+
+
+def state_columns(state: PreferenceState) -> tuple[Any, ...]:
+    """``(version, timezone, quiet_start, quiet_end, opt_outs, suppressed, updated_at)``."""
+    q = state.quiet_hours
+    return (
+        state.version, state.timezone,
+        q.start.isoformat() if q else None, q.end.isoformat() if q else None,
+        [opt_out_text(o) for o in state.opt_outs] or None, state.suppressed,
+        state.updated_at,
+    )
+
+
 class CassandraStore:
     """Every read and write notiflow makes to Cassandra."""
 
@@ -123,6 +184,9 @@ class CassandraStore:
             "state, topic, payload, created_at) VALUES (?, ?, ?, ?, 'PENDING', ?, ?, ?) "
             f"IF NOT EXISTS USING TTL {self._idem_ttl}"
         )
+        serial = session.prepare(_STATEMENTS["pref_get"])
+        serial.consistency_level = ConsistencyLevel.LOCAL_SERIAL
+        self._stmts["pref_get_serial"] = serial
         self._stmts["idem_accept"] = session.prepare(
             "UPDATE idempotency USING TTL " + str(self._idem_ttl) + " SET state = 'ACCEPTED', "
             "response = ? WHERE tenant_id = ? AND idempotency_key = ?"
@@ -297,6 +361,99 @@ class CassandraStore:
         rows = await self._run("template_latest_row", (tenant_id, template_id))
         return rows[0] if rows else None
 
+    # ------------------------------------------------------------ recipient state, devices
+
+    async def get_state(self, tenant_id: str, recipient_hash: str, *,
+                        serial: bool = False) -> PreferenceState | None:
+        """The stored state (``LOCAL_QUORUM``; ``serial`` also completes an in-flight
+        transaction first), or None."""
+        rows = await self._run("pref_get_serial" if serial else "pref_get",
+                               (tenant_id, recipient_hash))
+        return state_from_row(rows[0]) if rows else None
+
+    async def get_states(
+        self, keys: Iterable[tuple[str, str]]
+    ) -> dict[tuple[str, str], PreferenceState]:
+        """States of many ``(tenant_id, recipient_hash)`` at once (concurrent single-partition
+        reads); recipients without a stored state are absent from the result."""
+        wanted = list(dict.fromkeys(keys))
+        limit = asyncio.Semaphore(STATE_READ_CONCURRENCY)
+
+        async def one(key: tuple[str, str]) -> PreferenceState | None:
+            async with limit:
+                return await self.get_state(*key)
+
+        found = await asyncio.gather(*(one(k) for k in wanted))
+        return {k: st for k, st in zip(wanted, found, strict=True) if st is not None}
+
+    async def change_state(self, tenant_id: str, recipient_hash: str, change: StateChange,
+                           now: datetime | None = None) -> tuple[PreferenceState | None, bool]:
+        """Read-modify-write of one recipient's state: ``version + 1`` written with a
+        lightweight transaction on the version read, re-read and retried on contention.
+        Returns (the state now stored, whether this call wrote it); raises
+        :class:`StateContention` after :data:`MAX_STATE_RACES` lost races."""
+        stamp = to_ms(now or datetime.now(UTC))
+        current = await self.get_state(tenant_id, recipient_hash)
+        for _ in range(MAX_STATE_RACES):
+            base = current or blank_state(tenant_id, recipient_hash, stamp)
+            wanted = change(base)
+            if wanted is None:
+                return current, False
+            new = PreferenceState.model_validate({
+                **wanted.model_dump(), "tenant_id": tenant_id, "recipient_hash": recipient_hash,
+                "version": base.version + 1, "updated_at": max(stamp, base.updated_at),
+            })
+            if current is None:
+                rows = await self._run("pref_insert",
+                                       (tenant_id, recipient_hash, *state_columns(new)))
+            else:
+                rows = await self._run("pref_update", (
+                    *state_columns(new), tenant_id, recipient_hash, current.version))
+            if rows and rows[0].get("[applied]"):
+                return new, True
+            current = await self.get_state(tenant_id, recipient_hash, serial=True)
+        raise StateContention(f"state of {tenant_id}/{recipient_hash} keeps changing")
+
+    async def suppress(self, tenant_id: str, recipient_hash: str, reason: Suppression,
+                       now: datetime | None = None) -> PreferenceState:
+        """Mark an address or device token dead (``suppressed = reason``, version bumped);
+        a no-op returning the stored state when it already carries that reason."""
+        def change(st: PreferenceState) -> PreferenceState | None:
+            return None if st.suppressed == reason else st.model_copy(
+                update={"suppressed": reason})
+
+        state, _ = await self.change_state(tenant_id, recipient_hash, change, now)
+        if state is None:
+            raise RuntimeError("suppression produced no state")
+        return state
+
+    async def unsuppress(self, tenant_id: str, recipient_hash: str,
+                         now: datetime | None = None) -> PreferenceState | None:
+        """Clear a suppression (a device token registered again); the stored state, None
+        when there is none."""
+        def change(st: PreferenceState) -> PreferenceState | None:
+            return None if st.suppressed is None else st.model_copy(update={"suppressed": None})
+
+        state, _ = await self.change_state(tenant_id, recipient_hash, change, now)
+        return state
+
+    async def get_device(self, tenant_id: str, owner_hash: str,
+                         device_token: str) -> dict[str, Any] | None:
+        rows = await self._run("device_get", (tenant_id, owner_hash, device_token))
+        return rows[0] if rows else None
+
+    async def activate_device(self, tenant_id: str, owner_hash: str, device_token: str,
+                              platform: str, now: datetime) -> None:
+        """Register or reactivate a device token of a recipient (``active = true``)."""
+        await self._run("device_activate",
+                        (platform, now, tenant_id, owner_hash, device_token))
+
+    async def deactivate_device(self, tenant_id: str, owner_hash: str, device_token: str,
+                                reason: str, now: datetime) -> None:
+        """``active = false`` with the reason (the row must exist: this is an upsert)."""
+        await self._run("device_deactivate",
+                        (reason, now, tenant_id, owner_hash, device_token))
+
     # ---------------------------------------------------------------------------- health
 
     async def ping(self) -> None:
@@ -354,4 +511,18 @@ _STATEMENTS: dict[str, str] = {
     "template_latest_row": "SELECT * FROM templates WHERE tenant_id = ? AND template_id = ? "
     "LIMIT 1",
     "ping": "SELECT release_version FROM system.local",
+    "pref_get": "SELECT * FROM recipient_preferences WHERE tenant_id = ? AND recipient_hash = ?",
+    "pref_insert": "INSERT INTO recipient_preferences (tenant_id, recipient_hash, version, "
+    "timezone, quiet_start, quiet_end, opt_outs, suppressed, updated_at) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) IF NOT EXISTS",
+    "pref_update": "UPDATE recipient_preferences SET version = ?, timezone = ?, quiet_start = ?, "
+    "quiet_end = ?, opt_outs = ?, suppressed = ?, updated_at = ? "
+    "WHERE tenant_id = ? AND recipient_hash = ? IF version = ?",
+    "device_get": "SELECT * FROM device_tokens WHERE tenant_id = ? AND recipient_id = ? "
+    "AND device_token = ?",
+    "device_activate": "UPDATE device_tokens SET platform = ?, active = true, "
+    "deactivated_reason = null, updated_at = ? WHERE tenant_id = ? AND recipient_id = ? "
+    "AND device_token = ?",
+    "device_deactivate": "UPDATE device_tokens SET active = false, deactivated_reason = ?, "
+    "updated_at = ? WHERE tenant_id = ? AND recipient_id = ? AND device_token = ?",
 }

@@ -15,14 +15,19 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 T = TypeVar("T")
-_LIVE: weakref.WeakSet[WorkerLoop] = weakref.WeakSet()
+_LIVE: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def register(closeable: Any) -> None:
+    """Have :func:`close_all` call ``closeable.close()`` at shutdown."""
+    _LIVE.add(closeable)
 
 
 def close_all() -> None:
-    """Close the resources of every worker loop of this process (at shutdown)."""
-    for wl in list(_LIVE):
+    """Close every registered runtime of this process (worker loops, dispatchers)."""
+    for obj in list(_LIVE):
         with contextlib.suppress(Exception):
-            wl.close()
+            obj.close()
 
 
 class WorkerLoop:
@@ -32,7 +37,7 @@ class WorkerLoop:
         self._local = threading.local()
         self._all: list[tuple[asyncio.AbstractEventLoop, dict[str, Any]]] = []
         self._lock = threading.Lock()
-        _LIVE.add(self)
+        register(self)
 
     def _state(self) -> tuple[asyncio.AbstractEventLoop, dict[str, Any]]:
         st = getattr(self._local, "state", None)

@@ -1,8 +1,9 @@
 """``notiflow fakes``: the provider emulators on one loopback HTTP server.
 
-Routes: each emulator under its provider prefix (``/twilio/...``), its admin API under
-``/_admin/{provider}/...``, plus ``GET /_admin/health`` and ``POST /_admin/reset`` (every
-emulator: records, pending callbacks and knobs). See ``docs/providers.md``.
+Routes: each emulator under its provider prefix (``/twilio/...``, ``/sendgrid/...``,
+``/fcm/...``), its admin API under ``/_admin/{provider}/...``, plus ``GET /_admin/health`` and
+``POST /_admin/reset`` (every emulator: records, pending callbacks, issued tokens and knobs).
+See ``docs/providers.md``.
 """
 
 from __future__ import annotations
@@ -14,12 +15,16 @@ import signal
 import uvloop
 from aiohttp import web
 
+from notiflow.fakes.fcm import FcmEmulator
+from notiflow.fakes.sendgrid import SendGridEmulator
 from notiflow.fakes.twilio import TwilioEmulator
 from notiflow.settings import Settings
 
 log = logging.getLogger(__name__)
 
 TWILIO = web.AppKey("twilio", TwilioEmulator)
+SENDGRID = web.AppKey("sendgrid", SendGridEmulator)
+FCM = web.AppKey("fcm", FcmEmulator)
 
 
 async def _health(_request: web.Request) -> web.Response:
@@ -28,6 +33,8 @@ async def _health(_request: web.Request) -> web.Response:
 
 async def _reset(request: web.Request) -> web.Response:
     request.app[TWILIO].reset()
+    request.app[SENDGRID].reset()
+    request.app[FCM].reset()
     return web.json_response({"reset": True})
 
 
@@ -37,9 +44,16 @@ def build_app(settings: Settings) -> web.Application:
     twilio = TwilioEmulator(settings)
     app[TWILIO] = twilio
     app.add_routes(twilio.routes())
+    sendgrid = SendGridEmulator(settings)
+    app[SENDGRID] = sendgrid
+    app.add_routes(sendgrid.routes())
+    fcm = FcmEmulator(settings)
+    app[FCM] = fcm
+    app.add_routes(fcm.routes())
     app.router.add_get("/_admin/health", _health)
     app.router.add_post("/_admin/reset", _reset)
     app.cleanup_ctx.append(twilio.lifecycle)
+    app.cleanup_ctx.append(sendgrid.lifecycle)
     return app
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from notiflow.redact import recipient_hash
 from notiflow.schemas.messages import DlqRecord, IngestRecord, Receipt, StatusEvent
 
 
@@ -37,6 +38,10 @@ class Work:
     def accepted_at(self) -> datetime:
         assert self.record.accepted_at is not None
         return self.record.accepted_at
+
+    @property
+    def recipient_hash(self) -> str:
+        return recipient_hash(self.record.tenant_id, self.record.recipient_key())
 
     @property
     def due_at(self) -> datetime | None:

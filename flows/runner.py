@@ -41,10 +41,13 @@ def _terminate(signum: int, frame: FrameType | None) -> None:
 
 def run_flow(build: Callable[[], Dataflow], settings: Settings, name: str, *,
              process_id: int | None = None, addresses: str | None = None,
-             recovery_dir: Path | None = None) -> None:
-    """Build and run a flow until it is stopped (SIGTERM/SIGINT) or fails."""
+             recovery_dir: Path | None = None, nice: int = 0) -> None:
+    """Build and run a flow until it is stopped (SIGTERM/SIGINT) or fails. ``nice`` lowers
+    this process's CPU priority (lower tiers yield the CPU to higher ones)."""
     logging.basicConfig(level=logging.INFO, stream=sys.stdout,
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    if nice:
+        os.nice(nice)
     rdir = (recovery_dir or settings.stack_dir / "recovery" / name).resolve()
     ensure_recovery_dir(rdir, settings.recovery_partitions)
     flow = build()

@@ -78,14 +78,15 @@ class IngestParser:
     a :class:`DlqRecord` (unparseable, unknown schema or tenant, wrong topic, unavailable
     channel) or a FAILED :class:`StatusEvent` (tenant not allowed to use the tier/channel)."""
 
-    def __init__(self, settings: Settings, tier: Tier, cipher: DlqCipher,
+    def __init__(self, settings: Settings, tier: Tier | None, cipher: DlqCipher,
                  clock: Clock) -> None:
         self.settings = settings
         self.tier = tier
         self.cipher = cipher
         self.clock = clock
         self.enabled = settings.enabled_channels()
-        self.topics = {settings.ingest_topic(c, tier): c for c in Channel}
+        self.topics = ({} if tier is None else
+                       {settings.ingest_topic(c, tier): c for c in Channel})
 
     def __call__(self, msg: RawMessage) -> Work | DlqRecord | StatusEvent:
         now = self.clock()
@@ -117,36 +118,43 @@ class IngestParser:
                              "validation", "invalid_data", now, msg.headers,
                              tenant_id=doc.get("tenant_id") if isinstance(
                                  doc.get("tenant_id"), str) else None)
-        if self.topics.get(src.topic, record.channel) is not record.channel or (
-                record.tier is not self.tier):
+        if self.tier is not None and (
+                self.topics.get(src.topic, record.channel) is not record.channel
+                or record.tier is not self.tier):
             return self._dlq(raw, src, f"{record.channel}/{record.tier} record on topic "
                              f"{src.topic}", "wrong_topic", "invalid_data", now, msg.headers,
                              tenant_id=record.tenant_id)
         tenant = self.settings.tenant(record.tenant_id)
         if tenant is None:
             return self._dlq(raw, src, f"unknown tenant {record.tenant_id!r}", "unknown_tenant",
-                             "invalid_data", now, msg.headers, tenant_id=record.tenant_id)
+                             "invalid_data", now, msg.headers, tenant_id=record.tenant_id,
+                             tier=record.tier)
         record = complete_record(record, src, self.settings)
         work = Work(record, src, raw, msg.key, tuple(msg.headers or ()))
         if record.tier not in tenant.tiers or record.channel not in tenant.channels:
             reason = ("tier_not_allowed" if record.tier not in tenant.tiers
                       else "channel_not_allowed")
-            return status_event(work, Status.FAILED, now, f"send.{self.tier.value.lower()}",
-                                reason=reason)
+            return status_event(work, Status.FAILED, now, self._source, reason=reason)
         if not tenant.allows_template(record.template_id):
-            return status_event(work, Status.FAILED, now, f"send.{self.tier.value.lower()}",
+            return status_event(work, Status.FAILED, now, self._source,
                                 reason="template_not_allowed")
         if record.channel not in self.enabled:
             return self._dlq(raw, src, f"no provider configured for {record.channel}",
                              "channel_unavailable", "unavailable", now, msg.headers,
-                             message_id=record.message_id, tenant_id=record.tenant_id)
+                             message_id=record.message_id, tenant_id=record.tenant_id,
+                             tier=record.tier)
         return work
+
+    @property
+    def _source(self) -> str:
+        return f"send.{self.tier.value.lower() if self.tier else 'shared'}"
 
     def _dlq(self, raw: bytes | None, src: SourceRef, reason: str, error_class: str,
              category: str, now: datetime, headers: Any, *, message_id: str | None = None,
-             tenant_id: str | None = None) -> DlqRecord:
+             tenant_id: str | None = None, tier: Tier | None = None) -> DlqRecord:
         return dead_letter(raw=raw, source=src, reason=reason, error_class=error_class,
-                           category=category, tier=self.tier, cipher=self.cipher, now=now,
+                           category=category, tier=self.tier or tier, cipher=self.cipher,
+                           now=now,
                            message_id=message_id or header(headers, "message_id"),
                            tenant_id=tenant_id, headers=headers or ())
 

@@ -1,8 +1,9 @@
 """The Messaging API process (``notiflow api``): FastAPI app and uvicorn server.
 
 One :class:`~notiflow.gateway.runtime.Runtime` per process (one Cassandra store, one Kafka
-producer, the outbox sweeper), created in the lifespan and closed on shutdown. ``/healthz``
-answers while the process runs; ``/readyz`` also requires Cassandra and Kafka.
+producer, one Redis client for admission control, the outbox sweeper), created in the
+lifespan and closed on shutdown. ``/healthz`` answers while the process runs; ``/readyz``
+also requires Cassandra and Kafka.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import uvicorn
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
-from notiflow.gateway import errors, messages, templates, webhooks
+from notiflow.gateway import errors, messages, recipients, templates, webhooks
 from notiflow.gateway.outbox import OutboxSweeper
 from notiflow.gateway.runtime import Runtime
 from notiflow.settings import Settings
@@ -96,6 +97,7 @@ def build_app(settings: Settings) -> FastAPI:
     errors.install(app)
     app.include_router(messages.router)
     app.include_router(templates.router)
+    app.include_router(recipients.router)
     app.include_router(webhooks.router)
 
     @app.get("/healthz")

@@ -22,6 +22,7 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from notiflow.adapters.admission import retry_after_s
 from notiflow.adapters.kafka_io import DeliveryFailed
 
 log = logging.getLogger("notiflow.gateway")
@@ -70,6 +71,12 @@ def unavailable(reason: str, message: str) -> ApiError:
     """503 with ``Retry-After``: nothing was accepted, the client should retry later."""
     return ApiError(503, "unavailable", reason, message,
                     headers={"Retry-After": str(RETRY_AFTER_S)})
+
+
+def rate_limited(reason: str, message: str, wait_s: float) -> ApiError:
+    """429 with ``Retry-After`` in whole seconds (rounded up, at least 1)."""
+    return ApiError(429, "rate_limited", reason, message,
+                    headers={"Retry-After": str(retry_after_s(wait_s))})
 
 
 def bad_request(reason: str, message: str) -> ApiError:

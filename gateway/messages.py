@@ -2,7 +2,9 @@
 
 Order of checks: auth (401) → ``Idempotency-Key`` shape (400) → JSON (400) → schema (422
 ``details``) → tenant policy (403) → channel enabled, scheduling bounds, expiry (422) →
-template and its variables (422) → acceptance (202, 409, 503). See ``docs/api.md``.
+admission control (429, 503; ``admission.py``) → template and its variables (422) →
+acceptance (202, 409, 503). A key reserved earlier is answered from its record even when
+expiry or admission would refuse the request. See ``docs/api.md``.
 """
 
 from __future__ import annotations
@@ -230,6 +232,7 @@ async def send_message(request: Request, tenant: Tenant, rt: RuntimeDep) -> Resp
     accepted_at = now_ms()
     try:
         expires_at = effective_expiry(rt.settings, req, accepted_at)
+        await rt.admission.check(tenant, req)
     except ApiError:
         if key is not None:
             existing = await rt.store().get_reservation(tenant.id, key)

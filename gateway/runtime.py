@@ -1,4 +1,5 @@
-"""Per-process resources of the API: one Cassandra store, one Kafka producer.
+"""Per-process resources of the API: one Cassandra store, one Kafka producer, one Redis
+client for admission control.
 
 Cassandra is connected lazily: one attempt at start-up, then retries in the background, so
 the process starts (``/healthz`` answers) while Cassandra is down and requests get ``503``
@@ -19,8 +20,11 @@ from typing import Any
 from cassandra.cluster import Cluster
 from confluent_kafka.admin import AdminClient
 
+from notiflow.adapters.admission import AdmissionStore
 from notiflow.adapters.cassandra_store import CassandraStore, connect
 from notiflow.adapters.kafka_io import AsyncProducer
+from notiflow.adapters.preferences import PreferenceStore
+from notiflow.gateway.admission import Admission
 from notiflow.gateway.errors import unavailable
 from notiflow.settings import Settings
 
@@ -49,7 +53,8 @@ def now_ms() -> datetime:
 
 
 class Runtime:
-    """Owns the store, the producer and the background tasks of one API process."""
+    """Owns the store, the producer, admission control and the background tasks of one API
+    process."""
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
@@ -57,13 +62,16 @@ class Runtime:
         self._cluster: Cluster | None = None
         self._producer: AsyncProducer | None = None
         self._admin: AdminClient | None = None
+        self._admission: Admission | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._templates: OrderedDict[tuple[str, str, int], dict[str, Any]] = OrderedDict()
         self._closed = False
 
     async def start(self) -> None:
-        """Create the producer, try Cassandra once, keep retrying in the background."""
+        """Create the producer and the Redis client, try Cassandra once, keep retrying in
+        the background."""
         self._producer = AsyncProducer(self.settings, **api_producer_overrides())
+        self._admission = Admission(self.settings, AdmissionStore.open(self.settings))
         self._admin = AdminClient({"bootstrap.servers": self.settings.kafka_bootstrap,
                                    "logger": logging.getLogger("notiflow.kafka.admin")})
         if not await self._connect_once():
@@ -133,6 +141,17 @@ class Runtime:
             raise unavailable("kafka_unavailable", "the producer is not running")
         return self._producer
 
+    def preferences(self) -> PreferenceStore:
+        """Recipient state (write to Cassandra, then publish); ``503`` while either is
+        unavailable."""
+        return PreferenceStore(self.store(), self.producer())
+
+    @property
+    def admission(self) -> Admission:
+        if self._admission is None:
+            raise unavailable("admission_unavailable", "the API is not started")
+        return self._admission
+
     async def check_cassandra(self) -> str:
         """``"ok"`` or a short reason."""
         if self._store is None:
@@ -164,6 +183,9 @@ class Runtime:
                 await task
         if self._producer is not None:
             await asyncio.to_thread(self._producer.close, DELIVERY_TIMEOUT_MS / 1000)
+        if self._admission is not None:
+            with contextlib.suppress(Exception):
+                await self._admission.store.aclose()
         if self._cluster is not None:
             await asyncio.to_thread(self._cluster.shutdown)
         self._store = None

@@ -108,19 +108,30 @@ def fakes() -> None:
 
 @flow_app.command("send")
 def flow_send(
-    tier: Annotated[Tier, typer.Option(case_sensitive=False, help="Tier to serve.")],
+    tier: Annotated[Tier | None, typer.Option(case_sensitive=False,
+                                              help="Tier to serve.")] = None,
+    mode: Annotated[str, typer.Option(help="tiered (default) or shared (baseline: one topic, "
+                                      "one flow for all tiers).")] = "tiered",
     process_id: Annotated[int | None, typer.Option("-i", "--process-id")] = None,
     addresses: Annotated[str | None, typer.Option("-a", "--addresses",
                                                   help="host:port;host:port")] = None,
     recovery_dir: Annotated[Path | None, typer.Option()] = None,
 ) -> None:
-    """Run the send dataflow of one tier (with Bytewax recovery)."""
+    """Run the send dataflow of one tier (with Bytewax recovery), or the shared baseline."""
     from notiflow.flows.runner import run_flow
     from notiflow.flows.send import build_send_flow
 
+    if mode not in ("tiered", "shared") or (mode == "tiered") == (tier is None):
+        console.print("[red]give --tier P0..P3, or --mode shared without a tier[/red]")
+        raise typer.Exit(2)
     s = _settings()
-    run_flow(lambda: build_send_flow(s, tier), s, f"send-{tier.value.lower()}",
-             process_id=process_id, addresses=addresses, recovery_dir=recovery_dir)
+    if mode == "shared":
+        s = s.model_copy(update={"mode": "shared"})
+    name = "send-shared" if tier is None else f"send-{tier.value.lower()}"
+    nice = s.policy(tier).nice if tier is not None else 0
+    workers = len(addresses.split(";")) if addresses else 1
+    run_flow(lambda: build_send_flow(s, tier, workers=workers), s, name, process_id=process_id,
+             addresses=addresses, recovery_dir=recovery_dir, nice=nice)
 
 
 @flow_app.command("reconcile")
@@ -134,8 +145,8 @@ def flow_reconcile(
     from notiflow.flows.runner import run_flow
 
     s = _settings()
-    run_flow(lambda: build_reconcile_flow(s), s, "reconcile",
-             process_id=process_id, addresses=addresses, recovery_dir=recovery_dir)
+    run_flow(lambda: build_reconcile_flow(s), s, "reconcile", process_id=process_id,
+             addresses=addresses, recovery_dir=recovery_dir, nice=s.reconcile_nice)
 
 
 @app.command("status")

@@ -146,6 +146,43 @@ class TwilioSettings(_Frozen):
     status_callback_url: str | None = None
 
 
+class SendGridSettings(_Frozen):
+    """SendGrid v3 Mail Send account; the base URL points at SendGrid
+    (``https://api.sendgrid.com``) or at ``notiflow fakes``."""
+
+    provider_id: str = "sendgrid"
+    base_url: str = "http://127.0.0.1:18090/sendgrid"
+    api_key: SecretStr | None = None
+    from_email: str = "notifications@example.com"
+    """A verified Sender Identity of the account."""
+    from_name: str | None = "notiflow"
+    event_webhook_url: str | None = None
+    """Where the account's Event Webhook posts (set in the SendGrid account, not per message);
+    the emulator posts there when its ``callbacks_enabled`` knob is on."""
+    event_webhook_public_key: str | None = None
+    """Verification key of the signed Event Webhook: base64 DER (SubjectPublicKeyInfo) of an
+    ECDSA P-256 key, as SendGrid shows it."""
+    event_webhook_signing_key: SecretStr | None = None
+    """Emulator only: the PEM private key ``notiflow fakes`` signs events with (SendGrid keeps
+    its own); never set in production."""
+
+
+class FcmSettings(_Frozen):
+    """Firebase Cloud Messaging HTTP v1 with a service account; ``base_url`` points at
+    ``https://fcm.googleapis.com`` and ``token_uri`` at ``https://oauth2.googleapis.com/token``,
+    or both at ``notiflow fakes``."""
+
+    provider_id: str = "fcm"
+    base_url: str = "http://127.0.0.1:18090/fcm"
+    project_id: str = "notiflow-dev"
+    client_email: str | None = None
+    """The service account's ``client_email``."""
+    private_key: SecretStr | None = None
+    """The service account's RSA ``private_key`` (PEM)."""
+    private_key_id: str | None = None
+    token_uri: str = "http://127.0.0.1:18090/fcm/token"
+
+
 class Settings(BaseSettings):
     """Runtime configuration shared by every notiflow process."""
 
@@ -176,7 +213,7 @@ class Settings(BaseSettings):
     kafka_version: str = "4.1.1"
     cassandra_version: str = "5.0.6"
     kafka_heap_mb: int = 384
-    cassandra_heap_mb: int = 768
+    cassandra_heap_mb: int = 1024
     java_home: Path | None = None
 
     # processes
@@ -185,6 +222,7 @@ class Settings(BaseSettings):
     fakes_host: str = "127.0.0.1"
     fakes_port: int = 18090
     flow_epoch_seconds: int = Field(2, ge=1)
+    reconcile_nice: int = Field(5, ge=0, le=19)
     recovery_partitions: int = Field(4, ge=1)
 
     # policy
@@ -200,7 +238,8 @@ class Settings(BaseSettings):
     mode: Literal["tiered", "shared"] = "tiered"
     """``shared``: one ingest topic, one flow, one worker pool for all tiers (benchmark
     baseline only)."""
-    provider_rates: dict[str, float] = Field(default_factory=lambda: {"twilio": 1000.0})
+    provider_rates: dict[str, float] = Field(
+        default_factory=lambda: {"twilio": 1000.0, "sendgrid": 1000.0, "fcm": 10_000.0})
     """Contracted requests/s per provider account."""
     tier_shares: dict[Tier, float] = Field(default_factory=lambda: dict(DEFAULT_SHARES))
     p0_emergency_rate: float = Field(0.0, ge=0)
@@ -215,6 +254,8 @@ class Settings(BaseSettings):
     # tenants and providers
     tenants: tuple[TenantConfig, ...] = ()
     twilio: TwilioSettings = TwilioSettings()
+    sendgrid: SendGridSettings = SendGridSettings()
+    fcm: FcmSettings = FcmSettings()
 
     # secrets
     dlq_key: SecretStr | None = None
@@ -311,9 +352,16 @@ class Settings(BaseSettings):
 
     def enabled_channels(self) -> frozenset[Channel]:
         """Channels that have a configured provider; others are refused at admission."""
+        def present(secret: SecretStr | None) -> bool:
+            return secret is not None and bool(secret.get_secret_value())
+
         channels = set()
-        if self.twilio.auth_token is not None:
+        if present(self.twilio.auth_token):
             channels.add(Channel.SMS)
+        if present(self.sendgrid.api_key):
+            channels.add(Channel.EMAIL)
+        if self.fcm.client_email and present(self.fcm.private_key):
+            channels.add(Channel.PUSH)
         return frozenset(channels)
 
 

@@ -15,7 +15,7 @@ import statistics
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 import httpx
@@ -30,8 +30,27 @@ from notiflow.settings import Settings
 
 TEMPLATE = "Your {{ brand }} code is {{ code }}. It expires in {{ minutes }} minutes."
 INVALID_NUMBER = "+15005550001"
-DEMO_NUMBERS = ["+14155552671", "+12025550143", "+447911123456", "+4915123456789",
-                "+33612345678", "+61412345678", "+919876543210", "+16505550100"]
+NUMBER_POOL = ["+14155552671", "+12025550143", "+13125550123", "+14165550123", "+525512345678",
+               "+5511912345678", "+4915123456789", "+33612345678", "+27821234567",
+               "+971501234567", "+919876543210", "+6591234567", "+8613812345678",
+               "+819012345678"]
+
+
+def daytime_numbers(now: datetime | None = None) -> list[str]:
+    """Recipients for whom it is daytime now: P2/P3 honour quiet hours (22:00-08:00 local),
+    and the demo wants every message to reach a terminal status while it waits."""
+    from zoneinfo import ZoneInfo
+
+    from notiflow.flows.consent import phone_timezone
+
+    now = now or datetime.now(UTC)
+    picked = []
+    for number in NUMBER_POOL:
+        zone = phone_timezone(number)
+        hour = now.astimezone(ZoneInfo(zone)).hour if zone else 12
+        if 9 <= hour < 21:
+            picked.append(number)
+    return picked
 TENANT_BY_TIER = {Tier.P0: "acme", Tier.P1: "acme", Tier.P2: "globex", Tier.P3: "mkt"}
 CATEGORY_BY_TIER = {Tier.P0: "otp", Tier.P1: "transactional", Tier.P2: "account",
                     Tier.P3: "marketing"}
@@ -66,6 +85,7 @@ async def _send_all(api: str, tokens: dict[str, str], versions: dict[str, int], 
     rejected: Counter[str] = Counter()
     sent: list[Sent] = []
     rng = random.Random()
+    numbers = daytime_numbers()
     async with httpx.AsyncClient(base_url=api, timeout=30) as client:
         sem = asyncio.Semaphore(16)
         tiers = list(Tier)
@@ -74,7 +94,7 @@ async def _send_all(api: str, tokens: dict[str, str], versions: dict[str, int], 
             tier = tiers[i % 4]
             tenant = TENANT_BY_TIER[tier]
             invalid = invalid_every and i % invalid_every == 5
-            recipient = INVALID_NUMBER if invalid else rng.choice(DEMO_NUMBERS)
+            recipient = INVALID_NUMBER if invalid else rng.choice(numbers)
             body = {"channel": "SMS", "tier": tier.value, "recipient": recipient,
                     "template_id": "demo-code", "template_version": versions[tenant],
                     "category": CATEGORY_BY_TIER[tier],

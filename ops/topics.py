@@ -30,6 +30,8 @@ def topic_specs(settings: Settings) -> list[TopicSpec]:
         for channel in Channel
         for tier in Tier
     ]
+    specs.append(TopicSpec(settings.shared_topic, settings.ingest_partitions,
+                           {"retention.ms": str(7 * _DAY_MS)}))
     specs += [
         TopicSpec(settings.events_topic, settings.events_partitions,
                   {"retention.ms": str(7 * _DAY_MS)}),

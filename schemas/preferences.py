@@ -11,10 +11,20 @@ from datetime import time
 from typing import Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from pydantic import AwareDatetime, Field, field_validator
+from pydantic import AwareDatetime, Field, TypeAdapter, ValidationError, field_validator
 
-from notiflow.schemas.enums import Category, Channel
-from notiflow.schemas.messages import SCHEMA_VERSION, TenantId, Wire
+from notiflow.schemas.enums import Category, Channel, PushPlatform
+from notiflow.schemas.messages import (
+    SCHEMA_VERSION,
+    EmailAddress,
+    PhoneNumber,
+    PushRecipient,
+    TenantId,
+    Wire,
+)
+
+_PHONE: TypeAdapter[str] = TypeAdapter(PhoneNumber)
+_EMAIL: TypeAdapter[str] = TypeAdapter(EmailAddress)
 
 
 class OptOut(Wire):
@@ -32,6 +42,13 @@ class QuietWindow(Wire):
 
     start: time
     end: time
+
+    @field_validator("start", "end")
+    @classmethod
+    def _wall_clock(cls, v: time) -> time:
+        if v.tzinfo is not None:
+            raise ValueError("quiet hours are local wall-clock times, without an offset")
+        return v
 
 
 class PreferencesUpdate(Wire):
@@ -86,3 +103,63 @@ class PreferenceState(Wire):
 
 def state_key(tenant_id: str, recipient_hash: str) -> str:
     return f"{tenant_id}:{recipient_hash}"
+
+
+def address_key(address: str) -> str:
+    """The recipient key of an address as written in a send request: E.164 phone (as is),
+    email address (normalised, lowercased) or ``<platform>:<device token>``; the same string
+    :meth:`SendRequest.recipient_key` yields, so both hash alike. ValueError otherwise."""
+    try:
+        if address.startswith("+"):
+            return _PHONE.validate_python(address)
+        if "@" in address:
+            return _EMAIL.validate_python(address).lower()
+        platform, sep, token = address.partition(":")
+        if sep and platform in {p.value for p in PushPlatform}:
+            push = PushRecipient(device_token=token, platform=PushPlatform(platform))
+            return f"{push.platform.value}:{push.device_token}"
+    except ValidationError as exc:
+        first = exc.errors(include_input=False)[0]
+        raise ValueError(str(first.get("msg", "invalid recipient"))) from None
+    raise ValueError("recipient must be an E.164 phone number, an email address or "
+                     "<ios|android|web>:<device token>")
+
+
+class PreferencesView(Wire):
+    """Body of ``GET``/``PUT /v1/recipients/{recipient}/preferences``: the stored state with
+    the recipient shown masked."""
+
+    recipient: str
+    recipient_hash: str
+    version: int
+    updated_at: AwareDatetime
+    timezone: str | None
+    quiet_hours: QuietWindow | None
+    opt_outs: tuple[OptOut, ...]
+    suppressed: Suppression | None
+
+    @classmethod
+    def of(cls, state: PreferenceState, masked: str) -> PreferencesView:
+        return cls(recipient=masked, recipient_hash=state.recipient_hash,
+                   version=state.version, updated_at=state.updated_at,
+                   timezone=state.timezone, quiet_hours=state.quiet_hours,
+                   opt_outs=state.opt_outs, suppressed=state.suppressed)
+
+
+class DeviceRegistration(Wire):
+    """Body of ``PUT /v1/recipients/{recipient}/devices/{token}``."""
+
+    platform: PushPlatform
+
+
+class DeviceView(Wire):
+    """Body of a successful ``PUT /v1/recipients/{recipient}/devices/{token}``."""
+
+    recipient: str
+    device_token: str
+    platform: PushPlatform
+    active: bool
+    deactivated_reason: str | None = None
+    updated_at: AwareDatetime
+    suppressed: Suppression | None = None
+    """Suppression of the token's own state after the call (None once reactivated)."""

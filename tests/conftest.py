@@ -28,12 +28,13 @@ def test_env() -> dict[str, str]:
     env, tokens = dev_environment(
         api_port=free_port(),
         fakes_port=free_port(),
-        time_scale=0.01,
+        time_scale=0.1,
         extra={
             "NOTIFLOW_TOPIC_PREFIX": f"t{RUN_ID}.",
             "NOTIFLOW_CASSANDRA_KEYSPACE": f"nf_test_{RUN_ID}",
             "NOTIFLOW_STACK_DIR": os.environ.get("NOTIFLOW_STACK_DIR", str(ROOT / ".stack")),
             "NOTIFLOW_FLOW_EPOCH_SECONDS": "1",
+            "NOTIFLOW_DEFAULT_QUIET_HOURS": '{"start": "00:00", "end": "00:00"}',
         },
     )
     os.environ.update(env)
@@ -60,12 +61,32 @@ def log_dir(settings: Settings) -> Path:
 
 
 @pytest.fixture(scope="session")
-def stack(settings: Settings) -> Settings:
-    """The real local stack, with this session's topics and keyspace."""
+def stack(settings: Settings) -> Iterator[Settings]:
+    """The real local stack, with this session's topics and keyspace (dropped at the end,
+    unless NOTIFLOW_KEEP_TEST_DATA is set, so repeated runs do not pile up schema)."""
     from notiflow.ops.stack import Stack
 
     Stack(settings, log=lambda _m: None).up()
-    return settings
+    yield settings
+    if not os.environ.get("NOTIFLOW_KEEP_TEST_DATA"):
+        _drop_session_data(settings)
+
+
+def _drop_session_data(settings: Settings) -> None:
+    from confluent_kafka.admin import AdminClient
+
+    from notiflow.adapters.cassandra_store import connect
+
+    admin = AdminClient({"bootstrap.servers": settings.kafka_bootstrap})
+    ours = [t for t in admin.list_topics(timeout=10).topics
+            if t.startswith(settings.topic_prefix)]
+    for fut in (admin.delete_topics(ours).values() if ours else []):
+        fut.exception(timeout=30)
+    cluster, session = connect(settings, keyspace=None)
+    try:
+        session.execute(f"DROP KEYSPACE IF EXISTS {settings.cassandra_keyspace}", timeout=120)
+    finally:
+        cluster.shutdown()
 
 
 @pytest.fixture(scope="session")

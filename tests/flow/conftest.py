@@ -2,14 +2,93 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import asyncio
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
+from typing import Any
 
+import orjson
 import pytest
+from bytewax.connectors.kafka import KafkaSourceMessage
+from bytewax.testing import cluster_main, run_main
 
+from notiflow.adapters.kafka_io import OutRecord
 from notiflow.adapters.worker import close_all
+from notiflow.schemas.enums import Tier
+from notiflow.schemas.messages import DlqRecord, IngestRecord, StatusEvent
+from notiflow.settings import Settings
 
 
 @pytest.fixture(autouse=True)
 def _close_worker_resources() -> Iterator[None]:
     yield
     close_all()
+
+
+Runner = Callable[[Any], None]
+RUNNERS: dict[str, Runner] = {
+    "1-worker": lambda flow: run_main(flow),
+    "2-workers": lambda flow: cluster_main(flow, [], 0, worker_count_per_proc=2),
+}
+
+
+@pytest.fixture(scope="module")
+def template(stack: Settings) -> int:
+    """Template ``flow-otp`` version 1 for tenant acme, written straight to Cassandra."""
+
+    from notiflow.adapters.cassandra_store import CassandraStore, connect
+    from notiflow.templating import analyse
+
+    body = "Flow test code {{ code }}"
+    info = analyse(None, body)
+    cluster, session = connect(stack)
+
+    async def put() -> None:
+        await CassandraStore(session, stack).put_template({
+            "tenant_id": "acme", "template_id": "flow-otp", "version": 1, "channel": "SMS",
+            "subject": None, "body": body, "variables": info.variables,
+            "checksum": info.checksum, "created_at": datetime.now(UTC)})
+
+    asyncio.run(put())
+    cluster.shutdown()
+    return 1
+
+
+def kmsg(settings: Settings, value: bytes, offset: int, tier: Tier = Tier.P1,
+         key: bytes | None = None) -> KafkaSourceMessage:
+    return KafkaSourceMessage(key=key, value=value, topic=settings.ingest_topic("SMS", tier),
+                              headers=[], latency=None, offset=offset, partition=0,
+                              timestamp=(1, int(datetime.now(UTC).timestamp() * 1000)))
+
+
+def record(code: str, **extra: object) -> bytes:
+    doc: dict[str, object] = {"channel": "SMS", "tier": "P1", "tenant_id": "acme",
+                              "recipient": "+14155552671", "template_id": "flow-otp",
+                              "template_version": 1, "variables": {"code": code}}
+    doc.update(extra)
+    return orjson.dumps(doc)
+
+
+def decode(settings: Settings, out: list[OutRecord]) -> tuple[list[StatusEvent],
+                                                              list[DlqRecord],
+                                                              list[IngestRecord]]:
+    events, dlq, retries = [], [], []
+    for r in out:
+        if r.topic == settings.events_topic:
+            events.append(StatusEvent.model_validate_json(r.value))
+        elif r.topic.startswith(settings.topic("notify.dlq.")):
+            dlq.append(DlqRecord.model_validate_json(r.value))
+        else:
+            retries.append(IngestRecord.model_validate_json(r.value))
+    return events, dlq, retries
+
+
+def send_flow(settings: Settings, tier: Tier, source: Any, out: list[OutRecord],
+              **kw: Any) -> Any:
+    """The send flow over a testing source, with no preferences unless given."""
+    from bytewax.testing import TestingSink, TestingSource
+
+    from notiflow.flows.send import build_send_flow
+
+    kw.setdefault("preferences", TestingSource([]))
+    return build_send_flow(settings, tier, source=source, sink=TestingSink(out), **kw)

@@ -20,7 +20,7 @@ from notiflow.flows.reconcile import build_reconcile_flow
 from notiflow.schemas.enums import Status
 from notiflow.schemas.messages import DlqRecord, Receipt, StatusEvent
 from notiflow.settings import Settings
-from tests.flow.test_send_flow import RUNNERS
+from tests.flow.conftest import RUNNERS
 
 pytestmark = pytest.mark.flow
 

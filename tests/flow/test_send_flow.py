@@ -7,82 +7,19 @@ emulator are the real ones.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import orjson
 import pytest
-from bytewax.connectors.kafka import KafkaSourceMessage
-from bytewax.testing import TestingSink, TestingSource, cluster_main, run_main
+from bytewax.testing import TestingSource, run_main
 
 from notiflow.adapters.kafka_io import OutRecord
-from notiflow.flows.send import build_send_flow
 from notiflow.schemas.enums import Tier
-from notiflow.schemas.messages import DlqRecord, IngestRecord, StatusEvent
 from notiflow.settings import Settings
+from tests.flow.conftest import RUNNERS, decode, kmsg, record, send_flow
 from tests.helpers import accepted_counts
 
 pytestmark = pytest.mark.flow
-
-Runner = Callable[[Any], None]
-RUNNERS: dict[str, Runner] = {
-    "1-worker": lambda flow: run_main(flow),
-    "2-workers": lambda flow: cluster_main(flow, [], 0, worker_count_per_proc=2),
-}
-
-
-@pytest.fixture(scope="module")
-def template(stack: Settings) -> int:
-    """Template ``flow-otp`` version 1 for tenant acme, written straight to Cassandra."""
-    import asyncio
-
-    from notiflow.adapters.cassandra_store import CassandraStore, connect
-    from notiflow.templating import analyse
-
-    body = "Flow test code {{ code }}"
-    info = analyse(None, body)
-    cluster, session = connect(stack)
-
-    async def put() -> None:
-        await CassandraStore(session, stack).put_template({
-            "tenant_id": "acme", "template_id": "flow-otp", "version": 1, "channel": "SMS",
-            "subject": None, "body": body, "variables": info.variables,
-            "checksum": info.checksum, "created_at": datetime.now(UTC)})
-
-    asyncio.run(put())
-    cluster.shutdown()
-    return 1
-
-
-def kmsg(settings: Settings, value: bytes, offset: int, tier: Tier = Tier.P1,
-         key: bytes | None = None) -> KafkaSourceMessage:
-    return KafkaSourceMessage(key=key, value=value, topic=settings.ingest_topic("SMS", tier),
-                              headers=[], latency=None, offset=offset, partition=0,
-                              timestamp=(1, int(datetime.now(UTC).timestamp() * 1000)))
-
-
-def record(code: str, **extra: object) -> bytes:
-    doc: dict[str, object] = {"channel": "SMS", "tier": "P1", "tenant_id": "acme",
-                              "recipient": "+14155552671", "template_id": "flow-otp",
-                              "template_version": 1, "variables": {"code": code}}
-    doc.update(extra)
-    return orjson.dumps(doc)
-
-
-def decode(settings: Settings, out: list[OutRecord]) -> tuple[list[StatusEvent],
-                                                              list[DlqRecord],
-                                                              list[IngestRecord]]:
-    events, dlq, retries = [], [], []
-    for r in out:
-        if r.topic == settings.events_topic:
-            events.append(StatusEvent.model_validate_json(r.value))
-        elif r.topic.startswith(settings.topic("notify.dlq.")):
-            dlq.append(DlqRecord.model_validate_json(r.value))
-        else:
-            retries.append(IngestRecord.model_validate_json(r.value))
-    return events, dlq, retries
-
 
 @pytest.mark.parametrize("runner", list(RUNNERS))
 def test_batch_with_poison_duplicates_and_replay(stack: Settings, fakes: str, template: int,
@@ -95,8 +32,7 @@ def test_batch_with_poison_duplicates_and_replay(stack: Settings, fakes: str, te
     items.append(kmsg(stack, record("mid", message_id=f"msg_{base}", idempotency_key="k",
                                     accepted_at=datetime.now(UTC).isoformat()), base + 102))
     out: list[OutRecord] = []
-    RUNNERS[runner](build_send_flow(stack, Tier.P1, source=TestingSource(items, batch_size=4),
-                                    sink=TestingSink(out)))
+    RUNNERS[runner](send_flow(stack, Tier.P1, TestingSource(items, batch_size=4), out))
     events, dlq, retries = decode(stack, out)
     by_status: dict[str, list[str]] = {}
     for e in events:
@@ -110,8 +46,7 @@ def test_batch_with_poison_duplicates_and_replay(stack: Settings, fakes: str, te
     assert all(counts[m] == 1 for m in by_status["PROVIDER_ACCEPTED"])
 
     replay: list[OutRecord] = []
-    RUNNERS[runner](build_send_flow(stack, Tier.P1, source=TestingSource(items, batch_size=3),
-                                    sink=TestingSink(replay)))
+    RUNNERS[runner](send_flow(stack, Tier.P1, TestingSource(items, batch_size=3), replay))
     again, _, _ = decode(stack, replay)
     assert sorted(e.message_id for e in again if e.status.value == "PROVIDER_ACCEPTED") == sorted(
         by_status["PROVIDER_ACCEPTED"])
@@ -130,8 +65,7 @@ def test_records_not_yet_due_are_held_then_sent(stack: Settings, fakes: str, tem
     items = [kmsg(stack, later, base), TestingSource.PAUSE(timedelta(seconds=2)),
              kmsg(stack, record(f"after-{base}"), base + 1)]
     out: list[OutRecord] = []
-    RUNNERS[runner](build_send_flow(stack, Tier.P1, source=TestingSource(items),
-                                    sink=TestingSink(out)))
+    RUNNERS[runner](send_flow(stack, Tier.P1, TestingSource(items), out))
     events, _, _ = decode(stack, out)
     held = [e for e in events if e.message_id == f"msg_held_{base}"]
     assert [e.status.value for e in held] == ["PROVIDER_ACCEPTED"]
@@ -151,8 +85,7 @@ def test_expired_and_failed_outcomes(stack: Settings, fakes: str, template: int,
         kmsg(stack, record(f"z{base}", variables={}), base + 2),
     ]
     out: list[OutRecord] = []
-    RUNNERS[runner](build_send_flow(stack, Tier.P1, source=TestingSource(items),
-                                    sink=TestingSink(out)))
+    RUNNERS[runner](send_flow(stack, Tier.P1, TestingSource(items), out))
     events, _, _ = decode(stack, out)
     got = sorted((e.status.value, e.reason) for e in events)
     assert got == [("EXPIRED", "ttl"), ("FAILED", "invalid_recipient"),
@@ -167,8 +100,8 @@ def test_transient_failure_schedules_a_retry(stack: Settings, fakes: str,
     try:
         base = uuid.uuid4().int % 10**9
         out: list[OutRecord] = []
-        run_main(build_send_flow(stack, Tier.P1, source=TestingSource(
-            [kmsg(stack, record(f"r{base}"), base, key=b"key-1")]), sink=TestingSink(out)))
+        run_main(send_flow(stack, Tier.P1, TestingSource(
+            [kmsg(stack, record(f"r{base}"), base, key=b"key-1")]), out))
     finally:
         httpx.post(f"{fakes}/_admin/twilio/config", json={"outage": False}).raise_for_status()
     events, _, retries = decode(stack, out)

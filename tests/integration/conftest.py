@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -58,8 +59,73 @@ def reconciler(start_flow: FlowStarter) -> ManagedProcess:
 
 
 @pytest.fixture(scope="session")
+def send_p0(start_flow: FlowStarter, reconciler: ManagedProcess) -> ManagedProcess:
+    return start_flow("send", tier=Tier.P0)
+
+
+@pytest.fixture(scope="session")
 def send_p1(start_flow: FlowStarter, reconciler: ManagedProcess) -> ManagedProcess:
     return start_flow("send", tier=Tier.P1)
+
+
+@pytest.fixture(scope="session")
+def send_p3(start_flow: FlowStarter, reconciler: ManagedProcess) -> ManagedProcess:
+    return start_flow("send", tier=Tier.P3)
+
+
+@dataclass
+class Isolated:
+    """A namespace of its own (topic prefix, Redis keys) on the shared stack, for tests that
+    change rates or stop infrastructure; its processes get ``env``."""
+
+    settings: Settings
+    env: dict[str, str]
+    log_dir: Path
+    recovery: Path
+    processes: ProcessGroup
+
+    def start(self, name: str, args: list[str], **extra: str) -> ManagedProcess:
+        proc = ManagedProcess(name, args, self.log_dir, env={**self.env, **extra})
+        return self.processes.add(proc).start()
+
+    def flow(self, tier: Tier, **extra: str) -> ManagedProcess:
+        name = f"send-{tier.value.lower()}"
+        proc = self.start(name, ["flow", "send", "--tier", tier.value, "--recovery-dir",
+                                 str(self.recovery / name)], **extra)
+        return proc.wait_until(lambda: "starting" in proc.tail(200), timeout=60)
+
+    def api(self) -> str:
+        from notiflow.devenv import free_port
+
+        port = free_port()
+        base = f"http://127.0.0.1:{port}"
+        self.start("api", ["api"], NOTIFLOW_API_PORT=str(port)).wait_http(f"{base}/healthz")
+        return base
+
+
+@pytest.fixture
+def isolated(stack: Settings, fakes: str, log_dir: Path,
+             tmp_path: Path) -> Iterator[Callable[..., Isolated]]:
+    """``isolated(name, NOTIFLOW_X=...)`` → an :class:`Isolated` namespace; its processes
+    are stopped at the end of the test."""
+    import os
+
+    from notiflow.ops.topics import ensure_topics
+
+    groups: list[ProcessGroup] = []
+
+    def make(name: str, **overrides: str) -> Isolated:
+        env = {**os.environ, "NOTIFLOW_TOPIC_PREFIX": f"{stack.topic_prefix}{name}.",
+               **overrides}
+        settings = stack.model_copy(update={"topic_prefix": env["NOTIFLOW_TOPIC_PREFIX"]})
+        ensure_topics(settings)
+        group = ProcessGroup()
+        groups.append(group)
+        return Isolated(settings, env, log_dir / name, tmp_path / name, group)
+
+    yield make
+    for g in groups:
+        g.stop_all()
 
 
 @pytest.fixture(scope="session")

@@ -265,10 +265,6 @@ def test_other_rejections(client: httpx.Client, auth: Callable[..., dict[str, st
     r = client.post("/v1/messages", headers=auth("acme"), json=sms(expires_at=past))
     assert (r.status_code, r.json()["reason"]) == (422, "expired")
 
-    r = client.post("/v1/messages", headers=auth("acme"),
-                    json=sms(channel="EMAIL", recipient="a@example.com"))
-    assert (r.status_code, r.json()["reason"]) == (422, "channel_unavailable")
-
     r = client.post("/v1/messages", headers=auth("acme"), content=b'{"channel": ')
     assert (r.status_code, r.json()["reason"]) == (400, "malformed_json")
 
@@ -529,6 +525,17 @@ async def test_kafka_unreachable_is_503_and_leaves_nothing(
     retry = await asyncio.to_thread(client.post, "/v1/messages",
                                     headers=auth("acme", k), json=sms())
     assert retry.status_code == 202, retry.text
+
+
+def test_channel_without_provider_is_422(auth: Callable[..., dict[str, str]], log_dir: Path,
+                                        stack: Settings) -> None:
+    proc, base = start_api("api-noemail", log_dir, NOTIFLOW_SENDGRID__API_KEY="")
+    try:
+        r = httpx.post(f"{base}/v1/messages", headers=auth("acme"),
+                       json=sms(channel="EMAIL", recipient="a@example.com"))
+        assert (r.status_code, r.json()["reason"]) == (422, "channel_unavailable")
+    finally:
+        proc.stop()
 
 
 def test_cassandra_unreachable_is_503(auth: Callable[..., dict[str, str]], log_dir: Path,

@@ -158,8 +158,7 @@ def test_missing_variable_and_unknown_template_fail_without_provider_call(
 
 
 def test_tier_not_allowed_on_ingest_path(stack: Settings, otp_template: dict[str, int],
-                                         start_flow, cql: Session) -> None:
-    start_flow("send", tier=Tier.P0)
+                                         send_p0: ManagedProcess, cql: Session) -> None:
     ids = ids_of(stack, Tier.P0, produce(stack, [direct(stack, Tier.P0, otp_template["mkt"],
                                                         tenant="mkt")]))
     assert wait_for(lambda: terminal(cql, ids))[ids[0]] == "FAILED"

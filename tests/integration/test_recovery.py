@@ -43,7 +43,8 @@ def test_restart_mid_stream_loses_nothing(stack: Settings, otp_template: dict[st
     at_kill = received()
     assert at_kill < n, "the flow finished before it was killed; raise n or latency"
     time.sleep(1)
-    start_flow("send", tier=Tier.P2, name="send-p2-crash-restarted", recovery=recovery)
+    restarted = start_flow("send", tier=Tier.P2, name="send-p2-crash-restarted",
+                           recovery=recovery)
 
     final = wait_for(lambda: (lambda st: st if set(st.values()) <= SUCCESS else None)(
         statuses(cql, ids)), timeout=180, what="every message provider-accepted after restart")
@@ -55,6 +56,7 @@ def test_restart_mid_stream_loses_nothing(stack: Settings, otp_template: dict[st
     print(f"\nrestart: {n} accepted, {n} PROVIDER_ACCEPTED in Cassandra; emulator had "
           f"{at_kill} before the kill; {duplicates} duplicate sends (in flight at the crash)")
     assert duplicates <= stack.policy(Tier.P2).max_in_flight
+    restarted.stop()
 
 
 def test_replayed_ingest_records_reach_the_provider_once(
@@ -67,8 +69,8 @@ def test_replayed_ingest_records_reach_the_provider_once(
     wait_for(lambda: set(statuses(cql, ids).values()) <= SUCCESS, what="all accepted")
     first.stop()
 
-    start_flow("send", tier=Tier.P3, name="send-p3-replay",
-               recovery=recovery_root / "send-p3-replay")
+    replay = start_flow("send", tier=Tier.P3, name="send-p3-replay",
+                        recovery=recovery_root / "send-p3-replay")
 
     def replayed() -> bool:
         for mid in ids:
@@ -80,4 +82,5 @@ def test_replayed_ingest_records_reach_the_provider_once(
 
     wait_for(replayed, what="every record replayed from offset 0")
     counts = accepted_counts(fakes)
+    replay.stop()
     assert [counts.get(i, 0) for i in ids] == [1] * len(ids)

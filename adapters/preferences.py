@@ -1,0 +1,123 @@
+"""Recipient preference and suppression state: write to Cassandra, then publish.
+
+Cassandra ``recipient_preferences`` is the source of truth; the compacted topic
+``notify.preferences`` carries every state whole (key ``{tenant_id}:{recipient_hash}``) for the
+send flows' join. Every change goes through :class:`PreferenceStore`:
+
+1. read-modify-write in Cassandra, ``version + 1`` under a lightweight transaction on the
+   version (:meth:`CassandraStore.change_state`); once that returns, every ``LOCAL_QUORUM``
+   reader sees the new state;
+2. publish the state (``acks=all``), then read it back: when another writer stored a newer
+   version meanwhile, publish that one too, so the last record of a key on the topic is never
+   older than Cassandra's state once every writer has finished.
+
+A consumer keeps, per key, the state with the highest ``version`` (records of concurrent
+writers may arrive out of order). A call that changes nothing still publishes the stored
+state, which repairs a topic a crashed writer left behind.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from datetime import datetime
+from typing import Any, Protocol
+
+from notiflow.adapters.cassandra_store import CassandraStore
+from notiflow.adapters.kafka_io import OutRecord
+from notiflow.schemas.messages import SCHEMA_VERSION
+from notiflow.schemas.preferences import (
+    PreferenceState,
+    PreferencesUpdate,
+    Suppression,
+    state_key,
+)
+
+log = logging.getLogger(__name__)
+
+MAX_PUBLISH_ROUNDS = 5
+
+
+class RecordProducer(Protocol):
+    """Anything that produces one record and returns once the broker acknowledged it
+    (:class:`~notiflow.adapters.kafka_io.AsyncProducer`)."""
+
+    async def produce(self, record: OutRecord) -> Any: ...
+
+
+def state_record(topic: str, state: PreferenceState) -> OutRecord:
+    """The ``notify.preferences`` record of a state (key = :func:`state_key`)."""
+    return OutRecord(
+        topic=topic, key=state.key.encode(), value=state.model_dump_json().encode(),
+        headers=[("tenant_id", state.tenant_id.encode()),
+                 ("schema_version", str(SCHEMA_VERSION).encode())],
+    )
+
+
+class PreferenceStore:
+    """Reads and changes of recipient state; every change is written, then published."""
+
+    def __init__(self, store: CassandraStore, producer: RecordProducer,
+                 topic: str | None = None) -> None:
+        self.store = store
+        self.producer = producer
+        self.topic = topic or store.settings.preferences_topic
+
+    async def get_state(self, tenant_id: str, recipient_hash: str) -> PreferenceState | None:
+        """The stored state (read at ``LOCAL_QUORUM``: includes every acknowledged change)."""
+        return await self.store.get_state(tenant_id, recipient_hash)
+
+    async def get_states(
+        self, keys: Iterable[tuple[str, str]]
+    ) -> dict[str, PreferenceState]:
+        """States of many ``(tenant_id, recipient_hash)``, by :func:`state_key`; recipients
+        without a stored state are absent."""
+        found = await self.store.get_states(keys)
+        return {st.key: st for st in found.values()}
+
+    async def set_preferences(self, tenant_id: str, recipient_hash: str,
+                              update: PreferencesUpdate,
+                              now: datetime | None = None) -> PreferenceState:
+        """Replace timezone, quiet hours and opt-outs (always a new version); the
+        suppression is kept. Returns the state written, after it was published."""
+        def change(st: PreferenceState) -> PreferenceState:
+            return st.model_copy(update={"timezone": update.timezone,
+                                         "quiet_hours": update.quiet_hours,
+                                         "opt_outs": update.opt_outs})
+
+        state, _ = await self.store.change_state(tenant_id, recipient_hash, change, now)
+        if state is None:
+            raise RuntimeError("preferences update produced no state")
+        await self.publish(state)
+        return state
+
+    async def suppress(self, tenant_id: str, recipient_hash: str, reason: Suppression,
+                       now: datetime | None = None) -> PreferenceState:
+        """Suppress an address or device token (dead token, hard bounce, ...); returns the
+        stored state after it was published."""
+        state = await self.store.suppress(tenant_id, recipient_hash, reason, now)
+        await self.publish(state)
+        return state
+
+    async def unsuppress(self, tenant_id: str, recipient_hash: str,
+                         now: datetime | None = None) -> PreferenceState | None:
+        """Clear a suppression; returns the stored state (None when there is none) after it
+        was published."""
+        state = await self.store.unsuppress(tenant_id, recipient_hash, now)
+        if state is not None:
+            await self.publish(state)
+        return state
+
+    async def publish(self, state: PreferenceState) -> None:
+        """Publish ``state``, then any newer version stored meanwhile (see module doc).
+        Raises :class:`~notiflow.adapters.kafka_io.DeliveryFailed` when not acknowledged."""
+        current = state
+        for _ in range(MAX_PUBLISH_ROUNDS):
+            await self.producer.produce(state_record(self.topic, current))
+            latest = await self.store.get_state(current.tenant_id, current.recipient_hash)
+            if latest is None or latest.version <= current.version:
+                return
+            current = latest
+        log.warning("state %s still changing after %d publications; the last writer "
+                    "publishes the newest", state_key(state.tenant_id, state.recipient_hash),
+                    MAX_PUBLISH_ROUNDS)

@@ -1,0 +1,470 @@
+"""SendGrid v3 Mail Send emulator (``notiflow fakes``; dev, tests, benchmarks).
+
+Serves ``POST /sendgrid/v3/mail/send`` on SendGrid's wire format: Bearer API key checked
+against the configured one, SendGrid's ``{"errors": [{"message", "field", "help"}]}`` bodies,
+``202`` with an empty body and ``X-Message-Id`` on success, 429 with ``X-RateLimit-*`` headers,
+and (off by default) the signed Event Webhook: batched JSON arrays of ``processed`` then
+``delivered`` or ``bounce`` events, signed with ECDSA P-256 like SendGrid's. Latency, error mix,
+outages and accepted-then-hang are knobs over ``/_admin/sendgrid/config``. Every request to Mail
+Send is recorded (the newest ``max_records``), recipient included: test infrastructure only.
+
+Magic recipients (emulator only): a ``to`` address at ``invalid.example.com`` or
+``bounce.invalid`` is rejected like a malformed address (400); one at ``bounce.example.com`` is
+accepted and then bounces. A ``from`` address at ``unverified.example.com`` gets SendGrid's 403
+for an unverified Sender Identity.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import heapq
+import hmac
+import itertools
+import logging
+import math
+import os
+import re
+import time
+from collections import Counter
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any, Final
+
+import aiohttp
+import orjson
+from aiohttp import web
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from pydantic import Field
+
+from notiflow.adapters.providers.sendgrid import (
+    EVENT_SIGNATURE_HEADER,
+    EVENT_TIMESTAMP_HEADER,
+    MAIL_SEND_PATH,
+    event_signature,
+)
+from notiflow.fakes.common import CommonKnobs, Emulator, json_response
+from notiflow.fakes.twilio import ACCEPTED, MessageRecord
+from notiflow.settings import Settings
+
+log = logging.getLogger(__name__)
+
+PREFIX: Final = "/sendgrid"
+INVALID_DOMAINS: Final = frozenset({"invalid.example.com", "bounce.invalid"})
+BOUNCE_DOMAINS: Final = frozenset({"bounce.example.com"})
+UNVERIFIED_SENDER_DOMAINS: Final = frozenset({"unverified.example.com"})
+_ADDRESS = re.compile(r"[^@\s]+@[^@\s]+\.[^@\s]+")
+
+UNAUTHORIZED_MESSAGE: Final = "The provided authorization grant is invalid, expired, or revoked"
+UNVERIFIED_SENDER_MESSAGE: Final = (
+    "The from address does not match a verified Sender Identity. Mail cannot be sent until this "
+    "error is resolved. Visit https://sendgrid.com/docs/for-developers/sending-email/"
+    "sender-identity/ to see the Sender Identity requirements")
+
+
+def errors_body(*errors: tuple[str, str | None]) -> bytes:
+    """SendGrid's error body for (message, field) pairs."""
+    return orjson.dumps({"errors": [{"message": m, "field": f, "help": None}
+                                    for m, f in errors]})
+
+
+class SendGridKnobs(CommonKnobs):
+    """Runtime behaviour of the SendGrid emulator."""
+
+    callbacks_enabled: bool = False
+    """Post Event Webhook batches (off by default: the receiver is a later issue)."""
+    callback_delay_ms: float = Field(50.0, ge=0)
+    """Delay before ``processed``; the final event follows after the same delay."""
+    bounce_rate: float = Field(0.0, ge=0, le=1)
+    """Share of accepted messages whose final event is ``bounce`` instead of ``delivered``."""
+    event_webhook_url: str | None = None
+    """Where events go; None = the configured ``sendgrid.event_webhook_url``."""
+    event_batch_size: int = Field(100, ge=1, le=10_000)
+    """Most events per webhook post (events due together are batched)."""
+
+
+@dataclass(slots=True)
+class SendGridRecord(MessageRecord):
+    """One Mail Send request; ``sid`` is the ``X-Message-Id``, ``to`` the first recipient."""
+
+    subject: str | None = None
+    error: str | None = None
+    """The first error message of a rejected request."""
+
+    def as_json(self) -> dict[str, Any]:
+        return {**MessageRecord.as_json(self), "subject": self.subject, "error": self.error}
+
+
+class EventDispatcher:
+    """Posts signed Event Webhook batches at their due time, bounded in concurrency and
+    backlog. Delivery failures are counted and logged (throttled), never raised or retried."""
+
+    def __init__(self, key: ec.EllipticCurvePrivateKey, *, concurrency: int = 16,
+                 max_pending: int = 200_000) -> None:
+        self._key = key
+        self._heap: list[tuple[float, int, str, dict[str, Any]]] = []
+        self._seq = itertools.count()
+        self._wakeup = asyncio.Event()
+        self._slots = asyncio.Semaphore(concurrency)
+        self._max_pending = max_pending
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._runner: asyncio.Task[None] | None = None
+        self._session: aiohttp.ClientSession | None = None
+        self._last_failure_log = -1e9
+        self.batch_size = 100
+        self.counts: Counter[str] = Counter()
+
+    def schedule(self, due: float, url: str, event: dict[str, Any]) -> None:
+        """Queue one event for ``due`` (``time.monotonic`` seconds)."""
+        if len(self._heap) >= self._max_pending:
+            self.counts["dropped"] += 1
+            return
+        item = (due, next(self._seq), url, event)
+        heapq.heappush(self._heap, item)
+        self.counts["scheduled"] += 1
+        if self._heap[0] is item:
+            self._wakeup.set()
+
+    def clear(self) -> None:
+        self._heap.clear()
+        self.counts.clear()
+
+    def stats(self) -> dict[str, int]:
+        return {"scheduled": self.counts["scheduled"], "sent": self.counts["sent"],
+                "posts": self.counts["posts"], "failed": self.counts["failed"],
+                "dropped": self.counts["dropped"], "pending": len(self._heap)}
+
+    async def start(self) -> None:
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0),
+            timeout=aiohttp.ClientTimeout(total=5.0),
+            headers={"User-Agent": "SendGrid Event API"},
+        )
+        self._runner = asyncio.create_task(self._run(), name="sendgrid-events")
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            self._runner.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._runner
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._session is not None:
+            await self._session.close()
+
+    async def _run(self) -> None:
+        while True:
+            if not self._heap:
+                self._wakeup.clear()
+                await self._wakeup.wait()
+                continue
+            delay = self._heap[0][0] - time.monotonic()
+            if delay > 0:
+                self._wakeup.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wakeup.wait(), delay)
+                continue
+            now = time.monotonic()
+            batches: dict[str, list[dict[str, Any]]] = {}
+            taken = 0
+            while self._heap and self._heap[0][0] <= now and taken < self.batch_size:
+                _, _, url, event = heapq.heappop(self._heap)
+                batches.setdefault(url, []).append(event)
+                taken += 1
+            for url, events in batches.items():
+                await self._slots.acquire()
+                task = asyncio.create_task(self._deliver(url, events))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+
+    async def _deliver(self, url: str, events: list[dict[str, Any]]) -> None:
+        try:
+            assert self._session is not None
+            payload = orjson.dumps(events) + b"\r\n"
+            timestamp = str(int(time.time()))
+            headers = {EVENT_SIGNATURE_HEADER: event_signature(self._key, timestamp, payload),
+                       EVENT_TIMESTAMP_HEADER: timestamp, "Content-Type": "application/json"}
+            async with self._session.post(url, data=payload, headers=headers) as resp:
+                await resp.read()
+                ok = 200 <= resp.status < 300
+                problem = f"HTTP {resp.status}"
+        except Exception as exc:
+            ok, problem = False, f"{type(exc).__name__}: {exc}"
+        finally:
+            self._slots.release()
+        self.counts["posts"] += 1
+        if ok:
+            self.counts["sent"] += len(events)
+            return
+        self.counts["failed"] += len(events)
+        now = time.monotonic()
+        if now - self._last_failure_log >= 10.0:
+            self._last_failure_log = now
+            log.warning("sendgrid event webhook post to %s failed (%s); %d events failed so far",
+                        url, problem, self.counts["failed"])
+
+
+def _signing_key(settings: Settings) -> ec.EllipticCurvePrivateKey:
+    configured = settings.sendgrid.event_webhook_signing_key
+    if configured is not None:
+        key = serialization.load_pem_private_key(configured.get_secret_value().encode(),
+                                                 password=None)
+        if isinstance(key, ec.EllipticCurvePrivateKey):
+            return key
+        log.warning("sendgrid.event_webhook_signing_key is not an EC key; using a fresh one")
+    return ec.generate_private_key(ec.SECP256R1())
+
+
+@dataclass(frozen=True, slots=True)
+class _Request:
+    """The parts of a Mail Send body the emulator records and checks."""
+
+    to: str | None
+    from_: str | None
+    subject: str | None
+    body: str | None
+    custom_args: dict[str, Any]
+    message_id: str | None
+    attempt: int | None
+
+
+def _parse(payload: Any) -> _Request:
+    if not isinstance(payload, dict):
+        return _Request(None, None, None, None, {}, None, None)
+    args: dict[str, Any] = {}
+    if isinstance(payload.get("custom_args"), dict):
+        args.update(payload["custom_args"])
+    to = None
+    personalizations = payload.get("personalizations")
+    if isinstance(personalizations, list) and personalizations:
+        first = personalizations[0]
+        if isinstance(first, dict):
+            if isinstance(first.get("custom_args"), dict):
+                args.update(first["custom_args"])
+            tos = first.get("to")
+            if isinstance(tos, list) and tos and isinstance(tos[0], dict):
+                to = tos[0].get("email") if isinstance(tos[0].get("email"), str) else None
+    sender = payload.get("from")
+    from_ = (sender.get("email") if isinstance(sender, dict)
+             and isinstance(sender.get("email"), str) else None)
+    subject = payload.get("subject") if isinstance(payload.get("subject"), str) else None
+    body = None
+    content = payload.get("content")
+    if isinstance(content, list) and content and isinstance(content[0], dict):
+        value = content[0].get("value")
+        body = value if isinstance(value, str) else None
+    message_id = args.get("message_id") if isinstance(args.get("message_id"), str) else None
+    attempt_text = args.get("attempt")
+    attempt = (int(attempt_text) if isinstance(attempt_text, str) and attempt_text.isdigit()
+               else None)
+    return _Request(to, from_, subject, body, args, message_id, attempt)
+
+
+def _domain(address: str) -> str:
+    return address.rpartition("@")[2].lower()
+
+
+def _validate(payload: Any) -> list[tuple[str, str | None]]:
+    """SendGrid's 400 errors for a Mail Send body (empty when valid)."""
+    if not isinstance(payload, dict):
+        return [("Bad Request", None)]
+    errors: list[tuple[str, str | None]] = []
+    personalizations = payload.get("personalizations")
+    all_have_subject = False
+    if not isinstance(personalizations, list) or not personalizations:
+        errors.append(("The personalizations field is required and must have at least one "
+                       "personalization.", "personalizations"))
+    else:
+        all_have_subject = True
+        for i, p in enumerate(personalizations):
+            p = p if isinstance(p, dict) else {}
+            all_have_subject &= bool(p.get("subject"))
+            tos = p.get("to")
+            if not isinstance(tos, list) or not tos:
+                errors.append(("The to array is required for all personalization objects, and "
+                               "must have at least one email object with a valid email "
+                               "address.", f"personalizations.{i}.to"))
+                continue
+            for j, to in enumerate(tos):
+                email = to.get("email") if isinstance(to, dict) else None
+                if (not isinstance(email, str) or not _ADDRESS.fullmatch(email)
+                        or _domain(email) in INVALID_DOMAINS):
+                    errors.append(("Does not contain a valid address.",
+                                   f"personalizations.{i}.to.{j}.email"))
+    sender = payload.get("from")
+    if not isinstance(sender, dict) or "email" not in sender:
+        errors.append(("The from object must be provided for every email send. It is an object "
+                       "that requires the email parameter, but may also contain a name "
+                       "parameter.", "from"))
+    elif not isinstance(sender["email"], str) or not _ADDRESS.fullmatch(sender["email"]):
+        errors.append(("The from email does not contain a valid address.", "from.email"))
+    subject = payload.get("subject")
+    if not all_have_subject and (not isinstance(subject, str) or not subject):
+        errors.append(("The subject is required. You can get around this requirement if you "
+                       "use a template with a subject defined or if every personalization has "
+                       "a subject defined.", "subject"))
+    content = payload.get("content")
+    if not isinstance(content, list) or not content:
+        errors.append(("Unless a valid template_id is provided, the content parameter is "
+                       "required. There must be at least one defined content block. We "
+                       "typically suggest both text/plain and text/html blocks are included, "
+                       "but only one block is required.", "content"))
+    else:
+        for i, block in enumerate(content):
+            value = block.get("value") if isinstance(block, dict) else None
+            if not isinstance(value, str) or not value:
+                errors.append(("The content value must be a string at least one character "
+                               "in length.", f"content.{i}.value"))
+    args = payload.get("custom_args")
+    if args is not None and (not isinstance(args, dict)
+                             or not all(isinstance(v, str) for v in args.values())):
+        errors.append(("Custom args must be an object of string values.", "custom_args"))
+    return errors
+
+
+def _token(n: int) -> str:
+    return base64.urlsafe_b64encode(os.urandom(n)).rstrip(b"=").decode()
+
+
+class SendGridEmulator(Emulator[SendGridKnobs]):
+    """State and handlers of the SendGrid emulator (one configured account)."""
+
+    def __init__(self, settings: Settings) -> None:
+        super().__init__("sendgrid", SendGridKnobs)
+        config = settings.sendgrid
+        key = config.api_key.get_secret_value() if config.api_key else None
+        self._expected_auth = f"Bearer {key}" if key else None
+        self._default_webhook_url = config.event_webhook_url
+        self._signing_key = _signing_key(settings)
+        self.events = EventDispatcher(self._signing_key)
+        self._unauthorized = errors_body((UNAUTHORIZED_MESSAGE, None))
+        self._missing_auth = errors_body(("authorization required", None))
+        self._too_many = errors_body(("too many requests", None))
+        self._internal = errors_body(("internal server error", None))
+        self._unavailable = errors_body(("service unavailable", None))
+        self._too_large = errors_body(("Payload Too Large", None))
+        if key is None:
+            log.warning("sendgrid emulator: no API key configured (NOTIFLOW_SENDGRID__API_KEY);"
+                        " every request will get 401")
+
+    @property
+    def public_key(self) -> str:
+        """The Event Webhook verification key (base64 DER), as SendGrid shows it."""
+        der = self._signing_key.public_key().public_bytes(
+            serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+        return base64.b64encode(der).decode()
+
+    def routes(self) -> list[web.RouteDef]:
+        return [
+            web.post(PREFIX + MAIL_SEND_PATH, self.mail_send),
+            web.get("/_admin/sendgrid/event-webhook-key", self.get_public_key),
+            *self.admin_routes(),
+        ]
+
+    async def lifecycle(self, _app: web.Application) -> AsyncIterator[None]:
+        """``cleanup_ctx`` hook: runs the event dispatcher while the app runs."""
+        await self.events.start()
+        yield
+        await self.events.stop()
+
+    def reset(self) -> None:
+        super().reset()
+        self.events.clear()
+        self.events.batch_size = self.knobs.event_batch_size
+
+    def knobs_changed(self) -> None:
+        self.events.batch_size = self.knobs.event_batch_size
+
+    def extra_stats(self) -> dict[str, Any]:
+        return {"callbacks": self.events.stats()}
+
+    async def get_public_key(self, _request: web.Request) -> web.Response:
+        return json_response(orjson.dumps({"public_key": self.public_key}), 200)
+
+    async def mail_send(self, request: web.Request) -> web.Response:
+        received_at = time.time()
+        knobs = self.knobs
+        try:
+            raw = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            raw = None
+        try:
+            payload = orjson.loads(raw) if raw else None
+        except orjson.JSONDecodeError:
+            payload = None
+        req = _parse(payload)
+
+        def record(outcome: str, status: int, *, sid: str | None = None, hang: bool = False,
+                   error: str | None = None) -> None:
+            self.messages.add(SendGridRecord(
+                received_at, outcome, status, None, sid, req.message_id, req.attempt, req.to,
+                req.from_, req.body, hang, subject=req.subject, error=error))
+
+        await self.added_latency(knobs)
+        if knobs.outage:
+            record("outage", 503)
+            return json_response(self._unavailable, 503)
+        auth = request.headers.get("Authorization")
+        if auth is None:
+            record("unauthorized", 401)
+            return json_response(self._missing_auth, 401)
+        if self._expected_auth is None or not hmac.compare_digest(auth.encode(),
+                                                                  self._expected_auth.encode()):
+            record("unauthorized", 401)
+            return json_response(self._unauthorized, 401)
+        if raw is None:
+            record("too_large", 413)
+            return json_response(self._too_large, 413)
+        if self.draw(knobs.error_rate_429):
+            record("rate_limited", 429)
+            reset = math.ceil(received_at + knobs.retry_after_s)
+            return json_response(self._too_many, 429, {"X-RateLimit-Limit": "600",
+                                                       "X-RateLimit-Remaining": "0",
+                                                       "X-RateLimit-Reset": str(reset)})
+        if self.draw(knobs.error_rate_5xx):
+            status = self.rng.choice(knobs.statuses_5xx)
+            record("server_error", status)
+            return json_response(self._internal if status == 500 else self._unavailable, status)
+        errors = _validate(payload)
+        if errors:
+            record("invalid", 400, error=errors[0][0])
+            return json_response(errors_body(*errors), 400)
+        assert req.from_ is not None and req.to is not None
+        if _domain(req.from_) in UNVERIFIED_SENDER_DOMAINS:
+            record("forbidden", 403, error=UNVERIFIED_SENDER_MESSAGE)
+            return json_response(errors_body((UNVERIFIED_SENDER_MESSAGE, "from")), 403)
+        message_id = _token(16)
+        hang = self.draw(knobs.timeout_rate)
+        record(ACCEPTED, 202, sid=message_id, hang=hang)
+        url = knobs.event_webhook_url or self._default_webhook_url
+        if knobs.callbacks_enabled and url:
+            self._schedule_events(knobs, url, message_id, req)
+        if hang:
+            await asyncio.sleep(knobs.hang_s)
+        return web.Response(status=202, headers={"X-Message-Id": message_id})
+
+    def _schedule_events(self, knobs: SendGridKnobs, url: str, message_id: str,
+                         req: _Request) -> None:
+        assert req.to is not None
+        delay = knobs.callback_delay_ms / 1000
+        now = time.monotonic()
+        sg_message_id = f"{message_id}.filterdrecv-emulator-{os.urandom(4).hex()}-0.0"
+        common = {**{k: v for k, v in req.custom_args.items() if isinstance(v, str)},
+                  "email": req.to, "sg_message_id": sg_message_id,
+                  "smtp-id": f"<{message_id}@emulator.sendgrid.net>"}
+        wall = int(time.time())
+        self.events.schedule(now + delay, url, {
+            **common, "event": "processed", "sg_event_id": _token(16),
+            "timestamp": wall + int(delay)})
+        final: dict[str, Any]
+        if _domain(req.to) in BOUNCE_DOMAINS or self.draw(knobs.bounce_rate):
+            final = {"event": "bounce", "type": "bounce", "status": "5.1.1",
+                     "reason": "550 5.1.1 The email account that you tried to reach does not "
+                               "exist.", "bounce_classification": "Invalid Address"}
+        else:
+            final = {"event": "delivered", "response": "250 2.0.0 OK"}
+        self.events.schedule(now + 2 * delay, url, {
+            **common, **final, "sg_event_id": _token(16), "timestamp": wall + int(2 * delay)})

@@ -1,0 +1,649 @@
+"""Asynchronous sending: a per-process dispatcher and the keyed Bytewax logic that feeds it.
+
+The dataflow never waits for a provider. :class:`SendLogic` (a ``StatefulBatchLogic`` keyed by
+``{channel}:{shard}``) hands each message to the process's :class:`Dispatcher` and returns the
+outcomes that have completed; a short timer collects the rest. Messages in flight are part of
+the logic's snapshot, so an epoch can commit while they are in flight and a crash resubmits
+them (the dedup lease decides whether they are sent again).
+
+Per channel, the dispatcher bounds the calls in flight (``max_in_flight``) and the messages
+waiting (``max_queued``); a channel at its bound raises its :class:`ChannelPressure` signal
+and only that channel's source partitions pause. A slow or broken SMS provider therefore
+never holds up email or push of the same tier.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import hashlib
+import logging
+import os
+import random
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any, TypeVar
+
+import orjson
+from bytewax.operators import StatefulBatchLogic
+from redis.exceptions import RedisError
+
+from notiflow.adapters.cassandra_store import CassandraStore, connect
+from notiflow.adapters.dlq_crypto import DlqCipher
+from notiflow.adapters.kafka_io import AsyncProducer
+from notiflow.adapters.providers.base import OutboundMessage, Outcome, ProviderClient, SendResult
+from notiflow.adapters.redis_dedup import DedupStore, LeaseState
+from notiflow.adapters.worker import register
+from notiflow.flows.model import Out, Work
+from notiflow.flows.policy import RetryPolicy
+from notiflow.flows.steps import (
+    Clock,
+    dead_letter,
+    is_expired,
+    retry_record,
+    scaled_lease_ttl,
+    status_event,
+)
+from notiflow.schemas.enums import Channel, Status, Tier
+from notiflow.schemas.messages import AttemptRecord, DlqRecord, StatusEvent
+from notiflow.schemas.preferences import state_key
+from notiflow.schemas.status import rank
+from notiflow.settings import Settings, TierPolicy
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+INFRA_RETRY_FOR = timedelta(seconds=60)
+REDIS_PAUSE_S = 0.5
+BACKLOG_REPORT_S = 1.0
+POLL = timedelta(milliseconds=5)
+
+
+def content_fingerprint(work: Work) -> str:
+    """Same recipient, channel, template, version and variables → same fingerprint (the
+    tenant is part of the Redis key)."""
+    r = work.record
+    doc = orjson.dumps(
+        [r.recipient_key(), r.channel.value, r.template_id, r.template_version, r.variables],
+        option=orjson.OPT_SORT_KEYS,
+    )
+    return hashlib.sha256(doc).hexdigest()
+
+
+def lease_outcome(ev: StatusEvent) -> dict[str, object]:
+    """What a finished lease records, so a replay can re-emit the outcome."""
+    done: dict[str, object] = {"status": ev.status.value, "reason": ev.reason}
+    if ev.attempt_detail is not None:
+        done["detail"] = ev.attempt_detail.model_dump(mode="json")
+    return done
+
+
+def attempt_detail(work: Work, result: SendResult) -> AttemptRecord:
+    return AttemptRecord(
+        attempt_no=work.record.attempt,
+        provider_id=result.provider_id,
+        outcome=result.outcome.value,
+        provider_message_id=result.provider_message_id,
+        normalized_error=result.reason,
+        error_code=result.error_code,
+        retry_after_s=result.retry_after_s,
+        started_at=result.started_at,
+        completed_at=result.completed_at,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class RenderFailure:
+    """The renderer broke an invariant (not a missing variable): a DLQ case, not FAILED."""
+
+    reason: str
+
+
+class ChannelPressure:
+    """In-process signal shared by the dispatcher (writer) and the sources (readers): how many
+    messages of each channel are waiting or in flight, against a bound."""
+
+    def __init__(self, bound: int) -> None:
+        self.bound = bound
+        self._lock = threading.Lock()
+        self._waiting: dict[Channel, int] = dict.fromkeys(Channel, 0)
+
+    def add(self, channel: Channel, n: int = 1) -> None:
+        with self._lock:
+            self._waiting[channel] += n
+
+    def done(self, channel: Channel, n: int = 1) -> None:
+        with self._lock:
+            self._waiting[channel] -= n
+
+    def waiting(self, channel: Channel) -> int:
+        return self._waiting[channel]
+
+    def paused(self, channel: Channel) -> bool:
+        return self._waiting[channel] >= self.bound
+
+
+@dataclass
+class _Resources:
+    dedup: DedupStore
+    store: CassandraStore
+    cluster: Any
+    providers: dict[Channel, ProviderClient]
+    limiter: Any
+    preferences: Any
+
+
+class Dispatcher:
+    """Performs every send of this process on one background event loop.
+
+    Thread-safe :meth:`submit`; outcomes are delivered through ``concurrent.futures`` so the
+    Bytewax worker thread never blocks on I/O.
+    """
+
+    def __init__(self, settings: Settings, tier: Tier, policy: TierPolicy, cipher: DlqCipher,
+                 pressure: ChannelPressure, clock: Clock, rng: random.Random | None = None,
+                 source: str | None = None, workers: int = 1) -> None:
+        self.settings = settings
+        self.tier = tier
+        self.policy = policy
+        self.cipher = cipher
+        self.pressure = pressure
+        self.clock = clock
+        self.rng = rng or random.Random()
+        self.source = source or f"send.{tier.value.lower()}"
+        self.workers = workers
+        self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.content_window = settings.scaled(settings.content_dedup_window)
+        self.redis_ok = True
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._opened: concurrent.futures.Future[None] = concurrent.futures.Future()
+        self._res: _Resources | None = None
+        self._sems: dict[Channel, asyncio.Semaphore] = {}
+        self._templates: dict[tuple[str, str, int], dict[str, Any]] = {}
+        self._oldest: dict[str, tuple[Tier, float]] = {}
+        register(self)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> asyncio.AbstractEventLoop:
+        """Start the loop thread and begin opening clients in the background (idempotent).
+        The flow calls this when it is built, so the first P0 message finds a warm sender."""
+        with self._lock:
+            if self._loop is None:
+                ready = threading.Event()
+                loop = asyncio.new_event_loop()
+
+                def run() -> None:
+                    asyncio.set_event_loop(loop)
+                    ready.set()
+                    loop.run_forever()
+
+                self._thread = threading.Thread(target=run, name=f"dispatch-{self.source}",
+                                                daemon=True)
+                self._thread.start()
+                ready.wait()
+                self._opened = asyncio.run_coroutine_threadsafe(self._open(), loop)
+                asyncio.run_coroutine_threadsafe(self._report_backlog(), loop)
+                self._loop = loop
+            return self._loop
+
+    async def _open(self) -> None:
+        from notiflow.adapters.preferences import PreferenceStore
+        from notiflow.adapters.ratelimit import CapacityLimiter
+        from notiflow.flows.send import open_providers
+
+        s = self.settings
+        cluster, session = await asyncio.to_thread(connect, s)
+        store = CassandraStore(session, s)
+        self._res = _Resources(
+            dedup=DedupStore.open(s, self.owner),
+            store=store,
+            cluster=cluster,
+            providers=await open_providers(s, self.tier),
+            limiter=CapacityLimiter(s, expected_workers=self.workers),
+            preferences=PreferenceStore(store, AsyncProducer(s)),
+        )
+        self._sems = {c: asyncio.Semaphore(self.policy.max_in_flight) for c in Channel}
+
+    def close(self) -> None:
+        """Stop the loop and release clients (pending sends are abandoned: they are in the
+        flow's snapshot and resume on restart)."""
+        loop = self._loop
+        if loop is None:
+            return
+
+        async def shutdown() -> None:
+            res = self._res
+            if res is None:
+                return
+            for p in res.providers.values():
+                await p.aclose()
+            await res.dedup.aclose()
+            await res.limiter.aclose()
+            res.preferences.producer.close()
+            res.cluster.shutdown()
+
+        try:
+            asyncio.run_coroutine_threadsafe(shutdown(), loop).result(timeout=10)
+        except Exception as exc:
+            log.warning("dispatcher shutdown: %r", exc)
+        loop.call_soon_threadsafe(loop.stop)
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        self._loop = None
+
+    # ------------------------------------------------------------------ submission
+
+    def submit(self, batch: list[Work]) -> list[concurrent.futures.Future[list[Out]]]:
+        """Start sending ``batch``; one future per message, resolving to its outputs."""
+        loop = self.start()
+        futures: list[concurrent.futures.Future[list[Out]]] = [
+            concurrent.futures.Future() for _ in batch]
+        for w in batch:
+            self.pressure.add(w.record.channel)
+            self._oldest[f"{w.message_id}:{w.record.attempt}"] = (w.record.tier,
+                                                                  w.accepted_at.timestamp())
+        loop.call_soon_threadsafe(lambda: loop.create_task(self._batch(batch, futures)))
+        return futures
+
+    def _resolve(self, w: Work, fut: concurrent.futures.Future[list[Out]],
+                 outs: list[Out] | BaseException) -> None:
+        self.pressure.done(w.record.channel)
+        self._oldest.pop(f"{w.message_id}:{w.record.attempt}", None)
+        if fut.done():
+            return
+        if isinstance(outs, BaseException):
+            fut.set_exception(outs)
+        else:
+            fut.set_result(outs)
+
+    async def _report_backlog(self) -> None:
+        from notiflow.adapters.backlog import report
+
+        while True:
+            await asyncio.sleep(BACKLOG_REPORT_S)
+            res = self._res
+            if res is None:
+                continue
+            waiting = list(self._oldest.values())
+            tiers = {self.tier} | {t for t, _ in waiting}
+            try:
+                for tier in tiers:
+                    oldest = min((at for t, at in waiting if t is tier), default=None)
+                    await report(res.dedup.r, self.settings.topic_prefix, tier, self.owner,
+                                 oldest)
+            except (RedisError, OSError):
+                pass
+
+    # ------------------------------------------------------------------ pipeline
+
+    async def _infra(self, what: str, fn: Callable[[], Awaitable[T]]) -> T:
+        """Retry an infrastructure call with backoff; the message waits meanwhile (its source
+        pauses once the channel's bound is reached). Gives up after ``INFRA_RETRY_FOR``."""
+        delay = 0.2
+        deadline = time.monotonic() + INFRA_RETRY_FOR.total_seconds()
+        while True:
+            try:
+                return await fn()
+            except Exception as exc:
+                if time.monotonic() >= deadline:
+                    raise RuntimeError(f"{what} unavailable for {INFRA_RETRY_FOR}") from exc
+                log.warning("%s failed (%s); retrying in %.1fs", what, exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+
+    async def _redis(self, fn: Callable[[], Awaitable[T]], fallback: T) -> T:
+        """A dedup call. Redis down: tiers on ``local`` continue without cluster dedup
+        (``fallback``); tiers on ``pause`` wait until Redis answers again."""
+        while True:
+            try:
+                result = await fn()
+            except (RedisError, OSError) as exc:
+                if self.redis_ok:
+                    log.warning("redis unavailable (%s): %s", exc,
+                                "sending without cluster dedup" if self.policy.redis_down ==
+                                "local" else "pausing sends")
+                self.redis_ok = False
+                if self.policy.redis_down == "local":
+                    return fallback
+                await asyncio.sleep(REDIS_PAUSE_S)
+                continue
+            if not self.redis_ok:
+                log.warning("redis is back")
+            self.redis_ok = True
+            return result
+
+    async def _batch(self, batch: list[Work],
+                     futures: list[concurrent.futures.Future[list[Out]]]) -> None:
+        try:
+            if self._res is None:
+                await asyncio.wrap_future(self._opened)
+            plan = await self._prepare(batch)
+        except Exception as exc:
+            log.exception("send preparation failed")
+            for w, fut in zip(batch, futures, strict=True):
+                self._resolve(w, fut, exc)
+            return
+        for w, fut in zip(batch, futures, strict=True):
+            item = plan[id(w)]
+            if isinstance(item, list):
+                self._resolve(w, fut, item)
+            else:
+                msg, provider, content_key = item
+                asyncio.get_running_loop().create_task(
+                    self._send(w, msg, provider, content_key, fut))
+
+    async def _prepare(self, batch: list[Work]) -> dict[int, Any]:
+        """Per message: the final outputs (a list) or (message, provider, content key)."""
+        assert self._res is not None
+        res = self._res
+        dedup = res.dedup
+        now = self.clock()
+        plan: dict[int, Any] = {}
+        keys = [dedup.lease_key(w.message_id, w.record.attempt) for w in batch]
+        ttl = max(self._lease_ttl(w) for w in batch)
+        states = await self._redis(lambda: dedup.acquire(keys, ttl),
+                                   [LeaseState(True) for _ in keys])
+        live: list[Work] = []
+        for w, key, st in zip(batch, keys, states, strict=True):
+            if st.acquired:
+                live.append(w)
+            elif (done := st.done) is not None:
+                plan[id(w)] = [self._replayed(w, done, now)]
+            elif (owner := st.pending_owner()) is not None and owner != dedup.owner and (
+                    await self._redis(lambda k=key, h=st.holder or "": dedup.take_over(
+                        k, h, ttl), True)):
+                log.warning("message %s attempt %s: resuming after a crashed sender "
+                            "(possible duplicate)", w.message_id, w.record.attempt)
+                live.append(w)
+            else:
+                plan[id(w)] = []
+        live = await self._drop_already_final(live, plan)
+
+        for w in live:
+            if is_expired(w, now):
+                plan[id(w)] = await self._finished(
+                    w, status_event(w, Status.EXPIRED, now, self.source, reason="ttl"))
+        live = [w for w in live if id(w) not in plan]
+
+        fresh = [w for w in live if w.record.idempotency_key is None]
+        claims = [(dedup.content_key(w.record.tenant_id, content_fingerprint(w)), w.message_id)
+                  for w in fresh]
+        holders = await self._redis(lambda: dedup.claim_content(claims, self.content_window),
+                                    [None] * len(claims))
+        content_keys: dict[int, str] = {}
+        for w, (ckey, _), holder in zip(fresh, claims, holders, strict=True):
+            if holder:
+                plan[id(w)] = await self._finished(w, status_event(
+                    w, Status.SUPPRESSED, now, self.source,
+                    reason=f"duplicate_content_of:{holder}"))
+            else:
+                content_keys[id(w)] = ckey
+        live = [w for w in live if id(w) not in plan]
+
+        live = await self._strong_consent(live, plan, now)
+        rendered = await self._render(live)
+        for w in live:
+            r = rendered[w.message_id]
+            if isinstance(r, RenderFailure):
+                plan[id(w)] = [dead_letter(
+                    raw=w.raw, source=w.source, reason=f"renderer failed: {r.reason}",
+                    error_class="render_error", category="bug", tier=w.record.tier,
+                    cipher=self.cipher, now=now, message_id=w.message_id,
+                    tenant_id=w.record.tenant_id, headers=w.headers)]
+                await self._release(w)
+            elif isinstance(r, str):
+                plan[id(w)] = await self._finished(
+                    w, status_event(w, Status.FAILED, now, self.source, reason=r),
+                    content_keys.get(id(w)))
+            elif (provider := res.providers.get(w.record.channel)) is None:
+                plan[id(w)] = [dead_letter(
+                    raw=w.raw, source=w.source, reason=f"no provider for {w.record.channel}",
+                    error_class="channel_unavailable", category="unavailable", tier=w.record.tier,
+                    cipher=self.cipher, now=now, message_id=w.message_id,
+                    tenant_id=w.record.tenant_id, headers=w.headers)]
+                await self._release(w)
+            else:
+                plan[id(w)] = (r, provider, content_keys.get(id(w)))
+        return plan
+
+    async def _strong_consent(self, live: list[Work], plan: dict[int, Any],
+                              now: datetime) -> list[Work]:
+        """Re-read the preferences of strong-consent categories (marketing) from Cassandra,
+        so an opt-out acknowledged by the API applies to every later send."""
+        assert self._res is not None
+        strong = [w for w in live if w.record.category in self.settings.strong_consent_categories]
+        if not strong:
+            return live
+        keys = sorted({(w.record.tenant_id, w.recipient_hash) for w in strong})
+        states = await self._infra("cassandra", lambda: self._res.preferences.get_states(keys))
+        for w in strong:
+            state = states.get(state_key(w.record.tenant_id, w.recipient_hash))
+            reason = state.blocks(w.record.channel, w.record.category) if state else None
+            if reason:
+                plan[id(w)] = await self._finished(
+                    w, status_event(w, Status.SUPPRESSED, now, self.source, reason=reason))
+        return [w for w in live if id(w) not in plan]
+
+    async def _send(self, w: Work, msg: OutboundMessage, provider: ProviderClient,
+                    content_key: str | None, fut: concurrent.futures.Future[list[Out]]) -> None:
+        """Take a capacity token, then call the provider and record the outcome on the lease
+        inside the channel's in-flight bound, so at most ``max_in_flight`` sends per channel
+        are unrecorded when the process dies."""
+        assert self._res is not None
+        try:
+            tenant = self.settings.tenant(w.record.tenant_id)
+            await self._res.limiter.take(provider.provider_id, w.record.tier,
+                                         tenant_id=w.record.tenant_id,
+                                         tenant_rate=tenant.rate_limit if tenant else None)
+            async with self._sems[w.record.channel]:
+                try:
+                    result = await provider.send(msg)
+                except Exception as exc:
+                    log.error("provider call raised for %s: %r", w.message_id, exc)
+                    at = self.clock()
+                    result = SendResult(Outcome.TRANSIENT, provider.provider_id, at, at,
+                                        reason=f"internal_error:{type(exc).__name__}")
+                outs = await self._outcome(w, result, content_key)
+            self._resolve(w, fut, outs)
+        except Exception as exc:
+            log.exception("send of %s failed", w.message_id)
+            self._resolve(w, fut, exc)
+
+    async def _outcome(self, w: Work, result: SendResult, content_key: str | None) -> list[Out]:
+        detail = attempt_detail(w, result)
+        at = result.completed_at
+        if result.deactivate_recipient:
+            await self._suppress(w, result.reason or "deactivated")
+        if result.outcome is Outcome.ACCEPTED:
+            return await self._finished(w, status_event(
+                w, Status.PROVIDER_ACCEPTED, at, self.source, detail=detail))
+        if result.outcome is Outcome.PERMANENT:
+            return await self._finished(w, status_event(
+                w, Status.FAILED, at, self.source, reason=result.reason, detail=detail),
+                content_key)
+        retry_after = timedelta(seconds=result.retry_after_s) if result.retry_after_s else None
+        assert w.record.expires_at is not None
+        decision = RetryPolicy.for_tier(self.settings, w.record.tier).after_failure(
+            w.record.attempt, at, w.record.expires_at, retry_after, self.rng)
+        if decision.next_attempt is not None and decision.next_attempt_at is not None:
+            await self._release(w)
+            return [status_event(w, Status.RETRY_PENDING, at, self.source, reason=result.reason,
+                                 detail=detail, next_attempt_at=decision.next_attempt_at),
+                    retry_record(w, decision.next_attempt, decision.next_attempt_at)]
+        status = Status.EXPIRED if decision.give_up == "expires_before_retry" else Status.FAILED
+        outs = await self._finished(w, status_event(w, status, at, self.source,
+                                                    reason=decision.give_up, detail=detail),
+                                    content_key)
+        if (result.reason or "").startswith("internal_error"):
+            outs.append(self._unexplained(w, detail, at))
+        return outs
+
+    async def _finished(self, w: Work, ev: StatusEvent,
+                        content_key: str | None = None) -> list[Out]:
+        """Record the attempt's end on its lease (so a replay never sends it again) and free
+        the content fingerprint of a message that will never be delivered."""
+        assert self._res is not None
+        dedup = self._res.dedup
+        key = dedup.lease_key(w.message_id, w.record.attempt)
+        await self._redis(lambda: dedup.finish([(key, lease_outcome(ev))], self._lease_ttl(w)),
+                          None)
+        if content_key and ev.status in (Status.FAILED, Status.EXPIRED):
+            await self._redis(lambda: dedup.release_content([(content_key, w.message_id)]),
+                              None)
+        return [ev]
+
+    async def _release(self, w: Work) -> None:
+        assert self._res is not None
+        dedup = self._res.dedup
+        key = dedup.lease_key(w.message_id, w.record.attempt)
+        await self._redis(lambda: dedup.release([key]), None)
+
+    async def _suppress(self, w: Work, reason: str) -> None:
+        """The provider says the address or token is dead: suppress it for later messages."""
+        assert self._res is not None
+        why = {"unsubscribed": "unsubscribed"}.get(reason, "token_deactivated"
+                                                   if w.record.channel is Channel.PUSH
+                                                   else "hard_bounce")
+        try:
+            await self._res.preferences.suppress(w.record.tenant_id, w.recipient_hash, why)
+        except Exception as exc:
+            log.warning("could not record suppression for %s: %r", w.message_id, exc)
+
+    def _lease_ttl(self, w: Work) -> timedelta:
+        return scaled_lease_ttl(self.settings, w.record.tier)
+
+    def _replayed(self, w: Work, done: dict[str, Any], now: datetime) -> StatusEvent:
+        """A record seen again after its attempt ended: re-emit the recorded outcome (the
+        event may not have reached Kafka before a crash); never call the provider again."""
+        detail = AttemptRecord.model_validate(done["detail"]) if done.get("detail") else None
+        return status_event(w, Status(str(done["status"])), now, self.source,
+                            reason=done.get("reason"), detail=detail)
+
+    async def _drop_already_final(self, live: list[Work], plan: dict[int, Any]) -> list[Work]:
+        """A lease can only have expired for an old record: ask Cassandra whether the message
+        already ended before sending it again."""
+        assert self._res is not None
+        store = self._res.store
+        now = self.clock()
+        old = [w for w in live if now - w.accepted_at > self._lease_ttl(w)]
+        if not old:
+            return live
+        rows = await self._infra("cassandra", lambda: asyncio.gather(
+            *(store.get_message(w.message_id) for w in old)))
+        for w, row in zip(old, rows, strict=True):
+            if row and row.get("status_rank", 0) >= rank(Status.SUPPRESSED):
+                plan[id(w)] = []
+        return [w for w in live if id(w) not in plan]
+
+    async def _render(self, batch: list[Work]) -> dict[str, OutboundMessage | str | RenderFailure]:
+        """message_id → rendered message, the FAILED reason, or a renderer failure."""
+        from notiflow.templating import MissingVariable, RenderError, render
+
+        assert self._res is not None
+        store = self._res.store
+        wanted = sorted({(w.record.tenant_id, w.record.template_id, w.record.template_version)
+                         for w in batch} - self._templates.keys())
+        if wanted:
+            rows = await self._infra("cassandra", lambda: asyncio.gather(
+                *(store.get_template(*k) for k in wanted)))
+            for k, row in zip(wanted, rows, strict=True):
+                if row is not None:
+                    self._templates[k] = row
+        result: dict[str, OutboundMessage | str | RenderFailure] = {}
+        for w in batch:
+            r = w.record
+            tpl = self._templates.get((r.tenant_id, r.template_id, r.template_version))
+            if tpl is None:
+                result[w.message_id] = "unknown_template"
+                continue
+            if tpl["channel"] != r.channel.value:
+                result[w.message_id] = "template_channel_mismatch"
+                continue
+            try:
+                subject, body = render(tpl, r.variables)
+            except MissingVariable as exc:
+                result[w.message_id] = f"missing_template_variable:{exc.name}"
+                continue
+            except RenderError as exc:
+                result[w.message_id] = RenderFailure(str(exc))
+                continue
+            result[w.message_id] = OutboundMessage(
+                message_id=w.message_id, attempt=r.attempt, tenant_id=r.tenant_id,
+                channel=r.channel, tier=r.tier, recipient=r.recipient, body=body,
+                subject=subject)
+        return result
+
+    def _unexplained(self, w: Work, detail: AttemptRecord, now: datetime) -> DlqRecord:
+        return dead_letter(raw=w.raw, source=w.source, reason="retries exhausted after "
+                           f"unexplained failures ({detail.normalized_error})",
+                           error_class="exhausted_unexplained", category="bug",
+                           tier=w.record.tier, cipher=self.cipher, now=now,
+                           message_id=w.message_id, tenant_id=w.record.tenant_id,
+                           headers=w.headers, attempts=(detail,))
+
+
+def shard_key(work: Work, shards: int) -> str:
+    """``{channel}:{shard}``: spreads a channel's messages over the workers."""
+    digest = hashlib.blake2b(work.message_id.encode(), digest_size=4).digest()
+    return f"{work.record.channel.value}:{int.from_bytes(digest, 'big') % shards}"
+
+
+class SendLogic(StatefulBatchLogic[Work, Out, list[Work]]):
+    """Keyed by ``{channel}:{shard}``. State: the messages handed to the dispatcher whose
+    outcome has not been emitted yet (resubmitted on resume)."""
+
+    def __init__(self, dispatcher: Dispatcher, resume: list[Work] | None,
+                 eof_timeout: float = 120.0) -> None:
+        self.d = dispatcher
+        self.pending: dict[str, tuple[Work, concurrent.futures.Future[list[Out]]]] = {}
+        self.eof_timeout = eof_timeout
+        if resume:
+            self._submit(resume)
+
+    def _submit(self, works: Iterable[Work]) -> None:
+        new = []
+        for w in works:
+            k = f"{w.message_id}:{w.record.attempt}"
+            if k not in self.pending:
+                new.append((k, w))
+        if new:
+            futs = self.d.submit([w for _, w in new])
+            for (k, w), f in zip(new, futs, strict=True):
+                self.pending[k] = (w, f)
+
+    def _collect(self) -> list[Out]:
+        out: list[Out] = []
+        for k in [k for k, (_, f) in self.pending.items() if f.done()]:
+            _, f = self.pending.pop(k)
+            out.extend(f.result())
+        return out
+
+    def _keep(self) -> bool:
+        return StatefulBatchLogic.RETAIN if self.pending else StatefulBatchLogic.DISCARD
+
+    def on_batch(self, values: list[Work]) -> tuple[Iterable[Out], bool]:
+        self._submit(values)
+        return self._collect(), self._keep()
+
+    def on_notify(self) -> tuple[Iterable[Out], bool]:
+        return self._collect(), self._keep()
+
+    def on_eof(self) -> tuple[Iterable[Out], bool]:
+        """Finite input (tests): wait for the messages still in flight."""
+        concurrent.futures.wait([f for _, f in self.pending.values()],
+                                timeout=self.eof_timeout)
+        return self._collect(), self._keep()
+
+    def notify_at(self) -> datetime | None:
+        return datetime.now(UTC) + POLL if self.pending else None
+
+    def snapshot(self) -> list[Work]:
+        return [w for w, _ in self.pending.values()]

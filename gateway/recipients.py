@@ -1,0 +1,154 @@
+"""Recipient preferences and device tokens (tenant-scoped by the bearer token).
+
+``{recipient}`` is the address exactly as in a send request (E.164 phone, email address, or
+``<platform>:<device token>``), URL-encoded; it is hashed with the tenant like the send path
+does (``recipient_hash(tenant_id, key)``), so the send flow finds the same state. Every
+change is written to Cassandra (lightweight transaction on ``version``), then published to
+``notify.preferences``, then answered: a ``200`` means any reader of Cassandra already sees
+it. See ``docs/api.md``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable
+from typing import TypeVar
+
+from fastapi import APIRouter, Request, Response
+from pydantic import ValidationError
+
+from notiflow.adapters.cassandra_store import StateContention
+from notiflow.gateway.auth import RuntimeDep, Tenant, read_json_object
+from notiflow.gateway.errors import ApiError, invalid_body, not_found, unavailable
+from notiflow.gateway.runtime import now_ms
+from notiflow.redact import mask, recipient_hash
+from notiflow.schemas.enums import PushPlatform
+from notiflow.schemas.preferences import (
+    DeviceRegistration,
+    DeviceView,
+    PreferenceState,
+    PreferencesUpdate,
+    PreferencesView,
+    address_key,
+)
+
+router = APIRouter()
+T = TypeVar("T")
+
+JSON = "application/json"
+DELETED_BY_CLIENT = "deleted_by_client"
+_PUSH_PREFIXES = tuple(f"{p.value}:" for p in PushPlatform)
+
+
+def _invalid(reason: str, field: str, msg: str) -> ApiError:
+    return ApiError(422, "validation_failed", reason,
+                    details=[{"loc": ["path", field], "msg": msg, "type": "value_error"}])
+
+
+def recipient_key(address: str) -> str:
+    """The normalised key of a ``{recipient}`` path segment; ``422 invalid_recipient``."""
+    try:
+        return address_key(address)
+    except ValueError as exc:
+        raise _invalid("invalid_recipient", "recipient", str(exc)) from None
+
+
+def owner_key(address: str) -> str:
+    """The key of a device owner: a phone number or email address, never a push address."""
+    key = recipient_key(address)
+    if key.startswith(_PUSH_PREFIXES):
+        raise _invalid("invalid_recipient", "recipient",
+                       "a device owner is a phone number or an email address")
+    return key
+
+
+def token_key(platform: PushPlatform, token: str) -> str:
+    """``<platform>:<token>`` after validating the token's shape; ``422
+    invalid_device_token``."""
+    try:
+        return address_key(f"{platform.value}:{token}")
+    except ValueError as exc:
+        raise _invalid("invalid_device_token", "token", str(exc)) from None
+
+
+async def _changed(call: Awaitable[T]) -> T:
+    """``503 preferences_contention`` when the state kept changing under the call."""
+    try:
+        return await call
+    except StateContention:
+        raise unavailable("preferences_contention",
+                          "the recipient's state is changing concurrently; retry") from None
+
+
+def _state_response(state: PreferenceState, key: str) -> Response:
+    return Response(PreferencesView.of(state, mask(key)).model_dump_json(), media_type=JSON)
+
+
+@router.put("/v1/recipients/{recipient:path}/preferences")
+async def put_preferences(recipient: str, request: Request, tenant: Tenant,
+                          rt: RuntimeDep) -> Response:
+    """Replace timezone, quiet hours and opt-outs (the suppression is kept); ``200`` with
+    the new state once it is in Cassandra and on ``notify.preferences``."""
+    key = recipient_key(recipient)
+    data = await read_json_object(request)
+    try:
+        update = PreferencesUpdate.model_validate(data)
+    except ValidationError as exc:
+        raise invalid_body(exc) from None
+    state = await _changed(rt.preferences().set_preferences(
+        tenant.id, recipient_hash(tenant.id, key), update))
+    return _state_response(state, key)
+
+
+@router.get("/v1/recipients/{recipient:path}/preferences")
+async def get_preferences(recipient: str, tenant: Tenant, rt: RuntimeDep) -> Response:
+    """The stored state of the caller's recipient; ``404`` when it has none."""
+    key = recipient_key(recipient)
+    state = await rt.store().get_state(tenant.id, recipient_hash(tenant.id, key))
+    if state is None:
+        raise not_found()
+    return _state_response(state, key)
+
+
+@router.put("/v1/recipients/{recipient:path}/devices/{token}")
+async def put_device(recipient: str, token: str, request: Request, tenant: Tenant,
+                     rt: RuntimeDep) -> Response:
+    """Register or reactivate a device token of a recipient and clear the token's
+    suppression; idempotent. ``200`` with the device."""
+    owner = owner_key(recipient)
+    data = await read_json_object(request)
+    try:
+        reg = DeviceRegistration.model_validate(data)
+    except ValidationError as exc:
+        raise invalid_body(exc) from None
+    push = token_key(reg.platform, token)
+    now = now_ms()
+    prefs = rt.preferences()
+    await rt.store().activate_device(tenant.id, recipient_hash(tenant.id, owner), token,
+                                     reg.platform.value, now)
+    state = await _changed(prefs.unsuppress(tenant.id, recipient_hash(tenant.id, push), now))
+    view = DeviceView(recipient=mask(owner), device_token=mask(push), platform=reg.platform,
+                      active=True, updated_at=now,
+                      suppressed=state.suppressed if state else None)
+    return Response(view.model_dump_json(), media_type=JSON)
+
+
+@router.delete("/v1/recipients/{recipient:path}/devices/{token}", status_code=204)
+async def delete_device(recipient: str, token: str, tenant: Tenant,
+                        rt: RuntimeDep) -> Response:
+    """Deactivate a registered device token (reason ``deleted_by_client``) and suppress
+    the token (``token_deactivated``); idempotent. ``204``; ``404`` for a token never
+    registered for this recipient."""
+    owner = owner_key(recipient)
+    owner_hash = recipient_hash(tenant.id, owner)
+    store = rt.store()
+    prefs = rt.preferences()
+    row = await store.get_device(tenant.id, owner_hash, token)
+    if row is None or not row.get("platform"):
+        raise not_found()
+    platform = PushPlatform(row["platform"])
+    now = now_ms()
+    push_hash = recipient_hash(tenant.id, f"{platform.value}:{token}")
+    await _changed(prefs.suppress(tenant.id, push_hash, "token_deactivated", now))
+    if row.get("active") is not False or row.get("deactivated_reason") != DELETED_BY_CLIENT:
+        await store.deactivate_device(tenant.id, owner_hash, token, DELETED_BY_CLIENT, now)
+    return Response(status_code=204)
