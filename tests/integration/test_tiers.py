@@ -94,7 +94,7 @@ def test_p0_keeps_its_sla_during_a_p3_flood(isolated, tokens: dict[str, str],
         "channel": "SMS", "tier": "P3", "tenant_id": "acme", "category": "marketing",
         "recipient": f"+1{202 + i // 10_000 * 213}555{i % 10_000:04d}", "template_id": "otp",
         "template_version": version, "variables": {"code": f"{i:06d}"}})) for i in range(n)]
-    started = time.monotonic()
+    started, queued_at = time.monotonic(), time.time()
     p3_ids = set(ids_of(iso.settings, Tier.P3, produce(iso.settings, records)))
     queued_s = time.monotonic() - started
 
@@ -111,13 +111,16 @@ def test_p0_keeps_its_sla_during_a_p3_flood(isolated, tokens: dict[str, str],
     wait_for(lambda: p0_ids <= set(received_at(fakes, "twilio")), timeout=60,
              what="every P0 message at the provider")
     seen = received_at(fakes, "twilio")
-    in_order = [round((seen[m] - at) * 1000) for m, at in p0]
-    p0_lat = sorted(in_order)
-    print(f"\nP0 latencies in send order (ms): {in_order}\nAPI ms: {API_MS[-50:]}")
-    backlog = n - len(p3_ids & set(seen))
-    print(f"\nqueued {n} P3 in {queued_s:.1f}s; P3 backlog when P0 finished: {backlog}; "
-          f"P0 latency ms p50={pct(p0_lat, 50):.0f} p99={pct(p0_lat, 99):.0f} "
-          f"max={p0_lat[-1]:.0f}")
+    p0_lat = sorted((seen[m] - at) * 1000 for m, at in p0)
+    p3_lat = sorted((seen[m] - queued_at) * 1000 for m in p3_ids if m in seen)
+    backlog = n - len(p3_lat)
+    api = sorted(API_MS[-len(p0):])
+    print(f"\nqueued {n} P3 in {queued_s:.1f}s; P3 backlog when P0 finished: {backlog}\n"
+          f"P0 acceptance→provider ms: p50={pct(p0_lat, 50):.0f} p99={pct(p0_lat, 99):.0f} "
+          f"max={p0_lat[-1]:.0f} (API round trip p50={pct(api, 50):.0f} "
+          f"p99={pct(api, 99):.0f})\n"
+          f"P3 acceptance→provider ms (the {len(p3_lat)} sent so far): "
+          f"p50={pct(p3_lat, 50):.0f} p99={pct(p3_lat, 99):.0f}")
     assert backlog >= 10_000, "the P3 backlog drained before P0 was measured"
     assert pct(p0_lat, 99) < 1000
 
@@ -265,3 +268,27 @@ def test_redis_outage_p0_continues_p3_pauses_then_resumes(
              what="P3 resuming after Redis is back")
     everything = before + p0_down + p3_down
     assert arrived(everything) == set(everything)
+
+
+def test_shared_baseline_mode_sends_every_tier(isolated, tokens: dict[str, str],
+                                               otp_template: dict[str, int],
+                                               fakes: str) -> None:
+    """``--mode shared``: the API writes every tier to one topic and one flow sends them all
+    (kept only as the benchmark's baseline)."""
+    iso = isolated("shared", NOTIFLOW_MODE="shared")
+    api = iso.api()
+    flow = iso.start("send-shared", ["flow", "send", "--mode", "shared", "--recovery-dir",
+                                     str(iso.recovery / "send-shared")])
+    flow.wait_until(lambda: "starting" in flow.tail(200), timeout=60)
+    bodies = [{"channel": "SMS", "tier": tier, "category": "account",
+               "recipient": f"+1312555{uuid.uuid4().int % 10_000:04d}", "template_id": "otp",
+               "template_version": otp_template["acme"], "variables": {"code": f"{tier}{i}"}}
+              for i in range(5) for tier in ("P0", "P1", "P2", "P3")]
+    sent = post_messages(api, tokens["acme"], bodies, rate=50)
+    ids = {m for m, _ in sent}
+    wait_for(lambda: ids <= set(received_at(fakes, "twilio")), timeout=60,
+             what="every tier sent by the shared flow")
+    from tests.helpers import read_topic
+
+    topics = {m.topic() for m in read_topic(iso.settings, iso.settings.shared_topic)}
+    assert topics == {iso.settings.shared_topic}
