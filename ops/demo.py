@@ -67,6 +67,19 @@ def _port(preferred: int) -> int:
     return preferred if not port_open(preferred) else free_port()
 
 
+def unique_recipient(rng: random.Random, numbers: list[str]) -> str:
+    """A fresh valid number in a daytime zone (recipient caps such as OTP 5 per 10 minutes
+    would otherwise suppress most of the demo's traffic)."""
+    import phonenumbers
+
+    base = rng.choice(numbers)
+    for _ in range(20):
+        candidate = f"{base[:-4]}{rng.randrange(10_000):04d}"
+        if phonenumbers.is_valid_number(phonenumbers.parse(candidate, None)):
+            return candidate
+    return base
+
+
 async def _templates(api: str, tokens: dict[str, str]) -> dict[str, int]:
     versions = {}
     async with httpx.AsyncClient(base_url=api, timeout=30) as client:
@@ -94,7 +107,7 @@ async def _send_all(api: str, tokens: dict[str, str], versions: dict[str, int], 
             tier = tiers[i % 4]
             tenant = TENANT_BY_TIER[tier]
             invalid = invalid_every and i % invalid_every == 5
-            recipient = INVALID_NUMBER if invalid else rng.choice(numbers)
+            recipient = INVALID_NUMBER if invalid else unique_recipient(rng, numbers)
             body = {"channel": "SMS", "tier": tier.value, "recipient": recipient,
                     "template_id": "demo-code", "template_version": versions[tenant],
                     "category": CATEGORY_BY_TIER[tier],
