@@ -234,18 +234,25 @@ class CassandraStore:
 
     async def create_message(
         self, message_id: str, snap: MessageSnapshot, status: Status, now: datetime,
-        source: str = "api",
+        source: str = "api", fresh: bool = False,
     ) -> bool:
         """Insert the message row if absent (LWT), its tenant-history row and the first entry
-        of its status history; True if new."""
-        rows = await self._run("msg_insert", (
+        of its status history; True if new. ``fresh``: the id was just minted and nobody else
+        can hold it, so a plain insert (no Paxos round) is enough; it is written at the
+        acceptance time, so it can never overwrite a later status change."""
+        values = (
             message_id, snap.tenant_id, snap.channel.value, snap.tier.value,
             snap.category.value, snap.recipient_hash, snap.recipient_masked, snap.template_id,
             snap.template_version, snap.idempotency_key, snap.ordering_key, snap.status_webhook,
             status.value, rank(status), 0, _ts(snap.scheduled_at), _ts(snap.expires_at),
             _ts(snap.accepted_at), now, now,
-        ))
-        created = bool(rows and rows[0].get("[applied]"))
+        )
+        if fresh:
+            write_time = int(snap.accepted_at.timestamp() * 1_000_000)
+            rows = await self._run("msg_insert_fresh", (*values, write_time))
+        else:
+            rows = await self._run("msg_insert", values)
+        created = fresh or bool(rows and rows[0].get("[applied]"))
         if created:
             await asyncio.gather(
                 self._run("tenant_day_insert", (
@@ -478,6 +485,11 @@ _STATEMENTS: dict[str, str] = {
     "ordering_key, status_webhook, status, status_rank, attempt, scheduled_at, expires_at, "
     "accepted_at, created_at, updated_at) VALUES "
     "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) IF NOT EXISTS",
+    "msg_insert_fresh": "INSERT INTO messages (message_id, tenant_id, channel, tier, category, "
+    "recipient_hash, recipient_masked, template_id, template_version, idempotency_key, "
+    "ordering_key, status_webhook, status, status_rank, attempt, scheduled_at, expires_at, "
+    "accepted_at, created_at, updated_at) VALUES "
+    "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) USING TIMESTAMP ?",
     "tenant_day_insert": "INSERT INTO messages_by_tenant_day (tenant_id, day, created_at, "
     "message_id, channel, tier, category) VALUES (?, ?, ?, ?, ?, ?, ?)",
     "msg_get": "SELECT * FROM messages WHERE message_id = ?",

@@ -202,7 +202,7 @@ async def accept(rt: Runtime, tenant: TenantConfig, req: SendRequest, key: str |
     try:
         body = await complete_acceptance(rt, tenant_id=tenant.id, key=internal_key,
                                          created_at=accepted_at, record=record, topic=topic,
-                                         payload=payload, trace=trace)
+                                         payload=payload, trace=trace, fresh=True)
     except (DeliveryFailed, *STORE_ERRORS) as exc:
         undone = await undo_acceptance(rt.store(), tenant_id=tenant.id, key=internal_key,
                                        created_at=accepted_at, record=record)

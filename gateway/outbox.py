@@ -110,7 +110,7 @@ def out_record(record: IngestRecord, topic: str, payload: str, trace: str) -> Ou
 
 async def complete_acceptance(
     rt: Runtime, *, tenant_id: str, key: str, created_at: datetime, record: IngestRecord,
-    topic: str, payload: str, trace: str, add_outbox: bool = True,
+    topic: str, payload: str, trace: str, add_outbox: bool = True, fresh: bool = False,
 ) -> str:
     """Steps (c)-(f) of acceptance for a reserved key; returns the ``202`` body.
 
@@ -121,7 +121,7 @@ async def complete_acceptance(
     store = rt.store()
     shard = outbox_shard(tenant_id, key)
     create = store.create_message(ids(record)[0], snapshot(record), initial_status(record),
-                                  datetime.now(UTC))
+                                  datetime.now(UTC), fresh=fresh)
     if add_outbox:
         await asyncio.gather(store.outbox_add(shard, created_at, tenant_id, key), create)
     else:

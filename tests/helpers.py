@@ -110,3 +110,10 @@ def accepted_counts(fakes: str) -> dict[str, int]:
         if rec.get("outcome") == "accepted" and rec.get("message_id"):
             counts[rec["message_id"]] = counts.get(rec["message_id"], 0) + 1
     return counts
+
+
+def report(capsys: Any, text: str) -> None:
+    """Print measured figures straight to the terminal (and so into CI's log), past pytest's
+    output capture."""
+    with capsys.disabled():
+        print(f"\n[figures] {text}", flush=True)

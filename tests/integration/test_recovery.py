@@ -12,7 +12,15 @@ from cassandra.cluster import Session
 
 from notiflow.schemas.enums import Tier
 from notiflow.settings import Settings
-from tests.helpers import SUCCESS, accepted_counts, emulator_records, produce, statuses, wait_for
+from tests.helpers import (
+    SUCCESS,
+    accepted_counts,
+    emulator_records,
+    produce,
+    report,
+    statuses,
+    wait_for,
+)
 from tests.integration.test_pipeline import direct, ids_of
 
 pytestmark = pytest.mark.integration
@@ -27,7 +35,7 @@ def slow_provider(fakes: str):
 
 def test_restart_mid_stream_loses_nothing(stack: Settings, otp_template: dict[str, int],
                                           start_flow, reconciler, recovery_root, fakes: str,
-                                          cql: Session, slow_provider) -> None:
+                                          cql: Session, slow_provider, capsys) -> None:
     recovery = recovery_root / "send-p2-crash"
     flow = start_flow("send", tier=Tier.P2, name="send-p2-crash", recovery=recovery)
     n = 800
@@ -53,7 +61,7 @@ def test_restart_mid_stream_loses_nothing(stack: Settings, otp_template: dict[st
     per_message = Counter(counts.get(i, 0) for i in ids)
     assert per_message[0] == 0, "a message never reached the provider"
     duplicates = sum(c - 1 for c in (counts.get(i, 0) for i in ids) if c > 1)
-    print(f"\nrestart: {n} accepted, {n} PROVIDER_ACCEPTED in Cassandra; emulator had "
+    report(capsys, f"restart: {n} accepted, {n} PROVIDER_ACCEPTED in Cassandra; emulator had "
           f"{at_kill} before the kill; {duplicates} duplicate sends (in flight at the crash)")
     assert duplicates <= stack.policy(Tier.P2).max_in_flight
     restarted.stop()

@@ -22,7 +22,7 @@ from notiflow.adapters.kafka_io import OutRecord
 from notiflow.devenv import free_port
 from notiflow.ops.procs import ManagedProcess
 from notiflow.schemas.enums import Tier
-from tests.helpers import message_row, produce, wait_for
+from tests.helpers import message_row, produce, report, wait_for
 from tests.integration.test_pipeline import ids_of
 
 pytestmark = pytest.mark.integration
@@ -80,7 +80,7 @@ def post_messages(api: str, token: str, bodies: list[dict[str, Any]],
 
 
 def test_p0_keeps_its_sla_during_a_p3_flood(isolated, tokens: dict[str, str],
-                                             fakes: str) -> None:
+                                             fakes: str, capsys) -> None:
     rates = json.dumps({"twilio": 200, "sendgrid": 1000, "fcm": 10000})
     iso = isolated("flood", NOTIFLOW_PROVIDER_RATES=rates)
     api = iso.api()
@@ -122,7 +122,7 @@ def test_p0_keeps_its_sla_during_a_p3_flood(isolated, tokens: dict[str, str],
     p3_lat = sorted((seen[m] - queued_at) * 1000 for m in p3_ids if m in seen)
     backlog = n - len(p3_lat)
     api = sorted(API_MS[-len(p0):])
-    print(f"\nqueued {n} P3 in {queued_s:.1f}s; P3 backlog when P0 finished: {backlog}\n"
+    report(capsys, f"queued {n} P3 in {queued_s:.1f}s; P3 backlog when P0 finished: {backlog}\n"
           f"P0 acceptance→provider ms: p50={pct(p0_lat, 50):.0f} p99={pct(p0_lat, 99):.0f} "
           f"max={p0_lat[-1]:.0f} (API round trip p50={pct(api, 50):.0f} "
           f"p99={pct(api, 99):.0f})\n"
@@ -133,7 +133,7 @@ def test_p0_keeps_its_sla_during_a_p3_flood(isolated, tokens: dict[str, str],
 
 
 def test_slow_sms_does_not_stall_email_and_push(isolated, tokens: dict[str, str],
-                                                fakes: str) -> None:
+                                                fakes: str, capsys) -> None:
     iso = isolated("channels")
     api = iso.api()
     iso.flow(Tier.P0)
@@ -172,7 +172,7 @@ def test_slow_sms_does_not_stall_email_and_push(isolated, tokens: dict[str, str]
 
             seen = wait_for(arrived, timeout=30, what="email and push at their providers")
             lat = sorted((seen[m] - at) * 1000 for m, at in sent)
-            print(f"\nSMS {knobs}: email+push latency ms p50={pct(lat, 50):.0f} "
+            report(capsys, f"SMS {knobs}: email+push latency ms p50={pct(lat, 50):.0f} "
                   f"p99={pct(lat, 99):.0f} max={lat[-1]:.0f}")
             assert pct(lat, 99) < 1000
         finally:
