@@ -21,7 +21,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-from notiflow.schemas.enums import Category, Channel, Tier
+from notiflow.schemas.enums import Category, Channel, PushPlatform, Tier
 
 
 class _Frozen(BaseModel):
@@ -183,6 +183,76 @@ class FcmSettings(_Frozen):
     token_uri: str = "http://127.0.0.1:18090/fcm/token"
 
 
+class VonageSettings(_Frozen):
+    """Vonage SMS API account (second SMS vendor); ``base_url`` points at
+    ``https://rest.nexmo.com`` or at ``notiflow fakes``."""
+
+    provider_id: str = "vonage"
+    base_url: str = "http://127.0.0.1:18090/vonage"
+    api_key: str | None = None
+    api_secret: SecretStr | None = None
+    signature_secret: SecretStr | None = None
+    """Shared secret of signed requests / delivery receipts (Vonage "signature secret")."""
+    from_name: str = "Notiflow"
+    status_callback_url: str | None = None
+    """Delivery-receipt webhook (``callback`` per message, or the account default)."""
+
+
+class SmtpSettings(_Frozen):
+    """An SMTP relay (second email route); ``notiflow fakes`` serves one on ``port``."""
+
+    provider_id: str = "smtp"
+    host: str = "127.0.0.1"
+    port: int = 18025
+    username: str | None = None
+    password: SecretStr | None = None
+    starttls: bool = False
+    from_email: str = "notifications@example.com"
+
+
+class ApnsSettings(_Frozen):
+    """Apple Push Notification service with a token-based (ES256 JWT) provider key;
+    ``base_url`` points at ``https://api.push.apple.com`` or at ``notiflow fakes``."""
+
+    provider_id: str = "apns"
+    base_url: str = "https://127.0.0.1:18443"
+    team_id: str | None = None
+    key_id: str | None = None
+    private_key: SecretStr | None = None
+    """The .p8 signing key (PEM, EC P-256)."""
+    topic: str = "com.example.notiflow"
+    """The app's bundle id (``apns-topic``)."""
+    ca_file: str | None = None
+    """Extra CA certificate to trust (the emulator's test CA); None = system trust."""
+
+
+class ProviderRoute(_Frozen):
+    """What the provider router knows about one provider account."""
+
+    provider_id: str
+    channel: Channel
+    cost: float = Field(1.0, ge=0)
+    """Relative cost per message (cheapest wins for P3)."""
+    reliability: float = Field(0.99, ge=0, le=1)
+    """Configured delivery reliability (best wins for P0)."""
+    countries: frozenset[str] = frozenset()
+    """E.164 calling codes served (e.g. "1", "44"); empty = every country."""
+    platforms: frozenset[PushPlatform] = frozenset()
+    """Push platforms served; empty = all."""
+
+
+DEFAULT_ROUTES: tuple[ProviderRoute, ...] = (
+    ProviderRoute(provider_id="twilio", channel=Channel.SMS, cost=1.0, reliability=0.995),
+    ProviderRoute(provider_id="vonage", channel=Channel.SMS, cost=0.8, reliability=0.99),
+    ProviderRoute(provider_id="sendgrid", channel=Channel.EMAIL, cost=1.0, reliability=0.995),
+    ProviderRoute(provider_id="smtp", channel=Channel.EMAIL, cost=0.4, reliability=0.98),
+    ProviderRoute(provider_id="fcm", channel=Channel.PUSH, reliability=0.995,
+                  platforms=frozenset({PushPlatform.ANDROID, PushPlatform.WEB})),
+    ProviderRoute(provider_id="apns", channel=Channel.PUSH, reliability=0.995,
+                  platforms=frozenset({PushPlatform.IOS})),
+)
+
+
 class Settings(BaseSettings):
     """Runtime configuration shared by every notiflow process."""
 
@@ -239,7 +309,8 @@ class Settings(BaseSettings):
     """``shared``: one ingest topic, one flow, one worker pool for all tiers (benchmark
     baseline only)."""
     provider_rates: dict[str, float] = Field(
-        default_factory=lambda: {"twilio": 1000.0, "sendgrid": 1000.0, "fcm": 10_000.0})
+        default_factory=lambda: {"twilio": 1000.0, "vonage": 500.0, "sendgrid": 1000.0,
+                                 "smtp": 200.0, "fcm": 10_000.0, "apns": 10_000.0})
     """Contracted requests/s per provider account."""
     tier_shares: dict[Tier, float] = Field(default_factory=lambda: dict(DEFAULT_SHARES))
     p0_emergency_rate: float = Field(0.0, ge=0)
@@ -256,6 +327,12 @@ class Settings(BaseSettings):
     twilio: TwilioSettings = TwilioSettings()
     sendgrid: SendGridSettings = SendGridSettings()
     fcm: FcmSettings = FcmSettings()
+    vonage: VonageSettings = VonageSettings()
+    smtp: SmtpSettings = SmtpSettings()
+    apns: ApnsSettings = ApnsSettings()
+    routes: tuple[ProviderRoute, ...] = DEFAULT_ROUTES
+    fakes_smtp_port: int = 18025
+    fakes_apns_port: int = 18443
 
     # secrets
     dlq_key: SecretStr | None = None
@@ -350,19 +427,30 @@ class Settings(BaseSettings):
     def tenant(self, tenant_id: str) -> TenantConfig | None:
         return next((t for t in self.tenants if t.id == tenant_id), None)
 
-    def enabled_channels(self) -> frozenset[Channel]:
-        """Channels that have a configured provider; others are refused at admission."""
+    def enabled_providers(self) -> frozenset[str]:
+        """Provider accounts whose credentials are configured (the router's candidates)."""
         def present(secret: SecretStr | None) -> bool:
             return secret is not None and bool(secret.get_secret_value())
 
-        channels = set()
+        enabled = set()
         if present(self.twilio.auth_token):
-            channels.add(Channel.SMS)
+            enabled.add(self.twilio.provider_id)
+        if self.vonage.api_key and present(self.vonage.api_secret):
+            enabled.add(self.vonage.provider_id)
         if present(self.sendgrid.api_key):
-            channels.add(Channel.EMAIL)
+            enabled.add(self.sendgrid.provider_id)
+        if self.smtp.username is not None and present(self.smtp.password):
+            enabled.add(self.smtp.provider_id)
         if self.fcm.client_email and present(self.fcm.private_key):
-            channels.add(Channel.PUSH)
-        return frozenset(channels)
+            enabled.add(self.fcm.provider_id)
+        if self.apns.team_id and self.apns.key_id and present(self.apns.private_key):
+            enabled.add(self.apns.provider_id)
+        return frozenset(enabled)
+
+    def enabled_channels(self) -> frozenset[Channel]:
+        """Channels with at least one configured provider; others are refused at admission."""
+        enabled = self.enabled_providers()
+        return frozenset(r.channel for r in self.routes if r.provider_id in enabled)
 
 
 def load_settings(**overrides: Any) -> Settings:
