@@ -1,9 +1,12 @@
 """``notiflow fakes``: the provider emulators on one loopback HTTP server.
 
 Routes: each emulator under its provider prefix (``/twilio/...``, ``/sendgrid/...``,
-``/fcm/...``), its admin API under ``/_admin/{provider}/...``, plus ``GET /_admin/health`` and
-``POST /_admin/reset`` (every emulator: records, pending callbacks, issued tokens and knobs).
-See ``docs/providers.md``.
+``/fcm/...``, ``/vonage/...``), its admin API under ``/_admin/{provider}/...``, plus ``GET
+/_admin/health`` and ``POST /_admin/reset`` (every emulator: records, pending callbacks, issued
+tokens and knobs). The SMTP emulator listens on ``fakes_smtp_port`` while this app runs, and
+keeps its admin API here. APNs is HTTP/2-only: its emulator listens on its own TLS port
+(``fakes_apns_port``) while this app runs, and keeps its admin API here. See
+``docs/providers.md``.
 """
 
 from __future__ import annotations
@@ -15,9 +18,12 @@ import signal
 import uvloop
 from aiohttp import web
 
+from notiflow.fakes.apns import ApnsEmulator
 from notiflow.fakes.fcm import FcmEmulator
 from notiflow.fakes.sendgrid import SendGridEmulator
+from notiflow.fakes.smtp import SmtpEmulator
 from notiflow.fakes.twilio import TwilioEmulator
+from notiflow.fakes.vonage import VonageEmulator
 from notiflow.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -25,6 +31,9 @@ log = logging.getLogger(__name__)
 TWILIO = web.AppKey("twilio", TwilioEmulator)
 SENDGRID = web.AppKey("sendgrid", SendGridEmulator)
 FCM = web.AppKey("fcm", FcmEmulator)
+VONAGE = web.AppKey("vonage", VonageEmulator)
+SMTP = web.AppKey("smtp", SmtpEmulator)
+APNS = web.AppKey("apns", ApnsEmulator)
 
 
 async def _health(_request: web.Request) -> web.Response:
@@ -35,11 +44,15 @@ async def _reset(request: web.Request) -> web.Response:
     request.app[TWILIO].reset()
     request.app[SENDGRID].reset()
     request.app[FCM].reset()
+    request.app[VONAGE].reset()
+    request.app[SMTP].reset()
+    request.app[APNS].reset()
     return web.json_response({"reset": True})
 
 
 def build_app(settings: Settings) -> web.Application:
-    """The emulators' application; the callback dispatchers run while it is started."""
+    """The emulators' application; the callback dispatchers and the SMTP listener run while
+    it is started."""
     app = web.Application(client_max_size=1024 * 1024)
     twilio = TwilioEmulator(settings)
     app[TWILIO] = twilio
@@ -50,10 +63,22 @@ def build_app(settings: Settings) -> web.Application:
     fcm = FcmEmulator(settings)
     app[FCM] = fcm
     app.add_routes(fcm.routes())
+    vonage = VonageEmulator(settings)
+    app[VONAGE] = vonage
+    app.add_routes(vonage.routes())
+    smtp = SmtpEmulator(settings)
+    app[SMTP] = smtp
+    app.add_routes(smtp.routes())
+    apns = ApnsEmulator(settings)
+    app[APNS] = apns
+    app.add_routes(apns.routes())
     app.router.add_get("/_admin/health", _health)
     app.router.add_post("/_admin/reset", _reset)
     app.cleanup_ctx.append(twilio.lifecycle)
     app.cleanup_ctx.append(sendgrid.lifecycle)
+    app.cleanup_ctx.append(vonage.lifecycle)
+    app.cleanup_ctx.append(smtp.lifecycle)
+    app.cleanup_ctx.append(apns.lifecycle)
     return app
 
 

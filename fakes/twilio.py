@@ -36,6 +36,7 @@ import orjson
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from notiflow.adapters.providers.common import sms_segments as segments
 from notiflow.adapters.providers.twilio import API_VERSION, signature
 from notiflow.settings import Settings
 
@@ -66,23 +67,6 @@ MAGIC_FROM: Final[Mapping[str, tuple[int, str]]] = {
 """Twilio's documented test ``From`` numbers and the error each one returns (HTTP 400)."""
 
 MAX_BODY_CHARS: Final = 1600
-
-_GSM_BASIC = frozenset(
-    "@£$¥èéùìòÇ\nØø\rÅåΔ_ΦΓΛΩΠΨΣΘΞÆæßÉ !\"#¤%&'()*+,-./0123456789:;<=>?¡ABCDEFGHIJKLMNOPQRSTUVWXYZ"
-    "ÄÖÑÜ§¿abcdefghijklmnopqrstuvwxyzäöñüà")
-_GSM_EXTENDED = frozenset("^{}\\[~]|€\f")
-
-
-def segments(body: str) -> int:
-    """SMS segments Twilio bills for ``body`` (GSM-7: 160/153 septets, else UCS-2: 70/67)."""
-    if all(c in _GSM_BASIC or c in _GSM_EXTENDED for c in body):
-        units = len(body) + sum(c in _GSM_EXTENDED for c in body)
-        single, multi = 160, 153
-    else:
-        units = len(body.encode("utf-16-le")) // 2
-        single, multi = 70, 67
-    return 1 if units <= single else -(-units // multi)
-
 
 def error_body(code: int, message: str, status: int) -> bytes:
     """Twilio's JSON error body."""

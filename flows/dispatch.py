@@ -39,8 +39,9 @@ from notiflow.adapters.kafka_io import AsyncProducer
 from notiflow.adapters.providers.base import OutboundMessage, Outcome, ProviderClient, SendResult
 from notiflow.adapters.redis_dedup import DedupStore, LeaseState
 from notiflow.adapters.worker import register
-from notiflow.flows.model import Out, Work
+from notiflow.flows.model import Out, Retry, Work
 from notiflow.flows.policy import RetryPolicy
+from notiflow.flows.routing import Choice, Unavailable, choose, rank_routes
 from notiflow.flows.steps import (
     Clock,
     dead_letter,
@@ -133,9 +134,10 @@ class _Resources:
     dedup: DedupStore
     store: CassandraStore
     cluster: Any
-    providers: dict[Channel, ProviderClient]
+    clients: dict[str, ProviderClient]
     limiter: Any
     preferences: Any
+    breakers: Any
 
 
 class Dispatcher:
@@ -195,22 +197,29 @@ class Dispatcher:
             return self._loop
 
     async def _open(self) -> None:
+        from notiflow.adapters.breaker import CircuitBreakers
         from notiflow.adapters.preferences import PreferenceStore
         from notiflow.adapters.ratelimit import CapacityLimiter
-        from notiflow.flows.send import open_providers
+        from notiflow.flows.send import open_clients
 
         s = self.settings
         cluster, session = await asyncio.to_thread(connect, s)
         store = CassandraStore(session, s)
+        breakers = CircuitBreakers(s)
+        breakers.on_change(self._breaker_changed)
         self._res = _Resources(
             dedup=DedupStore.open(s, self.owner),
             store=store,
             cluster=cluster,
-            providers=await open_providers(s, self.tier),
+            clients=await open_clients(s, self.tier),
             limiter=CapacityLimiter(s, expected_workers=self.workers),
             preferences=PreferenceStore(store, AsyncProducer(s)),
+            breakers=breakers,
         )
         self._sems = {c: asyncio.Semaphore(self.policy.max_in_flight) for c in Channel}
+
+    def _breaker_changed(self, change: Any) -> None:
+        log.warning("circuit breaker %s", change)
 
     def close(self) -> None:
         """Stop the loop and release clients (pending sends are abandoned: they are in the
@@ -223,8 +232,9 @@ class Dispatcher:
             res = self._res
             if res is None:
                 return
-            for p in res.providers.values():
+            for p in res.clients.values():
                 await p.aclose()
+            await res.breakers.aclose()
             await res.dedup.aclose()
             await res.limiter.aclose()
             res.preferences.producer.close()
@@ -336,9 +346,8 @@ class Dispatcher:
             if isinstance(item, list):
                 self._resolve(w, fut, item)
             else:
-                msg, provider, content_key = item
-                asyncio.get_running_loop().create_task(
-                    self._send(w, msg, provider, content_key, fut))
+                msg, content_key = item
+                asyncio.get_running_loop().create_task(self._send(w, msg, content_key, fut))
 
     async def _prepare(self, batch: list[Work]) -> dict[int, Any]:
         """Per message: the final outputs (a list) or (message, provider, content key)."""
@@ -347,6 +356,12 @@ class Dispatcher:
         dedup = res.dedup
         now = self.clock()
         plan: dict[int, Any] = {}
+        checks = [w for w in batch if w.record.unknown_check is not None]
+        if checks:
+            await self._resolve_unknown(checks, plan, now)
+            batch = [w for w in batch if id(w) not in plan]
+            if not batch:
+                return plan
         keys = [dedup.lease_key(w.message_id, w.record.attempt) for w in batch]
         ttl = max(self._lease_ttl(w) for w in batch)
         states = await self._redis(lambda: dedup.acquire(keys, ttl),
@@ -403,7 +418,7 @@ class Dispatcher:
                 plan[id(w)] = await self._finished(
                     w, status_event(w, Status.FAILED, now, self.source, reason=r),
                     content_keys.get(id(w)))
-            elif (provider := res.providers.get(w.record.channel)) is None:
+            elif not self._candidates(w):
                 plan[id(w)] = [dead_letter(
                     raw=w.raw, source=w.source, reason=f"no provider for {w.record.channel}",
                     error_class="channel_unavailable", category="unavailable", tier=w.record.tier,
@@ -411,7 +426,7 @@ class Dispatcher:
                     tenant_id=w.record.tenant_id, headers=w.headers)]
                 await self._release(w)
             else:
-                plan[id(w)] = (r, provider, content_keys.get(id(w)))
+                plan[id(w)] = (r, content_keys.get(id(w)))
         return plan
 
     async def _strong_consent(self, live: list[Work], plan: dict[int, Any],
@@ -432,18 +447,32 @@ class Dispatcher:
                     w, status_event(w, Status.SUPPRESSED, now, self.source, reason=reason))
         return [w for w in live if id(w) not in plan]
 
-    async def _send(self, w: Work, msg: OutboundMessage, provider: ProviderClient,
-                    content_key: str | None, fut: concurrent.futures.Future[list[Out]]) -> None:
-        """Take a capacity token, then call the provider and record the outcome on the lease
-        inside the channel's in-flight bound, so at most ``max_in_flight`` sends per channel
-        are unrecorded when the process dies."""
+    def _candidates(self, w: Work) -> list[Any]:
         assert self._res is not None
+        res = self._res
+        return rank_routes(self.settings.routes, tier=w.record.tier, channel=w.record.channel,
+                           recipient=w.record.recipient, enabled=frozenset(res.clients),
+                           weight=res.breakers.weight, avoid=w.record.avoid_provider)
+
+    async def _send(self, w: Work, msg: OutboundMessage, content_key: str | None,
+                    fut: concurrent.futures.Future[list[Out]]) -> None:
+        """Route, take a capacity token, then call the provider and record the outcome on
+        the lease inside the channel's in-flight bound, so at most ``max_in_flight`` sends
+        per channel are unrecorded when the process dies."""
+        assert self._res is not None
+        res = self._res
         try:
+            choice = await choose(self._candidates(w), res.breakers)
+            if not isinstance(choice, Choice):
+                self._resolve(w, fut, await self._all_unavailable(w, choice))
+                return
+            provider = res.clients[choice.provider_id]
             tenant = self.settings.tenant(w.record.tenant_id)
-            await self._res.limiter.take(provider.provider_id, w.record.tier,
-                                         tenant_id=w.record.tenant_id,
-                                         tenant_rate=tenant.rate_limit if tenant else None)
+            await res.limiter.take(provider.provider_id, w.record.tier,
+                                   tenant_id=w.record.tenant_id,
+                                   tenant_rate=tenant.rate_limit if tenant else None)
             async with self._sems[w.record.channel]:
+                started = time.monotonic()
                 try:
                     result = await provider.send(msg)
                 except Exception as exc:
@@ -451,15 +480,36 @@ class Dispatcher:
                     at = self.clock()
                     result = SendResult(Outcome.TRANSIENT, provider.provider_id, at, at,
                                         reason=f"internal_error:{type(exc).__name__}")
+                if not (result.reason or "").startswith("internal_error"):
+                    await res.breakers.record(
+                        provider.provider_id, result.outcome, result.reason,
+                        time.monotonic() - started, choice.probe,
+                        episode=getattr(choice.admission, "episode", None))
                 outs = await self._outcome(w, result, content_key)
             self._resolve(w, fut, outs)
         except Exception as exc:
             log.exception("send of %s failed", w.message_id)
             self._resolve(w, fut, exc)
 
+    async def _all_unavailable(self, w: Work, choice: Unavailable | None) -> list[Out]:
+        """Every provider of the channel is refused by its breaker: no attempt is spent; the
+        message waits (same attempt) until a breaker may admit it, or expires."""
+        now = self.clock()
+        wait = timedelta(seconds=choice.retry_in if choice else 1.0)
+        due = now + max(wait, timedelta(milliseconds=100))
+        await self._release(w)
+        assert w.record.expires_at is not None
+        if due >= w.record.expires_at:
+            return await self._finished(w, status_event(
+                w, Status.EXPIRED, now, self.source, reason="all_providers_unavailable"))
+        return [status_event(w, Status.RETRY_PENDING, now, self.source,
+                             reason="all_providers_unavailable", next_attempt_at=due),
+                retry_record(w, w.record.attempt, due)]
+
     async def _outcome(self, w: Work, result: SendResult, content_key: str | None) -> list[Out]:
         detail = attempt_detail(w, result)
         at = result.completed_at
+        tier_policy = self.settings.policy(w.record.tier)
         if result.deactivate_recipient:
             await self._suppress(w, result.reason or "deactivated")
         if result.outcome is Outcome.ACCEPTED:
@@ -469,15 +519,29 @@ class Dispatcher:
             return await self._finished(w, status_event(
                 w, Status.FAILED, at, self.source, reason=result.reason, detail=detail),
                 content_key)
+        if result.outcome is Outcome.AMBIGUOUS and tier_policy.on_ambiguous == "wait":
+            check_at = at + self.settings.scaled(self.settings.unknown_resolution)
+            outs = await self._finished(w, status_event(
+                w, Status.UNKNOWN, at, self.source, reason=result.reason, detail=detail,
+                next_attempt_at=check_at))
+            check = w.record.model_copy(update={"unknown_check": w.record.attempt,
+                                                "not_before": check_at})
+            return [*outs, Retry(w, check)]
         retry_after = timedelta(seconds=result.retry_after_s) if result.retry_after_s else None
         assert w.record.expires_at is not None
         decision = RetryPolicy.for_tier(self.settings, w.record.tier).after_failure(
             w.record.attempt, at, w.record.expires_at, retry_after, self.rng)
         if decision.next_attempt is not None and decision.next_attempt_at is not None:
+            nxt = retry_record(w, decision.next_attempt, decision.next_attempt_at)
+            nxt = Retry(w, nxt.record.model_copy(update={"avoid_provider": result.provider_id}))
+            if result.outcome is Outcome.AMBIGUOUS:
+                outs = await self._finished(w, status_event(
+                    w, Status.UNKNOWN, at, self.source, reason=result.reason, detail=detail,
+                    next_attempt_at=decision.next_attempt_at))
+                return [*outs, nxt]
             await self._release(w)
             return [status_event(w, Status.RETRY_PENDING, at, self.source, reason=result.reason,
-                                 detail=detail, next_attempt_at=decision.next_attempt_at),
-                    retry_record(w, decision.next_attempt, decision.next_attempt_at)]
+                                 detail=detail, next_attempt_at=decision.next_attempt_at), nxt]
         status = Status.EXPIRED if decision.give_up == "expires_before_retry" else Status.FAILED
         outs = await self._finished(w, status_event(w, status, at, self.source,
                                                     reason=decision.give_up, detail=detail),
@@ -485,6 +549,23 @@ class Dispatcher:
         if (result.reason or "").startswith("internal_error"):
             outs.append(self._unexplained(w, detail, at))
         return outs
+
+    async def _resolve_unknown(self, checks: list[Work], plan: dict[int, Any],
+                               now: datetime) -> None:
+        """Check records: an ambiguous attempt that no receipt resolved in time ends FAILED
+        (``ambiguous``); one that a receipt moved on needs nothing."""
+        assert self._res is not None
+        store = self._res.store
+        rows = await self._infra("cassandra", lambda: asyncio.gather(
+            *(store.get_message(w.message_id) for w in checks)))
+        for w, row in zip(checks, rows, strict=True):
+            attempt = w.record.unknown_check or w.record.attempt
+            current = int(row.get("status_rank") or 0) if row else 0
+            if current <= rank(Status.UNKNOWN, attempt):
+                plan[id(w)] = [status_event(w, Status.FAILED, now, self.source,
+                                            reason="ambiguous", attempt=attempt)]
+            else:
+                plan[id(w)] = []
 
     async def _finished(self, w: Work, ev: StatusEvent,
                         content_key: str | None = None) -> list[Out]:

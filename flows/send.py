@@ -53,28 +53,21 @@ from notiflow.settings import Settings
 SHARDS_PER_CHANNEL = 8
 
 
-async def open_providers(settings: Settings, tier: Tier) -> dict[Channel, ProviderClient]:
-    """The provider client of each enabled channel (one per worker): SMS → Twilio, EMAIL →
-    SendGrid, PUSH → FCM. If one cannot be opened, those already open are closed and the
-    error is raised."""
-    from notiflow.adapters.providers.fcm import FcmPush
-    from notiflow.adapters.providers.sendgrid import SendGridEmail
-    from notiflow.adapters.providers.twilio import TwilioSms
+async def open_clients(settings: Settings, tier: Tier) -> dict[str, ProviderClient]:
+    """A client for every configured provider account (one set per process), keyed by
+    provider id; the router picks among them per attempt."""
+    from notiflow.adapters.providers import open_provider
 
-    openers = {Channel.SMS: TwilioSms.open, Channel.EMAIL: SendGridEmail.open,
-               Channel.PUSH: FcmPush.open}
-    providers: dict[Channel, ProviderClient] = {}
     timeout = settings.policy(tier).provider_timeout.total_seconds()
-    enabled = settings.enabled_channels()
+    clients: dict[str, ProviderClient] = {}
     try:
-        for channel, opener in openers.items():
-            if channel in enabled:
-                providers[channel] = await opener(settings, timeout=timeout)
+        for provider_id in sorted(settings.enabled_providers()):
+            clients[provider_id] = await open_provider(settings, provider_id, timeout=timeout)
     except BaseException:
-        for client in providers.values():
-            await client.aclose()
+        for c in clients.values():
+            await c.aclose()
         raise
-    return providers
+    return clients
 
 
 def parse_preference(msg: RawMessage) -> PreferenceState | None:

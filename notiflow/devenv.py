@@ -10,7 +10,11 @@ import base64
 import json
 import secrets
 import socket
+import string
+import tempfile
+from pathlib import Path
 
+import trustme
 from cryptography.fernet import Fernet
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
@@ -33,10 +37,39 @@ def _pem(key: rsa.RSAPrivateKey | ec.EllipticCurvePrivateKey) -> str:
                              serialization.NoEncryption()).decode()
 
 
-def provider_credentials(*, api_port: int, fakes_port: int) -> dict[str, str]:
-    """Fresh SendGrid and FCM dev credentials, pointed at ``notiflow fakes``: a random API key,
-    an ECDSA P-256 Event Webhook key pair, and an FCM service account with a new RSA key (the
-    emulator derives the public key from the same variables)."""
+def _apple_id() -> str:
+    """A random 10-character identifier shaped like Apple's team and key ids."""
+    alphabet = string.ascii_uppercase + string.digits
+    return "".join(secrets.choice(alphabet) for _ in range(10))
+
+
+def apns_tls_files(directory: Path) -> dict[str, str]:
+    """A throw-away test CA and a server certificate for ``127.0.0.1``/``localhost`` (made with
+    ``trustme``), written to ``directory`` (key file mode 0600); returns the variables that
+    point the APNs emulator at its certificate and the adapter at the CA."""
+    directory.mkdir(parents=True, exist_ok=True)
+    ca = trustme.CA(organization_name="notiflow dev CA")
+    leaf = ca.issue_cert("127.0.0.1", "localhost")
+    ca_file, cert_file, key_file = (directory / "apns-ca.pem", directory / "apns-emulator.pem",
+                                    directory / "apns-emulator.key")
+    ca.cert_pem.write_to_path(str(ca_file))
+    cert_file.write_bytes(b"".join(blob.bytes() for blob in leaf.cert_chain_pems))
+    key_file.touch(mode=0o600)
+    key_file.chmod(0o600)
+    leaf.private_key_pem.write_to_path(str(key_file))
+    return {
+        "NOTIFLOW_APNS__CA_FILE": str(ca_file),
+        "NOTIFLOW_FAKES_APNS_CERT_FILE": str(cert_file),
+        "NOTIFLOW_FAKES_APNS_KEY_FILE": str(key_file),
+    }
+
+
+def provider_credentials(*, api_port: int, fakes_port: int,
+                         apns_port: int = 18443) -> dict[str, str]:
+    """Fresh SendGrid, FCM and APNs dev credentials, pointed at ``notiflow fakes``: a random API
+    key, an ECDSA P-256 Event Webhook key pair, an FCM service account with a new RSA key, and
+    an APNs team id, key id and EC P-256 signing key (the emulators derive the public keys
+    from the same variables). The APNs emulator's TLS files come from :func:`apns_tls_files`."""
     fakes = f"http://127.0.0.1:{fakes_port}"
     webhook_key = ec.generate_private_key(ec.SECP256R1())
     webhook_public = webhook_key.public_key().public_bytes(
@@ -56,12 +89,40 @@ def provider_credentials(*, api_port: int, fakes_port: int) -> dict[str, str]:
         "NOTIFLOW_FCM__CLIENT_EMAIL": f"notiflow-sender@{project}.iam.gserviceaccount.com",
         "NOTIFLOW_FCM__PRIVATE_KEY": _pem(account_key),
         "NOTIFLOW_FCM__PRIVATE_KEY_ID": secrets.token_hex(20),
+        "NOTIFLOW_APNS__BASE_URL": f"https://127.0.0.1:{apns_port}",
+        "NOTIFLOW_APNS__TEAM_ID": _apple_id(),
+        "NOTIFLOW_APNS__KEY_ID": _apple_id(),
+        "NOTIFLOW_APNS__PRIVATE_KEY": _pem(ec.generate_private_key(ec.SECP256R1())),
+    }
+
+
+def vonage_smtp_credentials(*, fakes_port: int, smtp_port: int | None = None) -> dict[str, str]:
+    """Fresh Vonage and SMTP dev credentials, pointed at ``notiflow fakes``: a Vonage API key,
+    API secret and signature secret (the emulator checks requests and signs delivery receipts
+    with them), and an SMTP username and password with the SMTP emulator's port (default: a
+    free port) for both the emulator and the adapter."""
+    smtp_port = smtp_port if smtp_port is not None else free_port()
+    return {
+        "NOTIFLOW_VONAGE__BASE_URL": f"http://127.0.0.1:{fakes_port}/vonage",
+        "NOTIFLOW_VONAGE__API_KEY": secrets.token_hex(4),
+        "NOTIFLOW_VONAGE__API_SECRET": secrets.token_urlsafe(12),
+        "NOTIFLOW_VONAGE__SIGNATURE_SECRET": secrets.token_urlsafe(32),
+        "NOTIFLOW_FAKES_SMTP_PORT": str(smtp_port),
+        "NOTIFLOW_SMTP__HOST": "127.0.0.1",
+        "NOTIFLOW_SMTP__PORT": str(smtp_port),
+        "NOTIFLOW_SMTP__USERNAME": f"notiflow-{secrets.token_hex(3)}",
+        "NOTIFLOW_SMTP__PASSWORD": secrets.token_urlsafe(18),
     }
 
 
 def dev_environment(*, api_port: int, fakes_port: int, time_scale: float = 1.0,
-                    extra: dict[str, str] | None = None) -> tuple[dict[str, str], dict[str, str]]:
-    """Return (NOTIFLOW_* environment, tenant id -> bearer token)."""
+                    extra: dict[str, str] | None = None, apns_port: int | None = None,
+                    tls_dir: Path | None = None) -> tuple[dict[str, str], dict[str, str]]:
+    """Return (NOTIFLOW_* environment, tenant id -> bearer token). The APNs emulator gets
+    ``apns_port`` (default: a free port) and TLS files in ``tls_dir`` (default: a new
+    temporary directory)."""
+    apns_port = apns_port if apns_port is not None else free_port()
+    tls_dir = tls_dir if tls_dir is not None else Path(tempfile.mkdtemp(prefix="notiflow-tls-"))
     tokens = {tid: f"nf_{tid}_{secrets.token_urlsafe(24)}" for tid in DEV_TENANTS}
     tenants = [{"id": tid, "token": tokens[tid], **cfg} for tid, cfg in DEV_TENANTS.items()]
     env = {
@@ -74,7 +135,10 @@ def dev_environment(*, api_port: int, fakes_port: int, time_scale: float = 1.0,
         "NOTIFLOW_TWILIO__STATUS_CALLBACK_URL": f"http://127.0.0.1:{api_port}/webhooks/twilio",
         "NOTIFLOW_DLQ_KEY": Fernet.generate_key().decode(),
         "NOTIFLOW_TIME_SCALE": str(time_scale),
-        **provider_credentials(api_port=api_port, fakes_port=fakes_port),
+        "NOTIFLOW_FAKES_APNS_PORT": str(apns_port),
+        **provider_credentials(api_port=api_port, fakes_port=fakes_port, apns_port=apns_port),
+        **apns_tls_files(tls_dir),
+        **vonage_smtp_credentials(fakes_port=fakes_port),
     }
     env.update(extra or {})
     return env, tokens

@@ -48,6 +48,9 @@ class TierPolicy(_Frozen):
     """The API sheds this tier (429) when its oldest unsent message is older than this."""
     quiet_hours: bool = False
     """Whether the recipient's quiet hours defer this tier."""
+    on_ambiguous: Literal["resend", "wait"] = "wait"
+    """After an ambiguous provider outcome: send again (a duplicate beats a loss) or wait for
+    a receipt to resolve it (UNKNOWN, FAILED ``ambiguous`` after ``unknown_resolution``)."""
 
 
 def _s(*seconds: float) -> tuple[timedelta, ...]:
@@ -63,6 +66,7 @@ DEFAULT_TIERS: dict[Tier, TierPolicy] = {
         max_in_flight=128,
         provider_timeout=timedelta(seconds=2),
         redis_down="local",
+        on_ambiguous="resend",
     ),
     Tier.P1: TierPolicy(
         sla=timedelta(seconds=10),
@@ -72,6 +76,7 @@ DEFAULT_TIERS: dict[Tier, TierPolicy] = {
         max_in_flight=64,
         redis_down="local",
         nice=2,
+        on_ambiguous="resend",
     ),
     Tier.P2: TierPolicy(
         sla=timedelta(minutes=5),
@@ -253,6 +258,64 @@ DEFAULT_ROUTES: tuple[ProviderRoute, ...] = (
 )
 
 
+class BreakerRule(_Frozen):
+    """Circuit breaker of every provider account (DESIGN.md "Providers"; docs/breakers.md).
+
+    Durations are policy durations, multiplied by ``time_scale``, except
+    ``latency_threshold``, which is compared with real provider latencies. Ratios are applied
+    in basis points (rounded to 0.01 %).
+    """
+
+    window: timedelta = timedelta(seconds=30)
+    """The rolling window of every opening rule."""
+    buckets: int = Field(30, ge=1, le=3600)
+    """Counters per window (error rate, latency): the window is ``buckets`` slots of
+    ``window / buckets``."""
+    failure_threshold: int = Field(5, ge=1, le=1000)
+    """Opens at this many failures within ``window`` (exact times, not buckets)."""
+    error_rate: float = Field(0.15, gt=0, lt=1)
+    """Opens when failures / calls in the window exceed this ..."""
+    min_calls: int = Field(20, ge=1)
+    """... with at least this many calls in the window."""
+    latency_threshold: timedelta = timedelta(seconds=2.5)
+    """Opens when the window's ``latency_quantile`` latency exceeds this (not scaled) ..."""
+    latency_quantile: float = Field(0.99, gt=0, lt=1)
+    min_latency_calls: int = Field(100, ge=1)
+    """... with at least this many calls in the window (below 100 calls a p99 is the max)."""
+    open_for: timedelta = timedelta(seconds=60)
+    """OPEN lasts this long, then HALF_OPEN."""
+    probe_share: float = Field(0.05, gt=0, le=1)
+    """HALF_OPEN admits every ``round(1 / probe_share)``-th request of a process as a probe ..."""
+    probe_gap: timedelta = timedelta(seconds=1)
+    """... and, cluster-wide, one more whenever no probe was admitted for this long."""
+    min_probes: int = Field(20, ge=1)
+    close_ratio: float = Field(0.98, gt=0, le=1)
+    """Closes once at least ``min_probes`` probes answered and this share of them succeeded
+    (fast); any failed probe reopens."""
+    max_probes: int = Field(100, ge=1)
+    """Reopens when too many slow probes make ``close_ratio`` unreachable within this many."""
+    throttle_reasons: frozenset[str] = frozenset({"rate_limited"})
+    """Outcome reasons that are throttling: they lower the route weight and never count as
+    failures."""
+    throttle_factor: float = Field(0.5, gt=0, lt=1)
+    """A throttled answer multiplies the route weight by this ..."""
+    throttle_gap: timedelta = timedelta(seconds=1)
+    """... at most once per this long (a burst of 429s is one signal)."""
+    min_weight: float = Field(0.05, gt=0, le=1)
+    weight_recovery: timedelta = timedelta(seconds=60)
+    """The weight recovers linearly, from 0 to 1 in this long."""
+
+    @model_validator(mode="after")
+    def _consistent(self) -> BreakerRule:
+        durations = (self.window, self.latency_threshold, self.open_for, self.probe_gap,
+                     self.throttle_gap, self.weight_recovery)
+        if min(durations) <= timedelta(0):
+            raise ValueError("breaker durations must be positive")
+        if self.min_probes > self.max_probes:
+            raise ValueError("min_probes must not exceed max_probes")
+        return self
+
+
 class Settings(BaseSettings):
     """Runtime configuration shared by every notiflow process."""
 
@@ -321,6 +384,8 @@ class Settings(BaseSettings):
     default_quiet_hours: QuietHours = QuietHours()
     strong_consent_categories: frozenset[Category] = frozenset({Category.MARKETING})
     """Categories whose opt-out is re-checked in Cassandra at send (strong consistency)."""
+    unknown_resolution: timedelta = timedelta(minutes=15)
+    """How long an ambiguous attempt may wait for a receipt before it ends FAILED."""
 
     # tenants and providers
     tenants: tuple[TenantConfig, ...] = ()
@@ -331,8 +396,15 @@ class Settings(BaseSettings):
     smtp: SmtpSettings = SmtpSettings()
     apns: ApnsSettings = ApnsSettings()
     routes: tuple[ProviderRoute, ...] = DEFAULT_ROUTES
+    breaker: BreakerRule = BreakerRule()
+    """Circuit breakers per provider account (``notiflow.adapters.breaker``)."""
     fakes_smtp_port: int = 18025
     fakes_apns_port: int = 18443
+    fakes_apns_cert_file: Path | None = None
+    """PEM certificate chain of the APNs emulator's TLS listener (a throw-away test CA's;
+    ``notiflow.devenv`` writes one). Unset: the APNs emulator does not listen."""
+    fakes_apns_key_file: Path | None = None
+    """PEM private key of that certificate."""
 
     # secrets
     dlq_key: SecretStr | None = None

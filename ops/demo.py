@@ -158,13 +158,14 @@ async def _wait_terminal(settings: Settings, sent: list[Sent], timeout: float
 
 
 def _latencies(fakes: str, sent: list[Sent]) -> dict[str, float]:
-    """message_id → ms from acceptance to the emulator's receipt of the first attempt."""
-    records = httpx.get(f"{fakes}/_admin/twilio/messages", timeout=30).json()
+    """message_id → ms from acceptance to an emulator's receipt of the first attempt."""
     first: dict[str, float] = {}
-    for rec in records:
-        mid = rec.get("message_id")
-        if mid and rec.get("outcome") == "accepted":
-            first[mid] = min(first.get(mid, rec["received_at"]), rec["received_at"])
+    for provider in ("twilio", "vonage"):
+        records = httpx.get(f"{fakes}/_admin/{provider}/messages", timeout=30).json()
+        for rec in records:
+            mid = rec.get("message_id")
+            if mid and rec.get("outcome") == "accepted":
+                first[mid] = min(first.get(mid, rec["received_at"]), rec["received_at"])
     return {s.message_id: (first[s.message_id] - s.accepted_at.timestamp()) * 1000
             for s in sent if s.message_id in first}
 

@@ -328,6 +328,7 @@ cas_contention_timeout: 2000ms
             heap = s.cassandra_heap_mb
             return [
                 _java(s), f"-Xms{heap}m", f"-Xmx{heap}m", "-Xss256k", "-XX:+UseG1GC",
+                "-XX:+ExitOnOutOfMemoryError",
                 "-XX:+ParallelRefProcEnabled", "-XX:MaxTenuringThreshold=1",
                 "-XX:MaxGCPauseMillis=300", "-XX:+UseThreadPriorities",
                 "-XX:+PerfDisableSharedMem", "-ea", "-da:net.openhft...",

@@ -177,6 +177,11 @@ class IngestRecord(SendRequest):
     accepted_at: AwareDatetime | None = None
     attempt: int = Field(1, ge=1, le=1000)
     not_before: AwareDatetime | None = None
+    avoid_provider: str | None = Field(None, max_length=64)
+    """The provider that failed the previous attempt (tried last by the router)."""
+    unknown_check: int | None = Field(None, ge=1)
+    """Set on a check record: decide whether attempt ``unknown_check``, whose outcome was
+    ambiguous, was ever resolved by a receipt; FAILED (ambiguous) when not. Nothing is sent."""
 
     def request(self) -> SendRequest:
         return SendRequest.model_validate(

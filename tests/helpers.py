@@ -31,25 +31,36 @@ def wait_for(fn: Callable[[], T | None], timeout: float = 60.0, interval: float 
     raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
 
 
+class Placer:
+    """A reusable confirming producer that tells where each record landed."""
+
+    def __init__(self, settings: Settings) -> None:
+        from confluent_kafka import Producer
+
+        from notiflow.adapters.kafka_io import producer_config
+
+        self.producer = Producer(producer_config(settings))
+
+    def send(self, records: list[OutRecord]) -> list[tuple[int, int]]:
+        """Produce and confirm; (partition, offset) of each record in order."""
+        placed: list[tuple[int, int] | None] = [None] * len(records)
+
+        def cb(i: int) -> Callable[[Any, Any], None]:
+            def done(err: Any, msg: Any) -> None:
+                assert err is None, err
+                placed[i] = (msg.partition(), msg.offset())
+            return done
+
+        for i, r in enumerate(records):
+            self.producer.produce(r.topic, r.value, r.key, headers=r.headers,
+                                  on_delivery=cb(i))
+        assert self.producer.flush(30) == 0
+        return [x for x in placed if x is not None]
+
+
 def produce(settings: Settings, records: list[OutRecord]) -> list[tuple[int, int]]:
     """Produce and confirm; returns (partition, offset) of each record in order."""
-    from confluent_kafka import Producer
-
-    from notiflow.adapters.kafka_io import producer_config
-
-    p = Producer(producer_config(settings))
-    placed: list[tuple[int, int] | None] = [None] * len(records)
-
-    def cb(i: int) -> Callable[[Any, Any], None]:
-        def done(err: Any, msg: Any) -> None:
-            assert err is None, err
-            placed[i] = (msg.partition(), msg.offset())
-        return done
-
-    for i, r in enumerate(records):
-        p.produce(r.topic, r.value, r.key, headers=r.headers, on_delivery=cb(i))
-    assert p.flush(30) == 0
-    return [x for x in placed if x is not None]
+    return Placer(settings).send(records)
 
 
 def produce_quick(settings: Settings, records: list[OutRecord]) -> None:
@@ -96,17 +107,42 @@ def statuses(session: Session, ids: list[str]) -> dict[str, str | None]:
     return out
 
 
-def emulator_records(fakes: str, message_id: str | None = None) -> list[dict[str, Any]]:
+SMS_PROVIDERS = ("twilio", "vonage")
+ALL_PROVIDERS = ("twilio", "vonage", "sendgrid", "smtp", "fcm", "apns")
+
+
+def emulator_records(fakes: str, message_id: str | None = None,
+                     providers: tuple[str, ...] = SMS_PROVIDERS) -> list[dict[str, Any]]:
+    """Requests the emulators of ``providers`` received (each record tagged with its
+    ``provider``), oldest first per provider."""
     params = {"message_id": message_id} if message_id else None
-    r = httpx.get(f"{fakes}/_admin/twilio/messages", params=params, timeout=30)
-    r.raise_for_status()
-    return list(r.json())
+    out: list[dict[str, Any]] = []
+    for provider in providers:
+        r = httpx.get(f"{fakes}/_admin/{provider}/messages", params=params, timeout=60)
+        r.raise_for_status()
+        out.extend({**rec, "provider": provider} for rec in r.json())
+    return out
 
 
-def accepted_counts(fakes: str) -> dict[str, int]:
-    """message_id → number of provider-accepted requests the emulator saw."""
+def received_at(fakes: str, providers: tuple[str, ...] = SMS_PROVIDERS,
+                ids: set[str] | None = None) -> dict[str, float]:
+    """message_id → when a provider emulator first accepted it (epoch seconds); with
+    ``ids``, only those are asked for (one small query each, cheap on a busy emulator)."""
+    first: dict[str, float] = {}
+    records = (emulator_records(fakes, providers=providers) if ids is None else
+               [r for mid in ids for r in emulator_records(fakes, mid, providers)])
+    for rec in records:
+        mid = rec.get("message_id")
+        if mid and rec.get("outcome") == "accepted":
+            first[mid] = min(first.get(mid, rec["received_at"]), rec["received_at"])
+    return first
+
+
+def accepted_counts(fakes: str, providers: tuple[str, ...] = SMS_PROVIDERS) -> dict[str, int]:
+    """message_id → number of provider-accepted requests the emulators saw (all SMS vendors:
+    a duplicate across vendors after a failover counts too)."""
     counts: dict[str, int] = {}
-    for rec in emulator_records(fakes):
+    for rec in emulator_records(fakes, providers=providers):
         if rec.get("outcome") == "accepted" and rec.get("message_id"):
             counts[rec["message_id"]] = counts.get(rec["message_id"], 0) + 1
     return counts

@@ -32,7 +32,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from yarl import URL
 
 from notiflow.adapters.providers.base import OutboundMessage, Outcome, SendResult
-from notiflow.adapters.providers.twilio import Rule, classify_exception, parse_retry_after
+from notiflow.adapters.providers.common import Rule, classify_exception, parse_retry_after
 from notiflow.redact import mask
 from notiflow.schemas.enums import Channel
 from notiflow.settings import SendGridSettings, Settings

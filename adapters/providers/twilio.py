@@ -5,11 +5,11 @@
 ``AccountSid:AuthToken``. A 201 with a Message resource (``sid``) is the provider's acceptance.
 
 Every other answer, and every transport failure, is mapped to an :class:`Outcome` through the
-data tables below (:data:`ERROR_CODES`, :data:`HTTP_STATUSES`, :data:`STATUS_CLASSES`,
-:data:`TRANSPORT_ERRORS`); ``docs/providers.md`` explains each row. Twilio has no idempotency
-key for message creation, so a timeout after the request was sent is AMBIGUOUS and cannot be
-resolved by retrying with a key; the ``message_id``/``attempt`` carried in the StatusCallback
-query lets a later status callback settle it.
+data tables below (:data:`ERROR_CODES`, :data:`HTTP_STATUSES`, :data:`STATUS_CLASSES`, and
+the transport table in ``common``); ``docs/providers.md`` explains each row. Twilio has no
+idempotency key for message creation, so a timeout after the request was sent is AMBIGUOUS and
+cannot be resolved by retrying with a key; the ``message_id``/``attempt`` carried in the
+StatusCallback query lets a later status callback settle it.
 """
 
 from __future__ import annotations
@@ -20,9 +20,7 @@ import hmac
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
-from email.utils import parsedate_to_datetime
+from datetime import datetime, timedelta
 from typing import Any, Final
 from urllib.parse import urlencode
 
@@ -31,6 +29,13 @@ import orjson
 from yarl import URL
 
 from notiflow.adapters.providers.base import OutboundMessage, Outcome, SendResult
+from notiflow.adapters.providers.common import (
+    Rule,
+    classify_exception,
+    parse_retry_after,
+    seconds,
+    utcnow,
+)
 from notiflow.redact import mask
 from notiflow.schemas.enums import Channel
 from notiflow.settings import Settings, TwilioSettings
@@ -38,15 +43,6 @@ from notiflow.settings import Settings, TwilioSettings
 log = logging.getLogger(__name__)
 
 API_VERSION: Final = "2010-04-01"
-
-
-@dataclass(frozen=True, slots=True)
-class Rule:
-    """How one provider answer is classified."""
-
-    outcome: Outcome
-    reason: str
-    deactivate: bool = False
 
 
 _T, _P, _A = Outcome.TRANSIENT, Outcome.PERMANENT, Outcome.AMBIGUOUS
@@ -106,21 +102,6 @@ STATUS_CLASSES: Final[Mapping[int, Rule]] = {
 }
 """``status // 100`` → rule; the last resort for a non-success answer."""
 
-TRANSPORT_ERRORS: Final[tuple[tuple[type[BaseException], Rule], ...]] = (
-    (aiohttp.ConnectionTimeoutError, Rule(_T, "connect_timeout")),
-    (aiohttp.ClientConnectorError, Rule(_T, "connect_error")),
-    (aiohttp.InvalidURL, Rule(_T, "misconfigured")),
-    (TimeoutError, Rule(_A, "timeout")),
-    (aiohttp.ServerDisconnectedError, Rule(_A, "connection_lost")),
-    (aiohttp.ClientPayloadError, Rule(_A, "connection_lost")),
-    (aiohttp.ClientOSError, Rule(_A, "connection_lost")),
-    (aiohttp.ClientError, Rule(_A, "transport_error")),
-    (Exception, Rule(_A, "client_error")),
-)
-"""Exception type → rule, first ``isinstance`` match wins. Connection set-up failures happen
-before a byte of the request is sent (TRANSIENT); anything later may have been processed."""
-
-
 def classify_response(status: int, code: int | None) -> Rule:
     """The rule for a non-success answer: error code, then HTTP status, then status class."""
     if code is not None and (rule := ERROR_CODES.get(code)) is not None:
@@ -129,33 +110,6 @@ def classify_response(status: int, code: int | None) -> Rule:
     if rule is not None:
         return rule
     return STATUS_CLASSES.get(status // 100, Rule(_A, "unexpected_status"))
-
-
-def classify_exception(exc: BaseException) -> Rule:
-    """The rule for a transport failure (see :data:`TRANSPORT_ERRORS`)."""
-    for kind, rule in TRANSPORT_ERRORS:
-        if isinstance(exc, kind):
-            return rule
-    return Rule(_A, "client_error")
-
-
-def parse_retry_after(value: str | None, *, now: datetime | None = None) -> float | None:
-    """Seconds to wait from a ``Retry-After`` header (delta-seconds or HTTP-date); None if
-    absent or unparseable. Never negative."""
-    if not value:
-        return None
-    value = value.strip()
-    try:
-        return max(float(value), 0.0)
-    except ValueError:
-        pass
-    try:
-        when = parsedate_to_datetime(value)
-    except (TypeError, ValueError, IndexError):
-        return None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=UTC)
-    return max((when - (now or datetime.now(UTC))).total_seconds(), 0.0)
 
 
 def error_code_of(payload: Any) -> int | None:
@@ -191,14 +145,6 @@ def status_callback(base: str, message_id: str, attempt: int) -> str:
     return f"{base}{sep}{urlencode({'message_id': message_id, 'attempt': attempt})}"
 
 
-def _seconds(value: float | timedelta) -> float:
-    return value.total_seconds() if isinstance(value, timedelta) else float(value)
-
-
-def _utcnow() -> datetime:
-    return datetime.now(UTC)
-
-
 class TwilioSms:
     """One Twilio account as a :class:`~notiflow.adapters.providers.base.ProviderClient`.
 
@@ -210,7 +156,7 @@ class TwilioSms:
 
     def __init__(self, config: TwilioSettings, session: aiohttp.ClientSession, *,
                  timeout: float, connect_timeout: float | None = None,
-                 clock: Callable[[], datetime] = _utcnow) -> None:
+                 clock: Callable[[], datetime] = utcnow) -> None:
         if config.auth_token is None:
             raise ValueError("twilio.auth_token is not configured")
         if timeout <= 0:
@@ -229,7 +175,7 @@ class TwilioSms:
     async def open(cls, settings: Settings | TwilioSettings, *, timeout: float | timedelta,
                    connect_timeout: float | timedelta | None = None,
                    max_connections: int = 256,
-                   clock: Callable[[], datetime] = _utcnow) -> TwilioSms:
+                   clock: Callable[[], datetime] = utcnow) -> TwilioSms:
         """Open a pooled client bound to the running loop.
 
         ``timeout`` bounds each ``send`` (the tier's ``provider_timeout``); connection set-up,
@@ -255,9 +201,9 @@ class TwilioSms:
             raise_for_status=False,
         )
         try:
-            return cls(config, session, timeout=_seconds(timeout),
+            return cls(config, session, timeout=seconds(timeout),
                        connect_timeout=None if connect_timeout is None
-                       else _seconds(connect_timeout), clock=clock)
+                       else seconds(connect_timeout), clock=clock)
         except BaseException:
             await session.close()
             raise
@@ -282,7 +228,7 @@ class TwilioSms:
         if not isinstance(message.recipient, str):
             return self._result(Rule(_P, "invalid_recipient"), message, started)
         limits = (self._default_timeout if timeout is None
-                  else self._timeout(_seconds(timeout), None))
+                  else self._timeout(seconds(timeout), None))
         data = urlencode(self.form(message)).encode()
         try:
             async with self._session.post(self._url, data=data, timeout=limits,

@@ -529,7 +529,8 @@ async def test_kafka_unreachable_is_503_and_leaves_nothing(
 
 def test_channel_without_provider_is_422(auth: Callable[..., dict[str, str]], log_dir: Path,
                                         stack: Settings) -> None:
-    proc, base = start_api("api-noemail", log_dir, NOTIFLOW_SENDGRID__API_KEY="")
+    proc, base = start_api("api-noemail", log_dir, NOTIFLOW_SENDGRID__API_KEY="",
+                           NOTIFLOW_SMTP__PASSWORD="")
     try:
         r = httpx.post(f"{base}/v1/messages", headers=auth("acme"),
                        json=sms(channel="EMAIL", recipient="a@example.com"))

@@ -15,12 +15,16 @@ import base64
 import hashlib
 import hmac
 import re
+import ssl
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
+from urllib.parse import parse_qsl, urlsplit
 
+import aiosmtplib
 import httpx
 import orjson
 import pytest
@@ -30,6 +34,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from pydantic import SecretStr
 
+from notiflow.adapters.providers.apns import ApnsPush, provider_token
 from notiflow.adapters.providers.base import OutboundMessage, Outcome, SendResult
 from notiflow.adapters.providers.fcm import (
     AccessTokens,
@@ -38,7 +43,9 @@ from notiflow.adapters.providers.fcm import (
     sign_jwt,
 )
 from notiflow.adapters.providers.sendgrid import SendGridEmail
+from notiflow.adapters.providers.smtp import SmtpEmail
 from notiflow.adapters.providers.twilio import TwilioSms, signature
+from notiflow.adapters.providers.vonage import VonageSms, verify_signature
 from notiflow.devenv import free_port
 from notiflow.schemas.enums import Channel, PushPlatform, Tier
 from notiflow.schemas.messages import PushRecipient
@@ -85,6 +92,15 @@ class CallbackSpec:
     error_field: str = "ErrorCode"
 
 
+class RawAnswer(Protocol):
+    """A raw answer to a request with a wrong secret (an HTTP response, or an SMTP reply)."""
+
+    @property
+    def status_code(self) -> int: ...
+
+    def json(self) -> Any: ...
+
+
 @dataclass(frozen=True)
 class Harness:
     """What the contract suite needs to know about one adapter and its emulator."""
@@ -98,7 +114,7 @@ class Harness:
     rejections: tuple[Rejection, ...]
     configure: Callable[[Settings, Overrides], Settings]
     open: Callable[[Settings, float], Awaitable[TimedClient]]
-    unauthorized: Callable[[Settings], Awaitable[httpx.Response]]
+    unauthorized: Callable[[Settings], Awaitable[RawAnswer]]
     """A raw request with a wrong secret."""
     unauthorized_body: Mapping[str, Any]
     wrong_secret: Callable[[], str]
@@ -110,7 +126,18 @@ class Harness:
     """Classification of an empty body, if the provider refuses one."""
     exact_retry_after: bool = True
     """False when the provider gives a reset time (whole seconds) instead of Retry-After."""
+    retry_after: bool = True
+    """False when the provider's 429 states no wait at all (APNs)."""
+    unauthorized_status: int = 401
+    """HTTP status of a request with a wrong secret (APNs: 403; Vonage: 200, SMTP: 535)."""
     callbacks: CallbackSpec | None = None
+    http: bool = True
+    """False when the protocol has no HTTP status errors (SMTP: no ``error_rate_5xx``)."""
+    recorded_to: Callable[[Recipient], str] | None = None
+    """What the emulator records as ``to`` (default :func:`recipient_text`)."""
+
+    def recorded(self, recipient: Recipient) -> str:
+        return (self.recorded_to or recipient_text)(recipient)
 
 
 def recipient_text(recipient: Recipient) -> str:
@@ -293,7 +320,210 @@ FCM = Harness(
     empty_body_rule=None,
 )
 
-HARNESSES = [TWILIO, SENDGRID, FCM]
+
+# APNs ----------------------------------------------------------------------------------------
+
+
+def _ec_pem() -> str:
+    key = ec.generate_private_key(ec.SECP256R1())
+    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                             serialization.NoEncryption()).decode()
+
+
+def _apns_configure(settings: Settings, overrides: Overrides) -> Settings:
+    names = {"base_url": "base_url", "secret": "private_key"}
+    update = {names[k]: SecretStr(v) if k == "secret" else v for k, v in overrides.items()
+              if k in names}
+    return settings.model_copy(update={"apns": settings.apns.model_copy(update=update)})
+
+
+async def _apns_open(settings: Settings, timeout: float) -> TimedClient:
+    return await ApnsPush.open(settings, timeout=timeout)
+
+
+def apns_http(settings: Settings) -> httpx.AsyncClient:
+    """An independent HTTP/2 client trusting the emulator's test CA (raw requests)."""
+    context = ssl.create_default_context(cafile=settings.apns.ca_file)
+    return httpx.AsyncClient(http2=True, http1=False, verify=context, timeout=10)
+
+
+def apns_headers(settings: Settings, token: str) -> dict[str, str]:
+    return {"authorization": f"bearer {token}", "apns-topic": settings.apns.topic,
+            "apns-push-type": "alert"}
+
+
+async def _apns_unauthorized(settings: Settings) -> httpx.Response:
+    a = settings.apns
+    assert a.team_id and a.key_id
+    key = serialization.load_pem_private_key(_ec_pem().encode(), password=None)
+    assert isinstance(key, ec.EllipticCurvePrivateKey)
+    token = provider_token(a.team_id, a.key_id, key, datetime.now(UTC))
+    async with apns_http(settings) as client:
+        return await client.post(f"{a.base_url}/3/device/{'ab' * 32}",
+                                 headers=apns_headers(settings, token),
+                                 content=b'{"aps": {"alert": "hi"}}')
+
+
+def ios_device(prefix: str = "0123") -> PushRecipient:
+    token = (prefix + uuid.uuid4().hex + uuid.uuid4().hex)[:64]
+    return PushRecipient(device_token=token, platform=PushPlatform.IOS)
+
+
+APNS = Harness(
+    name="apns",
+    admin="apns",
+    channel=Channel.PUSH,
+    recipients={"ok": ios_device(), "bad_token": ios_device("bad0"),
+                "unregistered": ios_device("dead"), "all_zero": ios_device("0" * 64),
+                "expired_token": ios_device("deac"), "not_for_topic": ios_device("f0f0")},
+    rejections=(Rejection("bad_token", "invalid_recipient", deactivate=True),
+                Rejection("unregistered", "unregistered", deactivate=True),
+                Rejection("all_zero", "unregistered", deactivate=True),
+                Rejection("expired_token", "unregistered", deactivate=True),
+                Rejection("not_for_topic", "token_not_for_topic")),
+    configure=_apns_configure,
+    open=_apns_open,
+    unauthorized=_apns_unauthorized,
+    unauthorized_body={"reason": "InvalidProviderToken"},
+    wrong_secret=_ec_pem,
+    auth_rule=(Outcome.TRANSIENT, "auth_failed"),
+    unauthorized_records=("unauthorized",),
+    provider_message_id=re.compile(
+        r"[0-9a-f]{8}-[0-9a-f]{4}-5[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}"),
+    empty_body_rule=None,
+    retry_after=False,
+    unauthorized_status=403,
+)
+
+# Vonage --------------------------------------------------------------------------------------
+
+
+def _vonage_configure(settings: Settings, overrides: Overrides) -> Settings:
+    names = {"base_url": "base_url", "secret": "api_secret", "callback_url": "status_callback_url",
+             "sender": "from_name"}
+    update = {names[k]: SecretStr(v) if k == "secret" else v for k, v in overrides.items()
+              if k in names}
+    return settings.model_copy(update={"vonage": settings.vonage.model_copy(update=update)})
+
+
+async def _vonage_open(settings: Settings, timeout: float) -> TimedClient:
+    return await VonageSms.open(settings, timeout=timeout)
+
+
+async def _vonage_unauthorized(settings: Settings) -> httpx.Response:
+    v = settings.vonage
+    async with httpx.AsyncClient(timeout=10) as client:
+        return await client.post(f"{v.base_url}/sms/json", data={
+            "api_key": v.api_key, "api_secret": "not-the-secret", "from": v.from_name,
+            "to": "14155550100", "text": "hi"})
+
+
+VONAGE = Harness(
+    name="vonage",
+    admin="vonage",
+    channel=Channel.SMS,
+    recipients={"ok": "+14155550100", "invalid": "+0123", "unroutable": "+447700900006",
+                "barred": "+447700900007", "not_whitelisted": "+447700900029",
+                "deactivated": "+447700900033", "opted_out": "+447700900101"},
+    rejections=(Rejection("invalid", "invalid_recipient"),
+                Rejection("unroutable", "unroutable"),
+                Rejection("barred", "recipient_barred"),
+                Rejection("not_whitelisted", "unverified_recipient"),
+                Rejection("deactivated", "deactivated_recipient", deactivate=True),
+                Rejection("opted_out", "unsubscribed", deactivate=True)),
+    configure=_vonage_configure,
+    open=_vonage_open,
+    unauthorized=_vonage_unauthorized,
+    unauthorized_body={"message-count": "1",
+                       "messages": [{"status": "4", "error-text": "Bad Credentials"}]},
+    wrong_secret=lambda: "x" * 16,
+    auth_rule=(Outcome.TRANSIENT, "auth_failed"),
+    unauthorized_records=("unauthorized",),
+    provider_message_id=re.compile(
+        r"[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}"),
+    empty_body_rule=(Outcome.PERMANENT, "invalid_content"),
+    unauthorized_status=200,
+    recorded_to=lambda recipient: str(recipient).removeprefix("+"),
+)
+
+
+# SMTP ----------------------------------------------------------------------------------------
+
+
+def _smtp_configure(settings: Settings, overrides: Overrides) -> Settings:
+    update: dict[str, Any] = {}
+    for key, value in overrides.items():
+        if key == "base_url":
+            parts = urlsplit(value)
+            update.update(host=parts.hostname, port=parts.port)
+        elif key == "secret":
+            update["password"] = SecretStr(value)
+        elif key == "sender":
+            update["from_email"] = value
+    return settings.model_copy(update={"smtp": settings.smtp.model_copy(update=update)})
+
+
+async def _smtp_open(settings: Settings, timeout: float) -> TimedClient:
+    return await SmtpEmail.open(settings, timeout=timeout)
+
+
+@dataclass(frozen=True)
+class SmtpAnswer:
+    """A raw SMTP reply, shaped like the HTTP answers the suite compares."""
+
+    status_code: int
+    body: dict[str, Any]
+
+    def json(self) -> dict[str, Any]:
+        return self.body
+
+
+async def smtp_session(settings: Settings) -> aiosmtplib.SMTP:
+    """An independent, connected (not authenticated) SMTP client."""
+    s = settings.smtp
+    client = aiosmtplib.SMTP(hostname=s.host, port=s.port, start_tls=False,
+                             local_hostname="contract.test", timeout=10)
+    await client.connect()
+    return client
+
+
+async def _smtp_unauthorized(settings: Settings) -> SmtpAnswer:
+    assert settings.smtp.username is not None
+    client = await smtp_session(settings)
+    try:
+        await client.login(settings.smtp.username, "not-the-password")
+    except aiosmtplib.SMTPAuthenticationError as exc:
+        return SmtpAnswer(exc.code, {"message": exc.message})
+    finally:
+        client.close()
+    raise AssertionError("the SMTP emulator accepted a wrong password")
+
+
+SMTP = Harness(
+    name="smtp",
+    admin="smtp",
+    channel=Channel.EMAIL,
+    recipients={"ok": "ada@example.com", "bounce": "nobody@bounce.example.com",
+                "syntax": "x@invalid.example.com", "disabled": "old@disabled.example.com"},
+    rejections=(Rejection("bounce", "invalid_recipient", deactivate=True),
+                Rejection("syntax", "invalid_recipient"),
+                Rejection("disabled", "mailbox_disabled", deactivate=True)),
+    configure=_smtp_configure,
+    open=_smtp_open,
+    unauthorized=_smtp_unauthorized,
+    unauthorized_body={"message": "5.7.8 Authentication credentials invalid"},
+    wrong_secret=lambda: "wrong-" + "x" * 12,
+    auth_rule=(Outcome.TRANSIENT, "auth_failed"),
+    unauthorized_records=(),
+    provider_message_id=re.compile(r"[0-9A-F]{12}"),
+    empty_body_rule=None,
+    retry_after=False,
+    unauthorized_status=535,
+    http=False,
+)
+
+HARNESSES = [TWILIO, SENDGRID, FCM, APNS, VONAGE, SMTP]
+HTTP_HARNESSES = [h for h in HARNESSES if h.http]
 CALLBACK_HARNESSES = [h for h in HARNESSES if h.callbacks is not None]
 REJECTIONS = [(h, r) for h in HARNESSES for r in h.rejections]
 
@@ -501,7 +731,7 @@ async def test_accepted(harness: Harness, adapter: TimedClient, emulator: Emulat
     assert record["outcome"] == "accepted"
     assert record["sid"] == result.provider_message_id
     assert (record["attempt"], record["to"], record["body"]) == (
-        2, recipient_text(msg.recipient), msg.body)
+        2, harness.recorded(msg.recipient), msg.body)
 
 
 @pytest.mark.parametrize(("harness", "rejection"), REJECTIONS, ids=_ids)
@@ -528,7 +758,7 @@ async def test_empty_body(harness: Harness, adapter: TimedClient, emulator: Emul
 async def test_wrong_credentials(harness: Harness, provider_settings: Settings,
                                  emulator: Emulator) -> None:
     raw = await harness.unauthorized(provider_settings)
-    assert raw.status_code == 401
+    assert raw.status_code == harness.unauthorized_status
     assert raw.json() == dict(harness.unauthorized_body)
     wrong = harness.configure(provider_settings, {"secret": harness.wrong_secret()})
     client = await harness.open(wrong, 5.0)
@@ -545,9 +775,15 @@ async def test_wrong_credentials(harness: Harness, provider_settings: Settings,
 
 async def test_rate_limited_honours_retry_after(harness: Harness, adapter: TimedClient,
                                                 emulator: Emulator) -> None:
-    await emulator.configure(error_rate_429=1.0, retry_after_s=7)
+    knobs: dict[str, Any] = {"error_rate_429": 1.0}
+    if harness.retry_after:
+        knobs["retry_after_s"] = 7
+    await emulator.configure(**knobs)
     result = await adapter.send(message(harness))
     assert_result(result, Outcome.TRANSIENT, "rate_limited")
+    if not harness.retry_after:
+        assert result.retry_after_s is None
+        return
     assert result.retry_after_s is not None
     if harness.exact_retry_after:
         assert result.retry_after_s == 7.0
@@ -555,6 +791,7 @@ async def test_rate_limited_honours_retry_after(harness: Harness, adapter: Timed
         assert abs(result.retry_after_s - 7.0) <= 1.0
 
 
+@pytest.mark.parametrize("harness", HTTP_HARNESSES, ids=_ids)
 @pytest.mark.parametrize(("status", "outcome"), [(503, Outcome.TRANSIENT),
                                                  (500, Outcome.AMBIGUOUS)])
 async def test_server_errors(harness: Harness, adapter: TimedClient, emulator: Emulator,
@@ -992,3 +1229,491 @@ async def test_fcm_priority_follows_the_tier(harness: Harness, adapter: TimedCli
         [record] = await emulator.records(msg.message_id)
         assert (record["priority"], record["title"]) == (priority, msg.subject)
 
+
+
+# APNs ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("harness", [APNS], ids=_ids)
+async def test_apns_wire_format(harness: Harness, adapter: TimedClient, emulator: Emulator,
+                                provider_settings: Settings) -> None:
+    cases = [(Tier.P0, "10"), (Tier.P1, "10"), (Tier.P3, "5")]
+    for tier, priority in cases:
+        msg = message(harness, tier=tier, attempt=2)
+        before = int(time.time())
+        result = await adapter.send(msg)
+        assert_result(result, Outcome.ACCEPTED, None)
+        assert result.provider_message_id == str(uuid.uuid5(
+            uuid.uuid5(uuid.NAMESPACE_URL, "urn:notiflow:apns-id"), f"{msg.message_id}:2"))
+        [record] = await emulator.records(msg.message_id)
+        assert (record["priority"], record["push_type"], record["from"], record["title"],
+                record["collapse_id"]) == (priority, "alert", provider_settings.apns.topic,
+                                           msg.subject, msg.message_id)
+        ttl = provider_settings.tier_ttl(tier).total_seconds()
+        expiration = int(record["expiration"])
+        assert expiration == 0 if tier is Tier.P0 else before + ttl <= expiration <= (
+            time.time() + ttl)
+
+
+@pytest.mark.parametrize("harness", [APNS], ids=_ids)
+async def test_apns_emulator_checks_the_provider_token(harness: Harness,
+                                                       provider_settings: Settings,
+                                                       emulator: Emulator) -> None:
+    a = provider_settings.apns
+    assert a.team_id and a.key_id and a.private_key
+    key = serialization.load_pem_private_key(a.private_key.get_secret_value().encode(),
+                                             password=None)
+    assert isinstance(key, ec.EllipticCurvePrivateKey)
+    now = datetime.now(UTC)
+    url = f"{a.base_url}/3/device/{'ab' * 32}"
+    body = b'{"aps": {"alert": "hi"}}'
+
+    async def post(client: httpx.AsyncClient, token: str | None) -> httpx.Response:
+        headers = apns_headers(provider_settings, token or "")
+        if token is None:
+            del headers["authorization"]
+        response = await client.post(url, headers=headers, content=body)
+        assert response.http_version == "HTTP/2"
+        return response
+
+    async with apns_http(provider_settings) as client:
+        missing = await post(client, None)
+        garbage = await post(client, "not.a.jwt")
+        stale = await post(client, provider_token(a.team_id, a.key_id, key,
+                                                  now - timedelta(minutes=61)))
+        good = await post(client, provider_token(a.team_id, a.key_id, key,
+                                                 now - timedelta(minutes=10)))
+        newer = await post(client, provider_token(a.team_id, a.key_id, key, now))
+    assert [(r.status_code, r.json()["reason"]) for r in (missing, garbage, stale)] == [
+        (403, "MissingProviderToken"), (403, "InvalidProviderToken"),
+        (403, "ExpiredProviderToken")]
+    assert good.status_code == 200 and good.content == b""
+    assert uuid.UUID(good.headers["apns-id"])
+    assert (newer.status_code, newer.json()) == (429, {"reason": "TooManyProviderTokenUpdates"})
+    assert "retry-after" not in newer.headers
+    stats = await emulator.stats()
+    assert stats["token"]["by_error"] == {"MissingProviderToken": 1, "InvalidProviderToken": 1,
+                                          "ExpiredProviderToken": 1,
+                                          "TooManyProviderTokenUpdates": 1}
+    assert stats["connections"]["opened"] == 1
+
+
+@pytest.mark.parametrize("harness", [APNS], ids=_ids)
+async def test_apns_unregistered_carries_a_timestamp(harness: Harness,
+                                                     provider_settings: Settings,
+                                                     emulator: Emulator) -> None:
+    a = provider_settings.apns
+    assert a.team_id and a.key_id and a.private_key
+    key = serialization.load_pem_private_key(a.private_key.get_secret_value().encode(),
+                                             password=None)
+    assert isinstance(key, ec.EllipticCurvePrivateKey)
+    token = provider_token(a.team_id, a.key_id, key, datetime.now(UTC))
+    async with apns_http(provider_settings) as client:
+        r = await client.post(f"{a.base_url}/3/device/{'0' * 64}",
+                              headers=apns_headers(provider_settings, token),
+                              content=b'{"aps": {"alert": "hi"}}')
+    assert r.status_code == 410 and r.json()["reason"] == "Unregistered"
+    assert abs(r.json()["timestamp"] / 1000 - time.time()) < 60
+
+
+@pytest.mark.parametrize("harness", [APNS], ids=_ids)
+async def test_apns_expired_provider_token_refreshes_once(harness: Harness,
+                                                          adapter: TimedClient,
+                                                          emulator: Emulator) -> None:
+    assert isinstance(adapter, ApnsPush)
+    assert_result(await adapter.send(message(harness)), Outcome.ACCEPTED, None)
+    expired = await emulator.http.post(f"{emulator.base}/_admin/apns/expire-tokens")
+    assert expired.json() == {"expired": 1}
+    msg = message(harness)
+    assert_result(await adapter.send(msg), Outcome.ACCEPTED, None)
+    assert [(r["outcome"], r["error"]) for r in await emulator.records(msg.message_id)] == [
+        ("unauthorized", "ExpiredProviderToken"), ("accepted", None)]
+    assert adapter.tokens.signed == 2
+    assert_result(await adapter.send(message(harness)), Outcome.ACCEPTED, None)
+    assert adapter.tokens.signed == 2
+
+    await emulator.http.post(f"{emulator.base}/_admin/apns/expire-tokens")
+    again = message(harness)
+    result = await adapter.send(again)
+    assert_result(result, Outcome.TRANSIENT, "auth_failed")
+    assert result.error_code == "ExpiredProviderToken"
+    assert adapter.tokens.signed == 2, "no second early refresh within 20 minutes"
+    assert len(await emulator.records(again.message_id)) == 1
+
+
+@pytest.mark.parametrize("harness", [APNS], ids=_ids)
+async def test_apns_invalid_provider_token_is_not_retried(harness: Harness,
+                                                          provider_settings: Settings,
+                                                          emulator: Emulator) -> None:
+    wrong = provider_settings.model_copy(update={
+        "apns": provider_settings.apns.model_copy(update={"key_id": "WRONGKEY01"})})
+    client = await ApnsPush.open(wrong, timeout=5.0)
+    try:
+        msg = message(harness)
+        result = await client.send(msg)
+    finally:
+        await client.aclose()
+    assert_result(result, Outcome.TRANSIENT, "auth_failed")
+    assert (result.error_code, result.deactivate_recipient) == ("InvalidProviderToken", False)
+    assert len(await emulator.records(msg.message_id)) == 1
+    assert client.tokens.signed == 1
+
+
+@pytest.mark.parametrize("harness", [APNS], ids=_ids)
+async def test_apns_only_takes_ios_tokens(harness: Harness, adapter: TimedClient,
+                                          emulator: Emulator) -> None:
+    result = await adapter.send(message(harness, recipient=device()))
+    assert_result(result, Outcome.TRANSIENT, "no_provider_for_platform")
+    assert (await emulator.stats())["received"] == 0
+
+
+@pytest.mark.parametrize("harness", [APNS], ids=_ids)
+async def test_apns_500_concurrent_sends_share_one_connection(harness: Harness,
+                                                              adapter: TimedClient,
+                                                              emulator: Emulator) -> None:
+    await emulator.configure(latency_ms=50)
+    messages = [message(harness, recipient=ios_device()) for _ in range(500)]
+    started = time.monotonic()
+    results = await asyncio.gather(*(adapter.send(m) for m in messages))
+    elapsed = time.monotonic() - started
+    assert [r.outcome for r in results] == [Outcome.ACCEPTED] * 500
+    assert len({r.provider_message_id for r in results}) == 500
+    stats = await emulator.stats()
+    assert (stats["received"], stats["accepted"], stats["duplicates"]) == (500, 500, 0)
+    assert stats["connections"]["opened"] == 1
+    assert elapsed < 5.0, "streams were multiplexed, not serialised (500 x 50 ms = 25 s)"
+
+
+@pytest.mark.parametrize("harness", [APNS], ids=_ids)
+async def test_apns_untrusted_certificate_is_connect_error(harness: Harness,
+                                                           provider_settings: Settings,
+                                                           emulator: Emulator) -> None:
+    untrusted = provider_settings.model_copy(update={
+        "apns": provider_settings.apns.model_copy(update={"ca_file": None})})
+    client = await ApnsPush.open(untrusted, timeout=5.0)
+    try:
+        result = await client.send(message(harness))
+    finally:
+        await client.aclose()
+    assert_result(result, Outcome.TRANSIENT, "connect_error")
+    assert (await emulator.stats())["received"] == 0
+
+
+@pytest.mark.parametrize("harness", [APNS], ids=_ids)
+async def test_apns_connection_lost_after_send_is_ambiguous(harness: Harness,
+                                                            adapter: TimedClient,
+                                                            emulator: Emulator) -> None:
+    await emulator.configure(timeout_rate=1.0, hang_s=30.0)
+    msg = message(harness)
+    pending = asyncio.create_task(adapter.send(msg))
+    while not await emulator.records(msg.message_id):
+        await asyncio.sleep(0.02)
+    dropped = await emulator.http.post(f"{emulator.base}/_admin/apns/drop-connections")
+    assert dropped.json()["dropped"] >= 1
+    result = await asyncio.wait_for(pending, 5.0)
+    assert_result(result, Outcome.AMBIGUOUS, "connection_lost")
+    assert result.error_code == "ConnectError:sent"
+    await emulator.configure(timeout_rate=0.0)
+    assert_result(await adapter.send(message(harness)), Outcome.ACCEPTED, None)
+    assert (await emulator.stats())["connections"]["opened"] == 2
+
+
+# Vonage ----------------------------------------------------------------------------------------
+
+
+def vonage_documented_signature(secret: str, params: Mapping[str, str]) -> str:
+    """Vonage's documented SHA-256 HMAC signature (every parameter but ``sig``, sorted by name,
+    as ``&name=value`` with ``&`` and ``=`` in values replaced by ``_``; uppercase hex),
+    written independently of the code under test."""
+    data = ""
+    for key in sorted(params):
+        if key != "sig":
+            data += "&" + key + "=" + params[key].replace("&", "_").replace("=", "_")
+    return hmac.new(secret.encode(), data.encode(), hashlib.sha256).hexdigest().upper()
+
+
+@dataclass
+class Dlr:
+    method: str
+    content_type: str
+    params: dict[str, str]
+
+
+@dataclass
+class DlrReceiver:
+    """A loopback delivery-receipt receiver: GET query, form POST or JSON POST, answering 204
+    as Vonage expects."""
+
+    url: str
+    receipts: list[Dlr] = field(default_factory=list)
+    arrived: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def handle(self, request: web.Request) -> web.Response:
+        params = dict(request.query)
+        raw = await request.read()
+        if request.content_type == "application/json":
+            params.update(orjson.loads(raw))
+        elif raw:
+            params.update(parse_qsl(raw.decode(), keep_blank_values=True))
+        self.receipts.append(Dlr(request.method, request.content_type, params))
+        self.arrived.set()
+        return web.Response(status=204)
+
+    async def wait(self, ref: str, count: int, timeout: float = 10.0) -> list[Dlr]:
+        """The first ``count`` receipts whose ``client-ref`` is ``ref``."""
+
+        async def until() -> list[Dlr]:
+            while True:
+                found = [r for r in self.receipts if r.params.get("client-ref") == ref]
+                if len(found) >= count:
+                    return found[:count]
+                self.arrived.clear()
+                await self.arrived.wait()
+
+        return await asyncio.wait_for(until(), timeout)
+
+
+@pytest.fixture(scope="module")
+async def dlr_receiver() -> AsyncIterator[DlrReceiver]:
+    rec = DlrReceiver("")
+    port = free_port()
+    app = web.Application()
+    app.router.add_route("*", "/hooks/vonage", rec.handle)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    rec.url = f"http://127.0.0.1:{port}/hooks/vonage"
+    yield rec
+    await runner.cleanup()
+
+
+@pytest.mark.parametrize("harness", [VONAGE], ids=_ids)
+async def test_vonage_wire_format(harness: Harness, adapter: TimedClient, emulator: Emulator,
+                                  provider_settings: Settings) -> None:
+    msg = message(harness, attempt=4)
+    assert_result(await adapter.send(msg), Outcome.ACCEPTED, None)
+    [record] = await emulator.records(msg.message_id)
+    assert (record["client_ref"], record["type"], record["from"], record["parts"]) == (
+        f"{msg.message_id}:4", "text", provider_settings.vonage.from_name, 1)
+    unicode = message(harness, body="Ihr Code: 123456 ✓")
+    assert_result(await adapter.send(unicode), Outcome.ACCEPTED, None)
+    [record] = await emulator.records(unicode.message_id)
+    assert record["type"] == "unicode"
+
+
+@pytest.mark.parametrize("harness", [VONAGE], ids=_ids)
+@pytest.mark.parametrize("method", ["GET", "POST", "POST-JSON"])
+async def test_vonage_delivery_receipts_are_signed(harness: Harness, method: str,
+                                                   provider_settings: Settings,
+                                                   emulator: Emulator,
+                                                   dlr_receiver: DlrReceiver) -> None:
+    v = provider_settings.vonage
+    assert v.signature_secret is not None and v.api_key
+    secret = v.signature_secret.get_secret_value()
+    await emulator.configure(callback_delay_ms=10, dlr_method=method)
+    client = await harness.open(harness.configure(provider_settings,
+                                                  {"callback_url": dlr_receiver.url}), 5.0)
+    try:
+        msg = message(harness, attempt=3, body="x" * 200)
+        result = await client.send(msg)
+    finally:
+        await client.aclose()
+    assert_result(result, Outcome.ACCEPTED, None)
+    [record] = await emulator.records(msg.message_id)
+    assert record["parts"] == 2
+    receipts = await dlr_receiver.wait(f"{msg.message_id}:3", 2)
+    assert result.provider_message_id in {r.params["messageId"] for r in receipts}
+    assert len({r.params["messageId"] for r in receipts}) == 2
+    for receipt in receipts:
+        p = receipt.params
+        assert receipt.method == ("GET" if method == "GET" else "POST")
+        assert (receipt.content_type == "application/json") is (method == "POST-JSON")
+        assert (p["status"], p["err-code"], p["msisdn"], p["to"], p["api-key"]) == (
+            "delivered", "0", "14155550100", v.from_name, v.api_key)
+        assert re.fullmatch(r"\d{10}", p["scts"])
+        assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d", p["message-timestamp"])
+        assert p["nonce"] and abs(int(p["timestamp"]) - time.time()) < 60
+        assert p["sig"] == vonage_documented_signature(secret, p)
+        assert verify_signature(secret, p)
+        assert not verify_signature(secret, {**p, "status": "failed"})
+        assert not verify_signature("wrong", p)
+
+
+@pytest.mark.parametrize("harness", [VONAGE], ids=_ids)
+async def test_vonage_failed_receipt(harness: Harness, provider_settings: Settings,
+                                     emulator: Emulator, dlr_receiver: DlrReceiver) -> None:
+    await emulator.configure(callback_delay_ms=10, undelivered_rate=1.0)
+    client = await harness.open(harness.configure(provider_settings,
+                                                  {"callback_url": dlr_receiver.url}), 5.0)
+    try:
+        msg = message(harness)
+        assert_result(await client.send(msg), Outcome.ACCEPTED, None)
+    finally:
+        await client.aclose()
+    [receipt] = await dlr_receiver.wait(f"{msg.message_id}:1", 1)
+    assert (receipt.params["status"], receipt.params["err-code"]) == ("failed", "1")
+
+
+@pytest.mark.parametrize("harness", [VONAGE], ids=_ids)
+@pytest.mark.parametrize(("status", "expected"), [
+    ("1", (Outcome.TRANSIENT, "rate_limited")),
+    ("5", (Outcome.TRANSIENT, "server_error")),
+    ("8", (Outcome.TRANSIENT, "account_inactive")),
+    ("9", (Outcome.TRANSIENT, "quota_exceeded")),
+    ("12", (Outcome.PERMANENT, "invalid_content")),
+    ("15", (Outcome.TRANSIENT, "misconfigured")),
+])
+async def test_vonage_documented_statuses(harness: Harness, adapter: TimedClient,
+                                          emulator: Emulator, status: str,
+                                          expected: tuple[Outcome, str]) -> None:
+    msg = message(harness, recipient=f"+447700900{int(status):03d}")
+    result = await adapter.send(msg)
+    assert_result(result, *expected)
+    assert result.error_code == status
+    assert result.retry_after_s == (1.0 if status == "1" else None)
+    [record] = await emulator.records(msg.message_id)
+    assert (record["status"], record["error_code"]) == (200, int(status))
+
+
+@pytest.mark.parametrize("harness", [VONAGE], ids=_ids)
+async def test_vonage_signed_requests(harness: Harness, provider_settings: Settings,
+                                      emulator: Emulator) -> None:
+    v = provider_settings.vonage
+    assert v.signature_secret is not None and v.api_secret is not None and v.api_key
+    secret = v.signature_secret.get_secret_value()
+
+    async def status_of(params: dict[str, str]) -> str:
+        async with httpx.AsyncClient(timeout=10) as http:
+            r = await http.post(f"{v.base_url}/sms/json", data=params)
+        assert r.status_code == 200
+        return str(r.json()["messages"][0]["status"])
+
+    params = {"api_key": v.api_key, "from": v.from_name, "to": "14155550100", "text": "hi",
+              "client-ref": "msg_signed:1", "timestamp": str(int(time.time()))}
+    signed = {**params, "sig": vonage_documented_signature(secret, params)}
+    assert await status_of(signed) == "0"
+    assert await status_of({**signed, "api_secret": v.api_secret.get_secret_value()}) == "32"
+    assert await status_of({**params, "sig": "0" * 64}) == "14"
+    stale = {**params, "timestamp": str(int(time.time()) - 3600)}
+    assert await status_of({**stale, "sig": vonage_documented_signature(secret, stale)}) == "14"
+    assert await status_of({k: x for k, x in params.items() if k != "timestamp"}) == "2"
+
+
+# SMTP ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("harness", [SMTP], ids=_ids)
+async def test_smtp_wire_format(harness: Harness, adapter: TimedClient, emulator: Emulator,
+                                provider_settings: Settings) -> None:
+    msg = message(harness, attempt=2, subject="Grüße aus Zürich",
+                  body="Line one\n.dot line\nünïcödé")
+    result = await adapter.send(msg)
+    assert_result(result, Outcome.ACCEPTED, None)
+    [record] = await emulator.records(msg.message_id)
+    assert (record["subject"], record["body"], record["from"]) == (
+        msg.subject, msg.body, provider_settings.smtp.from_email)
+    assert record["smtp_message_id"] == f"<{msg.message_id}.2@notiflow>"
+    assert (record["stage"], record["status"], record["enhanced"]) == ("data_end", 250, "2.0.0")
+    assert record["sid"] == result.provider_message_id
+
+
+@pytest.mark.parametrize("harness", [SMTP], ids=_ids)
+@pytest.mark.parametrize(("knob", "expected", "code", "stage"), [
+    ("error_rate_421", (Outcome.TRANSIENT, "server_error", False), "421 4.3.0", "mail"),
+    ("error_rate_429", (Outcome.TRANSIENT, "rate_limited", False), "451 4.7.1", "mail"),
+    ("error_rate_452", (Outcome.TRANSIENT, "server_error", False), "452 4.3.1", "rcpt"),
+    ("error_rate_550", (Outcome.PERMANENT, "invalid_recipient", True), "550 5.1.1", "rcpt"),
+    ("error_rate_552", (Outcome.TRANSIENT, "mailbox_full", False), "552 5.2.2", "rcpt"),
+    ("error_rate_451", (Outcome.TRANSIENT, "server_error", False), "451 4.3.0", "data_end"),
+    ("error_rate_554", (Outcome.PERMANENT, "rejected", False), "554 5.7.1", "data_end"),
+])
+async def test_smtp_error_mix(harness: Harness, adapter: TimedClient, emulator: Emulator,
+                              knob: str, expected: tuple[Outcome, str, bool], code: str,
+                              stage: str) -> None:
+    await emulator.configure(**{knob: 1.0})
+    msg = message(harness)
+    result = await adapter.send(msg)
+    assert_result(result, expected[0], expected[1])
+    assert (result.deactivate_recipient, result.error_code) == (expected[2], code)
+    [record] = await emulator.records(msg.message_id)
+    assert (record["stage"], record["outcome"] != "accepted") == (stage, True)
+    await emulator.configure(**{knob: 0.0})
+    assert_result(await adapter.send(message(harness)), Outcome.ACCEPTED, None)
+
+
+@pytest.mark.parametrize("harness", [SMTP], ids=_ids)
+@pytest.mark.parametrize(("recipient", "expected", "code"), [
+    ("kim@full.example.com", (Outcome.TRANSIENT, "mailbox_full"), "552 5.2.2"),
+    ("kim@policy.example.com", (Outcome.PERMANENT, "rejected"), "554 5.7.1"),
+])
+async def test_smtp_magic_recipients(harness: Harness, adapter: TimedClient, emulator: Emulator,
+                                     recipient: str, expected: tuple[Outcome, str],
+                                     code: str) -> None:
+    result = await adapter.send(message(harness, recipient=recipient))
+    assert_result(result, *expected)
+    assert result.error_code == code and result.deactivate_recipient is False
+
+
+@pytest.mark.parametrize("harness", [SMTP], ids=_ids)
+async def test_smtp_greylisting_passes_on_retry(harness: Harness, adapter: TimedClient,
+                                                emulator: Emulator) -> None:
+    recipient = f"grey-{uuid.uuid4().hex[:8]}@greylist.example.com"
+    msg = message(harness, recipient=recipient)
+    first = await adapter.send(msg)
+    assert_result(first, Outcome.TRANSIENT, "rate_limited")
+    assert first.error_code == "451 4.7.1"
+    assert_result(await adapter.send(msg), Outcome.ACCEPTED, None)
+    assert [r["outcome"] for r in await emulator.records(msg.message_id)] == [
+        "rate_limited", "accepted"]
+
+
+@pytest.mark.parametrize("harness", [SMTP], ids=_ids)
+async def test_smtp_reuses_connections(harness: Harness, adapter: TimedClient,
+                                       emulator: Emulator) -> None:
+    for scenario in ("ok", "bounce", "ok", "ok"):
+        await adapter.send(message(harness, scenario))
+    assert isinstance(adapter, SmtpEmail)
+    assert (adapter.stats.opened, adapter.stats.reused) == (1, 3)
+    stats = await emulator.stats()
+    assert (stats["connections"]["opened"], stats["auth"]["succeeded"]) == (1, 1)
+    assert (stats["accepted"], stats["rejected"]) == (3, 1)
+
+
+@pytest.mark.parametrize("harness", [SMTP], ids=_ids)
+async def test_smtp_pooled_connection_refused_by_outage(harness: Harness, adapter: TimedClient,
+                                                        emulator: Emulator) -> None:
+    assert_result(await adapter.send(message(harness)), Outcome.ACCEPTED, None)
+    await emulator.configure(outage=True)
+    msg = message(harness)
+    result = await adapter.send(msg)
+    assert_result(result, Outcome.TRANSIENT, "server_error")
+    assert isinstance(adapter, SmtpEmail) and adapter.stats.stale_retries == 1
+    assert [(r["stage"], r["outcome"]) for r in await emulator.records(msg.message_id)] == [
+        ("mail", "outage")]
+    stats = await emulator.stats()
+    assert (stats["received"], stats["connections"]["refused"]) == (3, 1)
+
+
+@pytest.mark.parametrize("harness", [SMTP], ids=_ids)
+async def test_smtp_requires_auth(harness: Harness, provider_settings: Settings,
+                                  emulator: Emulator) -> None:
+    client = await smtp_session(provider_settings)
+    try:
+        await client.ehlo()
+        assert client.supports_extension("auth") and client.supports_extension("dsn")
+        with pytest.raises(aiosmtplib.SMTPSenderRefused) as refused:
+            await client.mail(provider_settings.smtp.from_email)
+    finally:
+        client.close()
+    assert (refused.value.code, refused.value.message) == (
+        530, "5.7.0 Authentication required")
+
+
+@pytest.mark.parametrize("harness", [SMTP], ids=_ids)
+async def test_smtp_envid_correlates_refused_recipients(harness: Harness, adapter: TimedClient,
+                                                        emulator: Emulator) -> None:
+    msg = message(harness, "bounce", attempt=7)
+    await adapter.send(msg)
+    [record] = await emulator.records(msg.message_id)
+    assert (record["attempt"], record["stage"], record["enhanced"]) == (7, "rcpt", "5.1.1")
+    assert record["to"] == msg.recipient and record["body"] is None

@@ -13,6 +13,7 @@ from cassandra.cluster import Session
 from notiflow.schemas.enums import Tier
 from notiflow.settings import Settings
 from tests.helpers import (
+    SMS_PROVIDERS,
     SUCCESS,
     accepted_counts,
     emulator_records,
@@ -28,9 +29,13 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture
 def slow_provider(fakes: str):
-    httpx.post(f"{fakes}/_admin/twilio/config", json={"latency_ms": 250}).raise_for_status()
+    for provider in SMS_PROVIDERS:
+        httpx.post(f"{fakes}/_admin/{provider}/config",
+                   json={"latency_ms": 250}).raise_for_status()
     yield
-    httpx.post(f"{fakes}/_admin/twilio/config", json={"latency_ms": 0}).raise_for_status()
+    for provider in SMS_PROVIDERS:
+        httpx.post(f"{fakes}/_admin/{provider}/config",
+                   json={"latency_ms": 0}).raise_for_status()
 
 
 def test_restart_mid_stream_loses_nothing(stack: Settings, otp_template: dict[str, int],

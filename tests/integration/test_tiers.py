@@ -22,7 +22,7 @@ from notiflow.adapters.kafka_io import OutRecord
 from notiflow.devenv import free_port
 from notiflow.ops.procs import ManagedProcess
 from notiflow.schemas.enums import Tier
-from tests.helpers import message_row, produce, report, wait_for
+from tests.helpers import message_row, produce, received_at, report, wait_for
 from tests.integration.test_pipeline import ids_of
 
 pytestmark = pytest.mark.integration
@@ -38,18 +38,6 @@ def template(api: str, token: str, channel: str, template_id: str, body: str,
         "template_id": template_id, "channel": channel, "body": body, "subject": subject})
     assert r.status_code in (200, 201), r.text
     return int(r.json()["version"])
-
-
-def received_at(fakes: str, provider: str) -> dict[str, float]:
-    """message_id → first time the emulator of ``provider`` accepted it."""
-    r = httpx.get(f"{fakes}/_admin/{provider}/messages", timeout=60)
-    r.raise_for_status()
-    first: dict[str, float] = {}
-    for rec in r.json():
-        mid = rec.get("message_id")
-        if mid and rec.get("outcome") == "accepted":
-            first[mid] = min(first.get(mid, rec["received_at"]), rec["received_at"])
-    return first
 
 
 def pct(values: list[float], p: int) -> float:
@@ -82,7 +70,8 @@ def post_messages(api: str, token: str, bodies: list[dict[str, Any]],
 def test_p0_keeps_its_sla_during_a_p3_flood(isolated, tokens: dict[str, str],
                                              fakes: str, capsys) -> None:
     rates = json.dumps({"twilio": 200, "sendgrid": 1000, "fcm": 10000})
-    iso = isolated("flood", NOTIFLOW_PROVIDER_RATES=rates)
+    httpx.post(f"{fakes}/_admin/reset").raise_for_status()
+    iso = isolated("flood", NOTIFLOW_PROVIDER_RATES=rates, NOTIFLOW_VONAGE__API_KEY="")
     api = iso.api()
     iso.flow(Tier.P0)
     iso.flow(Tier.P3)
@@ -95,7 +84,7 @@ def test_p0_keeps_its_sla_during_a_p3_flood(isolated, tokens: dict[str, str],
 
     warm = {m for m, _ in post_messages(api, tokens["acme"],
                                         [otp(9000 + i, "warm") for i in range(20)], rate=20)}
-    wait_for(lambda: warm <= set(received_at(fakes, "twilio")), timeout=60,
+    wait_for(lambda: warm <= set(received_at(fakes, ids=warm)), timeout=60,
              what="P0 warm-up (P0 workers are kept warm in production)")
 
     n = 20_000
@@ -109,15 +98,15 @@ def test_p0_keeps_its_sla_during_a_p3_flood(isolated, tokens: dict[str, str],
     queued_s = time.monotonic() - started
 
     def p3_sent() -> int:
-        return len(p3_ids & set(received_at(fakes, "twilio")))
+        return len(p3_ids & set(received_at(fakes)))
 
     wait_for(p3_sent, what="the P3 campaign to start sending")
 
     p0 = post_messages(api, tokens["acme"], [otp(i, "p0") for i in range(50)], rate=20)
     p0_ids = {m for m, _ in p0}
-    wait_for(lambda: p0_ids <= set(received_at(fakes, "twilio")), timeout=60,
+    wait_for(lambda: p0_ids <= set(received_at(fakes, ids=p0_ids)), timeout=60,
              what="every P0 message at the provider")
-    seen = received_at(fakes, "twilio")
+    seen = received_at(fakes)
     p0_lat = sorted((seen[m] - at) * 1000 for m, at in p0)
     p3_lat = sorted((seen[m] - queued_at) * 1000 for m in p3_ids if m in seen)
     backlog = n - len(p3_lat)
@@ -167,7 +156,7 @@ def test_slow_sms_does_not_stall_email_and_push(isolated, tokens: dict[str, str]
             ids = {m for m, _ in sent}
 
             def arrived(ids: set[str] = ids) -> dict[str, float] | None:
-                seen = {**received_at(fakes, "sendgrid"), **received_at(fakes, "fcm")}
+                seen = received_at(fakes, ("sendgrid", "fcm"))
                 return seen if ids <= set(seen) else None
 
             seen = wait_for(arrived, timeout=30, what="email and push at their providers")
@@ -257,7 +246,7 @@ def test_redis_outage_p0_continues_p3_pauses_then_resumes(
         return ids_of(iso.settings, tier, produce(iso.settings, recs))
 
     def arrived(ids: list[str]) -> set[str]:
-        seen = received_at(fakes, "twilio")
+        seen = received_at(fakes)
         return {i for i in ids if i in seen}
 
     before = batch(Tier.P0, "a") + batch(Tier.P3, "a")
@@ -293,7 +282,7 @@ def test_shared_baseline_mode_sends_every_tier(isolated, tokens: dict[str, str],
               for i in range(5) for tier in ("P0", "P1", "P2", "P3")]
     sent = post_messages(api, tokens["acme"], bodies, rate=50)
     ids = {m for m, _ in sent}
-    wait_for(lambda: ids <= set(received_at(fakes, "twilio")), timeout=60,
+    wait_for(lambda: ids <= set(received_at(fakes)), timeout=60,
              what="every tier sent by the shared flow")
     from tests.helpers import read_topic
 

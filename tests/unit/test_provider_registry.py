@@ -1,0 +1,93 @@
+"""``notiflow.adapters.providers.open_provider``: provider id → the configured adapter."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+from pydantic import SecretStr
+
+from notiflow.adapters.providers import (
+    OPENERS,
+    open_provider,
+    open_providers,
+    provider_kinds,
+)
+from notiflow.adapters.providers.sendgrid import SendGridEmail
+from notiflow.adapters.providers.smtp import SmtpEmail
+from notiflow.adapters.providers.twilio import TwilioSms
+from notiflow.adapters.providers.vonage import VonageSms
+from notiflow.schemas.enums import Channel
+from notiflow.settings import (
+    SendGridSettings,
+    Settings,
+    SmtpSettings,
+    TwilioSettings,
+    VonageSettings,
+)
+
+
+def _settings(**kw: object) -> Settings:
+    base: dict[str, object] = {
+        "twilio": TwilioSettings(auth_token=SecretStr("t")),
+        "vonage": VonageSettings(api_key="k", api_secret=SecretStr("s")),
+        "sendgrid": SendGridSettings(api_key=SecretStr("SG.x")),
+        "smtp": SmtpSettings(username="u", password=SecretStr("p")),
+    }
+    base.update(kw)
+    return Settings(**base)
+
+
+def test_every_settings_section_has_an_opener() -> None:
+    assert set(OPENERS) == {"twilio", "vonage", "sendgrid", "smtp", "fcm", "apns"}
+    assert provider_kinds(Settings()) == {k: k for k in OPENERS}
+
+
+def test_provider_ids_follow_the_settings() -> None:
+    settings = _settings(vonage=VonageSettings(provider_id="vonage-eu", api_key="k",
+                                               api_secret=SecretStr("s")))
+    assert provider_kinds(settings)["vonage-eu"] == "vonage"
+    assert "vonage" not in provider_kinds(settings)
+
+
+def test_duplicate_provider_ids_are_refused() -> None:
+    settings = _settings(smtp=SmtpSettings(provider_id="sendgrid"))
+    with pytest.raises(ValueError, match="both sendgrid and smtp"):
+        provider_kinds(settings)
+
+
+@pytest.mark.parametrize(("provider_id", "kind", "channel"), [
+    ("twilio", TwilioSms, Channel.SMS),
+    ("vonage", VonageSms, Channel.SMS),
+    ("sendgrid", SendGridEmail, Channel.EMAIL),
+    ("smtp", SmtpEmail, Channel.EMAIL),
+])
+async def test_open_provider(provider_id: str, kind: type, channel: Channel) -> None:
+    client = await open_provider(_settings(), provider_id, timeout=1.5)
+    try:
+        assert isinstance(client, kind)
+        assert (client.provider_id, client.channel) == (provider_id, channel)
+    finally:
+        await client.aclose()
+
+
+async def test_unknown_and_unconfigured_providers() -> None:
+    with pytest.raises(ValueError, match="unknown provider id"):
+        await open_provider(_settings(), "nexmo", timeout=1.0)
+    with pytest.raises(ValueError, match="api_key"):
+        await open_provider(Settings(), "vonage", timeout=1.0)
+
+
+async def test_apns_without_its_module(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "notiflow.adapters.providers.apns", None)
+    with pytest.raises(ValueError, match="APNs adapter is not installed"):
+        await open_provider(Settings(), "apns", timeout=1.0)
+
+
+async def test_open_providers_closes_on_failure() -> None:
+    opened = await open_providers(_settings(), ["twilio", "smtp", "twilio"], timeout=1.0)
+    assert set(opened) == {"twilio", "smtp"}
+    for client in opened.values():
+        await client.aclose()
+    with pytest.raises(ValueError, match="unknown provider id"):
+        await open_providers(_settings(), ["twilio", "nope"], timeout=1.0)
