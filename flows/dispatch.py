@@ -438,7 +438,12 @@ class Dispatcher:
         if not strong:
             return live
         keys = sorted({(w.record.tenant_id, w.recipient_hash) for w in strong})
-        states = await self._infra("cassandra", lambda: self._res.preferences.get_states(keys))
+        states: dict[str, Any] = {}
+        step = self.policy.store_concurrency
+        for i in range(0, len(keys), step):
+            chunk = keys[i:i + step]
+            states.update(await self._infra(
+                "cassandra", lambda c=chunk: self._res.preferences.get_states(c)))
         for w in strong:
             state = states.get(state_key(w.record.tenant_id, w.recipient_hash))
             reason = state.blocks(w.record.channel, w.record.category) if state else None

@@ -40,6 +40,8 @@ class TierPolicy(_Frozen):
     max_queued: int = Field(2000, ge=1, le=1_000_000)
     """Messages waiting per channel and worker before that channel's source pauses."""
     provider_timeout: timedelta = timedelta(seconds=5)
+    store_concurrency: int = Field(16, ge=1, le=1024)
+    """Cassandra reads in flight per worker (the tier's share of the shared database)."""
     redis_down: Literal["local", "pause"] = "pause"
     """Without Redis: send on conservative local limits (no cluster dedup), or wait."""
     nice: int = Field(0, ge=0, le=19)
@@ -65,6 +67,7 @@ DEFAULT_TIERS: dict[Tier, TierPolicy] = {
         batch_size=100,
         max_in_flight=128,
         provider_timeout=timedelta(seconds=2),
+        store_concurrency=64,
         redis_down="local",
         on_ambiguous="resend",
     ),
@@ -94,6 +97,7 @@ DEFAULT_TIERS: dict[Tier, TierPolicy] = {
         retry_caps=_s(300, 1800, 7200),
         batch_size=1000,
         max_in_flight=64,
+        store_concurrency=8,
         nice=10,
         max_backlog_age=timedelta(minutes=30),
         quiet_hours=True,
