@@ -4,7 +4,11 @@ Lease ``lease:{message_id}:{attempt}``: ``SET NX`` with a TTL of at least the ti
 value says who holds it and how the attempt ended, so a replayed record can be told apart
 from a new one:
 
-- ``pending:{owner}`` — an attempt is in flight in process ``owner``;
+- ``pending:{owner}:{ms}`` — process ``owner`` holds the attempt; ``ms`` is when it took the
+  lease or last confirmed it (just before calling the provider). Another process may take
+  a pending lease over only once it is older than the tier's stale bound (its owner died),
+  and an owner sends only after confirming it still holds the lease (fencing: two processes
+  never both send one attempt, even while an old and a new process overlap);
 - ``done:{json}`` — the provider accepted it (or it ended for good); replays are skipped and
   the recorded outcome re-emitted.
 
@@ -14,6 +18,7 @@ A lease is deleted when an attempt fails before the provider accepted it, so the
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -23,7 +28,27 @@ import redis.asyncio as aioredis
 from notiflow.settings import Settings
 
 _RELEASE = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+local v = redis.call('GET', KEYS[1])
+if v and string.sub(v, 1, string.len(ARGV[1])) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+"""
+
+_CONFIRM = """
+local v = redis.call('GET', KEYS[1])
+if v and string.sub(v, 1, string.len(ARGV[1])) == ARGV[1] then
+  redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+  return 1
+end
+return 0
+"""
+
+_TAKE_OVER = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+  return 1
+end
 return 0
 """
 
@@ -34,7 +59,7 @@ class LeaseState:
 
     acquired: bool
     holder: str | None = None
-    """``pending:{owner}`` or ``done:{...}`` when not acquired."""
+    """``pending:{owner}:{ms}`` or ``done:{...}`` when not acquired."""
 
     @property
     def done(self) -> dict[str, object] | None:
@@ -45,7 +70,14 @@ class LeaseState:
 
     def pending_owner(self) -> str | None:
         if self.holder and self.holder.startswith("pending:"):
-            return self.holder[8:]
+            return self.holder[8:].rpartition(":")[0] or self.holder[8:]
+        return None
+
+    def pending_since_ms(self) -> int | None:
+        """When the holder took or last confirmed the lease (epoch ms)."""
+        if self.holder and self.holder.startswith("pending:"):
+            tail = self.holder.rpartition(":")[2]
+            return int(tail) if tail.isdigit() else 0
         return None
 
 
@@ -71,35 +103,36 @@ class DedupStore:
         return f"{self.ns}content:{tenant_id}:{fingerprint}"
 
     @property
+    def pending_prefix(self) -> str:
+        return f"pending:{self.owner}:"
+
     def pending_value(self) -> str:
-        return f"pending:{self.owner}"
+        return f"{self.pending_prefix}{int(time.time() * 1000)}"
 
     async def acquire(self, keys: list[str], ttl: timedelta) -> list[LeaseState]:
-        """``SET key pending:{owner} NX PX ttl GET`` for every key in one round trip."""
+        """``SET key pending:{owner}:{now} NX PX ttl GET`` for every key in one round trip."""
         if not keys:
             return []
         pipe = self.r.pipeline(transaction=False)
         px = int(ttl.total_seconds() * 1000)
         for k in keys:
-            pipe.set(k, self.pending_value, nx=True, px=px, get=True)
+            pipe.set(k, self.pending_value(), nx=True, px=px, get=True)
         previous = await pipe.execute()
         return [LeaseState(True) if prev is None else LeaseState(False, prev)
                 for prev in previous]
 
     async def take_over(self, key: str, stale: str, ttl: timedelta) -> bool:
-        """Replace a stale ``pending`` lease of a crashed process with ours (atomic)."""
-        pipe = self.r.pipeline(transaction=True)
-        await pipe.watch(key)
-        if await pipe.get(key) != stale:
-            await pipe.reset()
-            return False
-        pipe.multi()
-        pipe.set(key, self.pending_value, px=int(ttl.total_seconds() * 1000))
-        try:
-            await pipe.execute()
-        except aioredis.WatchError:
-            return False
-        return True
+        """Replace the stale ``pending`` lease of a dead process with ours (atomic: only if
+        it still holds exactly ``stale``)."""
+        px = int(ttl.total_seconds() * 1000)
+        return bool(await self.r.eval(_TAKE_OVER, 1, key, stale, self.pending_value(), px))
+
+    async def confirm(self, key: str, ttl: timedelta) -> bool:
+        """Just before calling the provider: True when the lease is still ours (its time is
+        refreshed); False when another process took it over (then it sends, we do not)."""
+        px = int(ttl.total_seconds() * 1000)
+        return bool(await self.r.eval(_CONFIRM, 1, key, self.pending_prefix,
+                                      self.pending_value(), px))
 
     async def finish(self, items: list[tuple[str, dict[str, object]]], ttl: timedelta) -> None:
         """Mark leases done with the recorded outcome (pipelined)."""
@@ -117,7 +150,7 @@ class DedupStore:
             return
         pipe = self.r.pipeline(transaction=False)
         for k in keys:
-            pipe.eval(_RELEASE, 1, k, self.pending_value)
+            pipe.eval(_RELEASE, 1, k, self.pending_prefix)
         await pipe.execute()
 
     async def claim_content(self, items: list[tuple[str, str]],

@@ -63,6 +63,7 @@ INFRA_RETRY_FOR = timedelta(seconds=60)
 REDIS_PAUSE_S = 0.5
 BACKLOG_REPORT_S = 1.0
 POLL = timedelta(milliseconds=5)
+STALE_MARGIN = timedelta(seconds=2)
 
 
 def content_fingerprint(work: Work) -> str:
@@ -217,6 +218,8 @@ class Dispatcher:
             breakers=breakers,
         )
         self._sems = {c: asyncio.Semaphore(self.policy.max_in_flight) for c in Channel}
+        log.info("dispatcher ready: providers %s", ", ".join(sorted(self._res.clients)) or
+                 "none")
 
     def _breaker_changed(self, change: Any) -> None:
         log.warning("circuit breaker %s", change)
@@ -372,12 +375,19 @@ class Dispatcher:
                 live.append(w)
             elif (done := st.done) is not None:
                 plan[id(w)] = [self._replayed(w, done, now)]
-            elif (owner := st.pending_owner()) is not None and owner != dedup.owner and (
-                    await self._redis(lambda k=key, h=st.holder or "": dedup.take_over(
-                        k, h, ttl), True)):
-                log.warning("message %s attempt %s: resuming after a crashed sender "
-                            "(possible duplicate)", w.message_id, w.record.attempt)
-                live.append(w)
+            elif (owner := st.pending_owner()) is not None and owner != dedup.owner:
+                since = datetime.fromtimestamp((st.pending_since_ms() or 0) / 1000, UTC)
+                stale_at = since + self._stale_after(w)
+                if now < stale_at:
+                    plan[id(w)] = [retry_record(w, w.record.attempt, stale_at)]
+                elif await self._redis(lambda k=key, h=st.holder or "": dedup.take_over(
+                        k, h, ttl), True):
+                    log.warning("message %s attempt %s: resuming after a crashed sender "
+                                "(possible duplicate)", w.message_id, w.record.attempt)
+                    live.append(w)
+                else:
+                    plan[id(w)] = [retry_record(w, w.record.attempt,
+                                                now + self._stale_after(w))]
             else:
                 plan[id(w)] = []
         live = await self._drop_already_final(live, plan)
@@ -477,6 +487,13 @@ class Dispatcher:
                                    tenant_id=w.record.tenant_id,
                                    tenant_rate=tenant.rate_limit if tenant else None)
             async with self._sems[w.record.channel]:
+                key = res.dedup.lease_key(w.message_id, w.record.attempt)
+                if not await self._redis(lambda: res.dedup.confirm(key, self._lease_ttl(w)),
+                                         True):
+                    log.warning("message %s attempt %s: lease taken over by another sender; "
+                                "not sending", w.message_id, w.record.attempt)
+                    self._resolve(w, fut, [])
+                    return
                 started = time.monotonic()
                 try:
                     result = await provider.send(msg)
@@ -602,6 +619,11 @@ class Dispatcher:
             await self._res.preferences.suppress(w.record.tenant_id, w.recipient_hash, why)
         except Exception as exc:
             log.warning("could not record suppression for %s: %r", w.message_id, exc)
+
+    def _stale_after(self, w: Work) -> timedelta:
+        """How long another process's pending lease is respected: the tier's provider
+        timeout twice over plus a margin (an owner confirms its lease just before calling)."""
+        return self.settings.policy(w.record.tier).provider_timeout * 2 + STALE_MARGIN
 
     def _lease_ttl(self, w: Work) -> timedelta:
         return scaled_lease_ttl(self.settings, w.record.tier)

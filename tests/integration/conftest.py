@@ -35,6 +35,12 @@ def recovery_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 FlowStarter = Callable[..., ManagedProcess]
 
 
+def ready(proc: ManagedProcess) -> bool:
+    """A flow process is ready when it runs and its sender has opened its clients."""
+    log = proc.log_path.read_text(errors="replace") if proc.log_path.exists() else ""
+    return "starting" in log and ("dispatcher ready" in log or "reconcile" in proc.name)
+
+
 @pytest.fixture(scope="session")
 def start_flow(stack: Settings, fakes: str, processes: ProcessGroup, log_dir: Path,
                recovery_root: Path) -> FlowStarter:
@@ -48,7 +54,7 @@ def start_flow(stack: Settings, fakes: str, processes: ProcessGroup, log_dir: Pa
             args += ["--tier", tier.value]
         args += ["--recovery-dir", str(recovery or recovery_root / label)]
         proc = processes.add(ManagedProcess(label, args, log_dir)).start()
-        return proc.wait_until(lambda: "starting" in proc.tail(200), timeout=60)
+        return proc.wait_until(lambda: ready(proc), timeout=60)
 
     return start
 
@@ -92,7 +98,7 @@ class Isolated:
         name = f"send-{tier.value.lower()}"
         proc = self.start(name, ["flow", "send", "--tier", tier.value, "--recovery-dir",
                                  str(self.recovery / name)], **extra)
-        return proc.wait_until(lambda: "starting" in proc.tail(200), timeout=60)
+        return proc.wait_until(lambda: ready(proc), timeout=60)
 
     def api(self) -> str:
         from notiflow.devenv import free_port

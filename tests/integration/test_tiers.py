@@ -23,6 +23,7 @@ from notiflow.devenv import free_port
 from notiflow.ops.procs import ManagedProcess
 from notiflow.schemas.enums import Tier
 from tests.helpers import message_row, produce, received_at, report, wait_for
+from tests.integration.conftest import ready
 from tests.integration.test_pipeline import ids_of
 
 pytestmark = pytest.mark.integration
@@ -275,7 +276,7 @@ def test_shared_baseline_mode_sends_every_tier(isolated, tokens: dict[str, str],
     api = iso.api()
     flow = iso.start("send-shared", ["flow", "send", "--mode", "shared", "--recovery-dir",
                                      str(iso.recovery / "send-shared")])
-    flow.wait_until(lambda: "starting" in flow.tail(200), timeout=60)
+    flow.wait_until(lambda: ready(flow), timeout=60)
     bodies = [{"channel": "SMS", "tier": tier, "category": "account",
                "recipient": f"+1312555{uuid.uuid4().int % 10_000:04d}", "template_id": "otp",
                "template_version": otp_template["acme"], "variables": {"code": f"{tier}{i}"}}
