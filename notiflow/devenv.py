@@ -115,6 +115,13 @@ def vonage_smtp_credentials(*, fakes_port: int, smtp_port: int | None = None) ->
     }
 
 
+def webhook_secret() -> str:
+    """A Standard Webhooks signing secret: ``whsec_`` + base64 of 24 random bytes."""
+    import base64
+
+    return "whsec_" + base64.b64encode(secrets.token_bytes(24)).decode()
+
+
 def dev_environment(*, api_port: int, fakes_port: int, time_scale: float = 1.0,
                     extra: dict[str, str] | None = None, apns_port: int | None = None,
                     tls_dir: Path | None = None) -> tuple[dict[str, str], dict[str, str]]:
@@ -124,7 +131,9 @@ def dev_environment(*, api_port: int, fakes_port: int, time_scale: float = 1.0,
     apns_port = apns_port if apns_port is not None else free_port()
     tls_dir = tls_dir if tls_dir is not None else Path(tempfile.mkdtemp(prefix="notiflow-tls-"))
     tokens = {tid: f"nf_{tid}_{secrets.token_urlsafe(24)}" for tid in DEV_TENANTS}
-    tenants = [{"id": tid, "token": tokens[tid], **cfg} for tid, cfg in DEV_TENANTS.items()]
+    tenants = [{"id": tid, "token": tokens[tid],
+                "webhook_secrets": [webhook_secret()], **cfg}
+               for tid, cfg in DEV_TENANTS.items()]
     env = {
         "NOTIFLOW_TENANTS": json.dumps(tenants),
         "NOTIFLOW_API_PORT": str(api_port),

@@ -139,9 +139,39 @@ class TenantConfig(_Frozen):
     """Admission rate at the API (messages/s, burst of one second); None = unlimited."""
     daily_marketing_cap: int | None = Field(None, ge=0)
     """Marketing messages the tenant may send per UTC day; None = unlimited."""
+    webhook_secrets: tuple[SecretStr, ...] = ()
+    """Standard Webhooks signing secrets (``whsec_`` + base64) for the tenant's status
+    webhooks; every listed secret signs (rotation: add the new one, then drop the old)."""
 
     def allows_template(self, template_id: str) -> bool:
         return self.templates is None or template_id in self.templates
+
+
+class ClientWebhookRule(_Frozen):
+    """Delivery of status webhooks to tenants (Standard Webhooks / Svix retry schedule)."""
+
+    schedule: tuple[timedelta, ...] = (
+        timedelta(0), timedelta(seconds=5), timedelta(minutes=5), timedelta(minutes=30),
+        timedelta(hours=2), timedelta(hours=5), timedelta(hours=10), timedelta(hours=10))
+    """Wait before each attempt (scaled by ``time_scale``); after the last one → DLQ."""
+    timeout: timedelta = timedelta(seconds=5)
+    max_in_flight: int = Field(64, ge=1)
+    statuses: frozenset[str] = frozenset()
+    """Statuses that trigger a webhook; empty = every status change."""
+
+
+class DlqRule(_Frozen):
+    """When dead-lettering signals a systemic bug rather than bad data."""
+
+    depth_alert: int = Field(10_000, ge=1)
+    """Alert (log + metric) above this many unresolved records in a DLQ topic."""
+    max_consecutive: int = Field(100, ge=1)
+    """Halt the consumer after this many dead letters in a row."""
+    max_ratio: float = Field(0.5, gt=0, le=1)
+    """... or when more than this share of the last ``ratio_window`` records went there."""
+    ratio_window: int = Field(1000, ge=10)
+    max_crashes: int = Field(3, ge=1)
+    """A source batch that crashed the flow this often is dead-lettered on the next start."""
 
 
 class TwilioSettings(_Frozen):
@@ -410,6 +440,9 @@ class Settings(BaseSettings):
     fakes_apns_key_file: Path | None = None
     """PEM private key of that certificate."""
 
+    client_webhooks: ClientWebhookRule = ClientWebhookRule()
+    dlq: DlqRule = DlqRule()
+
     # secrets
     dlq_key: SecretStr | None = None
 
@@ -475,6 +508,10 @@ class Settings(BaseSettings):
     @property
     def shared_topic(self) -> str:
         return self.topic("ingest.shared")
+
+    @property
+    def webhooks_dlq_topic(self) -> str:
+        return self.topic("notify.dlq.webhooks")
 
     def dlq_topic(self, tier: Tier | None) -> str:
         name = f"notify.dlq.{Tier(tier).value.lower()}" if tier else "notify.dlq.reconcile"

@@ -41,8 +41,9 @@ def topic_specs(settings: Settings) -> list[TopicSpec]:
                   {"cleanup.policy": "compact"}),
     ]
     specs += [
-        TopicSpec(settings.dlq_topic(tier), 1, {"retention.ms": str(30 * _DAY_MS)})
-        for tier in [*Tier, None]
+        TopicSpec(name, 1, {"retention.ms": str(30 * _DAY_MS)})
+        for name in [*(settings.dlq_topic(t) for t in [*Tier, None]),
+                     settings.webhooks_dlq_topic]
     ]
     return specs
 
