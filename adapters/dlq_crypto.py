@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from cryptography.fernet import Fernet, InvalidToken
+from cryptography.fernet import Fernet, InvalidToken, MultiFernet
 
 from notiflow.settings import Settings
 
@@ -12,10 +12,14 @@ class DlqKeyMissing(RuntimeError):
 
 
 class DlqCipher:
-    """Fernet (AES-128-CBC + HMAC-SHA256) with a key from ``NOTIFLOW_DLQ_KEY``."""
+    """Fernet (AES-128-CBC + HMAC-SHA256) with a key from ``NOTIFLOW_DLQ_KEY``.
+
+    Rotation: ``NOTIFLOW_DLQ_KEY=new,old``: the first key encrypts, every listed key
+    decrypts."""
 
     def __init__(self, key: bytes | str) -> None:
-        self._fernet = Fernet(key)
+        text = key.decode() if isinstance(key, bytes) else key
+        self._fernet = MultiFernet([Fernet(k.strip()) for k in text.split(",") if k.strip()])
 
     @classmethod
     def from_settings(cls, settings: Settings) -> DlqCipher:

@@ -175,5 +175,22 @@ class DedupStore:
             pipe.eval(_RELEASE, 1, key, mid)
         await pipe.execute()
 
+    def crash_key(self, flow: str) -> str:
+        return f"{self.ns}crashes:{flow}"
+
+    async def count_crash(self, flow: str, source: str, ttl: timedelta) -> int:
+        """Count one crash of ``flow`` blamed on ``source`` (a record's identity); returns
+        the count so far."""
+        key = self.crash_key(flow)
+        async with self.r.pipeline(transaction=True) as pipe:
+            pipe.hincrby(key, source, 1)
+            pipe.expire(key, int(ttl.total_seconds()))
+            count, _ = await pipe.execute()
+        return int(count)
+
+    async def crashes(self, flow: str) -> dict[str, int]:
+        """Every source record of ``flow`` with its crash count."""
+        return {k: int(v) for k, v in (await self.r.hgetall(self.crash_key(flow))).items()}
+
     async def aclose(self) -> None:
         await self.r.aclose()

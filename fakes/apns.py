@@ -57,8 +57,7 @@ from notiflow.adapters.providers.apns import (
     load_signing_key,
     verify_es256,
 )
-from notiflow.fakes.common import CommonKnobs, Emulator, json_response
-from notiflow.fakes.twilio import ACCEPTED, MessageRecord
+from notiflow.fakes.common import ACCEPTED, CommonKnobs, Emulator, MessageRecord, json_response
 from notiflow.settings import Settings
 
 log = logging.getLogger(__name__)

@@ -1,7 +1,7 @@
-"""Plumbing shared by the SendGrid, FCM, Vonage and SMTP emulators: the common knobs, the admin
-API (``/_admin/{name}/config|messages|stats|reset``) over a :class:`MessageLog`, a scheduled
-webhook dispatcher and small response helpers. Knob names and record fields match the Twilio
-emulator's (``docs/providers.md``)."""
+"""Plumbing shared by the provider emulators: the common knobs, the records
+(:class:`MessageRecord` in a bounded :class:`MessageLog`), the admin API
+(``/_admin/{name}/config|messages|stats|reset``), a scheduled webhook dispatcher and small
+response helpers. Knob names and record fields are those of ``docs/providers.md``."""
 
 from __future__ import annotations
 
@@ -12,16 +12,15 @@ import itertools
 import logging
 import random
 import time
-from collections import Counter
-from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, Generic, Literal, TypeVar
+from collections import Counter, deque
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Final, Generic, Literal, TypeVar
 
 import aiohttp
 import orjson
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
-
-from notiflow.fakes.twilio import MessageLog
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +58,126 @@ class CommonKnobs(BaseKnobs):
 K = TypeVar("K", bound=BaseKnobs)
 
 
+ACCEPTED: Final = "accepted"
+
+
+@dataclass(slots=True)
+class MessageRecord:
+    """One request to an emulator's send endpoint, as the emulator saw it."""
+
+    received_at: float
+    outcome: str
+    status: int
+    error_code: int | None
+    sid: str | None
+    message_id: str | None
+    attempt: int | None
+    to: str | None
+    from_: str | None
+    body: str | None
+    hang: bool = False
+    """Accepted, then answered only after ``hang_s`` (the accepted-then-timeout case)."""
+
+    @property
+    def accepted(self) -> bool:
+        return self.outcome == ACCEPTED
+
+    def as_json(self) -> dict[str, Any]:
+        return {"received_at": self.received_at, "outcome": self.outcome,
+                "status": self.status, "error_code": self.error_code, "sid": self.sid,
+                "message_id": self.message_id, "attempt": self.attempt, "to": self.to,
+                "from": self.from_, "body": self.body, "hang": self.hang}
+
+
+class MessageLog:
+    """The newest ``max_records`` records, indexed by message_id, plus exact lifetime counters.
+
+    ``duplicates`` and the per-message_id histogram cover the retained window only.
+    """
+
+    def __init__(self, max_records: int) -> None:
+        self.max_records = max_records
+        self.records: deque[MessageRecord] = deque()
+        self.by_message_id: dict[str, list[MessageRecord]] = {}
+        self.accepted_histogram: Counter[int] = Counter()
+        self.outcomes: Counter[str] = Counter()
+        self.received = 0
+        self.accepted = 0
+        self.hung = 0
+
+    def resize(self, max_records: int) -> None:
+        """Retain at most ``max_records`` from now on, evicting the oldest at once."""
+        self.max_records = max_records
+        while len(self.records) > max_records:
+            self._evict(self.records.popleft())
+
+    def add(self, record: MessageRecord) -> None:
+        if len(self.records) >= self.max_records:
+            self._evict(self.records.popleft())
+        self.records.append(record)
+        self.received += 1
+        self.outcomes[record.outcome] += 1
+        if record.accepted:
+            self.accepted += 1
+            self.hung += record.hang
+        mid = record.message_id
+        if mid is None:
+            return
+        same = self.by_message_id.get(mid)
+        if same is None:
+            self.by_message_id[mid] = [record]
+            self.accepted_histogram[int(record.accepted)] += 1
+            return
+        before = sum(r.accepted for r in same)
+        same.append(record)
+        if record.accepted:
+            self.accepted_histogram[before] -= 1
+            self.accepted_histogram[before + 1] += 1
+
+    def _evict(self, record: MessageRecord) -> None:
+        mid = record.message_id
+        if mid is None:
+            return
+        same = self.by_message_id[mid]
+        before = sum(r.accepted for r in same)
+        same.pop(0)
+        self.accepted_histogram[before] -= 1
+        if same:
+            self.accepted_histogram[before - int(record.accepted)] += 1
+        else:
+            del self.by_message_id[mid]
+
+    def find(self, *, message_id: str | None = None, sid: str | None = None,
+             limit: int | None = None) -> list[MessageRecord]:
+        """Matching records, oldest first; with ``limit``, only the newest ``limit``."""
+        found: list[MessageRecord]
+        if message_id is not None:
+            found = self.by_message_id.get(message_id, [])
+            if sid is not None:
+                found = [r for r in found if r.sid == sid]
+        elif sid is not None:
+            found = [r for r in self.records if r.sid == sid]
+        elif limit is not None:
+            return list(itertools.islice(reversed(self.records), limit))[::-1]
+        else:
+            found = list(self.records)
+        return found[-limit:] if limit is not None else list(found)
+
+    def stats(self) -> dict[str, Any]:
+        histogram = {str(k): v for k, v in sorted(self.accepted_histogram.items()) if v}
+        return {
+            "received": self.received,
+            "accepted": self.accepted,
+            "hung": self.hung,
+            "rejected": self.received - self.accepted,
+            "duplicates": sum(v for k, v in self.accepted_histogram.items() if k >= 2),
+            "by_outcome": dict(self.outcomes),
+            "by_message_id": {"distinct": len(self.by_message_id),
+                              "accepted_histogram": histogram},
+            "retained": len(self.records),
+        }
+
+
 def json_response(body: bytes, status: int,
                   headers: Mapping[str, str] | None = None) -> web.Response:
     """An ``application/json`` response of already-encoded ``body``."""
@@ -80,7 +199,8 @@ Deliver = Callable[[aiohttp.ClientSession, str, W], Awaitable[int]]
 class WebhookDispatcher(Generic[W]):
     """Makes scheduled webhook calls at their due time with bounded concurrency and a bounded
     backlog (more are dropped and counted). Failures (an exception or a non-2xx answer) are
-    counted and logged (throttled), never raised or retried."""
+    counted and logged (throttled), never raised or retried. Subclasses may batch due items
+    (:meth:`_pop_due`) and count calls differently (:meth:`_count`)."""
 
     def __init__(self, name: str, deliver: Deliver[W], *, user_agent: str,
                  concurrency: int = 64, max_pending: int = 200_000) -> None:
@@ -149,11 +269,20 @@ class WebhookDispatcher(Generic[W]):
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wakeup.wait(), delay)
                 continue
-            _, _, url, item = heapq.heappop(self._heap)
-            await self._slots.acquire()
-            task = asyncio.create_task(self._call(url, item))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            for url, item in self._pop_due():
+                await self._slots.acquire()
+                task = asyncio.create_task(self._call(url, item))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+
+    def _pop_due(self) -> list[tuple[str, W]]:
+        """The calls to make now: the earliest due one."""
+        _, _, url, item = heapq.heappop(self._heap)
+        return [(url, item)]
+
+    def _count(self, item: W, ok: bool) -> None:
+        """Count one finished call."""
+        self.counts["sent" if ok else "failed"] += 1
 
     async def _call(self, url: str, item: W) -> None:
         try:
@@ -164,10 +293,9 @@ class WebhookDispatcher(Generic[W]):
             ok, problem = False, f"{type(exc).__name__}: {exc}"
         finally:
             self._slots.release()
+        self._count(item, ok)
         if ok:
-            self.counts["sent"] += 1
             return
-        self.counts["failed"] += 1
         now = time.monotonic()
         if now - self._last_failure_log >= 10.0:
             self._last_failure_log = now
@@ -176,15 +304,18 @@ class WebhookDispatcher(Generic[W]):
 
 
 class Emulator(Generic[K]):
-    """Knobs, records and the admin endpoints of one emulator named ``name``."""
+    """Knobs, records and the admin endpoints of one emulator named ``name``, and its webhook
+    dispatcher ``callbacks`` if it has one (run by :meth:`lifecycle`, cleared by :meth:`reset`,
+    counted under ``callbacks`` in ``/stats``)."""
 
-    def __init__(self, name: str, knobs_type: type[K], *,
-                 rng: random.Random | None = None) -> None:
+    def __init__(self, name: str, knobs_type: type[K], *, rng: random.Random | None = None,
+                 callbacks: WebhookDispatcher[Any] | None = None) -> None:
         self.name = name
         self._knobs_type = knobs_type
         self.knobs: K = knobs_type()
         self.messages = MessageLog(self.knobs.max_records)
         self.rng = rng or random.Random()
+        self.callbacks = callbacks
 
     def admin_routes(self) -> list[web.RouteDef]:
         base = f"/_admin/{self.name}"
@@ -196,14 +327,25 @@ class Emulator(Generic[K]):
             web.post(f"{base}/reset", self.reset_handler),
         ]
 
+    async def lifecycle(self, _app: web.Application) -> AsyncIterator[None]:
+        """``cleanup_ctx`` hook: runs the callback dispatcher while the app runs."""
+        if self.callbacks is not None:
+            await self.callbacks.start()
+        yield
+        if self.callbacks is not None:
+            await self.callbacks.stop()
+
     def reset(self) -> None:
-        """Forget every record and knob (subclasses also clear their own state)."""
+        """Forget every record, pending callback and knob (subclasses also clear their own
+        state)."""
         self.knobs = self._knobs_type()
         self.messages = MessageLog(self.knobs.max_records)
+        if self.callbacks is not None:
+            self.callbacks.clear()
 
     def extra_stats(self) -> dict[str, Any]:
         """Emulator-specific additions to ``/stats``."""
-        return {}
+        return {} if self.callbacks is None else {"callbacks": self.callbacks.stats()}
 
     def knobs_changed(self) -> None:
         """Hook run after the knobs changed over the admin API."""

@@ -46,8 +46,14 @@ from notiflow.adapters.providers.fcm import (
     b64url_decode,
     verify_jwt,
 )
-from notiflow.fakes.common import CommonKnobs, Emulator, json_response, retry_after_text
-from notiflow.fakes.twilio import ACCEPTED, MessageRecord
+from notiflow.fakes.common import (
+    ACCEPTED,
+    CommonKnobs,
+    Emulator,
+    MessageRecord,
+    json_response,
+    retry_after_text,
+)
 from notiflow.settings import Settings
 
 log = logging.getLogger(__name__)

@@ -18,17 +18,13 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import heapq
 import hmac
-import itertools
 import logging
 import math
 import os
 import re
 import time
-from collections import Counter
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -45,8 +41,15 @@ from notiflow.adapters.providers.sendgrid import (
     MAIL_SEND_PATH,
     event_signature,
 )
-from notiflow.fakes.common import CommonKnobs, Emulator, json_response
-from notiflow.fakes.twilio import ACCEPTED, MessageRecord
+from notiflow.fakes.common import (
+    ACCEPTED,
+    CommonKnobs,
+    Deliver,
+    Emulator,
+    MessageRecord,
+    WebhookDispatcher,
+    json_response,
+)
 from notiflow.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -97,114 +100,52 @@ class SendGridRecord(MessageRecord):
         return {**MessageRecord.as_json(self), "subject": self.subject, "error": self.error}
 
 
-class EventDispatcher:
-    """Posts signed Event Webhook batches at their due time, bounded in concurrency and
-    backlog. Delivery failures are counted and logged (throttled), never raised or retried."""
+Event = dict[str, Any]
 
-    def __init__(self, key: ec.EllipticCurvePrivateKey, *, concurrency: int = 16,
-                 max_pending: int = 200_000) -> None:
-        self._key = key
-        self._heap: list[tuple[float, int, str, dict[str, Any]]] = []
-        self._seq = itertools.count()
-        self._wakeup = asyncio.Event()
-        self._slots = asyncio.Semaphore(concurrency)
-        self._max_pending = max_pending
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._runner: asyncio.Task[None] | None = None
-        self._session: aiohttp.ClientSession | None = None
-        self._last_failure_log = -1e9
+
+def signed_events(key: ec.EllipticCurvePrivateKey) -> Deliver[list[Event]]:
+    """Posts one Event Webhook batch (a JSON array and CRLF), signed like SendGrid's."""
+
+    async def deliver(session: aiohttp.ClientSession, url: str, events: list[Event]) -> int:
+        payload = orjson.dumps(events) + b"\r\n"
+        timestamp = str(int(time.time()))
+        headers = {EVENT_SIGNATURE_HEADER: event_signature(key, timestamp, payload),
+                   EVENT_TIMESTAMP_HEADER: timestamp, "Content-Type": "application/json"}
+        async with session.post(url, data=payload, headers=headers) as resp:
+            await resp.read()
+            return resp.status
+
+    return deliver
+
+
+class EventDispatcher(WebhookDispatcher[list[Event]]):
+    """Posts signed Event Webhook batches: the events due together (at most ``batch_size``
+    a round, each scheduled as a one-event list) go out as one post per URL. ``sent`` and
+    ``failed`` count events, ``posts`` counts posts."""
+
+    def __init__(self, key: ec.EllipticCurvePrivateKey) -> None:
+        super().__init__("sendgrid", signed_events(key), user_agent="SendGrid Event API",
+                         concurrency=16)
         self.batch_size = 100
-        self.counts: Counter[str] = Counter()
-
-    def schedule(self, due: float, url: str, event: dict[str, Any]) -> None:
-        """Queue one event for ``due`` (``time.monotonic`` seconds)."""
-        if len(self._heap) >= self._max_pending:
-            self.counts["dropped"] += 1
-            return
-        item = (due, next(self._seq), url, event)
-        heapq.heappush(self._heap, item)
-        self.counts["scheduled"] += 1
-        if self._heap[0] is item:
-            self._wakeup.set()
-
-    def clear(self) -> None:
-        self._heap.clear()
-        self.counts.clear()
 
     def stats(self) -> dict[str, int]:
         return {"scheduled": self.counts["scheduled"], "sent": self.counts["sent"],
                 "posts": self.counts["posts"], "failed": self.counts["failed"],
                 "dropped": self.counts["dropped"], "pending": len(self._heap)}
 
-    async def start(self) -> None:
-        self._session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0),
-            timeout=aiohttp.ClientTimeout(total=5.0),
-            headers={"User-Agent": "SendGrid Event API"},
-        )
-        self._runner = asyncio.create_task(self._run(), name="sendgrid-events")
-
-    async def stop(self) -> None:
-        if self._runner is not None:
-            self._runner.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._runner
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        if self._session is not None:
-            await self._session.close()
-
-    async def _run(self) -> None:
-        while True:
-            if not self._heap:
-                self._wakeup.clear()
-                await self._wakeup.wait()
-                continue
-            delay = self._heap[0][0] - time.monotonic()
-            if delay > 0:
-                self._wakeup.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wakeup.wait(), delay)
-                continue
-            now = time.monotonic()
-            batches: dict[str, list[dict[str, Any]]] = {}
-            taken = 0
-            while self._heap and self._heap[0][0] <= now and taken < self.batch_size:
-                _, _, url, event = heapq.heappop(self._heap)
-                batches.setdefault(url, []).append(event)
-                taken += 1
-            for url, events in batches.items():
-                await self._slots.acquire()
-                task = asyncio.create_task(self._deliver(url, events))
-                self._tasks.add(task)
-                task.add_done_callback(self._tasks.discard)
-
-    async def _deliver(self, url: str, events: list[dict[str, Any]]) -> None:
-        try:
-            assert self._session is not None
-            payload = orjson.dumps(events) + b"\r\n"
-            timestamp = str(int(time.time()))
-            headers = {EVENT_SIGNATURE_HEADER: event_signature(self._key, timestamp, payload),
-                       EVENT_TIMESTAMP_HEADER: timestamp, "Content-Type": "application/json"}
-            async with self._session.post(url, data=payload, headers=headers) as resp:
-                await resp.read()
-                ok = 200 <= resp.status < 300
-                problem = f"HTTP {resp.status}"
-        except Exception as exc:
-            ok, problem = False, f"{type(exc).__name__}: {exc}"
-        finally:
-            self._slots.release()
-        self.counts["posts"] += 1
-        if ok:
-            self.counts["sent"] += len(events)
-            return
-        self.counts["failed"] += len(events)
+    def _pop_due(self) -> list[tuple[str, list[Event]]]:
         now = time.monotonic()
-        if now - self._last_failure_log >= 10.0:
-            self._last_failure_log = now
-            log.warning("sendgrid event webhook post to %s failed (%s); %d events failed so far",
-                        url, problem, self.counts["failed"])
+        batches: dict[str, list[Event]] = {}
+        taken = 0
+        while self._heap and self._heap[0][0] <= now and taken < self.batch_size:
+            _, _, url, events = heapq.heappop(self._heap)
+            batches.setdefault(url, []).extend(events)
+            taken += len(events)
+        return list(batches.items())
+
+    def _count(self, item: list[Event], ok: bool) -> None:
+        self.counts["posts"] += 1
+        self.counts["sent" if ok else "failed"] += len(item)
 
 
 def _signing_key(settings: Settings) -> ec.EllipticCurvePrivateKey:
@@ -332,14 +273,15 @@ def _token(n: int) -> str:
 class SendGridEmulator(Emulator[SendGridKnobs]):
     """State and handlers of the SendGrid emulator (one configured account)."""
 
+    callbacks: EventDispatcher
+
     def __init__(self, settings: Settings) -> None:
-        super().__init__("sendgrid", SendGridKnobs)
+        self._signing_key = _signing_key(settings)
+        super().__init__("sendgrid", SendGridKnobs, callbacks=EventDispatcher(self._signing_key))
         config = settings.sendgrid
         key = config.api_key.get_secret_value() if config.api_key else None
         self._expected_auth = f"Bearer {key}" if key else None
         self._default_webhook_url = config.event_webhook_url
-        self._signing_key = _signing_key(settings)
-        self.events = EventDispatcher(self._signing_key)
         self._unauthorized = errors_body((UNAUTHORIZED_MESSAGE, None))
         self._missing_auth = errors_body(("authorization required", None))
         self._too_many = errors_body(("too many requests", None))
@@ -364,22 +306,12 @@ class SendGridEmulator(Emulator[SendGridKnobs]):
             *self.admin_routes(),
         ]
 
-    async def lifecycle(self, _app: web.Application) -> AsyncIterator[None]:
-        """``cleanup_ctx`` hook: runs the event dispatcher while the app runs."""
-        await self.events.start()
-        yield
-        await self.events.stop()
-
     def reset(self) -> None:
         super().reset()
-        self.events.clear()
-        self.events.batch_size = self.knobs.event_batch_size
+        self.callbacks.batch_size = self.knobs.event_batch_size
 
     def knobs_changed(self) -> None:
-        self.events.batch_size = self.knobs.event_batch_size
-
-    def extra_stats(self) -> dict[str, Any]:
-        return {"callbacks": self.events.stats()}
+        self.callbacks.batch_size = self.knobs.event_batch_size
 
     async def get_public_key(self, _request: web.Request) -> web.Response:
         return json_response(orjson.dumps({"public_key": self.public_key}), 200)
@@ -456,9 +388,9 @@ class SendGridEmulator(Emulator[SendGridKnobs]):
                   "email": req.to, "sg_message_id": sg_message_id,
                   "smtp-id": f"<{message_id}@emulator.sendgrid.net>"}
         wall = int(time.time())
-        self.events.schedule(now + delay, url, {
+        self.callbacks.schedule(now + delay, url, [{
             **common, "event": "processed", "sg_event_id": _token(16),
-            "timestamp": wall + int(delay)})
+            "timestamp": wall + int(delay)}])
         final: dict[str, Any]
         if _domain(req.to) in BOUNCE_DOMAINS or self.draw(knobs.bounce_rate):
             final = {"event": "bounce", "type": "bounce", "status": "5.1.1",
@@ -466,5 +398,5 @@ class SendGridEmulator(Emulator[SendGridKnobs]):
                                "exist.", "bounce_classification": "Invalid Address"}
         else:
             final = {"event": "delivered", "response": "250 2.0.0 OK"}
-        self.events.schedule(now + 2 * delay, url, {
-            **common, **final, "sg_event_id": _token(16), "timestamp": wall + int(2 * delay)})
+        self.callbacks.schedule(now + 2 * delay, url, [{
+            **common, **final, "sg_event_id": _token(16), "timestamp": wall + int(2 * delay)}])

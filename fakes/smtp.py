@@ -14,7 +14,11 @@ infrastructure only.
 Magic recipient domains (emulator only): ``bounce.example.com`` → ``550 5.1.1`` at RCPT,
 ``full.example.com`` → ``552 5.2.2``, ``disabled.example.com`` → ``550 5.2.1``,
 ``invalid.example.com`` → ``553 5.1.3``, ``greylist.example.com`` → ``451 4.7.1`` the first
-time an address is tried, ``policy.example.com`` → ``554 5.7.1`` after the data.
+time an address is tried, ``policy.example.com`` → ``554 5.7.1`` after the data;
+``dsn-bounce.example.com`` is accepted and then bounces: an RFC 3464 delivery status
+notification (``failed``, ``5.1.1``) is posted to the knob ``dsn_url`` (default
+``smtp.dsn_webhook_url``) with ``Authorization: Bearer <smtp.dsn_webhook_secret>``, as a
+relay's bounce pipe would.
 """
 
 from __future__ import annotations
@@ -30,17 +34,20 @@ import weakref
 from collections import Counter
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from email import policy
 from email.message import EmailMessage
 from email.parser import BytesParser
+from email.utils import format_datetime, make_msgid
 from typing import Any, Final, cast
 
+import aiohttp
 from aiohttp import web
 from aiosmtpd.smtp import SMTP, AuthResult, Envelope, LoginPassword, Session, syntax
 from pydantic import Field
 
 from notiflow.adapters.providers.smtp import ATTEMPT_HEADER, MESSAGE_ID_HEADER
-from notiflow.fakes.common import BaseKnobs, Emulator
+from notiflow.fakes.common import BaseKnobs, Emulator, WebhookDispatcher
 from notiflow.fakes.twilio import ACCEPTED, MessageRecord
 from notiflow.settings import Settings
 
@@ -64,6 +71,10 @@ GREYLIST_REPLY: Final = ("451 4.7.1 <{rcpt}>: Recipient address rejected: Greyli
                          "try again later")
 POLICY_DOMAIN: Final = "policy.example.com"
 POLICY_REPLY: Final = "554 5.7.1 Message rejected: content policy violation"
+DSN_BOUNCE_DOMAIN: Final = "dsn-bounce.example.com"
+"""Recipients here are accepted, then bounce with a DSN (``failed``, ``5.1.1``)."""
+DSN_BOUNCE_DIAGNOSTIC: Final = ("smtp; 550 5.1.1 <{rcpt}>: Recipient address rejected: User "
+                                "unknown in virtual mailbox table")
 
 REPLIES: Final[Mapping[str, str]] = {
     "421": "421 4.3.0 Service shutting down, closing transmission channel",
@@ -102,6 +113,10 @@ class SmtpKnobs(BaseKnobs):
     """Share of messages answered ``554 5.7.1`` after the data."""
     greylisting: bool = True
     """Whether ``greylist.example.com`` recipients are greylisted once."""
+    dsn_url: str | None = None
+    """Where DSNs go; None = the configured ``smtp.dsn_webhook_url`` (no DSN without one)."""
+    dsn_delay_ms: float = Field(50.0, ge=0)
+    """Delay between accepting a ``dsn-bounce.example.com`` message and posting its DSN."""
 
 
 @dataclass(slots=True)
@@ -143,6 +158,68 @@ def _correlation(envid: str | None) -> tuple[str | None, int | None]:
     if not sep or not attempt.isdigit():
         return None, None
     return message_id, int(attempt)
+
+
+def build_dsn(*, sender: str, rcpt: str, original_headers: bytes, queue_id: str,
+              envid: str | None = None, status: str = "5.1.1", action: str = "failed",
+              diagnostic: str | None = None, reporting_mta: str = HOSTNAME) -> bytes:
+    """A bounce as a Postfix-style relay writes it (RFC 3464 / RFC 6522): ``multipart/report;
+    report-type=delivery-status`` with a human-readable part, the ``message/delivery-status``
+    fields (``X-Postfix-Queue-ID``, ``Original-Envelope-Id``, one recipient) and the original
+    headers as ``text/rfc822-headers``; CRLF line ends."""
+    now = format_datetime(datetime.now(UTC))
+    boundary = f"{queue_id}.{os.urandom(6).hex()}/{reporting_mta}"
+    headers = original_headers.replace(b"\r\n", b"\n").rstrip(b"\n").decode(
+        "utf-8", "replace")
+    per_message = [f"Reporting-MTA: dns; {reporting_mta}", f"X-Postfix-Queue-ID: {queue_id}"]
+    if envid:
+        per_message.append(f"Original-Envelope-Id: {envid}")
+    per_message.append(f"Arrival-Date: {now}")
+    per_recipient = [f"Final-Recipient: rfc822; {rcpt}", f"Original-Recipient: rfc822; {rcpt}",
+                     f"Action: {action}", f"Status: {status}",
+                     f"Remote-MTA: dns; mx.{rcpt.rpartition('@')[2]}"]
+    if diagnostic:
+        per_recipient.append(f"Diagnostic-Code: {diagnostic}")
+    per_recipient.append(f"Last-Attempt-Date: {now}")
+    lines = [
+        f"From: MAILER-DAEMON@{reporting_mta} (Mail Delivery System)",
+        f"To: {sender}",
+        "Subject: Undelivered Mail Returned to Sender",
+        f"Date: {now}",
+        f"Message-ID: {make_msgid(domain=reporting_mta)}",
+        "Auto-Submitted: auto-replied",
+        "MIME-Version: 1.0",
+        f'Content-Type: multipart/report; report-type=delivery-status; boundary="{boundary}"',
+        "",
+        "This is a MIME-encapsulated message.",
+        "",
+        f"--{boundary}",
+        "Content-Description: Notification",
+        "Content-Type: text/plain; charset=us-ascii",
+        "",
+        f"This is the mail system at host {reporting_mta}.",
+        "",
+        "I'm sorry to have to inform you that your message could not",
+        "be delivered to one or more recipients.",
+        "",
+        f"--{boundary}",
+        "Content-Description: Delivery report",
+        "Content-Type: message/delivery-status",
+        "",
+        *per_message,
+        "",
+        *per_recipient,
+        "",
+        f"--{boundary}",
+        "Content-Description: Undelivered Message Headers",
+        "Content-Type: text/rfc822-headers",
+        "",
+        *headers.split("\n"),
+        "",
+        f"--{boundary}--",
+        "",
+    ]
+    return "\r\n".join(lines).encode()
 
 
 class _Server(SMTP):
@@ -203,6 +280,11 @@ class SmtpEmulator(Emulator[SmtpKnobs]):
         self._greylisted: set[str] = set()
         self.counts: Counter[str] = Counter()
         self._parser = BytesParser(policy=policy.default)
+        self._dsn_secret = (config.dsn_webhook_secret.get_secret_value()
+                            if config.dsn_webhook_secret is not None else None)
+        self._dsn_url = config.dsn_webhook_url
+        self.dsns: WebhookDispatcher[bytes] = WebhookDispatcher(
+            "smtp-dsn", self._post_dsn, user_agent="notiflow-smtp-emulator/1")
         if self._username is None or self._password is None:
             log.warning("smtp emulator: no username/password configured "
                         "(NOTIFLOW_SMTP__USERNAME, NOTIFLOW_SMTP__PASSWORD); every AUTH fails")
@@ -211,10 +293,13 @@ class SmtpEmulator(Emulator[SmtpKnobs]):
         return self.admin_routes()
 
     async def lifecycle(self, _app: web.Application) -> AsyncIterator[None]:
-        """``cleanup_ctx`` hook: the SMTP listener runs while the app runs."""
+        """``cleanup_ctx`` hook: the SMTP listener and the DSN dispatcher run while the app
+        runs."""
+        await self.dsns.start()
         await self.start()
         yield
         await self.stop()
+        await self.dsns.stop()
 
     async def start(self) -> None:
         """Listen on ``host:port`` in the running loop."""
@@ -244,13 +329,34 @@ class SmtpEmulator(Emulator[SmtpKnobs]):
         super().reset()
         self._greylisted.clear()
         self.counts.clear()
+        self.dsns.clear()
 
     def extra_stats(self) -> dict[str, Any]:
         return {"connections": {"opened": self.counts["connections"],
                                 "refused": self.counts["refused"],
                                 "open": len(self._sessions)},
                 "auth": {"succeeded": self.counts["auth_ok"],
-                         "failed": self.counts["auth_failed"]}}
+                         "failed": self.counts["auth_failed"]},
+                "dsns": self.dsns.stats()}
+
+    async def _post_dsn(self, session: aiohttp.ClientSession, url: str, dsn: bytes) -> int:
+        headers = {"Content-Type": "message/rfc822"}
+        if self._dsn_secret is not None:
+            headers["Authorization"] = f"Bearer {self._dsn_secret}"
+        async with session.post(url, data=dsn, headers=headers) as resp:
+            await resp.read()
+            return resp.status
+
+    def _schedule_dsn(self, txn: _Transaction, raw: bytes, queue_id: str) -> None:
+        url = self.knobs.dsn_url or self._dsn_url
+        if not url or txn.rcpt is None:
+            return
+        head = raw.split(b"\n\n", 1)[0]
+        dsn = build_dsn(sender=txn.mail_from or "", rcpt=txn.rcpt, original_headers=head,
+                        queue_id=queue_id,
+                        envid=_xtext_decode(txn.envid) if txn.envid else None,
+                        diagnostic=DSN_BOUNCE_DIAGNOSTIC.format(rcpt=txn.rcpt))
+        self.dsns.schedule(time.monotonic() + self.knobs.dsn_delay_ms / 1000, url, dsn)
 
     # sessions ----------------------------------------------------------------------------
 
@@ -385,6 +491,8 @@ class SmtpEmulator(Emulator[SmtpKnobs]):
         reply = f"250 2.0.0 Ok: queued as {queue_id}"
         self._record(ACCEPTED, reply, stage="data_end", txn=txn, mail=mail, body=body,
                      sid=queue_id, hang=hang)
+        if (txn.rcpt or "").rpartition("@")[2].lower() == DSN_BOUNCE_DOMAIN:
+            self._schedule_dsn(txn, raw, queue_id)
         if hang:
             await asyncio.sleep(knobs.hang_s)
         return reply

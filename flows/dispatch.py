@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import hashlib
 import logging
 import os
@@ -51,7 +52,7 @@ from notiflow.flows.steps import (
     status_event,
 )
 from notiflow.schemas.enums import Channel, Status, Tier
-from notiflow.schemas.messages import AttemptRecord, DlqRecord, StatusEvent
+from notiflow.schemas.messages import AttemptRecord, DlqRecord, IngestRecord, StatusEvent
 from notiflow.schemas.preferences import state_key
 from notiflow.schemas.status import rank
 from notiflow.settings import Settings, TierPolicy
@@ -64,6 +65,17 @@ REDIS_PAUSE_S = 0.5
 BACKLOG_REPORT_S = 1.0
 POLL = timedelta(milliseconds=5)
 STALE_MARGIN = timedelta(seconds=2)
+CRASH_MEMORY = timedelta(days=7)
+
+
+class InfraUnavailable(RuntimeError):
+    """Kafka, Cassandra or Redis stayed unavailable: the flow stops, no record is to blame."""
+
+
+def crash_field(work: Work) -> str:
+    """What a crash is counted against: the message's attempt. Not the source offset alone: a
+    record that waits (backoff, a stale lease) is re-published at a new offset."""
+    return f"{work.message_id}:{work.record.attempt}"
 
 
 def content_fingerprint(work: Work) -> str:
@@ -77,11 +89,19 @@ def content_fingerprint(work: Work) -> str:
     return hashlib.sha256(doc).hexdigest()
 
 
-def lease_outcome(ev: StatusEvent) -> dict[str, object]:
-    """What a finished lease records, so a replay can re-emit the outcome."""
+def lease_outcome(ev: StatusEvent, follow: Iterable[Out] = ()) -> dict[str, object]:
+    """What a finished lease records, so a replay can re-emit the outcome and what follows
+    it (the retry or check record, the dead letter) exactly as the first run emitted them."""
     done: dict[str, object] = {"status": ev.status.value, "reason": ev.reason}
     if ev.attempt_detail is not None:
         done["detail"] = ev.attempt_detail.model_dump(mode="json")
+    if ev.next_attempt_at is not None:
+        done["next_attempt_at"] = ev.next_attempt_at.isoformat()
+    for out in follow:
+        if isinstance(out, Retry):
+            done["retry"] = out.record.model_dump(mode="json", exclude_none=True)
+        elif isinstance(out, DlqRecord):
+            done["dlq"] = out.model_dump(mode="json", exclude_none=True)
     return done
 
 
@@ -169,6 +189,8 @@ class Dispatcher:
         self._opened: concurrent.futures.Future[None] = concurrent.futures.Future()
         self._res: _Resources | None = None
         self._sems: dict[Channel, asyncio.Semaphore] = {}
+        self._retry_sems: dict[Channel, asyncio.Semaphore] = {}
+        self._crashes: dict[str, int] = {}
         self._templates: dict[tuple[str, str, int], dict[str, Any]] = {}
         self._oldest: dict[str, tuple[Tier, float]] = {}
         register(self)
@@ -217,7 +239,13 @@ class Dispatcher:
             preferences=PreferenceStore(store, AsyncProducer(s)),
             breakers=breakers,
         )
+        try:
+            self._crashes = await self._res.dedup.crashes(self.source)
+        except (RedisError, OSError) as exc:
+            log.warning("crash counts not read: %r", exc)
         self._sems = {c: asyncio.Semaphore(self.policy.max_in_flight) for c in Channel}
+        retry_slots = max(1, int(self.policy.max_in_flight * s.retry_share))
+        self._retry_sems = {c: asyncio.Semaphore(retry_slots) for c in Channel}
         log.info("dispatcher ready: providers %s", ", ".join(sorted(self._res.clients)) or
                  "none")
 
@@ -307,7 +335,7 @@ class Dispatcher:
                 return await fn()
             except Exception as exc:
                 if time.monotonic() >= deadline:
-                    raise RuntimeError(f"{what} unavailable for {INFRA_RETRY_FOR}") from exc
+                    raise InfraUnavailable(f"{what} unavailable for {INFRA_RETRY_FOR}") from exc
                 log.warning("%s failed (%s); retrying in %.1fs", what, exc, delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
@@ -359,6 +387,9 @@ class Dispatcher:
         dedup = res.dedup
         now = self.clock()
         plan: dict[int, Any] = {}
+        batch = self._crash_looped(batch, plan, now)
+        if not batch:
+            return plan
         checks = [w for w in batch if w.record.unknown_check is not None]
         if checks:
             await self._resolve_unknown(checks, plan, now)
@@ -374,7 +405,7 @@ class Dispatcher:
             if st.acquired:
                 live.append(w)
             elif (done := st.done) is not None:
-                plan[id(w)] = [self._replayed(w, done, now)]
+                plan[id(w)] = self._replayed(w, done, now)
             elif (owner := st.pending_owner()) is not None and owner != dedup.owner:
                 since = datetime.fromtimestamp((st.pending_since_ms() or 0) / 1000, UTC)
                 stale_at = since + self._stale_after(w)
@@ -473,7 +504,15 @@ class Dispatcher:
                     fut: concurrent.futures.Future[list[Out]]) -> None:
         """Route, take a capacity token, then call the provider and record the outcome on
         the lease inside the channel's in-flight bound, so at most ``max_in_flight`` sends
-        per channel are unrecorded when the process dies."""
+        per channel are unrecorded when the process dies. Retries (attempt > 1) also pass
+        a gate of ``retry_share`` of that bound, so a retry storm cannot starve new traffic."""
+        gate = (self._retry_sems[w.record.channel] if w.record.attempt > 1
+                else contextlib.nullcontext())
+        async with gate:
+            await self._attempt(w, msg, content_key, fut)
+
+    async def _attempt(self, w: Work, msg: OutboundMessage, content_key: str | None,
+                       fut: concurrent.futures.Future[list[Out]]) -> None:
         assert self._res is not None
         res = self._res
         try:
@@ -507,11 +546,41 @@ class Dispatcher:
                         provider.provider_id, result.outcome, result.reason,
                         time.monotonic() - started, choice.probe,
                         episode=getattr(choice.admission, "episode", None))
-                outs = await self._outcome(w, result, content_key)
+                outs = await self._outcome(w, result, content_key, msg)
             self._resolve(w, fut, outs)
         except Exception as exc:
             log.exception("send of %s failed", w.message_id)
+            if not isinstance(exc, InfraUnavailable | RedisError | OSError):
+                await self._count_crash(w)
             self._resolve(w, fut, exc)
+
+    async def _count_crash(self, w: Work) -> None:
+        """The flow is about to stop because of this record: count it, so the next start
+        dead-letters it instead of crash-looping, and free its lease (this process will not
+        finish the attempt; the restart may, as a takeover of a stale lease would)."""
+        assert self._res is not None
+        try:
+            n = await self._res.dedup.count_crash(self.source, crash_field(w), CRASH_MEMORY)
+            log.error("message %s attempt %d (source %s:%d:%d) crashed the flow %d time(s)",
+                      w.message_id, w.record.attempt, w.source.topic, w.source.partition,
+                      w.source.offset, n)
+            await self._release(w)
+        except (RedisError, OSError) as exc:
+            log.warning("crash of %s not counted: %r", crash_field(w), exc)
+
+    def _crash_looped(self, batch: list[Work], plan: dict[int, Any],
+                      now: datetime) -> list[Work]:
+        """Records that crashed the flow ``dlq.max_crashes`` times → DLQ (category bug)."""
+        limit = self.settings.dlq.max_crashes
+        for w in batch:
+            n = self._crashes.get(crash_field(w), 0)
+            if n >= limit:
+                plan[id(w)] = [dead_letter(
+                    raw=w.raw, source=w.source, reason=f"crashed the flow {n} times",
+                    error_class="crash_loop", category="bug", tier=w.record.tier,
+                    cipher=self.cipher, now=now, message_id=w.message_id,
+                    tenant_id=w.record.tenant_id, headers=w.headers)]
+        return [w for w in batch if id(w) not in plan]
 
     async def _all_unavailable(self, w: Work, choice: Unavailable | None) -> list[Out]:
         """Every provider of the channel is refused by its breaker: no attempt is spent; the
@@ -528,7 +597,8 @@ class Dispatcher:
                              reason="all_providers_unavailable", next_attempt_at=due),
                 retry_record(w, w.record.attempt, due)]
 
-    async def _outcome(self, w: Work, result: SendResult, content_key: str | None) -> list[Out]:
+    async def _outcome(self, w: Work, result: SendResult, content_key: str | None,
+                       msg: OutboundMessage | None = None) -> list[Out]:
         detail = attempt_detail(w, result)
         at = result.completed_at
         tier_policy = self.settings.policy(w.record.tier)
@@ -543,34 +613,30 @@ class Dispatcher:
                 content_key)
         if result.outcome is Outcome.AMBIGUOUS and tier_policy.on_ambiguous == "wait":
             check_at = at + self.settings.scaled(self.settings.unknown_resolution)
-            outs = await self._finished(w, status_event(
-                w, Status.UNKNOWN, at, self.source, reason=result.reason, detail=detail,
-                next_attempt_at=check_at))
             check = w.record.model_copy(update={"unknown_check": w.record.attempt,
                                                 "not_before": check_at})
-            return [*outs, Retry(w, check)]
+            return await self._finished(w, status_event(
+                w, Status.UNKNOWN, at, self.source, reason=result.reason, detail=detail,
+                next_attempt_at=check_at), follow=[Retry(w, check)])
         retry_after = timedelta(seconds=result.retry_after_s) if result.retry_after_s else None
         assert w.record.expires_at is not None
         decision = RetryPolicy.for_tier(self.settings, w.record.tier).after_failure(
-            w.record.attempt, at, w.record.expires_at, retry_after, self.rng)
+            w.record.attempt, at, w.record.expires_at, retry_after, self.rng,
+            budget_base=w.record.budget_base or 1)
         if decision.next_attempt is not None and decision.next_attempt_at is not None:
             nxt = retry_record(w, decision.next_attempt, decision.next_attempt_at)
             nxt = Retry(w, nxt.record.model_copy(update={"avoid_provider": result.provider_id}))
-            if result.outcome is Outcome.AMBIGUOUS:
-                outs = await self._finished(w, status_event(
-                    w, Status.UNKNOWN, at, self.source, reason=result.reason, detail=detail,
-                    next_attempt_at=decision.next_attempt_at))
-                return [*outs, nxt]
-            await self._release(w)
-            return [status_event(w, Status.RETRY_PENDING, at, self.source, reason=result.reason,
-                                 detail=detail, next_attempt_at=decision.next_attempt_at), nxt]
+            status = Status.UNKNOWN if result.outcome is Outcome.AMBIGUOUS else \
+                Status.RETRY_PENDING
+            return await self._finished(w, status_event(
+                w, status, at, self.source, reason=result.reason, detail=detail,
+                next_attempt_at=decision.next_attempt_at), follow=[nxt])
         status = Status.EXPIRED if decision.give_up == "expires_before_retry" else Status.FAILED
-        outs = await self._finished(w, status_event(w, status, at, self.source,
+        category = unexplained_category(result.reason)
+        dead = [await self._unexplained(w, detail, at, msg, category)] if category else []
+        return await self._finished(w, status_event(w, status, at, self.source,
                                                     reason=decision.give_up, detail=detail),
-                                    content_key)
-        if (result.reason or "").startswith("internal_error"):
-            outs.append(self._unexplained(w, detail, at))
-        return outs
+                                    content_key, follow=dead)
 
     async def _resolve_unknown(self, checks: list[Work], plan: dict[int, Any],
                                now: datetime) -> None:
@@ -589,19 +655,20 @@ class Dispatcher:
             else:
                 plan[id(w)] = []
 
-    async def _finished(self, w: Work, ev: StatusEvent,
-                        content_key: str | None = None) -> list[Out]:
-        """Record the attempt's end on its lease (so a replay never sends it again) and free
-        the content fingerprint of a message that will never be delivered."""
+    async def _finished(self, w: Work, ev: StatusEvent, content_key: str | None = None,
+                        follow: list[Out] | None = None) -> list[Out]:
+        """Record the attempt's end and what follows it on its lease (so a replay never
+        sends it again and re-emits the same outputs) and free the content fingerprint of a
+        message that will never be delivered. Returns ``[ev, *follow]``."""
         assert self._res is not None
         dedup = self._res.dedup
         key = dedup.lease_key(w.message_id, w.record.attempt)
-        await self._redis(lambda: dedup.finish([(key, lease_outcome(ev))], self._lease_ttl(w)),
-                          None)
+        done = lease_outcome(ev, follow or ())
+        await self._redis(lambda: dedup.finish([(key, done)], self._lease_ttl(w)), None)
         if content_key and ev.status in (Status.FAILED, Status.EXPIRED):
             await self._redis(lambda: dedup.release_content([(content_key, w.message_id)]),
                               None)
-        return [ev]
+        return [ev, *(follow or ())]
 
     async def _release(self, w: Work) -> None:
         assert self._res is not None
@@ -628,12 +695,20 @@ class Dispatcher:
     def _lease_ttl(self, w: Work) -> timedelta:
         return scaled_lease_ttl(self.settings, w.record.tier)
 
-    def _replayed(self, w: Work, done: dict[str, Any], now: datetime) -> StatusEvent:
-        """A record seen again after its attempt ended: re-emit the recorded outcome (the
-        event may not have reached Kafka before a crash); never call the provider again."""
+    def _replayed(self, w: Work, done: dict[str, Any], now: datetime) -> list[Out]:
+        """A record seen again after its attempt ended: re-emit the recorded outcome and what
+        followed it (they may not have reached Kafka before a crash; a duplicate retry record
+        is harmless, its own lease decides); never call the provider again."""
         detail = AttemptRecord.model_validate(done["detail"]) if done.get("detail") else None
-        return status_event(w, Status(str(done["status"])), now, self.source,
-                            reason=done.get("reason"), detail=detail)
+        nxt = done.get("next_attempt_at")
+        outs: list[Out] = [status_event(
+            w, Status(str(done["status"])), now, self.source, reason=done.get("reason"),
+            detail=detail, next_attempt_at=datetime.fromisoformat(nxt) if nxt else None)]
+        if done.get("retry"):
+            outs.append(Retry(w, IngestRecord.model_validate(done["retry"])))
+        if done.get("dlq"):
+            outs.append(DlqRecord.model_validate(done["dlq"]))
+        return outs
 
     async def _drop_already_final(self, live: list[Work], plan: dict[int, Any]) -> list[Work]:
         """A lease can only have expired for an old record: ask Cassandra whether the message
@@ -689,13 +764,58 @@ class Dispatcher:
                 subject=subject)
         return result
 
-    def _unexplained(self, w: Work, detail: AttemptRecord, now: datetime) -> DlqRecord:
-        return dead_letter(raw=w.raw, source=w.source, reason="retries exhausted after "
-                           f"unexplained failures ({detail.normalized_error})",
-                           error_class="exhausted_unexplained", category="bug",
-                           tier=w.record.tier, cipher=self.cipher, now=now,
-                           message_id=w.message_id, tenant_id=w.record.tenant_id,
-                           headers=w.headers, attempts=(detail,))
+    async def _unexplained(self, w: Work, detail: AttemptRecord, now: datetime,
+                           msg: OutboundMessage | None, category: str) -> DlqRecord:
+        """The DLQ record of a message whose budget ran out on unexplained failures: every
+        attempt known to Cassandra plus the last one, and the rendered message (encrypted)."""
+        attempts = {detail.attempt_no: detail}
+        try:
+            assert self._res is not None
+            for row in await self._res.store.attempts(w.message_id):
+                a = attempt_from_row(row)
+                if a is not None:
+                    attempts.setdefault(a.attempt_no, a)
+        except Exception as exc:
+            log.warning("attempts of %s not read for its dead letter: %r", w.message_id, exc)
+        rec = dead_letter(raw=w.raw, source=w.source, reason="retries exhausted after "
+                          f"unexplained failures ({detail.normalized_error})",
+                          error_class="exhausted_unexplained", category=category,
+                          tier=w.record.tier, cipher=self.cipher, now=now,
+                          message_id=w.message_id, tenant_id=w.record.tenant_id,
+                          headers=w.headers,
+                          attempts=tuple(attempts[k] for k in sorted(attempts)))
+        if msg is None:
+            return rec
+        rendered = orjson.dumps({"subject": msg.subject, "body": msg.body})
+        return rec.model_copy(update={"rendered_encrypted": self.cipher.encrypt(rendered)})
+
+
+NO_ANSWER = frozenset({"connect_error", "connect_timeout", "timeout", "connection_lost"})
+"""Transient reasons where no provider answered: an outage of the provider or of the path."""
+
+
+def unexplained_category(reason: str | None) -> str | None:
+    """The DLQ category of a budget that ran out on ``reason``, or None when the last failure
+    was a provider's answer (FAILED only, no dead letter): our own exception → ``bug``
+    (escalate); no answer at all → ``provider_outage`` (a bulk-replay candidate)."""
+    if (reason or "").startswith("internal_error"):
+        return "bug"
+    return "provider_outage" if reason in NO_ANSWER else None
+
+
+def attempt_from_row(row: dict[str, Any]) -> AttemptRecord | None:
+    """A row of Cassandra ``attempts`` as an :class:`AttemptRecord` (None if incomplete)."""
+    def aware(d: datetime | None) -> datetime | None:
+        return d.replace(tzinfo=UTC) if d is not None and d.tzinfo is None else d
+
+    try:
+        return AttemptRecord(
+            attempt_no=row["attempt_no"], provider_id=row["provider_id"],
+            outcome=row["outcome"], provider_message_id=row.get("provider_message_id"),
+            normalized_error=row.get("normalized_error"), error_code=row.get("error_code"),
+            started_at=aware(row.get("started_at")), completed_at=aware(row.get("completed_at")))
+    except (KeyError, ValueError):
+        return None
 
 
 def shard_key(work: Work, shards: int) -> str:
@@ -706,7 +826,14 @@ def shard_key(work: Work, shards: int) -> str:
 
 class SendLogic(StatefulBatchLogic[Work, Out, list[Work]]):
     """Keyed by ``{channel}:{shard}``. State: the messages handed to the dispatcher whose
-    outcome has not been emitted yet (resubmitted on resume)."""
+    outcome has not been emitted yet (resubmitted on resume).
+
+    At most one submission per (message, attempt) is pending here, and its future is the one
+    whose outcome is emitted: a copy of a pending attempt is dropped, whether it arrives in a
+    later batch or in the same one (a replay after a crash re-reads a retry record and
+    re-emits it from the dedup lease; both copies are held until the same ``not_before``).
+    The dispatcher answers a copy whose lease this process holds with no outputs, so a copy's
+    future must never take the place of the attempt's own."""
 
     def __init__(self, dispatcher: Dispatcher, resume: list[Work] | None,
                  eof_timeout: float = 120.0) -> None:
@@ -717,14 +844,15 @@ class SendLogic(StatefulBatchLogic[Work, Out, list[Work]]):
             self._submit(resume)
 
     def _submit(self, works: Iterable[Work]) -> None:
-        new = []
+        """Hand the attempts not pending yet to the dispatcher (first copy of each wins)."""
+        new: dict[str, Work] = {}
         for w in works:
             k = f"{w.message_id}:{w.record.attempt}"
             if k not in self.pending:
-                new.append((k, w))
+                new.setdefault(k, w)
         if new:
-            futs = self.d.submit([w for _, w in new])
-            for (k, w), f in zip(new, futs, strict=True):
+            futs = self.d.submit(list(new.values()))
+            for (k, w), f in zip(new.items(), futs, strict=True):
                 self.pending[k] = (w, f)
 
     def _collect(self) -> list[Out]:

@@ -62,7 +62,7 @@ class Retry:
     record: IngestRecord
 
 
-Out = StatusEvent | DlqRecord | Retry
+Out = StatusEvent | DlqRecord | Retry | Receipt
 """What the send flow emits (encoded to Kafka records by the sink step)."""
 
 @dataclass(frozen=True, slots=True)

@@ -42,11 +42,14 @@ class RetryPolicy:
         expires_at: datetime,
         retry_after: timedelta | None = None,
         rng: random.Random | None = None,
+        budget_base: int = 1,
     ) -> RetryDecision:
-        """Decide what follows a transient failure of ``attempt`` (1-based)."""
-        if attempt >= self.max_attempts:
+        """Decide what follows a transient failure of ``attempt``; the budget counts from
+        attempt ``budget_base`` (1, or where a DLQ replay started a fresh budget)."""
+        n = attempt - budget_base + 1
+        if n >= self.max_attempts or n < 1:
             return RetryDecision(None, None, "retries_exhausted")
-        cap = self.caps[attempt - 1]
+        cap = self.caps[n - 1]
         wait = timedelta(seconds=(rng or random).uniform(0.0, cap.total_seconds()))
         if retry_after is not None and retry_after > wait:
             wait = retry_after

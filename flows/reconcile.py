@@ -4,12 +4,18 @@ Recipe (``build_reconcile_flow``)::
 
     notify.events + notify.receipts       Kafka, offsets in Bytewax recovery
       → parse                             unparseable → notify.dlq.{tier|reconcile}
+      → dlq-guard                         too many dead letters → the flow halts (guard.py)
+      → hold (keyed by receipt)           a parked receipt waits for its next try (timer)
       → apply (per batch, async I/O)      per message: create the row if a direct-producer
                                           message is new, compare-and-set the highest status
                                           (schemas/status.py), history + attempts + index;
-                                          receipts: dedup by (provider, event id), correlate
-                                          by provider message id
-      → encode → confirming Kafka sink    DLQ records only
+                                          receipts: correlate by the signed message id hint or
+                                          the provider message id, dedup by (provider, event
+                                          id); a hard bounce, unsubscribe or complaint
+                                          suppresses the address; a receipt nobody can
+                                          correlate yet is parked (re-published with a later
+                                          ``not_before``) for ``receipt_park_for``, then DLQ
+      → encode → confirming Kafka sink    DLQ records and parked receipts
 
 Merging is ``max`` over a total order, so duplicated, replayed or shuffled inputs converge
 to the same row, and a status never regresses.
@@ -33,10 +39,11 @@ from notiflow.adapters.cassandra_store import CassandraStore, connect
 from notiflow.adapters.dlq_crypto import DlqCipher
 from notiflow.adapters.kafka_io import OutRecord
 from notiflow.adapters.worker import WorkerLoop
+from notiflow.flows.guard import DlqGuard
 from notiflow.flows.model import ReconcileIn, SourcedReceipt, utcnow
-from notiflow.flows.steps import Clock, Encoder, dead_letter, parse_reconcile
+from notiflow.flows.steps import Clock, Encoder, Hold, dead_letter, parse_reconcile
 from notiflow.schemas.enums import Status
-from notiflow.schemas.messages import DlqRecord, StatusEvent
+from notiflow.schemas.messages import DlqRecord, Receipt, StatusEvent
 from notiflow.schemas.status import rank
 from notiflow.settings import Settings
 
@@ -44,6 +51,18 @@ log = logging.getLogger(__name__)
 
 CONCURRENCY = 64
 INFRA_RETRY_FOR = timedelta(minutes=5)
+PARK_FIRST_WAIT = timedelta(seconds=5)
+PARK_MAX_WAIT = timedelta(minutes=1)
+HARD_BOUNCES = {"bounce": "hard_bounce", "unsubscribe": "unsubscribed",
+                "group_unsubscribe": "unsubscribed", "spamreport": "complaint"}
+
+
+def suppression_for(r: Receipt) -> str | None:
+    """The suppression a receipt implies for its address: a hard bounce, an unsubscribe or a
+    spam complaint (raw provider event types as the receivers record them)."""
+    if r.status is Status.BOUNCED:
+        return "hard_bounce"
+    return HARD_BOUNCES.get((r.raw_status or "").lower()) if r.raw_status else None
 
 
 class _Store:
@@ -63,6 +82,7 @@ class ApplyStep:
         self.cipher = cipher
         self.clock = clock
         self.runtime = WorkerLoop()
+        self._preferences: Any = None
 
     def _store(self) -> CassandraStore:
         async def open_store() -> _Store:
@@ -71,12 +91,12 @@ class ApplyStep:
 
         return self.runtime.resource("cassandra", open_store).store
 
-    def __call__(self, batch: list[ReconcileIn]) -> list[DlqRecord]:
+    def __call__(self, batch: list[ReconcileIn]) -> list[DlqRecord | Receipt]:
         store = self._store()
         return self.runtime.run(self._with_retries(batch, store))
 
     async def _with_retries(self, batch: list[ReconcileIn],
-                            store: CassandraStore) -> list[DlqRecord]:
+                            store: CassandraStore) -> list[DlqRecord | Receipt]:
         """Cassandra down → wait and retry the whole batch (writes are idempotent); nothing
         is committed meanwhile. Gives up (the flow stops) after ``INFRA_RETRY_FOR``."""
         delay = 0.5
@@ -92,7 +112,7 @@ class ApplyStep:
                 delay = min(delay * 2, 10.0)
 
     async def _apply(self, batch: list[ReconcileIn],
-                     store: CassandraStore) -> list[DlqRecord]:
+                     store: CassandraStore) -> list[DlqRecord | Receipt]:
         sem = asyncio.Semaphore(CONCURRENCY)
         events: dict[str, list[StatusEvent]] = defaultdict(list)
         receipts: list[SourcedReceipt] = []
@@ -108,8 +128,9 @@ class ApplyStep:
 
         await asyncio.gather(*(bounded(self._apply_events(mid, evs, store))
                                for mid, evs in events.items()))
-        dlq = await asyncio.gather(*(bounded(self._apply_receipt(r, store)) for r in receipts))
-        return [d for d in dlq if d is not None]
+        outs = await asyncio.gather(*(bounded(self._apply_receipt(r, store))
+                                      for r in receipts))
+        return [d for d in outs if d is not None]
 
     async def _apply_events(self, message_id: str, evs: list[StatusEvent],
                             store: CassandraStore) -> None:
@@ -138,7 +159,7 @@ class ApplyStep:
         await asyncio.gather(*writes)
 
     async def _apply_receipt(self, sr: SourcedReceipt,
-                             store: CassandraStore) -> DlqRecord | None:
+                             store: CassandraStore) -> DlqRecord | Receipt | None:
         r = sr.receipt
         now = self.clock()
         if r.message_id is not None:
@@ -146,27 +167,66 @@ class ApplyStep:
         else:
             idx = await store.message_for_provider_id(r.provider_id, r.provider_message_id)
             if idx is None:
-                return self._uncorrelated(sr, "unknown provider message id", now)
+                return self._park(sr, "unknown provider message id", now)
             message_id, attempt = str(idx["message_id"]), int(idx.get("attempt_no") or 0)
         applied, exists = await store.transition(message_id, r.status, attempt, r.error_code,
                                                  now, r.provider_id, r.provider_message_id)
         if not exists:
-            return self._uncorrelated(sr, f"no message row {message_id}", now)
+            return self._park(sr, f"no message row {message_id}", now)
         if await store.receipt_seen(r.provider_id, r.provider_event_id, message_id, r.status,
                                     now):
             return None
         await store.record_event(message_id, r.occurred_at,
                                  f"{r.provider_id}:{r.provider_event_id}", r.status, attempt,
-                                 r.error_code, f"receipt.{r.provider_id}",
-                                 applied)
+                                 r.error_code, f"receipt.{r.provider_id}", applied)
+        if (reason := suppression_for(r)) is not None:
+            await self._suppress(store, message_id, reason)
         return None
+
+    def _park(self, sr: SourcedReceipt, why: str, now: datetime) -> DlqRecord | Receipt:
+        """Try an uncorrelated receipt again later (the send event that indexes its provider
+        message id may not have been applied yet); DLQ after ``receipt_park_for``."""
+        r = sr.receipt
+        since = r.parked_since or now
+        if now - since >= self.settings.scaled(self.settings.receipt_park_for):
+            return self._uncorrelated(sr, why, now)
+        tries = max(1, round((now - since) / PARK_FIRST_WAIT))
+        wait = min(PARK_FIRST_WAIT * tries, PARK_MAX_WAIT)
+        return r.model_copy(update={"parked_since": since,
+                                    "not_before": now + self.settings.scaled(wait)})
 
     def _uncorrelated(self, sr: SourcedReceipt, why: str, now: datetime) -> DlqRecord:
         r = sr.receipt
         return dead_letter(raw=sr.raw, source=sr.source,
-                           reason=f"{why} ({r.provider_id}/{r.provider_message_id})",
+                           reason=f"receipt never correlated ({why}) after "
+                                  f"{self.settings.receipt_park_for}",
                            error_class="uncorrelated_receipt", category="invalid_data",
                            tier=None, cipher=self.cipher, now=now, message_id=r.message_id)
+
+    async def _suppress(self, store: CassandraStore, message_id: str, reason: str) -> None:
+        from notiflow.adapters.kafka_io import AsyncProducer
+        from notiflow.adapters.preferences import PreferenceStore
+
+        row = await store.get_message(message_id)
+        if row is None or not row.get("recipient_hash"):
+            return
+        if self._preferences is None:
+            self._preferences = PreferenceStore(store, AsyncProducer(self.settings))
+        await self._preferences.suppress(row["tenant_id"], row["recipient_hash"], reason)
+
+
+def _receipt_due(item: ReconcileIn) -> datetime | None:
+    return item.receipt.not_before if isinstance(item, SourcedReceipt) else None
+
+
+def _waiting(item: ReconcileIn, now: datetime) -> bool:
+    due = _receipt_due(item)
+    return due is not None and due > now
+
+
+def _receipt_key(item: ReconcileIn) -> str:
+    assert isinstance(item, SourcedReceipt)
+    return f"{item.receipt.provider_id}:{item.receipt.provider_event_id}"
 
 
 def _provider_ids(e: StatusEvent) -> tuple[str | None, str | None]:
@@ -188,9 +248,15 @@ def build_reconcile_flow(
     if source is None:
         check_topics(settings, topics)
     raw = op.input("events", flow, source or kafka_source(settings, topics, 1000))
-    parsed = op.map("parse", raw, lambda m: parse_reconcile(m, settings, cipher, clock))
+    parsed = op.map("dlq-guard", op.map(
+        "parse", raw, lambda m: parse_reconcile(m, settings, cipher, clock)),
+        DlqGuard(settings.dlq, "reconcile", ok=(StatusEvent, SourcedReceipt)))
     split = op.branch("is-valid", parsed, lambda x: not isinstance(x, DlqRecord))
-    failed = op.flat_map_batch("apply", split.trues, ApplyStep(settings, cipher, clock))
-    records = op.map("encode", op.merge("dlq", failed, split.falses), Encoder(settings))
+    timing = op.branch("due-now", split.trues, lambda x: not _waiting(x, clock()))
+    held = op.stateful("park", op.key_on("by-receipt", timing.falses, _receipt_key),
+                       lambda resume: Hold(resume, clock, due_of=_receipt_due))
+    ready = op.merge("ready", timing.trues, op.key_rm("unkey", held))
+    applied = op.flat_map_batch("apply", ready, ApplyStep(settings, cipher, clock))
+    records = op.map("encode", op.merge("outputs", applied, split.falses), Encoder(settings))
     op.output("kafka-out", records, sink or ConfirmingSink(settings))
     return flow

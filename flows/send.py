@@ -14,6 +14,7 @@ Recipe (``build_send_flow``)::
       → send (keyed by channel+shard)     asynchronous: dedup lease, expiry, content dedup,
                                           marketing consent re-checked in Cassandra, render,
                                           capacity token, provider call; bounded per channel
+      → dlq-guard                         too many dead letters → the flow halts (guard.py)
       → encode → confirming Kafka sink    notify.events, retry records, notify.dlq.{tier}
 
 Every outcome is data: a status event, a retry record produced back to the ingest topic
@@ -44,6 +45,7 @@ from notiflow.adapters.providers.base import ProviderClient
 from notiflow.flows.caps import RecipientCap, TenantDailyCap, cap_key, tenant_cap_key
 from notiflow.flows.consent import PolicyStep, PreferenceJoin, join_key
 from notiflow.flows.dispatch import ChannelPressure, Dispatcher, SendLogic, shard_key
+from notiflow.flows.guard import DlqGuard
 from notiflow.flows.model import Work, utcnow
 from notiflow.flows.steps import Clock, Encoder, Hold, IngestParser, RawMessage
 from notiflow.schemas.enums import Category, Channel, Tier
@@ -155,6 +157,7 @@ def build_send_flow(
 
     outputs = op.merge("outputs", sent, split.falses, decision.falses, cap_split.falses,
                        tenant_split.falses)
-    records = op.map("encode", outputs, Encoder(settings))
+    guarded = op.map("dlq-guard", outputs, DlqGuard(settings.dlq, f"send.{name}"))
+    records = op.map("encode", guarded, Encoder(settings))
     op.output("kafka-out", records, sink or ConfirmingSink(settings))
     return flow

@@ -228,35 +228,42 @@ def is_expired(work: Work, now: datetime) -> bool:
     return exp is not None and now >= exp
 
 
-class Hold(StatefulLogic[Work, Work, list[Work]]):
-    """Keeps records whose time has not come (retry backoff, ``scheduled_at``) in recoverable
-    state and releases each when due. Keyed by message_id; state = pending records."""
+class Hold(StatefulLogic[Any, Any, list[Any]]):
+    """Keeps items whose time has not come (retry backoff, ``scheduled_at``, quiet hours, a
+    parked receipt's next try) in recoverable state and releases each when due. State = the
+    pending items; ``due_of`` gives an item's due time (None = now)."""
 
-    def __init__(self, resume: list[Work] | None, clock: Clock) -> None:
-        self.pending: list[Work] = list(resume or [])
+    def __init__(self, resume: list[Any] | None, clock: Clock,
+                 due_of: Callable[[Any], datetime | None] = lambda w: w.due_at) -> None:
+        self.pending: list[Any] = list(resume or [])
         self.clock = clock
+        self.due_of = due_of
 
-    def on_item(self, value: Work) -> tuple[Iterable[Work], bool]:
+    def on_item(self, value: Any) -> tuple[Iterable[Any], bool]:
         self.pending.append(value)
         return self._release()
 
-    def on_notify(self) -> tuple[Iterable[Work], bool]:
+    def on_notify(self) -> tuple[Iterable[Any], bool]:
         return self._release()
 
-    def on_eof(self) -> tuple[Iterable[Work], bool]:
+    def on_eof(self) -> tuple[Iterable[Any], bool]:
         return [], StatefulLogic.RETAIN
 
-    def _release(self) -> tuple[Iterable[Work], bool]:
+    def _is_due(self, item: Any, now: datetime) -> bool:
+        due = self.due_of(item)
+        return due is None or due <= now
+
+    def _release(self) -> tuple[Iterable[Any], bool]:
         now = self.clock()
-        due = [w for w in self.pending if w.is_due(now)]
-        self.pending = [w for w in self.pending if not w.is_due(now)]
+        due = [w for w in self.pending if self._is_due(w, now)]
+        self.pending = [w for w in self.pending if not self._is_due(w, now)]
         return due, (StatefulLogic.DISCARD if not self.pending else StatefulLogic.RETAIN)
 
     def notify_at(self) -> datetime | None:
-        times = [w.due_at for w in self.pending if w.due_at is not None]
+        times = [t for t in map(self.due_of, self.pending) if t is not None]
         return min(times) if times else None
 
-    def snapshot(self) -> list[Work]:
+    def snapshot(self) -> list[Any]:
         return copy.copy(self.pending)
 
 
@@ -283,6 +290,10 @@ class Encoder:
                              r.model_dump_json(exclude_none=True).encode(),
                              list(out.work.headers) or make_headers(
                                  out.work.message_id, r.tenant_id, r.tier.value))
+        if isinstance(out, Receipt):
+            return OutRecord(s.receipts_topic, out.provider_message_id.encode(),
+                             out.model_dump_json(exclude_none=True).encode(),
+                             make_headers(out.message_id or "", None, None))
         if isinstance(out, DlqRecord):
             key = (out.message_id or f"{out.source_topic}:{out.source_partition}:"
                    f"{out.source_offset}").encode()

@@ -120,7 +120,8 @@ class Admission:
             return
         age = await self.store.backlog_age(tier)
         if age is not None and age > bound:
-            raise rate_limited("backlog", f"tier {tier.value} is backlogged; retry later",
+            raise rate_limited("backlog", f"tier {tier.value} is backlogged (oldest unsent "
+                               f"message {age:.0f} s old, bound {bound:.0f} s); retry later",
                                shed_retry_after_s(self.settings))
 
     async def _take(self, tenant: TenantConfig, req: SendRequest) -> None:

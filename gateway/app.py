@@ -19,6 +19,7 @@ import uvicorn
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
+from notiflow.adapters.dlq import watch_depth
 from notiflow.gateway import errors, messages, recipients, templates, webhooks
 from notiflow.gateway.outbox import OutboxSweeper
 from notiflow.gateway.runtime import Runtime
@@ -85,6 +86,7 @@ def build_app(settings: Settings) -> FastAPI:
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         await runtime.start()
         runtime.spawn(OutboxSweeper(runtime).run(), "outbox-sweeper")
+        runtime.spawn(watch_depth(settings), "dlq-depth-monitor")
         log.info("messaging API ready on %s:%s", settings.api_host, settings.api_port)
         try:
             yield

@@ -12,6 +12,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from notiflow.ops.dlq_cli import dlq_app
+from notiflow.ops.webhooks_cli import flow_webhooks
 from notiflow.schemas.enums import Tier
 from notiflow.settings import Settings, load_settings
 
@@ -22,6 +24,8 @@ schemas_app = typer.Typer(no_args_is_help=True, help="Wire contracts.")
 app.add_typer(stack_app, name="stack")
 app.add_typer(flow_app, name="flow")
 app.add_typer(schemas_app, name="schemas")
+app.add_typer(dlq_app, name="dlq")
+flow_app.command("webhooks")(flow_webhooks)
 console = Console(width=None if sys.stdout.isatty() else 120)
 
 

@@ -99,8 +99,8 @@ def provider_credentials(*, api_port: int, fakes_port: int,
 def vonage_smtp_credentials(*, fakes_port: int, smtp_port: int | None = None) -> dict[str, str]:
     """Fresh Vonage and SMTP dev credentials, pointed at ``notiflow fakes``: a Vonage API key,
     API secret and signature secret (the emulator checks requests and signs delivery receipts
-    with them), and an SMTP username and password with the SMTP emulator's port (default: a
-    free port) for both the emulator and the adapter."""
+    with them), an SMTP username and password with the SMTP emulator's port (default: a free
+    port) for both the emulator and the adapter, and the bearer secret of the DSN webhook."""
     smtp_port = smtp_port if smtp_port is not None else free_port()
     return {
         "NOTIFLOW_VONAGE__BASE_URL": f"http://127.0.0.1:{fakes_port}/vonage",
@@ -112,6 +112,7 @@ def vonage_smtp_credentials(*, fakes_port: int, smtp_port: int | None = None) ->
         "NOTIFLOW_SMTP__PORT": str(smtp_port),
         "NOTIFLOW_SMTP__USERNAME": f"notiflow-{secrets.token_hex(3)}",
         "NOTIFLOW_SMTP__PASSWORD": secrets.token_urlsafe(18),
+        "NOTIFLOW_SMTP__DSN_WEBHOOK_SECRET": secrets.token_urlsafe(32),
     }
 
 
@@ -148,6 +149,8 @@ def dev_environment(*, api_port: int, fakes_port: int, time_scale: float = 1.0,
         **provider_credentials(api_port=api_port, fakes_port=fakes_port, apns_port=apns_port),
         **apns_tls_files(tls_dir),
         **vonage_smtp_credentials(fakes_port=fakes_port),
+        "NOTIFLOW_VONAGE__STATUS_CALLBACK_URL": f"http://127.0.0.1:{api_port}/webhooks/vonage",
+        "NOTIFLOW_SMTP__DSN_WEBHOOK_URL": f"http://127.0.0.1:{api_port}/webhooks/smtp-dsn",
     }
     env.update(extra or {})
     return env, tokens

@@ -155,7 +155,11 @@ class ClientWebhookRule(_Frozen):
         timedelta(hours=2), timedelta(hours=5), timedelta(hours=10), timedelta(hours=10))
     """Wait before each attempt (scaled by ``time_scale``); after the last one → DLQ."""
     timeout: timedelta = timedelta(seconds=5)
+    """Per request (not scaled by ``time_scale``); a timeout counts as a failed attempt."""
     max_in_flight: int = Field(64, ge=1)
+    max_per_endpoint: int = Field(16, ge=1)
+    """POSTs in flight to one endpoint (scheme, host, port), so a slow one cannot take every
+    slot of ``max_in_flight``."""
     statuses: frozenset[str] = frozenset()
     """Statuses that trigger a webhook; empty = every status change."""
 
@@ -247,6 +251,12 @@ class SmtpSettings(_Frozen):
     password: SecretStr | None = None
     starttls: bool = False
     from_email: str = "notifications@example.com"
+    dsn_webhook_secret: SecretStr | None = None
+    """Bearer token the relay's bounce pipe sends to ``POST /webhooks/smtp-dsn``; unset, every
+    DSN post is refused."""
+    dsn_webhook_url: str | None = None
+    """Where the relay's bounce pipe posts DSNs (configured in the MTA, not here); the
+    emulator posts its DSNs there."""
 
 
 class ApnsSettings(_Frozen):
@@ -420,6 +430,10 @@ class Settings(BaseSettings):
     """Categories whose opt-out is re-checked in Cassandra at send (strong consistency)."""
     unknown_resolution: timedelta = timedelta(minutes=15)
     """How long an ambiguous attempt may wait for a receipt before it ends FAILED."""
+    receipt_park_for: timedelta = timedelta(minutes=15)
+    """How long a receipt for an unknown provider message id is retried before the DLQ."""
+    retry_share: float = Field(0.25, gt=0, le=1)
+    """Share of a channel's in-flight sends that retries may use (new traffic keeps the rest)."""
 
     # tenants and providers
     tenants: tuple[TenantConfig, ...] = ()
@@ -440,6 +454,9 @@ class Settings(BaseSettings):
     fakes_apns_key_file: Path | None = None
     """PEM private key of that certificate."""
 
+    provider_webhook_max_age: timedelta = timedelta(minutes=5)
+    """Oldest (and furthest future) signed timestamp a provider webhook may carry (SendGrid,
+    Vonage); older posts are refused as replays. Wall-clock, not scaled by ``time_scale``."""
     client_webhooks: ClientWebhookRule = ClientWebhookRule()
     dlq: DlqRule = DlqRule()
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Install everything notiflow needs on a fresh clone: system packages (Java 17, Maven,
-# redis-server) when missing, the Python venv with pinned dependencies, and the Kafka and
-# Cassandra jars from Maven Central (cached in ~/.cache/notiflow). Safe to run repeatedly.
+# redis-server, and promtool from Debian's prometheus package) when missing, the Python venv
+# with pinned dependencies, and the Kafka and Cassandra jars from Maven Central (cached in
+# ~/.cache/notiflow). Safe to run repeatedly.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -23,6 +24,25 @@ if ((${#missing[@]})); then
   "${sudo_cmd[@]}" apt-get install -y -q "${missing[@]}" >/dev/null 2>&1 || {
     "${sudo_cmd[@]}" apt-get update -q >/dev/null
     "${sudo_cmd[@]}" apt-get install -y -q "${missing[@]}" >/dev/null
+  }
+fi
+
+# promtool checks and unit-tests ops/prometheus/alerts.yml (tests/unit/test_alert_rules.py).
+# Debian ships it only inside the prometheus package; without recommends, so no node exporter.
+# On a host that starts packaged services (systemd) it also starts a Prometheus server on
+# :9090: `systemctl disable --now prometheus` stops it; notiflow needs only promtool.
+if ! command -v promtool >/dev/null 2>&1; then
+  say "installing promtool (Debian package prometheus)"
+  sudo_cmd=()
+  [ "$(id -u)" -eq 0 ] || sudo_cmd=(sudo)
+  if ! command -v apt-get >/dev/null 2>&1; then
+    echo "error: please install promtool (Prometheus) (no apt-get here)" >&2
+    exit 1
+  fi
+  export DEBIAN_FRONTEND=noninteractive
+  "${sudo_cmd[@]}" apt-get install -y -q --no-install-recommends prometheus >/dev/null 2>&1 || {
+    "${sudo_cmd[@]}" apt-get update -q >/dev/null
+    "${sudo_cmd[@]}" apt-get install -y -q --no-install-recommends prometheus >/dev/null
   }
 fi
 

@@ -182,6 +182,10 @@ class IngestRecord(SendRequest):
     unknown_check: int | None = Field(None, ge=1)
     """Set on a check record: decide whether attempt ``unknown_check``, whose outcome was
     ambiguous, was ever resolved by a receipt; FAILED (ambiguous) when not. Nothing is sent."""
+    budget_base: int | None = Field(None, ge=1, le=1000)
+    """Set by ``notiflow dlq replay``: the attempt number a fresh retry budget starts from
+    (``attempt == budget_base`` is the first attempt of that budget; later retries keep the
+    field). None = the budget starts at attempt 1."""
 
     def request(self) -> SendRequest:
         return SendRequest.model_validate(
@@ -267,6 +271,9 @@ class Receipt(Wire):
     message_id: MessageId | None = None
     """Correlation hint carried by the provider callback (signed), when the adapter set one."""
     attempt: int | None = Field(None, ge=1)
+    parked_since: AwareDatetime | None = None
+    """Set by the reconciler on a receipt it could not correlate yet (tried again later)."""
+    not_before: AwareDatetime | None = None
 
 
 class DlqRecord(Wire):
@@ -287,6 +294,8 @@ class DlqRecord(Wire):
     tenant_id: str | None = None
     headers: dict[str, str] = Field(default_factory=dict)
     payload_encrypted: str
+    rendered_encrypted: str | None = None
+    """The rendered message (subject and body) when it had been rendered, encrypted."""
     attempts: tuple[AttemptRecord, ...] = ()
 
 

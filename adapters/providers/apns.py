@@ -49,9 +49,16 @@ from pyreqwest import exceptions as rq
 from pyreqwest.client import Client, ClientBuilder
 
 from notiflow.adapters.providers.base import OutboundMessage, Outcome, SendResult
-from notiflow.adapters.providers.common import Rule, parse_retry_after, seconds, utcnow
+from notiflow.adapters.providers.common import (
+    INVALID_RECIPIENT,
+    ProviderBase,
+    Rule,
+    masked,
+    parse_retry_after,
+    seconds,
+    utcnow,
+)
 from notiflow.adapters.providers.fcm import b64url, b64url_decode
-from notiflow.redact import mask
 from notiflow.schemas.enums import Channel, PushPlatform, Tier
 from notiflow.schemas.messages import PushRecipient
 from notiflow.settings import DEFAULT_TIERS, ApnsSettings, Settings
@@ -360,7 +367,7 @@ def _tier_ttls(settings: Settings | ApnsSettings) -> dict[Tier, timedelta]:
     return {tier: policy.ttl for tier, policy in DEFAULT_TIERS.items()}
 
 
-class ApnsPush:
+class ApnsPush(ProviderBase):
     """One APNs key and app (topic) as a
     :class:`~notiflow.adapters.providers.base.ProviderClient`.
 
@@ -371,6 +378,8 @@ class ApnsPush:
     """
 
     channel = Channel.PUSH
+    name = "apns"
+    log = log
 
     def __init__(self, config: ApnsSettings, client: Client, *, timeout: float,
                  tokens: ProviderTokens, ttls: Mapping[Tier, timedelta],
@@ -458,7 +467,7 @@ class ApnsPush:
         started = self._clock()
         recipient = message.recipient
         if not isinstance(recipient, PushRecipient):
-            return self._result(Rule(_P, "invalid_recipient"), message, started)
+            return self._result(INVALID_RECIPIENT, message, started)
         if recipient.platform not in PLATFORMS:
             return self._result(NO_PROVIDER_FOR_PLATFORM, message, started,
                                 error_code=recipient.platform.value)
@@ -494,12 +503,10 @@ class ApnsPush:
                 rule = classify_exception(exc)
                 if rule.reason == "client_error":
                     log.exception("apns send of %s attempt %d to %s failed unexpectedly",
-                                  message.message_id, message.attempt,
-                                  mask(f"ios:{recipient.device_token}"))
+                                  message.message_id, message.attempt, masked(recipient))
                 return self._result(rule, message, started, error_code=transport_code(exc))
             if status == 200:
-                return SendResult(Outcome.ACCEPTED, self.provider_id, started, self._clock(),
-                                  provider_message_id=echoed or headers["apns-id"])
+                return self._accepted(started, echoed or headers["apns-id"])
             reason = reason_of(raw)
             if reason == EXPIRED_PROVIDER_TOKEN and not retried and self.tokens.expired(token):
                 retried = True
@@ -509,27 +516,9 @@ class ApnsPush:
             return self._result(rule, message, started, error_code=reason or f"http_{status}",
                                 retry_after_s=wait)
 
-    def _result(self, rule: Rule, message: OutboundMessage, started: datetime, *,
-                error_code: str | None = None, retry_after_s: float | None = None) -> SendResult:
-        if rule.reason in ("auth_failed", "misconfigured"):
-            self._warn(rule.reason, error_code)
-        elif log.isEnabledFor(logging.DEBUG):
-            r = message.recipient
-            shown = (mask(f"{r.platform.value}:{r.device_token}") if isinstance(r, PushRecipient)
-                     else mask(r))
-            log.debug("apns %s attempt %d to %s: %s %s (%s)", message.message_id,
-                      message.attempt, shown, rule.outcome, rule.reason, error_code)
-        return SendResult(rule.outcome, self.provider_id, started, self._clock(),
-                          reason=rule.reason, error_code=error_code,
-                          retry_after_s=retry_after_s, deactivate_recipient=rule.deactivate)
-
-    def _warn(self, reason: str, error_code: str | None) -> None:
-        now = time.monotonic()
-        if now - self._last_warned.get(reason, -1e9) >= 10.0:
-            self._last_warned[reason] = now
-            log.warning("apns key %s of team %s (topic %s): %s (%s); check the provider "
-                        "settings", self._config.key_id, self._config.team_id,
-                        self._config.topic, reason, error_code)
+    def _account_label(self) -> str:
+        return (f"key {self._config.key_id} of team {self._config.team_id} "
+                f"(topic {self._config.topic})")
 
     async def aclose(self) -> None:
         """Close the HTTP/2 connection."""

@@ -27,10 +27,9 @@ import asyncio
 import base64
 import binascii
 import logging
-import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any, Final
 from urllib.parse import urlencode
 
@@ -42,8 +41,15 @@ from cryptography.hazmat.primitives.asymmetric import padding, rsa
 from yarl import URL
 
 from notiflow.adapters.providers.base import OutboundMessage, Outcome, SendResult
-from notiflow.adapters.providers.common import Rule, classify_exception, parse_retry_after
-from notiflow.redact import mask
+from notiflow.adapters.providers.common import (
+    INVALID_RECIPIENT,
+    HttpProvider,
+    Rule,
+    parse_json,
+    parse_retry_after,
+    seconds,
+    utcnow,
+)
 from notiflow.schemas.enums import Channel, PushPlatform, Tier
 from notiflow.schemas.messages import PushRecipient
 from notiflow.settings import FcmSettings, Settings
@@ -253,10 +259,6 @@ Exchange = Callable[[str, float], Awaitable[tuple[str, float]]]
 :class:`TokenError` or a transport exception."""
 
 
-def _utcnow() -> datetime:
-    return datetime.now(UTC)
-
-
 class AccessTokens:
     """The cached OAuth2 access token of one service account.
 
@@ -267,7 +269,7 @@ class AccessTokens:
     """
 
     def __init__(self, account: ServiceAccount, exchange: Exchange, *,
-                 clock: Callable[[], datetime] = _utcnow,
+                 clock: Callable[[], datetime] = utcnow,
                  refresh_margin: timedelta = timedelta(minutes=5)) -> None:
         self.account = account
         self._exchange = exchange
@@ -323,18 +325,7 @@ class AccessTokens:
 # the adapter ------------------------------------------------------------------------------
 
 
-def _seconds(value: float | timedelta) -> float:
-    return value.total_seconds() if isinstance(value, timedelta) else float(value)
-
-
-def _json(raw: bytes) -> Any:
-    try:
-        return orjson.loads(raw) if raw else None
-    except orjson.JSONDecodeError:
-        return None
-
-
-class FcmPush:
+class FcmPush(HttpProvider[FcmSettings]):
     """One Firebase project (service account) as a
     :class:`~notiflow.adapters.providers.base.ProviderClient`.
 
@@ -344,31 +335,26 @@ class FcmPush:
     """
 
     channel = Channel.PUSH
+    name = "fcm"
+    log = log
 
     def __init__(self, config: FcmSettings, session: aiohttp.ClientSession, *,
                  timeout: float, connect_timeout: float | None = None,
-                 clock: Callable[[], datetime] = _utcnow,
+                 clock: Callable[[], datetime] = utcnow,
                  tokens: AccessTokens | None = None) -> None:
-        if timeout <= 0:
-            raise ValueError("timeout must be positive")
-        self.provider_id = config.provider_id
-        self._config = config
-        self._session = session
-        self._clock = clock
+        super().__init__(config, session, timeout=timeout, connect_timeout=connect_timeout,
+                         clock=clock)
         self._url = URL(f"{config.base_url.rstrip('/')}/v1/projects/{config.project_id}"
                         "/messages:send")
         self._token_uri = URL(config.token_uri)
-        self._timeout = timeout
-        self._connect_timeout = connect_timeout
         self.tokens = tokens or AccessTokens(ServiceAccount.from_settings(config),
                                              self._exchange, clock=clock)
-        self._last_warned: dict[str, float] = {}
 
     @classmethod
     async def open(cls, settings: Settings | FcmSettings, *, timeout: float | timedelta,
                    connect_timeout: float | timedelta | None = None,
                    max_connections: int = 256,
-                   clock: Callable[[], datetime] = _utcnow) -> FcmPush:
+                   clock: Callable[[], datetime] = utcnow) -> FcmPush:
         """Open a pooled client bound to the running loop.
 
         ``timeout`` bounds each ``send`` as a whole; each HTTP request's connection set-up gets
@@ -378,20 +364,9 @@ class FcmPush:
         """
         config = settings.fcm if isinstance(settings, Settings) else settings
         ServiceAccount.from_settings(config)
-        connector = aiohttp.TCPConnector(limit=max_connections, limit_per_host=max_connections,
-                                         ttl_dns_cache=300, keepalive_timeout=15)
-        session = aiohttp.ClientSession(
-            connector=connector,
-            headers={"Accept": "application/json", "User-Agent": "notiflow-fcm/1"},
-            raise_for_status=False,
-        )
-        try:
-            return cls(config, session, timeout=_seconds(timeout),
-                       connect_timeout=None if connect_timeout is None
-                       else _seconds(connect_timeout), clock=clock)
-        except BaseException:
-            await session.close()
-            raise
+        headers = {"Accept": "application/json", "User-Agent": "notiflow-fcm/1"}
+        return await cls._open(config, headers, timeout=timeout, connect_timeout=connect_timeout,
+                               max_connections=max_connections, clock=clock)
 
     def payload(self, message: OutboundMessage) -> dict[str, Any]:
         """The ``messages:send`` body FCM receives for ``message`` (a push recipient): the
@@ -419,12 +394,12 @@ class FcmPush:
         started = self._clock()
         recipient = message.recipient
         if not isinstance(recipient, PushRecipient):
-            return self._result(Rule(_P, "invalid_recipient"), message, started)
+            return self._result(INVALID_RECIPIENT, message, started)
         if recipient.platform not in PLATFORMS:
             return self._result(NO_PROVIDER_FOR_PLATFORM, message, started,
                                 error_code=recipient.platform.value)
-        total = self._timeout if timeout is None else _seconds(timeout)
-        connect = self._connect_timeout or total / 2
+        total = self._timeout_s if timeout is None else seconds(timeout)
+        connect = self._connect_timeout_s or total / 2
         loop = asyncio.get_running_loop()
         deadline = loop.time() + total
         data = orjson.dumps(self.payload(message))
@@ -445,27 +420,15 @@ class FcmPush:
                 return self._result(Rule(_T, "timeout"), message, started,
                                     error_code="deadline_before_send")
             limits = aiohttp.ClientTimeout(total=remaining, connect=min(connect, remaining))
-            try:
-                async with self._session.post(
-                        self._url, data=data, timeout=limits, allow_redirects=False,
-                        headers={"Authorization": f"Bearer {token}",
-                                 "Content-Type": "application/json"}) as resp:
-                    raw = await resp.read()
-                    status = resp.status
-                    retry_after = resp.headers.get("Retry-After")
-            except Exception as exc:
-                rule = classify_exception(exc)
-                if rule.reason == "client_error":
-                    log.exception("fcm send of %s attempt %d to %s failed unexpectedly",
-                                  message.message_id, message.attempt,
-                                  mask(f"{recipient.platform.value}:{recipient.device_token}"))
-                return self._result(rule, message, started, error_code=type(exc).__name__)
-            payload = _json(raw)
+            answer = await self._post(self._url, data, limits, message, started, headers={
+                "Authorization": f"Bearer {token}", "Content-Type": "application/json"})
+            if isinstance(answer, SendResult):
+                return answer
+            status, payload = answer.status, answer.json()
             if 200 <= status < 300:
                 name = payload.get("name") if isinstance(payload, dict) else None
                 if isinstance(name, str) and name:
-                    return SendResult(Outcome.ACCEPTED, self.provider_id, started,
-                                      self._clock(), provider_message_id=name)
+                    return self._accepted(started, name)
                 return self._result(STATUS_CLASSES[2], message, started,
                                     error_code=f"http_{status}")
             canonical, code = error_of(payload)
@@ -474,7 +437,8 @@ class FcmPush:
                 self.tokens.invalidate(token)
                 continue
             rule = classify_response(status, code)
-            wait = parse_retry_after(retry_after) if rule.outcome is Outcome.TRANSIENT else None
+            wait = (parse_retry_after(answer.headers.get("Retry-After"))
+                    if rule.outcome is Outcome.TRANSIENT else None)
             return self._result(rule, message, started,
                                 error_code=code or canonical or f"http_{status}",
                                 retry_after_s=wait)
@@ -492,7 +456,7 @@ class FcmPush:
                 retry_after = resp.headers.get("Retry-After")
         except (TimeoutError, aiohttp.ClientError) as exc:
             raise TokenError(AUTH_UNAVAILABLE, type(exc).__name__) from exc
-        payload = _json(raw)
+        payload = parse_json(raw)
         if status == 200 and isinstance(payload, dict):
             value, expires_in = payload.get("access_token"), payload.get("expires_in")
             if (isinstance(value, str) and value and isinstance(expires_in, int | float)
@@ -506,29 +470,10 @@ class FcmPush:
             self._warn("auth_failed", f"{code}: {described}" if described else code)
         raise TokenError(rule, code, parse_retry_after(retry_after) if status == 429 else None)
 
-    def _result(self, rule: Rule, message: OutboundMessage, started: datetime, *,
-                error_code: str | None = None, retry_after_s: float | None = None) -> SendResult:
-        if rule.reason in ("auth_failed", "misconfigured"):
-            self._warn(rule.reason, error_code)
-        elif log.isEnabledFor(logging.DEBUG):
-            r = message.recipient
-            shown = (mask(f"{r.platform.value}:{r.device_token}") if isinstance(r, PushRecipient)
-                     else mask(r))
-            log.debug("fcm %s attempt %d to %s: %s %s (%s)", message.message_id,
-                      message.attempt, shown, rule.outcome, rule.reason, error_code)
-        return SendResult(rule.outcome, self.provider_id, started, self._clock(),
-                          reason=rule.reason, error_code=error_code,
-                          retry_after_s=retry_after_s, deactivate_recipient=rule.deactivate)
-
-    def _warn(self, reason: str, error_code: str | None) -> None:
-        now = time.monotonic()
-        if now - self._last_warned.get(reason, -1e9) >= 10.0:
-            self._last_warned[reason] = now
-            log.warning("fcm project %s: %s (%s); check the provider settings",
-                        self._config.project_id, reason, error_code)
+    def _account_label(self) -> str:
+        return f"project {self._config.project_id}"
 
     async def aclose(self) -> None:
         """Close the pooled connections (a pending token exchange is abandoned)."""
         self.tokens.cancel()
-        await self._session.close()
-
+        await super().aclose()

@@ -19,7 +19,6 @@ import base64
 import binascii
 import logging
 import re
-import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
@@ -32,8 +31,13 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from yarl import URL
 
 from notiflow.adapters.providers.base import OutboundMessage, Outcome, SendResult
-from notiflow.adapters.providers.common import Rule, classify_exception, parse_retry_after
-from notiflow.redact import mask
+from notiflow.adapters.providers.common import (
+    HttpAnswer,
+    HttpProvider,
+    Rule,
+    parse_retry_after,
+    utcnow,
+)
 from notiflow.schemas.enums import Channel
 from notiflow.settings import SendGridSettings, Settings
 
@@ -175,15 +179,7 @@ def verify_event_signature(public_key: ec.EllipticCurvePublicKey | str, payload:
     return True
 
 
-def _seconds(value: float | timedelta) -> float:
-    return value.total_seconds() if isinstance(value, timedelta) else float(value)
-
-
-def _utcnow() -> datetime:
-    return datetime.now(UTC)
-
-
-class SendGridEmail:
+class SendGridEmail(HttpProvider[SendGridSettings]):
     """One SendGrid account as a :class:`~notiflow.adapters.providers.base.ProviderClient`.
 
     Build it with :meth:`open` inside the event loop that will use it. ``send`` never raises
@@ -191,30 +187,27 @@ class SendGridEmail:
     """
 
     channel = Channel.EMAIL
+    name = "sendgrid"
+    log = log
+    answer_headers = ("X-Message-Id", "Retry-After", "X-RateLimit-Reset")
 
     def __init__(self, config: SendGridSettings, session: aiohttp.ClientSession, *,
                  timeout: float, connect_timeout: float | None = None,
-                 clock: Callable[[], datetime] = _utcnow) -> None:
+                 clock: Callable[[], datetime] = utcnow) -> None:
         if config.api_key is None:
             raise ValueError("sendgrid.api_key is not configured")
-        if timeout <= 0:
-            raise ValueError("timeout must be positive")
-        self.provider_id = config.provider_id
-        self._config = config
-        self._session = session
-        self._clock = clock
+        super().__init__(config, session, timeout=timeout, connect_timeout=connect_timeout,
+                         clock=clock)
         self._url = URL(config.base_url.rstrip("/") + MAIL_SEND_PATH)
         self._from: dict[str, str] = {"email": config.from_email}
         if config.from_name:
             self._from["name"] = config.from_name
-        self._default_timeout = self._timeout(timeout, connect_timeout)
-        self._last_warned: dict[str, float] = {}
 
     @classmethod
     async def open(cls, settings: Settings | SendGridSettings, *, timeout: float | timedelta,
                    connect_timeout: float | timedelta | None = None,
                    max_connections: int = 256,
-                   clock: Callable[[], datetime] = _utcnow) -> SendGridEmail:
+                   clock: Callable[[], datetime] = utcnow) -> SendGridEmail:
         """Open a pooled client bound to the running loop.
 
         ``timeout`` bounds each ``send``; connection set-up (including waiting for a pooled
@@ -225,29 +218,11 @@ class SendGridEmail:
         config = settings.sendgrid if isinstance(settings, Settings) else settings
         if config.api_key is None:
             raise ValueError("sendgrid.api_key is not configured")
-        connector = aiohttp.TCPConnector(limit=max_connections, limit_per_host=max_connections,
-                                         ttl_dns_cache=300, keepalive_timeout=15)
-        session = aiohttp.ClientSession(
-            connector=connector,
-            headers={
-                "Authorization": f"Bearer {config.api_key.get_secret_value()}",
-                "Content-Type": "application/json",
-                "Accept": "application/json",
-                "User-Agent": "notiflow-sendgrid/1",
-            },
-            raise_for_status=False,
-        )
-        try:
-            return cls(config, session, timeout=_seconds(timeout),
-                       connect_timeout=None if connect_timeout is None
-                       else _seconds(connect_timeout), clock=clock)
-        except BaseException:
-            await session.close()
-            raise
-
-    @staticmethod
-    def _timeout(total: float, connect: float | None) -> aiohttp.ClientTimeout:
-        return aiohttp.ClientTimeout(total=total, connect=connect if connect else total / 2)
+        headers = {"Authorization": f"Bearer {config.api_key.get_secret_value()}",
+                   "Content-Type": "application/json", "Accept": "application/json",
+                   "User-Agent": "notiflow-sendgrid/1"}
+        return await cls._open(config, headers, timeout=timeout, connect_timeout=connect_timeout,
+                               max_connections=max_connections, clock=clock)
 
     def payload(self, message: OutboundMessage) -> dict[str, Any]:
         """The Mail Send body SendGrid receives for ``message`` (``subject`` omitted when the
@@ -263,35 +238,18 @@ class SendGridEmail:
             body["subject"] = message.subject
         return body
 
-    async def send(self, message: OutboundMessage, *,
-                   timeout: float | timedelta | None = None) -> SendResult:
-        """Send one email; ``timeout`` overrides the one given to :meth:`open`."""
-        started = self._clock()
-        if not isinstance(message.recipient, str):
-            return self._result(Rule(_P, "invalid_recipient"), message, started)
-        limits = (self._default_timeout if timeout is None
-                  else self._timeout(_seconds(timeout), None))
-        data = orjson.dumps(self.payload(message))
-        try:
-            async with self._session.post(self._url, data=data, timeout=limits,
-                                          allow_redirects=False) as resp:
-                raw = await resp.read()
-                status = resp.status
-                headers = {k: resp.headers[k] for k in
-                           ("X-Message-Id", "Retry-After", "X-RateLimit-Reset")
-                           if k in resp.headers}
-        except Exception as exc:
-            rule = classify_exception(exc)
-            if rule.reason == "client_error":
-                log.exception("sendgrid send of %s attempt %d to %s failed unexpectedly",
-                              message.message_id, message.attempt, mask(message.recipient))
-            return self._result(rule, message, started, error_code=type(exc).__name__)
+    def _encode(self, message: OutboundMessage) -> bytes:
+        return orjson.dumps(self.payload(message))
+
+    def _classify(self, answer: HttpAnswer, message: OutboundMessage,
+                  started: datetime) -> SendResult:
+        """``202`` with ``X-Message-Id`` is accepted; anything else goes through the tables."""
+        status, headers = answer.status, answer.headers
         if status == 202 and headers.get("X-Message-Id"):
-            return SendResult(Outcome.ACCEPTED, self.provider_id, started, self._clock(),
-                              provider_message_id=headers["X-Message-Id"])
+            return self._accepted(started, headers["X-Message-Id"])
         if 200 <= status < 300:
             return self._result(STATUS_CLASSES[2], message, started, error_code=f"http_{status}")
-        fields = error_fields_of(self._json(raw))
+        fields = error_fields_of(answer.json())
         rule = classify_response(status, fields)
         wait = (rate_limit_wait(headers, now=self._clock())
                 if rule.outcome is Outcome.TRANSIENT else None)
@@ -299,33 +257,3 @@ class SendGridEmail:
         return self._result(rule, message, started,
                             error_code=f"http_{status}:{named}" if named else f"http_{status}",
                             retry_after_s=wait)
-
-    @staticmethod
-    def _json(raw: bytes) -> Any:
-        try:
-            return orjson.loads(raw) if raw else None
-        except orjson.JSONDecodeError:
-            return None
-
-    def _result(self, rule: Rule, message: OutboundMessage, started: datetime, *,
-                error_code: str | None = None, retry_after_s: float | None = None) -> SendResult:
-        if rule.reason in ("auth_failed", "misconfigured"):
-            self._warn(rule.reason, error_code)
-        elif log.isEnabledFor(logging.DEBUG):
-            recipient = message.recipient if isinstance(message.recipient, str) else "push"
-            log.debug("sendgrid %s attempt %d to %s: %s %s (%s)", message.message_id,
-                      message.attempt, mask(recipient), rule.outcome, rule.reason, error_code)
-        return SendResult(rule.outcome, self.provider_id, started, self._clock(),
-                          reason=rule.reason, error_code=error_code,
-                          retry_after_s=retry_after_s, deactivate_recipient=rule.deactivate)
-
-    def _warn(self, reason: str, error_code: str | None) -> None:
-        now = time.monotonic()
-        if now - self._last_warned.get(reason, -1e9) >= 10.0:
-            self._last_warned[reason] = now
-            log.warning("sendgrid account %s: %s (%s); check the provider settings",
-                        self.provider_id, reason, error_code)
-
-    async def aclose(self) -> None:
-        """Close the pooled connections."""
-        await self._session.close()

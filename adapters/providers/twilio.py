@@ -18,25 +18,23 @@ import base64
 import hashlib
 import hmac
 import logging
-import time
 from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
 from typing import Any, Final
 from urllib.parse import urlencode
 
 import aiohttp
-import orjson
 from yarl import URL
 
 from notiflow.adapters.providers.base import OutboundMessage, Outcome, SendResult
 from notiflow.adapters.providers.common import (
+    HttpAnswer,
+    HttpProvider,
     Rule,
-    classify_exception,
     parse_retry_after,
-    seconds,
     utcnow,
 )
-from notiflow.redact import mask
+from notiflow.adapters.providers.common import classify_exception as classify_exception
 from notiflow.schemas.enums import Channel
 from notiflow.settings import Settings, TwilioSettings
 
@@ -145,7 +143,7 @@ def status_callback(base: str, message_id: str, attempt: int) -> str:
     return f"{base}{sep}{urlencode({'message_id': message_id, 'attempt': attempt})}"
 
 
-class TwilioSms:
+class TwilioSms(HttpProvider[TwilioSettings]):
     """One Twilio account as a :class:`~notiflow.adapters.providers.base.ProviderClient`.
 
     Build it with :meth:`open` inside the event loop that will use it. ``send`` never raises
@@ -153,23 +151,20 @@ class TwilioSms:
     """
 
     channel = Channel.SMS
+    name = "twilio"
+    log = log
+    warn_reasons = frozenset({"auth_failed", "misconfigured", "account_inactive"})
 
     def __init__(self, config: TwilioSettings, session: aiohttp.ClientSession, *,
                  timeout: float, connect_timeout: float | None = None,
                  clock: Callable[[], datetime] = utcnow) -> None:
         if config.auth_token is None:
             raise ValueError("twilio.auth_token is not configured")
-        if timeout <= 0:
-            raise ValueError("timeout must be positive")
-        self.provider_id = config.provider_id
-        self._config = config
-        self._session = session
-        self._clock = clock
+        super().__init__(config, session, timeout=timeout, connect_timeout=connect_timeout,
+                         clock=clock)
         self._url = URL(f"{config.base_url.rstrip('/')}/{API_VERSION}/Accounts/"
                         f"{config.account_sid}/Messages.json")
         self._callback = config.status_callback_url
-        self._default_timeout = self._timeout(timeout, connect_timeout)
-        self._last_warned: dict[str, float] = {}
 
     @classmethod
     async def open(cls, settings: Settings | TwilioSettings, *, timeout: float | timedelta,
@@ -188,29 +183,11 @@ class TwilioSms:
             raise ValueError("twilio.auth_token is not configured")
         token = config.auth_token.get_secret_value()
         credentials = base64.b64encode(f"{config.account_sid}:{token}".encode()).decode()
-        connector = aiohttp.TCPConnector(limit=max_connections, limit_per_host=max_connections,
-                                         ttl_dns_cache=300, keepalive_timeout=15)
-        session = aiohttp.ClientSession(
-            connector=connector,
-            headers={
-                "Authorization": f"Basic {credentials}",
-                "Content-Type": "application/x-www-form-urlencoded",
-                "Accept": "application/json",
-                "User-Agent": "notiflow-twilio/1",
-            },
-            raise_for_status=False,
-        )
-        try:
-            return cls(config, session, timeout=seconds(timeout),
-                       connect_timeout=None if connect_timeout is None
-                       else seconds(connect_timeout), clock=clock)
-        except BaseException:
-            await session.close()
-            raise
-
-    @staticmethod
-    def _timeout(total: float, connect: float | None) -> aiohttp.ClientTimeout:
-        return aiohttp.ClientTimeout(total=total, connect=connect if connect else total / 2)
+        headers = {"Authorization": f"Basic {credentials}",
+                   "Content-Type": "application/x-www-form-urlencoded",
+                   "Accept": "application/json", "User-Agent": "notiflow-twilio/1"}
+        return await cls._open(config, headers, timeout=timeout, connect_timeout=connect_timeout,
+                               max_connections=max_connections, clock=clock)
 
     def form(self, message: OutboundMessage) -> dict[str, str]:
         """The form fields Twilio receives for ``message``."""
@@ -221,67 +198,25 @@ class TwilioSms:
                                                        message.attempt)
         return fields
 
-    async def send(self, message: OutboundMessage, *,
-                   timeout: float | timedelta | None = None) -> SendResult:
-        """Create one Twilio Message; ``timeout`` overrides the one given to :meth:`open`."""
-        started = self._clock()
-        if not isinstance(message.recipient, str):
-            return self._result(Rule(_P, "invalid_recipient"), message, started)
-        limits = (self._default_timeout if timeout is None
-                  else self._timeout(seconds(timeout), None))
-        data = urlencode(self.form(message)).encode()
-        try:
-            async with self._session.post(self._url, data=data, timeout=limits,
-                                          allow_redirects=False) as resp:
-                raw = await resp.read()
-                status = resp.status
-                retry_after = resp.headers.get("Retry-After")
-        except Exception as exc:
-            rule = classify_exception(exc)
-            if rule.reason == "client_error":
-                log.exception("twilio send of %s attempt %d to %s failed unexpectedly",
-                              message.message_id, message.attempt, mask(message.recipient))
-            return self._result(rule, message, started, error_code=type(exc).__name__)
-        payload = self._json(raw)
+    def _encode(self, message: OutboundMessage) -> bytes:
+        return urlencode(self.form(message)).encode()
+
+    def _classify(self, answer: HttpAnswer, message: OutboundMessage,
+                  started: datetime) -> SendResult:
+        """A 2xx with a Message ``sid`` is accepted; anything else goes through the tables."""
+        status, payload = answer.status, answer.json()
         if 200 <= status < 300:
             sid = payload.get("sid") if isinstance(payload, dict) else None
             if isinstance(sid, str) and sid:
-                return SendResult(Outcome.ACCEPTED, self.provider_id, started, self._clock(),
-                                  provider_message_id=sid)
+                return self._accepted(started, sid)
             return self._result(STATUS_CLASSES[2], message, started, error_code=f"http_{status}")
         code = error_code_of(payload)
         rule = classify_response(status, code)
-        wait = parse_retry_after(retry_after) if rule.outcome is Outcome.TRANSIENT else None
+        wait = (parse_retry_after(answer.headers.get("Retry-After"))
+                if rule.outcome is Outcome.TRANSIENT else None)
         return self._result(rule, message, started,
                             error_code=str(code) if code is not None else f"http_{status}",
                             retry_after_s=wait)
 
-    @staticmethod
-    def _json(raw: bytes) -> Any:
-        try:
-            return orjson.loads(raw) if raw else None
-        except orjson.JSONDecodeError:
-            return None
-
-    def _result(self, rule: Rule, message: OutboundMessage, started: datetime, *,
-                error_code: str | None = None, retry_after_s: float | None = None) -> SendResult:
-        if rule.reason in ("auth_failed", "misconfigured", "account_inactive"):
-            self._warn(rule.reason, error_code)
-        elif log.isEnabledFor(logging.DEBUG):
-            recipient = message.recipient if isinstance(message.recipient, str) else "push"
-            log.debug("twilio %s attempt %d to %s: %s %s (%s)", message.message_id,
-                      message.attempt, mask(recipient), rule.outcome, rule.reason, error_code)
-        return SendResult(rule.outcome, self.provider_id, started, self._clock(),
-                          reason=rule.reason, error_code=error_code,
-                          retry_after_s=retry_after_s, deactivate_recipient=rule.deactivate)
-
-    def _warn(self, reason: str, error_code: str | None) -> None:
-        now = time.monotonic()
-        if now - self._last_warned.get(reason, -1e9) >= 10.0:
-            self._last_warned[reason] = now
-            log.warning("twilio account %s: %s (%s); check the provider settings",
-                        self._config.account_sid, reason, error_code)
-
-    async def aclose(self) -> None:
-        """Close the pooled connections."""
-        await self._session.close()
+    def _account_label(self) -> str:
+        return f"account {self._config.account_sid}"

@@ -32,19 +32,17 @@ from typing import Any, Final, Literal
 from urllib.parse import urlencode
 
 import aiohttp
-import orjson
 from yarl import URL
 
 from notiflow.adapters.providers.base import OutboundMessage, Outcome, SendResult
 from notiflow.adapters.providers.common import (
+    HttpAnswer,
+    HttpProvider,
     Rule,
-    classify_exception,
     is_gsm7,
     parse_retry_after,
-    seconds,
     utcnow,
 )
-from notiflow.redact import mask
 from notiflow.schemas.enums import Channel, Status
 from notiflow.settings import Settings, VonageSettings
 
@@ -305,14 +303,7 @@ def verify_signature(secret: str, params: Mapping[str, str], *,
 # the adapter -------------------------------------------------------------------------------
 
 
-def _json(raw: bytes) -> Any:
-    try:
-        return orjson.loads(raw) if raw else None
-    except orjson.JSONDecodeError:
-        return None
-
-
-class VonageSms:
+class VonageSms(HttpProvider[VonageSettings]):
     """One Vonage account as a :class:`~notiflow.adapters.providers.base.ProviderClient`.
 
     Build it with :meth:`open` inside the event loop that will use it. ``send`` never raises
@@ -320,24 +311,22 @@ class VonageSms:
     """
 
     channel = Channel.SMS
+    name = "vonage"
+    log = log
+    warn_reasons = frozenset({"auth_failed", "misconfigured", "account_inactive",
+                              "quota_exceeded"})
 
     def __init__(self, config: VonageSettings, session: aiohttp.ClientSession, *,
                  timeout: float, connect_timeout: float | None = None,
                  clock: Callable[[], datetime] = utcnow) -> None:
         if not config.api_key or config.api_secret is None:
             raise ValueError("vonage.api_key and vonage.api_secret are not configured")
-        if timeout <= 0:
-            raise ValueError("timeout must be positive")
-        self.provider_id = config.provider_id
-        self._config = config
-        self._session = session
-        self._clock = clock
+        super().__init__(config, session, timeout=timeout, connect_timeout=connect_timeout,
+                         clock=clock)
         self._url = URL(config.base_url.rstrip("/") + SEND_PATH)
         self._credentials = {"api_key": config.api_key,
                              "api_secret": config.api_secret.get_secret_value()}
         self._callback = config.status_callback_url
-        self._default_timeout = self._timeout(timeout, connect_timeout)
-        self._last_warned: dict[str, float] = {}
 
     @classmethod
     async def open(cls, settings: Settings | VonageSettings, *, timeout: float | timedelta,
@@ -354,25 +343,10 @@ class VonageSms:
         config = settings.vonage if isinstance(settings, Settings) else settings
         if not config.api_key or config.api_secret is None:
             raise ValueError("vonage.api_key and vonage.api_secret are not configured")
-        connector = aiohttp.TCPConnector(limit=max_connections, limit_per_host=max_connections,
-                                         ttl_dns_cache=300, keepalive_timeout=15)
-        session = aiohttp.ClientSession(
-            connector=connector,
-            headers={"Content-Type": "application/x-www-form-urlencoded",
-                     "Accept": "application/json", "User-Agent": "notiflow-vonage/1"},
-            raise_for_status=False,
-        )
-        try:
-            return cls(config, session, timeout=seconds(timeout),
-                       connect_timeout=None if connect_timeout is None
-                       else seconds(connect_timeout), clock=clock)
-        except BaseException:
-            await session.close()
-            raise
-
-    @staticmethod
-    def _timeout(total: float, connect: float | None) -> aiohttp.ClientTimeout:
-        return aiohttp.ClientTimeout(total=total, connect=connect if connect else total / 2)
+        headers = {"Content-Type": "application/x-www-form-urlencoded",
+                   "Accept": "application/json", "User-Agent": "notiflow-vonage/1"}
+        return await cls._open(config, headers, timeout=timeout, connect_timeout=connect_timeout,
+                               max_connections=max_connections, clock=clock)
 
     def form(self, message: OutboundMessage) -> dict[str, str]:
         """The form fields Vonage receives for ``message`` (credentials included)."""
@@ -386,31 +360,18 @@ class VonageSms:
             fields["status-report-req"] = "1"
         return fields
 
-    async def send(self, message: OutboundMessage, *,
-                   timeout: float | timedelta | None = None) -> SendResult:
-        """Send one SMS; ``timeout`` overrides the one given to :meth:`open`."""
-        started = self._clock()
-        if not isinstance(message.recipient, str):
-            return self._result(Rule(_P, "invalid_recipient"), message, started)
-        limits = (self._default_timeout if timeout is None
-                  else self._timeout(seconds(timeout), None))
-        data = urlencode(self.form(message)).encode()
-        try:
-            async with self._session.post(self._url, data=data, timeout=limits,
-                                          allow_redirects=False) as resp:
-                raw = await resp.read()
-                status = resp.status
-                retry_after = resp.headers.get("Retry-After")
-        except Exception as exc:
-            rule = classify_exception(exc)
-            if rule.reason == "client_error":
-                log.exception("vonage send of %s attempt %d to %s failed unexpectedly",
-                              message.message_id, message.attempt, mask(message.recipient))
-            return self._result(rule, message, started, error_code=type(exc).__name__)
+    def _encode(self, message: OutboundMessage) -> bytes:
+        return urlencode(self.form(message)).encode()
+
+    def _classify(self, answer: HttpAnswer, message: OutboundMessage,
+                  started: datetime) -> SendResult:
+        """A 2xx body is read part by part (:func:`read_answer`); other statuses go through
+        :func:`classify_http`."""
+        status = answer.status
         if 200 <= status < 300:
-            return self._answer(_json(raw), message, started, status)
+            return self._answer(answer.json(), message, started, status)
         rule = classify_http(status)
-        wait = parse_retry_after(retry_after) if rule.outcome is _T else None
+        wait = parse_retry_after(answer.headers.get("Retry-After")) if rule.outcome is _T else None
         return self._result(rule, message, started, error_code=f"http_{status}",
                             retry_after_s=wait)
 
@@ -422,33 +383,11 @@ class VonageSms:
                 log.warning("vonage accepted %d of %d parts of %s attempt %d (status %s)",
                             answer.accepted_parts, answer.parts, message.message_id,
                             message.attempt, answer.status)
-            return SendResult(Outcome.ACCEPTED, self.provider_id, started, self._clock(),
-                              provider_message_id=answer.message_id)
+            return self._accepted(started, answer.message_id)
         assert answer.rule is not None
         return self._result(answer.rule, message, started,
                             error_code=answer.status or f"http_{http_status}",
                             retry_after_s=answer.retry_after_s)
 
-    def _result(self, rule: Rule, message: OutboundMessage, started: datetime, *,
-                error_code: str | None = None, retry_after_s: float | None = None) -> SendResult:
-        if rule.reason in ("auth_failed", "misconfigured", "account_inactive",
-                           "quota_exceeded"):
-            self._warn(rule.reason, error_code)
-        elif log.isEnabledFor(logging.DEBUG):
-            recipient = message.recipient if isinstance(message.recipient, str) else "push"
-            log.debug("vonage %s attempt %d to %s: %s %s (%s)", message.message_id,
-                      message.attempt, mask(recipient), rule.outcome, rule.reason, error_code)
-        return SendResult(rule.outcome, self.provider_id, started, self._clock(),
-                          reason=rule.reason, error_code=error_code,
-                          retry_after_s=retry_after_s, deactivate_recipient=rule.deactivate)
-
-    def _warn(self, reason: str, error_code: str | None) -> None:
-        now = time.monotonic()
-        if now - self._last_warned.get(reason, -1e9) >= 10.0:
-            self._last_warned[reason] = now
-            log.warning("vonage account %s: %s (%s); check the provider settings",
-                        self._config.api_key, reason, error_code)
-
-    async def aclose(self) -> None:
-        """Close the pooled connections."""
-        await self._session.close()
+    def _account_label(self) -> str:
+        return f"account {self._config.api_key}"

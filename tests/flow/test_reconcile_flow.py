@@ -80,7 +80,7 @@ def test_shuffled_duplicated_events_converge(stack: Settings, cql: Session, runn
 
 
 @pytest.mark.parametrize("runner", list(RUNNERS))
-def test_receipts_correlate_dedup_and_park_unknowns(stack: Settings, cql: Session,
+def test_receipts_correlate_dedup_and_park_unknowns_until_given_up(stack: Settings, cql: Session,
                                                     runner: str) -> None:
     now = datetime.now(UTC)
     mid = f"msg_rf_{uuid.uuid4().hex}"
@@ -96,11 +96,16 @@ def test_receipts_correlate_dedup_and_park_unknowns(stack: Settings, cql: Sessio
                        occurred_at=now).model_dump_json().encode()
 
     rt = stack.receipts_topic
+    long_ago = now - stack.scaled(stack.receipt_park_for) - timedelta(seconds=1)
+    given_up = Receipt(provider_id="twilio", provider_event_id=f"old:{sid}",
+                       provider_message_id="SMneverseen", status=Status.SENT, occurred_at=now,
+                       parked_since=long_ago)
     first: list[Any] = [kmsg(stack.events_topic, accepted.model_dump_json().encode(), 0)]
     second: list[Any] = [kmsg(rt, receipt(Status.DELIVERED, "d"), 1),
                          kmsg(rt, receipt(Status.SENT, "s"), 2),
                          kmsg(rt, receipt(Status.DELIVERED, "d"), 3),
-                         kmsg(rt, receipt(Status.SENT, "x", psid="SMunknown"), 4)]
+                         kmsg(rt, receipt(Status.SENT, "x", psid="SMunknown"), 4),
+                         kmsg(rt, given_up.model_dump_json().encode(), 5)]
     out: list[OutRecord] = []
     RUNNERS[runner](build_reconcile_flow(stack, source=TestingSource(first),
                                          sink=TestingSink(out)))
@@ -112,5 +117,8 @@ def test_receipts_correlate_dedup_and_park_unknowns(stack: Settings, cql: Sessio
         "SELECT status, source FROM message_events WHERE message_id = %s", (mid,))
         if r["source"] == "receipt.twilio"]
     assert sorted(history) == ["DELIVERED", "SENT"]
-    [dlq] = [DlqRecord.model_validate_json(r.value) for r in out]
-    assert dlq.error_class == "uncorrelated_receipt" and dlq.source_offset == 4
+    [parked] = [Receipt.model_validate_json(r.value) for r in out if r.topic == rt]
+    assert parked.provider_message_id == "SMunknown" and parked.parked_since is not None
+    assert parked.not_before is not None and parked.not_before > parked.parked_since
+    [dlq] = [DlqRecord.model_validate_json(r.value) for r in out if r.topic != rt]
+    assert dlq.error_class == "uncorrelated_receipt" and dlq.source_offset == 5

@@ -1,16 +1,20 @@
-"""Fixtures for tests against the real stack: dataflow processes, CQL, templates."""
+"""Fixtures for tests against the real stack: dataflow processes, CQL, templates, Redis."""
 
 from __future__ import annotations
 
+import subprocess
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import pytest
+import redis
 from cassandra.cluster import Session
 
 from notiflow.adapters.cassandra_store import connect
+from notiflow.devenv import free_port
 from notiflow.ops.procs import ManagedProcess, ProcessGroup
 from notiflow.schemas.enums import Tier
 from notiflow.settings import Settings
@@ -101,8 +105,6 @@ class Isolated:
         return proc.wait_until(lambda: ready(proc), timeout=60)
 
     def api(self) -> str:
-        from notiflow.devenv import free_port
-
         port = free_port()
         base = f"http://127.0.0.1:{port}"
         self.start("api", ["api"], NOTIFLOW_API_PORT=str(port)).wait_http(f"{base}/healthz")
@@ -144,3 +146,71 @@ def otp_template(api: str, tokens: dict[str, str]) -> dict[str, int]:
         assert r.status_code in (200, 201), r.text
         versions[tenant] = r.json()["version"]
     return versions
+
+
+class RedisServer:
+    """A private, memory-only ``redis-server`` on a free loopback port; stopping and starting it
+    again simulates a Redis outage."""
+
+    def __init__(self, workdir: Path | None = None) -> None:
+        self.port = free_port()
+        self.workdir = workdir
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        """Start the server and wait until it answers PING."""
+        cmd = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+               "--appendonly", "no"]
+        if self.workdir is not None:
+            cmd += ["--dir", str(self.workdir)]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        client = redis.Redis.from_url(self.url, socket_connect_timeout=0.2)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                client.ping()
+                break
+            except redis.ConnectionError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.02)
+        client.close()
+
+    def stop(self, *, kill: bool = False) -> None:
+        """Stop the server (``kill``: SIGKILL instead of SIGTERM)."""
+        if self.proc is not None:
+            if kill:
+                self.proc.kill()
+            else:
+                self.proc.terminate()
+            self.proc.wait(timeout=10)
+            self.proc = None
+
+
+@pytest.fixture(scope="module")
+def redis_url() -> Iterator[str]:
+    """The shared local Redis when it answers (``NOTIFLOW_REDIS_URL`` or the default), else a
+    private ``redis-server`` for this module."""
+    url = Settings().redis_url
+    try:
+        redis.Redis.from_url(url, socket_connect_timeout=0.3).ping()
+    except redis.ConnectionError:
+        server = RedisServer()
+        server.start()
+        yield server.url
+        server.stop()
+    else:
+        yield url
+
+
+@pytest.fixture
+def private_redis(tmp_path: Path) -> Iterator[RedisServer]:
+    """A running private ``redis-server`` of this test (the test may stop and restart it)."""
+    server = RedisServer(tmp_path)
+    server.start()
+    yield server
+    server.stop()

@@ -11,14 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import subprocess
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import timedelta
 
 import pytest
-import redis
 import redis.asyncio as aioredis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -38,6 +36,7 @@ from notiflow.adapters.breaker import (
 from notiflow.adapters.providers.base import Outcome
 from notiflow.devenv import free_port
 from notiflow.settings import BreakerRule, Settings
+from tests.integration.conftest import RedisServer
 
 pytestmark = pytest.mark.integration
 
@@ -49,54 +48,6 @@ SMALL = BreakerParams.from_rule(BreakerRule(
     window=timedelta(seconds=10), buckets=5, failure_threshold=2, min_calls=4,
     min_latency_calls=5, open_for=timedelta(seconds=20), min_probes=3, close_ratio=0.75,
     max_probes=8, throttle_gap=timedelta(seconds=2), weight_recovery=timedelta(seconds=10)))
-
-
-class RedisServer:
-    """A private, memory-only ``redis-server`` on a free loopback port."""
-
-    def __init__(self) -> None:
-        self.port = free_port()
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> None:
-        self.proc = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        client = redis.Redis.from_url(self.url, socket_connect_timeout=0.2)
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                client.ping()
-                break
-            except redis.ConnectionError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.02)
-        client.close()
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            self.proc.terminate()
-            self.proc.wait(timeout=10)
-            self.proc = None
-
-
-@pytest.fixture(scope="module")
-def redis_url() -> Iterator[str]:
-    url = Settings().redis_url
-    try:
-        redis.Redis.from_url(url, socket_connect_timeout=0.3).ping()
-    except redis.ConnectionError:
-        server = RedisServer()
-        server.start()
-        yield server.url
-        server.stop()
-    else:
-        yield url
 
 
 @pytest.fixture
@@ -264,47 +215,42 @@ async def test_state_changes_as_an_async_iterator(redis_url: str) -> None:
 
 
 async def test_redis_down_local_breaker_then_converges(
-        caplog: pytest.LogCaptureFixture) -> None:
-    server = RedisServer()
-    server.start()
+        caplog: pytest.LogCaptureFixture, private_redis: RedisServer) -> None:
     clock = Clock()
-    try:
-        s = Settings(redis_url=server.url, topic_prefix=namespace())
-        cb = CircuitBreakers(s, clock_us=clock, retry_interval=0.5)
-        events: list[StateChange] = []
-        cb.on_change(events.append)
-        assert (await cb.allow("tw")).kind is AdmissionKind.NORMAL
-        assert await cb.record("tw", Outcome.ACCEPTED, None, 0.1) is State.CLOSED
-        server.stop()
-        with caplog.at_level(logging.WARNING, "notiflow.adapters.breaker"):
-            for _ in range(5):
-                await cb.record("tw", Outcome.TRANSIENT, "server_error", 0.1)
-                clock.t += 1000
-            assert not cb.redis_ok and cb.state("tw") is State.OPEN
-            for _ in range(10):
-                assert (await cb.allow("tw")).kind is AdmissionKind.REFUSED
-                clock.t += 300_000
-        assert sum("unreachable" in r.message for r in caplog.records) == 1
-        assert [(c.new, c.why, c.shared) for c in events] == [
-            (State.OPEN, "failures:5", False)]
-        assert cb.stats.local_ops >= 5
-
-        server.start()
-        clock.t += 500_000
-        assert (await cb.allow("tw")).kind is AdmissionKind.REFUSED
-        deadline = time.monotonic() + 5
-        while not cb.redis_ok and time.monotonic() < deadline:
-            await asyncio.sleep(0.01)
-        assert cb.redis_ok and cb.state("tw") is State.CLOSED
-        assert (await cb.allow("tw")).kind is AdmissionKind.NORMAL
-        assert [(c.old, c.new, c.why) for c in events[1:]] == [
-            (State.OPEN, State.CLOSED, "converged")]
+    s = Settings(redis_url=private_redis.url, topic_prefix=namespace())
+    cb = CircuitBreakers(s, clock_us=clock, retry_interval=0.5)
+    events: list[StateChange] = []
+    cb.on_change(events.append)
+    assert (await cb.allow("tw")).kind is AdmissionKind.NORMAL
+    assert await cb.record("tw", Outcome.ACCEPTED, None, 0.1) is State.CLOSED
+    private_redis.stop()
+    with caplog.at_level(logging.WARNING, "notiflow.adapters.breaker"):
         for _ in range(5):
             await cb.record("tw", Outcome.TRANSIENT, "server_error", 0.1)
-        assert events[-1].shared and events[-1].why == "failures:5"
-        await cb.aclose()
-    finally:
-        server.stop()
+            clock.t += 1000
+        assert not cb.redis_ok and cb.state("tw") is State.OPEN
+        for _ in range(10):
+            assert (await cb.allow("tw")).kind is AdmissionKind.REFUSED
+            clock.t += 300_000
+    assert sum("unreachable" in r.message for r in caplog.records) == 1
+    assert [(c.new, c.why, c.shared) for c in events] == [
+        (State.OPEN, "failures:5", False)]
+    assert cb.stats.local_ops >= 5
+
+    private_redis.start()
+    clock.t += 500_000
+    assert (await cb.allow("tw")).kind is AdmissionKind.REFUSED
+    deadline = time.monotonic() + 5
+    while not cb.redis_ok and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+    assert cb.redis_ok and cb.state("tw") is State.CLOSED
+    assert (await cb.allow("tw")).kind is AdmissionKind.NORMAL
+    assert [(c.old, c.new, c.why) for c in events[1:]] == [
+        (State.OPEN, State.CLOSED, "converged")]
+    for _ in range(5):
+        await cb.record("tw", Outcome.TRANSIENT, "server_error", 0.1)
+    assert events[-1].shared and events[-1].why == "failures:5"
+    await cb.aclose()
 
 
 async def test_unreachable_from_the_start_decides_locally() -> None:

@@ -21,7 +21,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 from urllib.parse import parse_qsl, urlsplit
 
 import aiosmtplib
@@ -145,18 +145,31 @@ def recipient_text(recipient: Recipient) -> str:
     return recipient.device_token if isinstance(recipient, PushRecipient) else recipient
 
 
+def configure_section(section: str,
+                      names: Mapping[str, str]) -> Callable[[Settings, Overrides], Settings]:
+    """A ``configure`` that sets the fields ``names`` maps the generic overrides to in
+    ``settings.{section}`` (``secret`` as a ``SecretStr``; overrides not named are ignored)."""
+
+    def configure(settings: Settings, overrides: Overrides) -> Settings:
+        update = {names[k]: SecretStr(v) if k == "secret" else v for k, v in overrides.items()
+                  if k in names}
+        config = getattr(settings, section).model_copy(update=update)
+        return settings.model_copy(update={section: config})
+
+    return configure
+
+
+def opener(adapter: Any) -> Callable[[Settings, float], Awaitable[TimedClient]]:
+    """An ``open`` that calls ``adapter.open(settings, timeout=...)``."""
+
+    async def open_client(settings: Settings, timeout: float) -> TimedClient:
+        client: TimedClient = await adapter.open(settings, timeout=timeout)
+        return client
+
+    return open_client
+
+
 # Twilio --------------------------------------------------------------------------------------
-
-
-def _twilio_configure(settings: Settings, overrides: Overrides) -> Settings:
-    names = {"base_url": "base_url", "secret": "auth_token", "callback_url": "status_callback_url",
-             "sender": "from_number"}
-    update = {names[k]: SecretStr(v) if k == "secret" else v for k, v in overrides.items()}
-    return settings.model_copy(update={"twilio": settings.twilio.model_copy(update=update)})
-
-
-async def _twilio_open(settings: Settings, timeout: float) -> TimedClient:
-    return await TwilioSms.open(settings, timeout=timeout)
 
 
 async def _twilio_unauthorized(settings: Settings) -> httpx.Response:
@@ -200,8 +213,10 @@ TWILIO = Harness(
                 Rejection("unreachable", "unreachable_recipient"),
                 Rejection("not_mobile", "not_mobile"),
                 Rejection("region", "region_not_permitted")),
-    configure=_twilio_configure,
-    open=_twilio_open,
+    configure=configure_section("twilio", {
+        "base_url": "base_url", "secret": "auth_token", "callback_url": "status_callback_url",
+        "sender": "from_number"}),
+    open=opener(TwilioSms),
     unauthorized=_twilio_unauthorized,
     unauthorized_body={"code": 20003, "message": "Authenticate",
                        "more_info": "https://www.twilio.com/docs/errors/20003", "status": 401},
@@ -216,17 +231,6 @@ TWILIO = Harness(
 
 
 # SendGrid ------------------------------------------------------------------------------------
-
-
-def _sendgrid_configure(settings: Settings, overrides: Overrides) -> Settings:
-    names = {"base_url": "base_url", "secret": "api_key", "sender": "from_email"}
-    update = {names[k]: SecretStr(v) if k == "secret" else v for k, v in overrides.items()
-              if k in names}
-    return settings.model_copy(update={"sendgrid": settings.sendgrid.model_copy(update=update)})
-
-
-async def _sendgrid_open(settings: Settings, timeout: float) -> TimedClient:
-    return await SendGridEmail.open(settings, timeout=timeout)
 
 
 async def _sendgrid_unauthorized(settings: Settings) -> httpx.Response:
@@ -247,8 +251,9 @@ SENDGRID = Harness(
                 "malformed": "not-an-address"},
     rejections=(Rejection("invalid", "invalid_recipient"),
                 Rejection("malformed", "invalid_recipient")),
-    configure=_sendgrid_configure,
-    open=_sendgrid_open,
+    configure=configure_section("sendgrid", {
+        "base_url": "base_url", "secret": "api_key", "sender": "from_email"}),
+    open=opener(SendGridEmail),
     unauthorized=_sendgrid_unauthorized,
     unauthorized_body={"errors": [{
         "message": "The provided authorization grant is invalid, expired, or revoked",
@@ -269,17 +274,6 @@ def _rsa_pem() -> str:
     key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                              serialization.NoEncryption()).decode()
-
-
-def _fcm_configure(settings: Settings, overrides: Overrides) -> Settings:
-    names = {"base_url": "base_url", "secret": "private_key"}
-    update = {names[k]: SecretStr(v) if k == "secret" else v for k, v in overrides.items()
-              if k in names}
-    return settings.model_copy(update={"fcm": settings.fcm.model_copy(update=update)})
-
-
-async def _fcm_open(settings: Settings, timeout: float) -> TimedClient:
-    return await FcmPush.open(settings, timeout=timeout)
 
 
 async def _fcm_unauthorized(settings: Settings) -> httpx.Response:
@@ -305,8 +299,8 @@ FCM = Harness(
     rejections=(Rejection("unregistered", "unregistered", deactivate=True),
                 Rejection("invalid", "rejected"),
                 Rejection("mismatch", "sender_id_mismatch")),
-    configure=_fcm_configure,
-    open=_fcm_open,
+    configure=configure_section("fcm", {"base_url": "base_url", "secret": "private_key"}),
+    open=opener(FcmPush),
     unauthorized=_fcm_unauthorized,
     unauthorized_body={"error": {
         "code": 401, "status": "UNAUTHENTICATED",
@@ -328,17 +322,6 @@ def _ec_pem() -> str:
     key = ec.generate_private_key(ec.SECP256R1())
     return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                              serialization.NoEncryption()).decode()
-
-
-def _apns_configure(settings: Settings, overrides: Overrides) -> Settings:
-    names = {"base_url": "base_url", "secret": "private_key"}
-    update = {names[k]: SecretStr(v) if k == "secret" else v for k, v in overrides.items()
-              if k in names}
-    return settings.model_copy(update={"apns": settings.apns.model_copy(update=update)})
-
-
-async def _apns_open(settings: Settings, timeout: float) -> TimedClient:
-    return await ApnsPush.open(settings, timeout=timeout)
 
 
 def apns_http(settings: Settings) -> httpx.AsyncClient:
@@ -381,8 +364,8 @@ APNS = Harness(
                 Rejection("all_zero", "unregistered", deactivate=True),
                 Rejection("expired_token", "unregistered", deactivate=True),
                 Rejection("not_for_topic", "token_not_for_topic")),
-    configure=_apns_configure,
-    open=_apns_open,
+    configure=configure_section("apns", {"base_url": "base_url", "secret": "private_key"}),
+    open=opener(ApnsPush),
     unauthorized=_apns_unauthorized,
     unauthorized_body={"reason": "InvalidProviderToken"},
     wrong_secret=_ec_pem,
@@ -396,18 +379,6 @@ APNS = Harness(
 )
 
 # Vonage --------------------------------------------------------------------------------------
-
-
-def _vonage_configure(settings: Settings, overrides: Overrides) -> Settings:
-    names = {"base_url": "base_url", "secret": "api_secret", "callback_url": "status_callback_url",
-             "sender": "from_name"}
-    update = {names[k]: SecretStr(v) if k == "secret" else v for k, v in overrides.items()
-              if k in names}
-    return settings.model_copy(update={"vonage": settings.vonage.model_copy(update=update)})
-
-
-async def _vonage_open(settings: Settings, timeout: float) -> TimedClient:
-    return await VonageSms.open(settings, timeout=timeout)
 
 
 async def _vonage_unauthorized(settings: Settings) -> httpx.Response:
@@ -431,8 +402,10 @@ VONAGE = Harness(
                 Rejection("not_whitelisted", "unverified_recipient"),
                 Rejection("deactivated", "deactivated_recipient", deactivate=True),
                 Rejection("opted_out", "unsubscribed", deactivate=True)),
-    configure=_vonage_configure,
-    open=_vonage_open,
+    configure=configure_section("vonage", {
+        "base_url": "base_url", "secret": "api_secret", "callback_url": "status_callback_url",
+        "sender": "from_name"}),
+    open=opener(VonageSms),
     unauthorized=_vonage_unauthorized,
     unauthorized_body={"message-count": "1",
                        "messages": [{"status": "4", "error-text": "Bad Credentials"}]},
@@ -461,10 +434,6 @@ def _smtp_configure(settings: Settings, overrides: Overrides) -> Settings:
         elif key == "sender":
             update["from_email"] = value
     return settings.model_copy(update={"smtp": settings.smtp.model_copy(update=update)})
-
-
-async def _smtp_open(settings: Settings, timeout: float) -> TimedClient:
-    return await SmtpEmail.open(settings, timeout=timeout)
 
 
 @dataclass(frozen=True)
@@ -509,7 +478,7 @@ SMTP = Harness(
                 Rejection("syntax", "invalid_recipient"),
                 Rejection("disabled", "mailbox_disabled", deactivate=True)),
     configure=_smtp_configure,
-    open=_smtp_open,
+    open=opener(SmtpEmail),
     unauthorized=_smtp_unauthorized,
     unauthorized_body={"message": "5.7.8 Authentication credentials invalid"},
     wrong_secret=lambda: "wrong-" + "x" * 12,
@@ -570,6 +539,25 @@ class Emulator:
         (await self.http.post(f"{self.base}/_admin/reset")).raise_for_status()
 
 
+T = TypeVar("T")
+
+
+async def first_found(arrived: asyncio.Event, find: Callable[[], list[T]], count: int,
+                      timeout: float) -> list[T]:
+    """The first ``count`` items ``find`` returns, re-checked whenever ``arrived`` is set, for at
+    most ``timeout`` seconds."""
+
+    async def until() -> list[T]:
+        while True:
+            found = find()
+            if len(found) >= count:
+                return found[:count]
+            arrived.clear()
+            await arrived.wait()
+
+    return await asyncio.wait_for(until(), timeout)
+
+
 @dataclass
 class Callback:
     url: str
@@ -594,16 +582,9 @@ class Receiver:
 
     async def wait(self, message_id: str, count: int, timeout: float = 10.0) -> list[Callback]:
         """The first ``count`` callbacks whose URL names ``message_id``."""
-
-        async def until() -> list[Callback]:
-            while True:
-                found = [c for c in self.calls if f"message_id={message_id}" in c.url]
-                if len(found) >= count:
-                    return found[:count]
-                self.arrived.clear()
-                await self.arrived.wait()
-
-        return await asyncio.wait_for(until(), timeout)
+        return await first_found(
+            self.arrived, lambda: [c for c in self.calls if f"message_id={message_id}" in c.url],
+            count, timeout)
 
 
 @dataclass
@@ -632,24 +613,16 @@ class EventReceiver:
     async def wait(self, message_id: str, count: int,
                    timeout: float = 10.0) -> list[dict[str, Any]]:
         """The first ``count`` events whose ``message_id`` custom arg is ``message_id``."""
-
-        async def until() -> list[dict[str, Any]]:
-            while True:
-                found = [e for p in self.posts for e in p.events
-                         if e.get("message_id") == message_id]
-                if len(found) >= count:
-                    return found[:count]
-                self.arrived.clear()
-                await self.arrived.wait()
-
-        return await asyncio.wait_for(until(), timeout)
+        return await first_found(
+            self.arrived, lambda: [e for p in self.posts for e in p.events
+                                   if e.get("message_id") == message_id], count, timeout)
 
 
-async def _serve(path: str, handler: Callable[[web.Request], Awaitable[web.Response]]
-                 ) -> tuple[str, web.AppRunner]:
+async def _serve(path: str, handler: Callable[[web.Request], Awaitable[web.Response]],
+                 method: str = "POST") -> tuple[str, web.AppRunner]:
     port = free_port()
     app = web.Application()
-    app.router.add_post(path, handler)
+    app.router.add_route(method, path, handler)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", port).start()
@@ -712,6 +685,16 @@ def message(harness: Harness, scenario: str = "ok", body: str = "Your code is 12
         body=body, subject=subject if harness.channel is not Channel.SMS else None)
 
 
+async def send_once(harness: Harness, settings: Settings, msg: OutboundMessage, *,
+                    timeout: float = 5.0, call_timeout: float | None = None) -> SendResult:
+    """Send ``msg`` with a client of its own, opened on ``settings`` with ``timeout``."""
+    client = await harness.open(settings, timeout)
+    try:
+        return await client.send(msg, timeout=call_timeout)
+    finally:
+        await client.aclose()
+
+
 def assert_result(result: SendResult, outcome: Outcome, reason: str | None) -> None:
     assert (result.outcome, result.reason) == (outcome, reason), result
     assert result.started_at <= result.completed_at
@@ -761,12 +744,8 @@ async def test_wrong_credentials(harness: Harness, provider_settings: Settings,
     assert raw.status_code == harness.unauthorized_status
     assert raw.json() == dict(harness.unauthorized_body)
     wrong = harness.configure(provider_settings, {"secret": harness.wrong_secret()})
-    client = await harness.open(wrong, 5.0)
-    try:
-        msg = message(harness)
-        result = await client.send(msg)
-    finally:
-        await client.aclose()
+    msg = message(harness)
+    result = await send_once(harness, wrong, msg)
     assert_result(result, *harness.auth_rule)
     assert result.deactivate_recipient is False
     records = await emulator.records(msg.message_id)
@@ -817,11 +796,7 @@ async def test_accepted_then_timeout_is_ambiguous(harness: Harness, provider_set
                                                   emulator: Emulator) -> None:
     await emulator.configure(timeout_rate=1.0, hang_s=3.0)
     msg = message(harness)
-    client = await harness.open(provider_settings, 0.4)
-    try:
-        result = await client.send(msg)
-    finally:
-        await client.aclose()
+    result = await send_once(harness, provider_settings, msg, timeout=0.4)
     assert_result(result, Outcome.AMBIGUOUS, "timeout")
     assert result.provider_message_id is None
     stats = await emulator.stats()
@@ -833,11 +808,8 @@ async def test_accepted_then_timeout_is_ambiguous(harness: Harness, provider_set
 async def test_per_call_timeout_override(harness: Harness, provider_settings: Settings,
                                          emulator: Emulator) -> None:
     await emulator.configure(timeout_rate=1.0, hang_s=3.0)
-    client = await harness.open(provider_settings, 10.0)
-    try:
-        result = await client.send(message(harness), timeout=0.3)
-    finally:
-        await client.aclose()
+    result = await send_once(harness, provider_settings, message(harness), timeout=10.0,
+                             call_timeout=0.3)
     assert_result(result, Outcome.AMBIGUOUS, "timeout")
     assert (result.completed_at - result.started_at).total_seconds() < 2.0
 
@@ -845,11 +817,7 @@ async def test_per_call_timeout_override(harness: Harness, provider_settings: Se
 async def test_connection_refused_is_transient(harness: Harness, provider_settings: Settings,
                                                emulator: Emulator) -> None:
     dead = harness.configure(provider_settings, {"base_url": f"http://127.0.0.1:{free_port()}"})
-    client = await harness.open(dead, 2.0)
-    try:
-        result = await client.send(message(harness))
-    finally:
-        await client.aclose()
+    result = await send_once(harness, dead, message(harness), timeout=2.0)
     assert_result(result, Outcome.TRANSIENT, "connect_error")
     assert (await emulator.stats())["received"] == 0
 
@@ -1024,11 +992,7 @@ async def test_sendgrid_unverified_sender_is_misconfiguration(harness: Harness,
                                                               provider_settings: Settings,
                                                               emulator: Emulator) -> None:
     wrong = harness.configure(provider_settings, {"sender": "noreply@unverified.example.com"})
-    client = await harness.open(wrong, 5.0)
-    try:
-        result = await client.send(message(harness))
-    finally:
-        await client.aclose()
+    result = await send_once(harness, wrong, message(harness))
     assert_result(result, Outcome.TRANSIENT, "misconfigured")
     assert result.error_code == "http_403:from"
 
@@ -1390,11 +1354,7 @@ async def test_apns_untrusted_certificate_is_connect_error(harness: Harness,
                                                            emulator: Emulator) -> None:
     untrusted = provider_settings.model_copy(update={
         "apns": provider_settings.apns.model_copy(update={"ca_file": None})})
-    client = await ApnsPush.open(untrusted, timeout=5.0)
-    try:
-        result = await client.send(message(harness))
-    finally:
-        await client.aclose()
+    result = await send_once(harness, untrusted, message(harness))
     assert_result(result, Outcome.TRANSIENT, "connect_error")
     assert (await emulator.stats())["received"] == 0
 
@@ -1461,28 +1421,15 @@ class DlrReceiver:
 
     async def wait(self, ref: str, count: int, timeout: float = 10.0) -> list[Dlr]:
         """The first ``count`` receipts whose ``client-ref`` is ``ref``."""
-
-        async def until() -> list[Dlr]:
-            while True:
-                found = [r for r in self.receipts if r.params.get("client-ref") == ref]
-                if len(found) >= count:
-                    return found[:count]
-                self.arrived.clear()
-                await self.arrived.wait()
-
-        return await asyncio.wait_for(until(), timeout)
+        return await first_found(
+            self.arrived, lambda: [r for r in self.receipts if r.params.get("client-ref") == ref],
+            count, timeout)
 
 
 @pytest.fixture(scope="module")
 async def dlr_receiver() -> AsyncIterator[DlrReceiver]:
     rec = DlrReceiver("")
-    port = free_port()
-    app = web.Application()
-    app.router.add_route("*", "/hooks/vonage", rec.handle)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    rec.url = f"http://127.0.0.1:{port}/hooks/vonage"
+    rec.url, runner = await _serve("/hooks/vonage", rec.handle, method="*")
     yield rec
     await runner.cleanup()
 
@@ -1511,13 +1458,9 @@ async def test_vonage_delivery_receipts_are_signed(harness: Harness, method: str
     assert v.signature_secret is not None and v.api_key
     secret = v.signature_secret.get_secret_value()
     await emulator.configure(callback_delay_ms=10, dlr_method=method)
-    client = await harness.open(harness.configure(provider_settings,
-                                                  {"callback_url": dlr_receiver.url}), 5.0)
-    try:
-        msg = message(harness, attempt=3, body="x" * 200)
-        result = await client.send(msg)
-    finally:
-        await client.aclose()
+    msg = message(harness, attempt=3, body="x" * 200)
+    result = await send_once(
+        harness, harness.configure(provider_settings, {"callback_url": dlr_receiver.url}), msg)
     assert_result(result, Outcome.ACCEPTED, None)
     [record] = await emulator.records(msg.message_id)
     assert record["parts"] == 2
@@ -1543,13 +1486,9 @@ async def test_vonage_delivery_receipts_are_signed(harness: Harness, method: str
 async def test_vonage_failed_receipt(harness: Harness, provider_settings: Settings,
                                      emulator: Emulator, dlr_receiver: DlrReceiver) -> None:
     await emulator.configure(callback_delay_ms=10, undelivered_rate=1.0)
-    client = await harness.open(harness.configure(provider_settings,
-                                                  {"callback_url": dlr_receiver.url}), 5.0)
-    try:
-        msg = message(harness)
-        assert_result(await client.send(msg), Outcome.ACCEPTED, None)
-    finally:
-        await client.aclose()
+    msg = message(harness)
+    assert_result(await send_once(harness, harness.configure(
+        provider_settings, {"callback_url": dlr_receiver.url}), msg), Outcome.ACCEPTED, None)
     [receipt] = await dlr_receiver.wait(f"{msg.message_id}:1", 1)
     assert (receipt.params["status"], receipt.params["err-code"]) == ("failed", "1")
 

@@ -13,13 +13,11 @@ import heapq
 import logging
 import math
 import random
-import subprocess
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 import pytest
-import redis
 import redis.asyncio as aioredis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -35,63 +33,15 @@ from notiflow.adapters.ratelimit import (
     Request,
     decide,
 )
-from notiflow.devenv import free_port
 from notiflow.schemas.enums import Tier
 from notiflow.settings import Settings
+from tests.integration.conftest import RedisServer
 
 pytestmark = pytest.mark.integration
 
 W = 1_000_000
 T0 = 1_000_000_000
 SHARES = (0.2, 0.25, 0.25, 0.3)
-
-
-class RedisServer:
-    """A private, memory-only ``redis-server`` on a free loopback port."""
-
-    def __init__(self) -> None:
-        self.port = free_port()
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> None:
-        self.proc = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        client = redis.Redis.from_url(self.url, socket_connect_timeout=0.2)
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                client.ping()
-                break
-            except redis.ConnectionError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.02)
-        client.close()
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            self.proc.terminate()
-            self.proc.wait(timeout=10)
-            self.proc = None
-
-
-@pytest.fixture(scope="module")
-def redis_url() -> Iterator[str]:
-    url = Settings().redis_url
-    try:
-        redis.Redis.from_url(url, socket_connect_timeout=0.3).ping()
-    except redis.ConnectionError:
-        server = RedisServer()
-        server.start()
-        yield server.url
-        server.stop()
-    else:
-        yield url
 
 
 @pytest.fixture
@@ -312,35 +262,30 @@ class FakeClock:
 
 
 async def test_redis_down_local_keeps_granting_pause_waits_then_recovers(
-        caplog: pytest.LogCaptureFixture) -> None:
-    server = RedisServer()
-    server.start()
+        caplog: pytest.LogCaptureFixture, private_redis: RedisServer) -> None:
     clock = FakeClock()
-    try:
-        s = Settings(redis_url=server.url, provider_rates={"down": 1000.0},
-                     topic_prefix=namespace())
-        limiter = CapacityLimiter(s, clock=clock)
-        assert await limiter.acquire("down", Tier.P0) is None
-        assert await limiter.acquire("down", Tier.P2) is None
-        server.stop()
-        granted = 0
-        with caplog.at_level(logging.WARNING, "notiflow.adapters.ratelimit"):
-            for _ in range(1000):
-                if await limiter.acquire("down", Tier.P0) is None:
-                    granted += 1
-                clock.t += 0.001
-            assert await limiter.acquire("down", Tier.P2) == 0.5
-            assert await limiter.acquire("down", Tier.P3) == 0.5
-        assert not limiter.redis_ok
-        local_rate = 0.5 * 0.2 * 1000.0
-        assert local_rate <= granted <= local_rate + local_rate * 0.25 + 1
-        assert sum("unreachable" in r.message for r in caplog.records) == 1
+    s = Settings(redis_url=private_redis.url, provider_rates={"down": 1000.0},
+                 topic_prefix=namespace())
+    limiter = CapacityLimiter(s, clock=clock)
+    assert await limiter.acquire("down", Tier.P0) is None
+    assert await limiter.acquire("down", Tier.P2) is None
+    private_redis.stop()
+    granted = 0
+    with caplog.at_level(logging.WARNING, "notiflow.adapters.ratelimit"):
+        for _ in range(1000):
+            if await limiter.acquire("down", Tier.P0) is None:
+                granted += 1
+            clock.t += 0.001
+        assert await limiter.acquire("down", Tier.P2) == 0.5
+        assert await limiter.acquire("down", Tier.P3) == 0.5
+    assert not limiter.redis_ok
+    local_rate = 0.5 * 0.2 * 1000.0
+    assert local_rate <= granted <= local_rate + local_rate * 0.25 + 1
+    assert sum("unreachable" in r.message for r in caplog.records) == 1
 
-        server.start()
-        clock.t += 0.5
-        assert await limiter.acquire("down", Tier.P2) is None
-        assert limiter.redis_ok
-        assert await limiter.acquire("down", Tier.P0) is None
-        await limiter.aclose()
-    finally:
-        server.stop()
+    private_redis.start()
+    clock.t += 0.5
+    assert await limiter.acquire("down", Tier.P2) is None
+    assert limiter.redis_ok
+    assert await limiter.acquire("down", Tier.P0) is None
+    await limiter.aclose()

@@ -6,10 +6,8 @@ from __future__ import annotations
 
 import json
 import statistics
-import subprocess
 import time
 import uuid
-from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
 
@@ -19,11 +17,10 @@ import pytest
 from cassandra.cluster import Session
 
 from notiflow.adapters.kafka_io import OutRecord
-from notiflow.devenv import free_port
 from notiflow.ops.procs import ManagedProcess
 from notiflow.schemas.enums import Tier
 from tests.helpers import message_row, produce, received_at, report, wait_for
-from tests.integration.conftest import ready
+from tests.integration.conftest import RedisServer, ready
 from tests.integration.test_pipeline import ids_of
 
 pytestmark = pytest.mark.integration
@@ -196,43 +193,10 @@ def test_acknowledged_opt_out_applies_to_the_next_marketing_message(
     assert account["status"] != "SUPPRESSED"
 
 
-@pytest.fixture
-def private_redis(tmp_path) -> Iterator[dict[str, Any]]:
-    port = free_port()
-    cmd = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-           "--appendonly", "no", "--dir", str(tmp_path)]
-    state: dict[str, Any] = {"port": port, "cmd": cmd}
-
-    def start() -> None:
-        state["proc"] = subprocess.Popen(cmd, stdout=subprocess.DEVNULL,
-                                         stderr=subprocess.DEVNULL)
-        wait_for(lambda: _ping(port), timeout=10, what="private redis")
-
-    def stop() -> None:
-        state["proc"].kill()
-        state["proc"].wait()
-
-    state["start"], state["stop"] = start, stop
-    start()
-    yield state
-    if state["proc"].poll() is None:
-        stop()
-
-
-def _ping(port: int) -> bool:
-    import redis
-
-    try:
-        return bool(redis.Redis(port=port, socket_timeout=0.5).ping())
-    except redis.RedisError:
-        return False
-
-
 def test_redis_outage_p0_continues_p3_pauses_then_resumes(
         isolated, tokens: dict[str, str], otp_template: dict[str, int], fakes: str,
-        private_redis: dict[str, Any]) -> None:
-    iso = isolated("redis-down",
-                   NOTIFLOW_REDIS_URL=f"redis://127.0.0.1:{private_redis['port']}/0")
+        private_redis: RedisServer) -> None:
+    iso = isolated("redis-down", NOTIFLOW_REDIS_URL=private_redis.url)
     iso.flow(Tier.P0)
     iso.flow(Tier.P3)
     version = otp_template["acme"]
@@ -253,14 +217,14 @@ def test_redis_outage_p0_continues_p3_pauses_then_resumes(
     before = batch(Tier.P0, "a") + batch(Tier.P3, "a")
     wait_for(lambda: len(arrived(before)) == len(before), what="sends before the outage")
 
-    private_redis["stop"]()
+    private_redis.stop(kill=True)
     p0_down, p3_down = batch(Tier.P0, "b"), batch(Tier.P3, "b")
     wait_for(lambda: len(arrived(p0_down)) == len(p0_down), timeout=30,
              what="P0 sending while Redis is down")
     time.sleep(2)
     assert arrived(p3_down) == set(), "P3 sent while Redis was down"
 
-    private_redis["start"]()
+    private_redis.start()
     wait_for(lambda: len(arrived(p3_down)) == len(p3_down), timeout=60,
              what="P3 resuming after Redis is back")
     everything = before + p0_down + p3_down

@@ -59,3 +59,37 @@ def test_budget_exhausted_and_expiry() -> None:
     soon = NOW + timedelta(milliseconds=1)
     d = p.after_failure(1, NOW, soon, retry_after=timedelta(seconds=1))
     assert d.give_up == "expires_before_retry" and d.next_attempt is None
+
+
+@given(st.integers(1, 50), st.integers(0, 2**32))
+def test_replayed_budget_counts_from_its_base(base: int, seed: int) -> None:
+    """A DLQ replay starts a fresh budget at ``budget_base``: the same caps, the same number
+    of attempts, whatever attempt number it starts from."""
+    p = RetryPolicy.for_tier(Settings(), Tier.P1)
+    rng = random.Random(seed)
+    attempt, waits = base, []
+    while True:
+        d = p.after_failure(attempt, NOW, FAR, rng=rng, budget_base=base)
+        if d.give_up:
+            assert d.give_up == "retries_exhausted"
+            break
+        assert d.next_attempt == attempt + 1 and d.next_attempt_at is not None
+        waits.append(d.next_attempt_at - NOW)
+        attempt += 1
+    assert attempt - base + 1 == p.max_attempts
+    assert all(w <= cap for w, cap in zip(waits, p.caps, strict=True))
+
+
+def test_attempt_below_its_base_never_retries() -> None:
+    p = RetryPolicy.for_tier(Settings(), Tier.P1)
+    assert p.after_failure(3, NOW, FAR, budget_base=5).give_up == "retries_exhausted"
+
+
+def test_only_unexplained_exhaustion_is_dead_lettered() -> None:
+    from notiflow.flows.dispatch import unexplained_category
+
+    assert unexplained_category("internal_error:KeyError") == "bug"
+    assert unexplained_category("connect_error") == "provider_outage"
+    assert unexplained_category("timeout") == "provider_outage"
+    for answered in ("server_error", "rate_limited", None, "invalid_recipient"):
+        assert unexplained_category(answered) is None

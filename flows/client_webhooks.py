@@ -1,0 +1,926 @@
+"""The client status webhook dataflow: signed POSTs to each message's ``status_webhook``.
+
+Recipe (``build_webhook_flow``)::
+
+    notify.events + notify.receipts   Kafka, offsets in this flow's own recovery store; the
+                                      source pauses while the process's sender is saturated
+      → parse                         StatusEvent / Receipt → StatusChange; records that do
+                                      not decode are skipped (the reconciler dead-letters
+                                      them); events whose snapshot has no webhook are dropped
+      → fresh                         changes older than the whole schedule are not announced
+                                      (a replay from offset 0 must not flood clients)
+      → resolve (per batch)           tenant + URL from the event's snapshot, else from
+                                      Cassandra ``messages`` (receipts without a message id:
+                                      through the provider message index), cached per process
+      → deliver (keyed by message_id) WebhookLogic: one webhook per status change with a
+                                      stable webhook-id, in status order, retried on the
+                                      scaled schedule by timers; a circuit breaker per
+                                      endpoint (waiting while open spends no attempt); POSTs
+                                      run on the process's WebhookDispatcher (own event loop)
+      → encode → confirming Kafka sink   given-up webhooks → notify.dlq.webhooks
+
+The pending webhooks of a message (attempt counts and due times) are the state of its key,
+so a pending retry survives a crash; a POST in flight at a crash is sent again after the
+restart with the same webhook-id (at-least-once; clients dedup by it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import copy
+import logging
+import random
+import threading
+import time
+import uuid
+from collections import Counter, OrderedDict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any, Literal, Protocol
+
+import bytewax.operators as op
+import orjson
+from bytewax.connectors.kafka import KafkaError
+from bytewax.dataflow import Dataflow
+from bytewax.inputs import Source
+from bytewax.operators import StatefulLogic
+from bytewax.outputs import Sink
+from opentelemetry import metrics
+from pydantic import SecretStr, ValidationError
+
+from notiflow import names
+from notiflow.adapters.bytewax_kafka import (
+    ConfirmingSink,
+    PausableKafkaSource,
+    check_topics,
+    kafka_source,
+)
+from notiflow.adapters.client_webhooks import (
+    AttemptResult,
+    Verdict,
+    WebhookClient,
+    decode_secret,
+    endpoint_id,
+    status_body,
+    webhook_id,
+)
+from notiflow.adapters.dlq_crypto import DlqCipher
+from notiflow.adapters.kafka_io import OutRecord, make_headers
+from notiflow.adapters.worker import WorkerLoop, register
+from notiflow.flows.model import SourceRef, utcnow
+from notiflow.flows.steps import Clock, RawMessage, source_of
+from notiflow.schemas.enums import Status, Tier
+from notiflow.schemas.messages import AttemptRecord, DlqRecord, Receipt, StatusEvent
+from notiflow.schemas.status import rank
+from notiflow.settings import Settings
+
+log = logging.getLogger(__name__)
+_meter = metrics.get_meter(names.METER)
+_deliveries = _meter.create_counter(
+    names.CLIENT_WEBHOOK_DELIVERIES,
+    description="client status webhook POSTs (outcome: delivered, failed, dead)")
+_dlq_records = _meter.create_counter(names.DLQ_RECORDS, description="dead letters written")
+
+POLL = timedelta(milliseconds=20)
+"""How often a key with a POST in flight looks for its result."""
+MIN_WAIT = timedelta(milliseconds=20)
+"""Shortest wait before asking a refusing breaker again."""
+JITTER = 0.1
+"""Each wait is its nominal length plus up to this share of it (never less)."""
+ORDER_MEMORY = timedelta(hours=1)
+"""How long a message's finished statuses are remembered after its last webhook (so a late
+lower status is not sent after a higher one, and a replay is not sent twice); scaled, at
+least ``MIN_MEMORY``."""
+MIN_MEMORY = timedelta(seconds=30)
+MIN_SPAN = timedelta(minutes=10)
+"""Floor of ``max_age`` and of the patience with an open breaker (tiny test schedules)."""
+INFRA_RETRY_FOR = timedelta(minutes=5)
+LOOKUP_CONCURRENCY = 64
+CACHE_SIZE = 100_000
+SATURATION = 4
+"""The source pauses while more than ``SATURATION * max_in_flight`` POSTs wait for a slot
+or run (those queued behind their own endpoint's limit do not count)."""
+BREAKER_PREFIX = "webhook:"
+"""Breaker ids of client endpoints (``webhook:https://host:443``), apart from providers'."""
+
+
+def breaker_id(endpoint: str) -> str:
+    return f"{BREAKER_PREFIX}{endpoint}"
+
+
+# items -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class StatusChange:
+    """A status of a message from ``notify.events`` or ``notify.receipts``; ``resolved``:
+    tenant and URL are known (from the event's snapshot)."""
+
+    message_id: str | None
+    status: Status
+    attempt: int
+    reason: str | None
+    occurred_at: datetime
+    source: SourceRef
+    tenant_id: str | None = None
+    tier: Tier | None = None
+    url: str | None = None
+    resolved: bool = False
+    provider_ref: tuple[str, str] | None = None
+    """(provider_id, provider_message_id) of a receipt without a message id."""
+
+
+@dataclass(frozen=True, slots=True)
+class WebhookJob:
+    """A status change to announce; ``tenant_id``/``url`` are None when not known yet (a
+    receipt of a message whose row is not in Cassandra yet): its key learns them from
+    another change of the same message."""
+
+    message_id: str
+    tenant_id: str | None
+    url: str | None
+    status: Status
+    attempt: int
+    reason: str | None
+    occurred_at: datetime
+    source: SourceRef
+    tier: Tier | None = None
+
+    @property
+    def rank(self) -> int:
+        return rank(self.status, self.attempt)
+
+
+def parse_change(msg: RawMessage, receipts_topic: str) -> StatusChange | None:
+    """A Kafka record → :class:`StatusChange`; None when it cannot announce anything."""
+    if isinstance(msg, KafkaError):
+        log.warning("kafka error in the webhook flow's source: %s", msg.err)
+        return None
+    if not msg.value:
+        return None
+    src = source_of(msg)
+    try:
+        if src.topic == receipts_topic:
+            r = Receipt.model_validate_json(msg.value)
+            return StatusChange(r.message_id, Status(r.status), r.attempt or 0, r.error_code,
+                                r.occurred_at, src,
+                                provider_ref=(r.provider_id, r.provider_message_id))
+        ev = StatusEvent.model_validate_json(msg.value)
+    except ValidationError:
+        return None
+    snap = ev.message
+    if snap is not None and not snap.status_webhook:
+        return None
+    return StatusChange(ev.message_id, ev.status, ev.attempt, ev.reason, ev.occurred_at, src,
+                        tenant_id=ev.tenant_id, tier=ev.tier,
+                        url=snap.status_webhook if snap else None, resolved=snap is not None)
+
+
+# policy ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class WebhookPolicy:
+    """``ClientWebhookRule`` at the settings' ``time_scale``: ``delays[i]`` is the wait
+    before attempt ``i + 1`` (the first is normally 0)."""
+
+    delays: tuple[timedelta, ...]
+    timeout: timedelta
+    memory: timedelta
+    max_age: timedelta
+    """Older changes are not announced."""
+    patience: timedelta
+    """How long after its first try a webhook may wait on an open breaker before the DLQ."""
+    park_for: timedelta
+    """How long a change with an unknown URL waits for its message to become known."""
+    statuses: frozenset[str] = frozenset()
+    """Statuses announced (empty = all)."""
+    jitter: float = JITTER
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> WebhookPolicy:
+        rule = settings.client_webhooks
+        delays = tuple(settings.scaled(d) for d in rule.schedule) or (timedelta(0),)
+        span = sum(delays, timedelta(0))
+        return cls(delays=delays, timeout=rule.timeout,
+                   memory=max(settings.scaled(ORDER_MEMORY), MIN_MEMORY),
+                   max_age=max(span, MIN_SPAN), patience=max(2 * span, MIN_SPAN),
+                   park_for=settings.scaled(settings.receipt_park_for),
+                   statuses=frozenset(s.upper() for s in rule.statuses))
+
+    @property
+    def attempts(self) -> int:
+        return len(self.delays)
+
+    @property
+    def span(self) -> timedelta:
+        """From the first due time to the last attempt, without jitter."""
+        return sum(self.delays, timedelta(0))
+
+    @property
+    def longest(self) -> timedelta:
+        return max(self.delays)
+
+    def announces(self, status: Status) -> bool:
+        return not self.statuses or status.value in self.statuses
+
+    def delay(self, attempts_made: int, rng: random.Random,
+              retry_after_s: float | None = None) -> timedelta:
+        """Wait after ``attempts_made`` failed attempts: the scheduled delay plus jitter; a
+        longer ``Retry-After`` wins, up to the longest step of the schedule."""
+        base = self.delays[attempts_made]
+        wait = base * (1 + self.jitter * rng.random())
+        if retry_after_s:
+            wait = max(wait, min(timedelta(seconds=retry_after_s), self.longest))
+        return wait
+
+
+class Fresh:
+    """``filter`` predicate: changes younger than ``max_age``. The others are counted and
+    logged (a summary at most every ``LOG_EVERY``: a replay may skip millions)."""
+
+    LOG_EVERY = 10.0
+
+    def __init__(self, settings: Settings, clock: Clock) -> None:
+        self.max_age = WebhookPolicy.from_settings(settings).max_age
+        self.clock = clock
+        self._skipped = 0
+        self._logged = 0.0
+        self._lock = threading.Lock()
+
+    def __call__(self, change: StatusChange) -> bool:
+        if self.clock() - change.occurred_at <= self.max_age:
+            return True
+        with self._lock:
+            self._skipped += 1
+            if time.monotonic() - self._logged >= self.LOG_EVERY:
+                log.info("not announcing %d status changes older than %s (latest: %s of %s)",
+                         self._skipped, self.max_age, change.status.value,
+                         change.message_id or change.provider_ref)
+                self._skipped, self._logged = 0, time.monotonic()
+        return False
+
+
+# resolution --------------------------------------------------------------------------------
+
+
+class _Store:
+    def __init__(self, cluster: Any, store: Any) -> None:
+        self.cluster = cluster
+        self.store = store
+
+    def shutdown(self) -> None:
+        self.cluster.shutdown()
+
+
+Target = tuple[str, str | None]
+"""(tenant_id, status_webhook) of a message."""
+
+
+class Resolver:
+    """``flat_map_batch`` mapper: changes → jobs. Snapshot-carrying events are complete;
+    the others get the message's tenant and ``status_webhook`` from Cassandra (concurrently
+    per batch; both kinds are cached per process, LRU). A message without a webhook is not
+    announced. A change of a message without a row yet becomes a job without URL (its key
+    waits for another change to tell it); a receipt without message id whose provider
+    message id is not indexed yet is left out and logged (the reconciler parks it and
+    publishes it again, and that copy is resolved then)."""
+
+    def __init__(self, settings: Settings, cache_size: int = CACHE_SIZE) -> None:
+        self.settings = settings
+        self.cache_size = cache_size
+        self.runtime = WorkerLoop()
+        self._rows: OrderedDict[str, Target] = OrderedDict()
+        self._index: OrderedDict[tuple[str, str], str] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __call__(self, batch: list[StatusChange]) -> list[WebhookJob]:
+        for c in batch:
+            if c.resolved and c.message_id and c.tenant_id:
+                self._remember(c.message_id, (c.tenant_id, c.url))
+        missing = [c for c in batch if not c.resolved and self._cached(c) is None]
+        if missing:
+            store = self._store()
+            self.runtime.run(self._with_retries(missing, store))
+        jobs = []
+        for c in batch:
+            job = self._job(c)
+            if job is not None:
+                jobs.append(job)
+        return jobs
+
+    def _job(self, c: StatusChange) -> WebhookJob | None:
+        if c.resolved:
+            tenant, url, mid = c.tenant_id, c.url, c.message_id
+        else:
+            hit = self._cached(c)
+            if hit is not None:
+                mid, (tenant, url) = hit
+            elif c.message_id is not None:
+                return WebhookJob(c.message_id, None, None, c.status, c.attempt, c.reason,
+                                  c.occurred_at, c.source, c.tier)
+            else:
+                log.info("receipt %s %s: its provider message id is not indexed yet; "
+                         "announced when the reconciler publishes it again", c.provider_ref,
+                         c.status.value)
+                return None
+        if not url or tenant is None or mid is None:
+            return None
+        return WebhookJob(mid, tenant, url, c.status, c.attempt, c.reason, c.occurred_at,
+                          c.source, c.tier)
+
+    def _cached(self, c: StatusChange) -> tuple[str, Target] | None:
+        with self._lock:
+            mid = c.message_id
+            if mid is None and c.provider_ref is not None:
+                mid = self._index.get(c.provider_ref)
+            if mid is None:
+                return None
+            row = self._rows.get(mid)
+            if row is None:
+                return None
+            self._rows.move_to_end(mid)
+            return mid, row
+
+    def _remember(self, mid: str, row: Target, ref: tuple[str, str] | None = None) -> None:
+        with self._lock:
+            self._rows[mid] = row
+            self._rows.move_to_end(mid)
+            if ref is not None:
+                self._index[ref] = mid
+            while len(self._rows) > self.cache_size:
+                self._rows.popitem(last=False)
+            while len(self._index) > self.cache_size:
+                self._index.popitem(last=False)
+
+    def _store(self) -> Any:
+        from notiflow.adapters.cassandra_store import CassandraStore, connect
+
+        async def open_store() -> _Store:
+            cluster, session = await asyncio.to_thread(connect, self.settings)
+            return _Store(cluster, CassandraStore(session, self.settings))
+
+        return self.runtime.resource("cassandra", open_store).store
+
+    async def _with_retries(self, changes: list[StatusChange], store: Any) -> None:
+        """Cassandra down → wait and retry (nothing is committed meanwhile); the flow stops
+        after ``INFRA_RETRY_FOR``."""
+        delay = 0.5
+        deadline = time.monotonic() + INFRA_RETRY_FOR.total_seconds()
+        while True:
+            try:
+                await self._lookup(changes, store)
+                return
+            except Exception as exc:
+                if time.monotonic() >= deadline:
+                    raise
+                log.warning("webhook URL lookup failed (%s); retrying in %.1fs", exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 10.0)
+
+    async def _lookup(self, changes: list[StatusChange], store: Any) -> None:
+        sem = asyncio.Semaphore(LOOKUP_CONCURRENCY)
+
+        async def row_of(mid: str, ref: tuple[str, str] | None = None) -> None:
+            async with sem:
+                row = await store.get_message(mid)
+            if row is not None:
+                self._remember(mid, (str(row["tenant_id"]), row.get("status_webhook")), ref)
+
+        async def by_provider(ref: tuple[str, str]) -> None:
+            async with sem:
+                idx = await store.message_for_provider_id(*ref)
+            if idx is not None:
+                await row_of(str(idx["message_id"]), ref)
+
+        ids = {c.message_id for c in changes if c.message_id is not None}
+        refs = {c.provider_ref for c in changes
+                if c.message_id is None and c.provider_ref is not None}
+        await asyncio.gather(*(row_of(m) for m in ids), *(by_provider(r) for r in refs))
+
+
+# delivery ----------------------------------------------------------------------------------
+
+
+def tenant_secrets(settings: Settings, tenant_id: str) -> tuple[SecretStr, ...]:
+    """The tenant's signing secrets (every one signs); ``ValueError`` when the tenant is
+    unknown, has none, or one does not decode."""
+    tenant = settings.tenant(tenant_id)
+    if tenant is None:
+        raise ValueError(f"unknown tenant {tenant_id!r}")
+    if not tenant.webhook_secrets:
+        raise ValueError(f"tenant {tenant_id!r} has no webhook secret")
+    for s in tenant.webhook_secrets:
+        decode_secret(s)
+    return tenant.webhook_secrets
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """One POST to make."""
+
+    endpoint: str
+    url: str
+    webhook_id: str
+    body: bytes
+    secrets: tuple[SecretStr, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """The endpoint's circuit breaker refused the attempt; ask again in ``retry_in`` s."""
+
+    retry_in: float
+
+
+Result = AttemptResult | Refused
+
+
+class Sender(Protocol):
+    """Makes POSTs off the worker thread; :meth:`submit` never blocks."""
+
+    def submit(self, request: Request) -> concurrent.futures.Future[Result]: ...
+
+    def saturated(self) -> bool: ...
+
+
+class WebhookDispatcher:
+    """Makes every POST of this process on one background event loop: one aiohttp session,
+    at most ``max_in_flight`` requests at once and ``max_per_endpoint`` per endpoint, the
+    endpoint's circuit breaker (shared through Redis, like the providers') asked before and
+    told after each request. Thread-safe :meth:`submit`; results arrive as
+    ``concurrent.futures`` so the Bytewax worker never blocks on the network."""
+
+    def __init__(self, settings: Settings,
+                 breakers: Callable[[], Any] | None = None) -> None:
+        self.settings = settings
+        self.rule = settings.client_webhooks
+        self._breaker_factory = breakers
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._opened: concurrent.futures.Future[None] = concurrent.futures.Future()
+        self._client: WebhookClient | None = None
+        self._breakers: Any = None
+        self._sem: asyncio.Semaphore | None = None
+        self._endpoints: dict[str, asyncio.Semaphore] = {}
+        self._users: Counter[str] = Counter()
+        self._queued = 0
+        register(self)
+
+    def start(self) -> asyncio.AbstractEventLoop:
+        """Start the loop thread and open the client and breakers (idempotent)."""
+        with self._lock:
+            if self._loop is None:
+                ready = threading.Event()
+                loop = asyncio.new_event_loop()
+
+                def run() -> None:
+                    asyncio.set_event_loop(loop)
+                    ready.set()
+                    loop.run_forever()
+
+                self._thread = threading.Thread(target=run, name="webhook-dispatch",
+                                                daemon=True)
+                self._thread.start()
+                ready.wait()
+                self._opened = asyncio.run_coroutine_threadsafe(self._open(), loop)
+                self._loop = loop
+            return self._loop
+
+    async def _open(self) -> None:
+        from notiflow.adapters.breaker import CircuitBreakers
+
+        self._client = await WebhookClient(self.rule.timeout, self.rule.max_in_flight).open()
+        self._breakers = (self._breaker_factory() if self._breaker_factory is not None
+                          else CircuitBreakers(self.settings))
+        self._sem = asyncio.Semaphore(self.rule.max_in_flight)
+        log.info("webhook dispatcher ready (max %d in flight, %d per endpoint, timeout %ss)",
+                 self.rule.max_in_flight, self.rule.max_per_endpoint,
+                 self.rule.timeout.total_seconds())
+
+    def saturated(self) -> bool:
+        return self._queued >= SATURATION * self.rule.max_in_flight
+
+    def submit(self, request: Request) -> concurrent.futures.Future[Result]:
+        loop = self.start()
+        fut: concurrent.futures.Future[Result] = concurrent.futures.Future()
+        loop.call_soon_threadsafe(lambda: loop.create_task(self._deliver(request, fut)))
+        return fut
+
+    async def _deliver(self, req: Request, fut: concurrent.futures.Future[Result]) -> None:
+        endpoint_sem = self._endpoints.get(req.endpoint)
+        if endpoint_sem is None:
+            endpoint_sem = self._endpoints[req.endpoint] = asyncio.Semaphore(
+                self.rule.max_per_endpoint)
+        self._users[req.endpoint] += 1
+        try:
+            if self._sem is None:
+                await asyncio.wrap_future(self._opened)
+            assert self._sem is not None and self._client is not None
+            async with endpoint_sem:
+                self._queued += 1
+                try:
+                    async with self._sem:
+                        result = await self._attempt(req)
+                finally:
+                    self._queued -= 1
+            fut.set_result(result)
+        except Exception as exc:
+            log.exception("webhook %s: delivery failed", req.webhook_id)
+            if not fut.done():
+                fut.set_exception(exc)
+        finally:
+            self._users[req.endpoint] -= 1
+            if self._users[req.endpoint] <= 0:
+                del self._users[req.endpoint]
+                self._endpoints.pop(req.endpoint, None)
+
+    async def _attempt(self, req: Request) -> Result:
+        assert self._client is not None
+        admission = await self._admit(req.endpoint)
+        if admission is not None and not admission.admitted:
+            return Refused(admission.retry_in)
+        result = await self._client.post(req.url, req.webhook_id, req.body, req.secrets)
+        await self._record(req.endpoint, result, admission)
+        return result
+
+    async def _admit(self, endpoint: str) -> Any:
+        try:
+            return await self._breakers.allow(breaker_id(endpoint))
+        except Exception as exc:
+            log.warning("webhook breaker of %s unavailable (%r); sending", endpoint, exc)
+            return None
+
+    async def _record(self, endpoint: str, result: AttemptResult, admission: Any) -> None:
+        outcome, reason = result.breaker_outcome()
+        try:
+            await self._breakers.record(breaker_id(endpoint), outcome, reason,
+                                        result.latency_s, bool(admission and admission.probe),
+                                        episode=admission.episode if admission else None)
+        except Exception as exc:
+            log.warning("webhook breaker of %s: outcome not recorded (%r)", endpoint, exc)
+
+    def close(self) -> None:
+        """Stop the loop and close the session and breakers (POSTs in flight are abandoned:
+        they are in the flow's state and are sent again after a restart)."""
+        loop = self._loop
+        if loop is None:
+            return
+
+        async def shutdown() -> None:
+            if self._client is not None:
+                await self._client.aclose()
+            if self._breakers is not None:
+                await self._breakers.aclose()
+
+        try:
+            asyncio.run_coroutine_threadsafe(shutdown(), loop).result(timeout=10)
+        except Exception as exc:
+            log.warning("webhook dispatcher shutdown: %r", exc)
+        loop.call_soon_threadsafe(loop.stop)
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        self._loop = None
+
+
+@dataclass
+class Pending:
+    """One webhook still to deliver."""
+
+    webhook_id: str
+    status: Status
+    rank: int
+    url: str
+    endpoint: str
+    tenant_id: str
+    message_id: str
+    body: bytes
+    source: SourceRef
+    tier: Tier | None
+    due_at: datetime
+    deadline: datetime | None = None
+    """Set at the first try: waiting on an open breaker ends here (DLQ), never forever."""
+    tries: int = 0
+    attempts: list[AttemptRecord] = field(default_factory=list)
+
+
+@dataclass
+class Waiting:
+    """A change whose message's URL is not known yet, kept until ``until``."""
+
+    job: WebhookJob
+    until: datetime
+
+
+@dataclass
+class WebhookState:
+    """The state of one message's key: its pending webhooks (ascending status rank), the
+    highest rank finished (delivered or given up) and every finished rank, when to forget
+    them, the message's (tenant, URL) once known, and changes waiting for it."""
+
+    pending: list[Pending] = field(default_factory=list)
+    cursor: int = -1
+    finished: set[int] = field(default_factory=set)
+    forget_at: datetime | None = None
+    target: tuple[str, str] | None = None
+    waiting: list[Waiting] = field(default_factory=list)
+
+
+AttemptOutcome = Literal["accepted", "transient", "permanent", "ambiguous"]
+DlqCategory = Literal["invalid_data", "provider_outage", "bug", "unavailable"]
+GiveUp = tuple[str, DlqCategory, str]
+"""(error_class, category, reason) of a DLQ record."""
+_OUTCOME: dict[Verdict, AttemptOutcome] = {
+    Verdict.DELIVERED: "accepted", Verdict.RETRY: "transient", Verdict.GONE: "permanent"}
+
+
+class WebhookLogic(StatefulLogic[WebhookJob, DlqRecord, WebhookState]):
+    """Keyed by message_id. Delivers one webhook per status change (per attempt for
+    PROCESSING, RETRY_PENDING, UNKNOWN), lowest status rank first and one at a time, so a
+    client never sees a message's status go backwards: a change whose rank is not above the
+    highest finished one is not sent (a duplicate, or superseded; logged). Failed attempts
+    wait the scheduled delay (timers; the state holds due times and attempt counts). A
+    refusing breaker delays the attempt without spending it, up to ``policy.patience``
+    after the first try. After the last attempt, a 410, or a configuration error (unknown
+    tenant, no secret, bad URL) → a DLQ record. Changes without a URL wait up to
+    ``policy.park_for`` for a change of the same message that carries it."""
+
+    def __init__(self, resume: WebhookState | None, *, sender: Sender, settings: Settings,
+                 policy: WebhookPolicy, cipher: DlqCipher, clock: Clock = utcnow,
+                 rng: random.Random | None = None, eof_timeout: float = 60.0) -> None:
+        self.st = resume or WebhookState()
+        self.sender = sender
+        self.settings = settings
+        self.policy = policy
+        self.cipher = cipher
+        self.clock = clock
+        self.rng = rng or random.Random()
+        self.eof_timeout = eof_timeout
+        self.inflight: tuple[str, concurrent.futures.Future[Result]] | None = None
+
+    # bytewax interface
+
+    def on_item(self, value: WebhookJob) -> tuple[Iterable[DlqRecord], bool]:
+        now = self.clock()
+        outs = self._add(value, now)
+        outs += self._advance(now)
+        return outs, self._keep(now)
+
+    def on_notify(self) -> tuple[Iterable[DlqRecord], bool]:
+        now = self.clock()
+        return self._advance(now), self._keep(now)
+
+    def on_eof(self) -> tuple[Iterable[DlqRecord], bool]:
+        """Finite input (tests): keep delivering what is pending for up to ``eof_timeout``
+        seconds (timers do not fire after EOF)."""
+        deadline = time.monotonic() + self.eof_timeout
+        outs: list[DlqRecord] = []
+        while (self.inflight is not None or self.st.pending) and time.monotonic() < deadline:
+            if self.inflight is not None:
+                concurrent.futures.wait([self.inflight[1]],
+                                        timeout=max(0.0, deadline - time.monotonic()))
+            outs += self._advance(self.clock())
+            if self.inflight is None and self.st.pending:
+                wait = (self.st.pending[0].due_at - self.clock()).total_seconds()
+                time.sleep(max(0.0, min(wait, deadline - time.monotonic())))
+        return outs, self._keep(self.clock())
+
+    def notify_at(self) -> datetime | None:
+        st = self.st
+        if self.inflight is not None:
+            return self.clock() + POLL
+        times = [w.until for w in st.waiting]
+        if st.pending:
+            times.append(st.pending[0].due_at)
+        return min(times) if times else st.forget_at
+
+    def snapshot(self) -> WebhookState:
+        return copy.deepcopy(self.st)
+
+    # internals
+
+    def _keep(self, now: datetime) -> bool:
+        st = self.st
+        if (self.inflight is not None or st.pending or st.waiting
+                or (st.forget_at and now < st.forget_at)):
+            return StatefulLogic.RETAIN
+        return StatefulLogic.DISCARD
+
+    def _add(self, job: WebhookJob, now: datetime) -> list[DlqRecord]:
+        st = self.st
+        if job.url is None or job.tenant_id is None:
+            if st.target is None:
+                st.waiting.append(Waiting(job, now + self.policy.park_for))
+                return []
+            return self._queue(job, st.target, now)
+        outs: list[DlqRecord] = []
+        if st.target is None:
+            st.target = (job.tenant_id, job.url)
+            waiting, st.waiting = st.waiting, []
+            for w in waiting:
+                outs += self._queue(w.job, st.target, now)
+        return outs + self._queue(job, (job.tenant_id, job.url), now)
+
+    def _queue(self, job: WebhookJob, target: tuple[str, str],
+               now: datetime) -> list[DlqRecord]:
+        st = self.st
+        if not self.policy.announces(job.status):
+            return []
+        r = job.rank
+        if r in st.finished or any(p.rank == r for p in st.pending):
+            return []
+        if r <= st.cursor:
+            log.info("not announcing %s of %s: a later status was already announced",
+                     job.status.value, job.message_id)
+            return []
+        st.forget_at = now + self.policy.memory
+        tenant_id, url = target
+        body = status_body(message_id=job.message_id, status=job.status, reason=job.reason,
+                           attempt=job.attempt, occurred_at=job.occurred_at,
+                           tenant_id=tenant_id)
+        problem: tuple[str, str] | None = None
+        try:
+            endpoint = endpoint_id(url)
+        except ValueError as exc:
+            endpoint, problem = "invalid", ("webhook_invalid_url", str(exc))
+        p = Pending(webhook_id(job.message_id, job.status, job.attempt), job.status, r, url,
+                    endpoint, tenant_id, job.message_id, body, job.source, job.tier,
+                    due_at=now + self.policy.delays[0])
+        if problem is None:
+            try:
+                tenant_secrets(self.settings, tenant_id)
+            except ValueError as exc:
+                problem = ("webhook_no_secret", str(exc))
+        if problem is not None:
+            st.finished.add(r)
+            return [self._dlq(p, now, problem[0], "invalid_data", problem[1])]
+        st.pending.append(p)
+        st.pending.sort(key=lambda x: x.rank)
+        return []
+
+    def _advance(self, now: datetime) -> list[DlqRecord]:
+        outs: list[DlqRecord] = []
+        if self.inflight is not None and self.inflight[1].done():
+            outs += self._complete(now)
+        self._expire(now)
+        while self.inflight is None and self.st.pending and self.st.pending[0].due_at <= now:
+            outs += self._submit(self.st.pending[0], now)
+        return outs
+
+    def _expire(self, now: datetime) -> None:
+        st = self.st
+        for w in [w for w in st.waiting if w.until <= now]:
+            log.warning("not announcing %s of %s: no message row and no event with its "
+                        "webhook URL within %s", w.job.status.value, w.job.message_id,
+                        self.policy.park_for)
+        st.waiting = [w for w in st.waiting if w.until > now]
+
+    def _submit(self, p: Pending, now: datetime) -> list[DlqRecord]:
+        try:
+            secrets = tenant_secrets(self.settings, p.tenant_id)
+        except ValueError as exc:
+            return self._finish(p, now, ("webhook_no_secret", "invalid_data", str(exc)))
+        if p.deadline is None:
+            p.deadline = now + self.policy.patience
+        fut = self.sender.submit(Request(p.endpoint, p.url, p.webhook_id, p.body, secrets))
+        self.inflight = (p.webhook_id, fut)
+        return []
+
+    def _complete(self, now: datetime) -> list[DlqRecord]:
+        assert self.inflight is not None
+        wid, fut = self.inflight
+        self.inflight = None
+        p = next((x for x in self.st.pending if x.webhook_id == wid), None)
+        if p is None:
+            return []
+        try:
+            res = fut.result()
+        except Exception as exc:
+            res = AttemptResult(Verdict.RETRY, f"internal_error:{type(exc).__name__}", now, now)
+        if isinstance(res, Refused):
+            if p.deadline is not None and now >= p.deadline:
+                return self._finish(p, now, (
+                    "webhook_exhausted", "unavailable",
+                    f"endpoint circuit breaker still open after {p.tries} attempts"))
+            wait = max(timedelta(seconds=res.retry_in), MIN_WAIT)
+            p.due_at = now + wait * (1 + self.policy.jitter * self.rng.random())
+            return []
+        p.tries += 1
+        p.attempts.append(AttemptRecord(
+            attempt_no=p.tries, provider_id=p.endpoint, outcome=_OUTCOME[res.verdict],
+            normalized_error=None if res.verdict is Verdict.DELIVERED else res.reason,
+            error_code=str(res.status_code) if res.status_code is not None else None,
+            retry_after_s=res.retry_after_s, started_at=res.started_at,
+            completed_at=res.completed_at))
+        if res.verdict is Verdict.DELIVERED:
+            _deliveries.add(1, {"outcome": "delivered"})
+            return self._finish(p, now)
+        _deliveries.add(1, {"outcome": "failed"})
+        if res.verdict is Verdict.GONE:
+            return self._finish(p, now, ("webhook_gone", "invalid_data",
+                                         "endpoint answered 410 Gone"))
+        if p.tries >= self.policy.attempts:
+            return self._finish(p, now, (
+                "webhook_exhausted", "unavailable",
+                f"{p.tries} attempts failed over the schedule; last: {res.reason}"))
+        p.due_at = now + self.policy.delay(p.tries, self.rng, res.retry_after_s)
+        return []
+
+    def _finish(self, p: Pending, now: datetime,
+                dlq: GiveUp | None = None) -> list[DlqRecord]:
+        st = self.st
+        st.pending = [x for x in st.pending if x is not p]
+        st.finished.add(p.rank)
+        st.cursor = max(st.cursor, p.rank)
+        for x in st.pending:
+            if x.rank <= st.cursor:
+                log.info("not announcing %s of %s: a later status was already announced",
+                         x.status.value, x.message_id)
+        st.pending = [x for x in st.pending if x.rank > st.cursor]
+        st.forget_at = now + self.policy.memory
+        return [] if dlq is None else [self._dlq(p, now, *dlq)]
+
+    def _dlq(self, p: Pending, now: datetime, error_class: str, category: DlqCategory,
+             reason: str) -> DlqRecord:
+        """A dead letter whose id depends only on the webhook and how it ended, so the
+        re-emission of an epoch that did not commit yields the same record."""
+        _deliveries.add(1, {"outcome": "dead"})
+        payload = orjson.dumps({"url": p.url, "webhook_id": p.webhook_id,
+                                "body": p.body.decode()})
+        dlq_id = uuid.uuid5(uuid.NAMESPACE_URL,
+                            f"notiflow:{p.webhook_id}:{error_class}:{p.tries}").hex
+        return DlqRecord(
+            dlq_id=dlq_id, tier=p.tier, reason=reason, error_class=error_class,
+            category=category, failed_at=now, source_topic=p.source.topic,
+            source_partition=p.source.partition, source_offset=p.source.offset,
+            source_timestamp_ms=p.source.timestamp_ms, message_id=p.message_id,
+            tenant_id=p.tenant_id,
+            headers={"webhook_id": p.webhook_id, "status": p.status.value,
+                     "endpoint": p.endpoint},
+            payload_encrypted=self.cipher.encrypt(payload), attempts=tuple(p.attempts))
+
+
+class DlqEncoder:
+    """DLQ records → ``notify.dlq.webhooks`` (key = message_id)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.topic = settings.webhooks_dlq_topic
+
+    def __call__(self, rec: DlqRecord) -> OutRecord:
+        _dlq_records.add(1, {"dlq": "webhooks", "category": rec.category,
+                             "error_class": rec.error_class})
+        return OutRecord(self.topic, (rec.message_id or rec.dlq_id).encode(),
+                         rec.model_dump_json(exclude_none=True).encode(),
+                         make_headers(rec.message_id or "", rec.tenant_id,
+                                      rec.tier.value if rec.tier else None))
+
+
+def build_webhook_flow(
+    settings: Settings,
+    *,
+    source: Source[Any] | None = None,
+    sink: Sink[OutRecord] | None = None,
+    clock: Clock = utcnow,
+    sender: Sender | None = None,
+    receipts: bool = True,
+    rng: random.Random | None = None,
+    eof_timeout: float = 60.0,
+) -> Dataflow:
+    """The client webhook dataflow over ``notify.events`` (and ``notify.receipts`` unless
+    ``receipts`` is False); ``source``/``sink`` default to Kafka, ``sender`` to this
+    process's :class:`WebhookDispatcher`; ``eof_timeout``: how long a finite input (tests)
+    keeps delivering after its end."""
+    cipher = DlqCipher.from_settings(settings)
+    policy = WebhookPolicy.from_settings(settings)
+    topics = [settings.events_topic, *([settings.receipts_topic] if receipts else [])]
+    if source is None:
+        check_topics(settings, [*topics, settings.webhooks_dlq_topic])
+    if sender is None:
+        dispatcher = WebhookDispatcher(settings)
+        dispatcher.start()
+        sender = dispatcher
+    out = sender
+    flow = Dataflow("client-webhooks")
+    raw = op.input("events", flow, source or PausableKafkaSource(
+        kafka_source(settings, topics, 500), lambda _topic: out.saturated()))
+    changes = op.filter_map("parse", raw, lambda m: parse_change(m, settings.receipts_topic))
+    fresh = op.filter("fresh", changes, Fresh(settings, clock))
+    jobs = op.flat_map_batch("resolve", fresh, Resolver(settings))
+    dead = op.stateful("deliver", op.key_on("by-message", jobs, lambda j: j.message_id),
+                       lambda resume: WebhookLogic(resume, sender=out, settings=settings,
+                                                   policy=policy, cipher=cipher, clock=clock,
+                                                   rng=rng, eof_timeout=eof_timeout))
+    records = op.map("encode", op.key_rm("unkey", dead), DlqEncoder(settings))
+    op.output("kafka-out", records, sink or ConfirmingSink(settings))
+    return flow
+
+
+__all__ = [
+    "DlqEncoder", "Fresh", "Pending", "Refused", "Request", "Resolver", "Result", "Sender",
+    "StatusChange", "Waiting", "WebhookDispatcher", "WebhookJob", "WebhookLogic",
+    "WebhookPolicy", "WebhookState", "breaker_id", "build_webhook_flow", "parse_change",
+    "tenant_secrets",
+]

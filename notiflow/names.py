@@ -1,0 +1,386 @@
+"""Every metric and span name notiflow emits, declared once.
+
+Dashboards (``ops/grafana/``) and alert rules (``ops/prometheus/alerts.yml``) depend on these
+strings: change a name, unit or kind only together with them (``tests/unit/test_alert_rules.py``
+fails when a rule or panel names a series that is not declared here).
+
+Names follow the OpenTelemetry conventions: lower-case dotted namespaces (``notiflow.<area>``),
+``snake_case`` inside a component, the unit in the instrument's *unit* field (UCUM: ``s``,
+``1``; ``{record}``-style annotations for counts), never in the name, and no ``_total``.
+
+In Prometheus they appear as the OpenTelemetry Collector's ``prometheus`` exporter writes them
+(``UnderscoreEscapingWithSuffixes``, the default): dots become underscores, a standard unit adds
+its suffix (``s`` → ``_seconds``; ``{…}`` units add nothing), a gauge with unit ``1`` ends in
+``_ratio``, a counter in ``_total``; a histogram is scraped as ``_bucket``, ``_sum`` and
+``_count`` series. :attr:`Metric.prometheus` computes that name; docs/observability.md lists
+all of them. Attribute keys become label names the same way (``error.type`` → ``error_type``).
+
+Metric attributes are short, un-namespaced keys (they become Prometheus labels); span
+attributes use the ``notiflow.*`` namespace and the OpenTelemetry semantic conventions
+(``messaging.*``, ``http.*``, ``error.type``). Neither ever carries a recipient, a message body,
+subject or template variables, or a secret.
+
+Usage::
+
+    from opentelemetry import metrics
+    from notiflow import names
+
+    latency = names.ACCEPT_TO_PROVIDER.create(metrics.get_meter(names.METER))
+    latency.record(0.42, {"tier": "P0", "channel": "SMS", "provider": "twilio"})
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Sequence
+from enum import StrEnum
+from typing import Any
+
+METER = "notiflow"
+"""The OpenTelemetry meter and tracer name (instrumentation scope)."""
+
+
+class Kind(StrEnum):
+    """The OpenTelemetry instrument behind a metric."""
+
+    COUNTER = "Counter"
+    UP_DOWN_COUNTER = "UpDownCounter"
+    GAUGE = "Gauge"
+    HISTOGRAM = "Histogram"
+
+
+_NAME = re.compile(r"notiflow(\.[a-z][a-z0-9_]*)+")
+_PROM_UNITS = {
+    "d": "days", "h": "hours", "min": "minutes", "s": "seconds", "ms": "milliseconds",
+    "us": "microseconds", "ns": "nanoseconds", "By": "bytes", "KiBy": "kibibytes",
+    "MiBy": "mebibytes", "GiBy": "gibibytes", "1": "", "%": "percent",
+}
+_PROM_PER_UNITS = {"s": "second", "m": "minute", "h": "hour", "d": "day", "w": "week"}
+
+
+def prometheus_name(name: str, kind: Kind, unit: str) -> str:
+    """The metric name the Collector's ``prometheus`` exporter writes for an OTel metric
+    (``UnderscoreEscapingWithSuffixes``; histograms add ``_bucket``/``_sum``/``_count``)."""
+    tokens = [t for t in re.split(r"[^a-zA-Z0-9:]+", name) if t]
+    main, _, per = unit.partition("/")
+    main = main.strip()
+    suffix = ""
+    if main and "{" not in main and "}" not in main:
+        suffix = re.sub(r"[^a-zA-Z0-9:]+", "_", _PROM_UNITS.get(main, main)).strip("_")
+    per_suffix = ""
+    if per.strip() and "{" not in per and "}" not in per:
+        per_suffix = "per_" + _PROM_PER_UNITS.get(per.strip(), per.strip())
+    if suffix and suffix not in tokens:
+        tokens.append(suffix)
+    if per_suffix and per_suffix not in tokens:
+        tokens.append(per_suffix)
+    if kind is Kind.COUNTER:
+        tokens = [t for t in tokens if t != "total"] + ["total"]
+    if unit == "1" and kind is Kind.GAUGE:
+        tokens = [t for t in tokens if t != "ratio"] + ["ratio"]
+    out = "_".join(tokens)
+    return f"_{out}" if out[:1].isdigit() else out
+
+
+def prometheus_label(attribute: str) -> str:
+    """The Prometheus label name of a metric attribute (``error.type`` → ``error_type``)."""
+    return re.sub(r"[^a-zA-Z0-9_]", "_", attribute)
+
+
+class Metric(str):
+    """A metric name (the string itself, usable wherever a name is expected) with its kind,
+    unit, attributes and description, so every process creates it the same way."""
+
+    kind: Kind
+    unit: str
+    attributes: tuple[str, ...]
+    description: str
+    buckets: tuple[float, ...] | None
+
+    def __new__(cls, name: str, kind: Kind, unit: str, attributes: Sequence[str],
+                description: str, buckets: Sequence[float] | None = None) -> Metric:
+        if not _NAME.fullmatch(name):
+            raise ValueError(f"metric name {name!r} is not notiflow.<dotted.snake_case>")
+        if (buckets is not None) != (kind is Kind.HISTOGRAM):
+            raise ValueError(f"{name}: bucket boundaries belong to histograms only")
+        self = super().__new__(cls, name)
+        self.kind = kind
+        self.unit = unit
+        self.attributes = tuple(attributes)
+        self.description = description
+        self.buckets = tuple(buckets) if buckets is not None else None
+        return self
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Metric, (str(self), self.kind, self.unit, self.attributes, self.description,
+                         self.buckets))
+
+    @property
+    def name(self) -> str:
+        return str(self)
+
+    @property
+    def prometheus(self) -> str:
+        """The Prometheus metric name (for histograms: the family; see :attr:`series`)."""
+        return prometheus_name(self, self.kind, self.unit)
+
+    @property
+    def series(self) -> tuple[str, ...]:
+        """Every Prometheus series name this metric is scraped as."""
+        base = self.prometheus
+        if self.kind is Kind.HISTOGRAM:
+            return (f"{base}_bucket", f"{base}_sum", f"{base}_count")
+        return (base,)
+
+    @property
+    def labels(self) -> tuple[str, ...]:
+        """The Prometheus label names of its attributes."""
+        return tuple(prometheus_label(a) for a in self.attributes)
+
+    def create(self, meter: Any, callbacks: Iterable[Callable[..., Any]] | None = None) -> Any:
+        """Create the instrument on ``meter`` (an ``opentelemetry.metrics.Meter``). A gauge
+        given ``callbacks`` becomes an observable gauge."""
+        common = {"unit": self.unit, "description": self.description}
+        if self.kind is Kind.COUNTER:
+            return meter.create_counter(self.name, **common)
+        if self.kind is Kind.UP_DOWN_COUNTER:
+            return meter.create_up_down_counter(self.name, **common)
+        if self.kind is Kind.HISTOGRAM:
+            return meter.create_histogram(self.name, **common,
+                                          explicit_bucket_boundaries_advisory=self.buckets)
+        if callbacks is not None:
+            return meter.create_observable_gauge(self.name, callbacks=list(callbacks), **common)
+        return meter.create_gauge(self.name, **common)
+
+
+class SpanKind(StrEnum):
+    """``opentelemetry.trace.SpanKind`` member names (the API stays an optional import)."""
+
+    SERVER = "SERVER"
+    CLIENT = "CLIENT"
+    PRODUCER = "PRODUCER"
+    CONSUMER = "CONSUMER"
+    INTERNAL = "INTERNAL"
+
+
+class Span(str):
+    """A span name (the string itself) with its span kind and the attributes it carries."""
+
+    kind: SpanKind
+    attributes: tuple[str, ...]
+
+    def __new__(cls, name: str, kind: SpanKind, attributes: Sequence[str]) -> Span:
+        if not _NAME.fullmatch(name):
+            raise ValueError(f"span name {name!r} is not notiflow.<dotted.snake_case>")
+        self = super().__new__(cls, name)
+        self.kind = kind
+        self.attributes = tuple(attributes)
+        return self
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Span, (str(self), self.kind, self.attributes))
+
+    @property
+    def name(self) -> str:
+        return str(self)
+
+
+# Histogram bucket boundaries (seconds). Each tier's SLA (1 s, 10 s, 5 min, 1 h) and the
+# default TTLs (60 s, 30 min, 4 h, 24 h) are exact boundaries, so "share within SLA" is exact.
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 30.0,
+                   60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0, 7200.0, 14400.0, 86400.0)
+PROVIDER_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 30.0)
+LATENESS_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0)
+
+C, G, H = Kind.COUNTER, Kind.GAUGE, Kind.HISTOGRAM
+
+# --- queue and tier -----------------------------------------------------------------------
+
+INGEST_MESSAGES = Metric(
+    "notiflow.ingest.messages", C, "{message}", ("tenant", "channel", "tier", "source"),
+    "send requests durably accepted into an ingest topic")
+"""Counter {message}: requests durably accepted (source: api, kafka); attributes tenant,
+channel, tier, source."""
+INGEST_REJECTIONS = Metric(
+    "notiflow.ingest.rejections", C, "{request}", ("tenant", "channel", "tier", "reason"),
+    "send requests refused at admission")
+"""Counter {request}: requests refused at admission (reason: invalid, conflict, shed,
+unavailable, forbidden); attributes tenant, channel, tier, reason."""
+QUEUE_OLDEST_AGE = Metric(
+    "notiflow.queue.oldest_age", G, "s", ("tier", "channel"),
+    "now minus accepted_at of the oldest non-terminal message")
+"""Gauge s: now - accepted_at of the tier's oldest non-terminal message, 0 when none (the SLO
+signal); attributes tier, channel."""
+RETRY_OLDEST_AGE = Metric(
+    "notiflow.retry.oldest_age", G, "s", ("tier", "channel"),
+    "now minus accepted_at of the oldest message waiting in RETRY_PENDING")
+"""Gauge s: now - accepted_at of the oldest message waiting in RETRY_PENDING, 0 when none;
+attributes tier, channel."""
+SCHEDULER_LATENESS = Metric(
+    "notiflow.scheduler.lateness", H, "s", ("tier", "timer"),
+    "how long after its due time a retry or scheduled send fired", LATENESS_BUCKETS)
+"""Histogram s: fired - due time of a timer (timer: retry, scheduled); attributes tier,
+timer."""
+CONSUMER_LAG = Metric(
+    "notiflow.consumer.lag", G, "{record}", ("flow", "topic", "partition"),
+    "records between a flow's recovered offset and the partition's high watermark")
+"""Gauge {record}: high watermark - the flow's next offset per partition (Bytewax keeps
+offsets in its recovery store, not a consumer group); attributes flow, topic, partition."""
+
+# --- delivery ---------------------------------------------------------------------------
+
+ACCEPT_TO_PROVIDER = Metric(
+    "notiflow.send.accept_to_provider.duration", H, "s", ("tier", "channel", "provider"),
+    "durable acceptance (accepted_at) to the provider accepting the message",
+    LATENCY_BUCKETS)
+"""Histogram s: accepted_at → provider accepted, once per message (the tier SLA); attributes
+tier, channel, provider."""
+SEND_ATTEMPTS = Metric(
+    "notiflow.send.attempts", C, "{attempt}", ("tier", "channel", "provider", "outcome"),
+    "provider send attempts by outcome")
+"""Counter {attempt}: provider send attempts (outcome: accepted, permanent, transient,
+ambiguous, rate_limited); attributes tier, channel, provider, outcome."""
+RETRIES_SCHEDULED = Metric(
+    "notiflow.send.retries_scheduled", C, "{retry}", ("tier", "channel"),
+    "RETRY_PENDING decisions")
+"""Counter {retry}: RETRY_PENDING decisions; attributes tier, channel."""
+SUPPRESSIONS = Metric(
+    "notiflow.send.suppressions", C, "{message}", ("tier", "channel", "reason"),
+    "messages SUPPRESSED instead of sent")
+"""Counter {message}: messages SUPPRESSED (reason: opt_out, quiet_hours, recipient_cap,
+ambiguous, duplicate); attributes tier, channel, reason."""
+EXPIRATIONS = Metric(
+    "notiflow.send.expirations", C, "{message}", ("tier", "channel"),
+    "messages EXPIRED before the provider accepted them")
+"""Counter {message}: messages EXPIRED (expires_at passed before acceptance); attributes
+tier, channel."""
+STATUS_TRANSITIONS = Metric(
+    "notiflow.status.transitions", C, "{transition}", ("tier", "channel", "status"),
+    "status transitions applied by the reconciler")
+"""Counter {transition}: status transitions written by the reconciler (status: the new one,
+e.g. DELIVERED, FAILED); attributes tier, channel, status."""
+RECEIPTS = Metric(
+    "notiflow.receipts", C, "{receipt}", ("provider", "channel", "status"),
+    "provider delivery receipts received and normalised")
+"""Counter {receipt}: provider receipts normalised by the webhook receiver (status: DELIVERED,
+FAILED, BOUNCED, …; delivery rate = DELIVERED / accepted); attributes provider, channel,
+status."""
+
+# --- providers, limits and breakers ----------------------------------------------------------
+
+PROVIDER_REQUEST_DURATION = Metric(
+    "notiflow.provider.request.duration", H, "s", ("provider", "channel", "outcome"),
+    "one provider API call, request start to answer", PROVIDER_BUCKETS)
+"""Histogram s: one provider call, request start → answer or timeout; attributes provider,
+channel, outcome."""
+PROVIDER_ERRORS = Metric(
+    "notiflow.provider.errors", C, "{request}", ("provider", "channel", "error.type"),
+    "failed provider calls by error type")
+"""Counter {request}: failed provider calls (error.type: timeout, 5xx, 429, 4xx, connection);
+attributes provider, channel, error.type."""
+BREAKER_STATE = Metric(
+    "notiflow.breaker.state", G, "{state}", ("provider",),
+    "circuit breaker state per provider account: 0 closed, 1 half-open, 2 open")
+"""Gauge {state}: breaker of a provider account, 0 CLOSED, 1 HALF_OPEN, 2 OPEN; attributes
+provider."""
+BREAKER_TRANSITIONS = Metric(
+    "notiflow.breaker.transitions", C, "{transition}", ("provider", "from", "to", "why"),
+    "circuit breaker state changes")
+"""Counter {transition}: breaker state changes, once per cluster (why: the reason's word before
+':', e.g. failures, open_elapsed); attributes provider, from, to, why."""
+PROVIDER_ROUTE_WEIGHT = Metric(
+    "notiflow.provider.route_weight", G, "1", ("provider",),
+    "routing weight of a provider account (lowered by throttling)")
+"""Gauge 1: routing weight of a provider account in [min_weight, 1]; attributes provider."""
+RATELIMIT_FILL = Metric(
+    "notiflow.ratelimit.fill", G, "1", ("provider", "tier"),
+    "share of a tier's capacity at a provider account still available in the window")
+"""Gauge 1: token bucket fill, available / capacity of a tier's share at a provider account
+(0 exhausted, 1 idle); attributes provider, tier."""
+RATELIMIT_DENIALS = Metric(
+    "notiflow.ratelimit.denials", C, "{request}", ("provider", "tier", "scope"),
+    "capacity requests refused by the limiter")
+"""Counter {request}: capacity requests refused (scope: provider, tenant, recipient,
+emergency); attributes provider, tier, scope."""
+
+# --- dead letters and client webhooks ---------------------------------------------------------
+
+DLQ_DEPTH = Metric(
+    "notiflow.dlq.depth", G, "{record}", ("dlq",),
+    "unresolved dead letters per DLQ")
+"""Gauge {record}: unresolved dead letters per DLQ (dlq: P0…P3, reconcile, webhooks);
+attributes dlq."""
+DLQ_RECORDS = Metric(
+    "notiflow.dlq.records", C, "{record}", ("dlq", "category", "error_class"),
+    "dead letters written")
+"""Counter {record}: dead letters written; attributes dlq, category, error_class."""
+DLQ_LIMIT_BREACHES = Metric(
+    "notiflow.dlq.limit_breaches", C, "{breach}", ("flow",),
+    "consumers halted by their DLQ limit")
+"""Counter {breach}: a consumer halted by its DLQ limit (add 0 per flow at start, so the first
+breach is a visible step); attributes flow."""
+CLIENT_WEBHOOK_DELIVERIES = Metric(
+    "notiflow.webhooks.deliveries", C, "{request}", ("outcome",),
+    "client status webhook POSTs")
+"""Counter {request}: client status webhook POSTs (outcome: delivered, failed, dead);
+attributes outcome."""
+
+del C, G, H
+
+# --- span attributes (keys) ---------------------------------------------------------------
+
+ATTR_MESSAGE_ID = "notiflow.message.id"
+ATTR_TENANT_ID = "notiflow.tenant.id"
+ATTR_TIER = "notiflow.tier"
+ATTR_CHANNEL = "notiflow.channel"
+ATTR_PROVIDER = "notiflow.provider"
+ATTR_ATTEMPT = "notiflow.attempt"
+ATTR_OUTCOME = "notiflow.outcome"
+ATTR_STATUS = "notiflow.status"
+
+_MSG = (ATTR_MESSAGE_ID, ATTR_TENANT_ID, ATTR_TIER, ATTR_CHANNEL)
+
+# --- spans: one trace per message, API → ingest → send → provider → receipt → reconcile → webhook
+
+API_REQUEST = Span("notiflow.api.request", SpanKind.INTERNAL, (*_MSG, "notiflow.idempotent_replay"))
+"""Span INTERNAL: one Messaging API acceptance inside the FastAPI server span (``POST
+/v1/messages``); attributes message.id, tenant.id, tier, channel, idempotent_replay."""
+INGEST_PRODUCE = Span("notiflow.ingest.produce", SpanKind.PRODUCER,
+                      (*_MSG, "messaging.system", "messaging.destination.name"))
+"""Span PRODUCER: writing the ingest record (its context goes into the ``traceparent``
+header); attributes message.id, tenant.id, tier, channel, messaging.system,
+messaging.destination.name."""
+SEND = Span("notiflow.send", SpanKind.CONSUMER, (*_MSG, ATTR_ATTEMPT, ATTR_PROVIDER, ATTR_OUTCOME))
+"""Span CONSUMER: one send attempt in a tier flow, parent from the record's ``traceparent``;
+attributes message.id, tenant.id, tier, channel, attempt, provider, outcome."""
+PROVIDER_CALL = Span("notiflow.provider.call", SpanKind.CLIENT,
+                     (ATTR_MESSAGE_ID, ATTR_PROVIDER, ATTR_CHANNEL, ATTR_ATTEMPT, ATTR_OUTCOME,
+                      "http.response.status_code", "error.type"))
+"""Span CLIENT: one provider API call (the httpx span is its child); attributes message.id,
+provider, channel, attempt, outcome, http.response.status_code, error.type."""
+RECEIPT = Span("notiflow.receipt", SpanKind.INTERNAL,
+               (ATTR_MESSAGE_ID, ATTR_PROVIDER, ATTR_STATUS, "notiflow.receipt.duplicate"))
+"""Span INTERNAL: a provider receipt normalised by the webhook receiver, joined to the
+message's trace; attributes message.id, provider, status, receipt.duplicate."""
+RECONCILE = Span("notiflow.reconcile", SpanKind.CONSUMER,
+                 (ATTR_MESSAGE_ID, ATTR_TIER, ATTR_STATUS, "notiflow.status.previous",
+                  "notiflow.reconcile.applied"))
+"""Span CONSUMER: applying one status event or receipt to Cassandra; attributes message.id,
+tier, status, status.previous, reconcile.applied."""
+CLIENT_WEBHOOK = Span("notiflow.client_webhook", SpanKind.CLIENT,
+                      (ATTR_MESSAGE_ID, ATTR_TENANT_ID, ATTR_STATUS, ATTR_ATTEMPT,
+                       ATTR_OUTCOME, "http.response.status_code"))
+"""Span CLIENT: one POST of a status change to the tenant's status_webhook; attributes
+message.id, tenant.id, status, attempt, outcome, http.response.status_code."""
+
+del _MSG
+
+METRICS: dict[str, Metric] = {v: v for v in list(globals().values()) if isinstance(v, Metric)}
+"""Every declared metric, by OpenTelemetry name."""
+SPANS: dict[str, Span] = {v: v for v in list(globals().values()) if isinstance(v, Span)}
+"""Every declared span, by name."""
+
+
+def prometheus_series() -> dict[str, Metric]:
+    """Every Prometheus series name the declared metrics are scraped as → its metric."""
+    return {s: m for m in METRICS.values() for s in m.series}
