@@ -1,5 +1,6 @@
 """Cassandra: the operational source of truth (messages, attempts, idempotency, templates,
-recipient preference state, device tokens).
+recipient preference state, device tokens) and the operators' query tables
+(``ops/queries.md``: ``failures_by_tier_day``, ``provider_outcomes_by_hour``).
 
 All statements are prepared once; every call is asynchronous (the driver's own I/O thread
 resolves an asyncio future), so a Bytewax worker or the API loop can run many at once.
@@ -11,13 +12,15 @@ a lightweight transaction, so a read at ``LOCAL_QUORUM`` after it returns sees i
 from __future__ import annotations
 
 import asyncio
+import base64
 import logging
+import zlib
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, date, datetime, time
+from datetime import UTC, date, datetime, time, timedelta
 from typing import Any
 
-from cassandra import ConsistencyLevel
+from cassandra import ConsistencyLevel, InvalidRequest
 from cassandra.cluster import (
     EXEC_PROFILE_DEFAULT,
     Cluster,
@@ -41,6 +44,15 @@ OUTBOX_SHARDS = 16
 MAX_STATE_RACES = 16
 """Compare-and-set attempts on one recipient's state before :class:`StateContention`."""
 STATE_READ_CONCURRENCY = 256
+OPERATOR_SHARDS = 32
+"""Shards of each ``failures_by_tier_day`` day and ``provider_outcomes_by_hour`` hour
+(``shard = crc32(message_id) % 32``); the queries in ``ops/queries.md`` list all of them."""
+FAILURE_STATUSES = frozenset({Status.FAILED, Status.EXPIRED, Status.BOUNCED})
+"""Statuses indexed in ``failures_by_tier_day``."""
+LIST_MAX_SCAN = 1000
+"""Index rows one :meth:`CassandraStore.recent_messages` call reads at most (bounds a request
+whose status filter matches little); the page then ends early with a cursor."""
+LIST_JOIN_CONCURRENCY = 64
 
 StateChange = Callable[[PreferenceState], PreferenceState | None]
 """Given the current state (version 0 when none is stored), the wanted state (its
@@ -102,6 +114,52 @@ def _resolve(fut: asyncio.Future[Any], value: Any, exc: BaseException | None) ->
         fut.set_exception(exc)
     else:
         fut.set_result(value)
+
+
+@dataclass(frozen=True)
+class Cursor:
+    """Position in a tenant's newest-first message list: the last row already returned.
+    Opaque to clients (:meth:`encode`); only ever applied to the caller's own tenant."""
+
+    created_at: datetime
+    message_id: str
+
+    def encode(self) -> str:
+        ms = int(self.created_at.timestamp() * 1000)
+        raw = f"{ms}:{self.message_id}".encode()
+        return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+    @classmethod
+    def decode(cls, text: str) -> Cursor:
+        """Raises ValueError for anything :meth:`encode` did not produce."""
+        try:
+            raw = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)).decode()
+            ms, _, message_id = raw.partition(":")
+            if not message_id or len(message_id) > 64 or not ms.isdigit():
+                raise ValueError(text)
+            return cls(datetime.fromtimestamp(int(ms) / 1000, UTC), message_id)
+        except (ValueError, UnicodeDecodeError, OverflowError) as exc:
+            raise ValueError("malformed cursor") from exc
+
+
+@dataclass(frozen=True)
+class MessagePage:
+    """One page of :meth:`CassandraStore.recent_messages`: ``messages`` rows, newest
+    acceptance first, and ``next``, where the following page starts (None when the range is
+    exhausted)."""
+
+    messages: list[dict[str, Any]]
+    next: Cursor | None
+
+
+def operator_shard(message_id: str) -> int:
+    """The shard of a message's rows in the operators' query tables."""
+    return zlib.crc32(message_id.encode()) % OPERATOR_SHARDS
+
+
+def hour_of(d: datetime) -> datetime:
+    """``d`` in UTC truncated to the hour (the ``provider_outcomes_by_hour`` bucket)."""
+    return d.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
 
 
 @dataclass(frozen=True)
@@ -191,6 +249,13 @@ class CassandraStore:
             "UPDATE idempotency USING TTL " + str(self._idem_ttl) + " SET state = 'ACCEPTED', "
             "response = ? WHERE tenant_id = ? AND idempotency_key = ?"
         )
+        for name, cql in _OPERATOR_STATEMENTS.items():
+            try:
+                self._stmts[name] = session.prepare(cql)
+            except InvalidRequest as exc:
+                # new code before its migration (rolling deploy): skip the index writes
+                log.error("operator query tables missing (%s): run `notiflow stack migrate`",
+                          exc)
 
     def _run(self, name: str, params: Sequence[Any]) -> asyncio.Future[list[dict[str, Any]]]:
         return aio(self.session.execute_async(self._stmts[name], params))
@@ -300,7 +365,36 @@ class CassandraStore:
         row = rows[0] if rows else {}
         applied = bool(row.get("[applied]"))
         exists = applied or row.get("status_rank") is not None
+        if status in FAILURE_STATUSES and (applied or row.get("status_rank") == r):
+            await self._index_failure(message_id, status, r, attempt, reason, provider_id,
+                                      to_ms(now) if applied else None)
         return applied, exists
+
+    async def _index_failure(
+        self, message_id: str, status: Status, r: int, attempt: int, reason: str | None,
+        provider_id: str | None, failed_at: datetime | None,
+    ) -> None:
+        """Write the ``failures_by_tier_day`` row of a transition into a failure status.
+        ``failed_at`` None: a replayed transition that was already applied; the row is
+        rewritten from the message row (same key, its ``updated_at``) while the message is
+        still in that status, so replays never add a second row."""
+        if "failure_insert" not in self._stmts:
+            return
+        msg = await self.get_message(message_id)
+        if msg is None or not msg.get("tier"):
+            return
+        if failed_at is None:
+            if msg.get("status_rank") != r or msg.get("updated_at") is None:
+                return
+            failed_at = utc(msg["updated_at"])
+            assert failed_at is not None
+            attempt, reason = int(msg.get("attempt") or 0), msg.get("reason")
+            provider_id = msg.get("provider_id")
+        await self._run("failure_insert", (
+            msg["tier"], date_of(failed_at), operator_shard(message_id), failed_at, message_id,
+            status.value, reason, msg.get("tenant_id"), msg.get("channel"),
+            msg.get("category"), attempt, provider_id or msg.get("provider_id"),
+        ))
 
     async def record_event(
         self, message_id: str, occurred_at: datetime, event_id: str, status: Status,
@@ -314,10 +408,21 @@ class CassandraStore:
         return await self._run("events_get", (message_id,))
 
     async def record_attempt(self, message_id: str, a: AttemptRecord) -> None:
-        await self._run("attempt_insert", (
+        """The attempt row, its ``provider_outcomes_by_hour`` row (at ``completed_at``) and
+        the provider message index; all upserts keyed by the attempt (replay-safe)."""
+        writes = [self._run("attempt_insert", (
             message_id, a.attempt_no, a.provider_id, a.provider_message_id, a.outcome,
             a.normalized_error, a.error_code, _ts(a.started_at), _ts(a.completed_at),
-        ))
+        ))]
+        if "outcome_insert" in self._stmts:
+            latency = round((a.completed_at - a.started_at).total_seconds() * 1000)
+            at = to_ms(a.completed_at)
+            writes.append(self._run("outcome_insert", (
+                a.provider_id, hour_of(at), operator_shard(message_id), at, message_id,
+                f"attempt:{a.attempt_no}", "attempt", a.outcome, a.normalized_error,
+                a.error_code, max(0, latency), a.provider_message_id,
+            )))
+        await asyncio.gather(*writes)
         if a.provider_message_id:
             await self._run("provider_index_insert", (
                 a.provider_id, a.provider_message_id, message_id, a.attempt_no,
@@ -336,11 +441,85 @@ class CassandraStore:
         self, provider_id: str, provider_event_id: str, message_id: str, status: Status,
         now: datetime,
     ) -> bool:
-        """Record a receipt id; True when it was already recorded (a duplicate)."""
+        """Record a receipt id; True when it was already recorded (a duplicate). Either way
+        the receipt's ``provider_outcomes_by_hour`` row is (re)written at its first
+        ``received_at``, so a replay after a crash between the two writes completes it."""
         rows = await self._run("receipt_dedup", (
             provider_id, provider_event_id, message_id, status.value, now,
         ))
-        return not (rows and rows[0].get("[applied]"))
+        row = rows[0] if rows else {}
+        duplicate = not row.get("[applied]")
+        received = utc(row.get("received_at")) if duplicate else to_ms(now)
+        if "outcome_insert" in self._stmts and received is not None:
+            await self._run("outcome_insert", (
+                provider_id, hour_of(received), operator_shard(message_id), received,
+                message_id, f"receipt:{provider_event_id}", "receipt", status.value, None, None,
+                None, None,
+            ))
+        return duplicate
+
+    # ----------------------------------------------------------- a tenant's recent messages
+
+    async def recent_messages(
+        self, tenant_id: str, since: datetime, *, limit: int, now: datetime,
+        status: Status | None = None, after: Cursor | None = None,
+        max_scan: int = LIST_MAX_SCAN,
+    ) -> MessagePage:
+        """A tenant's messages accepted at or after ``since``, newest first, joined with
+        their current row (``messages``), optionally only those now in ``status``.
+
+        Walks ``messages_by_tenant_day`` partitions from ``after``'s day (else ``now``'s)
+        back to ``since``'s day. At most ``limit`` messages and ``max_scan`` index rows per
+        call: when either bound stops the walk, ``next`` is the position of the last index
+        row read, so the caller resumes exactly there; rows whose message row is gone
+        (TTL) or belongs to another tenant are skipped."""
+        since = since.astimezone(UTC)
+        start = (after.created_at if after else now).astimezone(UTC)
+        day, first_day = date_of(start), date_of(since)
+        position = after
+        found: list[dict[str, Any]] = []
+        scanned = 0
+        sem = asyncio.Semaphore(LIST_JOIN_CONCURRENCY)
+
+        async def joined(message_id: str) -> dict[str, Any] | None:
+            async with sem:
+                return await self.get_message(message_id)
+
+        while day >= first_day:
+            want = min(max(limit - len(found), 50), 500, max_scan - scanned)
+            same_day = position is not None and date_of(position.created_at) == day
+            index = await self._tenant_day_page(tenant_id, day, since,
+                                                position if same_day else None, want)
+            rows = await asyncio.gather(*(joined(i["message_id"]) for i in index))
+            for i, row in zip(index, rows, strict=True):
+                scanned += 1
+                position = Cursor(utc(i["created_at"]) or since, i["message_id"])
+                if row is None or row.get("tenant_id") != tenant_id:
+                    continue
+                if status is not None and row.get("status") != status.value:
+                    continue
+                found.append(row)
+                if len(found) >= limit:
+                    return MessagePage(found, position)
+            if scanned >= max_scan:
+                return MessagePage(found, position)
+            if len(index) < want:
+                day -= timedelta(days=1)
+        return MessagePage(found, None)
+
+    async def _tenant_day_page(self, tenant_id: str, day: date, since: datetime,
+                               after: Cursor | None, n: int) -> list[dict[str, Any]]:
+        """Up to ``n`` index rows of one day partition at or after ``since``, strictly after
+        ``after`` in the clustering order (``created_at DESC, message_id ASC``)."""
+        if after is None:
+            return await self._run("tenant_day_page", (tenant_id, day, since, n))
+        ties = await self._run("tenant_day_ties", (tenant_id, day, after.created_at,
+                                                   after.message_id, n))
+        if len(ties) >= n:
+            return ties
+        older = await self._run("tenant_day_older", (tenant_id, day, after.created_at, since,
+                                                     n - len(ties)))
+        return ties + older
 
     # ------------------------------------------------------------------------- templates
 
@@ -537,4 +716,21 @@ _STATEMENTS: dict[str, str] = {
     "AND device_token = ?",
     "device_deactivate": "UPDATE device_tokens SET active = false, deactivated_reason = ?, "
     "updated_at = ? WHERE tenant_id = ? AND recipient_id = ? AND device_token = ?",
+    "tenant_day_page": "SELECT created_at, message_id FROM messages_by_tenant_day "
+    "WHERE tenant_id = ? AND day = ? AND created_at >= ? LIMIT ?",
+    "tenant_day_ties": "SELECT created_at, message_id FROM messages_by_tenant_day "
+    "WHERE tenant_id = ? AND day = ? AND created_at = ? AND message_id > ? LIMIT ?",
+    "tenant_day_older": "SELECT created_at, message_id FROM messages_by_tenant_day "
+    "WHERE tenant_id = ? AND day = ? AND created_at < ? AND created_at >= ? LIMIT ?",
 }
+
+_OPERATOR_STATEMENTS: dict[str, str] = {
+    "failure_insert": "INSERT INTO failures_by_tier_day (tier, day, shard, failed_at, "
+    "message_id, status, reason, tenant_id, channel, category, attempt, provider_id) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+    "outcome_insert": "INSERT INTO provider_outcomes_by_hour (provider_id, hour, shard, at, "
+    "message_id, ref, kind, outcome, normalized_error, error_code, latency_ms, "
+    "provider_message_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+}
+"""Writes to migration 0004's tables; prepared separately so a store started before that
+migration still works (it skips these writes and logs an error)."""

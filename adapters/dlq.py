@@ -662,8 +662,7 @@ class DepthMonitor:
 
 @functools.cache
 def _depth_gauge() -> Gauge:
-    return metrics.get_meter(names.METER).create_gauge(
-        names.DLQ_DEPTH, unit="{record}", description="unresolved dead letters per DLQ")
+    return names.DLQ_DEPTH.create(metrics.get_meter(names.METER))
 
 
 async def watch_depth(settings: Settings, interval_s: float = DEPTH_INTERVAL_S, *,

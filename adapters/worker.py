@@ -18,6 +18,23 @@ T = TypeVar("T")
 _LIVE: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
+def loop_thread(name: str) -> tuple[asyncio.AbstractEventLoop, threading.Thread]:
+    """A new event loop running forever on a daemon thread called ``name`` (started, and
+    set as that thread's current loop before this returns)."""
+    ready = threading.Event()
+    loop = asyncio.new_event_loop()
+
+    def run() -> None:
+        asyncio.set_event_loop(loop)
+        ready.set()
+        loop.run_forever()
+
+    thread = threading.Thread(target=run, name=name, daemon=True)
+    thread.start()
+    ready.wait()
+    return loop, thread
+
+
 def register(closeable: Any) -> None:
     """Have :func:`close_all` call ``closeable.close()`` at shutdown."""
     _LIVE.add(closeable)

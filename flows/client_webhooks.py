@@ -50,7 +50,7 @@ from bytewax.outputs import Sink
 from opentelemetry import metrics
 from pydantic import SecretStr, ValidationError
 
-from notiflow import names
+from notiflow import names, telemetry
 from notiflow.adapters.bytewax_kafka import (
     ConfirmingSink,
     PausableKafkaSource,
@@ -68,20 +68,19 @@ from notiflow.adapters.client_webhooks import (
 )
 from notiflow.adapters.dlq_crypto import DlqCipher
 from notiflow.adapters.kafka_io import OutRecord, make_headers
-from notiflow.adapters.worker import WorkerLoop, register
+from notiflow.adapters.worker import WorkerLoop, loop_thread, register
 from notiflow.flows.model import SourceRef, utcnow
 from notiflow.flows.steps import Clock, RawMessage, source_of
 from notiflow.schemas.enums import Status, Tier
 from notiflow.schemas.messages import AttemptRecord, DlqRecord, Receipt, StatusEvent
 from notiflow.schemas.status import rank
 from notiflow.settings import Settings
+from notiflow.telemetry import header_traceparent
 
 log = logging.getLogger(__name__)
 _meter = metrics.get_meter(names.METER)
-_deliveries = _meter.create_counter(
-    names.CLIENT_WEBHOOK_DELIVERIES,
-    description="client status webhook POSTs (outcome: delivered, failed, dead)")
-_dlq_records = _meter.create_counter(names.DLQ_RECORDS, description="dead letters written")
+_deliveries = names.CLIENT_WEBHOOK_DELIVERIES.create(_meter)
+_dlq_records = names.DLQ_RECORDS.create(_meter)
 
 POLL = timedelta(milliseconds=20)
 """How often a key with a POST in flight looks for its result."""
@@ -130,6 +129,8 @@ class StatusChange:
     resolved: bool = False
     provider_ref: tuple[str, str] | None = None
     """(provider_id, provider_message_id) of a receipt without a message id."""
+    traceparent: str | None = None
+    """The record's ``traceparent`` header (the webhook's span continues it)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +148,7 @@ class WebhookJob:
     occurred_at: datetime
     source: SourceRef
     tier: Tier | None = None
+    traceparent: str | None = None
 
     @property
     def rank(self) -> int:
@@ -166,7 +168,8 @@ def parse_change(msg: RawMessage, receipts_topic: str) -> StatusChange | None:
             r = Receipt.model_validate_json(msg.value)
             return StatusChange(r.message_id, Status(r.status), r.attempt or 0, r.error_code,
                                 r.occurred_at, src,
-                                provider_ref=(r.provider_id, r.provider_message_id))
+                                provider_ref=(r.provider_id, r.provider_message_id),
+                                traceparent=header_traceparent(msg.headers))
         ev = StatusEvent.model_validate_json(msg.value)
     except ValidationError:
         return None
@@ -175,7 +178,8 @@ def parse_change(msg: RawMessage, receipts_topic: str) -> StatusChange | None:
         return None
     return StatusChange(ev.message_id, ev.status, ev.attempt, ev.reason, ev.occurred_at, src,
                         tenant_id=ev.tenant_id, tier=ev.tier,
-                        url=snap.status_webhook if snap else None, resolved=snap is not None)
+                        url=snap.status_webhook if snap else None, resolved=snap is not None,
+                        traceparent=header_traceparent(msg.headers))
 
 
 # policy ------------------------------------------------------------------------------------
@@ -320,7 +324,7 @@ class Resolver:
                 mid, (tenant, url) = hit
             elif c.message_id is not None:
                 return WebhookJob(c.message_id, None, None, c.status, c.attempt, c.reason,
-                                  c.occurred_at, c.source, c.tier)
+                                  c.occurred_at, c.source, c.tier, c.traceparent)
             else:
                 log.info("receipt %s %s: its provider message id is not indexed yet; "
                          "announced when the reconciler publishes it again", c.provider_ref,
@@ -329,7 +333,7 @@ class Resolver:
         if not url or tenant is None or mid is None:
             return None
         return WebhookJob(mid, tenant, url, c.status, c.attempt, c.reason, c.occurred_at,
-                          c.source, c.tier)
+                          c.source, c.tier, c.traceparent)
 
     def _cached(self, c: StatusChange) -> tuple[str, Target] | None:
         with self._lock:
@@ -426,6 +430,10 @@ class Request:
     webhook_id: str
     body: bytes
     secrets: tuple[SecretStr, ...]
+    traceparent: str | None = None
+    """Trace context of the status change (the POST's span continues it)."""
+    attributes: dict[str, Any] | None = None
+    """Attributes of the ``notiflow.client_webhook`` span (ids and status, never content)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -474,18 +482,7 @@ class WebhookDispatcher:
         """Start the loop thread and open the client and breakers (idempotent)."""
         with self._lock:
             if self._loop is None:
-                ready = threading.Event()
-                loop = asyncio.new_event_loop()
-
-                def run() -> None:
-                    asyncio.set_event_loop(loop)
-                    ready.set()
-                    loop.run_forever()
-
-                self._thread = threading.Thread(target=run, name="webhook-dispatch",
-                                                daemon=True)
-                self._thread.start()
-                ready.wait()
+                loop, self._thread = loop_thread("webhook-dispatch")
                 self._opened = asyncio.run_coroutine_threadsafe(self._open(), loop)
                 self._loop = loop
             return self._loop
@@ -543,7 +540,13 @@ class WebhookDispatcher:
         admission = await self._admit(req.endpoint)
         if admission is not None and not admission.admitted:
             return Refused(admission.retry_in)
-        result = await self._client.post(req.url, req.webhook_id, req.body, req.secrets)
+        with telemetry.span(names.CLIENT_WEBHOOK, req.attributes,
+                            parent=req.traceparent) as span:
+            result = await self._client.post(req.url, req.webhook_id, req.body, req.secrets)
+            if span.is_recording():
+                span.set_attribute(names.ATTR_OUTCOME, _OUTCOME[result.verdict])
+                if result.status_code is not None:
+                    span.set_attribute("http.response.status_code", result.status_code)
         await self._record(req.endpoint, result, admission)
         return result
 
@@ -605,6 +608,7 @@ class Pending:
     """Set at the first try: waiting on an open breaker ends here (DLQ), never forever."""
     tries: int = 0
     attempts: list[AttemptRecord] = field(default_factory=list)
+    traceparent: str | None = None
 
 
 @dataclass
@@ -748,7 +752,8 @@ class WebhookLogic(StatefulLogic[WebhookJob, DlqRecord, WebhookState]):
             endpoint, problem = "invalid", ("webhook_invalid_url", str(exc))
         p = Pending(webhook_id(job.message_id, job.status, job.attempt), job.status, r, url,
                     endpoint, tenant_id, job.message_id, body, job.source, job.tier,
-                    due_at=now + self.policy.delays[0])
+                    due_at=now + self.policy.delays[0],
+                    traceparent=getattr(job, "traceparent", None))
         if problem is None:
             try:
                 tenant_secrets(self.settings, tenant_id)
@@ -785,7 +790,10 @@ class WebhookLogic(StatefulLogic[WebhookJob, DlqRecord, WebhookState]):
             return self._finish(p, now, ("webhook_no_secret", "invalid_data", str(exc)))
         if p.deadline is None:
             p.deadline = now + self.policy.patience
-        fut = self.sender.submit(Request(p.endpoint, p.url, p.webhook_id, p.body, secrets))
+        attrs = {names.ATTR_MESSAGE_ID: p.message_id, names.ATTR_TENANT_ID: p.tenant_id,
+                 names.ATTR_STATUS: p.status.value, names.ATTR_ATTEMPT: p.tries + 1}
+        fut = self.sender.submit(Request(p.endpoint, p.url, p.webhook_id, p.body, secrets,
+                                         getattr(p, "traceparent", None), attrs))
         self.inflight = (p.webhook_id, fut)
         return []
 

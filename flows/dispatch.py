@@ -25,6 +25,7 @@ import socket
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -32,14 +33,17 @@ from typing import Any, TypeVar
 
 import orjson
 from bytewax.operators import StatefulBatchLogic
+from opentelemetry import trace
+from opentelemetry.metrics import Observation
 from redis.exceptions import RedisError
 
+from notiflow import names, telemetry
 from notiflow.adapters.cassandra_store import CassandraStore, connect
 from notiflow.adapters.dlq_crypto import DlqCipher
 from notiflow.adapters.kafka_io import AsyncProducer
 from notiflow.adapters.providers.base import OutboundMessage, Outcome, ProviderClient, SendResult
 from notiflow.adapters.redis_dedup import DedupStore, LeaseState
-from notiflow.adapters.worker import register
+from notiflow.adapters.worker import loop_thread, register
 from notiflow.flows.model import Out, Retry, Work
 from notiflow.flows.policy import RetryPolicy
 from notiflow.flows.routing import Choice, Unavailable, choose, rank_routes
@@ -56,6 +60,7 @@ from notiflow.schemas.messages import AttemptRecord, DlqRecord, IngestRecord, St
 from notiflow.schemas.preferences import state_key
 from notiflow.schemas.status import rank
 from notiflow.settings import Settings, TierPolicy
+from notiflow.telemetry import header_traceparent
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -150,6 +155,106 @@ class ChannelPressure:
         return self._waiting[channel] >= self.bound
 
 
+def attempt_outcome(result: SendResult) -> str:
+    """``outcome`` of ``notiflow.send.attempts``: the provider outcome, or ``rate_limited``."""
+    return "rate_limited" if result.reason == "rate_limited" else result.outcome.value
+
+
+def error_type(result: SendResult) -> str | None:
+    """``error.type`` of a failed provider call (``timeout``, ``connection``, ``429``,
+    ``4xx``, ``5xx``); None when it was accepted or the failure was ours."""
+    reason = result.reason or ""
+    if result.outcome is Outcome.ACCEPTED or reason.startswith("internal_error"):
+        return None
+    if reason in ("timeout", "connect_timeout"):
+        return "timeout"
+    if reason in ("connect_error", "connection_lost", "transport_error", "client_error"):
+        return "connection"
+    if reason == "rate_limited":
+        return "429"
+    return "4xx" if result.outcome is Outcome.PERMANENT else "5xx"
+
+
+class _SendMetrics:
+    """The send path's instruments (``notiflow/names.py``), created once per process."""
+
+    def __init__(self) -> None:
+        m = telemetry.meter()
+        self.attempts = names.SEND_ATTEMPTS.create(m)
+        self.request_duration = names.PROVIDER_REQUEST_DURATION.create(m)
+        self.errors = names.PROVIDER_ERRORS.create(m)
+        self.accept_to_provider = names.ACCEPT_TO_PROVIDER.create(m)
+        self.retries = names.RETRIES_SCHEDULED.create(m)
+        self.breaker_transitions = names.BREAKER_TRANSITIONS.create(m)
+        names.QUEUE_OLDEST_AGE.create(m, callbacks=[_observe_oldest])
+        names.BREAKER_STATE.create(m, callbacks=[_observe_breakers])
+        names.PROVIDER_ROUTE_WEIGHT.create(m, callbacks=[_observe_weights])
+
+    def provider_call(self, span: Any, w: Work, result: SendResult, elapsed_s: float) -> None:
+        """Count one provider call and describe it on its span."""
+        outcome = attempt_outcome(result)
+        channel = w.record.channel.value
+        self.attempts.add(1, {"tier": w.record.tier.value, "channel": channel,
+                              "provider": result.provider_id, "outcome": outcome})
+        self.request_duration.record(elapsed_s, {"provider": result.provider_id,
+                                                 "channel": channel, "outcome": outcome})
+        kind = error_type(result)
+        if kind is not None:
+            self.errors.add(1, {"provider": result.provider_id, "channel": channel,
+                                "error.type": kind})
+        if span.is_recording():
+            span.set_attribute(names.ATTR_OUTCOME, outcome)
+            code = result.error_code or ""
+            if code.startswith("http_") and code[5:].isdigit():
+                span.set_attribute("http.response.status_code", int(code[5:]))
+            if kind is not None:
+                span.set_attribute("error.type", kind)
+
+
+_live: weakref.WeakSet[Dispatcher] = weakref.WeakSet()
+"""The dispatchers of this process (observed by the gauges below)."""
+_STATE_CODE = {"closed": 0, "half_open": 1, "open": 2}
+
+
+def _observe_oldest(options: Any) -> Iterable[Observation]:
+    """``notiflow.queue.oldest_age`` per tier and channel: now - ``accepted_at`` of the
+    oldest message a dispatcher holds (waiting or in flight), 0 when none."""
+    now = time.time()
+    for d in list(_live):
+        oldest: dict[tuple[Tier, Channel], float] = {}
+        for tier, at, channel in list(d._oldest.values()):
+            key = (tier, channel)
+            oldest[key] = min(oldest.get(key, at), at)
+        for tier in {d.tier} | {t for t, _ in oldest}:
+            for channel in Channel:
+                at = oldest.get((tier, channel))
+                yield Observation(0.0 if at is None else max(0.0, now - at),
+                                  {"tier": tier.value, "channel": channel.value})
+
+
+def _observe_breakers(options: Any) -> Iterable[Observation]:
+    """``notiflow.breaker.state`` per provider account this process sends through."""
+    for d in list(_live):
+        res = d._res
+        if res is not None:
+            for provider_id in list(res.clients):
+                state = res.breakers.state(provider_id)
+                yield Observation(_STATE_CODE.get(str(state.value), 0),
+                                  {"provider": provider_id})
+
+
+def _observe_weights(options: Any) -> Iterable[Observation]:
+    """``notiflow.provider.route_weight`` per provider account this process sends through."""
+    for d in list(_live):
+        res = d._res
+        if res is not None:
+            for provider_id in list(res.clients):
+                yield Observation(res.breakers.weight(provider_id), {"provider": provider_id})
+
+
+_metrics = _SendMetrics()
+
+
 @dataclass
 class _Resources:
     dedup: DedupStore
@@ -192,8 +297,9 @@ class Dispatcher:
         self._retry_sems: dict[Channel, asyncio.Semaphore] = {}
         self._crashes: dict[str, int] = {}
         self._templates: dict[tuple[str, str, int], dict[str, Any]] = {}
-        self._oldest: dict[str, tuple[Tier, float]] = {}
+        self._oldest: dict[str, tuple[Tier, float, Channel]] = {}
         register(self)
+        _live.add(self)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -202,18 +308,7 @@ class Dispatcher:
         The flow calls this when it is built, so the first P0 message finds a warm sender."""
         with self._lock:
             if self._loop is None:
-                ready = threading.Event()
-                loop = asyncio.new_event_loop()
-
-                def run() -> None:
-                    asyncio.set_event_loop(loop)
-                    ready.set()
-                    loop.run_forever()
-
-                self._thread = threading.Thread(target=run, name=f"dispatch-{self.source}",
-                                                daemon=True)
-                self._thread.start()
-                ready.wait()
+                loop, self._thread = loop_thread(f"dispatch-{self.source}")
                 self._opened = asyncio.run_coroutine_threadsafe(self._open(), loop)
                 asyncio.run_coroutine_threadsafe(self._report_backlog(), loop)
                 self._loop = loop
@@ -251,6 +346,10 @@ class Dispatcher:
 
     def _breaker_changed(self, change: Any) -> None:
         log.warning("circuit breaker %s", change)
+        if change.shared:
+            _metrics.breaker_transitions.add(1, {
+                "provider": change.provider_id, "from": change.old.value,
+                "to": change.new.value, "why": change.why.split(":", 1)[0]})
 
     def close(self) -> None:
         """Stop the loop and release clients (pending sends are abandoned: they are in the
@@ -290,7 +389,8 @@ class Dispatcher:
         for w in batch:
             self.pressure.add(w.record.channel)
             self._oldest[f"{w.message_id}:{w.record.attempt}"] = (w.record.tier,
-                                                                  w.accepted_at.timestamp())
+                                                                  w.accepted_at.timestamp(),
+                                                                  w.record.channel)
         loop.call_soon_threadsafe(lambda: loop.create_task(self._batch(batch, futures)))
         return futures
 
@@ -314,10 +414,10 @@ class Dispatcher:
             if res is None:
                 continue
             waiting = list(self._oldest.values())
-            tiers = {self.tier} | {t for t, _ in waiting}
+            tiers = {self.tier} | {t for t, _, _ in waiting}
             try:
                 for tier in tiers:
-                    oldest = min((at for t, at in waiting if t is tier), default=None)
+                    oldest = min((at for t, at, _ in waiting if t is tier), default=None)
                     await report(res.dedup.r, self.settings.topic_prefix, tier, self.owner,
                                  oldest)
             except (RedisError, OSError):
@@ -508,8 +608,13 @@ class Dispatcher:
         a gate of ``retry_share`` of that bound, so a retry storm cannot starve new traffic."""
         gate = (self._retry_sems[w.record.channel] if w.record.attempt > 1
                 else contextlib.nullcontext())
+        r = w.record
+        attrs = {names.ATTR_MESSAGE_ID: w.message_id, names.ATTR_TENANT_ID: r.tenant_id,
+                 names.ATTR_TIER: r.tier.value, names.ATTR_CHANNEL: r.channel.value,
+                 names.ATTR_ATTEMPT: r.attempt}
         async with gate:
-            await self._attempt(w, msg, content_key, fut)
+            with telemetry.span(names.SEND, attrs, parent=header_traceparent(w.headers)):
+                await self._attempt(w, msg, content_key, fut)
 
     async def _attempt(self, w: Work, msg: OutboundMessage, content_key: str | None,
                        fut: concurrent.futures.Future[list[Out]]) -> None:
@@ -534,19 +639,28 @@ class Dispatcher:
                     self._resolve(w, fut, [])
                     return
                 started = time.monotonic()
-                try:
-                    result = await provider.send(msg)
-                except Exception as exc:
-                    log.error("provider call raised for %s: %r", w.message_id, exc)
-                    at = self.clock()
-                    result = SendResult(Outcome.TRANSIENT, provider.provider_id, at, at,
-                                        reason=f"internal_error:{type(exc).__name__}")
+                with telemetry.span(names.PROVIDER_CALL, {
+                        names.ATTR_MESSAGE_ID: w.message_id,
+                        names.ATTR_PROVIDER: provider.provider_id,
+                        names.ATTR_CHANNEL: w.record.channel.value,
+                        names.ATTR_ATTEMPT: w.record.attempt}) as call:
+                    try:
+                        result = await provider.send(msg)
+                    except Exception as exc:
+                        log.error("provider call raised for %s: %r", w.message_id, exc)
+                        at = self.clock()
+                        result = SendResult(Outcome.TRANSIENT, provider.provider_id, at, at,
+                                            reason=f"internal_error:{type(exc).__name__}")
+                    _metrics.provider_call(call, w, result, time.monotonic() - started)
                 if not (result.reason or "").startswith("internal_error"):
                     await res.breakers.record(
                         provider.provider_id, result.outcome, result.reason,
                         time.monotonic() - started, choice.probe,
                         episode=getattr(choice.admission, "episode", None))
                 outs = await self._outcome(w, result, content_key, msg)
+                trace.get_current_span().set_attributes({
+                    names.ATTR_PROVIDER: provider.provider_id,
+                    names.ATTR_OUTCOME: attempt_outcome(result)})
             self._resolve(w, fut, outs)
         except Exception as exc:
             log.exception("send of %s failed", w.message_id)
@@ -605,6 +719,10 @@ class Dispatcher:
         if result.deactivate_recipient:
             await self._suppress(w, result.reason or "deactivated")
         if result.outcome is Outcome.ACCEPTED:
+            _metrics.accept_to_provider.record(
+                max(0.0, (at - w.accepted_at).total_seconds()),
+                {"tier": w.record.tier.value, "channel": w.record.channel.value,
+                 "provider": result.provider_id})
             return await self._finished(w, status_event(
                 w, Status.PROVIDER_ACCEPTED, at, self.source, detail=detail))
         if result.outcome is Outcome.PERMANENT:
@@ -624,6 +742,8 @@ class Dispatcher:
             w.record.attempt, at, w.record.expires_at, retry_after, self.rng,
             budget_base=w.record.budget_base or 1)
         if decision.next_attempt is not None and decision.next_attempt_at is not None:
+            _metrics.retries.add(1, {"tier": w.record.tier.value,
+                                     "channel": w.record.channel.value})
             nxt = retry_record(w, decision.next_attempt, decision.next_attempt_at)
             nxt = Retry(w, nxt.record.model_copy(update={"avoid_provider": result.provider_id}))
             status = Status.UNKNOWN if result.outcome is Outcome.AMBIGUOUS else \

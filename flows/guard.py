@@ -24,9 +24,8 @@ from notiflow.settings import DlqRule
 
 log = logging.getLogger(__name__)
 _meter = metrics.get_meter(names.METER)
-_breaches = _meter.create_counter(names.DLQ_LIMIT_BREACHES, description="consumers halted "
-                                  "by their DLQ limit")
-_records = _meter.create_counter(names.DLQ_RECORDS, description="dead letters written")
+_breaches = names.DLQ_LIMIT_BREACHES.create(_meter)
+_records = names.DLQ_RECORDS.create(_meter)
 
 
 class DlqLimitBreached(RuntimeError):

@@ -33,7 +33,9 @@ import bytewax.operators as op
 from bytewax.dataflow import Dataflow
 from bytewax.inputs import Source
 from bytewax.outputs import Sink
+from opentelemetry import trace
 
+from notiflow import names, telemetry
 from notiflow.adapters.bytewax_kafka import ConfirmingSink, check_topics, kafka_source
 from notiflow.adapters.cassandra_store import CassandraStore, connect
 from notiflow.adapters.dlq_crypto import DlqCipher
@@ -48,6 +50,7 @@ from notiflow.schemas.status import rank
 from notiflow.settings import Settings
 
 log = logging.getLogger(__name__)
+_transitions = names.STATUS_TRANSITIONS.create(telemetry.meter())
 
 CONCURRENCY = 64
 INFRA_RETRY_FOR = timedelta(minutes=5)
@@ -83,6 +86,7 @@ class ApplyStep:
         self.clock = clock
         self.runtime = WorkerLoop()
         self._preferences: Any = None
+        self._channels = {route.provider_id: route.channel.value for route in settings.routes}
 
     def _store(self) -> CassandraStore:
         async def open_store() -> _Store:
@@ -126,14 +130,40 @@ class ApplyStep:
             async with sem:
                 return await coro
 
-        await asyncio.gather(*(bounded(self._apply_events(mid, evs, store))
+        await asyncio.gather(*(bounded(self._traced_events(mid, evs, store))
                                for mid, evs in events.items()))
-        outs = await asyncio.gather(*(bounded(self._apply_receipt(r, store))
+        outs = await asyncio.gather(*(bounded(self._traced_receipt(r, store))
                                       for r in receipts))
         return [d for d in outs if d is not None]
 
+    async def _traced_events(self, message_id: str, evs: list[StatusEvent],
+                             store: CassandraStore) -> None:
+        """:meth:`_apply_events` in a ``notiflow.reconcile`` span continuing the highest
+        event's trace (linked to the other events' traces)."""
+        top = max(evs, key=lambda e: rank(e.status, e.attempt))
+        others = {e._traceparent for e in evs if e._traceparent != top._traceparent}
+        attrs = {names.ATTR_MESSAGE_ID: message_id, names.ATTR_TIER: top.tier.value,
+                 names.ATTR_STATUS: top.status.value}
+        with telemetry.span(names.RECONCILE, attrs, parent=top._traceparent,
+                            links=[telemetry.link_to(t) for t in others]) as span:
+            applied = await self._apply_events(message_id, evs, store)
+            span.set_attribute("notiflow.reconcile.applied", applied)
+        if applied:
+            _transitions.add(1, {"tier": top.tier.value, "channel": top.channel.value,
+                                 "status": top.status.value})
+
+    async def _traced_receipt(self, sr: SourcedReceipt,
+                              store: CassandraStore) -> DlqRecord | Receipt | None:
+        """:meth:`_apply_receipt` in a ``notiflow.reconcile`` span continuing the receipt's
+        trace (the provider call's, when the provider echoed it)."""
+        r = sr.receipt
+        attrs = {names.ATTR_MESSAGE_ID: r.message_id, names.ATTR_STATUS: r.status.value}
+        with telemetry.span(names.RECONCILE, attrs, parent=r._traceparent):
+            return await self._apply_receipt(sr, store)
+
     async def _apply_events(self, message_id: str, evs: list[StatusEvent],
-                            store: CassandraStore) -> None:
+                            store: CassandraStore) -> bool:
+        """Returns whether the highest event moved the message's status."""
         now = self.clock()
         top = max(evs, key=lambda e: rank(e.status, e.attempt))
         applied, exists = await store.transition(
@@ -157,6 +187,7 @@ class ApplyStep:
             if e.attempt_detail is not None:
                 writes.append(store.record_attempt(message_id, e.attempt_detail))
         await asyncio.gather(*writes)
+        return applied
 
     async def _apply_receipt(self, sr: SourcedReceipt,
                              store: CassandraStore) -> DlqRecord | Receipt | None:
@@ -173,6 +204,10 @@ class ApplyStep:
                                                  now, r.provider_id, r.provider_message_id)
         if not exists:
             return self._park(sr, f"no message row {message_id}", now)
+        trace.get_current_span().set_attribute("notiflow.reconcile.applied", applied)
+        if applied:
+            _transitions.add(1, {"channel": self._channels.get(r.provider_id, ""),
+                                 "status": r.status.value})
         if await store.receipt_seen(r.provider_id, r.provider_event_id, message_id, r.status,
                                     now):
             return None

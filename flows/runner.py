@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import sys
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
@@ -21,6 +20,7 @@ from bytewax.dataflow import Dataflow
 from bytewax.recovery import RecoveryConfig, init_db_dir
 from bytewax.run import cli_main
 
+from notiflow import telemetry
 from notiflow.adapters.worker import close_all
 from notiflow.settings import Settings
 
@@ -43,9 +43,11 @@ def run_flow(build: Callable[[], Dataflow], settings: Settings, name: str, *,
              process_id: int | None = None, addresses: str | None = None,
              recovery_dir: Path | None = None, nice: int = 0) -> None:
     """Build and run a flow until it is stopped (SIGTERM/SIGINT) or fails. ``nice`` lowers
-    this process's CPU priority (lower tiers yield the CPU to higher ones)."""
-    logging.basicConfig(level=logging.INFO, stream=sys.stdout,
-                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    this process's CPU priority (lower tiers yield the CPU to higher ones). Logging and
+    telemetry are set up first (``service.name`` ``notiflow-<name>``, e.g.
+    ``notiflow-send-p0``)."""
+    tier = name.removeprefix("send-").upper() if name.startswith("send-p") else None
+    telemetry.setup(settings, name, tier=tier, worker=process_id or 0)
     if nice:
         os.nice(nice)
     rdir = (recovery_dir or settings.stack_dir / "recovery" / name).resolve()

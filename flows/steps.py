@@ -13,6 +13,7 @@ from bytewax.connectors.kafka import KafkaError, KafkaSourceMessage
 from bytewax.operators import StatefulLogic
 from pydantic import ValidationError
 
+from notiflow import names
 from notiflow.adapters.dlq_crypto import DlqCipher
 from notiflow.adapters.kafka_io import OutRecord, header, make_headers
 from notiflow.flows.model import Out, Retry, SourcedReceipt, SourceRef, Work
@@ -28,8 +29,11 @@ from notiflow.schemas.messages import (
     derived_message_id,
 )
 from notiflow.settings import Settings
+from notiflow.telemetry import current_traceparent, header_traceparent, meter
 
 Clock = Callable[[], datetime]
+_suppressions = names.SUPPRESSIONS.create(meter())
+_expirations = names.EXPIRATIONS.create(meter())
 RawMessage = KafkaSourceMessage[bytes | None, bytes | None] | KafkaError[Any, Any]
 
 
@@ -203,10 +207,11 @@ def status_event(
     next_attempt_at: datetime | None = None,
 ) -> StatusEvent:
     """An event about ``work``; carries the message snapshot so the reconciler can create the
-    row of a message that did not come through the API."""
+    row of a message that did not come through the API. It travels with the current span's
+    trace context (the send span), else with the ingest record's ``traceparent``."""
     r = work.record
     n = r.attempt if attempt is None else attempt
-    return StatusEvent(
+    ev = StatusEvent(
         event_id=StatusEvent.make_id(work.message_id, status, n),
         message_id=work.message_id,
         tenant_id=r.tenant_id,
@@ -221,6 +226,8 @@ def status_event(
         message=snapshot_of(r),
         next_attempt_at=next_attempt_at,
     )
+    ev._traceparent = current_traceparent() or header_traceparent(work.headers)
+    return ev
 
 
 def is_expired(work: Work, now: datetime) -> bool:
@@ -272,8 +279,17 @@ def retry_record(work: Work, next_attempt: int, not_before: datetime) -> Retry:
     return Retry(work, rec)
 
 
+def suppression_reason(reason: str | None) -> str:
+    """The bounded ``reason`` attribute of ``notiflow.send.suppressions``: the reason's word
+    before ``:`` (``duplicate_content_of:<id>`` → ``duplicate``)."""
+    word = (reason or "unknown").split(":", 1)[0]
+    return "duplicate" if word == "duplicate_content_of" else word
+
+
 class Encoder:
-    """Typed outputs → Kafka records (topic, key, JSON value, contract headers)."""
+    """Typed outputs → Kafka records (topic, key, JSON value, contract headers, the
+    ``traceparent`` an event or receipt travels with). Counts the SUPPRESSED and EXPIRED
+    events it writes (every path of the send flow ends here)."""
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
@@ -281,9 +297,16 @@ class Encoder:
     def __call__(self, out: Out) -> OutRecord:
         s = self.settings
         if isinstance(out, StatusEvent):
+            if out.status is Status.SUPPRESSED:
+                _suppressions.add(1, {"tier": out.tier.value, "channel": out.channel.value,
+                                           "reason": suppression_reason(out.reason)})
+            elif out.status is Status.EXPIRED:
+                _expirations.add(1, {"tier": out.tier.value,
+                                          "channel": out.channel.value})
             return OutRecord(s.events_topic, out.message_id.encode(),
                              out.model_dump_json(exclude_none=True).encode(),
-                             make_headers(out.message_id, out.tenant_id, out.tier.value))
+                             make_headers(out.message_id, out.tenant_id, out.tier.value,
+                                          out._traceparent))
         if isinstance(out, Retry):
             r = out.record
             return OutRecord(s.ingest_topic(r.channel, r.tier), out.work.key,
@@ -293,7 +316,8 @@ class Encoder:
         if isinstance(out, Receipt):
             return OutRecord(s.receipts_topic, out.provider_message_id.encode(),
                              out.model_dump_json(exclude_none=True).encode(),
-                             make_headers(out.message_id or "", None, None))
+                             make_headers(out.message_id or "", None, None,
+                                          out._traceparent))
         if isinstance(out, DlqRecord):
             key = (out.message_id or f"{out.source_topic}:{out.source_partition}:"
                    f"{out.source_offset}").encode()
@@ -324,6 +348,7 @@ def parse_reconcile(msg: RawMessage, settings: Settings, cipher: DlqCipher,
                            category="invalid_data", tier=tier, cipher=cipher, now=now,
                            message_id=header(msg.headers, "message_id"),
                            headers=msg.headers or ())
+    item._traceparent = header_traceparent(msg.headers)
     if isinstance(item, Receipt):
         return SourcedReceipt(item, src, msg.value or b"")
     return item

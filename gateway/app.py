@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import logging.config
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -19,8 +20,9 @@ import uvicorn
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
+from notiflow import telemetry
 from notiflow.adapters.dlq import watch_depth
-from notiflow.gateway import errors, messages, recipients, templates, webhooks
+from notiflow.gateway import errors, message_list, messages, recipients, templates, webhooks
 from notiflow.gateway.outbox import OutboxSweeper
 from notiflow.gateway.runtime import Runtime
 from notiflow.settings import Settings
@@ -96,8 +98,10 @@ def build_app(settings: Settings) -> FastAPI:
 
     app = FastAPI(title="notiflow Messaging API", version="1", lifespan=lifespan)
     app.state.runtime = runtime
+    telemetry.instrument_api(app)
     errors.install(app)
     app.include_router(messages.router)
+    app.include_router(message_list.router)
     app.include_router(templates.router)
     app.include_router(recipients.router)
     app.include_router(webhooks.router)
@@ -124,7 +128,11 @@ def build_app(settings: Settings) -> FastAPI:
 
 def serve(settings: Settings) -> None:
     """Run the API with uvicorn on ``api_host:api_port`` (logs to stdout) until SIGINT or
-    SIGTERM; in-flight requests get :data:`GRACEFUL_SHUTDOWN_S` to finish."""
+    SIGTERM; in-flight requests get :data:`GRACEFUL_SHUTDOWN_S` to finish. Logs in
+    ``settings.log_format``; telemetry as ``settings.telemetry`` says."""
+    log_config = telemetry.log_config(LOGGING, settings.log_format)
+    logging.config.dictConfig(log_config)
+    telemetry.setup(settings, "api", logs=False)
     config = uvicorn.Config(
         build_app(settings),
         host=settings.api_host,
@@ -132,7 +140,7 @@ def serve(settings: Settings) -> None:
         loop="uvloop",
         http="httptools",
         lifespan="on",
-        log_config=LOGGING,
+        log_config=log_config,
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
         server_header=False,
     )

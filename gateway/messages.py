@@ -18,8 +18,11 @@ from datetime import UTC, datetime
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
+from opentelemetry import trace as trace_api
+from opentelemetry.trace import StatusCode
 from pydantic import ValidationError
 
+from notiflow import names, telemetry
 from notiflow.adapters.cassandra_store import utc
 from notiflow.adapters.kafka_io import DeliveryFailed
 from notiflow.gateway.auth import RuntimeDep, Tenant, read_json_object
@@ -58,6 +61,8 @@ from notiflow.templating import missing_variables
 
 log = logging.getLogger("notiflow.gateway.messages")
 router = APIRouter()
+_ingested = names.INGEST_MESSAGES.create(telemetry.meter())
+_rejected = names.INGEST_REJECTIONS.create(telemetry.meter())
 
 _IDEMPOTENCY_KEY = re.compile(r"^[\x21-\x7e]{1,255}$")
 _MESSAGE_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -149,6 +154,10 @@ async def _resume(rt: Runtime, tenant_id: str, key: str, req_hash: str,
                   existing: dict[str, Any], trace: str) -> Response:
     """A key that was reserved before: 409 for another request, the stored response when
     accepted, otherwise finish the earlier acceptance with its stored payload."""
+    span = trace_api.get_current_span()
+    span.set_attribute("notiflow.idempotent_replay", True)
+    if existing.get("message_id"):
+        span.set_attribute(names.ATTR_MESSAGE_ID, str(existing["message_id"]))
     if existing.get("request_hash") != req_hash:
         raise ApiError(409, "idempotency_conflict", "request_mismatch",
                        "this Idempotency-Key was used with a different request")
@@ -179,6 +188,7 @@ async def accept(rt: Runtime, tenant: TenantConfig, req: SendRequest, key: str |
     When the record is definitively not published, everything written is removed again
     and the client gets 503, so a retry with the same key starts afresh."""
     message_id = new_message_id()
+    trace_api.get_current_span().set_attribute(names.ATTR_MESSAGE_ID, message_id)
     internal_key = key or f"{AUTO_KEY_PREFIX}{message_id}"
     data = req.model_dump()
     data.update(tenant_id=tenant.id, message_id=message_id, idempotency_key=key,
@@ -214,18 +224,43 @@ async def accept(rt: Runtime, tenant: TenantConfig, req: SendRequest, key: str |
                                       created_at=accepted_at, record=record)
     log.debug("accepted %s tenant=%s %s/%s recipient=%s", message_id, tenant.id,
               req.channel.value, req.tier.value, mask(req.recipient_key()))
+    _ingested.add(1, {"tenant": tenant.id, "channel": req.channel.value,
+                      "tier": req.tier.value, "source": "api"})
     return _accepted(body, trace)
+
+
+REJECTION_REASONS = {400: "invalid", 422: "invalid", 409: "conflict", 429: "shed",
+                     503: "unavailable", 401: "forbidden", 403: "forbidden"}
+"""HTTP status of a refusal → ``reason`` of ``notiflow.ingest.rejections``."""
 
 
 @router.post("/v1/messages", status_code=202)
 async def send_message(request: Request, tenant: Tenant, rt: RuntimeDep) -> Response:
-    """Accept a send request durably; 202 ``{message_id, status, accepted_at}``."""
+    """Accept a send request durably; 202 ``{message_id, status, accepted_at}``. Runs in a
+    ``notiflow.api.request`` span; refusals are counted by reason."""
+    labels = {"tenant": tenant.id, "channel": "", "tier": ""}
+    with telemetry.span(names.API_REQUEST, {names.ATTR_TENANT_ID: tenant.id}) as span:
+        try:
+            return await _send_message(request, tenant, rt, labels)
+        except ApiError as exc:
+            _rejected.add(1, {**labels, "reason": REJECTION_REASONS.get(exc.status, "invalid")})
+            if exc.status >= 500:
+                span.set_status(StatusCode.ERROR, exc.reason or exc.error)
+            refused = exc
+    raise refused
+
+
+async def _send_message(request: Request, tenant: TenantConfig, rt: Runtime,
+                        labels: dict[str, str]) -> Response:
     key = idempotency_key(request.headers.get("idempotency-key"))
     data = await read_json_object(request)
     try:
         req = SendRequest.model_validate(data)
     except ValidationError as exc:
         raise invalid_body(exc) from None
+    labels.update(channel=req.channel.value, tier=req.tier.value)
+    trace_api.get_current_span().set_attributes(
+        {names.ATTR_TIER: req.tier.value, names.ATTR_CHANNEL: req.channel.value})
     check_policy(rt.settings, tenant, req)
     trace = traceparent(request.headers.get("traceparent"))
     req_hash = request_hash(req)

@@ -19,6 +19,7 @@ from datetime import UTC, datetime, timedelta
 
 from pydantic import ValidationError
 
+from notiflow import names, telemetry
 from notiflow.adapters.cassandra_store import OUTBOX_SHARDS, CassandraStore, utc
 from notiflow.adapters.kafka_io import OutRecord, make_headers
 from notiflow.gateway.errors import STORE_ERRORS
@@ -47,8 +48,13 @@ def outbox_shard(tenant_id: str, key: str) -> int:
 
 
 def traceparent(incoming: str | None = None) -> str:
-    """A W3C ``traceparent`` for the ingest record: continues a valid incoming trace (same
-    trace id and flags, new span id), otherwise starts a sampled trace."""
+    """A W3C ``traceparent`` for the ingest record: the current span's when telemetry
+    records one (the API request span, which continued the incoming trace); else continues a
+    valid incoming trace (same trace id and flags, new span id), otherwise starts a sampled
+    trace."""
+    current = telemetry.current_traceparent()
+    if current:
+        return current
     span = secrets.token_hex(8)
     m = _TRACEPARENT.match((incoming or "").strip().lower())
     if m and m.group(1) != "0" * 32 and m.group(2) != "0" * 16:
@@ -126,7 +132,13 @@ async def complete_acceptance(
         await asyncio.gather(store.outbox_add(shard, created_at, tenant_id, key), create)
     else:
         await create
-    await rt.producer().produce(out_record(record, topic, payload, trace))
+    attrs = {names.ATTR_MESSAGE_ID: ids(record)[0], names.ATTR_TENANT_ID: tenant_id,
+             names.ATTR_TIER: record.tier.value, names.ATTR_CHANNEL: record.channel.value,
+             "messaging.system": "kafka", "messaging.destination.name": topic}
+    parent = None if telemetry.current_traceparent() else trace
+    with telemetry.span(names.INGEST_PRODUCE, attrs, parent=parent):
+        header = telemetry.current_traceparent() or trace
+        await rt.producer().produce(out_record(record, topic, payload, header))
     return await settle_published(store, tenant_id=tenant_id, key=key, created_at=created_at,
                                   record=record)
 

@@ -43,6 +43,7 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import SecretStr, ValidationError
 
+from notiflow import names, telemetry
 from notiflow.adapters.kafka_io import OutRecord, make_headers
 from notiflow.adapters.providers.sendgrid import (
     EVENT_SIGNATURE_HEADER,
@@ -69,6 +70,7 @@ from notiflow.settings import SendGridSettings, VonageSettings
 
 log = logging.getLogger("notiflow.gateway.webhooks")
 router = APIRouter()
+_receipts = names.RECEIPTS.create(telemetry.meter())
 
 MAX_BODY = 64 * 1024
 MAX_SENDGRID_BODY = 8 * 1024 * 1024
@@ -163,20 +165,40 @@ async def read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-async def publish(runtime: Runtime, receipts: Sequence[Receipt]) -> None:
+async def publish(runtime: Runtime, receipts: Sequence[Receipt],
+                  traces: Sequence[str | None] = ()) -> None:
     """Produce every receipt to ``notify.receipts``; returns once the broker acknowledged all
-    of them, raises :class:`~notiflow.adapters.kafka_io.DeliveryFailed` otherwise."""
+    of them, raises :class:`~notiflow.adapters.kafka_io.DeliveryFailed` otherwise.
+
+    Each receipt gets a ``notiflow.receipt`` span: a child of the provider call whose
+    ``traceparent`` the provider echoed (``traces[i]``: Twilio's signed callback URL,
+    SendGrid ``custom_args``), linked to this HTTP request's span; without one, a child of
+    the request span. The record's ``traceparent`` header is that span's."""
     if not receipts:
         return
     producer = runtime.producer()
     topic = runtime.settings.receipts_topic
-    outcomes = await asyncio.gather(*(producer.produce(OutRecord(
-        topic, r.provider_message_id.encode(), r.model_dump_json(exclude_none=True).encode(),
-        make_headers(r.message_id or "", None, None))) for r in receipts),
-        return_exceptions=True)
+    request = telemetry.link_to(telemetry.current_traceparent())
+    records = []
+    for i, r in enumerate(receipts):
+        trace = traces[i] if i < len(traces) else None
+        attrs = {names.ATTR_MESSAGE_ID: r.message_id, names.ATTR_PROVIDER: r.provider_id,
+                 names.ATTR_STATUS: r.status.value}
+        with telemetry.span(names.RECEIPT, attrs, parent=trace,
+                            links=[request] if telemetry.context_of(trace) else []):
+            records.append(OutRecord(
+                topic, r.provider_message_id.encode(),
+                r.model_dump_json(exclude_none=True).encode(),
+                make_headers(r.message_id or "", None, None, telemetry.current_traceparent())))
+    outcomes = await asyncio.gather(*(producer.produce(rec) for rec in records),
+                                    return_exceptions=True)
     failed = next((o for o in outcomes if isinstance(o, BaseException)), None)
     if failed is not None:
         raise failed
+    channels = {route.provider_id: route.channel.value for route in runtime.settings.routes}
+    for r in receipts:
+        _receipts.add(1, {"provider": r.provider_id, "status": r.status.value,
+                          "channel": channels.get(r.provider_id, "")})
 
 
 def correlation(message_id: object, attempt: object) -> tuple[str | None, int | None]:
@@ -245,7 +267,7 @@ async def twilio_status(request: Request, runtime: RuntimeDep) -> Response:
         message_id=query.get("message_id") or None,
         attempt=int(attempt) if attempt.isdigit() else None,
     )
-    await publish(runtime, [receipt])
+    await publish(runtime, [receipt], [query.get("traceparent")])
     return Response(status_code=200)
 
 
@@ -365,6 +387,7 @@ async def sendgrid_events(request: Request, runtime: RuntimeDep) -> JSONResponse
         raise bad_request("invalid_batch", "expected a JSON array of events")
     now = datetime.now(UTC)
     receipts: list[Receipt] = []
+    traces: list[str | None] = []
     problems: list[str] = []
     for i, event in enumerate(events):
         try:
@@ -374,10 +397,12 @@ async def sendgrid_events(request: Request, runtime: RuntimeDep) -> JSONResponse
             continue
         if receipt is not None:
             receipts.append(receipt)
+            trace = event.get("traceparent") if isinstance(event, dict) else None
+            traces.append(trace if isinstance(trace, str) else None)
     if problems:
         log.warning("sendgrid batch: %d of %d events malformed and skipped (%s)",
                     len(problems), len(events), "; ".join(problems[:5]))
-    await publish(runtime, receipts)
+    await publish(runtime, receipts, traces)
     malformed = len(problems)
     return JSONResponse({"receipts": len(receipts), "malformed": malformed,
                          "ignored": len(events) - len(receipts) - malformed})

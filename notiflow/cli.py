@@ -13,6 +13,8 @@ from rich.console import Console
 from rich.table import Table
 
 from notiflow.ops.dlq_cli import dlq_app
+from notiflow.ops.messages_cli import messages_command
+from notiflow.ops.top import top_command
 from notiflow.ops.webhooks_cli import flow_webhooks
 from notiflow.schemas.enums import Tier
 from notiflow.settings import Settings, load_settings
@@ -209,6 +211,10 @@ def schemas_export(
         (out / f"{name}.schema.json").write_text(json.dumps(schema, indent=2, sort_keys=True)
                                                  + "\n")
         console.print(f"wrote {out / name}.schema.json")
+
+
+app.command("messages")(messages_command)
+app.command("top")(top_command)
 
 
 def main() -> None:

@@ -356,7 +356,7 @@ attributes message.id, tenant.id, tier, channel, attempt, provider, outcome."""
 PROVIDER_CALL = Span("notiflow.provider.call", SpanKind.CLIENT,
                      (ATTR_MESSAGE_ID, ATTR_PROVIDER, ATTR_CHANNEL, ATTR_ATTEMPT, ATTR_OUTCOME,
                       "http.response.status_code", "error.type"))
-"""Span CLIENT: one provider API call (the httpx span is its child); attributes message.id,
+"""Span CLIENT: one provider API call (explicit, around the adapter's send); attributes message.id,
 provider, channel, attempt, outcome, http.response.status_code, error.type."""
 RECEIPT = Span("notiflow.receipt", SpanKind.INTERNAL,
                (ATTR_MESSAGE_ID, ATTR_PROVIDER, ATTR_STATUS, "notiflow.receipt.duplicate"))

@@ -20,6 +20,7 @@ from pydantic import (
     ConfigDict,
     Field,
     HttpUrl,
+    PrivateAttr,
     ValidationInfo,
     field_validator,
     model_validator,
@@ -243,6 +244,9 @@ class StatusEvent(Wire):
     attempt_detail: AttemptRecord | None = None
     message: MessageSnapshot | None = None
     next_attempt_at: AwareDatetime | None = None
+    _traceparent: str | None = PrivateAttr(default=None)
+    """In-process only, never serialised: the W3C ``traceparent`` the record travels with
+    (its Kafka header; ``notiflow.telemetry``)."""
 
     @staticmethod
     def make_id(message_id: str, status: Status, attempt: int, extra: str = "") -> str:
@@ -273,6 +277,8 @@ class Receipt(Wire):
     attempt: int | None = Field(None, ge=1)
     parked_since: AwareDatetime | None = None
     """Set by the reconciler on a receipt it could not correlate yet (tried again later)."""
+    _traceparent: str | None = PrivateAttr(default=None)
+    """In-process only, never serialised: the W3C ``traceparent`` of its Kafka header."""
     not_before: AwareDatetime | None = None
 
 

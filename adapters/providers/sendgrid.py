@@ -40,6 +40,7 @@ from notiflow.adapters.providers.common import (
 )
 from notiflow.schemas.enums import Channel
 from notiflow.settings import SendGridSettings, Settings
+from notiflow.telemetry import current_traceparent
 
 log = logging.getLogger(__name__)
 
@@ -234,6 +235,8 @@ class SendGridEmail(HttpProvider[SendGridSettings]):
             "custom_args": {"message_id": message.message_id,
                             "attempt": str(message.attempt)},
         }
+        if trace := current_traceparent():
+            body["custom_args"]["traceparent"] = trace
         if message.subject is not None:
             body["subject"] = message.subject
         return body

@@ -37,6 +37,7 @@ from notiflow.adapters.providers.common import (
 from notiflow.adapters.providers.common import classify_exception as classify_exception
 from notiflow.schemas.enums import Channel
 from notiflow.settings import Settings, TwilioSettings
+from notiflow.telemetry import current_traceparent
 
 log = logging.getLogger(__name__)
 
@@ -137,10 +138,16 @@ def verify_signature(auth_token: str, url: str, params: Mapping[str, str],
     return hmac.compare_digest(signature(auth_token, url, params), header)
 
 
-def status_callback(base: str, message_id: str, attempt: int) -> str:
-    """The StatusCallback URL of one attempt: ``base`` plus ``message_id`` and ``attempt``."""
+def status_callback(base: str, message_id: str, attempt: int,
+                    traceparent: str | None = None) -> str:
+    """The StatusCallback URL of one attempt: ``base`` plus ``message_id`` and ``attempt``,
+    and the ``traceparent`` of the provider call when there is one (Twilio signs the whole
+    URL, so the receipt joins the message's trace; ``docs/observability.md``)."""
     sep = "&" if "?" in base else "?"
-    return f"{base}{sep}{urlencode({'message_id': message_id, 'attempt': attempt})}"
+    query: dict[str, str | int] = {"message_id": message_id, "attempt": attempt}
+    if traceparent:
+        query["traceparent"] = traceparent
+    return f"{base}{sep}{urlencode(query)}"
 
 
 class TwilioSms(HttpProvider[TwilioSettings]):
@@ -195,7 +202,7 @@ class TwilioSms(HttpProvider[TwilioSettings]):
                   "Body": message.body}
         if self._callback:
             fields["StatusCallback"] = status_callback(self._callback, message.message_id,
-                                                       message.attempt)
+                                                       message.attempt, current_traceparent())
         return fields
 
     def _encode(self, message: OutboundMessage) -> bytes:

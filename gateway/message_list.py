@@ -1,0 +1,111 @@
+"""``GET /v1/messages``: the calling tenant's recent messages, newest first.
+
+Served by ``messages_by_tenant_day`` (one partition per tenant and UTC day) joined with the
+current ``messages`` row (:meth:`~notiflow.adapters.cassandra_store.CassandraStore.
+recent_messages`). Query parameters: ``since`` (RFC 3339 with offset; default 24 h ago; not
+in the future, not beyond the operational retention), ``limit`` (1-200, default 50),
+``status`` (a status name: only messages currently in it), ``cursor`` (the ``next_cursor``
+of the previous page). A page may hold fewer than ``limit`` messages and still have a
+``next`` (the scan bound was reached); the list ends when ``next`` is null. Invalid
+parameters → 422. Recipients are never returned. See ``docs/api.md``.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Annotated
+from urllib.parse import urlencode
+
+from fastapi import APIRouter, Query, Response
+from pydantic import AwareDatetime
+
+from notiflow.adapters.cassandra_store import Cursor, utc
+from notiflow.gateway.auth import RuntimeDep, Tenant
+from notiflow.gateway.errors import unprocessable
+from notiflow.gateway.runtime import now_ms
+from notiflow.schemas.enums import Channel, Status, Tier
+from notiflow.schemas.messages import Wire
+
+router = APIRouter()
+
+DEFAULT_SINCE = timedelta(hours=24)
+MAX_LIMIT = 200
+PATH = "/v1/messages"
+
+
+class MessageSummary(Wire):
+    """One message of the list (no recipient, no variables)."""
+
+    message_id: str
+    status: Status
+    reason: str | None
+    channel: Channel
+    tier: Tier
+    category: str | None
+    template_id: str | None
+    template_version: int | None
+    attempt: int | None
+    accepted_at: datetime | None
+    updated_at: datetime | None
+
+
+class MessageList(Wire):
+    """A page of ``GET /v1/messages``; ``next`` is the URL of the following page."""
+
+    messages: tuple[MessageSummary, ...]
+    next_cursor: str | None
+    next: str | None
+
+
+def check_since(since: datetime | None, now: datetime, retention: timedelta) -> datetime:
+    """The effective lower bound: ``now - 24 h`` by default; 422 ``invalid_since`` when in
+    the future or older than the retention (such rows no longer exist)."""
+    if since is None:
+        return now - min(DEFAULT_SINCE, retention)
+    if since > now:
+        raise unprocessable("invalid_since", "since lies in the future")
+    if now - since > retention:
+        raise unprocessable("invalid_since", f"since lies beyond the retention of operational "
+                            f"data ({retention.days} days)")
+    return since
+
+
+@router.get(PATH)
+async def list_messages(
+    tenant: Tenant,
+    rt: RuntimeDep,
+    since: Annotated[AwareDatetime | None, Query()] = None,
+    limit: Annotated[int, Query(ge=1, le=MAX_LIMIT)] = 50,
+    status: Annotated[Status | None, Query()] = None,
+    cursor: Annotated[str | None, Query(max_length=200)] = None,
+) -> Response:
+    """The caller's messages accepted at or after ``since``, newest first; 200
+    ``MessageList``."""
+    now = now_ms()
+    lower = check_since(since, now, rt.settings.operational_ttl)
+    after = None
+    if cursor is not None:
+        try:
+            after = Cursor.decode(cursor)
+        except ValueError:
+            raise unprocessable("invalid_cursor", "cursor is not a next_cursor of this "
+                                "list") from None
+    page = await rt.store().recent_messages(tenant.id, lower, limit=limit, now=now,
+                                            status=status, after=after)
+    nxt = page.next.encode() if page.next is not None else None
+    query = {"since": lower.isoformat(), "limit": limit}
+    if status is not None:
+        query["status"] = status.value
+    body = MessageList(
+        messages=tuple(
+            MessageSummary(
+                message_id=r["message_id"], status=Status(r["status"]), reason=r.get("reason"),
+                channel=r["channel"], tier=r["tier"], category=r.get("category"),
+                template_id=r.get("template_id"), template_version=r.get("template_version"),
+                attempt=r.get("attempt"), accepted_at=utc(r.get("accepted_at")),
+                updated_at=utc(r.get("updated_at")))
+            for r in page.messages),
+        next_cursor=nxt,
+        next=f"{PATH}?{urlencode({**query, 'cursor': nxt})}" if nxt else None,
+    )
+    return Response(body.model_dump_json(), media_type="application/json")
