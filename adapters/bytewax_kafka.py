@@ -8,19 +8,24 @@ the flow stops and resumes from the last committed epoch.
 
 from __future__ import annotations
 
+import json
 import logging
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from bytewax.connectors.kafka import KafkaSource
+from bytewax.connectors.kafka import KafkaSource, _KafkaSourcePartition
 from bytewax.inputs import FixedPartitionedSource, StatefulSourcePartition
 from bytewax.outputs import DynamicSink, StatelessSinkPartition
 from confluent_kafka import OFFSET_BEGINNING
 from confluent_kafka.admin import AdminClient
+from opentelemetry.metrics import CallbackOptions, Observation
 
+from notiflow import names
 from notiflow.adapters.kafka_io import OutRecord, SyncProducer
 from notiflow.settings import Settings
+from notiflow.telemetry import meter
 
 log = logging.getLogger(__name__)
 
@@ -46,10 +51,82 @@ class ConfirmingSink(DynamicSink[OutRecord]):
         return _Partition(self.settings)
 
 
+_LagKey = tuple[str, str, int]
+_lags: dict[_LagKey, int] = {}
+_lags_lock = threading.Lock()
+
+
+def observe_lag(options: CallbackOptions | None = None) -> Iterable[Observation]:
+    """``notiflow.consumer.lag`` per flow, topic (without the prefix) and partition this
+    process reads: high watermark - the next offset, from librdkafka's statistics."""
+    with _lags_lock:
+        items = list(_lags.items())
+    for (flow, topic, partition), lag in items:
+        yield Observation(lag, {"flow": flow, "topic": topic, "partition": partition})
+
+
+names.CONSUMER_LAG.create(meter(), callbacks=[observe_lag])
+
+
+class _LagPartition(_KafkaSourcePartition):
+    """Bytewax's partition that also keeps its lag for ``notiflow.consumer.lag`` (librdkafka
+    calls :meth:`_process_stats` every ``statistics.interval.ms``; no extra broker calls)."""
+
+    def __init__(self, lag_key: _LagKey, *args: Any) -> None:
+        self._lag_key = lag_key
+        super().__init__(*args)
+
+    def _process_stats(self, json_stats: str) -> None:
+        try:
+            stats = json.loads(json_stats)
+            part = stats["topics"][self._topic]["partitions"][str(self._part_idx)]
+            high = int(part["ls_offset"] if part.get("ls_offset", -1) >= 0
+                       else part["hi_offset"])
+        except (KeyError, TypeError, ValueError):
+            return
+        # before the first record the next offset is a sentinel (OFFSET_BEGINNING): then the
+        # whole retained partition is behind
+        start = self._offset if self._offset >= 0 else int(part.get("lo_offset", 0))
+        if high >= 0:
+            with _lags_lock:
+                _lags[self._lag_key] = max(0, high - max(0, start))
+
+    def close(self) -> None:
+        with _lags_lock:
+            _lags.pop(self._lag_key, None)
+        super().close()
+
+
+class _LagKafkaSource(KafkaSource):
+    """:class:`KafkaSource` whose partitions report their lag (see :func:`observe_lag`)."""
+
+    def __init__(self, *args: Any, topic_prefix: str = "", **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._prefix = topic_prefix
+
+    def build_part(self, step_id: str, for_part: str,
+                   resume_state: int | None) -> _KafkaSourcePartition:
+        idx, topic = for_part.split("-", 1)
+        assert topic in self._topics, "Can't resume from different set of Kafka topics"
+        config: dict[str, Any] = {
+            "group.id": "BYTEWAX_IGNORED",
+            "enable.auto.commit": "false",
+            "bootstrap.servers": ",".join(self._brokers),
+            "enable.partition.eof": str(not self._tail),
+            "statistics.interval.ms": 1000,
+        }
+        config.update(self._add_config)
+        short = topic.removeprefix(self._prefix) if self._prefix else topic
+        key = (step_id.split(".", 1)[0], short, int(idx))
+        return _LagPartition(key, step_id, config, topic, int(idx), self._starting_offset,
+                             resume_state, self._batch_size, self._raise_on_errors)
+
+
 def kafka_source(settings: Settings, topics: list[str], batch_size: int) -> KafkaSource:
     """Tail ``topics`` from the beginning on first start; offsets live in Bytewax recovery.
-    Consumer errors are delivered as items (never silently dropped)."""
-    return KafkaSource(
+    Consumer errors are delivered as items (never silently dropped). Partitions report
+    ``notiflow.consumer.lag``."""
+    return _LagKafkaSource(
         [settings.kafka_bootstrap],
         topics,
         tail=True,
@@ -58,6 +135,7 @@ def kafka_source(settings: Settings, topics: list[str], batch_size: int) -> Kafk
         raise_on_errors=False,
         add_config={"fetch.wait.max.ms": "10", "queued.max.messages.kbytes": "8192",
                     "logger": logging.getLogger("notiflow.kafka")},
+        topic_prefix=settings.topic_prefix,
     )
 
 

@@ -80,15 +80,18 @@ from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 import redis.asyncio as aioredis
+from opentelemetry import metrics
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from notiflow import names
 from notiflow.schemas.enums import Tier
 from notiflow.settings import Settings
 
 log = logging.getLogger(__name__)
+_denials = names.RATELIMIT_DENIALS.create(metrics.get_meter(names.METER))
 
 TIERS: tuple[Tier, ...] = (Tier.P0, Tier.P1, Tier.P2, Tier.P3)
 WINDOW_US = 1_000_000
@@ -742,6 +745,7 @@ class CapacityLimiter:
             now = self.clock()
             if decision.granted == 0:
                 self.stats.denied += 1
+                _count_denial(provider_id, tier, limited)
                 lease.blocked_until = now + decision.wait
                 return decision.wait
             self.stats.leased += decision.granted
@@ -818,8 +822,16 @@ class CapacityLimiter:
                                         tenant_rate / self.expected_workers, now))
         wait = max(b.peek(now) for b in buckets)
         if wait > 0:
+            _count_denial(rule.provider_id, tier, len(buckets) > 1)
             return wait
         for b in buckets:
             b.take(now)
         self.stats.local_grants += 1
         return None
+
+
+def _count_denial(provider_id: str, tier: Tier, tenant_limited: bool) -> None:
+    """``notiflow.ratelimit.denials``: one refused capacity request (scope ``tenant`` when the
+    request carried a tenant limit: the reply does not say which limit refused it)."""
+    _denials.add(1, {"provider": provider_id, "tier": tier.value,
+                     "scope": "tenant" if tenant_limited else "provider"})

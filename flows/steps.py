@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import uuid
+import weakref
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -11,6 +12,7 @@ from typing import Any
 import orjson
 from bytewax.connectors.kafka import KafkaError, KafkaSourceMessage
 from bytewax.operators import StatefulLogic
+from opentelemetry.metrics import CallbackOptions, Observation
 from pydantic import ValidationError
 
 from notiflow import names
@@ -34,6 +36,8 @@ from notiflow.telemetry import current_traceparent, header_traceparent, meter
 Clock = Callable[[], datetime]
 _suppressions = names.SUPPRESSIONS.create(meter())
 _expirations = names.EXPIRATIONS.create(meter())
+_ingested = names.INGEST_MESSAGES.create(meter())
+_lateness = names.SCHEDULER_LATENESS.create(meter())
 RawMessage = KafkaSourceMessage[bytes | None, bytes | None] | KafkaError[Any, Any]
 
 
@@ -133,6 +137,11 @@ class IngestParser:
             return self._dlq(raw, src, f"unknown tenant {record.tenant_id!r}", "unknown_tenant",
                              "invalid_data", now, msg.headers, tenant_id=record.tenant_id,
                              tier=record.tier)
+        if record.accepted_at is None:
+            # the API always stamps accepted_at (and counts source=api itself); retries and
+            # checks carry the first acceptance, so this counts each direct record once
+            _ingested.add(1, {"tenant": record.tenant_id, "channel": record.channel.value,
+                              "tier": record.tier.value, "source": "kafka"})
         record = complete_record(record, src, self.settings)
         work = Work(record, src, raw, msg.key, tuple(msg.headers or ()))
         if record.tier not in tenant.tiers or record.channel not in tenant.channels:
@@ -238,13 +247,20 @@ def is_expired(work: Work, now: datetime) -> bool:
 class Hold(StatefulLogic[Any, Any, list[Any]]):
     """Keeps items whose time has not come (retry backoff, ``scheduled_at``, quiet hours, a
     parked receipt's next try) in recoverable state and releases each when due. State = the
-    pending items; ``due_of`` gives an item's due time (None = now)."""
+    pending items; ``due_of`` gives an item's due time (None = now).
+
+    For :class:`Work` items it records ``notiflow.scheduler.lateness`` on release and keeps
+    the ``accepted_at`` of its oldest held retry per tier and channel for
+    ``notiflow.retry.oldest_age``."""
 
     def __init__(self, resume: list[Any] | None, clock: Clock,
                  due_of: Callable[[Any], datetime | None] = lambda w: w.due_at) -> None:
         self.pending: list[Any] = list(resume or [])
         self.clock = clock
         self.due_of = due_of
+        self.oldest_retry: dict[tuple[Tier, Channel], datetime] = {}
+        self._track(self.pending)
+        _holds.add(self)
 
     def on_item(self, value: Any) -> tuple[Iterable[Any], bool]:
         self.pending.append(value)
@@ -256,15 +272,33 @@ class Hold(StatefulLogic[Any, Any, list[Any]]):
     def on_eof(self) -> tuple[Iterable[Any], bool]:
         return [], StatefulLogic.RETAIN
 
-    def _is_due(self, item: Any, now: datetime) -> bool:
-        due = self.due_of(item)
-        return due is None or due <= now
-
     def _release(self) -> tuple[Iterable[Any], bool]:
         now = self.clock()
-        due = [w for w in self.pending if self._is_due(w, now)]
-        self.pending = [w for w in self.pending if not self._is_due(w, now)]
+        due: list[Any] = []
+        keep: list[Any] = []
+        for w in self.pending:
+            at = self.due_of(w)
+            if at is None or at <= now:
+                due.append(w)
+                if at is not None and isinstance(w, Work):
+                    _lateness.record((now - at).total_seconds(), {
+                        "tier": w.record.tier.value,
+                        "timer": "retry" if w.record.attempt > 1 else "scheduled"})
+            else:
+                keep.append(w)
+        self.pending = keep
+        self._track(keep)
         return due, (StatefulLogic.DISCARD if not self.pending else StatefulLogic.RETAIN)
+
+    def _track(self, items: Iterable[Any]) -> None:
+        oldest: dict[tuple[Tier, Channel], datetime] = {}
+        for w in items:
+            if isinstance(w, Work) and w.record.attempt > 1 and w.record.accepted_at:
+                key = (w.record.tier, w.record.channel)
+                _retry_tiers.add(w.record.tier)
+                at = w.record.accepted_at
+                oldest[key] = min(oldest.get(key, at), at)
+        self.oldest_retry = oldest
 
     def notify_at(self) -> datetime | None:
         times = [t for t in map(self.due_of, self.pending) if t is not None]
@@ -272,6 +306,30 @@ class Hold(StatefulLogic[Any, Any, list[Any]]):
 
     def snapshot(self) -> list[Any]:
         return copy.copy(self.pending)
+
+
+_holds: weakref.WeakSet[Hold] = weakref.WeakSet()
+_retry_tiers: set[Tier] = set()
+
+
+def observe_retry_oldest(options: CallbackOptions | None = None) -> Iterable[Observation]:
+    """``notiflow.retry.oldest_age`` per tier and channel: now - ``accepted_at`` of the oldest
+    retry (attempt > 1) the process's :class:`Hold` steps keep, 0 when none (for every tier
+    that has held a retry)."""
+    oldest: dict[tuple[Tier, Channel], float] = {}
+    for h in list(_holds):
+        if not h.oldest_retry:
+            continue
+        now = h.clock()
+        for key, at in list(h.oldest_retry.items()):
+            oldest[key] = max(oldest.get(key, 0.0), (now - at).total_seconds())
+    for tier in sorted(_retry_tiers):
+        for channel in Channel:
+            yield Observation(max(0.0, oldest.get((tier, channel), 0.0)),
+                              {"tier": tier.value, "channel": channel.value})
+
+
+names.RETRY_OLDEST_AGE.create(meter(), callbacks=[observe_retry_oldest])
 
 
 def retry_record(work: Work, next_attempt: int, not_before: datetime) -> Retry:
