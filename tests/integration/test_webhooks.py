@@ -42,9 +42,14 @@ def test_emulator_callbacks_drive_status_to_delivered(
     mid = send(api, tokens["acme"], otp_template["acme"])
     wait_for(lambda: (message_row(cql, mid) or {}).get("status") == "DELIVERED",
              what="DELIVERED from the provider's callbacks")
-    history = [r["status"] for r in cql.execute(
-        "SELECT status, source FROM message_events WHERE message_id = %s", (mid,))]
-    assert {"PROVIDER_ACCEPTED", "SENT", "DELIVERED"} <= set(history)
+
+    def history() -> set[str]:
+        return {r["status"] for r in cql.execute(
+            "SELECT status, source FROM message_events WHERE message_id = %s", (mid,))}
+
+    # the reconciler writes the history row just after the status compare-and-set
+    wait_for(lambda: {"PROVIDER_ACCEPTED", "SENT", "DELIVERED"} <= history(), timeout=10,
+             what="the history of every status")
 
 
 def test_forged_and_unsigned_callbacks_are_refused(stack: Settings, api: str,
