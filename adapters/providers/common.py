@@ -39,6 +39,24 @@ class Rule:
 
 _T, _P, _A = Outcome.TRANSIENT, Outcome.PERMANENT, Outcome.AMBIGUOUS
 
+HTTP_DEFAULTS: Final[Mapping[int, Rule]] = {
+    400: Rule(_P, "rejected"),
+    401: Rule(_T, "auth_failed"),
+    403: Rule(_T, "misconfigured"),
+    404: Rule(_T, "misconfigured"),
+    405: Rule(_T, "misconfigured"),
+    408: Rule(_T, "timeout"),
+    413: Rule(_P, "invalid_content"),
+    429: Rule(_T, "rate_limited"),
+    500: Rule(_A, "server_error"),
+    502: Rule(_T, "server_error"),
+    503: Rule(_T, "server_error"),
+    504: Rule(_A, "gateway_timeout"),
+}
+"""HTTP status → rule shared by the JSON-over-HTTP providers (Twilio, Vonage, FCM) for answers
+without a provider error code they recognise. 500 and 504 may come after the request was
+acted on: AMBIGUOUS."""
+
 TRANSPORT_ERRORS: Final[tuple[tuple[type[BaseException], Rule], ...]] = (
     (aiohttp.ConnectionTimeoutError, Rule(_T, "connect_timeout")),
     (aiohttp.ClientConnectorError, Rule(_T, "connect_error")),

@@ -42,6 +42,7 @@ from yarl import URL
 
 from notiflow.adapters.providers.base import OutboundMessage, Outcome, SendResult
 from notiflow.adapters.providers.common import (
+    HTTP_DEFAULTS,
     INVALID_RECIPIENT,
     HttpProvider,
     Rule,
@@ -78,20 +79,7 @@ ERROR_CODES: Final[Mapping[str, Rule]] = {
 """FCM ``errorCode`` (the ``FcmError`` detail) → rule; consulted first. ``UNSPECIFIED_ERROR``
 and unknown codes fall through to the HTTP status."""
 
-HTTP_STATUSES: Final[Mapping[int, Rule]] = {
-    400: Rule(_P, "rejected"),
-    401: Rule(_T, "auth_failed"),
-    403: Rule(_T, "misconfigured"),
-    404: Rule(_T, "misconfigured"),
-    405: Rule(_T, "misconfigured"),
-    408: Rule(_T, "timeout"),
-    413: Rule(_P, "invalid_content"),
-    429: Rule(_T, "rate_limited"),
-    500: Rule(_A, "server_error"),
-    502: Rule(_T, "server_error"),
-    503: Rule(_T, "server_error"),
-    504: Rule(_A, "gateway_timeout"),
-}
+HTTP_STATUSES: Final[Mapping[int, Rule]] = HTTP_DEFAULTS
 """HTTP status → rule, for answers without a known FCM error code: 401 is a token FCM still
 refuses after one refresh; 403 (PERMISSION_DENIED: the service account lacks the FCM role, or
 the API is off) and 404 without ``UNREGISTERED`` (wrong project) are our configuration."""

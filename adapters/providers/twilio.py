@@ -28,6 +28,7 @@ from yarl import URL
 
 from notiflow.adapters.providers.base import OutboundMessage, Outcome, SendResult
 from notiflow.adapters.providers.common import (
+    HTTP_DEFAULTS,
     HttpAnswer,
     HttpProvider,
     Rule,
@@ -76,20 +77,7 @@ ERROR_CODES: Final[Mapping[int, Rule]] = {
 """Twilio error code (``code`` of the error body) → rule; consulted first. A 500 (20500) on
 message creation is AMBIGUOUS: Twilio documents that the message may have been created."""
 
-HTTP_STATUSES: Final[Mapping[int, Rule]] = {
-    400: Rule(_P, "rejected"),
-    401: Rule(_T, "auth_failed"),
-    403: Rule(_T, "misconfigured"),
-    404: Rule(_T, "misconfigured"),
-    405: Rule(_T, "misconfigured"),
-    408: Rule(_T, "timeout"),
-    413: Rule(_P, "invalid_content"),
-    429: Rule(_T, "rate_limited"),
-    500: Rule(_A, "server_error"),
-    502: Rule(_T, "server_error"),
-    503: Rule(_T, "server_error"),
-    504: Rule(_A, "gateway_timeout"),
-}
+HTTP_STATUSES: Final[Mapping[int, Rule]] = HTTP_DEFAULTS
 """HTTP status → rule, for answers whose error code is absent or not in :data:`ERROR_CODES`."""
 
 STATUS_CLASSES: Final[Mapping[int, Rule]] = {

@@ -36,6 +36,7 @@ from yarl import URL
 
 from notiflow.adapters.providers.base import OutboundMessage, Outcome, SendResult
 from notiflow.adapters.providers.common import (
+    HTTP_DEFAULTS,
     HttpAnswer,
     HttpProvider,
     Rule,
@@ -122,20 +123,7 @@ _PARAMETER = re.compile(r"(?:missing|invalid)\s+(?:value\s+for\s+)?(?:parameter\
                         r"[`'\"]?([a-z_-]+)[`'\"]?(?:\s+param)?", re.IGNORECASE)
 _THROTTLE_WAIT = re.compile(r"please\s+wait\s*\[\s*(\d+)\s*\]", re.IGNORECASE)
 
-HTTP_STATUSES: Final[Mapping[int, Rule]] = {
-    400: Rule(_P, "rejected"),
-    401: Rule(_T, "auth_failed"),
-    403: Rule(_T, "misconfigured"),
-    404: Rule(_T, "misconfigured"),
-    405: Rule(_T, "misconfigured"),
-    408: Rule(_T, "timeout"),
-    413: Rule(_P, "invalid_content"),
-    429: Rule(_T, "rate_limited"),
-    500: Rule(_A, "server_error"),
-    502: Rule(_T, "server_error"),
-    503: Rule(_T, "server_error"),
-    504: Rule(_A, "gateway_timeout"),
-}
+HTTP_STATUSES: Final[Mapping[int, Rule]] = HTTP_DEFAULTS
 """HTTP status → rule for answers that are not a ``messages`` body (Vonage's edge, a proxy, a
 wrong base URL). 500 and 504 may come after the message was queued: AMBIGUOUS."""
 
