@@ -147,11 +147,24 @@ def watermarks(settings: Settings, topics: Iterable[str],
                 raise DlqReadError(f"DLQ topic {topic} does not exist (run `notiflow stack "
                                    "init`)")
             for p in sorted(md.partitions):
-                lo, hi = c.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout)
-                out[(topic, p)] = (lo, hi)
+                out[(topic, p)] = _watermark(c, TopicPartition(topic, p), timeout)
         return out
     finally:
         c.close()
+
+
+def _watermark(c: Consumer, tp: TopicPartition, timeout: float) -> tuple[int, int]:
+    """(low, high) of one partition; retriable broker errors (a leader moving, as just after a
+    topic is created) are retried for a few seconds."""
+    for attempt in range(10):
+        try:
+            lo, hi = c.get_watermark_offsets(tp, timeout=timeout)
+            return lo, hi
+        except KafkaException as exc:
+            if attempt == 9 or not exc.args[0].retriable():
+                raise
+            time.sleep(0.5)
+    raise AssertionError("unreachable")
 
 
 def offsets_at(settings: Settings, topics: Iterable[str], at: datetime,
