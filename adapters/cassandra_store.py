@@ -249,13 +249,13 @@ class CassandraStore:
             "UPDATE idempotency USING TTL " + str(self._idem_ttl) + " SET state = 'ACCEPTED', "
             "response = ? WHERE tenant_id = ? AND idempotency_key = ?"
         )
-        for name, cql in _OPERATOR_STATEMENTS.items():
+        for name, cql in {**_OPERATOR_STATEMENTS, **_TRACE_STATEMENTS}.items():
             try:
                 self._stmts[name] = session.prepare(cql)
             except InvalidRequest as exc:
                 # new code before its migration (rolling deploy): skip the index writes
-                log.error("operator query tables missing (%s): run `notiflow stack migrate`",
-                          exc)
+                log.error("operator query tables or columns missing (%s): run "
+                          "`notiflow stack migrate`", exc)
 
     def _run(self, name: str, params: Sequence[Any]) -> asyncio.Future[list[dict[str, Any]]]:
         return aio(self.session.execute_async(self._stmts[name], params))
@@ -407,9 +407,11 @@ class CassandraStore:
     async def events(self, message_id: str) -> list[dict[str, Any]]:
         return await self._run("events_get", (message_id,))
 
-    async def record_attempt(self, message_id: str, a: AttemptRecord) -> None:
+    async def record_attempt(self, message_id: str, a: AttemptRecord,
+                             traceparent: str | None = None) -> None:
         """The attempt row, its ``provider_outcomes_by_hour`` row (at ``completed_at``) and
-        the provider message index; all upserts keyed by the attempt (replay-safe)."""
+        the provider message index (with the send's ``traceparent``, for receipts that do not
+        echo it); all upserts keyed by the attempt (replay-safe)."""
         writes = [self._run("attempt_insert", (
             message_id, a.attempt_no, a.provider_id, a.provider_message_id, a.outcome,
             a.normalized_error, a.error_code, _ts(a.started_at), _ts(a.completed_at),
@@ -424,9 +426,11 @@ class CassandraStore:
             )))
         await asyncio.gather(*writes)
         if a.provider_message_id:
-            await self._run("provider_index_insert", (
-                a.provider_id, a.provider_message_id, message_id, a.attempt_no,
-            ))
+            key = (a.provider_id, a.provider_message_id, message_id, a.attempt_no)
+            if traceparent and "provider_index_insert_traced" in self._stmts:
+                await self._run("provider_index_insert_traced", (*key, traceparent))
+            else:
+                await self._run("provider_index_insert", key)
 
     async def attempts(self, message_id: str) -> list[dict[str, Any]]:
         return await self._run("attempts_get", (message_id,))
@@ -734,3 +738,9 @@ _OPERATOR_STATEMENTS: dict[str, str] = {
 }
 """Writes to migration 0004's tables; prepared separately so a store started before that
 migration still works (it skips these writes and logs an error)."""
+
+_TRACE_STATEMENTS = {
+    "provider_index_insert_traced": "INSERT INTO provider_messages (provider_id, "
+    "provider_message_id, message_id, attempt_no, traceparent) VALUES (?, ?, ?, ?, ?)",
+}
+"""Migration 0005's trace column (skipped, with an error logged, before that migration)."""

@@ -74,13 +74,15 @@ import asyncio
 import logging
 import math
 import time
+import weakref
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 import redis.asyncio as aioredis
 from opentelemetry import metrics
+from opentelemetry.metrics import CallbackOptions, Observation
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -200,12 +202,14 @@ class Request:
 @dataclass(frozen=True, slots=True)
 class Decision:
     """``granted`` tokens (``emergency`` of them from the P0 emergency quota); when nothing
-    was granted, ``wait_us`` > 0 is the time until a token could be available."""
+    was granted, ``wait_us`` > 0 is the time until a token could be available; ``room``: the
+    whole tokens the tier may still be granted in the window after this grant (≥ 0)."""
 
     granted: int
     emergency: int
     wait_us: int
     now_us: int
+    room: int = 0
 
     @property
     def wait(self) -> float:
@@ -322,7 +326,7 @@ def decide(state: ModelState, request: Request, now_us: int) -> Decision:
         if request.tenant_limited and tokens < 1:
             tenant_wait = math.ceil((1 - tokens) * 1_000_000 / rate) + 1
         wait = int(max(provider_wait, tenant_wait, 1))
-    return Decision(k, k_em, wait, now)
+    return Decision(k, k_em, wait, now, int(max(0, room_now - k_reg)))
 
 
 def _reservation_wait(state: ModelState, t: int, now: int) -> float:
@@ -524,7 +528,7 @@ if k == 0 then
   if tkey and tokens < 1 then tw = math.ceil((1 - tokens) * 1000000 / trate) + 1 end
   wait = math.max(pw, tw, 1)
 end
-return {k, kem, wait, now}
+return {k, kem, wait, now, math.max(0, room_now - kreg)}
 """
 
 
@@ -578,8 +582,8 @@ class CapacityStore:
             *(repr(c) for c in rule.capacities),
             *(repr(p) for p in rule.prefix),
         ]
-        k, k_em, wait, now = await self._script(keys=keys, args=args)
-        return Decision(int(k), int(k_em), int(wait), int(now))
+        k, k_em, wait, now, left = await self._script(keys=keys, args=args)
+        return Decision(int(k), int(k_em), int(wait), int(now), int(left))
 
     async def aclose(self) -> None:
         await self.r.aclose()
@@ -704,6 +708,9 @@ class CapacityLimiter:
         self._redis_ok = True
         self._next_probe = 0.0
         self._probing = False
+        self.fill: dict[tuple[str, Tier], tuple[float, float]] = {}
+        """(provider, tier) → (room left / provider rate, clock reading) of the last decision."""
+        _limiters.add(self)
 
     @property
     def redis_ok(self) -> bool:
@@ -743,6 +750,7 @@ class CapacityLimiter:
             self._mark_up()
             self.stats.round_trips += 1
             now = self.clock()
+            self.fill[(provider_id, tier)] = (min(1.0, decision.room / rule.rate), now)
             if decision.granted == 0:
                 self.stats.denied += 1
                 _count_denial(provider_id, tier, limited)
@@ -835,3 +843,24 @@ def _count_denial(provider_id: str, tier: Tier, tenant_limited: bool) -> None:
     request carried a tenant limit: the reply does not say which limit refused it)."""
     _denials.add(1, {"provider": provider_id, "tier": tier.value,
                      "scope": "tenant" if tenant_limited else "provider"})
+
+
+_limiters: weakref.WeakSet[CapacityLimiter] = weakref.WeakSet()
+
+
+def observe_fill(options: CallbackOptions | None = None) -> Iterable[Observation]:
+    """``notiflow.ratelimit.fill``: the latest cluster answer per provider and tier among this
+    process's limiters; a reading older than two windows (the tier went quiet here) is not
+    reported rather than reported stale."""
+    latest: dict[tuple[str, Tier], tuple[float, float]] = {}
+    for limiter in list(_limiters):
+        now = limiter.clock()
+        for (provider_id, tier), (ratio, at) in list(limiter.fill.items()):
+            window = limiter.rules.provider(provider_id).window_us / 1_000_000
+            if now - at <= 2 * window and at >= latest.get((provider_id, tier), (0.0, -1.0))[1]:
+                latest[(provider_id, tier)] = (ratio, at)
+    for (provider_id, tier), (ratio, _at) in latest.items():
+        yield Observation(ratio, {"provider": provider_id, "tier": tier.value})
+
+
+names.RATELIMIT_FILL.create(metrics.get_meter(names.METER), callbacks=[observe_fill])

@@ -155,10 +155,19 @@ class ApplyStep:
     async def _traced_receipt(self, sr: SourcedReceipt,
                               store: CassandraStore) -> DlqRecord | Receipt | None:
         """:meth:`_apply_receipt` in a ``notiflow.reconcile`` span continuing the receipt's
-        trace (the provider call's, when the provider echoed it)."""
+        trace (the provider call's, when the provider echoed it). When tracing is on and the
+        receipt's trace is not the send's (Vonage, SMTP, push echo nothing), the span
+        continues the send's trace stored with the provider message index and links the
+        receipt's; a receipt that overtakes that index row keeps its own trace."""
         r = sr.receipt
         attrs = {names.ATTR_MESSAGE_ID: r.message_id, names.ATTR_STATUS: r.status.value}
-        with telemetry.span(names.RECONCILE, attrs, parent=r._traceparent):
+        parent, links = r._traceparent, []
+        if telemetry.enabled():
+            sent = await store.message_for_provider_id(r.provider_id, r.provider_message_id)
+            stored = (sent or {}).get("traceparent")
+            if stored and telemetry.trace_id_of(stored) != telemetry.trace_id_of(parent):
+                parent, links = stored, [telemetry.link_to(r._traceparent)]
+        with telemetry.span(names.RECONCILE, attrs, parent=parent, links=links):
             return await self._apply_receipt(sr, store)
 
     async def _apply_events(self, message_id: str, evs: list[StatusEvent],
@@ -185,7 +194,8 @@ class ApplyStep:
                                              e.attempt, e.reason, e.source,
                                              applied and e is top))
             if e.attempt_detail is not None:
-                writes.append(store.record_attempt(message_id, e.attempt_detail))
+                writes.append(store.record_attempt(message_id, e.attempt_detail,
+                                                   e._traceparent))
         await asyncio.gather(*writes)
         return applied
 

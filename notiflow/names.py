@@ -294,9 +294,10 @@ PROVIDER_ROUTE_WEIGHT = Metric(
 """Gauge 1: routing weight of a provider account in [min_weight, 1]; attributes provider."""
 RATELIMIT_FILL = Metric(
     "notiflow.ratelimit.fill", G, "1", ("provider", "tier"),
-    "share of a tier's capacity at a provider account still available in the window")
-"""Gauge 1: token bucket fill, available / capacity of a tier's share at a provider account
-(0 exhausted, 1 idle); attributes provider, tier."""
+    "capacity a tier may still take in the window at a provider account / its rate")
+"""Gauge 1: the room the capacity script reports after a grant (tokens the tier may still take
+in the window, reservation plus borrowing) / the account's rate (0 exhausted, 1 idle);
+attributes provider, tier."""
 RATELIMIT_DENIALS = Metric(
     "notiflow.ratelimit.denials", C, "{request}", ("provider", "tier", "scope"),
     "capacity requests refused by the limiter")

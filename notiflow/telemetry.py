@@ -106,6 +106,12 @@ def context_of(traceparent: str | None) -> otel_context.Context | None:
     return ctx if trace.get_current_span(ctx).get_span_context().is_valid else None
 
 
+def trace_id_of(traceparent: str | None) -> int | None:
+    """The trace id of ``traceparent`` (None if invalid)."""
+    ctx = context_of(traceparent)
+    return None if ctx is None else trace.get_current_span(ctx).get_span_context().trace_id
+
+
 def link_to(traceparent: str | None) -> Link | None:
     """A span link to ``traceparent`` (None if invalid)."""
     ctx = context_of(traceparent)

@@ -81,6 +81,19 @@ async def test_limiter_counts_local_fallback_refusals(
     assert isinstance(limiter, CapacityLimiter)
 
 
+async def test_limiter_reports_the_fill_of_each_tier(m: Metrics) -> None:
+    limiter, _store, clock = limiter_for(rate=10.0)
+    observe(m, names.RATELIMIT_FILL, ratelimit.observe_fill)
+    assert await limiter.acquire("tw", Tier.P3) is None
+    fill = m.values(names.RATELIMIT_FILL)[(("provider", "tw"), ("tier", "P3"))]
+    assert fill == pytest.approx(9 / 10)
+    while await limiter.acquire("tw", Tier.P3) is None:
+        pass
+    assert m.values(names.RATELIMIT_FILL)[(("provider", "tw"), ("tier", "P3"))] == 0.0
+    clock.t += 5
+    assert (("provider", "tw"), ("tier", "P3")) not in m.values(names.RATELIMIT_FILL)
+
+
 def test_hold_records_lateness_and_oldest_retry(
         m: Metrics, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(steps, "_lateness", names.SCHEDULER_LATENESS.create(m.meter))

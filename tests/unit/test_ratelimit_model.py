@@ -238,6 +238,21 @@ def test_wait_is_exact(case: tuple[ProviderRule, list[tuple[int, Request]]]) -> 
             assert decide(sooner, req, at + d.wait_us - 1).granted == 0
 
 
+@settings(max_examples=200, deadline=None)
+@given(traces(tenants=False))
+def test_room_is_what_the_tier_could_still_take_now(
+        case: tuple[ProviderRule, list[tuple[int, Request]]]) -> None:
+    rule, trace = case
+    state = ModelState(rule)
+    for at, req in trace:
+        d = decide(state, req, at)
+        probe = copy.deepcopy(state)
+        big = Request(req.tier, 10 * int(rule.rate) + 10)
+        taken = decide(probe, big, d.now_us)
+        assert d.room >= 0
+        assert taken.granted - taken.emergency == d.room
+
+
 @settings(max_examples=300, deadline=None)
 @given(traces(tenants=False, p0_weight=4))
 def test_b_p0_is_cut_short_only_at_its_share(
