@@ -27,6 +27,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from notiflow.adapters.backlog import oldest_age
+from notiflow.adapters.redis_pool import redis_client
 from notiflow.schemas.enums import Channel, Tier
 from notiflow.settings import Settings
 
@@ -128,9 +129,7 @@ class AdmissionStore:
 
     @classmethod
     def open(cls, settings: Settings) -> AdmissionStore:
-        client = aioredis.Redis.from_url(
-            settings.redis_url, socket_timeout=REDIS_TIMEOUT_S,
-            socket_connect_timeout=REDIS_TIMEOUT_S, decode_responses=True)
+        client = redis_client(settings.redis_url, timeout=REDIS_TIMEOUT_S)
         return cls(client, settings.topic_prefix)
 
     def tenant_key(self, tenant_id: str) -> str:

@@ -99,6 +99,7 @@ from redis.backoff import NoBackoff
 
 from notiflow.adapters.providers.base import Outcome, SendResult
 from notiflow.adapters.ratelimit import DOWN_ERRORS
+from notiflow.adapters.redis_pool import redis_client
 from notiflow.settings import BreakerRule, Settings
 
 log = logging.getLogger(__name__)
@@ -715,10 +716,8 @@ class BreakerStore:
         """A store with its own client: short timeouts and no retry (a retried script call
         could count an outcome twice), so an unreachable Redis is noticed within
         ``timeout``."""
-        client = aioredis.Redis.from_url(
-            settings.redis_url, decode_responses=True, socket_timeout=timeout,
-            socket_connect_timeout=timeout, retry=Retry(NoBackoff(), 0),
-            health_check_interval=30)
+        client = redis_client(settings.redis_url, timeout=timeout,
+                              retry=Retry(NoBackoff(), 0), health_check_interval=30)
         return cls(client, BreakerParams.from_settings(settings), settings.topic_prefix)
 
     def key(self, provider_id: str) -> str:

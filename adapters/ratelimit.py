@@ -89,6 +89,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from notiflow import names
+from notiflow.adapters.redis_pool import redis_client
 from notiflow.schemas.enums import Tier
 from notiflow.settings import Settings
 
@@ -549,10 +550,8 @@ class CapacityStore:
     def open(cls, settings: Settings, timeout: float = 0.5) -> CapacityStore:
         """A store with its own Redis client: short timeouts and one immediate retry, so an
         unreachable Redis is noticed within about ``2 * timeout``."""
-        client = aioredis.Redis.from_url(
-            settings.redis_url, decode_responses=True, socket_timeout=timeout,
-            socket_connect_timeout=timeout, retry=Retry(NoBackoff(), 1),
-            health_check_interval=30)
+        client = redis_client(settings.redis_url, timeout=timeout,
+                              retry=Retry(NoBackoff(), 1), health_check_interval=30)
         return cls(client, CapacityRules.from_settings(settings), settings.topic_prefix)
 
     def provider_keys(self, provider_id: str) -> list[str]:

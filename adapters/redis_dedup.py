@@ -25,6 +25,7 @@ from datetime import timedelta
 import orjson
 import redis.asyncio as aioredis
 
+from notiflow.adapters.redis_pool import redis_client
 from notiflow.settings import Settings
 
 _RELEASE = """
@@ -91,9 +92,8 @@ class DedupStore:
 
     @classmethod
     def open(cls, settings: Settings, owner: str) -> DedupStore:
-        client = aioredis.Redis.from_url(settings.redis_url, socket_timeout=5,
-                                         socket_connect_timeout=2, decode_responses=True,
-                                         health_check_interval=30)
+        client = redis_client(settings.redis_url, timeout=5, connect_timeout=2,
+                              health_check_interval=30)
         return cls(client, owner, settings.topic_prefix)
 
     def lease_key(self, message_id: str, attempt: int) -> str:

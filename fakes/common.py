@@ -383,7 +383,8 @@ class Emulator(Generic[K]):
 
     async def list_messages(self, request: web.Request) -> web.Response:
         """Retained records, oldest first, filtered by ``message_id`` and/or ``sid``; all of them
-        unless ``limit`` (the newest ``limit``) is given."""
+        unless ``limit`` (the newest ``limit``) is given; ``fields=a,b`` keeps only those keys
+        (benchmarks fetch hundreds of thousands of records without their bodies)."""
         query = request.query
         try:
             limit = max(int(query["limit"]), 1) if "limit" in query else None
@@ -391,10 +392,22 @@ class Emulator(Generic[K]):
             return json_response(orjson.dumps({"error": "limit must be an integer"}), 400)
         found = self.messages.find(message_id=query.get("message_id"), sid=query.get("sid"),
                                    limit=limit)
-        return json_response(orjson.dumps([r.as_json() for r in found]), 200)
+        docs = [r.as_json() for r in found]
+        if "fields" in query:
+            keep = [f for f in query["fields"].split(",") if f]
+            docs = [{k: d.get(k) for k in keep} for d in docs]
+        return json_response(orjson.dumps(docs), 200)
 
-    async def get_stats(self, _request: web.Request) -> web.Response:
-        return json_response(orjson.dumps({**self.messages.stats(), **self.extra_stats()}), 200)
+    async def get_stats(self, request: web.Request) -> web.Response:
+        """Counters; ``?prefix=`` adds ``accepted_with_prefix``: retained message ids with that
+        prefix that have an accepted request (benchmarks count one workload's messages)."""
+        doc = {**self.messages.stats(), **self.extra_stats()}
+        prefix = request.query.get("prefix")
+        if prefix:
+            doc["accepted_with_prefix"] = sum(
+                1 for mid, recs in self.messages.by_message_id.items()
+                if mid.startswith(prefix) and any(r.accepted for r in recs))
+        return json_response(orjson.dumps(doc), 200)
 
     async def reset_handler(self, _request: web.Request) -> web.Response:
         self.reset()

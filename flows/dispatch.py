@@ -15,6 +15,7 @@ never holds up email or push of the same tier.
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import contextlib
 import hashlib
@@ -959,6 +960,9 @@ class SendLogic(StatefulBatchLogic[Work, Out, list[Work]]):
                  eof_timeout: float = 120.0) -> None:
         self.d = dispatcher
         self.pending: dict[str, tuple[Work, concurrent.futures.Future[list[Out]]]] = {}
+        self._done: collections.deque[str] = collections.deque()
+        """Keys whose future finished (appended by the future's callback, any thread), so a
+        collect costs what finished, not what is pending."""
         self.eof_timeout = eof_timeout
         if resume:
             self._submit(resume)
@@ -974,12 +978,14 @@ class SendLogic(StatefulBatchLogic[Work, Out, list[Work]]):
             futs = self.d.submit(list(new.values()))
             for (k, w), f in zip(new.items(), futs, strict=True):
                 self.pending[k] = (w, f)
+                f.add_done_callback(lambda _f, k=k: self._done.append(k))
 
     def _collect(self) -> list[Out]:
         out: list[Out] = []
-        for k in [k for k, (_, f) in self.pending.items() if f.done()]:
-            _, f = self.pending.pop(k)
-            out.extend(f.result())
+        while self._done:
+            entry = self.pending.pop(self._done.popleft(), None)
+            if entry is not None:
+                out.extend(entry[1].result())
         return out
 
     def _keep(self) -> bool:

@@ -190,13 +190,11 @@ class ApplyStep:
                     *_provider_ids(top), next_attempt_at=top.next_attempt_at)
         writes = []
         for e in evs:
-            writes.append(store.record_event(message_id, e.occurred_at, e.event_id, e.status,
-                                             e.attempt, e.reason, e.source,
-                                             applied and e is top))
+            writes.append(store.event_write(message_id, e.occurred_at, e.event_id, e.status,
+                                            e.attempt, e.reason, e.source, applied and e is top))
             if e.attempt_detail is not None:
-                writes.append(store.record_attempt(message_id, e.attempt_detail,
-                                                   e._traceparent))
-        await asyncio.gather(*writes)
+                writes += store.attempt_writes(message_id, e.attempt_detail, e._traceparent)
+        await store.write_all(writes)
         return applied
 
     async def _apply_receipt(self, sr: SourcedReceipt,

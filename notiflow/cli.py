@@ -12,6 +12,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from notiflow.bench.cli import bench_app
 from notiflow.ops.dlq_cli import dlq_app
 from notiflow.ops.messages_cli import messages_command
 from notiflow.ops.top import top_command
@@ -215,6 +216,7 @@ def schemas_export(
 
 app.command("messages")(messages_command)
 app.command("top")(top_command)
+app.add_typer(bench_app, name="bench")
 
 
 def main() -> None:

@@ -251,6 +251,12 @@ class SmtpSettings(_Frozen):
     password: SecretStr | None = None
     starttls: bool = False
     from_email: str = "notifications@example.com"
+    max_connections: int = Field(50, ge=1, le=1000)
+    """Concurrent SMTP connections per send process (one transaction at a time each; 50 is
+    Postfix's default per-client limit). A send waiting longer than half its timeout for one
+    fails as ``pool_exhausted`` (transient, counted by the breaker), so this should cover the
+    email sends a tier keeps in flight (``max_in_flight``): with 4, and with 16, the
+    benchmark's campaign flood queued sends behind a slow relay until they failed."""
     dsn_webhook_secret: SecretStr | None = None
     """Bearer token the relay's bounce pipe sends to ``POST /webhooks/smtp-dsn``; unset, every
     DSN post is refused."""

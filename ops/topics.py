@@ -21,9 +21,12 @@ class TopicSpec:
 
 
 def topic_specs(settings: Settings) -> list[TopicSpec]:
+    """Every topic, each once, in either mode (the per-tier ingest topics exist in ``shared``
+    mode too: a duplicate name in one CreateTopics request crashed librdkafka)."""
+    tiered = settings.model_copy(update={"mode": "tiered"})
     specs = [
         TopicSpec(
-            settings.ingest_topic(channel, tier),
+            tiered.ingest_topic(channel, tier),
             settings.ingest_partitions,
             {"retention.ms": str(7 * _DAY_MS)},
         )
@@ -45,6 +48,7 @@ def topic_specs(settings: Settings) -> list[TopicSpec]:
         for name in [*(settings.dlq_topic(t) for t in [*Tier, None]),
                      settings.webhooks_dlq_topic]
     ]
+    assert len({s.name for s in specs}) == len(specs), "duplicate topic names"
     return specs
 
 

@@ -38,7 +38,8 @@ async def _sendgrid(settings: Settings, timeout: float | timedelta) -> ProviderC
 async def _smtp(settings: Settings, timeout: float | timedelta) -> ProviderClient:
     from notiflow.adapters.providers.smtp import SmtpEmail
 
-    return await SmtpEmail.open(settings, timeout=timeout)
+    return await SmtpEmail.open(settings, timeout=timeout,
+                                max_connections=settings.smtp.max_connections)
 
 
 async def _fcm(settings: Settings, timeout: float | timedelta) -> ProviderClient:

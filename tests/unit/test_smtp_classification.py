@@ -11,6 +11,8 @@ from typing import Any
 
 import aiosmtplib
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from pydantic import SecretStr
 
 from notiflow.adapters.providers.base import OutboundMessage, Outcome
@@ -32,6 +34,7 @@ from notiflow.adapters.providers.smtp import (
     STARTTLS,
     TEXT_RULES,
     TRANSPORT_ERRORS,
+    Mail,
     SmtpEmail,
     build_message,
     classify_failure,
@@ -287,19 +290,50 @@ def _message(**kw: Any) -> OutboundMessage:
 NOW = datetime(2024, 5, 6, 7, 8, 9, tzinfo=UTC)
 
 
-def test_message_headers() -> None:
+def _parsed(mail: Mail, utf8: bool = False) -> Any:
+    raw = wire_bytes(mail, utf8=utf8)
+    return BytesParser(policy=policy.default).parsebytes(raw[:-3].replace(b"\r\n..", b"\r\n."))
+
+
+def test_message_headers_read_back_by_a_standard_parser() -> None:
     mail = build_message(_message(), sender="notifications@example.com", now=NOW)
-    assert mail["From"] == "notifications@example.com"
-    assert mail["To"] == "ada@example.com"
-    assert mail["Subject"] == "Grüße"
-    assert mail["Message-ID"] == "<msg_1.3@notiflow>" == message_id_header("msg_1", 3)
-    assert mail["X-Notiflow-Message-Id"] == "msg_1"
-    assert mail["X-Notiflow-Attempt"] == "3"
-    assert mail["Date"] == "Mon, 06 May 2024 07:08:09 +0000"
-    assert mail.get_content_type() == "text/plain"
-    assert mail.get_content_charset() == "utf-8"
-    assert "Subject" not in build_message(_message(subject=None), sender="n@example.com",
-                                          now=NOW)
+    assert mail["Subject"] == "Grüße" and "Subject" in mail
+    parsed = _parsed(mail)
+    assert parsed["From"] == "notifications@example.com"
+    assert parsed["To"] == "ada@example.com"
+    assert parsed["Subject"] == "Grüße"
+    assert parsed["Message-ID"] == "<msg_1.3@notiflow>" == message_id_header("msg_1", 3)
+    assert parsed["X-Notiflow-Message-Id"] == "msg_1"
+    assert parsed["X-Notiflow-Attempt"] == "3"
+    assert parsed["Date"] == "Mon, 06 May 2024 07:08:09 +0000"
+    assert parsed["MIME-Version"] == "1.0"
+    assert parsed.get_content_type() == "text/plain"
+    assert parsed.get_content_charset() == "utf-8"
+    no_subject = build_message(_message(subject=None), sender="n@example.com", now=NOW)
+    assert "Subject" not in no_subject and "Subject" not in _parsed(no_subject)
+
+
+@given(st.text(st.characters(blacklist_categories=("Cs", "Cc", "Zl", "Zp")), max_size=300),
+       st.text(st.characters(blacklist_categories=("Cs",)), max_size=3000))
+def test_any_subject_and_body_survive_the_wire(subject: str, body: str) -> None:
+    mail = build_message(_message(subject=subject, body=body), sender="n@example.com",
+                         now=NOW)
+    raw = wire_bytes(mail, utf8=False)
+    assert raw.isascii() and raw.endswith(b"\r\n.\r\n")
+    assert b"\n" not in raw.replace(b"\r\n", b"")
+    assert max(len(line) for line in raw.split(b"\r\n")) <= 998
+    parsed = _parsed(mail)
+    assert " ".join((parsed["Subject"] or "").split()) == " ".join(subject.split())
+    text = body.replace("\r\n", "\n").replace("\r", "\n")
+    expected = text if text.endswith("\n") else text + "\n"
+    assert parsed.get_content().replace("\r\n", "\n") == expected
+
+
+def test_utf8_headers_go_raw_when_smtputf8_was_negotiated() -> None:
+    mail = build_message(_message(recipient="用户@例子.广告"), sender="n@example.com", now=NOW)
+    raw = wire_bytes(mail, utf8=True)
+    assert "To: 用户@例子.广告\r\n".encode() in raw
+    assert "Subject: Grüße\r\n".encode() in raw
 
 
 def test_header_injection_is_refused() -> None:

@@ -1,0 +1,132 @@
+"""``notiflow bench isolation|throughput|scale|soak``: run a benchmark on the local stack and write
+``<out>/<name>.json``, ``<name>.md`` (and ``isolation.png``). The stack is started if it is not
+running, and stopped again afterwards in that case."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.markdown import Markdown
+
+bench_app = typer.Typer(help="Benchmarks on the local stack (figures, not tests).",
+                        no_args_is_help=True)
+console = Console()
+
+Out = Annotated[Path, typer.Option(help="Where results and process logs go.")]
+
+
+@contextlib.contextmanager
+def _stack() -> Iterator[None]:
+    from notiflow.ops.stack import Stack
+    from notiflow.settings import Settings
+
+    stack = Stack(Settings(), log=lambda m: console.print(m, highlight=False))
+    was_up = all(healthy for *_, healthy in stack.status())
+    stack.up()
+    try:
+        yield
+    finally:
+        if not was_up:
+            stack.down()
+
+
+def _log(msg: str) -> None:
+    console.print(f"[dim]{time.strftime('%H:%M:%S')}[/dim] {msg}", highlight=False)
+
+
+def _show(paths: list[Path], markdown: str) -> None:
+    console.print(Markdown(markdown))
+    console.print("wrote " + ", ".join(str(p) for p in paths), highlight=False)
+
+
+@bench_app.command("isolation")
+def isolation(
+    n: Annotated[int, typer.Option("-n", help="P3 campaign size.")] = 200_000,
+    otp_rate: Annotated[float, typer.Option(help="P0 OTPs per second.")] = 20.0,
+    mode: Annotated[list[str] | None, typer.Option(
+        help="tiered and/or shared (default both, in one run).")] = None,
+    max_drain: Annotated[float, typer.Option(help="Give up a mode after this many s.")] = 1800,
+    out: Out = Path("bench/results"),
+) -> None:
+    """P0 latency while a P3 campaign floods the platform: tier-isolated vs shared."""
+    from notiflow.bench import isolation as iso
+    from notiflow.bench.report import isolation_markdown, isolation_plot, write
+
+    modes = mode or ["tiered", "shared"]
+    with _stack():
+        doc = iso.run(out, n=n, otp_rate=otp_rate, modes=modes, max_drain=max_drain,
+                      log=_log)
+    md = isolation_markdown(doc)
+    paths = write(out, "isolation", doc, md)
+    paths.append(isolation_plot(doc, out / "isolation.png"))
+    _show(paths, md)
+
+
+@bench_app.command("throughput")
+def throughput(
+    n: Annotated[int, typer.Option("-n", help="P2 messages per pipeline.")] = 50_000,
+    profile: Annotated[bool, typer.Option(help="py-spy the send and reconcile flows.")] = True,
+    out: Out = Path("bench/results"),
+) -> None:
+    """P2 end to end next to the minimal-pipeline and passthrough ceilings (same run)."""
+    from notiflow.bench import throughput as tp
+    from notiflow.bench.report import throughput_markdown, write
+
+    with _stack():
+        doc = tp.run(out, n=n, profile=profile, log=_log)
+    md = throughput_markdown(doc)
+    _show(write(out, "throughput", doc, md), md)
+
+
+@bench_app.command("scale")
+def scale(
+    n: Annotated[int, typer.Option("-n", help="P2 messages per run.")] = 30_000,
+    processes: Annotated[list[int] | None, typer.Option(
+        "--processes", "-p", help="Bytewax processes per run (default 1, 2, 4).")] = None,
+    out: Out = Path("bench/results"),
+) -> None:
+    """The P2 send flow on 1, 2 and 4 Bytewax processes: the speed-up curve."""
+    from notiflow.bench import throughput as tp
+    from notiflow.bench.report import scale_markdown, write
+
+    with _stack():
+        doc = tp.run_scale(out, n=n, processes=processes or [1, 2, 4], log=_log)
+    md = scale_markdown(doc)
+    _show(write(out, "scale", doc, md), md)
+
+
+@bench_app.command("soak")
+def soak(
+    minutes: Annotated[float, typer.Option(help="How long the load runs.")] = 10.0,
+    p3_rate: Annotated[float, typer.Option(help="P3 messages per second.")] = 50.0,
+    otp_rate: Annotated[float, typer.Option(help="P0 OTPs per second.")] = 20.0,
+    out: Out = Path("bench/results"),
+) -> None:
+    """Steady load on the tier-isolated platform: is each process's memory flat?"""
+    from notiflow.bench import isolation as iso
+    from notiflow.bench.report import soak_markdown, write
+
+    with _stack():
+        doc = iso.run_soak(out, minutes=minutes, p3_rate=p3_rate, otp_rate=otp_rate, log=_log)
+    md = soak_markdown(doc)
+    _show(write(out, "soak", doc, md), md)
+
+
+@bench_app.command("ceiling", hidden=True)
+def ceiling(
+    kind: Annotated[str, typer.Argument(help="minimal or passthrough")],
+    n: Annotated[int, typer.Option("-n")],
+) -> None:
+    """One ceiling pipeline (run by ``bench throughput`` in its own process)."""
+    from notiflow.bench.ceilings import main
+    from notiflow.schemas.enums import Tier
+
+    if kind not in ("minimal", "passthrough"):
+        raise typer.BadParameter("minimal or passthrough")
+    main(kind, Tier.P2, n)

@@ -1,0 +1,361 @@
+"""What every benchmark needs: an isolated namespace on the running local stack, the platform's
+processes, the emulators' timestamps, and CPU/RSS samples of each process.
+
+A :class:`Phase` is one measured configuration: its own topic prefix (fresh topics, so no
+backlog of an earlier phase leaks in), Redis namespace (the prefix), recovery directories and
+processes (emulators, API, flows); the Cassandra keyspace ``notiflow_bench`` is shared by all
+runs (message ids are unique per run). Processes log to ``<out>/logs/<run>-<phase>/``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+from confluent_kafka import Producer
+
+from notiflow.adapters.kafka_io import producer_config
+from notiflow.bench.workload import (
+    TEMPLATE_IDS,
+    TEMPLATES,
+    TENANT_BY_TIER,
+    Generated,
+    PhoneFactory,
+)
+from notiflow.devenv import dev_environment, free_port
+from notiflow.ops.procs import ManagedProcess, ProcessGroup
+from notiflow.ops.stack import Stack
+from notiflow.schemas.enums import Channel, Tier
+from notiflow.settings import Settings
+
+PROVIDERS = ("twilio", "vonage", "sendgrid", "smtp", "fcm", "apns")
+KEYSPACE = "notiflow_bench"
+UNBOUND_RATES = {p: 1_000_000.0 for p in PROVIDERS}
+"""Provider rates for throughput runs: the limiter still runs (one Redis call per lease) but
+never binds, so the figure is the platform's, not a contract's."""
+
+
+@dataclass
+class ProcSample:
+    at: float
+    cpu_s: float
+    rss_mb: float
+
+
+@dataclass
+class Sampler:
+    """Samples CPU time and RSS of named processes every ``interval`` seconds (a thread)."""
+
+    interval: float = 1.0
+    samples: dict[str, list[ProcSample]] = field(default_factory=dict)
+    _procs: dict[str, psutil.Process] = field(default_factory=dict)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def watch(self, name: str, pid: int) -> None:
+        self._procs[name] = psutil.Process(pid)
+        self.samples.setdefault(name, [])
+
+    def start(self) -> Sampler:
+        self._thread = threading.Thread(target=self._run, name="bench-sampler", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        self.sample()
+
+    def sample(self) -> None:
+        now = time.time()
+        for name, proc in list(self._procs.items()):
+            try:
+                with proc.oneshot():
+                    cpu = proc.cpu_times()
+                    rss = proc.memory_info().rss
+            except psutil.Error:
+                continue
+            self.samples[name].append(ProcSample(now, cpu.user + cpu.system, rss / 2**20))
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.sample()
+
+    def cpu_between(self, name: str, t0: float, t1: float) -> float:
+        """CPU seconds ``name`` used between two instants (nearest samples)."""
+        s = self.samples.get(name, [])
+        if not s:
+            return 0.0
+        a = min(s, key=lambda x: abs(x.at - t0))
+        b = min(s, key=lambda x: abs(x.at - t1))
+        return max(0.0, b.cpu_s - a.cpu_s)
+
+    def rss_at(self, name: str, t: float) -> float:
+        """RSS in MiB of the sample nearest to ``t``."""
+        s = self.samples.get(name, [])
+        return min(s, key=lambda x: abs(x.at - t)).rss_mb if s else 0.0
+
+    def rss(self, name: str) -> tuple[float, float, float]:
+        """(first, last, max) RSS in MiB."""
+        s = self.samples.get(name, [])
+        if not s:
+            return (0.0, 0.0, 0.0)
+        return (s[0].rss_mb, s[-1].rss_mb, max(x.rss_mb for x in s))
+
+
+class Phase:
+    """One isolated configuration of the platform on the running stack."""
+
+    def __init__(self, name: str, out: Path, run_id: str, *, mode: str = "tiered",
+                 extra_env: Mapping[str, str] | None = None) -> None:
+        self.name = name
+        self.log_dir = out / "logs" / f"{run_id}-{name}"
+        self.recovery = out / "recovery" / f"{run_id}-{name}"
+        self.api_port, self.fakes_port = free_port(), free_port()
+        env, self.tokens = dev_environment(
+            api_port=self.api_port, fakes_port=self.fakes_port,
+            extra={"NOTIFLOW_TOPIC_PREFIX": f"bench-{run_id}-{name}-",
+                   "NOTIFLOW_CASSANDRA_KEYSPACE": KEYSPACE, "NOTIFLOW_MODE": mode,
+                   "NOTIFLOW_LOG_FORMAT": "text", **(extra_env or {})})
+        self.env = {**os.environ, **env}
+        self.settings = _settings(env)
+        self.group = ProcessGroup()
+        self.sampler = Sampler()
+        self.api = f"http://127.0.0.1:{self.api_port}"
+        self.fakes = f"http://127.0.0.1:{self.fakes_port}"
+
+    def prepare(self) -> None:
+        """Topics of this prefix and the bench keyspace's migrations (the stack is up)."""
+        Stack(self.settings, log=lambda _m: None).init()
+
+    def start(self, name: str, args: list[str], *, ready: str | None = None,
+              http: str | None = None, timeout: float = 120.0) -> ManagedProcess:
+        proc = self.group.add(ManagedProcess(name, args, self.log_dir, self.env)).start()
+        if http:
+            proc.wait_http(http, timeout=timeout)
+        if ready:
+            proc.wait_until(lambda: ready in _read(proc.log_path), timeout=timeout)
+        assert proc.proc is not None
+        self.sampler.watch(name, proc.proc.pid)
+        return proc
+
+    def watch_stack(self) -> None:
+        """Sample the stack's own processes too (Kafka, Cassandra, Redis): on one machine
+        their CPU is part of every message's cost."""
+        for name, pid, _port, healthy in Stack(self.settings, log=lambda _m: None).status():
+            if pid and healthy:
+                self.sampler.watch(name, pid)
+
+    def start_platform(self, *, api: bool = True, reconcile: bool = True) -> None:
+        self.watch_stack()
+        self.start("fakes", ["fakes"], http=f"{self.fakes}/_admin/health")
+        if api:
+            self.start("api", ["api"], http=f"{self.api}/healthz")
+        if reconcile:
+            self.start("reconcile", ["flow", "reconcile", "--recovery-dir",
+                                     str(self.recovery / "reconcile")], ready="starting")
+
+    def start_send(self, tier: Tier | None, *, processes: int = 1) -> list[ManagedProcess]:
+        """The send flow of ``tier`` (None: the shared baseline) as a Bytewax cluster of
+        ``processes`` processes."""
+        base = "send-shared" if tier is None else f"send-{tier.value.lower()}"
+        args = ["flow", "send", *(["--mode", "shared"] if tier is None
+                                  else ["--tier", tier.value])]
+        args += ["--recovery-dir", str(self.recovery / base)]
+        if processes > 1:
+            addrs = ";".join(f"127.0.0.1:{free_port()}" for _ in range(processes))
+            args += ["-a", addrs]
+        procs = []
+        for i in range(processes):
+            extra = ["-i", str(i)] if processes > 1 else []
+            name = base if processes == 1 else f"{base}-{i}"
+            procs.append(self.group.add(ManagedProcess(name, [*args, *extra], self.log_dir,
+                                                       self.env)).start())
+        for p in procs:
+            p.wait_until(lambda p=p: "dispatcher ready" in _read(p.log_path), timeout=180)
+            assert p.proc is not None
+            self.sampler.watch(p.name, p.proc.pid)
+        return procs
+
+    def check_alive(self) -> None:
+        dead = [p for p in self.group.procs if not p.alive]
+        if dead:
+            raise RuntimeError("; ".join(f"{p.name} exited:\n{p.tail(20)}" for p in dead))
+
+    def stop(self) -> None:
+        self.sampler.stop()
+        self.group.stop_all()
+
+    def templates(self, tenants: Iterable[str]) -> dict[tuple[str, Channel], int]:
+        """Create the bench templates of every channel for ``tenants``."""
+        versions: dict[tuple[str, Channel], int] = {}
+        with httpx.Client(base_url=self.api, timeout=30) as client:
+            for tenant in tenants:
+                for channel, parts in TEMPLATES.items():
+                    r = client.post("/v1/templates", headers=self.auth(tenant), json={
+                        "template_id": TEMPLATE_IDS[channel], "channel": channel.value,
+                        **parts})
+                    r.raise_for_status()
+                    versions[(tenant, channel)] = int(r.json()["version"])
+        return versions
+
+    def auth(self, tenant: str) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.tokens[tenant]}"}
+
+    def accepted_count(self, prefix: str | None = None) -> int:
+        """Requests the emulators accepted so far (every provider); with ``prefix``, distinct
+        message ids with that prefix that were accepted."""
+        total = 0
+        for p in PROVIDERS:
+            r = httpx.get(f"{self.fakes}/_admin/{p}/stats",
+                          params={"prefix": prefix} if prefix else None, timeout=30)
+            if r.status_code == 200:
+                doc = r.json()
+                total += int(doc.get("accepted_with_prefix", 0) if prefix
+                             else doc.get("accepted", 0))
+        return total
+
+    def first_accepts(self) -> dict[str, float]:
+        """message_id → the emulator's receipt time of its first accepted request."""
+        first: dict[str, float] = {}
+        for p in PROVIDERS:
+            r = httpx.get(f"{self.fakes}/_admin/{p}/messages",
+                          params={"fields": "received_at,message_id,outcome"}, timeout=120)
+            if r.status_code != 200:
+                continue
+            for rec in r.json():
+                mid = rec.get("message_id")
+                if mid and rec.get("outcome") == "accepted":
+                    at = float(rec["received_at"])
+                    if at < first.get(mid, float("inf")):
+                        first[mid] = at
+        return first
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")
+    except OSError:
+        return ""
+
+
+def _settings(env: Mapping[str, str]) -> Settings:
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        return Settings()
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+class CampaignProducer:
+    """Produces generated records to their ingest topics as fast as Kafka takes them (the
+    producer settings every notiflow producer uses: acks=all, idempotent), in a thread."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.producer = Producer(producer_config(settings, **{"linger.ms": 20,
+                                                              "batch.size": 1_000_000}))
+        self.accepted_at: dict[str, float] = {}
+        self.failed = 0
+        self.started = self.finished = 0.0
+
+    def produce(self, items: Iterable[Generated], tier: Tier, rate: float | None = None
+                ) -> None:
+        """Produce every item (``rate``: at most that many per second, for steady loads)."""
+        def failed(err: Any, _msg: Any) -> None:
+            if err is not None:
+                self.failed += 1
+
+        self.started = time.time()
+        for i, g in enumerate(items):
+            if rate:
+                ahead = self.started + i / rate - time.time()
+                if ahead > 0:
+                    self.producer.poll(ahead)
+            topic = self.settings.ingest_topic(g.channel, tier)
+            while True:
+                try:
+                    self.producer.produce(topic, g.value, key=g.message_id.encode(),
+                                          on_delivery=failed)
+                    break
+                except BufferError:
+                    self.producer.poll(0.05)
+            self.accepted_at[g.message_id] = time.time()
+            self.producer.poll(0)
+        left = self.producer.flush(120)
+        if left or self.failed:
+            raise RuntimeError(f"campaign producer: {left} undelivered, {self.failed} failed")
+        self.finished = time.time()
+
+
+async def send_otps(phase: Phase, versions: dict[tuple[str, Channel], int], rate: float,
+                    stop: threading.Event, phones: PhoneFactory, key_prefix: str, *,
+                    max_count: int | None = None) -> tuple[dict[str, float], int]:
+    """P0 OTPs through the API at a steady ``rate`` until ``stop`` is set: message_id →
+    accepted_at (the API's), and the number refused."""
+    tenant = TENANT_BY_TIER[Tier.P0]
+    accepted: dict[str, float] = {}
+    refused = 0
+    interval = 1.0 / rate
+    async with httpx.AsyncClient(base_url=phase.api, timeout=30,
+                                 headers=phase.auth(tenant)) as client:
+        tasks: set[asyncio.Task[None]] = set()
+
+        async def one(i: int) -> None:
+            nonlocal refused
+            r = await client.post("/v1/messages", headers={"Idempotency-Key": f"{key_prefix}-{i}"},
+                                  json={"channel": "SMS", "tier": "P0", "category": "otp",
+                                        "recipient": phones.take(),
+                                        "template_id": TEMPLATE_IDS[Channel.SMS],
+                                        "template_version": versions[(tenant, Channel.SMS)],
+                                        "variables": {"brand": "Notiflow", "headline": "code",
+                                                      "code": f"{i % 1_000_000:06d}"}})
+            if r.status_code == 202:
+                doc = r.json()
+                accepted[doc["message_id"]] = _ts(doc["accepted_at"])
+            else:
+                refused += 1
+
+        t0 = time.monotonic()
+        i = 0
+        while not stop.is_set() and (max_count is None or i < max_count):
+            task = asyncio.create_task(one(i))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+            i += 1
+            await asyncio.sleep(max(0.0, t0 + i * interval - time.monotonic()))
+        if tasks:
+            await asyncio.gather(*tasks)
+    return accepted, refused
+
+
+def _ts(iso: str) -> float:
+    from datetime import datetime
+
+    return datetime.fromisoformat(iso).timestamp()
+
+
+def wait_until(check: Any, timeout: float, interval: float = 1.0, phase: Phase | None = None
+               ) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if phase is not None:
+            phase.check_alive()
+        if check():
+            return True
+        time.sleep(interval)
+    return False

@@ -1,0 +1,148 @@
+"""``notiflow bench isolation``: a P3 campaign flood and P0 OTPs at a steady rate, in the
+tier-isolated platform and in the ``shared`` baseline, measured in one run.
+
+Per mode: a fresh phase (topics, processes); the P3 campaign (``n`` records, the workload's
+channel mix) is produced to the ingest topics as fast as Kafka takes them, while P0 OTPs go
+through the Messaging API at ``otp_rate``/s until the campaign has drained (every P3 message
+accepted by an emulator) or ``max_drain`` seconds passed. Latency = the emulator's receipt time
+of a message's first accepted request - its acceptance time (the API's ``accepted_at`` for
+OTPs, the moment the record was handed to the producer for the campaign): one machine, one
+clock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from notiflow.bench.harness import CampaignProducer, Phase, send_otps, wait_until
+from notiflow.bench.stats import summary
+from notiflow.bench.workload import REGIONS, PhoneFactory, Workload, records
+from notiflow.schemas.enums import Tier
+
+TIMELINE_POINTS = 4000
+"""Points per tier kept in the JSON timeline (the plot uses all of them)."""
+
+
+def run_mode(mode: str, out: Path, run_id: str, n: int, otp_rate: float, max_drain: float,
+             log: Callable[[str], None], p3_rate: float | None = None) -> dict[str, Any]:
+    """One mode; ``p3_rate``: produce the campaign at that steady rate instead of a flood
+    (the soak run)."""
+    phase = Phase(f"isolation-{mode}", out, run_id, mode=mode)
+    phase.prepare()
+    try:
+        phase.start_platform()
+        if mode == "shared":
+            phase.start_send(None)
+        else:
+            for tier in (Tier.P0, Tier.P3):
+                phase.start_send(tier)
+        phase.sampler.start()
+        versions = phase.templates(["acme", "mkt"])
+        workload = Workload(f"{run_id}{mode[0]}")
+        phones = PhoneFactory(REGIONS, datetime.now(UTC), start=500_000)
+
+        warm = CampaignProducer(phase.settings)
+        warm.produce(records(Workload(f"warm{run_id}{mode[0]}"), Tier.P3, 20, versions),
+                     Tier.P3)
+        otps_warm, _ = asyncio.run(send_otps(phase, versions, 10, threading.Event(), phones,
+                                             f"warm-{run_id}-{mode}", max_count=5))
+        if not wait_until(lambda: phase.accepted_count() >= 25, 120, phase=phase):
+            raise RuntimeError(f"{mode}: the warm-up messages never reached the emulators")
+        log(f"{mode}: warm; flooding P3 with {n} messages, P0 OTPs at {otp_rate}/s")
+
+        campaign = CampaignProducer(phase.settings)
+        flood = threading.Thread(target=campaign.produce,
+                                 args=(records(workload, Tier.P3, n, versions), Tier.P3,
+                                       p3_rate))
+        stop = threading.Event()
+        otp_result: dict[str, Any] = {}
+
+        def otp_loop() -> None:
+            otp_result["accepted"], otp_result["refused"] = asyncio.run(send_otps(
+                phase, versions, otp_rate, stop, phones, f"otp-{run_id}-{mode}"))
+
+        otps = threading.Thread(target=otp_loop)
+        t0 = time.time()
+        flood.start()
+        otps.start()
+        drained = wait_until(lambda: phase.accepted_count(workload.prefix) >= n,
+                             max_drain, interval=2.0, phase=phase)
+        stop.set()
+        otps.join()
+        flood.join()
+        accepted_otps: dict[str, float] = otp_result.get("accepted", {})
+        wait_until(lambda: phase.accepted_count("msg_") - phase.accepted_count("msg_bench_")
+                   >= len(accepted_otps) + len(otps_warm), 60)
+        t1 = time.time()
+        first = phase.first_accepts()
+        phase.check_alive()
+    finally:
+        phase.stop()
+    return _figures(mode, n, otp_rate, drained, t0, t1, campaign, accepted_otps,
+                    otp_result.get("refused", 0), first, phase)
+
+
+def _figures(mode: str, n: int, otp_rate: float, drained: bool, t0: float, t1: float,
+             campaign: CampaignProducer, otps: dict[str, float], refused: int,
+             first: dict[str, float], phase: Phase) -> dict[str, Any]:
+    p0 = [(first[m], (first[m] - at) * 1000) for m, at in otps.items() if m in first]
+    p3 = [(first[m], (first[m] - at) * 1000) for m, at in campaign.accepted_at.items()
+          if m in first]
+    p3_times = [t for t, _ in p3]
+    drain_s = (max(p3_times) - min(p3_times)) if p3_times else None
+    processes = {}
+    for name in phase.sampler.samples:
+        cpu = phase.sampler.cpu_between(name, t0, t1)
+        _start, _end, peak = phase.sampler.rss(name)
+        processes[name] = {"cpu_s": round(cpu, 2),
+                           "rss_start_mb": round(phase.sampler.rss_at(name, t0), 1),
+                           "rss_end_mb": round(phase.sampler.rss_at(name, t1), 1),
+                           "rss_max_mb": round(peak, 1)}
+    return {
+        "mode": mode, "n": n, "otp_rate": otp_rate, "drained": drained,
+        "wall_s": round(t1 - t0, 1),
+        "produce_rate": round(n / max(1e-9, campaign.finished - campaign.started)),
+        "p0": {**summary([lat for _, lat in p0]), "sent": len(otps), "refused": refused,
+               "missing": len(otps) - len(p0)},
+        "p3": {**summary([lat for _, lat in p3]), "missing": n - len(p3),
+               "drain_s": round(drain_s, 1) if drain_s else None,
+               "drain_rate": round(len(p3) / drain_s) if drain_s else None},
+        "timeline": {"p0": [(round(t - t0, 3), round(lat, 1)) for t, lat in sorted(p0)],
+                     "p3": _thin([(round(t - t0, 3), round(lat, 1)) for t, lat in sorted(p3)])},
+        "processes": processes,
+    }
+
+
+def _thin(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    step = max(1, len(points) // TIMELINE_POINTS)
+    return points[::step]
+
+
+def run(out: Path, *, n: int, otp_rate: float, modes: list[str], max_drain: float,
+        log: Callable[[str], None]) -> dict[str, Any]:
+    run_id = uuid.uuid4().hex[:6]
+    results = {m: run_mode(m, out, run_id, n, otp_rate, max_drain, log) for m in modes}
+    doc: dict[str, Any] = {"bench": "isolation", "run_id": run_id, "modes": results}
+    tiered, shared = results.get("tiered"), results.get("shared")
+    if tiered and shared and tiered["p0"]["p99"] and shared["p0"]["p99"]:
+        doc["p0_p99_ratio_shared_over_tiered"] = round(shared["p0"]["p99"]
+                                                       / tiered["p0"]["p99"], 1)
+    return doc
+
+
+def run_soak(out: Path, *, minutes: float, p3_rate: float, otp_rate: float,
+             log: Callable[[str], None]) -> dict[str, Any]:
+    """Tier-isolated platform under a steady P3 load and P0 OTPs for ``minutes``: latency and
+    each process's RSS when the load started and when it ended."""
+    run_id = uuid.uuid4().hex[:6]
+    n = int(minutes * 60 * p3_rate)
+    r = run_mode("tiered", out, run_id, n, otp_rate, minutes * 60 + 600, log, p3_rate=p3_rate)
+    return {"bench": "soak", "run_id": run_id, "minutes": minutes, "p3_rate": p3_rate,
+            "modes": {"soak": r}}

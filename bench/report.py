@@ -1,0 +1,163 @@
+"""Benchmark results as files a person reads: ``<name>.json``, ``<name>.md`` (Markdown tables)
+and, for the isolation run, ``isolation.png`` (latency over time per mode)."""
+
+from __future__ import annotations
+
+import json
+import platform
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+
+def machine() -> dict[str, Any]:
+    """What the figures were measured on."""
+    return {"cpus": psutil.cpu_count(), "memory_gb": round(psutil.virtual_memory().total / 2**30),
+            "python": platform.python_version(), "system": platform.platform(terse=True)}
+
+
+def _ms(v: float | None) -> str:
+    if v is None:
+        return "-"
+    return f"{v / 1000:.1f} s" if v >= 10_000 else f"{v:.0f} ms"
+
+
+def _num(v: float | None, unit: str = "") -> str:
+    return "-" if v is None else f"{v:,.0f}{unit}"
+
+
+def isolation_markdown(doc: dict[str, Any]) -> str:
+    rows = ["| mode | P0 sent | P0 p50 | P0 p99 | P0 max | P3 n | P3 p50 | P3 p99 | P3 max "
+            "| P3 drain | campaign produced at | drained |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for mode, r in doc["modes"].items():
+        p0, p3 = r["p0"], r["p3"]
+        rows.append(f"| {mode} | {p0['sent']} ({p0['missing']} missing) | {_ms(p0['p50'])} | "
+                    f"{_ms(p0['p99'])} | {_ms(p0['max'])} | {p3['n']} ({p3['missing']} "
+                    f"missing) | {_ms(p3['p50'])} | {_ms(p3['p99'])} | {_ms(p3['max'])} | "
+                    f"{_num(p3['drain_rate'], '/s')} over {p3['drain_s']} s | "
+                    f"{_num(r['produce_rate'], '/s')} | {r['drained']} |")
+    out = ["## Isolation: P0 OTPs during a P3 campaign flood", "", *rows, ""]
+    if "p0_p99_ratio_shared_over_tiered" in doc:
+        out.append(f"P0 p99, shared ÷ tier-isolated: **{doc['p0_p99_ratio_shared_over_tiered']}"
+                   "x** (same run).")
+        out.append("")
+    out += _process_table({m: r["processes"] for m, r in doc["modes"].items()})
+    return "\n".join(out)
+
+
+def soak_markdown(doc: dict[str, Any]) -> str:
+    r = doc["modes"]["soak"]
+    rows = ["| process | RSS at load start MiB | RSS at end MiB | growth | max MiB | CPU s |",
+            "|---|---|---|---|---|---|"]
+    for name, p in r["processes"].items():
+        growth = p["rss_end_mb"] - p["rss_start_mb"]
+        rows.append(f"| {name} | {p['rss_start_mb']} | {p['rss_end_mb']} | {growth:+.1f} | "
+                    f"{p['rss_max_mb']} | {p['cpu_s']} |")
+    p0, p3 = r["p0"], r["p3"]
+    return "\n".join([
+        f"## Soak: {doc['minutes']} minutes, P3 at {doc['p3_rate']}/s and P0 at "
+        f"{r['otp_rate']}/s (tier-isolated)", "",
+        f"P0: {p0['n']} sent, p50 {_ms(p0['p50'])}, p99 {_ms(p0['p99'])}, max {_ms(p0['max'])};"
+        f" P3: {p3['n']} of {r['n']}, p50 {_ms(p3['p50'])}, p99 {_ms(p3['p99'])}.", "",
+        *rows, ""])
+
+
+def _process_table(by_phase: dict[str, dict[str, Any]]) -> list[str]:
+    rows = ["| phase | process | CPU s | RSS start MiB | RSS end MiB | RSS max MiB |",
+            "|---|---|---|---|---|---|"]
+    for phase, procs in by_phase.items():
+        for name, p in procs.items():
+            rows.append(f"| {phase} | {name} | {p['cpu_s']} | {p['rss_start_mb']} | "
+                        f"{p['rss_end_mb']} | {p['rss_max_mb']} |")
+    return ["### Processes", "", *rows, ""]
+
+
+def throughput_markdown(doc: dict[str, Any]) -> str:
+    e2e, minimal, passthrough = doc["e2e"], doc["minimal"], doc["passthrough"]
+    rows = [
+        "| pipeline | messages | rate (msg/s) | steady rate | CPU ms/msg |",
+        "|---|---|---|---|---|",
+        f"| notiflow P2 end to end (ingest → provider → status in Cassandra) | {e2e['n']} | "
+        f"{_num(e2e['rate'])} | {_num(e2e['steady_rate'])} | {e2e['cpu_ms_per_msg']} |",
+        f"| (a) minimal pipeline (one provider request + one status write) | {minimal['n']} | "
+        f"{_num(minimal['rate'])} | {_num(minimal.get('steady_rate'))} | "
+        f"{minimal['cpu_ms_per_msg']} |",
+        f"| (b) confluent-kafka consume → produce passthrough | {passthrough['n']} | "
+        f"{_num(passthrough['rate'])} | - | {passthrough['cpu_ms_per_msg']} |",
+    ]
+    out = ["## Throughput: P2 end to end against the I/O ceiling", "", *rows, "",
+           f"End to end ÷ minimal pipeline: **{doc['ratio_minimal']:.0%}**; "
+           f"÷ passthrough: **{doc['ratio_passthrough']:.1%}** (same run).", ""]
+    for label, r in (("end to end", e2e), ("minimal pipeline", minimal),
+                     ("passthrough", passthrough)):
+        cpu = r.get("cpu_by_process", {})
+        if cpu:
+            out += [f"CPU ms per message by process ({label}): " + ", ".join(
+                f"{k} {v}" for k, v in cpu.items()), ""]
+    for proc, prof in doc.get("profile", {}).items():
+        samples = int(prof["samples"][0][1]) if prof["samples"] else 0
+        out += [f"### Profile of {proc} (py-spy, {samples} samples)",
+                "", "| top stages (inclusive) | share | top functions (self) | share |",
+                "|---|---|---|---|"]
+        for i in range(max(len(prof["stages"]), len(prof["self"]))):
+            st = prof["stages"][i] if i < len(prof["stages"]) else ("", 0)
+            se = prof["self"][i] if i < len(prof["self"]) else ("", 0)
+            out.append(f"| `{st[0]}` | {st[1]:.0%} | `{se[0]}` | {se[1]:.0%} |")
+        out.append("")
+    out += _process_table({"e2e": e2e["procs"]})
+    return "\n".join(out)
+
+
+def scale_markdown(doc: dict[str, Any]) -> str:
+    rows = ["| processes | provider-accepted rate (msg/s) | status-written rate (msg/s) | "
+            "speed-up | CPU ms/msg (send) |", "|---|---|---|---|---|"]
+    base = None
+    for r in doc["runs"]:
+        base = base or r["steady_rate"]
+        speed = (r["steady_rate"] / base) if base and r["steady_rate"] else None
+        rows.append(f"| {r['processes']} | {_num(r['steady_rate'])} | {_num(r['rate'])} | "
+                    f"{'-' if speed is None else f'{speed:.2f}x'} | {r['cpu_ms_per_msg']} |")
+    return "\n".join(["## Scale: one tier's send flow on 1, 2, 4 Bytewax processes", "",
+                      *rows, ""])
+
+
+def write(out: Path, name: str, doc: dict[str, Any], markdown: str) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    doc = {**doc, "machine": machine()}
+    js = out / f"{name}.json"
+    js.write_text(json.dumps(doc, indent=1, default=str))
+    md = out / f"{name}.md"
+    md.write_text(markdown + f"\nMachine: {doc['machine']}\n")
+    return [js, md]
+
+
+def isolation_plot(doc: dict[str, Any], path: Path) -> Path:
+    """Latency (acceptance → provider acceptance) over time, one panel per mode; P0 and P3."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    modes = list(doc["modes"].items())
+    fig, axes = plt.subplots(1, len(modes), figsize=(6.5 * len(modes), 4.5), squeeze=False,
+                             sharey=True)
+    for ax, (mode, r) in zip(axes[0], modes, strict=True):
+        for tier, color, size in (("p3", "tab:orange", 2), ("p0", "tab:blue", 6)):
+            pts = r["timeline"][tier]
+            if pts:
+                ax.scatter([t for t, _ in pts], [max(lat, 1.0) for _, lat in pts], s=size,
+                           c=color, label=f"{tier.upper()} (n={r[tier]['n']})", alpha=0.6)
+        ax.axhline(1000, color="tab:red", linestyle="--", linewidth=1, label="P0 SLA 1 s")
+        ax.set_yscale("log")
+        ax.set_title(f"{mode}: P0 p99 {_ms(r['p0']['p99'])}, P3 drained in "
+                     f"{r['p3']['drain_s']} s")
+        ax.set_xlabel("seconds since the flood started (emulator receipt time)")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(loc="upper left", markerscale=3)
+    axes[0][0].set_ylabel("acceptance → provider acceptance (ms, log)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

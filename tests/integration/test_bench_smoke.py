@@ -1,0 +1,45 @@
+"""A smoke run of every benchmark with a small N on the real stack: it keeps ``notiflow bench``
+working (the figures themselves are not judged here; see bench/README.md)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from notiflow.bench import isolation, throughput
+from notiflow.bench.report import isolation_markdown, isolation_plot, throughput_markdown, write
+from notiflow.settings import Settings
+
+pytestmark = pytest.mark.integration
+
+
+def test_isolation_smoke(stack: Settings, tmp_path: Path) -> None:
+    doc = isolation.run(tmp_path, n=150, otp_rate=5, modes=["tiered", "shared"],
+                        max_drain=180, log=print)
+    for mode in ("tiered", "shared"):
+        r = doc["modes"][mode]
+        assert r["drained"], mode
+        assert r["p3"]["missing"] == 0 and r["p3"]["n"] == 150
+        assert r["p0"]["sent"] > 0 and r["p0"]["missing"] == 0 and r["p0"]["refused"] == 0
+        assert 0 < r["p0"]["p50"] <= r["p0"]["p99"] <= r["p0"]["max"]
+        assert {"send-p0", "send-p3"} <= r["processes"].keys() if mode == "tiered" else True
+    assert doc["p0_p99_ratio_shared_over_tiered"] > 0
+    paths = write(tmp_path, "isolation", doc, isolation_markdown(doc))
+    png = isolation_plot(doc, tmp_path / "isolation.png")
+    assert json.loads(paths[0].read_text())["machine"]["cpus"] >= 1
+    assert png.stat().st_size > 10_000
+
+
+def test_throughput_and_scale_smoke(stack: Settings, tmp_path: Path) -> None:
+    doc = throughput.run(tmp_path, n=300, profile=True, log=print)
+    assert doc["e2e"]["status_written"] == 300 and doc["e2e"]["provider_done"]
+    assert doc["minimal"]["n"] == 300 and doc["passthrough"]["n"] == 300
+    assert doc["minimal"]["outcomes"] == {"accepted": 300}
+    assert doc["ratio_minimal"] > 0 and 0 < doc["ratio_passthrough"] < 1
+    assert doc["profile"]["send-p2"]["stages"], "py-spy saw the send flow"
+    assert "Profile of send-p2" in throughput_markdown(doc)
+    scale = throughput.run_scale(tmp_path, n=200, processes=[1, 2], log=print)
+    assert [r["processes"] for r in scale["runs"]] == [1, 2]
+    assert all(r["status_written"] == 200 and r["rate"] > 0 for r in scale["runs"])
