@@ -104,6 +104,18 @@ class Sampler:
         s = self.samples.get(name, [])
         return min(s, key=lambda x: abs(x.at - t)).rss_mb if s else 0.0
 
+    def table(self, t0: float, t1: float) -> dict[str, dict[str, float]]:
+        """Per process: CPU seconds between ``t0`` and ``t1``, RSS (MiB) at both instants, and
+        the highest RSS sampled."""
+        out = {}
+        for name in self.samples:
+            out[name] = {"cpu_s": round(self.cpu_between(name, t0, t1), 2),
+                         "rss_start_mb": round(self.rss_at(name, t0), 1),
+                         "rss_mid_mb": round(self.rss_at(name, (t0 + t1) / 2), 1),
+                         "rss_end_mb": round(self.rss_at(name, t1), 1),
+                         "rss_max_mb": round(self.rss(name)[2], 1)}
+        return out
+
     def rss(self, name: str) -> tuple[float, float, float]:
         """(first, last, max) RSS in MiB."""
         s = self.samples.get(name, [])
@@ -306,7 +318,7 @@ async def send_otps(phase: Phase, versions: dict[tuple[str, Channel], int], rate
                     stop: threading.Event, phones: PhoneFactory, key_prefix: str, *,
                     max_count: int | None = None) -> tuple[dict[str, float], int]:
     """P0 OTPs through the API at a steady ``rate`` until ``stop`` is set: message_id →
-    accepted_at (the API's), and the number refused."""
+    accepted_at (the API's), and the number refused (not 202, or no answer in three tries)."""
     tenant = TENANT_BY_TIER[Tier.P0]
     accepted: dict[str, float] = {}
     refused = 0
@@ -317,13 +329,21 @@ async def send_otps(phase: Phase, versions: dict[tuple[str, Channel], int], rate
 
         async def one(i: int) -> None:
             nonlocal refused
-            r = await client.post("/v1/messages", headers={"Idempotency-Key": f"{key_prefix}-{i}"},
-                                  json={"channel": "SMS", "tier": "P0", "category": "otp",
-                                        "recipient": phones.take(),
-                                        "template_id": TEMPLATE_IDS[Channel.SMS],
-                                        "template_version": versions[(tenant, Channel.SMS)],
-                                        "variables": {"brand": "Notiflow", "headline": "code",
-                                                      "code": f"{i % 1_000_000:06d}"}})
+            body = {"channel": "SMS", "tier": "P0", "category": "otp",
+                    "recipient": phones.take(), "template_id": TEMPLATE_IDS[Channel.SMS],
+                    "template_version": versions[(tenant, Channel.SMS)],
+                    "variables": {"brand": "Notiflow", "headline": "code",
+                                  "code": f"{i % 1_000_000:06d}"}}
+            for _ in range(3):  # a dropped connection: retry with the same key (idempotent)
+                try:
+                    r = await client.post("/v1/messages", json=body,
+                                          headers={"Idempotency-Key": f"{key_prefix}-{i}"})
+                    break
+                except httpx.TransportError:
+                    await asyncio.sleep(0.1)
+            else:
+                refused += 1
+                return
             if r.status_code == 202:
                 doc = r.json()
                 accepted[doc["message_id"]] = _ts(doc["accepted_at"])

@@ -97,14 +97,7 @@ def _figures(mode: str, n: int, otp_rate: float, drained: bool, t0: float, t1: f
           if m in first]
     p3_times = [t for t, _ in p3]
     drain_s = (max(p3_times) - min(p3_times)) if p3_times else None
-    processes = {}
-    for name in phase.sampler.samples:
-        cpu = phase.sampler.cpu_between(name, t0, t1)
-        _start, _end, peak = phase.sampler.rss(name)
-        processes[name] = {"cpu_s": round(cpu, 2),
-                           "rss_start_mb": round(phase.sampler.rss_at(name, t0), 1),
-                           "rss_end_mb": round(phase.sampler.rss_at(name, t1), 1),
-                           "rss_max_mb": round(peak, 1)}
+    processes = phase.sampler.table(t0, t1)
     return {
         "mode": mode, "n": n, "otp_rate": otp_rate, "drained": drained,
         "wall_s": round(t1 - t0, 1),

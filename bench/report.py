@@ -49,12 +49,12 @@ def isolation_markdown(doc: dict[str, Any]) -> str:
 
 def soak_markdown(doc: dict[str, Any]) -> str:
     r = doc["modes"]["soak"]
-    rows = ["| process | RSS at load start MiB | RSS at end MiB | growth | max MiB | CPU s |",
-            "|---|---|---|---|---|---|"]
+    rows = ["| process | RSS at load start MiB | at half time | at end | growth, 2nd half | "
+            "max MiB | CPU s |", "|---|---|---|---|---|---|---|"]
     for name, p in r["processes"].items():
-        growth = p["rss_end_mb"] - p["rss_start_mb"]
-        rows.append(f"| {name} | {p['rss_start_mb']} | {p['rss_end_mb']} | {growth:+.1f} | "
-                    f"{p['rss_max_mb']} | {p['cpu_s']} |")
+        mid = p.get("rss_mid_mb", p["rss_start_mb"])
+        rows.append(f"| {name} | {p['rss_start_mb']} | {mid} | {p['rss_end_mb']} | "
+                    f"{p['rss_end_mb'] - mid:+.1f} | {p['rss_max_mb']} | {p['cpu_s']} |")
     p0, p3 = r["p0"], r["p3"]
     return "\n".join([
         f"## Soak: {doc['minutes']} minutes, P3 at {doc['p3_rate']}/s and P0 at "

@@ -139,24 +139,13 @@ def run_e2e(out: Path, run_id: str, n: int, *, processes: int = 1, profile: bool
         "steady_rate": _round(steady_rate(first[m] for m in ids)),
         "cpu_ms_per_msg": round((send_cpu + recon_cpu) * 1000 / n, 2),
         "send_cpu_ms_per_msg": round(send_cpu * 1000 / n, 2),
-        "cpu_by_process": cpu_by, "procs": _rss(phase), "profile": profiles,
+        "cpu_by_process": cpu_by, "procs": phase.sampler.table(t0, t_end),
+        "profile": profiles,
     }
 
 
 def _round(v: float | None) -> float | None:
     return None if v is None else round(v, 1)
-
-
-def _rss(phase: Phase) -> dict[str, Any]:
-    out = {}
-    for name in phase.sampler.samples:
-        start, end, peak = phase.sampler.rss(name)
-        out[name] = {"cpu_s": round(phase.sampler.samples[name][-1].cpu_s
-                                    - phase.sampler.samples[name][0].cpu_s, 2)
-                     if phase.sampler.samples[name] else 0,
-                     "rss_start_mb": round(start, 1), "rss_end_mb": round(end, 1),
-                     "rss_max_mb": round(peak, 1)}
-    return out
 
 
 def run_ceiling(kind: str, out: Path, run_id: str, n: int,

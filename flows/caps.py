@@ -8,7 +8,7 @@ window. A message is counted once however often it comes back (retries, replays)
 from __future__ import annotations
 
 from collections.abc import Iterable
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 
 from bytewax.operators import StatefulLogic
 
@@ -27,12 +27,21 @@ def cap_key(work: Work) -> str:
 
 
 class RecipientCap(StatefulLogic[Work, Work | StatusEvent, Counted]):
-    """State: (time, message_id) of the messages let through in the current window."""
+    """State: (time, message_id) of the messages let through in the current window. The
+    state of a recipient is discarded when its last entry leaves the window (a timer), not
+    only when the recipient's next message arrives: a campaign reaches millions of
+    recipients once each, and ``notiflow bench soak`` saw the send flows grow with every new
+    recipient."""
 
     def __init__(self, resume: Counted | None, settings: Settings, clock: Clock) -> None:
         self.sent: Counted = list(resume or [])
         self.settings = settings
         self.clock = clock
+        self.window: timedelta | None = None
+        """The key's cap window (known from its first item; a resumed state uses the
+        longest window of any cap until then)."""
+        self.longest = max((settings.scaled(r.window) for r in settings.caps.values()),
+                           default=timedelta(0))
 
     def _rule(self, category: Category) -> CapRule | None:
         return self.settings.caps.get(category)
@@ -42,7 +51,7 @@ class RecipientCap(StatefulLogic[Work, Work | StatusEvent, Counted]):
         if rule is None:
             return [value], StatefulLogic.DISCARD
         now = self.clock()
-        window = self.settings.scaled(rule.window)
+        window = self.window = self.settings.scaled(rule.window)
         self.sent = [(t, m) for t, m in self.sent if now - t < window]
         if any(m == value.message_id for _, m in self.sent):
             return [value], StatefulLogic.RETAIN
@@ -55,6 +64,20 @@ class RecipientCap(StatefulLogic[Work, Work | StatusEvent, Counted]):
 
     def _keep(self) -> bool:
         return StatefulLogic.RETAIN if self.sent else StatefulLogic.DISCARD
+
+    def on_notify(self) -> tuple[Iterable[Work | StatusEvent], bool]:
+        now = self.clock()
+        window = self.window or self.longest
+        self.sent = [(t, m) for t, m in self.sent if now - t < window]
+        return [], self._keep()
+
+    def notify_at(self) -> datetime | None:
+        """When the oldest entry leaves the window, on the wall clock (Bytewax's timers run
+        on it; the injected clock may differ, so the remaining time is carried over)."""
+        if not self.sent:
+            return None
+        remaining = min(t for t, _ in self.sent) + (self.window or self.longest) - self.clock()
+        return datetime.now(UTC) + max(remaining, timedelta(0))
 
     def snapshot(self) -> Counted:
         return list(self.sent)

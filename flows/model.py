@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
 from notiflow.redact import recipient_hash
 from notiflow.schemas.messages import DlqRecord, IngestRecord, Receipt, StatusEvent
@@ -18,6 +19,9 @@ class SourceRef:
     offset: int
     timestamp_ms: int | None = None
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (SourceRef, (self.topic, self.partition, self.offset, self.timestamp_ms))
+
 
 @dataclass(frozen=True, slots=True)
 class Work:
@@ -28,6 +32,12 @@ class Work:
     raw: bytes
     key: bytes | None
     headers: tuple[tuple[str, bytes], ...] = ()
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled positionally: Bytewax snapshots every pending ``Work`` at each epoch, and
+        the dataclass default (``_dataclass_getstate``, a ``fields()`` walk per object) was
+        7 % of the send flow's CPU in ``notiflow bench throughput``."""
+        return (Work, (self.record, self.source, self.raw, self.key, self.headers))
 
     @property
     def message_id(self) -> str:

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import settings as hypothesis_settings
 
 from notiflow.devenv import dev_environment, free_port
 from notiflow.ops.procs import ManagedProcess, ProcessGroup
@@ -20,6 +21,11 @@ from notiflow.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
 RUN_ID = uuid.uuid4().hex[:8]
+
+hypothesis_settings.register_profile("notiflow", deadline=None)
+hypothesis_settings.load_profile("notiflow")
+"""No per-example deadline: properties are checked here, speed by the benchmarks (``bench/``);
+on a loaded two-core machine a deadline only adds flakes."""
 
 
 @pytest.fixture(scope="session")

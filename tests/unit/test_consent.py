@@ -6,6 +6,7 @@ from datetime import UTC, datetime, time, timedelta
 from zoneinfo import ZoneInfo
 
 import pytest
+from bytewax.operators import StatefulLogic
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -144,6 +145,27 @@ def test_recipient_cap_is_exact_and_counts_each_message_once() -> None:
     clock[0] += timedelta(minutes=10)
     cap = RecipientCap(cap.snapshot(), s, lambda: clock[0])
     assert isinstance(next(iter(cap.on_item(work(category="otp", message_id="m9"))[0])), Work)
+
+
+def test_recipient_cap_state_is_dropped_when_its_window_ends() -> None:
+    clock = [utc(2026, 1, 1)]
+    s = Settings(caps={"otp": CapRule(limit=2, window=timedelta(minutes=10)),
+                       "marketing": CapRule(limit=1, window=timedelta(days=1))})
+    cap = RecipientCap(None, s, lambda: clock[0])
+    _, keep = cap.on_item(work(category="otp", message_id="m1"))
+    assert keep is StatefulLogic.RETAIN
+    clock[0] += timedelta(minutes=4)
+    cap.on_item(work(category="otp", message_id="m2"))
+    due = cap.notify_at()
+    assert due is not None
+    assert abs((due - datetime.now(UTC)) - timedelta(minutes=6)) < timedelta(seconds=5)
+    clock[0] += timedelta(minutes=6)
+    assert cap.on_notify() == ([], StatefulLogic.RETAIN) and [m for _, m in cap.sent] == ["m2"]
+    clock[0] += timedelta(minutes=4)
+    assert cap.on_notify() == ([], StatefulLogic.DISCARD) and cap.notify_at() is None
+    resumed = RecipientCap([(clock[0], "m3")], s, lambda: clock[0])
+    clock[0] += timedelta(hours=2)
+    assert resumed.on_notify()[1] is StatefulLogic.RETAIN  # window unknown: the longest (1 day)
 
 
 def test_uncapped_category_passes() -> None:
