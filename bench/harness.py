@@ -145,9 +145,22 @@ class Phase:
         self.api = f"http://127.0.0.1:{self.api_port}"
         self.fakes = f"http://127.0.0.1:{self.fakes_port}"
 
-    def prepare(self) -> None:
-        """Topics of this prefix and the bench keyspace's migrations (the stack is up)."""
+    def prepare(self, timeout: float = 60.0) -> None:
+        """Topics of this prefix and the bench keyspace's migrations (the stack is up); returns
+        once the broker's metadata lists every topic (a broker started moments ago answered
+        "created" before its metadata showed them, and the flows refused to start)."""
+        from confluent_kafka.admin import AdminClient
+
+        from notiflow.ops.topics import topic_specs
+
         Stack(self.settings, log=lambda _m: None).init()
+        wanted = {t.name for t in topic_specs(self.settings)}
+        admin = AdminClient({"bootstrap.servers": self.settings.kafka_bootstrap})
+        deadline = time.monotonic() + timeout
+        while not wanted <= set(admin.list_topics(timeout=10).topics):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"topics of phase {self.name} never appeared")
+            time.sleep(0.5)
 
     def start(self, name: str, args: list[str], *, ready: str | None = None,
               http: str | None = None, timeout: float = 120.0) -> ManagedProcess:
