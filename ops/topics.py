@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 from confluent_kafka import KafkaException
@@ -74,3 +75,34 @@ def ensure_topics(settings: Settings, timeout: float = 30.0) -> list[str]:
             if "TOPIC_ALREADY_EXISTS" not in str(exc):
                 raise
     return created
+
+
+def delete_topics(settings: Settings, prefix: str | None = None,
+                  timeout: float = 60.0) -> list[str]:
+    """Delete every topic whose name starts with ``prefix`` (default: the settings' topic
+    prefix, which must not be empty) and wait until the broker no longer lists them; returns
+    the names deleted. Test sessions and benchmark
+    phases each create a prefixed copy of every topic; a local broker that keeps them all
+    runs out of heap when it starts (thousands of partitions)."""
+    prefix = settings.topic_prefix if prefix is None else prefix
+    if not prefix:
+        raise ValueError("refusing to delete every topic: give a non-empty prefix")
+    admin = AdminClient({"bootstrap.servers": settings.kafka_bootstrap})
+    names = sorted(t for t in admin.list_topics(timeout=timeout).topics if t.startswith(prefix))
+    if not names:
+        return []
+    futures = admin.delete_topics(names, operation_timeout=timeout, request_timeout=timeout)
+    deleted = []
+    for name, fut in futures.items():
+        try:
+            fut.result(timeout=timeout)
+            deleted.append(name)
+        except KafkaException as exc:
+            if "UNKNOWN_TOPIC_OR_PART" not in str(exc):
+                raise
+    deadline = time.monotonic() + timeout
+    while set(admin.list_topics(timeout=timeout).topics) & set(names):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"topics with prefix {prefix!r} still listed after {timeout} s")
+        time.sleep(0.2)
+    return sorted(deleted)

@@ -79,15 +79,10 @@ def stack(settings: Settings) -> Iterator[Settings]:
 
 
 def _drop_session_data(settings: Settings) -> None:
-    from confluent_kafka.admin import AdminClient
-
     from notiflow.adapters.cassandra_store import connect
+    from notiflow.ops.topics import delete_topics
 
-    admin = AdminClient({"bootstrap.servers": settings.kafka_bootstrap})
-    ours = [t for t in admin.list_topics(timeout=10).topics
-            if t.startswith(settings.topic_prefix)]
-    for fut in (admin.delete_topics(ours).values() if ours else []):
-        fut.exception(timeout=30)
+    delete_topics(settings)
     cluster, session = connect(settings, keyspace=None)
     try:
         session.execute(f"DROP KEYSPACE IF EXISTS {settings.cassandra_keyspace}", timeout=120)

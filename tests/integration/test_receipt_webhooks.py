@@ -126,11 +126,20 @@ def original_headers(mid: str, attempt: int, rcpt: str, *, ours: bool = True) ->
 
 
 def send(api: str, token: str, *, channel: str, tier: str, recipient: str, template: str,
-         version: int, variables: dict[str, str]) -> str:
-    r = httpx.post(f"{api}/v1/messages", headers={
-        "Authorization": f"Bearer {token}", "Idempotency-Key": uuid.uuid4().hex},
-        json={"channel": channel, "tier": tier, "recipient": recipient, "template_id": template,
-              "template_version": version, "variables": variables})
+         version: int, variables: dict[str, str], backlog_wait: float = 90.0) -> str:
+    """Post a message as an upstream service would: a ``429 backlog`` (the tier's send flow
+    still catching up, e.g. on what earlier tests queued before it started) is retried with
+    the same idempotency key after its ``Retry-After``, for up to ``backlog_wait`` seconds."""
+    headers = {"Authorization": f"Bearer {token}", "Idempotency-Key": uuid.uuid4().hex}
+    body = {"channel": channel, "tier": tier, "recipient": recipient, "template_id": template,
+            "template_version": version, "variables": variables}
+    deadline = time.monotonic() + backlog_wait
+    while True:
+        r = httpx.post(f"{api}/v1/messages", headers=headers, json=body)
+        if r.status_code != 429 or r.json().get("reason") != "backlog" or \
+                time.monotonic() >= deadline:
+            break
+        time.sleep(float(r.headers.get("Retry-After", "1")))
     assert r.status_code == 202, f"{r.text}; backlog reports: {backlog_reports(tier)}"
     return str(r.json()["message_id"])
 

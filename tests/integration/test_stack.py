@@ -7,7 +7,7 @@ from cassandra.cluster import Session
 
 from notiflow.ops.migrate import Migration, MigrationError, apply, available
 from notiflow.ops.stack import Stack
-from notiflow.ops.topics import topic_specs
+from notiflow.ops.topics import delete_topics, ensure_topics, topic_specs
 from notiflow.settings import Settings
 from tests.helpers import read_topic
 
@@ -36,6 +36,24 @@ def test_every_design_topic_exists(stack: Settings) -> None:
     assert names <= set(md.topics)
     assert len(md.topics[stack.ingest_topic("SMS", "P0")].partitions) == stack.ingest_partitions
     list(read_topic(stack, stack.preferences_topic, timeout=2))
+
+
+def test_delete_topics_removes_only_one_prefix(stack: Settings) -> None:
+    from confluent_kafka.admin import AdminClient
+
+    doomed = stack.model_copy(update={"topic_prefix": f"{stack.topic_prefix}doomed."})
+    kept = stack.model_copy(update={"topic_prefix": f"{stack.topic_prefix}kept."})
+    ensure_topics(doomed)
+    ensure_topics(kept)
+    deleted = delete_topics(doomed)
+    assert deleted == sorted(s.name for s in topic_specs(doomed))
+    admin = AdminClient({"bootstrap.servers": stack.kafka_bootstrap})
+    left = set(admin.list_topics(timeout=10).topics)
+    assert not any(t.startswith(doomed.topic_prefix) for t in left)
+    assert {s.name for s in topic_specs(kept)} <= left
+    assert {s.name for s in topic_specs(stack)} <= left
+    with pytest.raises(ValueError, match="non-empty prefix"):
+        delete_topics(stack, prefix="")
 
 
 def test_migrations_recorded_and_not_reapplied(stack: Settings, cql: Session) -> None:
