@@ -122,6 +122,13 @@ class _LagKafkaSource(KafkaSource):
                              resume_state, self._batch_size, self._raise_on_errors)
 
 
+FETCH_WAIT_MS = 500
+"""How long the broker may hold a fetch that found no record (librdkafka's default). It does
+not delay records: a waiting fetch is answered as soon as a record arrives. Bytewax opens one
+consumer per partition, so at 10 ms the idle fetches of a few flows kept the broker busy
+(``notiflow bench throughput``: Kafka's CPU per message)."""
+
+
 def kafka_source(settings: Settings, topics: list[str], batch_size: int) -> KafkaSource:
     """Tail ``topics`` from the beginning on first start; offsets live in Bytewax recovery.
     Consumer errors are delivered as items (never silently dropped). Partitions report
@@ -133,7 +140,8 @@ def kafka_source(settings: Settings, topics: list[str], batch_size: int) -> Kafk
         starting_offset=OFFSET_BEGINNING,
         batch_size=batch_size,
         raise_on_errors=False,
-        add_config={"fetch.wait.max.ms": "10", "queued.max.messages.kbytes": "8192",
+        add_config={"fetch.wait.max.ms": str(FETCH_WAIT_MS),
+                    "queued.max.messages.kbytes": "8192",
                     "logger": logging.getLogger("notiflow.kafka")},
         topic_prefix=settings.topic_prefix,
     )

@@ -4,7 +4,8 @@ recipient preference state, device tokens) and the operators' query tables
 
 All statements are prepared once; every call is asynchronous (the driver's own I/O thread
 resolves an asyncio future), so a Bytewax worker or the API loop can run many at once.
-Status transitions are compare-and-set on ``status_rank`` (``schemas/status.py``); recipient
+Status transitions are read-then-write with write times ordered by ``status_rank``
+(``schemas/status.py``, :func:`rank_write_time`), no Paxos round per message; recipient
 state changes are compare-and-set on ``version`` (every write to ``recipient_preferences`` is
 a lightweight transaction, so a read at ``LOCAL_QUORUM`` after it returns sees it).
 """
@@ -34,7 +35,7 @@ from cassandra.query import BatchStatement, BatchType, PreparedStatement, dict_f
 from notiflow.schemas.enums import Status
 from notiflow.schemas.messages import AttemptRecord, MessageSnapshot
 from notiflow.schemas.preferences import OptOut, PreferenceState, QuietWindow, Suppression
-from notiflow.schemas.status import rank
+from notiflow.schemas.status import rank, write_offset_us
 from notiflow.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -190,6 +191,26 @@ def to_ms(d: datetime) -> datetime:
     return d.replace(microsecond=d.microsecond // 1000 * 1000)
 
 
+def created_write_time(snap: MessageSnapshot) -> int:
+    """Write time (micro-seconds) of a message row's creation: its acceptance time."""
+    return int(snap.accepted_at.timestamp() * 1_000_000)
+
+
+def rank_write_time(head: dict[str, Any], r: int) -> int | None:
+    """Write time of a transition to rank ``r``: the row's creation write time +
+    :func:`write_offset_us` of ``r``, so a higher rank always carries a later time, at most
+    0.13 s after acceptance. None when the row's status cells carry another time (written by
+    compare-and-set: an older release, a DLQ replay's re-queue) or a rank has no offset: such
+    rows keep using compare-and-set."""
+    created, written = head.get("created_wt"), head.get("status_wt")
+    offset, current = write_offset_us(r), write_offset_us(head.get("status_rank") or 0)
+    if created is None or written is None or offset is None or current is None:
+        return None
+    if written not in (created, created + current):
+        return None
+    return int(created) + offset
+
+
 def blank_state(tenant_id: str, recipient_hash: str, now: datetime) -> PreferenceState:
     """Version 0: what a recipient without a stored state is treated as."""
     return PreferenceState(tenant_id=tenant_id, recipient_hash=recipient_hash, version=0,
@@ -304,10 +325,20 @@ class CassandraStore:
         self, message_id: str, snap: MessageSnapshot, status: Status, now: datetime,
         source: str = "api", fresh: bool = False,
     ) -> bool:
-        """Insert the message row if absent (LWT), its tenant-history row and the first entry
-        of its status history; True if new. ``fresh``: the id was just minted and nobody else
-        can hold it, so a plain insert (no Paxos round) is enough; it is written at the
-        acceptance time, so it can never overwrite a later status change."""
+        """Write the message row unless it exists, its tenant-history row and the first entry
+        of its status history; True if written. The row is written at its acceptance time
+        (micro-seconds), the anchor of :func:`rank_write_time`, so it never overwrites a
+        later status change. ``fresh``: the caller knows the row is absent (an id just
+        minted, or a :meth:`head` read that found nothing), so it is not read first. Two
+        writers racing on an absent row write the same cells at the same time (idempotent)."""
+        if not fresh and await self.head(message_id) is not None:
+            return False
+        await self.write_all(self.creation_writes(message_id, snap, status, now, source))
+        return True
+
+    def creation_writes(self, message_id: str, snap: MessageSnapshot, status: Status,
+                        now: datetime, source: str) -> list[Write]:
+        """The writes of :meth:`create_message` (for :meth:`write_all`)."""
         values = (
             message_id, snap.tenant_id, snap.channel.value, snap.tier.value,
             snap.category.value, snap.recipient_hash, snap.recipient_masked, snap.template_id,
@@ -315,22 +346,30 @@ class CassandraStore:
             status.value, rank(status), 0, _ts(snap.scheduled_at), _ts(snap.expires_at),
             _ts(snap.accepted_at), now, now,
         )
-        if fresh:
-            write_time = int(snap.accepted_at.timestamp() * 1_000_000)
-            rows = await self._run("msg_insert_fresh", (*values, write_time))
-        else:
-            rows = await self._run("msg_insert", values)
-        created = fresh or bool(rows and rows[0].get("[applied]"))
-        if created:
-            await self.write_all([
-                ("tenant_day_insert", (
-                    snap.tenant_id, date_of(snap.accepted_at), _ts(snap.accepted_at),
-                    message_id, snap.channel.value, snap.tier.value, snap.category.value,
-                )),
-                self.event_write(message_id, snap.accepted_at, f"{message_id}:{status.value}:0",
-                                 status, 0, None, source, True),
-            ])
-        return created
+        return [
+            ("msg_insert", (*values, created_write_time(snap))),
+            ("tenant_day_insert", (
+                snap.tenant_id, date_of(snap.accepted_at), _ts(snap.accepted_at),
+                message_id, snap.channel.value, snap.tier.value, snap.category.value,
+            )),
+            self.event_write(message_id, snap.accepted_at, f"{message_id}:{status.value}:0",
+                             status, 0, None, source, True),
+        ]
+
+    @staticmethod
+    def created_head(snap: MessageSnapshot, status: Status, now: datetime) -> dict[str, Any]:
+        """The :meth:`head` of a row :meth:`create_message` just wrote (no read needed)."""
+        at = created_write_time(snap)
+        return {"status_rank": rank(status), "status": status.value, "attempt": 0,
+                "reason": None, "updated_at": now, "provider_id": None,
+                "tier": snap.tier.value, "tenant_id": snap.tenant_id,
+                "channel": snap.channel.value, "category": snap.category.value,
+                "created_wt": at, "status_wt": at}
+
+    async def head(self, message_id: str) -> dict[str, Any] | None:
+        """The message row's status columns and write times (for :meth:`transition`)."""
+        rows = await self._run("msg_head", (message_id,))
+        return rows[0] if rows else None
 
     async def get_message(self, message_id: str) -> dict[str, Any] | None:
         rows = await self._run("msg_get", (message_id,))
@@ -357,9 +396,54 @@ class CassandraStore:
     async def transition(
         self, message_id: str, status: Status, attempt: int, reason: str | None,
         now: datetime, provider_id: str | None = None, provider_message_id: str | None = None,
-        next_attempt_at: datetime | None = None,
+        next_attempt_at: datetime | None = None, *, head: dict[str, Any] | None = None,
+        then: Callable[[bool], Sequence[Write]] | None = None,
     ) -> tuple[bool, bool]:
-        """Compare-and-set the status if it moves forward; returns (applied, row_exists)."""
+        """Move the status forward if ``status`` outranks the current one; returns
+        (applied, row_exists). ``head``: the row's :meth:`head`, when the caller has it;
+        ``then(applied)``: more writes (history, attempts…) sent in the same request as the
+        status write; not written when the row does not exist.
+
+        Not a compare-and-set: the row is read, then its status cells are written at
+        :func:`rank_write_time`, so whatever order concurrent transitions land in, the
+        highest rank's cells win and the status never regresses; ``applied`` may be True for
+        two racing writers of which only the higher rank shows. Rows whose status cells carry
+        another write time (an older release's compare-and-set, a DLQ replay's re-queue)
+        keep the compare-and-set path."""
+        row = head if head is not None else await self.head(message_id)
+        if row is None:
+            return False, False
+        r = rank(status, attempt)
+        at = rank_write_time(row, r)
+        if at is None:
+            applied, exists = await self._cas_transition(
+                message_id, status, attempt, reason, now, provider_id, provider_message_id,
+                next_attempt_at)
+            if then is not None:
+                await self.write_all(then(applied))
+            return applied, exists
+        current = row.get("status_rank")
+        applied = current is None or current < r
+        writes: list[Write] = []
+        if applied:
+            writes.append(("msg_advance", (
+                at, status.value, r, reason, attempt, now, provider_id, provider_message_id,
+                _ts(next_attempt_at), message_id,
+            )))
+        if status in FAILURE_STATUSES and (applied or current == r):
+            failure = self._failure_write(message_id, status, r, attempt, reason, provider_id,
+                                          to_ms(now) if applied else None, row)
+            writes += [failure] if failure else []
+        if then is not None:
+            writes += then(applied)
+        await self.write_all(writes)
+        return applied, True
+
+    async def _cas_transition(
+        self, message_id: str, status: Status, attempt: int, reason: str | None,
+        now: datetime, provider_id: str | None, provider_message_id: str | None,
+        next_attempt_at: datetime | None,
+    ) -> tuple[bool, bool]:
         r = rank(status, attempt)
         rows = await self._run("msg_transition", (
             status.value, r, reason, attempt, now, provider_id, provider_message_id,
@@ -377,34 +461,39 @@ class CassandraStore:
         self, message_id: str, status: Status, r: int, attempt: int, reason: str | None,
         provider_id: str | None, failed_at: datetime | None,
     ) -> None:
-        """Write the ``failures_by_tier_day`` row of a transition into a failure status.
-        ``failed_at`` None: a replayed transition that was already applied; the row is
-        rewritten from the message row (same key, its ``updated_at``) while the message is
-        still in that status, so replays never add a second row."""
+        """Write the ``failures_by_tier_day`` row of a compare-and-set transition (the
+        message row is read here)."""
         if "failure_insert" not in self._stmts:
             return
         msg = await self.get_message(message_id)
-        if msg is None or not msg.get("tier"):
-            return
+        write = self._failure_write(message_id, status, r, attempt, reason, provider_id,
+                                    failed_at, msg)
+        if write is not None:
+            await self._run(*write)
+
+    def _failure_write(
+        self, message_id: str, status: Status, r: int, attempt: int, reason: str | None,
+        provider_id: str | None, failed_at: datetime | None, msg: dict[str, Any] | None,
+    ) -> Write | None:
+        """The ``failures_by_tier_day`` row of a transition into a failure status.
+        ``failed_at`` None: a replayed transition that was already applied; the row is
+        rewritten from the message row (same key, its ``updated_at``) while the message is
+        still in that status, so replays never add a second row. ``msg``: the message row
+        as it was before the transition."""
+        if "failure_insert" not in self._stmts or msg is None or not msg.get("tier"):
+            return None
         if failed_at is None:
             if msg.get("status_rank") != r or msg.get("updated_at") is None:
-                return
+                return None
             failed_at = utc(msg["updated_at"])
             assert failed_at is not None
             attempt, reason = int(msg.get("attempt") or 0), msg.get("reason")
             provider_id = msg.get("provider_id")
-        await self._run("failure_insert", (
+        return ("failure_insert", (
             msg["tier"], date_of(failed_at), operator_shard(message_id), failed_at, message_id,
             status.value, reason, msg.get("tenant_id"), msg.get("channel"),
             msg.get("category"), attempt, provider_id or msg.get("provider_id"),
         ))
-
-    async def record_event(
-        self, message_id: str, occurred_at: datetime, event_id: str, status: Status,
-        attempt: int, reason: str | None, source: str, applied: bool,
-    ) -> None:
-        await self.write_all([self.event_write(message_id, occurred_at, event_id, status,
-                                               attempt, reason, source, applied)])
 
     def event_write(
         self, message_id: str, occurred_at: datetime, event_id: str, status: Status,
@@ -469,26 +558,34 @@ class CassandraStore:
         rows = await self._run("provider_index_get", (provider_id, provider_message_id))
         return rows[0] if rows else None
 
-    async def receipt_seen(
+    async def receipt_record(self, provider_id: str,
+                             provider_event_id: str) -> dict[str, Any] | None:
+        """The ``receipts_dedup`` row of a receipt id, None when it is new."""
+        rows = await self._run("receipt_get", (provider_id, provider_event_id))
+        return rows[0] if rows else None
+
+    def receipt_writes(
         self, provider_id: str, provider_event_id: str, message_id: str, status: Status,
-        now: datetime,
-    ) -> bool:
-        """Record a receipt id; True when it was already recorded (a duplicate). Either way
-        the receipt's ``provider_outcomes_by_hour`` row is (re)written at its first
-        ``received_at``, so a replay after a crash between the two writes completes it."""
-        rows = await self._run("receipt_dedup", (
-            provider_id, provider_event_id, message_id, status.value, now,
-        ))
-        row = rows[0] if rows else {}
-        duplicate = not row.get("[applied]")
-        received = utc(row.get("received_at")) if duplicate else to_ms(now)
+        now: datetime, seen: dict[str, Any] | None,
+    ) -> list[Write]:
+        """A new receipt id is recorded; either way the receipt's
+        ``provider_outcomes_by_hour`` row is (re)written at its first ``received_at``, so a
+        replay after a crash between the writes completes it. A read, then plain writes (no
+        Paxos round): two copies of one receipt processed at the same instant are both
+        taken as new, and every write they cause is keyed by the receipt, so the second
+        rewrites the first's rows."""
+        received = utc(seen.get("received_at")) if seen is not None else to_ms(now)
+        writes: list[Write] = []
+        if seen is None:
+            writes.append(("receipt_put", (provider_id, provider_event_id, message_id,
+                                           status.value, received)))
         if "outcome_insert" in self._stmts and received is not None:
-            await self._run("outcome_insert", (
+            writes.append(("outcome_insert", (
                 provider_id, hour_of(received), operator_shard(message_id), received,
                 message_id, f"receipt:{provider_event_id}", "receipt", status.value, None, None,
                 None, None,
-            ))
-        return duplicate
+            )))
+        return writes
 
     # ----------------------------------------------------------- a tenant's recent messages
 
@@ -695,12 +792,13 @@ _STATEMENTS: dict[str, str] = {
     "recipient_hash, recipient_masked, template_id, template_version, idempotency_key, "
     "ordering_key, status_webhook, status, status_rank, attempt, scheduled_at, expires_at, "
     "accepted_at, created_at, updated_at) VALUES "
-    "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) IF NOT EXISTS",
-    "msg_insert_fresh": "INSERT INTO messages (message_id, tenant_id, channel, tier, category, "
-    "recipient_hash, recipient_masked, template_id, template_version, idempotency_key, "
-    "ordering_key, status_webhook, status, status_rank, attempt, scheduled_at, expires_at, "
-    "accepted_at, created_at, updated_at) VALUES "
     "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) USING TIMESTAMP ?",
+    "msg_head": "SELECT status_rank, status, attempt, reason, updated_at, provider_id, tier, "
+    "tenant_id, channel, category, WRITETIME(tenant_id) AS created_wt, "
+    "WRITETIME(status_rank) AS status_wt FROM messages WHERE message_id = ?",
+    "msg_advance": "UPDATE messages USING TIMESTAMP ? SET status = ?, status_rank = ?, "
+    "reason = ?, attempt = ?, updated_at = ?, provider_id = ?, provider_message_id = ?, "
+    "next_attempt_at = ? WHERE message_id = ?",
     "tenant_day_insert": "INSERT INTO messages_by_tenant_day (tenant_id, day, created_at, "
     "message_id, channel, tier, category) VALUES (?, ?, ?, ?, ?, ?, ?)",
     "msg_get": "SELECT * FROM messages WHERE message_id = ?",
@@ -722,8 +820,10 @@ _STATEMENTS: dict[str, str] = {
     "message_id, attempt_no) VALUES (?, ?, ?, ?)",
     "provider_index_get": "SELECT * FROM provider_messages WHERE provider_id = ? "
     "AND provider_message_id = ?",
-    "receipt_dedup": "INSERT INTO receipts_dedup (provider_id, provider_event_id, message_id, "
-    "status, received_at) VALUES (?, ?, ?, ?, ?) IF NOT EXISTS",
+    "receipt_get": "SELECT received_at FROM receipts_dedup WHERE provider_id = ? "
+    "AND provider_event_id = ?",
+    "receipt_put": "INSERT INTO receipts_dedup (provider_id, provider_event_id, message_id, "
+    "status, received_at) VALUES (?, ?, ?, ?, ?)",
     "template_insert": "INSERT INTO templates (tenant_id, template_id, version, channel, subject, "
     "body, variables, description, checksum, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
     "IF NOT EXISTS",

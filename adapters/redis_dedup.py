@@ -18,6 +18,7 @@ A lease is deleted when an attempt fails before the provider accepted it, so the
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass
 from datetime import timedelta
@@ -25,7 +26,7 @@ from datetime import timedelta
 import orjson
 import redis.asyncio as aioredis
 
-from notiflow.adapters.redis_pool import redis_client
+from notiflow.adapters.redis_pool import Coalescer, redis_client
 from notiflow.settings import Settings
 
 _RELEASE = """
@@ -89,6 +90,7 @@ class DedupStore:
         self.r = client
         self.owner = owner
         self.ns = namespace
+        self.batch = Coalescer(client)
 
     @classmethod
     def open(cls, settings: Settings, owner: str) -> DedupStore:
@@ -131,18 +133,17 @@ class DedupStore:
         """Just before calling the provider: True when the lease is still ours (its time is
         refreshed); False when another process took it over (then it sends, we do not)."""
         px = int(ttl.total_seconds() * 1000)
-        return bool(await self.r.eval(_CONFIRM, 1, key, self.pending_prefix,
-                                      self.pending_value(), px))
+        prefix, value = self.pending_prefix, self.pending_value()
+        return bool(await self.batch.call(
+            lambda pipe: pipe.eval(_CONFIRM, 1, key, prefix, value, px)))
 
     async def finish(self, items: list[tuple[str, dict[str, object]]], ttl: timedelta) -> None:
-        """Mark leases done with the recorded outcome (pipelined)."""
-        if not items:
-            return
-        pipe = self.r.pipeline(transaction=False)
+        """Mark leases done with the recorded outcome (coalesced with the other sends'
+        confirmations and outcomes of this moment into one round trip)."""
         px = int(ttl.total_seconds() * 1000)
-        for key, outcome in items:
-            pipe.set(key, "done:" + orjson.dumps(outcome).decode(), px=px)
-        await pipe.execute()
+        values = [(key, "done:" + orjson.dumps(outcome).decode()) for key, outcome in items]
+        await asyncio.gather(*(self.batch.call(lambda pipe, k=k, v=v: pipe.set(k, v, px=px))
+                               for k, v in values))
 
     async def release(self, keys: list[str]) -> None:
         """Drop our own pending leases (an attempt failed before the provider accepted it)."""

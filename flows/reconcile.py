@@ -7,7 +7,7 @@ Recipe (``build_reconcile_flow``)::
       → dlq-guard                         too many dead letters → the flow halts (guard.py)
       → hold (keyed by receipt)           a parked receipt waits for its next try (timer)
       → apply (per batch, async I/O)      per message: create the row if a direct-producer
-                                          message is new, compare-and-set the highest status
+                                          message is new, move it to the highest status
                                           (schemas/status.py), history + attempts + index;
                                           receipts: correlate by the signed message id hint or
                                           the provider message id, dedup by (provider, event
@@ -37,7 +37,7 @@ from opentelemetry import trace
 
 from notiflow import names, telemetry
 from notiflow.adapters.bytewax_kafka import ConfirmingSink, check_topics, kafka_source
-from notiflow.adapters.cassandra_store import CassandraStore, connect
+from notiflow.adapters.cassandra_store import CassandraStore, Write, connect
 from notiflow.adapters.dlq_crypto import DlqCipher
 from notiflow.adapters.kafka_io import OutRecord
 from notiflow.adapters.worker import WorkerLoop
@@ -66,6 +66,13 @@ def suppression_for(r: Receipt) -> str | None:
     if r.status is Status.BOUNCED:
         return "hard_bounce"
     return HARD_BOUNCES.get((r.raw_status or "").lower()) if r.raw_status else None
+
+
+class _Unread:
+    """Marks a row not read yet (None means read and absent)."""
+
+
+UNREAD = _Unread()
 
 
 class _Store:
@@ -162,67 +169,86 @@ class ApplyStep:
         r = sr.receipt
         attrs = {names.ATTR_MESSAGE_ID: r.message_id, names.ATTR_STATUS: r.status.value}
         parent, links = r._traceparent, []
+        index: dict[str, Any] | _Unread | None = UNREAD
         if telemetry.enabled():
-            sent = await store.message_for_provider_id(r.provider_id, r.provider_message_id)
-            stored = (sent or {}).get("traceparent")
+            index = await store.message_for_provider_id(r.provider_id, r.provider_message_id)
+            stored = (index or {}).get("traceparent")
             if stored and telemetry.trace_id_of(stored) != telemetry.trace_id_of(parent):
                 parent, links = stored, [telemetry.link_to(r._traceparent)]
         with telemetry.span(names.RECONCILE, attrs, parent=parent, links=links):
-            return await self._apply_receipt(sr, store)
+            return await self._apply_receipt(sr, store, index)
 
     async def _apply_events(self, message_id: str, evs: list[StatusEvent],
                             store: CassandraStore) -> bool:
         """Returns whether the highest event moved the message's status."""
         now = self.clock()
         top = max(evs, key=lambda e: rank(e.status, e.attempt))
-        applied, exists = await store.transition(
-            message_id, top.status, top.attempt, top.reason, now,
-            *_provider_ids(top), next_attempt_at=top.next_attempt_at)
-        if not exists:
+        head = await store.head(message_id)
+        created: list[Write] = []
+        if head is None:
             snap = next((e.message for e in evs if e.message is not None), None)
             if snap is None:
                 log.error("event for unknown message %s without snapshot", message_id)
-            else:
-                initial = Status.SCHEDULED if snap.scheduled_at else Status.QUEUED
-                await store.create_message(message_id, snap, initial, now, source="reconcile")
-                applied, _ = await store.transition(
-                    message_id, top.status, top.attempt, top.reason, now,
-                    *_provider_ids(top), next_attempt_at=top.next_attempt_at)
+                await store.write_all(self._history(store, message_id, evs, top, False))
+                return False
+            initial = Status.SCHEDULED if snap.scheduled_at else Status.QUEUED
+            created = store.creation_writes(message_id, snap, initial, now, "reconcile")
+            head = store.created_head(snap, initial, now)
+        applied, _ = await store.transition(
+            message_id, top.status, top.attempt, top.reason, now, *_provider_ids(top),
+            next_attempt_at=top.next_attempt_at, head=head,
+            then=lambda applied: [*created,
+                                  *self._history(store, message_id, evs, top, applied)])
+        return applied
+
+    @staticmethod
+    def _history(store: CassandraStore, message_id: str, evs: list[StatusEvent],
+                 top: StatusEvent, applied: bool) -> list[Write]:
+        """History rows of ``evs`` (``top`` flagged ``applied``), attempts and index rows."""
         writes = []
         for e in evs:
             writes.append(store.event_write(message_id, e.occurred_at, e.event_id, e.status,
                                             e.attempt, e.reason, e.source, applied and e is top))
             if e.attempt_detail is not None:
                 writes += store.attempt_writes(message_id, e.attempt_detail, e._traceparent)
-        await store.write_all(writes)
-        return applied
+        return writes
 
-    async def _apply_receipt(self, sr: SourcedReceipt,
-                             store: CassandraStore) -> DlqRecord | Receipt | None:
+    async def _apply_receipt(self, sr: SourcedReceipt, store: CassandraStore,
+                             index: dict[str, Any] | _Unread | None = UNREAD,
+                             ) -> DlqRecord | Receipt | None:
+        """``index``: the receipt's provider-message index row, when already read."""
         r = sr.receipt
         now = self.clock()
         if r.message_id is not None:
             message_id, attempt = r.message_id, r.attempt or 0
         else:
-            idx = await store.message_for_provider_id(r.provider_id, r.provider_message_id)
+            idx = (await store.message_for_provider_id(r.provider_id, r.provider_message_id)
+                   if isinstance(index, _Unread) else index)
             if idx is None:
                 return self._park(sr, "unknown provider message id", now)
             message_id, attempt = str(idx["message_id"]), int(idx.get("attempt_no") or 0)
-        applied, exists = await store.transition(message_id, r.status, attempt, r.error_code,
-                                                 now, r.provider_id, r.provider_message_id)
-        if not exists:
+        head, seen = await asyncio.gather(
+            store.head(message_id), store.receipt_record(r.provider_id, r.provider_event_id))
+        if head is None:
             return self._park(sr, f"no message row {message_id}", now)
+
+        def then(applied: bool) -> list[Write]:
+            writes = store.receipt_writes(r.provider_id, r.provider_event_id, message_id,
+                                          r.status, now, seen)
+            if seen is None:
+                writes.append(store.event_write(
+                    message_id, r.occurred_at, f"{r.provider_id}:{r.provider_event_id}",
+                    r.status, attempt, r.error_code, f"receipt.{r.provider_id}", applied))
+            return writes
+
+        applied, _ = await store.transition(message_id, r.status, attempt, r.error_code, now,
+                                            r.provider_id, r.provider_message_id, head=head,
+                                            then=then)
         trace.get_current_span().set_attribute("notiflow.reconcile.applied", applied)
         if applied:
             _transitions.add(1, {"channel": self._channels.get(r.provider_id, ""),
                                  "status": r.status.value})
-        if await store.receipt_seen(r.provider_id, r.provider_event_id, message_id, r.status,
-                                    now):
-            return None
-        await store.record_event(message_id, r.occurred_at,
-                                 f"{r.provider_id}:{r.provider_event_id}", r.status, attempt,
-                                 r.error_code, f"receipt.{r.provider_id}", applied)
-        if (reason := suppression_for(r)) is not None:
+        if seen is None and (reason := suppression_for(r)) is not None:
             await self._suppress(store, message_id, reason)
         return None
 

@@ -304,6 +304,7 @@ memtable_flush_writers: 1
 write_request_timeout: 5000ms
 read_request_timeout: 5000ms
 cas_contention_timeout: 2000ms
+paxos_variant: v2
 """)
 
         def start() -> list[str]:

@@ -12,8 +12,9 @@ rules of DESIGN.md:
 so DELIVERED never goes back to SENT, FAILED never overwrites DELIVERED, a carrier failure
 after SENT is recorded, an email DELIVERED may still become BOUNCED, and a late provider
 acceptance (an UNKNOWN attempt that did go through) wins over the decision to give up.
-The rank is stored in Cassandra and compared in a lightweight transaction
-(``IF status_rank < ?``), so the order is enforced by the database for every writer.
+The rank is stored in Cassandra; a status is written at the row's creation time plus
+:func:`write_offset_us` of its rank, so the database keeps the highest rank whatever order
+the writes arrive in (``adapters/cassandra_store.py``, ``rank_write_time``).
 """
 
 from __future__ import annotations
@@ -58,3 +59,19 @@ def rank(status: Status, attempt: int = 0) -> int:
 def supersedes(new: Status, new_attempt: int, old: Status, old_attempt: int) -> bool:
     """True when ``new`` may replace ``old`` as the current status."""
     return rank(new, new_attempt) > rank(old, old_attempt)
+
+
+OFFSET_CLASS_US = 10_000
+"""Micro-seconds between two status classes in :func:`write_offset_us`."""
+
+
+def write_offset_us(r: int) -> int | None:
+    """An order-preserving, compact image of rank ``r`` in micro-seconds (at most
+    ``13 * OFFSET_CLASS_US``, 0.13 s): a write timed at creation + offset never lands far in
+    the future, where it would shadow a later wall-clock write (a DLQ replay re-queueing the
+    message). None for an in-flight rank beyond attempt 999 (no room: such rows use
+    compare-and-set)."""
+    cls, rest = divmod(r, _CLASS_WEIGHT)
+    if rest >= OFFSET_CLASS_US:
+        return None
+    return cls * OFFSET_CLASS_US + rest

@@ -13,6 +13,8 @@ from typing import Any
 
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from notiflow.adapters import cassandra_store
 from notiflow.adapters.cassandra_store import CassandraStore, Cursor, operator_shard
@@ -295,55 +297,136 @@ def test_recent_messages_since_status_and_scan_bound() -> None:
 
 
 class TransitionSession(FakeSession):
-    """``msg_transition`` answers as configured; failure index writes are recorded."""
+    """The message row ``m1`` answers ``msg_head``; status writes (``msg_advance``, or the
+    compare-and-set ``msg_transition`` answering ``cas``) and failure index writes are
+    recorded."""
 
-    def __init__(self, answer: dict[str, Any], row: dict[str, Any]) -> None:
+    def __init__(self, row: dict[str, Any], cas: dict[str, Any] | None = None) -> None:
         super().__init__()
-        self.answer = answer
         self.messages["m1"] = row
+        self.cas = cas or {}
+        self.writes: list[tuple[str, tuple[Any, ...]]] = []
         self.failures: list[tuple[Any, ...]] = []
         self._names.update({c: n for n, c in cassandra_store._OPERATOR_STATEMENTS.items()})
 
     def execute_async(self, stmt: _Prepared, params: tuple[Any, ...]) -> _Future:
         name = self._names.get(stmt.cql)
-        if name == "msg_transition":
-            return _Future([self.answer])
+        if name == "msg_head":
+            row = self.messages.get(params[0])
+            return _Future([dict(row)] if row else [])
+        if name in ("msg_advance", "msg_transition"):
+            self.writes.append((name, params))
+            return _Future([self.cas] if name == "msg_transition" else [])
         if name == "failure_insert":
             self.failures.append(params)
             return _Future([])
         return super().execute_async(stmt, params)
 
 
-def _transition(answer: dict[str, Any], status: Status, row_status: Status,
-                now: datetime) -> list[tuple[Any, ...]]:
-    from notiflow.schemas.status import rank
+CREATED_WT = 1_790_000_000_000_000
 
-    row = {"message_id": "m1", "tenant_id": "acme", "tier": "P1", "channel": "SMS",
-           "category": "otp", "status": row_status.value, "status_rank": rank(row_status),
-           "reason": "stored_reason", "attempt": 2, "provider_id": "twilio",
-           "updated_at": (T0 - timedelta(seconds=5)).replace(tzinfo=None)}
-    s = TransitionSession(answer, row)
-    asyncio.run(_store(s).transition("m1", status, 2, "invalid_recipient", now, "twilio"))
-    return s.failures
+
+def _row(status: Status, *, status_wt: int | None = None) -> dict[str, Any]:
+    from notiflow.schemas.status import rank, write_offset_us
+
+    r = rank(status, 2)
+    offset = write_offset_us(r)
+    assert offset is not None
+    return {"message_id": "m1", "tenant_id": "acme", "tier": "P1", "channel": "SMS",
+            "category": "otp", "status": status.value, "status_rank": r,
+            "reason": "stored_reason", "attempt": 2, "provider_id": "twilio",
+            "updated_at": (T0 - timedelta(seconds=5)).replace(tzinfo=None),
+            "created_wt": CREATED_WT,
+            "status_wt": CREATED_WT + offset if status_wt is None else status_wt}
+
+
+def _transition(row: dict[str, Any] | None, status: Status, now: datetime,
+                cas: dict[str, Any] | None = None) -> TransitionSession:
+    s = TransitionSession(row or {}, cas)
+    if row is None:
+        del s.messages["m1"]
+    store = _store(s)
+
+    async def write_all(writes: list[tuple[str, tuple[Any, ...]]]) -> None:
+        for name, params in writes:
+            s.execute_async(_Prepared(cassandra_store._STATEMENTS.get(
+                name) or cassandra_store._OPERATOR_STATEMENTS[name]), params)
+
+    store.write_all = write_all  # type: ignore[method-assign]
+    s.result = asyncio.run(  # type: ignore[attr-defined]
+        store.transition("m1", status, 2, "invalid_recipient", now, "twilio"))
+    return s
 
 
 def test_failure_index_written_once_per_transition_and_on_replay_with_the_same_key() -> None:
-    from notiflow.schemas.status import rank
-
     now = T0 + timedelta(microseconds=123456)
-    [applied] = _transition({"[applied]": True}, Status.FAILED, Status.FAILED, now)
+    [applied] = _transition(_row(Status.PROVIDER_ACCEPTED), Status.FAILED, now).failures
     assert applied[:6] == ("P1", T0.date(), operator_shard("m1"),
                            T0 + timedelta(microseconds=123000), "m1", "FAILED")
     assert applied[6:] == ("invalid_recipient", "acme", "SMS", "otp", 2, "twilio")
     # a replay (not applied, the row still FAILED): the row's own transition time is the key
-    [replayed] = _transition({"[applied]": False, "status_rank": rank(Status.FAILED)},
-                             Status.FAILED, Status.FAILED, now)
+    [replayed] = _transition(_row(Status.FAILED), Status.FAILED, now).failures
     assert replayed[3] == T0 - timedelta(seconds=5) and replayed[6] == "stored_reason"
     # superseded (DELIVERED wins over FAILED): nothing; not a failure status: nothing
-    assert _transition({"[applied]": False, "status_rank": rank(Status.DELIVERED)},
-                       Status.FAILED, Status.DELIVERED, now) == []
-    assert _transition({"[applied]": True}, Status.PROVIDER_ACCEPTED, Status.PROVIDER_ACCEPTED,
-                       now) == []
+    assert _transition(_row(Status.DELIVERED), Status.FAILED, now).failures == []
+    assert _transition(_row(Status.QUEUED), Status.PROVIDER_ACCEPTED, now).failures == []
+
+
+def test_transition_writes_at_creation_time_plus_rank_and_never_regresses() -> None:
+    from notiflow.schemas.status import rank, write_offset_us
+
+    now = T0
+    up = _transition(_row(Status.QUEUED), Status.PROVIDER_ACCEPTED, now)
+    [(name, params)] = up.writes
+    r = rank(Status.PROVIDER_ACCEPTED, 2)
+    assert (name, params[0], params[1], params[2]) == ("msg_advance",
+                                                        CREATED_WT + write_offset_us(r),
+                                                        "PROVIDER_ACCEPTED", r)
+    assert up.result == (True, True)  # type: ignore[attr-defined]
+    down = _transition(_row(Status.DELIVERED), Status.PROVIDER_ACCEPTED, now)
+    assert down.writes == [] and down.result == (False, True)  # type: ignore[attr-defined]
+    missing = _transition(None, Status.PROVIDER_ACCEPTED, now)
+    assert missing.writes == [] and missing.result == (False, False)  # type: ignore[attr-defined]
+
+
+def test_a_row_written_by_compare_and_set_keeps_that_path() -> None:
+    legacy = _row(Status.QUEUED, status_wt=CREATED_WT + 7_654_321_000)
+    s = _transition(legacy, Status.PROVIDER_ACCEPTED, T0, cas={"[applied]": True})
+    assert [n for n, _ in s.writes] == ["msg_transition"]
+    assert s.result == (True, True)  # type: ignore[attr-defined]
+
+
+@settings(max_examples=300)
+@given(st.lists(st.tuples(st.sampled_from(list(Status)), st.integers(0, 5)), min_size=1,
+                max_size=8),
+       st.randoms(use_true_random=False))
+def test_rank_write_times_converge_on_the_highest_rank_in_any_interleaving(
+        moves: list[tuple[Status, int]], rnd: Any) -> None:
+    """Writers read the row, then write later, in any interleaving (each read may be stale):
+    last-write-wins by write time leaves the highest rank any writer wrote, which is the
+    highest rank offered (or the initial one)."""
+    from notiflow.adapters.cassandra_store import rank_write_time
+    from notiflow.schemas.status import OFFSET_CLASS_US, rank, write_offset_us
+
+    initial = rank(Status.QUEUED)
+    cell = (CREATED_WT, initial)
+    pending: list[tuple[int, int]] = []
+    todo = list(moves)
+    while todo or pending:
+        if todo and (not pending or rnd.random() < 0.5):
+            status, attempt = todo.pop(0)
+            r = rank(status, attempt)
+            head = {"created_wt": CREATED_WT, "status_wt": cell[0], "status_rank": cell[1]}
+            at = rank_write_time(head, r)
+            assert at is not None
+            if cell[1] < r:
+                pending.append((at, r))
+        else:
+            at, r = pending.pop(rnd.randrange(len(pending)))
+            cell = max(cell, (at, r))
+    assert cell[1] == max([initial, *(rank(st_, a) for st_, a in moves)])
+    assert cell[0] == CREATED_WT + write_offset_us(cell[1]) or cell == (CREATED_WT, initial)
+    assert cell[0] - CREATED_WT <= 13 * OFFSET_CLASS_US
 
 
 def test_operator_shard_is_stable() -> None:

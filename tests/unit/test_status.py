@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from notiflow.schemas.enums import Status
-from notiflow.schemas.status import rank, supersedes
+from notiflow.schemas.status import OFFSET_CLASS_US, rank, supersedes, write_offset_us
 
 IN_FLIGHT = [Status.PROCESSING, Status.RETRY_PENDING, Status.UNKNOWN]
 events = st.lists(st.tuples(st.sampled_from(list(Status)), st.integers(0, 20)), min_size=1,
@@ -87,3 +87,19 @@ def test_terminal_outcomes_outrank_any_attempt() -> None:
 def test_attempt_bounds() -> None:
     with pytest.raises(ValueError):
         rank(Status.PROCESSING, 100_000)
+
+
+@given(st.tuples(st.sampled_from(list(Status)), st.integers(0, 999)),
+       st.tuples(st.sampled_from(list(Status)), st.integers(0, 999)))
+def test_write_offsets_keep_the_order_and_stay_small(a: tuple[Status, int],
+                                                     b: tuple[Status, int]) -> None:
+    ra, rb = rank(*a), rank(*b)
+    oa, ob = write_offset_us(ra), write_offset_us(rb)
+    assert oa is not None and ob is not None
+    assert (oa < ob) == (ra < rb) and (oa == ob) == (ra == rb)
+    assert 0 <= oa <= 13 * OFFSET_CLASS_US
+
+
+def test_in_flight_ranks_beyond_attempt_999_have_no_offset() -> None:
+    assert write_offset_us(rank(Status.PROCESSING, 1000)) is None
+    assert write_offset_us(rank(Status.DELIVERED)) == 9 * OFFSET_CLASS_US
