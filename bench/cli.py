@@ -106,14 +106,20 @@ def soak(
     minutes: Annotated[float, typer.Option(help="How long the load runs.")] = 10.0,
     p3_rate: Annotated[float, typer.Option(help="P3 messages per second.")] = 50.0,
     otp_rate: Annotated[float, typer.Option(help="P0 OTPs per second.")] = 20.0,
+    cap_window: Annotated[float, typer.Option(
+        help="Seconds every recipient cap counts over (production: OTP 10 min, marketing "
+             "7 days), so cap state reaches its steady size early in the run.")] = 60.0,
     out: Out = Path("bench/results"),
 ) -> None:
     """Steady load on the tier-isolated platform: is each process's memory flat?"""
+    from datetime import timedelta
+
     from notiflow.bench import isolation as iso
     from notiflow.bench.report import soak_markdown, write
 
     with _stack():
-        doc = iso.run_soak(out, minutes=minutes, p3_rate=p3_rate, otp_rate=otp_rate, log=_log)
+        doc = iso.run_soak(out, minutes=minutes, p3_rate=p3_rate, otp_rate=otp_rate, log=_log,
+                           cap_window=timedelta(seconds=cap_window))
     md = soak_markdown(doc)
     _show(write(out, "soak", doc, md), md)
 

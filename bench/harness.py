@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sys
 import threading
 import time
 from collections.abc import Iterable, Mapping
@@ -105,15 +106,17 @@ class Sampler:
         return min(s, key=lambda x: abs(x.at - t)).rss_mb if s else 0.0
 
     def table(self, t0: float, t1: float) -> dict[str, dict[str, float]]:
-        """Per process: CPU seconds between ``t0`` and ``t1``, RSS (MiB) at both instants, and
-        the highest RSS sampled."""
+        """Per process: CPU seconds between ``t0`` and ``t1``, RSS (MiB) at both instants, at
+        the middle and at every tenth of the interval, and the highest RSS sampled."""
         out = {}
         for name in self.samples:
             out[name] = {"cpu_s": round(self.cpu_between(name, t0, t1), 2),
                          "rss_start_mb": round(self.rss_at(name, t0), 1),
                          "rss_mid_mb": round(self.rss_at(name, (t0 + t1) / 2), 1),
                          "rss_end_mb": round(self.rss_at(name, t1), 1),
-                         "rss_max_mb": round(self.rss(name)[2], 1)}
+                         "rss_max_mb": round(self.rss(name)[2], 1),
+                         "rss_tenths_mb": [round(self.rss_at(name, t0 + (t1 - t0) * i / 10), 1)
+                                           for i in range(11)]}
         return out
 
     def rss(self, name: str) -> tuple[float, float, float]:
@@ -217,8 +220,16 @@ class Phase:
             raise RuntimeError("; ".join(f"{p.name} exited:\n{p.tail(20)}" for p in dead))
 
     def stop(self) -> None:
+        """Stop the phase's processes and delete its topics (a local broker holding every
+        phase's topics of earlier runs ran out of heap when it started)."""
+        from notiflow.ops.topics import delete_topics
+
         self.sampler.stop()
         self.group.stop_all()
+        try:
+            delete_topics(self.settings)
+        except Exception as exc:
+            print(f"{self.name}: topics not deleted ({exc!r})", file=sys.stderr)
 
     def templates(self, tenants: Iterable[str]) -> dict[tuple[str, Channel], int]:
         """Create the bench templates of every channel for ``tenants``."""

@@ -13,11 +13,12 @@ clock.
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
 import uuid
-from collections.abc import Callable
-from datetime import UTC, datetime
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -25,16 +26,18 @@ from notiflow.bench.harness import CampaignProducer, Phase, send_otps, wait_unti
 from notiflow.bench.stats import summary
 from notiflow.bench.workload import REGIONS, PhoneFactory, Workload, records
 from notiflow.schemas.enums import Tier
+from notiflow.settings import Settings
 
 TIMELINE_POINTS = 4000
 """Points per tier kept in the JSON timeline (the plot uses all of them)."""
 
 
 def run_mode(mode: str, out: Path, run_id: str, n: int, otp_rate: float, max_drain: float,
-             log: Callable[[str], None], p3_rate: float | None = None) -> dict[str, Any]:
+             log: Callable[[str], None], p3_rate: float | None = None,
+             extra_env: Mapping[str, str] | None = None) -> dict[str, Any]:
     """One mode; ``p3_rate``: produce the campaign at that steady rate instead of a flood
-    (the soak run)."""
-    phase = Phase(f"isolation-{mode}", out, run_id, mode=mode)
+    (the soak run); ``extra_env``: settings of the phase's processes."""
+    phase = Phase(f"isolation-{mode}", out, run_id, mode=mode, extra_env=extra_env)
     phase.prepare()
     try:
         phase.start_platform()
@@ -130,12 +133,26 @@ def run(out: Path, *, n: int, otp_rate: float, modes: list[str], max_drain: floa
     return doc
 
 
+def soak_env(settings: Settings, cap_window: timedelta) -> dict[str, str]:
+    """Settings of a soak's processes: every recipient cap keeps its limit but counts over
+    ``cap_window``. Cap state is by design one entry per message let through in the window
+    (OTP: 10 minutes, marketing: 7 days); a window shorter than half the run lets that state
+    reach its steady size in the first half, so growth in the second half is a leak."""
+    caps = {c.value: {"limit": r.limit, "window": cap_window.total_seconds()}
+            for c, r in settings.caps.items()}
+    return {"NOTIFLOW_CAPS": json.dumps(caps)}
+
+
 def run_soak(out: Path, *, minutes: float, p3_rate: float, otp_rate: float,
-             log: Callable[[str], None]) -> dict[str, Any]:
+             log: Callable[[str], None],
+             cap_window: timedelta = timedelta(minutes=1)) -> dict[str, Any]:
     """Tier-isolated platform under a steady P3 load and P0 OTPs for ``minutes``: latency and
-    each process's RSS when the load started and when it ended."""
+    each process's RSS when the load started, at half time and when it ended."""
+    from notiflow.settings import load_settings
+
     run_id = uuid.uuid4().hex[:6]
     n = int(minutes * 60 * p3_rate)
-    r = run_mode("tiered", out, run_id, n, otp_rate, minutes * 60 + 600, log, p3_rate=p3_rate)
+    r = run_mode("tiered", out, run_id, n, otp_rate, minutes * 60 + 600, log, p3_rate=p3_rate,
+                 extra_env=soak_env(load_settings(), cap_window))
     return {"bench": "soak", "run_id": run_id, "minutes": minutes, "p3_rate": p3_rate,
-            "modes": {"soak": r}}
+            "cap_window_s": cap_window.total_seconds(), "modes": {"soak": r}}

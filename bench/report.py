@@ -55,13 +55,17 @@ def soak_markdown(doc: dict[str, Any]) -> str:
         mid = p.get("rss_mid_mb", p["rss_start_mb"])
         rows.append(f"| {name} | {p['rss_start_mb']} | {mid} | {p['rss_end_mb']} | "
                     f"{p['rss_end_mb'] - mid:+.1f} | {p['rss_max_mb']} | {p['cpu_s']} |")
+    series = ["| process | RSS MiB at each tenth of the load (0 % … 100 %) |", "|---|---|"]
+    series += [f"| {name} | {' '.join(str(v) for v in p['rss_tenths_mb'])} |"
+               for name, p in r["processes"].items() if p.get("rss_tenths_mb")]
     p0, p3 = r["p0"], r["p3"]
     return "\n".join([
         f"## Soak: {doc['minutes']} minutes, P3 at {doc['p3_rate']}/s and P0 at "
-        f"{r['otp_rate']}/s (tier-isolated)", "",
+        f"{r['otp_rate']}/s (tier-isolated); recipient caps counted over "
+        f"{doc.get('cap_window_s', 'their production')} s windows", "",
         f"P0: {p0['n']} sent, p50 {_ms(p0['p50'])}, p99 {_ms(p0['p99'])}, max {_ms(p0['max'])};"
         f" P3: {p3['n']} of {r['n']}, p50 {_ms(p3['p50'])}, p99 {_ms(p3['p99'])}.", "",
-        *rows, ""])
+        *rows, "", *series, ""])
 
 
 def _process_table(by_phase: dict[str, dict[str, Any]]) -> list[str]:

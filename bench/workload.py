@@ -22,6 +22,7 @@ from zoneinfo import ZoneInfo
 import orjson
 import phonenumbers
 
+from notiflow.fakes.apns import MAGIC_TOKENS as APNS_MAGIC_TOKENS
 from notiflow.flows.consent import phone_timezone
 from notiflow.schemas.enums import Category, Channel, PushPlatform, Tier
 
@@ -151,6 +152,8 @@ class Workload:
         platform = (PushPlatform.IOS, PushPlatform.ANDROID, PushPlatform.ANDROID,
                     PushPlatform.WEB)[i % 4]
         digest = hashlib.sha256(f"{self.run_id}:{i}".encode()).hexdigest()
+        while digest.startswith(tuple(APNS_MAGIC_TOKENS)):
+            digest = hashlib.sha256(digest.encode()).hexdigest()
         token = digest * 2 if platform is PushPlatform.IOS else f"{platform.value}:{digest}"
         return {"device_token": token, "platform": platform.value}, platform.value
 

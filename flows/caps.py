@@ -88,11 +88,14 @@ def tenant_cap_key(work: Work) -> str:
 
 
 class TenantDailyCap(StatefulLogic[Work, Work | StatusEvent, tuple[str, list[str]]]):
-    """State: (UTC day, message ids let through that day) for one tenant's marketing."""
+    """State: (UTC day, message ids let through that day) for one tenant's marketing. The ids
+    are a set (a campaign's cap can be millions: membership is checked per message); the
+    snapshot lists them."""
 
     def __init__(self, resume: tuple[str, list[str]] | None, settings: Settings,
                  clock: Clock) -> None:
-        self.day, self.ids = resume if resume else ("", [])
+        day, ids = resume if resume else ("", [])
+        self.day, self.ids = day, set(ids)
         self.settings = settings
         self.clock = clock
 
@@ -104,7 +107,7 @@ class TenantDailyCap(StatefulLogic[Work, Work | StatusEvent, tuple[str, list[str
         now = self.clock()
         day = now.date().isoformat()
         if day != self.day:
-            self.day, self.ids = day, []
+            self.day, self.ids = day, set()
         if value.message_id in self.ids:
             return [value], StatefulLogic.RETAIN
         if len(self.ids) >= cap:
@@ -112,7 +115,7 @@ class TenantDailyCap(StatefulLogic[Work, Work | StatusEvent, tuple[str, list[str
                               f"send.{value.record.tier.value.lower()}",
                               reason="tenant_daily_cap")
             return [ev], StatefulLogic.RETAIN
-        self.ids.append(value.message_id)
+        self.ids.add(value.message_id)
         return [value], StatefulLogic.RETAIN
 
     def snapshot(self) -> tuple[str, list[str]]:

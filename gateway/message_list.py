@@ -23,8 +23,8 @@ from notiflow.adapters.cassandra_store import Cursor, utc
 from notiflow.gateway.auth import RuntimeDep, Tenant
 from notiflow.gateway.errors import unprocessable
 from notiflow.gateway.runtime import now_ms
-from notiflow.schemas.enums import Channel, Status, Tier
-from notiflow.schemas.messages import Wire
+from notiflow.schemas.enums import Status
+from notiflow.schemas.messages import MessageHead, Wire
 
 router = APIRouter()
 
@@ -33,17 +33,9 @@ MAX_LIMIT = 200
 PATH = "/v1/messages"
 
 
-class MessageSummary(Wire):
+class MessageSummary(MessageHead):
     """One message of the list (no recipient, no variables)."""
 
-    message_id: str
-    status: Status
-    reason: str | None
-    channel: Channel
-    tier: Tier
-    category: str | None
-    template_id: str | None
-    template_version: int | None
     attempt: int | None
     accepted_at: datetime | None
     updated_at: datetime | None

@@ -346,8 +346,8 @@ class AttemptView(Wire):
     completed_at: datetime | None
 
 
-class MessageView(Wire):
-    """``GET /v1/messages/{id}``."""
+class MessageHead(Wire):
+    """What every API view of a message shows first (no recipient, no variables)."""
 
     message_id: str
     status: Status
@@ -357,6 +357,11 @@ class MessageView(Wire):
     category: str | None
     template_id: str | None
     template_version: int | None
+
+
+class MessageView(MessageHead):
+    """``GET /v1/messages/{id}``."""
+
     accepted_at: datetime | None
     updated_at: datetime | None
     attempts: tuple[AttemptView, ...]

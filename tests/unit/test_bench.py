@@ -15,6 +15,7 @@ from notiflow.bench.report import (
     isolation_markdown,
     isolation_plot,
     scale_markdown,
+    soak_markdown,
     throughput_markdown,
 )
 from notiflow.bench.stats import percentile, profile_top, steady_rate, summary
@@ -50,6 +51,18 @@ def test_workload_mix_size_and_validity() -> None:
         if rec.channel is Channel.SMS:
             assert awake(rec.recipient, NOON_UTC)
     assert len(recipients) == 1500
+
+
+def test_push_tokens_never_hit_an_emulator_error_prefix() -> None:
+    """A benchmark message must not fail by chance: no generated token starts with a prefix
+    the APNs emulator answers with an error (1 in ~13,000 random hex tokens would)."""
+    from notiflow.fakes.apns import MAGIC_TOKENS
+
+    w = Workload("tok")
+    tokens = [w.recipient(Channel.PUSH)[0] for _ in range(60_000)]
+    ios = [t["device_token"] for t in tokens if isinstance(t, dict) and t["platform"] == "ios"]
+    assert len(ios) == 15_000
+    assert not [t for t in ios if t.startswith(tuple(MAGIC_TOKENS)) or set(t) == {"0"}]
 
 
 def test_phone_factories_with_distinct_starts_never_meet() -> None:
@@ -120,6 +133,25 @@ def test_reports_render(tmp_path: Path) -> None:
                                   {"processes": 2, "steady_rate": 150.0, "rate": 120.0,
                                    "cpu_ms_per_msg": 1.1}]})
     assert "1.50x" in sc
+
+
+def test_soak_report_and_settings() -> None:
+    import json
+    from datetime import timedelta
+
+    from notiflow.bench.isolation import soak_env
+    from notiflow.settings import Settings
+
+    proc = {"cpu_s": 1.0, "rss_start_mb": 100.0, "rss_mid_mb": 110.0, "rss_end_mb": 111.5,
+            "rss_max_mb": 112.0, "rss_tenths_mb": [100.0 + i for i in range(11)]}
+    lat = {"n": 5, "p50": 0.1, "p99": 0.2, "max": 0.3}
+    md = soak_markdown({"minutes": 10, "p3_rate": 40, "cap_window_s": 60.0, "modes": {"soak": {
+        "otp_rate": 20, "n": 5, "p0": lat, "p3": lat, "processes": {"send-p0": proc}}}})
+    assert "| send-p0 | 100.0 | 110.0 | 111.5 | +1.5 | 112.0 | 1.0 |" in md
+    assert "| send-p0 | 100.0 101.0 102.0" in md and "60.0 s windows" in md
+    caps = json.loads(soak_env(Settings(), timedelta(seconds=60))["NOTIFLOW_CAPS"])
+    limits = {c.value: r.limit for c, r in Settings().caps.items()}
+    assert caps == {c: {"limit": n, "window": 60.0} for c, n in limits.items()}
 
 
 def test_topic_specs_are_unique_in_either_mode() -> None:

@@ -182,5 +182,8 @@ def test_tenant_daily_marketing_cap(monkeypatch: pytest.MonkeyPatch) -> None:
     results = [next(iter(cap.on_item(work(message_id=f"m{i}"))[0])) for i in range(3)]
     assert [isinstance(r, Work) for r in results] == [True, True, False]
     assert results[2].reason == "tenant_daily_cap"
+    again = TenantDailyCap(cap.snapshot(), Settings(), lambda: clock[0])
+    assert isinstance(next(iter(again.on_item(work(message_id="m1"))[0])), Work)
+    assert not isinstance(next(iter(again.on_item(work(message_id="m9"))[0])), Work)
     clock[0] += timedelta(days=1)
     assert isinstance(next(iter(cap.on_item(work(message_id="m3"))[0])), Work)
