@@ -129,7 +129,8 @@ class AdmissionStore:
 
     @classmethod
     def open(cls, settings: Settings) -> AdmissionStore:
-        client = redis_client(settings.redis_url, timeout=REDIS_TIMEOUT_S)
+        client = redis_client(settings.redis_url, timeout=REDIS_TIMEOUT_S,
+                              pool_wait=REDIS_TIMEOUT_S)
         return cls(client, settings.topic_prefix)
 
     def tenant_key(self, tenant_id: str) -> str:

@@ -98,3 +98,23 @@ async def test_dedup_confirm_and_finish_share_round_trips(redis_url: str) -> Non
         await client.delete(*keys)
         await client.aclose()
 
+
+
+async def test_waiting_for_a_free_connection_is_not_an_error(redis_url: str) -> None:
+    """Five commands queue for the one connection of a pool, each holding it 0.4 s: the last
+    waits ~1.6 s, longer than the 1 s socket timeout, and still succeeds (a busy pool is not a
+    Redis outage). The API's admission pool waits no longer than its timeout."""
+    client = redis_client(redis_url, timeout=1.0, max_connections=1)
+    key = f"{uuid.uuid4().hex}:empty"
+    try:
+        results = await asyncio.gather(*(client.blpop([key], timeout=0.4) for _ in range(5)))
+        assert results == [None] * 5
+    finally:
+        await client.aclose()
+    strict = redis_client(redis_url, timeout=0.5, max_connections=1, pool_wait=0.5)
+    try:
+        results = await asyncio.gather(*(strict.blpop([key], timeout=0.4) for _ in range(5)),
+                                       return_exceptions=True)
+        assert any(isinstance(r, RedisConnectionError) for r in results), results
+    finally:
+        await strict.aclose()
