@@ -418,7 +418,7 @@ class CassandraStore:
         if at is None:
             applied, exists = await self._cas_transition(
                 message_id, status, attempt, reason, now, provider_id, provider_message_id,
-                next_attempt_at)
+                next_attempt_at, row)
             if then is not None:
                 await self.write_all(then(applied))
             return applied, exists
@@ -442,8 +442,9 @@ class CassandraStore:
     async def _cas_transition(
         self, message_id: str, status: Status, attempt: int, reason: str | None,
         now: datetime, provider_id: str | None, provider_message_id: str | None,
-        next_attempt_at: datetime | None,
+        next_attempt_at: datetime | None, head: dict[str, Any],
     ) -> tuple[bool, bool]:
+        """The compare-and-set transition (``head``: the row as read before it)."""
         r = rank(status, attempt)
         rows = await self._run("msg_transition", (
             status.value, r, reason, attempt, now, provider_id, provider_message_id,
@@ -453,23 +454,11 @@ class CassandraStore:
         applied = bool(row.get("[applied]"))
         exists = applied or row.get("status_rank") is not None
         if status in FAILURE_STATUSES and (applied or row.get("status_rank") == r):
-            await self._index_failure(message_id, status, r, attempt, reason, provider_id,
-                                      to_ms(now) if applied else None)
+            failure = self._failure_write(message_id, status, r, attempt, reason, provider_id,
+                                          to_ms(now) if applied else None, head)
+            if failure is not None:
+                await self._run(*failure)
         return applied, exists
-
-    async def _index_failure(
-        self, message_id: str, status: Status, r: int, attempt: int, reason: str | None,
-        provider_id: str | None, failed_at: datetime | None,
-    ) -> None:
-        """Write the ``failures_by_tier_day`` row of a compare-and-set transition (the
-        message row is read here)."""
-        if "failure_insert" not in self._stmts:
-            return
-        msg = await self.get_message(message_id)
-        write = self._failure_write(message_id, status, r, attempt, reason, provider_id,
-                                    failed_at, msg)
-        if write is not None:
-            await self._run(*write)
 
     def _failure_write(
         self, message_id: str, status: Status, r: int, attempt: int, reason: str | None,

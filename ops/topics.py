@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
@@ -66,24 +67,30 @@ def ensure_topics(settings: Settings, timeout: float = 30.0) -> list[str]:
         operation_timeout=timeout,
         request_timeout=timeout,
     )
-    created = []
+    return _settled(futures, timeout, already="TOPIC_ALREADY_EXISTS")
+
+
+def _settled(futures: dict[str, Any], timeout: float, already: str) -> list[str]:
+    """Names whose admin operation succeeded; an error naming ``already`` (the topic was
+    already in the wanted state) is skipped, any other raised."""
+    done = []
     for name, fut in futures.items():
         try:
             fut.result(timeout=timeout)
-            created.append(name)
+            done.append(name)
         except KafkaException as exc:
-            if "TOPIC_ALREADY_EXISTS" not in str(exc):
+            if already not in str(exc):
                 raise
-    return created
+    return done
 
 
 def delete_topics(settings: Settings, prefix: str | None = None,
                   timeout: float = 60.0) -> list[str]:
     """Delete every topic whose name starts with ``prefix`` (default: the settings' topic
     prefix, which must not be empty) and wait until the broker no longer lists them; returns
-    the names deleted. Test sessions and benchmark
-    phases each create a prefixed copy of every topic; a local broker that keeps them all
-    runs out of heap when it starts (thousands of partitions)."""
+    the names deleted. Test sessions and benchmark phases each create a prefixed copy of every
+    topic; a local broker that keeps them all runs out of heap when it starts (thousands of
+    partitions)."""
     prefix = settings.topic_prefix if prefix is None else prefix
     if not prefix:
         raise ValueError("refusing to delete every topic: give a non-empty prefix")
@@ -92,14 +99,7 @@ def delete_topics(settings: Settings, prefix: str | None = None,
     if not names:
         return []
     futures = admin.delete_topics(names, operation_timeout=timeout, request_timeout=timeout)
-    deleted = []
-    for name, fut in futures.items():
-        try:
-            fut.result(timeout=timeout)
-            deleted.append(name)
-        except KafkaException as exc:
-            if "UNKNOWN_TOPIC_OR_PART" not in str(exc):
-                raise
+    deleted = _settled(futures, timeout, already="UNKNOWN_TOPIC_OR_PART")
     deadline = time.monotonic() + timeout
     while set(admin.list_topics(timeout=timeout).topics) & set(names):
         if time.monotonic() > deadline:
