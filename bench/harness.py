@@ -318,10 +318,8 @@ class CampaignProducer:
 
         self.started = time.time()
         for i, g in enumerate(items):
-            if rate:
-                ahead = self.started + i / rate - time.time()
-                if ahead > 0:
-                    self.producer.poll(ahead)
+            while rate and (ahead := self.started + i / rate - time.time()) > 0:
+                self.producer.poll(ahead)
             topic = self.settings.ingest_topic(g.channel, tier)
             while True:
                 try:

@@ -1,122 +1,130 @@
-"""Recipient frequency caps and the tenant's daily marketing cap, as keyed Bytewax state.
+"""Recipient frequency caps and the tenant's daily marketing cap: the rules, and their model.
 
-Exact: a cap counts every message it lets through (at release, just before sending), per
-key on one worker, so several processes of a tier can never let more than N through in any
-window. A message is counted once however often it comes back (retries, replays).
+The counts live in Redis (``adapters/redis_caps.py``), as DESIGN.md puts every cluster-wide
+limit: the dispatcher checks a batch's messages in one round trip just before sending them
+(after the dedup lease, before content dedup). They cost the send flow no memory (a
+50-million-recipient campaign keeps its 7-day marketing windows in Redis, with TTLs), hold
+across every process of a tier, and survive restarts and re-partitioning.
+
+Exact: a cap counts every message it lets through, atomically per recipient, so several
+processes can never let more than N through in any window. A message is counted once
+however often it comes back (retries, replays): the message id is the member counted.
+
+:class:`LocalCaps` is the same rule in process memory: the contract the Redis script is
+tested against, and the conservative fallback of a tier that keeps sending while Redis is
+down (P0/P1; each process then lets through ``limit // workers``). Marketing caps fail
+closed: without Redis a marketing message waits.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from datetime import UTC, datetime, timedelta
-
-from bytewax.operators import StatefulLogic
+import enum
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 
 from notiflow.flows.model import Work
-from notiflow.flows.steps import Clock, status_event
-from notiflow.schemas.enums import Category, Status
-from notiflow.schemas.messages import StatusEvent
-from notiflow.settings import CapRule, Settings
+from notiflow.schemas.enums import Category
+from notiflow.settings import Settings
 
-Counted = list[tuple[datetime, str]]
+TENANT_MARKER_WINDOW = timedelta(days=1)
+"""How long a message counted only by its tenant's daily cap is remembered (no recipient
+rule for its category)."""
+TENANT_DAY_TTL = timedelta(days=2)
+FAIL_CLOSED = frozenset({Category.MARKETING})
 
 
-def cap_key(work: Work) -> str:
+class Verdict(enum.Enum):
+    """A cap check's answer; a refusal's value is the SUPPRESSED event's reason."""
+
+    OK = "ok"
+    RECIPIENT = "frequency_cap"
+    TENANT = "tenant_daily_cap"
+
+
+@dataclass(frozen=True, slots=True)
+class CapCheck:
+    """What releasing one message is checked against. ``limit`` None: its category has no
+    recipient cap (the recipient key only remembers that the message was counted);
+    ``tenant_key`` None: no tenant cap applies."""
+
+    recipient_key: str
+    member: str
+    window: timedelta
+    limit: int | None
+    tenant_key: str | None = None
+    tenant_cap: int | None = None
+    fail_closed: bool = False
+
+
+def cap_check(work: Work, settings: Settings, now: datetime) -> CapCheck | None:
+    """The caps of ``work`` at ``now``, or None when none applies (windows time-scaled)."""
     r = work.record
-    return f"{r.tenant_id}:{work.recipient_hash}:{r.category.value}"
+    rule = settings.caps.get(r.category)
+    tenant = settings.tenant(r.tenant_id) if r.category is Category.MARKETING else None
+    daily = tenant.daily_marketing_cap if tenant is not None else None
+    if rule is None and daily is None:
+        return None
+    return CapCheck(
+        recipient_key=f"{r.tenant_id}:{work.recipient_hash}:{r.category.value}",
+        member=work.message_id,
+        window=settings.scaled(rule.window) if rule is not None else TENANT_MARKER_WINDOW,
+        limit=rule.limit if rule is not None else None,
+        tenant_key=f"{r.tenant_id}:{now.date().isoformat()}" if daily is not None else None,
+        tenant_cap=daily,
+        fail_closed=r.category in FAIL_CLOSED,
+    )
 
 
-class RecipientCap(StatefulLogic[Work, Work | StatusEvent, Counted]):
-    """State: (time, message_id) of the messages let through in the current window. The
-    state of a recipient is discarded when its last entry leaves the window (a timer), not
-    only when the recipient's next message arrives: a campaign reaches millions of
-    recipients once each, and ``notiflow bench soak`` saw the send flows grow with every new
-    recipient."""
+class LocalCaps:
+    """:class:`CapCheck` answered from this process's memory. ``share`` divides every limit
+    (the fallback's ``1 / workers``, rounded down, at least one message). Entries leave
+    with their window; :meth:`admit` sweeps every ``sweep_every`` calls, so memory follows
+    the recipients seen within a window, not all recipients ever seen."""
 
-    def __init__(self, resume: Counted | None, settings: Settings, clock: Clock) -> None:
-        self.sent: Counted = list(resume or [])
-        self.settings = settings
-        self.clock = clock
-        self.window: timedelta | None = None
-        """The key's cap window (known from its first item; a resumed state uses the
-        longest window of any cap until then)."""
-        self.longest = max((settings.scaled(r.window) for r in settings.caps.values()),
-                           default=timedelta(0))
+    def __init__(self, share: int = 1, sweep_every: int = 1024) -> None:
+        self.share = max(1, share)
+        self.sweep_every = sweep_every
+        self.sent: dict[str, list[tuple[datetime, str]]] = {}
+        self.windows: dict[str, timedelta] = {}
+        self.tenant_days: dict[str, int] = {}
+        self._calls = 0
 
-    def _rule(self, category: Category) -> CapRule | None:
-        return self.settings.caps.get(category)
+    def _limit(self, n: int) -> int:
+        return n if self.share == 1 else max(1, n // self.share)
 
-    def on_item(self, value: Work) -> tuple[Iterable[Work | StatusEvent], bool]:
-        rule = self._rule(value.record.category)
-        if rule is None:
-            return [value], StatefulLogic.DISCARD
-        now = self.clock()
-        window = self.window = self.settings.scaled(rule.window)
-        self.sent = [(t, m) for t, m in self.sent if now - t < window]
-        if any(m == value.message_id for _, m in self.sent):
-            return [value], StatefulLogic.RETAIN
-        if len(self.sent) >= rule.limit:
-            ev = status_event(value, Status.SUPPRESSED, now,
-                              f"send.{value.record.tier.value.lower()}", reason="frequency_cap")
-            return [ev], self._keep()
-        self.sent.append((now, value.message_id))
-        return [value], StatefulLogic.RETAIN
+    def admit(self, check: CapCheck, now: datetime) -> Verdict:
+        self._calls += 1
+        if self._calls % self.sweep_every == 0:
+            self.sweep(now)
+        key = check.recipient_key
+        kept = [(t, m) for t, m in self.sent.get(key, ()) if now - t < check.window]
+        if any(m == check.member for _, m in kept):
+            self.sent[key] = kept
+            return Verdict.OK
+        if check.limit is not None and len(kept) >= self._limit(check.limit):
+            self._store(key, kept, check.window)
+            return Verdict.RECIPIENT
+        if check.tenant_key is not None and check.tenant_cap is not None:
+            used = self.tenant_days.get(check.tenant_key, 0)
+            if used >= self._limit(check.tenant_cap):
+                self._store(key, kept, check.window)
+                return Verdict.TENANT
+            self.tenant_days[check.tenant_key] = used + 1
+        kept.append((now, check.member))
+        self._store(key, kept, check.window)
+        return Verdict.OK
 
-    def _keep(self) -> bool:
-        return StatefulLogic.RETAIN if self.sent else StatefulLogic.DISCARD
+    def _store(self, key: str, kept: list[tuple[datetime, str]], window: timedelta) -> None:
+        if kept:
+            self.sent[key], self.windows[key] = kept, window
+        else:
+            self.sent.pop(key, None)
+            self.windows.pop(key, None)
 
-    def on_notify(self) -> tuple[Iterable[Work | StatusEvent], bool]:
-        now = self.clock()
-        window = self.window or self.longest
-        self.sent = [(t, m) for t, m in self.sent if now - t < window]
-        return [], self._keep()
-
-    def notify_at(self) -> datetime | None:
-        """When the oldest entry leaves the window, on the wall clock (Bytewax's timers run
-        on it; the injected clock may differ, so the remaining time is carried over)."""
-        if not self.sent:
-            return None
-        remaining = min(t for t, _ in self.sent) + (self.window or self.longest) - self.clock()
-        return datetime.now(UTC) + max(remaining, timedelta(0))
-
-    def snapshot(self) -> Counted:
-        return list(self.sent)
-
-
-def tenant_cap_key(work: Work) -> str:
-    return f"{work.record.tenant_id}:daily-marketing"
-
-
-class TenantDailyCap(StatefulLogic[Work, Work | StatusEvent, tuple[str, list[str]]]):
-    """State: (UTC day, message ids let through that day) for one tenant's marketing. The ids
-    are a set (a campaign's cap can be millions: membership is checked per message); the
-    snapshot lists them."""
-
-    def __init__(self, resume: tuple[str, list[str]] | None, settings: Settings,
-                 clock: Clock) -> None:
-        day, ids = resume if resume else ("", [])
-        self.day, self.ids = day, set(ids)
-        self.settings = settings
-        self.clock = clock
-
-    def on_item(self, value: Work) -> tuple[Iterable[Work | StatusEvent], bool]:
-        tenant = self.settings.tenant(value.record.tenant_id)
-        cap = tenant.daily_marketing_cap if tenant else None
-        if value.record.category is not Category.MARKETING or cap is None:
-            return [value], StatefulLogic.RETAIN if self.ids else StatefulLogic.DISCARD
-        now = self.clock()
-        day = now.date().isoformat()
-        if day != self.day:
-            self.day, self.ids = day, set()
-        if value.message_id in self.ids:
-            return [value], StatefulLogic.RETAIN
-        if len(self.ids) >= cap:
-            ev = status_event(value, Status.SUPPRESSED, now,
-                              f"send.{value.record.tier.value.lower()}",
-                              reason="tenant_daily_cap")
-            return [ev], StatefulLogic.RETAIN
-        self.ids.add(value.message_id)
-        return [value], StatefulLogic.RETAIN
-
-    def snapshot(self) -> tuple[str, list[str]]:
-        return (self.day, list(self.ids))
+    def sweep(self, now: datetime) -> None:
+        """Forget every recipient whose newest entry left its window, and past days."""
+        for key in [k for k, v in self.sent.items() if now - v[-1][0] >= self.windows[k]]:
+            del self.sent[key], self.windows[key]
+        today = now.date().isoformat()
+        for key in [k for k in self.tenant_days if not k.endswith(today)]:
+            del self.tenant_days[key]

@@ -43,8 +43,10 @@ from notiflow.adapters.cassandra_store import CassandraStore, connect
 from notiflow.adapters.dlq_crypto import DlqCipher
 from notiflow.adapters.kafka_io import AsyncProducer
 from notiflow.adapters.providers.base import OutboundMessage, Outcome, ProviderClient, SendResult
+from notiflow.adapters.redis_caps import CapStore
 from notiflow.adapters.redis_dedup import DedupStore, LeaseState
 from notiflow.adapters.worker import loop_thread, register
+from notiflow.flows.caps import LocalCaps, Verdict, cap_check
 from notiflow.flows.model import Out, Retry, Work
 from notiflow.flows.policy import RetryPolicy
 from notiflow.flows.routing import Choice, Unavailable, choose, rank_routes
@@ -68,6 +70,7 @@ T = TypeVar("T")
 
 INFRA_RETRY_FOR = timedelta(seconds=60)
 REDIS_PAUSE_S = 0.5
+REDIS_CLOSED_WAIT_S = 30.0
 BACKLOG_REPORT_S = 1.0
 POLL = timedelta(milliseconds=5)
 STALE_MARGIN = timedelta(seconds=2)
@@ -259,6 +262,7 @@ _metrics = _SendMetrics()
 @dataclass
 class _Resources:
     dedup: DedupStore
+    caps: CapStore
     store: CassandraStore
     cluster: Any
     clients: dict[str, ProviderClient]
@@ -299,6 +303,7 @@ class Dispatcher:
         self._crashes: dict[str, int] = {}
         self._templates: dict[tuple[str, str, int], dict[str, Any]] = {}
         self._oldest: dict[str, tuple[Tier, float, Channel]] = {}
+        self._local_caps = LocalCaps(share=workers)
         register(self)
         _live.add(self)
 
@@ -326,8 +331,10 @@ class Dispatcher:
         store = CassandraStore(session, s)
         breakers = CircuitBreakers(s)
         breakers.on_change(self._breaker_changed)
+        dedup = DedupStore.open(s, self.owner)
         self._res = _Resources(
-            dedup=DedupStore.open(s, self.owner),
+            dedup=dedup,
+            caps=CapStore(dedup.r, s.topic_prefix),
             store=store,
             cluster=cluster,
             clients=await open_clients(s, self.tier),
@@ -360,6 +367,10 @@ class Dispatcher:
             return
 
         async def shutdown() -> None:
+            me = asyncio.current_task()
+            for task in asyncio.all_tasks():
+                if task is not me:
+                    task.cancel()
             res = self._res
             if res is None:
                 return
@@ -529,6 +540,7 @@ class Dispatcher:
                 plan[id(w)] = await self._finished(
                     w, status_event(w, Status.EXPIRED, now, self.source, reason="ttl"))
         live = [w for w in live if id(w) not in plan]
+        live = await self._capped(live, plan, now)
 
         fresh = [w for w in live if w.record.idempotency_key is None]
         claims = [(dedup.content_key(w.record.tenant_id, content_fingerprint(w)), w.message_id)
@@ -570,6 +582,32 @@ class Dispatcher:
             else:
                 plan[id(w)] = (r, content_keys.get(id(w)))
         return plan
+
+    async def _capped(self, live: list[Work], plan: dict[int, Any],
+                      now: datetime) -> list[Work]:
+        """Recipient and tenant caps (``flows/caps.py``), counted in Redis; over a cap →
+        SUPPRESSED. Redis down on a tier that keeps sending: :class:`LocalCaps` with this
+        process's share of each limit, except that marketing waits (fails closed)."""
+        assert self._res is not None
+        caps = self._res.caps
+        checked = [(w, c) for w in live if (c := cap_check(w, self.settings, now)) is not None]
+        if not checked:
+            return live
+        checks = [c for _, c in checked]
+        verdicts: list[Verdict | None] | None = await self._redis(
+            lambda: caps.admit(checks, now), None)
+        if verdicts is None:
+            verdicts = [None if c.fail_closed else self._local_caps.admit(c, now)
+                        for c in checks]
+        for (w, _), verdict in zip(checked, verdicts, strict=True):
+            if verdict is None:
+                plan[id(w)] = [retry_record(w, w.record.attempt,
+                                            now + timedelta(seconds=REDIS_CLOSED_WAIT_S))]
+                await self._release(w)
+            elif verdict is not Verdict.OK:
+                plan[id(w)] = await self._finished(w, status_event(
+                    w, Status.SUPPRESSED, now, self.source, reason=verdict.value))
+        return [w for w in live if id(w) not in plan]
 
     async def _strong_consent(self, live: list[Work], plan: dict[int, Any],
                               now: datetime) -> list[Work]:

@@ -10,10 +10,11 @@ Recipe (``build_send_flow``)::
       → policy                            opted out / suppressed → SUPPRESSED;
                                           quiet hours (P2/P3) → deferred to the window's end
       → hold (keyed by message_id)        retry backoff, scheduled_at, quiet hours: timers
-      → caps (keyed by recipient+category, then tenant)   over the cap → SUPPRESSED
-      → send (keyed by channel+shard)     asynchronous: dedup lease, expiry, content dedup,
-                                          marketing consent re-checked in Cassandra, render,
-                                          capacity token, provider call; bounded per channel
+      → send (keyed by channel+shard)     asynchronous: dedup lease, expiry, recipient and
+                                          tenant caps (Redis; over a cap → SUPPRESSED),
+                                          content dedup, marketing consent re-checked in
+                                          Cassandra, render, capacity token, provider call;
+                                          bounded per channel
       → dlq-guard                         too many dead letters → the flow halts (guard.py)
       → encode → confirming Kafka sink    notify.events, retry records, notify.dlq.{tier}
 
@@ -42,13 +43,12 @@ from notiflow.adapters.bytewax_kafka import (
 from notiflow.adapters.dlq_crypto import DlqCipher
 from notiflow.adapters.kafka_io import OutRecord
 from notiflow.adapters.providers.base import ProviderClient
-from notiflow.flows.caps import RecipientCap, TenantDailyCap, cap_key, tenant_cap_key
 from notiflow.flows.consent import PolicyStep, PreferenceJoin, join_key
 from notiflow.flows.dispatch import ChannelPressure, Dispatcher, SendLogic, shard_key
 from notiflow.flows.guard import DlqGuard
 from notiflow.flows.model import Work, utcnow
 from notiflow.flows.steps import Clock, Encoder, Hold, IngestParser, RawMessage
-from notiflow.schemas.enums import Category, Channel, Tier
+from notiflow.schemas.enums import Channel, Tier
 from notiflow.schemas.preferences import PreferenceState
 from notiflow.settings import Settings
 
@@ -135,28 +135,15 @@ def build_send_flow(
                        lambda resume: Hold(resume, clock))
     ready = op.merge("ready", timing.trues, op.key_rm("unkey-message", held))
 
-    capped = op.key_rm("unkey-cap", op.stateful(
-        "recipient-caps", op.key_on("by-recipient-category", ready, cap_key),
-        lambda resume: RecipientCap(resume, settings, clock)))
-    cap_split = op.branch("cap-ok", capped, lambda x: isinstance(x, Work))
-    marketing = op.branch("is-marketing", cap_split.trues,
-                          lambda w: w.record.category is Category.MARKETING)
-    tenant_capped = op.key_rm("unkey-tenant", op.stateful(
-        "tenant-daily-cap", op.key_on("by-tenant", marketing.trues, tenant_cap_key),
-        lambda resume: TenantDailyCap(resume, settings, clock)))
-    tenant_split = op.branch("tenant-cap-ok", tenant_capped, lambda x: isinstance(x, Work))
-    sendable = op.merge("sendable", marketing.falses, tenant_split.trues)
-
     dispatcher = Dispatcher(settings, policy_tier, policy, cipher, pressure, clock, rng,
                             source=f"send.{name}", workers=workers)
     dispatcher.start()
     sent = op.key_rm("unkey-send", op.stateful_batch(
-        "send", op.key_on("by-channel-shard", sendable,
+        "send", op.key_on("by-channel-shard", ready,
                           lambda w: shard_key(w, SHARDS_PER_CHANNEL)),
         lambda resume: SendLogic(dispatcher, resume)))
 
-    outputs = op.merge("outputs", sent, split.falses, decision.falses, cap_split.falses,
-                       tenant_split.falses)
+    outputs = op.merge("outputs", sent, split.falses, decision.falses)
     guarded = op.map("dlq-guard", outputs, DlqGuard(settings.dlq, f"send.{name}"))
     records = op.map("encode", guarded, Encoder(settings))
     op.output("kafka-out", records, sink or ConfirmingSink(settings))

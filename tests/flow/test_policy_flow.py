@@ -129,3 +129,30 @@ def test_otp_cap_per_recipient_window(stack: Settings, fakes: str, template: int
     assert statuses == ["PROVIDER_ACCEPTED"] * 5 + ["SUPPRESSED"] * 2
     assert {e.reason for e in to_who if e.status.value == "SUPPRESSED"} == {"frequency_cap"}
     assert len(events) == 8
+
+
+@pytest.mark.parametrize("runner", list(RUNNERS))
+def test_tenant_daily_marketing_cap_counts_across_workers(stack: Settings, fakes: str,
+                                                          template: int, runner: str) -> None:
+    """A tenant allowed 2 marketing messages a day: of 4 (to 4 recipients, so no recipient
+    cap applies) exactly 2 are sent, whichever worker takes which; the count lives in
+    Redis (``tcap:{tenant}:{day}``), so it is reset here for the run."""
+    import redis
+
+    acme = stack.tenant("acme")
+    assert acme is not None
+    settings = stack.model_copy(update={"tenants": tuple(
+        t.model_copy(update={"daily_marketing_cap": 2}) if t.id == "acme" else t
+        for t in stack.tenants)})
+    with redis.Redis.from_url(stack.redis_url) as r:
+        r.delete(f"{stack.topic_prefix}tcap:acme:{datetime.now(UTC).date().isoformat()}")
+    base = uuid.uuid4().int % 10**8
+    zone = daytime_zone()
+    who = [unique_number(base + i) for i in range(4)]
+    prefs = [pref_msg(stack, i, n, timezone=zone) for i, n in enumerate(who)]
+    items = [kmsg(stack, message(f"m{base}-{i}", recipient=n, tier="P3"), base + i, Tier.P3)
+             for i, n in enumerate(who)]
+    events, dlq, _ = decode(settings, run(settings, runner, Tier.P3, items, prefs))
+    got = sorted((e.status.value, e.reason or "") for e in events)
+    assert got == [("PROVIDER_ACCEPTED", "")] * 2 + [("SUPPRESSED", "tenant_daily_cap")] * 2
+    assert dlq == []

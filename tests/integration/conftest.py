@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import pytest
 import redis
+import redis.asyncio as aioredis
 from cassandra.cluster import Session
 
 from notiflow.adapters.cassandra_store import connect
@@ -205,6 +206,14 @@ def redis_url() -> Iterator[str]:
         server.stop()
     else:
         yield url
+
+
+@pytest.fixture
+async def client(redis_url: str) -> AsyncIterator[aioredis.Redis]:
+    """An asyncio client of :func:`redis_url` (decoded responses)."""
+    c = aioredis.Redis.from_url(redis_url, decode_responses=True)
+    yield c
+    await c.aclose()
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from datetime import timedelta
 
 import pytest
@@ -48,13 +48,6 @@ SMALL = BreakerParams.from_rule(BreakerRule(
     window=timedelta(seconds=10), buckets=5, failure_threshold=2, min_calls=4,
     min_latency_calls=5, open_for=timedelta(seconds=20), min_probes=3, close_ratio=0.75,
     max_probes=8, throttle_gap=timedelta(seconds=2), weight_recovery=timedelta(seconds=10)))
-
-
-@pytest.fixture
-async def client(redis_url: str) -> AsyncIterator[aioredis.Redis]:
-    c = aioredis.Redis.from_url(redis_url, decode_responses=True)
-    yield c
-    await c.aclose()
 
 
 def namespace() -> str:

@@ -15,7 +15,6 @@ import math
 import random
 import time
 import uuid
-from collections.abc import AsyncIterator
 
 import pytest
 import redis.asyncio as aioredis
@@ -42,13 +41,6 @@ pytestmark = pytest.mark.integration
 W = 1_000_000
 T0 = 1_000_000_000
 SHARES = (0.2, 0.25, 0.25, 0.3)
-
-
-@pytest.fixture
-async def client(redis_url: str) -> AsyncIterator[aioredis.Redis]:
-    c = aioredis.Redis.from_url(redis_url, decode_responses=True)
-    yield c
-    await c.aclose()
 
 
 def namespace() -> str:

@@ -6,11 +6,10 @@ from datetime import UTC, datetime, time, timedelta
 from zoneinfo import ZoneInfo
 
 import pytest
-from bytewax.operators import StatefulLogic
 from hypothesis import given
 from hypothesis import strategies as st
 
-from notiflow.flows.caps import RecipientCap, TenantDailyCap
+from notiflow.flows.caps import LocalCaps, Verdict, cap_check
 from notiflow.flows.consent import (
     PolicyStep,
     PreferenceJoin,
@@ -134,56 +133,97 @@ def test_join_keeps_newest_state_and_pairs_messages() -> None:
     assert PreferenceJoin(join.snapshot()).state == join.state
 
 
+def _admit(caps: LocalCaps, s: Settings, w: Work, now: datetime) -> Verdict:
+    check = cap_check(w, s, now)
+    assert check is not None
+    return caps.admit(check, now)
+
+
 def test_recipient_cap_is_exact_and_counts_each_message_once() -> None:
-    clock = [utc(2026, 1, 1)]
+    now = utc(2026, 1, 1)
     s = Settings(caps={"otp": CapRule(limit=2, window=timedelta(minutes=10))})
-    cap = RecipientCap(None, s, lambda: clock[0])
-    outs = [next(iter(cap.on_item(work(category="otp", message_id=f"m{i}"))[0])) for i in range(3)]
-    assert [isinstance(o, Work) for o in outs] == [True, True, False]
-    assert outs[2].reason == "frequency_cap"
-    assert isinstance(next(iter(cap.on_item(work(category="otp", message_id="m0"))[0])), Work)
-    clock[0] += timedelta(minutes=10)
-    cap = RecipientCap(cap.snapshot(), s, lambda: clock[0])
-    assert isinstance(next(iter(cap.on_item(work(category="otp", message_id="m9"))[0])), Work)
+    caps = LocalCaps()
+    verdicts = [_admit(caps, s, work(category="otp", message_id=f"m{i}"), now)
+                for i in range(3)]
+    assert verdicts == [Verdict.OK, Verdict.OK, Verdict.RECIPIENT]
+    assert Verdict.RECIPIENT.value == "frequency_cap"
+    assert _admit(caps, s, work(category="otp", message_id="m0"), now) is Verdict.OK
+    later = now + timedelta(minutes=10)
+    assert _admit(caps, s, work(category="otp", message_id="m9"), later) is Verdict.OK
 
 
-def test_recipient_cap_state_is_dropped_when_its_window_ends() -> None:
-    clock = [utc(2026, 1, 1)]
-    s = Settings(caps={"otp": CapRule(limit=2, window=timedelta(minutes=10)),
-                       "marketing": CapRule(limit=1, window=timedelta(days=1))})
-    cap = RecipientCap(None, s, lambda: clock[0])
-    _, keep = cap.on_item(work(category="otp", message_id="m1"))
-    assert keep is StatefulLogic.RETAIN
-    clock[0] += timedelta(minutes=4)
-    cap.on_item(work(category="otp", message_id="m2"))
-    due = cap.notify_at()
-    assert due is not None
-    assert abs((due - datetime.now(UTC)) - timedelta(minutes=6)) < timedelta(seconds=5)
-    clock[0] += timedelta(minutes=6)
-    assert cap.on_notify() == ([], StatefulLogic.RETAIN) and [m for _, m in cap.sent] == ["m2"]
-    clock[0] += timedelta(minutes=4)
-    assert cap.on_notify() == ([], StatefulLogic.DISCARD) and cap.notify_at() is None
-    resumed = RecipientCap([(clock[0], "m3")], s, lambda: clock[0])
-    clock[0] += timedelta(hours=2)
-    assert resumed.on_notify()[1] is StatefulLogic.RETAIN  # window unknown: the longest (1 day)
+def test_cap_memory_follows_the_window_not_every_recipient_seen() -> None:
+    now = utc(2026, 1, 1)
+    s = Settings(caps={"otp": CapRule(limit=2, window=timedelta(minutes=10))})
+    caps = LocalCaps(sweep_every=10)
+    for i in range(100):
+        w = work(category="otp", message_id=f"m{i}").record.model_copy(
+            update={"recipient": f"+1555000{i:04d}"})
+        _admit(caps, s, Work(w, SourceRef("t", 0, i), b"", None, []), now + timedelta(minutes=i))
+    assert len(caps.sent) <= 20
+    caps.sweep(now + timedelta(days=1))
+    assert caps.sent == {} and caps.windows == {}
 
 
-def test_uncapped_category_passes() -> None:
-    cap = RecipientCap(None, Settings(), lambda: utc(2026, 1, 1))
-    out, discard = cap.on_item(work(category="transactional"))
-    assert list(out) == [work(category="transactional")] and discard is True
+def test_uncapped_category_is_not_checked() -> None:
+    assert cap_check(work(category="transactional"), Settings(), utc(2026, 1, 1)) is None
+
+
+def test_cap_windows_follow_the_time_scale() -> None:
+    s = Settings(caps={"otp": CapRule(limit=2, window=timedelta(minutes=10))}, time_scale=0.1)
+    check = cap_check(work(category="otp"), s, utc(2026, 1, 1))
+    assert check is not None and check.window == timedelta(minutes=1)
+    assert not check.fail_closed and check.tenant_key is None
 
 
 def test_tenant_daily_marketing_cap(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("NOTIFLOW_TENANTS",
                        '[{"id": "acme", "token": "t", "daily_marketing_cap": 2}]')
-    clock = [utc(2026, 1, 1, 10)]
-    cap = TenantDailyCap(None, Settings(), lambda: clock[0])
-    results = [next(iter(cap.on_item(work(message_id=f"m{i}"))[0])) for i in range(3)]
-    assert [isinstance(r, Work) for r in results] == [True, True, False]
-    assert results[2].reason == "tenant_daily_cap"
-    again = TenantDailyCap(cap.snapshot(), Settings(), lambda: clock[0])
-    assert isinstance(next(iter(again.on_item(work(message_id="m1"))[0])), Work)
-    assert not isinstance(next(iter(again.on_item(work(message_id="m9"))[0])), Work)
-    clock[0] += timedelta(days=1)
-    assert isinstance(next(iter(cap.on_item(work(message_id="m3"))[0])), Work)
+    s = Settings(caps={})
+    now = utc(2026, 1, 1, 10)
+    caps = LocalCaps()
+    verdicts = [_admit(caps, s, work(message_id=f"m{i}"), now) for i in range(3)]
+    assert verdicts == [Verdict.OK, Verdict.OK, Verdict.TENANT]
+    assert Verdict.TENANT.value == "tenant_daily_cap"
+    assert _admit(caps, s, work(message_id="m1"), now) is Verdict.OK
+    check = cap_check(work(message_id="m3"), s, now)
+    assert check is not None and check.fail_closed and check.limit is None
+    assert _admit(caps, s, work(message_id="m3"), now + timedelta(days=1)) is Verdict.OK
+
+
+def test_fallback_share_is_conservative_but_never_zero() -> None:
+    now = utc(2026, 1, 1)
+    s = Settings(caps={"otp": CapRule(limit=5, window=timedelta(minutes=10))})
+    assert [_admit(LocalCaps(share=2), s, work(category="otp", message_id=f"m{i}"), now)
+            for i in range(3)].count(Verdict.OK) == 3
+    halves = LocalCaps(share=2)
+    assert [_admit(halves, s, work(category="otp", message_id=f"m{i}"), now)
+            for i in range(5)].count(Verdict.OK) == 2
+    tiny = Settings(caps={"otp": CapRule(limit=1, window=timedelta(minutes=10))})
+    assert _admit(LocalCaps(share=4), tiny, work(category="otp"), now) is Verdict.OK
+
+
+@given(st.lists(st.tuples(st.integers(0, 5), st.integers(0, 3000)), max_size=60),
+       st.integers(0, 4))
+def test_no_window_ever_holds_more_than_the_limit(sends: list[tuple[int, int]],
+                                                  limit: int) -> None:
+    """Sends at increasing times (seconds), message ids drawn from a small set so that
+    replays happen. A pass counts a message unless the same message was counted within the
+    window before; in every 10-minute window at most ``limit`` messages are counted, and a
+    message counted within the window always passes again; otherwise it passes exactly when
+    the window has room."""
+    s = Settings(caps={"otp": CapRule(limit=limit, window=timedelta(minutes=10))})
+    caps = LocalCaps(sweep_every=7)
+    t0 = utc(2026, 1, 1)
+    counted: list[tuple[int, str]] = []
+    for mid, at in sorted(sends, key=lambda x: x[1]):
+        verdict = _admit(caps, s, work(category="otp", message_id=f"m{mid}"), t0 +
+                         timedelta(seconds=at))
+        window = [m for t, m in counted if at - t < 600]
+        if f"m{mid}" in window:
+            assert verdict is Verdict.OK
+        elif len(window) < limit:
+            assert verdict is Verdict.OK
+            counted.append((at, f"m{mid}"))
+        else:
+            assert verdict is Verdict.RECIPIENT
