@@ -2,6 +2,8 @@
 
 Offsets and state live in the recovery store (SQLite partitions in ``recovery_dir``); they
 are committed at each epoch close, after every sink write of the epoch was confirmed. A
+janitor (a thread that runs a short child process every 30 s) deletes the store's committed
+tombstones (``adapters/recovery_store.py``). A
 restart with the same directory resumes without loss (output is at-least-once; sends are
 deduplicated by lease, status writes are idempotent).
 """
@@ -21,6 +23,7 @@ from bytewax.recovery import RecoveryConfig, init_db_dir
 from bytewax.run import cli_main
 
 from notiflow import telemetry
+from notiflow.adapters.recovery_store import start_janitor
 from notiflow.adapters.worker import close_all
 from notiflow.settings import Settings
 
@@ -53,6 +56,7 @@ def run_flow(build: Callable[[], Dataflow], settings: Settings, name: str, *,
     rdir = (recovery_dir or settings.stack_dir / "recovery" / name).resolve()
     ensure_recovery_dir(rdir, settings.recovery_partitions)
     flow = build()
+    janitor = start_janitor(rdir)
     signal.signal(signal.SIGTERM, _terminate)
     os.environ.setdefault("RUST_BACKTRACE", "0")
     log.info("starting %s (recovery %s, epoch %ss)", name, rdir, settings.flow_epoch_seconds)
@@ -72,4 +76,5 @@ def run_flow(build: Callable[[], Dataflow], settings: Settings, name: str, *,
             raise
         log.info("%s stopped (interrupted mid-batch; resumes from the last epoch)", name)
     finally:
+        janitor.set()
         close_all()
