@@ -108,7 +108,7 @@ def soak(
     otp_rate: Annotated[float, typer.Option(help="P0 OTPs per second.")] = 20.0,
     cap_window: Annotated[float, typer.Option(
         help="Seconds every recipient cap counts over (production: OTP 10 min, marketing "
-             "7 days), so cap state reaches its steady size early in the run.")] = 60.0,
+             "7 days), so the caps' Redis sets reach their steady size early.")] = 60.0,
     out: Out = Path("bench/results"),
 ) -> None:
     """Steady load on the tier-isolated platform: is each process's memory flat?"""

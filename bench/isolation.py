@@ -135,9 +135,9 @@ def run(out: Path, *, n: int, otp_rate: float, modes: list[str], max_drain: floa
 
 def soak_env(settings: Settings, cap_window: timedelta) -> dict[str, str]:
     """Settings of a soak's processes: every recipient cap keeps its limit but counts over
-    ``cap_window``. Cap state is by design one entry per message let through in the window
-    (OTP: 10 minutes, marketing: 7 days); a window shorter than half the run lets that state
-    reach its steady size in the first half, so growth in the second half is a leak."""
+    ``cap_window``. Cap state (sorted sets in Redis) is by design one entry per message let
+    through in the window (OTP: 10 minutes, marketing: 7 days); a window shorter than half
+    the run lets it reach its steady size in the first half."""
     caps = {c.value: {"limit": r.limit, "window": cap_window.total_seconds()}
             for c, r in settings.caps.items()}
     return {"NOTIFLOW_CAPS": json.dumps(caps)}
