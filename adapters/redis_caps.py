@@ -71,8 +71,7 @@ class CapStore:
         pipe = self.r.pipeline(transaction=False)
         for c in checks:
             keys = [self.recipient_key(c)]
-            tenant = self.tenant_key(c)
-            if tenant is not None and c.tenant_cap is not None:
+            if (tenant := self.tenant_key(c)) is not None:
                 keys.append(tenant)
             args = [now_ms, _ms(c.window.total_seconds()),
                     -1 if c.limit is None else c.limit, c.member,

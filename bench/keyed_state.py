@@ -11,7 +11,6 @@ is the case's own; prints a table (``bench/README.md``, "Soak").
 
 from __future__ import annotations
 
-import resource
 import shutil
 import subprocess
 import sys
@@ -21,6 +20,8 @@ from collections.abc import Iterable
 from datetime import timedelta
 from pathlib import Path
 
+import psutil
+
 CASES = [(n, unique, recovery) for n in (50_000, 200_000, 600_000)
          for unique in (True, False) for recovery in ("no", "yes", "swept")]
 """(items, unique keys or 100 repeating, recovery: none / Bytewax's store / the store with
@@ -28,8 +29,7 @@ the project's janitor sweeping it every second)."""
 
 
 def _rss_mib() -> float:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * resource.getpagesize() / 2**20
+    return float(psutil.Process().memory_info().rss) / 2**20
 
 
 def run_case(n: int, unique: bool, recovery: str) -> str:

@@ -334,7 +334,7 @@ class Dispatcher:
         dedup = DedupStore.open(s, self.owner)
         self._res = _Resources(
             dedup=dedup,
-            caps=CapStore(dedup.r, s.topic_prefix),
+            caps=CapStore(dedup.r, dedup.ns),
             store=store,
             cluster=cluster,
             clients=await open_clients(s, self.tier),
@@ -599,14 +599,18 @@ class Dispatcher:
         if verdicts is None:
             verdicts = [None if c.fail_closed else self._local_caps.admit(c, now)
                         for c in checks]
+        waiting: list[str] = []
         for (w, _), verdict in zip(checked, verdicts, strict=True):
             if verdict is None:
                 plan[id(w)] = [retry_record(w, w.record.attempt,
                                             now + timedelta(seconds=REDIS_CLOSED_WAIT_S))]
-                await self._release(w)
+                waiting.append(self._res.dedup.lease_key(w.message_id, w.record.attempt))
             elif verdict is not Verdict.OK:
                 plan[id(w)] = await self._finished(w, status_event(
                     w, Status.SUPPRESSED, now, self.source, reason=verdict.value))
+        if waiting:
+            dedup = self._res.dedup
+            await self._redis(lambda: dedup.release(waiting), None)
         return [w for w in live if id(w) not in plan]
 
     async def _strong_consent(self, live: list[Work], plan: dict[int, Any],
