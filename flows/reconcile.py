@@ -124,14 +124,17 @@ class ApplyStep:
 
     async def _apply(self, batch: list[ReconcileIn],
                      store: CassandraStore) -> list[DlqRecord | Receipt]:
+        """Copies of one receipt (same provider event id) in a batch are applied once:
+        their ``receipts_dedup`` reads would all run before any write, and a copy the webhook
+        received later carries a later ``occurred_at``, so a history row of its own."""
         sem = asyncio.Semaphore(CONCURRENCY)
         events: dict[str, list[StatusEvent]] = defaultdict(list)
-        receipts: list[SourcedReceipt] = []
+        receipts: dict[str, SourcedReceipt] = {}
         for item in batch:
             if isinstance(item, StatusEvent):
                 events[item.message_id].append(item)
             else:
-                receipts.append(item)
+                receipts.setdefault(_receipt_key(item), item)
 
         async def bounded(coro: Any) -> Any:
             async with sem:
@@ -140,7 +143,7 @@ class ApplyStep:
         await asyncio.gather(*(bounded(self._traced_events(mid, evs, store))
                                for mid, evs in events.items()))
         outs = await asyncio.gather(*(bounded(self._traced_receipt(r, store))
-                                      for r in receipts))
+                                      for r in receipts.values()))
         return [d for d in outs if d is not None]
 
     async def _traced_events(self, message_id: str, evs: list[StatusEvent],

@@ -122,3 +122,36 @@ def test_receipts_correlate_dedup_and_park_unknowns_until_given_up(stack: Settin
     assert parked.not_before is not None and parked.not_before > parked.parked_since
     [dlq] = [DlqRecord.model_validate_json(r.value) for r in out if r.topic != rt]
     assert dlq.error_class == "uncorrelated_receipt" and dlq.source_offset == 5
+
+
+@pytest.mark.parametrize("runner", list(RUNNERS))
+def test_copies_of_a_receipt_in_one_batch_leave_one_history_row(
+        stack: Settings, cql: Session, runner: str) -> None:
+    """A provider retrying a callback: the webhook stamps each copy with its own receive
+    time, and the copies reach the reconciler in one batch."""
+    now = datetime.now(UTC)
+    mid = f"msg_rf_{uuid.uuid4().hex}"
+    sid = "SM" + uuid.uuid4().hex
+    accepted = event(mid, Status.PROVIDER_ACCEPTED, 1, now, attempt_detail={
+        "attempt_no": 1, "provider_id": "twilio", "outcome": "accepted",
+        "provider_message_id": sid, "started_at": now.isoformat(),
+        "completed_at": now.isoformat()})
+    RUNNERS[runner](build_reconcile_flow(
+        stack, source=TestingSource([kmsg(stack.events_topic,
+                                          accepted.model_dump_json().encode(), 0)]),
+        sink=TestingSink([])))
+    copies: list[Any] = [
+        kmsg(stack.receipts_topic, Receipt(
+            provider_id="twilio", provider_event_id=f"{sid}:{st.value.lower()}",
+            provider_message_id=sid, status=st,
+            occurred_at=now + timedelta(milliseconds=i)).model_dump_json().encode(), 1 + i)
+        for i, st in enumerate([Status.DELIVERED, Status.SENT, Status.DELIVERED, Status.SENT,
+                                Status.DELIVERED])]
+    RUNNERS[runner](build_reconcile_flow(stack, source=TestingSource(copies, batch_size=10),
+                                         sink=TestingSink([])))
+    history = [r["status"] for r in cql.execute(
+        "SELECT status, source FROM message_events WHERE message_id = %s", (mid,))
+        if r["source"] == "receipt.twilio"]
+    assert sorted(history) == ["DELIVERED", "SENT"]
+    assert cql.execute("SELECT status FROM messages WHERE message_id = %s",
+                       (mid,)).one()["status"] == "DELIVERED"
