@@ -32,6 +32,7 @@ from cassandra.cluster import (
 from cassandra.policies import DCAwareRoundRobinPolicy, RetryPolicy
 from cassandra.query import BatchStatement, BatchType, PreparedStatement, dict_factory
 
+from notiflow.adapters.cassandra_coalesce import CassandraCoalescer, KeyedRead
 from notiflow.schemas.enums import Status
 from notiflow.schemas.messages import AttemptRecord, MessageSnapshot
 from notiflow.schemas.preferences import OptOut, PreferenceState, QuietWindow, Suppression
@@ -259,6 +260,8 @@ class CassandraStore:
         self.settings = settings
         self._idem_ttl = int(settings.idempotency_ttl.total_seconds())
         self._stmts: dict[str, PreparedStatement] = {}
+        self._coalescer: CassandraCoalescer | None = None
+        self._keyed: dict[str, KeyedRead] = {}
         for name, cql in _STATEMENTS.items():
             self._stmts[name] = session.prepare(cql)
         self._stmts["reserve"] = session.prepare(
@@ -283,6 +286,25 @@ class CassandraStore:
 
     def _run(self, name: str, params: Sequence[Any]) -> asyncio.Future[list[dict[str, Any]]]:
         return aio(self.session.execute_async(self._stmts[name], params))
+
+    def coalesce(self, *, max_keys: int, max_rows: int) -> CassandraStore:
+        """From now on :meth:`head`, :meth:`receipt_record`, :meth:`message_for_provider_id`
+        and :meth:`write_all` calls made in one event-loop turn share requests
+        (:mod:`notiflow.adapters.cassandra_coalesce`); returns this store."""
+        def keyed(name: str, column: str, also: str = "") -> KeyedRead:
+            """``name``'s statement for many values of its last key ``column``."""
+            cql = _STATEMENTS[name].replace("SELECT ", f"SELECT {also}", 1)
+            return KeyedRead(self.session.prepare(
+                cql.replace(f"{column} = ?", f"{column} IN ?")), column)
+
+        self._keyed = {
+            "msg_head": keyed("msg_head", "message_id", "message_id, "),
+            "receipt_get": keyed("receipt_get", "provider_event_id", "provider_event_id, "),
+            "provider_index_get": keyed("provider_index_get", "provider_message_id"),
+        }
+        self._coalescer = CassandraCoalescer(self.session, aio, max_keys=max_keys,
+                                             max_rows=max_rows)
+        return self
 
     # ------------------------------------------------------------------- idempotency/outbox
 
@@ -368,6 +390,8 @@ class CassandraStore:
 
     async def head(self, message_id: str) -> dict[str, Any] | None:
         """The message row's status columns and write times (for :meth:`transition`)."""
+        if self._coalescer is not None:
+            return await self._coalescer.read(self._keyed["msg_head"], (), message_id)
         rows = await self._run("msg_head", (message_id,))
         return rows[0] if rows else None
 
@@ -498,6 +522,9 @@ class CassandraStore:
         driver's per-request cost was its largest CPU item (``notiflow bench throughput``)."""
         if not writes:
             return
+        if self._coalescer is not None:
+            await self._coalescer.write([(self._stmts[name], params) for name, params in writes])
+            return
         if len(writes) == 1:
             await self._run(*writes[0])
             return
@@ -544,12 +571,18 @@ class CassandraStore:
     async def message_for_provider_id(
         self, provider_id: str, provider_message_id: str
     ) -> dict[str, Any] | None:
+        if self._coalescer is not None:
+            return await self._coalescer.read(self._keyed["provider_index_get"],
+                                              (provider_id,), provider_message_id)
         rows = await self._run("provider_index_get", (provider_id, provider_message_id))
         return rows[0] if rows else None
 
     async def receipt_record(self, provider_id: str,
                              provider_event_id: str) -> dict[str, Any] | None:
         """The ``receipts_dedup`` row of a receipt id, None when it is new."""
+        if self._coalescer is not None:
+            return await self._coalescer.read(self._keyed["receipt_get"], (provider_id,),
+                                              provider_event_id)
         rows = await self._run("receipt_get", (provider_id, provider_event_id))
         return rows[0] if rows else None
 

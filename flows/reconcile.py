@@ -52,7 +52,9 @@ from notiflow.settings import Settings
 log = logging.getLogger(__name__)
 _transitions = names.STATUS_TRANSITIONS.create(telemetry.meter())
 
-CONCURRENCY = 64
+CONCURRENCY = 512
+"""Messages of a batch applied at once; their reads and writes share requests
+(adapters/cassandra_coalesce.py), so more at once means fewer requests."""
 INFRA_RETRY_FOR = timedelta(minutes=5)
 PARK_FIRST_WAIT = timedelta(seconds=5)
 PARK_MAX_WAIT = timedelta(minutes=1)
@@ -98,7 +100,10 @@ class ApplyStep:
     def _store(self) -> CassandraStore:
         async def open_store() -> _Store:
             cluster, session = await asyncio.to_thread(connect, self.settings)
-            return _Store(cluster, CassandraStore(session, self.settings))
+            store = CassandraStore(session, self.settings).coalesce(
+                max_keys=self.settings.cassandra_read_keys,
+                max_rows=self.settings.cassandra_batch_rows)
+            return _Store(cluster, store)
 
         return self.runtime.resource("cassandra", open_store).store
 

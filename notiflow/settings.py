@@ -408,6 +408,11 @@ class Settings(BaseSettings):
     cassandra_storage_port: int = 17000
     cassandra_jmx_port: int = 17199
     cassandra_keyspace: str = Field("notiflow", pattern=r"^[a-z][a-z0-9_]{0,47}$")
+    cassandra_read_keys: int = Field(32, ge=1, le=256)
+    """Keys per ``IN`` read of the reconciler (adapters/cassandra_coalesce.py)."""
+    cassandra_batch_rows: int = Field(64, ge=1, le=1000)
+    """Rows per unlogged batch of the reconciler; about 2 KiB a message's eight rows: keep
+    rows x size under Cassandra's ``batch_size_fail_threshold`` (50 KiB by default)."""
     redis_url: str = "redis://127.0.0.1:16379/0"
     redis_port: int = 16379
 

@@ -1,6 +1,7 @@
 """Status writes on real Cassandra: transitions timed by rank converge on the highest status in
 any order, rows whose status was written by compare-and-set keep that path, creation is a
-fill-if-absent, and receipts are recorded once."""
+fill-if-absent, and receipts are recorded once; with one request per call and with the calls
+of a loop turn coalesced (the reconciler's store)."""
 
 from __future__ import annotations
 
@@ -22,10 +23,13 @@ from notiflow.settings import Settings
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture(scope="module")
-def store(stack: Settings) -> Iterator[CassandraStore]:
+@pytest.fixture(scope="module", params=["one request each", "coalesced"])
+def store(stack: Settings, request: pytest.FixtureRequest) -> Iterator[CassandraStore]:
+    """The plain store, and the reconciler's (reads and writes of one loop turn shared)."""
     cluster, session = connect(stack)
-    yield CassandraStore(session, stack)
+    plain = CassandraStore(session, stack)
+    yield plain if request.param == "one request each" else plain.coalesce(max_keys=3,
+                                                                           max_rows=4)
     cluster.shutdown()
 
 
