@@ -2,7 +2,8 @@
 
 Bytewax runs each worker's operators on one thread. Network I/O is done per batch on one
 long-lived asyncio loop per worker thread, with long-lived clients (Cassandra session,
-Redis pool, provider HTTP sessions) opened on first use.
+Redis pool, provider HTTP sessions) opened on first use. Every such loop comes from
+:func:`new_loop`.
 """
 
 from __future__ import annotations
@@ -14,15 +15,24 @@ import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
+import uvloop
+
 T = TypeVar("T")
 _LIVE: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def new_loop() -> asyncio.AbstractEventLoop:
+    """The event loop of a worker or dispatcher thread: uvloop's, whose per-callback cost is
+    a fraction of asyncio's (the send flow's dispatcher spent 16 % of its CPU in the asyncio
+    loop itself, ``notiflow bench throughput``)."""
+    return uvloop.new_event_loop()
 
 
 def loop_thread(name: str) -> tuple[asyncio.AbstractEventLoop, threading.Thread]:
     """A new event loop running forever on a daemon thread called ``name`` (started, and
     set as that thread's current loop before this returns)."""
     ready = threading.Event()
-    loop = asyncio.new_event_loop()
+    loop = new_loop()
 
     def run() -> None:
         asyncio.set_event_loop(loop)
@@ -59,7 +69,7 @@ class WorkerLoop:
     def _state(self) -> tuple[asyncio.AbstractEventLoop, dict[str, Any]]:
         st = getattr(self._local, "state", None)
         if st is None:
-            loop = asyncio.new_event_loop()
+            loop = new_loop()
             st = (loop, {})
             self._local.state = st
             with self._lock:

@@ -72,6 +72,8 @@ def isolation(
 def throughput(
     n: Annotated[int, typer.Option("-n", help="P2 messages per pipeline.")] = 50_000,
     profile: Annotated[bool, typer.Option(help="py-spy the send and reconcile flows.")] = True,
+    warmup: Annotated[int | None, typer.Option(
+        help="Messages through each pipeline before measuring (default n/10).")] = None,
     out: Out = Path("bench/results"),
 ) -> None:
     """P2 end to end next to the minimal-pipeline and passthrough ceilings (same run)."""
@@ -79,7 +81,7 @@ def throughput(
     from notiflow.bench.report import throughput_markdown, write
 
     with _stack():
-        doc = tp.run(out, n=n, profile=profile, log=_log)
+        doc = tp.run(out, n=n, profile=profile, log=_log, warmup=warmup)
     md = throughput_markdown(doc)
     _show(write(out, "throughput", doc, md), md)
 
@@ -89,6 +91,8 @@ def scale(
     n: Annotated[int, typer.Option("-n", help="P2 messages per run.")] = 30_000,
     processes: Annotated[list[int] | None, typer.Option(
         "--processes", "-p", help="Bytewax processes per run (default 1, 2, 4).")] = None,
+    warmup: Annotated[int | None, typer.Option(
+        help="Messages through the platform before measuring (default n/10).")] = None,
     out: Out = Path("bench/results"),
 ) -> None:
     """The P2 send flow on 1, 2 and 4 Bytewax processes: the speed-up curve."""
@@ -96,7 +100,8 @@ def scale(
     from notiflow.bench.report import scale_markdown, write
 
     with _stack():
-        doc = tp.run_scale(out, n=n, processes=processes or [1, 2, 4], log=_log)
+        doc = tp.run_scale(out, n=n, processes=processes or [1, 2, 4], log=_log,
+                           warmup=warmup)
     md = scale_markdown(doc)
     _show(write(out, "scale", doc, md), md)
 

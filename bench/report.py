@@ -93,7 +93,9 @@ def throughput_markdown(doc: dict[str, Any]) -> str:
     ]
     out = ["## Throughput: P2 end to end against the I/O ceiling", "", *rows, "",
            f"End to end ÷ minimal pipeline: **{doc['ratio_minimal']:.0%}**; "
-           f"÷ passthrough: **{doc['ratio_passthrough']:.1%}** (same run).", ""]
+           f"÷ passthrough: **{doc['ratio_passthrough']:.1%}** (same run"
+           + (f", after {doc['warmup']} messages through each pipeline to warm the JVMs)."
+              if doc.get("warmup") else ")."), ""]
     for label, r in (("end to end", e2e), ("minimal pipeline", minimal),
                      ("passthrough", passthrough)):
         cpu = r.get("cpu_by_process", {})

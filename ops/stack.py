@@ -305,6 +305,7 @@ write_request_timeout: 5000ms
 read_request_timeout: 5000ms
 cas_contention_timeout: 2000ms
 paxos_variant: v2
+batch_size_warn_threshold: 32KiB
 """)
 
         def start() -> list[str]:

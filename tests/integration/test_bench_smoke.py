@@ -33,13 +33,13 @@ def test_isolation_smoke(stack: Settings, tmp_path: Path) -> None:
 
 
 def test_throughput_and_scale_smoke(stack: Settings, tmp_path: Path) -> None:
-    doc = throughput.run(tmp_path, n=300, profile=True, log=print)
+    doc = throughput.run(tmp_path, n=300, profile=True, log=print, warmup=30)
     assert doc["e2e"]["status_written"] == 300 and doc["e2e"]["provider_done"]
     assert doc["minimal"]["n"] == 300 and doc["passthrough"]["n"] == 300
     assert doc["minimal"]["outcomes"] == {"accepted": 300}
     assert doc["ratio_minimal"] > 0 and 0 < doc["ratio_passthrough"] < 1
     assert doc["profile"]["send-p2"]["stages"], "py-spy saw the send flow"
     assert "Profile of send-p2" in throughput_markdown(doc)
-    scale = throughput.run_scale(tmp_path, n=200, processes=[1, 2], log=print)
+    scale = throughput.run_scale(tmp_path, n=200, processes=[1, 2], log=print, warmup=0)
     assert [r["processes"] for r in scale["runs"]] == [1, 2]
     assert all(r["status_written"] == 200 and r["rate"] > 0 for r in scale["runs"])
