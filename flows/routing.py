@@ -16,6 +16,7 @@ just failed this message is tried last.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -28,8 +29,10 @@ P1_COST_WEIGHT = 0.002
 """P1 trades 0.2 % of reliability for one unit of relative cost."""
 
 
+@functools.lru_cache(maxsize=4096)
 def calling_code(number: str) -> str:
-    """The E.164 country calling code of ``number`` (``"+14155550123"`` → ``"1"``)."""
+    """The E.164 country calling code of ``number`` (``"+14155550123"`` → ``"1"``); cached,
+    since one attempt ranks routes twice and each SMS route with countries asks."""
     import phonenumbers
 
     try:
