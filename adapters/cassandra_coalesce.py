@@ -5,17 +5,18 @@ unlogged batches.
 The reconciler applies a Kafka batch as one coroutine per message (read the row, then write
 its status, history, attempt and index rows). Sent one request per read and one batch per
 message, Cassandra's per-request cost was the largest item of the end-to-end CPU
-(``python -m notiflow.bench.cassandra_requests``: a head read costs Cassandra about three
-times as much alone as inside an ``IN`` of ten keys, and a message's eight-row batch about
-2.5 times as much as the same rows inside a ten-message batch).
+(``python -m notiflow.bench.cassandra_requests``, two runs: a head read cost Cassandra 2 to 7
+times as much alone as inside an ``IN`` of ten keys and the client 7 to 10 times as much; a
+message's eight-row batch cost Cassandra 1.2 to 3 times as much as the same rows inside a
+ten-message batch).
 
 Contract: each caller awaits its own result. A failed request fails every caller it served
 (the reconciler retries its whole Kafka batch; its writes are idempotent upserts). A caller's
 writes stay in one batch unless they alone exceed ``max_rows``. Requests go to the
 coordinator the driver's load-balancing policy picks, as single requests do; on a multi-node
 cluster each ``IN`` key and each batched row is forwarded to its replicas by that coordinator.
-Batches are bounded by rows (about 2 KiB per message in ``bench``): keep
-``max_rows`` times the row size under Cassandra's ``batch_size_fail_threshold`` (50 KiB by default).
+Batches are bounded by rows (64 rows measured 15.5 KiB in ``bench``): keep ``max_rows`` times
+the row size under Cassandra's ``batch_size_fail_threshold`` (50 KiB by default).
 """
 
 from __future__ import annotations
@@ -30,6 +31,9 @@ from cassandra.query import BatchStatement, BatchType, PreparedStatement
 
 Row = dict[str, Any]
 Aio = Callable[[ResponseFuture], "asyncio.Future[list[Row]]"]
+Stmt = tuple[PreparedStatement, Sequence[Any]]
+Caller = tuple[list[Stmt], "asyncio.Future[None]"]
+"""One caller's writes (part of them, once split) and the future it awaits."""
 
 
 @dataclass(frozen=True)
@@ -55,8 +59,7 @@ class CassandraCoalescer:
         self._sem: tuple[asyncio.AbstractEventLoop, asyncio.Semaphore] | None = None
         self._reads: dict[tuple[KeyedRead, tuple[Any, ...]],
                           dict[Any, list[asyncio.Future[Row | None]]]] = {}
-        self._writes: list[tuple[list[tuple[PreparedStatement, Sequence[Any]]],
-                                 asyncio.Future[None]]] = []
+        self._writes: list[Caller] = []
         self._parts: dict[asyncio.Future[None], int] = {}
         self._scheduled = False
         self._tasks: set[asyncio.Task[None]] = set()
@@ -69,8 +72,7 @@ class CassandraCoalescer:
         self._schedule()
         return fut
 
-    def write(self, writes: Sequence[tuple[PreparedStatement, Sequence[Any]]]
-              ) -> asyncio.Future[None]:
+    def write(self, writes: Sequence[Stmt]) -> asyncio.Future[None]:
         """Resolves when every one of ``writes`` (idempotent upserts) is acknowledged."""
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         if not writes:
@@ -101,13 +103,10 @@ class CassandraCoalescer:
         for batch in batches:
             self._spawn(self._write(batch))
 
-    def _pack(self, writes: list[tuple[list[tuple[PreparedStatement, Sequence[Any]]],
-                                       asyncio.Future[None]]]
-              ) -> list[list[tuple[list[tuple[PreparedStatement, Sequence[Any]]],
-                                   asyncio.Future[None]]]]:
+    def _pack(self, writes: list[Caller]) -> list[list[Caller]]:
         """Callers' writes into batches of at most ``max_rows`` rows (a caller with more
         rows than that is split over several batches)."""
-        batches: list[list[Any]] = [[]]
+        batches: list[list[Caller]] = [[]]
         rows = 0
         for stmts, fut in writes:
             for i in range(0, len(stmts), self.max_rows):
@@ -149,8 +148,7 @@ class CassandraCoalescer:
                 if not fut.done():
                     fut.set_result(found.get(key))
 
-    async def _write(self, parts: list[tuple[list[tuple[PreparedStatement, Sequence[Any]]],
-                                             asyncio.Future[None]]]) -> None:
+    async def _write(self, parts: list[Caller]) -> None:
         futs = [fut for _, fut in parts]
         try:
             async with self._requests():
