@@ -191,17 +191,17 @@ def run_ceiling(kind: str, out: Path, run_id: str, n: int,
 
 
 def empty_tables(out: Path, run_id: str) -> None:
-    """Truncate the bench keyspace's tables. Left full by earlier runs, they made Cassandra
-    compact hundreds of MiB of old data at moments unrelated to the run (six compactions of
-    ~45 MiB in one end-to-end phase, one in the next run's): the phase they fell in lost
-    ~0.5 ms of CPU per message. Emptied, each run's phases compact only what the run wrote."""
+    """Truncate the bench keyspace's tables (none yet on a new stack). Left full by earlier
+    runs, they made Cassandra compact hundreds of MiB of old data at moments unrelated to the
+    run (six compactions of ~45 MiB in one end-to-end phase, one in the next run's): the
+    phase they fell in lost ~0.5 ms of CPU per message. Emptied, each run's phases compact
+    only what the run wrote."""
     from notiflow.adapters.cassandra_store import connect
 
-    phase = Phase("throughput-truncate", out, run_id, extra_env=_ENV)
-    phase.prepare()
-    cluster, session = connect(phase.settings)
+    settings = Phase("throughput-truncate", out, run_id, extra_env=_ENV).settings
+    cluster, session = connect(settings, keyspace=None)
     try:
-        ks = phase.settings.cassandra_keyspace
+        ks = settings.cassandra_keyspace
         for row in session.execute("SELECT table_name FROM system_schema.tables "
                                    "WHERE keyspace_name = %s", (ks,)):
             if row["table_name"] == "schema_migrations":
@@ -211,23 +211,27 @@ def empty_tables(out: Path, run_id: str) -> None:
         cluster.shutdown()
 
 
-def warm_up(out: Path, run_id: str, n: int, log: Callable[[str], None]) -> None:
-    """Run both pipelines over ``n`` messages, unmeasured: on JVMs just started, the JIT
+def warm_up(out: Path, run_id: str, n: int, warmup: int | None, log: Callable[[str], None],
+            *, ceiling: bool) -> int:
+    """Empty the tables, then run the platform (and the minimal pipeline when ``ceiling``)
+    over ``warmup`` messages (default ``n // 10``), unmeasured: on JVMs just started, the JIT
     compiler was 40 % of Cassandra's CPU during the first measured phase, which made the
-    order of the phases decide the ratio."""
-    if n > 0:
-        log(f"warm-up: {n} messages through each pipeline (not measured)")
-        run_e2e(out, run_id, n, name="warmup", log=log)
-        run_ceiling("minimal", out, run_id, n, log, name="warmup-minimal")
+    order of the phases decide the ratio. Returns the warm-up's size."""
+    warm = n // 10 if warmup is None else warmup
+    empty_tables(out, run_id)
+    if warm > 0:
+        log(f"warm-up: {warm} messages (not measured)")
+        run_e2e(out, run_id, warm, name="warmup", log=log)
+        if ceiling:
+            run_ceiling("minimal", out, run_id, warm, log, name="warmup-minimal")
+    return warm
 
 
 def run(out: Path, *, n: int, profile: bool, log: Callable[[str], None],
         warmup: int | None = None) -> dict[str, Any]:
     """``warmup``: messages for :func:`warm_up` (default ``n // 10``)."""
     run_id = uuid.uuid4().hex[:6]
-    warm = n // 10 if warmup is None else warmup
-    empty_tables(out, run_id)
-    warm_up(out, run_id, warm, log)
+    warm = warm_up(out, run_id, n, warmup, log, ceiling=True)
     e2e = run_e2e(out, run_id, n, profile=profile, log=log)
     minimal = run_ceiling("minimal", out, run_id, n, log)
     passthrough = run_ceiling("passthrough", out, run_id, n, log)
@@ -241,11 +245,7 @@ def run(out: Path, *, n: int, profile: bool, log: Callable[[str], None],
 def run_scale(out: Path, *, n: int, processes: list[int], log: Callable[[str], None],
               warmup: int | None = None) -> dict[str, Any]:
     run_id = uuid.uuid4().hex[:6]
-    warm = n // 10 if warmup is None else warmup
-    empty_tables(out, run_id)
-    if warm > 0:
-        log(f"warm-up: {warm} messages (not measured)")
-        run_e2e(out, run_id, warm, name="warmup", log=log)
+    warm = warm_up(out, run_id, n, warmup, log, ceiling=False)
     runs = []
     for k in processes:
         r = run_e2e(out, run_id, n, processes=k, name=f"scale{k}", log=log)

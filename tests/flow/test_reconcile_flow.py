@@ -43,6 +43,21 @@ def event(mid: str, status: Status, attempt: int, at: datetime, **extra: Any) ->
         **extra})
 
 
+def twilio_accepted(mid: str, sid: str, at: datetime) -> StatusEvent:
+    """The send flow's PROVIDER_ACCEPTED event of attempt 1 through Twilio (message ``sid``)."""
+    return event(mid, Status.PROVIDER_ACCEPTED, 1, at, attempt_detail={
+        "attempt_no": 1, "provider_id": "twilio", "outcome": "accepted",
+        "provider_message_id": sid, "started_at": at.isoformat(),
+        "completed_at": at.isoformat()})
+
+
+def receipt_history(cql: Session, mid: str) -> list[str]:
+    """Statuses of the message's history rows written by Twilio receipts."""
+    return [r["status"] for r in cql.execute(
+        "SELECT status, source FROM message_events WHERE message_id = %s", (mid,))
+        if r["source"] == "receipt.twilio"]
+
+
 def kmsg(topic: str, value: bytes, offset: int) -> KafkaSourceMessage:
     return KafkaSourceMessage(key=None, value=value, topic=topic, headers=[], latency=None,
                               offset=offset, partition=0, timestamp=(1, 0))
@@ -85,10 +100,7 @@ def test_receipts_correlate_dedup_and_park_unknowns_until_given_up(stack: Settin
     now = datetime.now(UTC)
     mid = f"msg_rf_{uuid.uuid4().hex}"
     sid = "SM" + uuid.uuid4().hex
-    accepted = event(mid, Status.PROVIDER_ACCEPTED, 1, now, attempt_detail={
-        "attempt_no": 1, "provider_id": "twilio", "outcome": "accepted",
-        "provider_message_id": sid, "started_at": now.isoformat(),
-        "completed_at": now.isoformat()})
+    accepted = twilio_accepted(mid, sid, now)
 
     def receipt(status: Status, event_id: str, psid: str = sid) -> bytes:
         return Receipt(provider_id="twilio", provider_event_id=f"{psid}:{event_id}",
@@ -113,10 +125,7 @@ def test_receipts_correlate_dedup_and_park_unknowns_until_given_up(stack: Settin
                                          sink=TestingSink(out)))
     assert cql.execute("SELECT status FROM messages WHERE message_id = %s",
                        (mid,)).one()["status"] == "DELIVERED"
-    history = [r["status"] for r in cql.execute(
-        "SELECT status, source FROM message_events WHERE message_id = %s", (mid,))
-        if r["source"] == "receipt.twilio"]
-    assert sorted(history) == ["DELIVERED", "SENT"]
+    assert sorted(receipt_history(cql, mid)) == ["DELIVERED", "SENT"]
     [parked] = [Receipt.model_validate_json(r.value) for r in out if r.topic == rt]
     assert parked.provider_message_id == "SMunknown" and parked.parked_since is not None
     assert parked.not_before is not None and parked.not_before > parked.parked_since
@@ -132,10 +141,7 @@ def test_copies_of_a_receipt_in_one_batch_leave_one_history_row(
     now = datetime.now(UTC)
     mid = f"msg_rf_{uuid.uuid4().hex}"
     sid = "SM" + uuid.uuid4().hex
-    accepted = event(mid, Status.PROVIDER_ACCEPTED, 1, now, attempt_detail={
-        "attempt_no": 1, "provider_id": "twilio", "outcome": "accepted",
-        "provider_message_id": sid, "started_at": now.isoformat(),
-        "completed_at": now.isoformat()})
+    accepted = twilio_accepted(mid, sid, now)
     RUNNERS[runner](build_reconcile_flow(
         stack, source=TestingSource([kmsg(stack.events_topic,
                                           accepted.model_dump_json().encode(), 0)]),
@@ -149,9 +155,6 @@ def test_copies_of_a_receipt_in_one_batch_leave_one_history_row(
                                 Status.DELIVERED])]
     RUNNERS[runner](build_reconcile_flow(stack, source=TestingSource(copies, batch_size=10),
                                          sink=TestingSink([])))
-    history = [r["status"] for r in cql.execute(
-        "SELECT status, source FROM message_events WHERE message_id = %s", (mid,))
-        if r["source"] == "receipt.twilio"]
-    assert sorted(history) == ["DELIVERED", "SENT"]
+    assert sorted(receipt_history(cql, mid)) == ["DELIVERED", "SENT"]
     assert cql.execute("SELECT status FROM messages WHERE message_id = %s",
                        (mid,)).one()["status"] == "DELIVERED"
