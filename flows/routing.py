@@ -12,12 +12,18 @@ Health enters twice: an open circuit breaker removes a provider (the breaker adm
 occasional probe while half-open), and throttling (429) lowers a provider's route weight,
 which scales its effective reliability down and its effective cost up. The provider that
 just failed this message is tried last.
+
+Quota enters for P0 (:func:`reserve`): P0's reservation is its share at every provider account
+of the channel, so a candidate without a token for P0 right now is passed over for the next
+admitted one that has one, and P0 waits only when no admitted candidate has a token (then on
+the shortest wait, and chooses again). P1..P3 keep their ranked choice and wait for its token.
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -131,3 +137,112 @@ async def choose(candidates: Sequence[ProviderRoute],
             return Choice(r.provider_id, probe, admission)
         waits.append(retry_in)
     return Unavailable(min(waits) if waits else 1.0, tuple(r.provider_id for r in candidates))
+
+
+QUOTA_ROUTED: frozenset[Tier] = frozenset({Tier.P0})
+"""Tiers whose choice moves to the candidate with a token (see :func:`reserve`)."""
+MIN_WAIT = 0.001
+"""Floor of one wait between two choices (seconds)."""
+
+
+class QuotaView(Protocol):
+    """What the router asks of the capacity limiter (``adapters/ratelimit.py``)."""
+
+    async def acquire(self, provider_id: str, tier: Tier, tenant_id: str | None = None,
+                      tenant_rate: float | None = None) -> float | None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Waiting:
+    """No admitted candidate has a token now; ``choice`` may have one in ``retry_in``
+    seconds, the shortest wait; ``admitted``: every admitted candidate, in rank order."""
+
+    retry_in: float
+    choice: Choice
+    admitted: tuple[Choice, ...]
+
+
+async def choose_with_quota(candidates: Sequence[ProviderRoute], breakers: BreakerView | None,
+                            quota: QuotaView, tier: Tier, *, tenant_id: str | None = None,
+                            tenant_rate: float | None = None,
+                            held: Mapping[str, Choice] | None = None,
+                            ) -> Choice | Waiting | Unavailable | None:
+    """One pass in rank order: the first candidate its breaker admits and that has a token
+    (the token is taken; no later candidate is asked anything), else :class:`Waiting` on the
+    admitted candidate with the shortest wait (the first in rank order among equal waits),
+    else :class:`Unavailable` when every breaker refuses; None without candidates.
+
+    The breaker is asked before the quota, so no token is spent on a provider its breaker
+    refuses. ``held``: probe admissions of earlier passes, reused instead of asking the
+    breaker again. An admitted probe that ends up unused is dropped unrecorded: the breaker
+    only keeps the time of the last probe admission, so this delays the next gap probe by at
+    most ``probe_gap`` and never miscounts probes."""
+    if not candidates:
+        return None
+    held = held or {}
+    waits: list[tuple[float, Choice]] = []
+    refusals: list[float] = []
+    for r in candidates:
+        choice = held.get(r.provider_id)
+        if choice is None:
+            choice = await _admit(r.provider_id, breakers, refusals)
+            if choice is None:
+                continue
+        wait = await quota.acquire(r.provider_id, tier, tenant_id, tenant_rate)
+        if wait is None:
+            return choice
+        waits.append((wait, choice))
+    if waits:
+        retry_in, choice = min(waits, key=lambda x: x[0])
+        return Waiting(retry_in, choice, tuple(c for _, c in waits))
+    return Unavailable(min(refusals) if refusals else 1.0,
+                       tuple(r.provider_id for r in candidates))
+
+
+async def _admit(provider_id: str, breakers: BreakerView | None,
+                 refusals: list[float]) -> Choice | None:
+    if breakers is None:
+        return Choice(provider_id, False)
+    admission = await breakers.allow(provider_id)
+    admitted, probe, retry_in = admission_kind(admission)
+    if not admitted:
+        refusals.append(retry_in)
+        return None
+    return Choice(provider_id, probe, admission)
+
+
+async def reserve(candidates: Sequence[ProviderRoute], breakers: BreakerView | None,
+                  quota: QuotaView, tier: Tier, *, tenant_id: str | None = None,
+                  tenant_rate: float | None = None,
+                  sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
+                  ) -> Choice | Unavailable | None:
+    """The provider of one attempt with its capacity token taken (waits go through
+    ``sleep`` on the caller's loop), or :class:`Unavailable` / None as :func:`choose` answers.
+
+    :data:`QUOTA_ROUTED` tiers (P0) pass over a candidate without a token for the next
+    admitted one that has one (:func:`choose_with_quota`); when none has, they wait the
+    shortest wait and choose again, holding probe admissions. A refused P0 request still
+    counts as P0 demand at that provider, so a share lower tiers borrowed there comes back
+    while P0 is served elsewhere.
+
+    Other tiers take the first candidate their breakers admit and wait for its token: a P1
+    spilling to the secondary would also borrow the secondary's idle P0 share, the room a P0
+    moves to when its primary is full; P2/P3 are bulk and cost-ranked, and spilling to a
+    dearer vendor whenever the cheap one is full would defeat that ranking while their SLA
+    absorbs the wait."""
+    if tier not in QUOTA_ROUTED:
+        first = await choose(candidates, breakers)
+        if isinstance(first, Choice):
+            while (wait := await quota.acquire(first.provider_id, tier, tenant_id,
+                                               tenant_rate)) is not None:
+                await sleep(max(wait, MIN_WAIT))
+        return first
+    held: dict[str, Choice] = {}
+    while True:
+        picked = await choose_with_quota(candidates, breakers, quota, tier,
+                                         tenant_id=tenant_id, tenant_rate=tenant_rate,
+                                         held=held)
+        if not isinstance(picked, Waiting):
+            return picked
+        held.update((c.provider_id, c) for c in picked.admitted if c.probe)
+        await sleep(max(picked.retry_in, MIN_WAIT))

@@ -6,13 +6,19 @@ of a key reserved earlier is answered from its record and never refused, see
 
 1. **backlog** — the tier has a ``max_backlog_age`` (P2, P3 by default) and its oldest unsent
    message is older than that bound (scaled by ``time_scale``): ``429 backlog``.
-2. **tenant_rate** — the tenant has a ``rate_limit``: one token bucket per tenant (burst of one
+2. **priority_pressure** — a bulk-lane tier (P2, P3) while P0's worst latency, as the P0
+   send flow reports it (``adapters/pressure.py``), is above ``bulk_yield.high`` of P0's SLA:
+   ``429 priority_pressure`` with ``Retry-After: 1`` (bulk acceptance yields to P0).
+3. **tenant_rate** — the tenant has a ``rate_limit``: one token bucket per tenant (burst of one
    second's worth) shared by every API process: ``429 tenant_rate``.
-3. **p0_capacity** — P0 only: a bucket per channel at ``share(P0) * provider_rates[provider]
-   + p0_emergency_rate`` msgs/s (no envelope when the provider has no rate):
+4. **p0_capacity** — P0 only: a bucket per channel at ``Σ_p share(P0) * provider_rates[p]
+   + p0_emergency_rate`` msgs/s, summed over every enabled provider account with a route on
+   the channel (``settings.routes``, ``settings.enabled_providers()``), since the send flow
+   moves P0 to whichever of them has a token (``flows/routing.py`` ``reserve``); accounts
+   without a rate add nothing, and there is no envelope when none has one:
    ``429 p0_capacity``.
 
-Buckets 2 and 3 are taken together: a refused request spends no token. Redis unavailable:
+Buckets 3 and 4 are taken together: a refused request spends no token. Redis unavailable:
 P0/P1 are admitted (fail open, logged at most once a minute; the send flows keep their own
 limits), P2/P3 get ``503 admission_unavailable`` (fail closed; their flows pause without
 Redis anyway).
@@ -37,36 +43,29 @@ from notiflow.settings import Settings, TenantConfig
 
 log = logging.getLogger("notiflow.gateway.admission")
 
-CHANNEL_PROVIDERS: dict[Channel, str] = {
-    Channel.SMS: "twilio",
-    Channel.EMAIL: "sendgrid",
-    Channel.PUSH: "fcm",
-}
-"""Provider account whose capacity bounds P0 on a channel (until settings name it)."""
 SHED_RETRY_AFTER = timedelta(seconds=30)
 """``Retry-After`` of a backlog 429 (scaled by ``time_scale``, at least 1 s)."""
 FAIL_OPEN_TIERS = frozenset({Tier.P0, Tier.P1})
+PRIORITY_RETRY_AFTER_S = 1.0
+"""``Retry-After`` of a ``priority_pressure`` 429: P0's signal is re-read every 250 ms."""
 LOG_EVERY_S = 60.0
 
 
-def channel_provider(settings: Settings, channel: Channel) -> str | None:
-    """The provider account id serving ``channel``: the ``provider_id`` of its account
-    settings (``settings.twilio``, ``.sendgrid``, ``.fcm``) when present, else the
-    default name."""
-    name = CHANNEL_PROVIDERS.get(channel)
-    if name is None:
-        return None
-    provider_id = getattr(getattr(settings, name, None), "provider_id", None)
-    return provider_id if isinstance(provider_id, str) else name
+def channel_providers(settings: Settings, channel: Channel) -> frozenset[str]:
+    """The enabled provider accounts with a configured route on ``channel``."""
+    enabled = settings.enabled_providers()
+    return frozenset(r.provider_id for r in settings.routes
+                     if r.channel is channel and r.provider_id in enabled)
 
 
 def p0_rate(settings: Settings, channel: Channel) -> float | None:
-    """P0 capacity envelope of a channel in msgs/s; None when its provider has no rate."""
-    provider = channel_provider(settings, channel)
-    rate = settings.provider_rates.get(provider) if provider else None
-    if not rate or rate <= 0:
+    """P0 capacity envelope of a channel in msgs/s; None when none of its providers has a
+    rate."""
+    rates = [rate for p in channel_providers(settings, channel)
+             if (rate := settings.provider_rates.get(p)) and rate > 0]
+    if not rates:
         return None
-    envelope = settings.share(Tier.P0) * rate + settings.p0_emergency_rate
+    envelope = settings.share(Tier.P0) * sum(rates) + settings.p0_emergency_rate
     return envelope if envelope > 0 else None
 
 
@@ -105,6 +104,7 @@ class Admission:
         """Return when the request may be accepted; raise ``429`` or ``503`` otherwise."""
         try:
             await self._check_backlog(req.tier)
+            await self._check_priority(req.tier)
             await self._take(tenant, req)
         except AdmissionUnavailable as exc:
             if req.tier in FAIL_OPEN_TIERS:
@@ -123,6 +123,18 @@ class Admission:
             raise rate_limited("backlog", f"tier {tier.value} is backlogged (oldest unsent "
                                f"message {age:.0f} s old, bound {bound:.0f} s); retry later",
                                shed_retry_after_s(self.settings))
+
+    async def _check_priority(self, tier: Tier) -> None:
+        """A bulk-lane tier waits while P0 is slow (``bulk_yield.high`` of its SLA)."""
+        rule = self.settings.bulk_yield
+        if not rule.enabled or self.settings.policy(tier).lane != "bulk":
+            return
+        sla = self.settings.policy(Tier.P0).sla.total_seconds()
+        p0 = await self.store.p0_worst()
+        if p0 is not None and p0 > rule.high * sla:
+            raise rate_limited("priority_pressure", f"tier {tier.value} yields to P0, whose "
+                               f"latency is {p0 * 1000:.0f} ms; retry later",
+                               PRIORITY_RETRY_AFTER_S)
 
     async def _take(self, tenant: TenantConfig, req: SendRequest) -> None:
         pairs = self.buckets(tenant, req)

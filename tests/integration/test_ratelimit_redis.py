@@ -15,6 +15,7 @@ import math
 import random
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 
 import pytest
 import redis.asyncio as aioredis
@@ -32,8 +33,9 @@ from notiflow.adapters.ratelimit import (
     Request,
     decide,
 )
-from notiflow.schemas.enums import Tier
-from notiflow.settings import Settings
+from notiflow.flows.routing import Choice, rank_routes, reserve
+from notiflow.schemas.enums import Channel, Tier
+from notiflow.settings import ProviderRoute, Settings
 from tests.integration.conftest import RedisServer
 
 pytestmark = pytest.mark.integration
@@ -194,6 +196,43 @@ async def test_p0_takes_its_share_back_from_saturating_p3(client: aioredis.Redis
     for end in range(start + W + 100_000, 4 * W, 20_000):
         assert window(p0, end) >= math.floor(s0) - lease
         assert window(p0, end) + window(p3, end) <= rate
+
+
+# P0 routing across provider accounts (flows/routing.py reserve) -----------------------------
+
+
+async def test_p0_moves_to_the_second_provider_once_the_firsts_share_is_spent(
+        client: aioredis.Redis) -> None:
+    ns = namespace()
+    rules = rules_for(ProviderRule("tw", 10.0, SHARES), ProviderRule("vo", 10.0, SHARES))
+    limiter = CapacityLimiter(CapacityStore(client, rules, ns))
+    routes = rank_routes((ProviderRoute(provider_id="vo", channel=Channel.SMS, reliability=0.99),
+                          ProviderRoute(provider_id="tw", channel=Channel.SMS,
+                                        reliability=0.995)),
+                         tier=Tier.P0, channel=Channel.SMS, recipient="+14155550123",
+                         enabled=frozenset({"tw", "vo"}))
+
+    async def no_wait(seconds: float) -> None:
+        raise AssertionError(f"P0 waited {seconds} s while a provider had a token")
+
+    async def p0(sleep: Callable[[float], Awaitable[None]]) -> str:
+        choice = await reserve(routes, None, limiter, Tier.P0, sleep=sleep)
+        assert isinstance(choice, Choice)
+        return choice.provider_id
+
+    assert [await p0(no_wait) for _ in range(4)] == ["tw", "tw", "vo", "vo"]
+    meta = await client.hgetall(f"{ns}cap:tw:meta")
+    assert (int(meta["g0"]), int(meta["d0"])) == (2, 3)
+
+    waits: list[float] = []
+
+    async def wait(seconds: float) -> None:
+        waits.append(seconds)
+        await asyncio.sleep(seconds)
+
+    started = time.monotonic()
+    assert await p0(wait) == "tw"
+    assert 0 < sum(waits) <= 1.0 and time.monotonic() - started < 1.5
 
 
 # two limiters ("processes") in real time ----------------------------------------------------
