@@ -1,9 +1,12 @@
 """``notiflow demo``: the whole platform on the embedded local stack, with real traffic.
 
 Brings the stack up, starts the provider emulators, the Messaging API, one send flow per tier
-and the reconciler, sends messages through the API, waits until every accepted message has a
-terminal status in Cassandra and prints a per-tier report (latency = emulator receipt time
-minus ``accepted_at``; one machine, one clock).
+and the reconciler, then sends messages through the API in two phases at one rate
+(:data:`SEND_RATE`): a warm-up, in waves, until the P0 latency of a wave stops falling (or
+:data:`WARMUP_BOUND` seconds have passed), and the measured run. It waits until every accepted
+message of both has a terminal status in Cassandra and prints a per-tier report of the
+measured run only (latency = emulator receipt time minus ``accepted_at``; one machine, one
+clock) against each tier's SLA.
 """
 
 from __future__ import annotations
@@ -14,11 +17,15 @@ import random
 import statistics
 import time
 from collections import Counter, defaultdict
-from dataclasses import dataclass
-from datetime import UTC, datetime
-from typing import Any
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any
 
 import httpx
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
@@ -27,6 +34,23 @@ from notiflow.ops.procs import ManagedProcess, ProcessGroup
 from notiflow.ops.stack import Stack, port_open
 from notiflow.schemas.enums import TERMINAL_STATUSES, Status, Tier
 from notiflow.settings import Settings
+
+if TYPE_CHECKING:
+    from notiflow.adapters.cassandra_store import CassandraStore
+
+SEND_RATE = 20.0
+"""Requests per second through the API, warm-up and measured run alike; tiers take turns, so
+each tier gets a quarter."""
+WAVE_SECONDS = 5.0
+"""Length of one warm-up wave at :data:`SEND_RATE`."""
+WARMUP_BOUND = 60.0
+"""Seconds of warm-up waves after which the demo measures anyway (and says so)."""
+SETTLE_TOLERANCE = 0.2
+"""A wave's P0 p50 within this fraction of the previous wave's: latency stopped falling."""
+READY_TIMEOUT = 120.0
+"""Seconds the flows get to process their first message (process start, consumer join)."""
+DRAIN_TIMEOUT = 180.0
+"""Seconds every accepted message gets to reach a terminal status after the measured run."""
 
 TEMPLATE = "Your {{ brand }} code is {{ code }}. It expires in {{ minutes }} minutes."
 INVALID_NUMBER = "+15005550001"
@@ -51,16 +75,211 @@ def daytime_numbers(now: datetime | None = None) -> list[str]:
         if 9 <= hour < 21:
             picked.append(number)
     return picked
+
+
 TENANT_BY_TIER = {Tier.P0: "acme", Tier.P1: "acme", Tier.P2: "globex", Tier.P3: "mkt"}
 CATEGORY_BY_TIER = {Tier.P0: "otp", Tier.P1: "transactional", Tier.P2: "account",
                     Tier.P3: "marketing"}
 
 
-@dataclass
+@dataclass(frozen=True)
 class Sent:
     message_id: str
     tier: Tier
     accepted_at: datetime
+
+
+@dataclass(frozen=True)
+class Batch:
+    """The API's answers to one :func:`_send_all` call; ``seconds`` from the first request
+    to the last answer."""
+
+    sent: list[Sent]
+    rejected: Counter[str]
+    seconds: float
+
+    @property
+    def requests(self) -> int:
+        return len(self.sent) + sum(self.rejected.values())
+
+
+@dataclass(frozen=True)
+class Wave:
+    """One warm-up wave: requests sent, seconds from its first request until it drained (or
+    the bound), and its P0 latency quantiles in ms (None without any P0 latency)."""
+
+    requests: int
+    seconds: float
+    p50: float | None
+    p99: float | None
+
+
+class Verdict(StrEnum):
+    """After a warm-up wave: latency settled, the time bound is reached, or another wave."""
+
+    SETTLED = "settled"
+    BOUND = "bound"
+    GO_ON = "go on"
+
+
+@dataclass
+class WarmUp:
+    """Everything the warm-up sent (the readiness probe and the waves) and what it found."""
+
+    sent: list[Sent] = field(default_factory=list)
+    rows: dict[str, dict[str, Any]] = field(default_factory=dict)
+    rejected: Counter[str] = field(default_factory=Counter)
+    waves: list[Wave] = field(default_factory=list)
+    verdict: Verdict = Verdict.GO_ON
+    requests: int = 0
+    seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class TierRow:
+    """One tier of the measured run; latencies in ms, None without any."""
+
+    tier: Tier
+    sla: timedelta
+    accepted: int
+    provider_accepted: int
+    failed: int
+    expired_suppressed: int
+    not_terminal: int
+    p50: float | None
+    p99: float | None
+    max: float | None
+
+    @property
+    def meets_sla(self) -> bool | None:
+        """Whether p99 is under the SLA; None when nothing was measured."""
+        return None if self.p99 is None else self.p99 < self.sla.total_seconds() * 1000
+
+
+def quantile(values: Sequence[float], p: int) -> float | None:
+    """The ``p``-th percentile (inclusive method); None for no values."""
+    if not values:
+        return None
+    if len(values) == 1:
+        return values[0]
+    return statistics.quantiles(values, n=100, method="inclusive")[p - 1]
+
+
+def warmup_verdict(waves: Sequence[Wave], elapsed: float, *, sla_ms: float,
+                   bound: float = WARMUP_BOUND,
+                   tolerance: float = SETTLE_TOLERANCE) -> Verdict:
+    """The stop rule, after each wave. SETTLED: the last wave's P0 p99 is under ``sla_ms``
+    and its P0 p50 is within ``tolerance`` (a fraction) of the wave before's. Else BOUND when
+    another wave as long as the last would end after ``bound`` seconds of warm-up
+    (``elapsed`` so far). Else GO_ON."""
+    if len(waves) >= 2:
+        prev, last = waves[-2], waves[-1]
+        if (last.p99 is not None and last.p50 is not None and prev.p50 is not None
+                and last.p99 < sla_ms and abs(last.p50 - prev.p50) <= tolerance * prev.p50):
+            return Verdict.SETTLED
+    next_wave = waves[-1].seconds if waves else 0.0
+    return Verdict.BOUND if elapsed + next_wave > bound else Verdict.GO_ON
+
+
+def format_ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.0f}"
+
+
+def format_sla(sla: timedelta) -> str:
+    """``"< 1 s"``, ``"< 5 min"``, ``"< 1 h"``: the largest unit that divides the SLA."""
+    seconds = sla.total_seconds()
+    for unit, size in (("h", 3600), ("min", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"< {seconds / size:g} {unit}"
+    return f"< {seconds:g} s"
+
+
+def warmup_summary(warm: WarmUp, *, sla: timedelta, bound: float = WARMUP_BOUND,
+                   tolerance: float = SETTLE_TOLERANCE) -> str:
+    """One line: the warm-up's size and duration, each wave's P0 p50/p99 and why it stopped."""
+    figures = " → ".join(f"{format_ms(w.p50)}/{format_ms(w.p99)}" for w in warm.waves) or "-"
+    rejected = sum(warm.rejected.values())
+    if warm.verdict is Verdict.SETTLED:
+        why = f"settled (p50 ±{tolerance:.0%}, p99 {format_sla(sla)})"
+    else:
+        why = f"{bound:.0f} s bound reached, P0 latency not settled"
+    return (f"warm-up, not reported: {warm.requests} messages / {warm.seconds:.0f} s"
+            + (f" ({rejected} rejected)" if rejected else "")
+            + f"; P0 p50/p99 ms by wave: {figures}; {why}")
+
+
+def report_heading(*, requests: int, seconds: float, warm_requests: int, warm_seconds: float,
+                   cores: int, load: float | None = None) -> str:
+    """What the table measured: the run, its load, the warm-up before it, the clock, the
+    machine (``load``: its 1-minute load average when the run started)."""
+    rate = requests / seconds if seconds > 0 else 0.0
+    machine = f"{cores} cores" + ("" if load is None else
+                                  f", 1-min load average {load:.1f} at the start")
+    return (f"measured run of {requests} messages at {rate / len(Tier):.1f} msg/s per tier "
+            f"({rate:.1f} msg/s through the API), after a warm-up of {warm_requests} messages"
+            f" / {warm_seconds:.0f} s\nlatency = emulator receipt time - accepted_at; one "
+            f"machine ({machine}), one clock")
+
+
+def _terminal(rows: Mapping[str, Mapping[str, Any]], message_id: str) -> bool:
+    return message_id in rows and Status(rows[message_id]["status"]) in TERMINAL_STATUSES
+
+
+def tier_rows(sent: Sequence[Sent], rows: Mapping[str, Mapping[str, Any]],
+              latency: Mapping[str, float], slas: Mapping[Tier, timedelta]) -> list[TierRow]:
+    """Per tier, in tier order: counts by status from ``rows`` (message_id → Cassandra row),
+    latency quantiles from ``latency`` (message_id → ms), each tier's SLA from ``slas``."""
+    by_tier: dict[Tier, list[Sent]] = defaultdict(list)
+    for s in sent:
+        by_tier[s.tier].append(s)
+    out = []
+    for tier in Tier:
+        items = by_tier.get(tier, [])
+        statuses = Counter(rows[s.message_id]["status"] if s.message_id in rows else "MISSING"
+                           for s in items)
+        ok = sum(statuses[x] for x in ("PROVIDER_ACCEPTED", "SENT", "DELIVERED"))
+        other = statuses["EXPIRED"] + statuses["SUPPRESSED"]
+        lat = sorted(latency[s.message_id] for s in items if s.message_id in latency)
+        out.append(TierRow(
+            tier=tier, sla=slas[tier], accepted=len(items), provider_accepted=ok,
+            failed=statuses["FAILED"], expired_suppressed=other,
+            not_terminal=sum(not _terminal(rows, s.message_id) for s in items),
+            p50=quantile(lat, 50), p99=quantile(lat, 99), max=lat[-1] if lat else None))
+    return out
+
+
+REPORT_COLUMNS = ("tier", "SLA\n(p99)", "accepted", "provider\naccepted", "failed",
+                  "expired or\nsuppressed", "not\nterminal", "p50\nms", "p99\nms", "max\nms",
+                  "meets\nSLA")
+
+
+def row_cells(row: TierRow) -> list[str]:
+    """The table's cells for ``row``, in :data:`REPORT_COLUMNS` order."""
+    meets = {True: "yes", False: "no", None: "-"}[row.meets_sla]
+    return [row.tier.value, format_sla(row.sla), str(row.accepted), str(row.provider_accepted),
+            str(row.failed), str(row.expired_suppressed), str(row.not_terminal),
+            format_ms(row.p50), format_ms(row.p99), format_ms(row.max), meets]
+
+
+def report(console: Console, heading: str, rows: Sequence[TierRow]) -> None:
+    """Print the heading and the per-tier table."""
+    console.print(heading, highlight=False)
+    table = Table(title="measured run: acceptance → provider acceptance", box=box.SIMPLE_HEAD,
+                  pad_edge=False, collapse_padding=True, title_justify="left")
+    for i, name in enumerate(REPORT_COLUMNS):
+        table.add_column(name, justify="left" if i < 2 else "right", no_wrap=i == 1)
+    style = {True: "green", False: "red", None: ""}
+    for row in rows:
+        cells = row_cells(row)
+        colour = style[row.meets_sla]
+        table.add_row(*cells[:-1], f"[{colour}]{cells[-1]}[/{colour}]" if colour else cells[-1])
+    console.print(table)
+
+
+def _cores() -> int:
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
 
 
 def _port(preferred: int) -> int:
@@ -92,9 +311,12 @@ async def _templates(api: str, tokens: dict[str, str]) -> dict[str, int]:
     return versions
 
 
-async def _send_all(api: str, tokens: dict[str, str], versions: dict[str, int], n: int,
-                    console: Console, *, invalid_every: int = 37
-                    ) -> tuple[list[Sent], Counter[str]]:
+async def _send_all(api: str, tokens: dict[str, str], versions: dict[str, int], n: int, *,
+                    start: int = 0, rate: float | None = None, invalid_every: int = 37
+                    ) -> Batch:
+    """Send requests ``start`` .. ``start + n - 1`` (request i is tier ``i % 4``, to an
+    invalid number when ``i % invalid_every == 5``), at most 16 in flight and, given
+    ``rate``, request i not before ``(i - start) / rate`` seconds after the first."""
     rejected: Counter[str] = Counter()
     sent: list[Sent] = []
     rng = random.Random()
@@ -102,8 +324,11 @@ async def _send_all(api: str, tokens: dict[str, str], versions: dict[str, int], 
     async with httpx.AsyncClient(base_url=api, timeout=30) as client:
         sem = asyncio.Semaphore(16)
         tiers = list(Tier)
+        t0 = time.perf_counter()
 
         async def one(i: int) -> None:
+            if rate:
+                await asyncio.sleep(max(0.0, t0 + (i - start) / rate - time.perf_counter()))
             tier = tiers[i % 4]
             tenant = TENANT_BY_TIER[tier]
             invalid = invalid_every and i % invalid_every == 5
@@ -124,87 +349,133 @@ async def _send_all(api: str, tokens: dict[str, str], versions: dict[str, int], 
             sent.append(Sent(doc["message_id"], tier,
                              datetime.fromisoformat(doc["accepted_at"])))
 
-        t0 = time.perf_counter()
-        await asyncio.gather(*(one(i) for i in range(n)))
-        if n > len(Tier):
-            console.print(f"sent {n} requests through the API in "
-                          f"{time.perf_counter() - t0:.1f}s: {len(sent)} accepted (202), "
-                          f"{sum(rejected.values())} rejected {dict(rejected) or ''}")
-    return sent, rejected
+        await asyncio.gather(*(one(i) for i in range(start, start + n)))
+    return Batch(sent, rejected, time.perf_counter() - t0)
 
 
-async def _wait_terminal(settings: Settings, sent: list[Sent], timeout: float
-                         ) -> dict[str, dict[str, Any]]:
+@asynccontextmanager
+async def _store(settings: Settings) -> AsyncIterator[CassandraStore]:
     from notiflow.adapters.cassandra_store import CassandraStore, connect
 
     cluster, session = await asyncio.to_thread(connect, settings)
-    store = CassandraStore(session, settings)
-    rows: dict[str, dict[str, Any]] = {}
     try:
-        deadline = time.monotonic() + timeout
-        pending = [s.message_id for s in sent]
-        while pending and time.monotonic() < deadline:
-            got = await asyncio.gather(*(store.get_message(m) for m in pending))
-            for mid, row in zip(pending, got, strict=True):
-                if row is not None:
-                    rows[mid] = row
-            pending = [m for m in pending
-                       if m not in rows or Status(rows[m]["status"]) not in TERMINAL_STATUSES]
-            if pending:
-                await asyncio.sleep(0.5)
+        yield CassandraStore(session, settings)
     finally:
         cluster.shutdown()
+
+
+async def _wait_terminal(store: CassandraStore, sent: Sequence[Sent], timeout: float
+                         ) -> dict[str, dict[str, Any]]:
+    """The latest row of every message of ``sent`` that has one, once all are terminal or
+    after ``timeout`` seconds."""
+    rows: dict[str, dict[str, Any]] = {}
+    deadline = time.monotonic() + timeout
+    pending = [s.message_id for s in sent]
+    while pending and time.monotonic() < deadline:
+        got = await asyncio.gather(*(store.get_message(m) for m in pending))
+        for mid, row in zip(pending, got, strict=True):
+            if row is not None:
+                rows[mid] = row
+        pending = [m for m in pending if not _terminal(rows, m)]
+        if pending:
+            await asyncio.sleep(0.5)
     return rows
 
 
-def _latencies(fakes: str, sent: list[Sent]) -> dict[str, float]:
+async def _latencies(fakes: str, sent: Sequence[Sent]) -> dict[str, float]:
     """message_id → ms from acceptance to an emulator's receipt of the first attempt."""
     first: dict[str, float] = {}
-    for provider in ("twilio", "vonage"):
-        records = httpx.get(f"{fakes}/_admin/{provider}/messages", timeout=30).json()
-        for rec in records:
-            mid = rec.get("message_id")
-            if mid and rec.get("outcome") == "accepted":
-                first[mid] = min(first.get(mid, rec["received_at"]), rec["received_at"])
+    async with httpx.AsyncClient(base_url=fakes, timeout=30) as client:
+        for provider in ("twilio", "vonage"):
+            records = (await client.get(f"/_admin/{provider}/messages")).json()
+            for rec in records:
+                mid = rec.get("message_id")
+                if mid and rec.get("outcome") == "accepted":
+                    first[mid] = min(first.get(mid, rec["received_at"]), rec["received_at"])
     return {s.message_id: (first[s.message_id] - s.accepted_at.timestamp()) * 1000
             for s in sent if s.message_id in first}
 
 
-def _pct(values: list[float], p: float) -> str:
-    if not values:
-        return "-"
-    if len(values) == 1:
-        return f"{values[0]:.0f}"
-    return f"{statistics.quantiles(values, n=100, method='inclusive')[int(p) - 1]:.0f}"
+async def _warm_up(store: CassandraStore, api: str, fakes: str, tokens: dict[str, str],
+                   versions: dict[str, int], console: Console, *, sla_ms: float) -> WarmUp:
+    """One message per tier until the flows process it (:data:`READY_TIMEOUT`), then waves
+    of :data:`WAVE_SECONDS` at :data:`SEND_RATE`, each drained before the next, until
+    :func:`warmup_verdict` says stop. No invalid numbers: the one invalid test number would
+    use up its recipient caps and the measured run's would be suppressed, not failed."""
+    warm = WarmUp()
+    t0 = time.monotonic()
+
+    def add(batch: Batch) -> None:
+        warm.sent.extend(batch.sent)
+        warm.rejected.update(batch.rejected)
+        warm.requests += batch.requests
+
+    probe = await _send_all(api, tokens, versions, len(Tier), invalid_every=0)
+    add(probe)
+    warm.rows.update(await _wait_terminal(store, probe.sent, READY_TIMEOUT))
+    if not probe.sent or not all(_terminal(warm.rows, s.message_id) for s in probe.sent):
+        console.print(f"[red]the flows did not process one message per tier within "
+                      f"{READY_TIMEOUT:.0f} s[/red]")
+    console.print(f"flows ready after {time.monotonic() - t0:.0f} s; warming up in "
+                  f"{WAVE_SECONDS:g} s waves at {SEND_RATE:g} msg/s (at most "
+                  f"{WARMUP_BOUND:.0f} s)", highlight=False)
+    size = max(len(Tier), round(SEND_RATE * WAVE_SECONDS))
+    waves_t0 = time.monotonic()
+    while warm.verdict is Verdict.GO_ON:
+        w0 = time.monotonic()
+        batch = await _send_all(api, tokens, versions, size, start=warm.requests,
+                                rate=SEND_RATE, invalid_every=0)
+        add(batch)
+        remaining = WARMUP_BOUND - (time.monotonic() - waves_t0)
+        warm.rows.update(await _wait_terminal(store, batch.sent, max(remaining, 1.0)))
+        p0 = sorted((await _latencies(fakes, [s for s in batch.sent
+                                              if s.tier is Tier.P0])).values())
+        warm.waves.append(Wave(batch.requests, time.monotonic() - w0,
+                               quantile(p0, 50), quantile(p0, 99)))
+        warm.verdict = warmup_verdict(warm.waves, time.monotonic() - waves_t0, sla_ms=sla_ms)
+    warm.seconds = time.monotonic() - t0
+    return warm
 
 
-def report(console: Console, sent: list[Sent], rows: dict[str, dict[str, Any]],
-           latency: dict[str, float]) -> int:
-    """Print the per-tier table; returns the number of accepted messages not accounted for."""
-    table = Table("tier", "accepted", "provider-accepted", "failed", "expired/suppressed",
-                  "not terminal", "p50 ms", "p99 ms", "max ms",
-                  title="notiflow demo: acceptance → provider acceptance")
-    unaccounted = 0
-    by_tier: dict[Tier, list[Sent]] = defaultdict(list)
-    for s in sent:
-        by_tier[s.tier].append(s)
-    for tier in Tier:
-        items = by_tier.get(tier, [])
-        statuses = Counter(rows[s.message_id]["status"] if s.message_id in rows else "MISSING"
-                           for s in items)
-        ok = sum(statuses[x] for x in ("PROVIDER_ACCEPTED", "SENT", "DELIVERED"))
-        other = statuses["EXPIRED"] + statuses["SUPPRESSED"]
-        pending = len(items) - ok - statuses["FAILED"] - other
-        unaccounted += pending
-        lat = sorted(latency[s.message_id] for s in items if s.message_id in latency)
-        table.add_row(tier.value, str(len(items)), str(ok), str(statuses["FAILED"]), str(other),
-                      str(pending), _pct(lat, 50), _pct(lat, 99),
-                      f"{lat[-1]:.0f}" if lat else "-")
-    console.print(table)
-    return unaccounted
+@dataclass(frozen=True)
+class Traffic:
+    """The warm-up, the measured run, the rows of both (message_id → Cassandra row), the
+    measured run's latencies (message_id → ms) and the load average when it started."""
+
+    warm: WarmUp
+    measured: Batch
+    rows: dict[str, dict[str, Any]]
+    latency: dict[str, float]
+    load: float | None
+
+
+async def _traffic(settings: Settings, api: str, fakes: str, tokens: dict[str, str],
+                   messages: int, console: Console) -> Traffic:
+    versions = await _templates(api, tokens)
+    sla = settings.policy(Tier.P0).sla
+    async with _store(settings) as store:
+        warm = await _warm_up(store, api, fakes, tokens, versions, console,
+                              sla_ms=sla.total_seconds() * 1000)
+        colour = "" if warm.verdict is Verdict.SETTLED else "yellow"
+        line = warmup_summary(warm, sla=sla)
+        console.print(f"[{colour}]{line}[/{colour}]" if colour else line, highlight=False,
+                      soft_wrap=True)
+        load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+        measured = await _send_all(api, tokens, versions, messages, start=warm.requests,
+                                   rate=SEND_RATE)
+        rejected = sum(measured.rejected.values())
+        console.print(f"measured run: {measured.requests} requests in {measured.seconds:.1f} s,"
+                      f" {len(measured.sent)} accepted (202), {rejected} rejected"
+                      + (f" {dict(measured.rejected)}" if rejected else ""), highlight=False)
+        unfinished = [s for s in warm.sent if not _terminal(warm.rows, s.message_id)]
+        rows = {**warm.rows, **await _wait_terminal(store, [*measured.sent, *unfinished],
+                                                    DRAIN_TIMEOUT)}
+    return Traffic(warm, measured, rows, await _latencies(fakes, measured.sent), load)
 
 
 def run_demo(*, messages: int, keep_running: bool, console: Console) -> int:
+    """Run the demo; 1 when any accepted message (warm-up or measured) lacks a terminal
+    status, else 0."""
     env, tokens = dev_environment(api_port=_port(18080), fakes_port=_port(18090))
     os.environ.update(env)
     settings = Settings()
@@ -224,26 +495,28 @@ def run_demo(*, messages: int, keep_running: bool, console: Console) -> int:
             group.add(ManagedProcess(f"send-{tier.value.lower()}",
                                      ["flow", "send", "--tier", tier.value], log_dir)).start()
         console.print(f"processes started; logs in {log_dir}", highlight=False)
-        versions = asyncio.run(_templates(api, tokens))
-        warm, _ = asyncio.run(_send_all(api, tokens, versions, len(Tier), console,
-                                        invalid_every=0))
-        warm_rows = asyncio.run(_wait_terminal(settings, warm, timeout=120))
-        if len(warm_rows) < len(warm):
-            console.print("[red]the flows did not process the warm-up messages[/red]")
-        console.print(f"warm-up: one message per tier, {len(warm_rows)} terminal; "
-                      "now the measured run")
-        sent, _ = asyncio.run(_send_all(api, tokens, versions, messages, console))
-        rows = asyncio.run(_wait_terminal(settings, sent, timeout=180))
+        traffic = asyncio.run(_traffic(settings, api, fakes, tokens, messages, console))
         for p in group.procs:
             if not p.alive:
                 console.print(f"[red]{p.name} exited[/red]:\n{p.tail()}", highlight=False)
-        unaccounted = report(console, sent, rows, _latencies(fakes, sent))
+        rows = tier_rows(traffic.measured.sent, traffic.rows, traffic.latency,
+                         {tier: settings.policy(tier).sla for tier in Tier})
+        report(console, report_heading(
+            requests=traffic.measured.requests, seconds=traffic.measured.seconds,
+            warm_requests=traffic.warm.requests, warm_seconds=traffic.warm.seconds,
+            cores=_cores(), load=traffic.load), rows)
+        sent = traffic.measured.sent
         if sent:
             console.print(f"inspect one: notiflow status {sent[0].message_id}", highlight=False)
-        if unaccounted:
-            console.print(f"[red]{unaccounted} accepted messages have no terminal status[/red]")
+        unaccounted = sum(r.not_terminal for r in rows)
+        warm_unaccounted = sum(not _terminal(traffic.rows, s.message_id)
+                               for s in traffic.warm.sent)
+        if unaccounted or warm_unaccounted:
+            console.print(f"[red]{unaccounted} measured and {warm_unaccounted} warm-up "
+                          "accepted messages have no terminal status[/red]")
             return 1
-        console.print("[green]every accepted message is accounted for[/green]")
+        console.print("[green]every accepted message (warm-up and measured) is accounted "
+                      "for[/green]")
         if keep_running:
             console.print(f"API {api}, emulators {fakes}; press Ctrl-C to stop", highlight=False)
             while True:
