@@ -1,5 +1,5 @@
-"""Admission control state in Redis for the Messaging API: token buckets and the backlog
-signal.
+"""Admission control state in Redis for the Messaging API: token buckets, the backlog signal
+and P0's latency signal.
 
 A bucket is a Redis hash ``{prefix}admission:{name}`` with fields ``tokens`` (float) and
 ``ts`` (Redis time of the last update, seconds). One Lua script checks several buckets at
@@ -27,6 +27,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from notiflow.adapters.backlog import oldest_age
+from notiflow.adapters.pressure import worst
 from notiflow.adapters.redis_pool import redis_client
 from notiflow.schemas.enums import Channel, Tier
 from notiflow.settings import Settings
@@ -34,6 +35,7 @@ from notiflow.settings import Settings
 REDIS_TIMEOUT_S = 0.25
 DOWN_BACKOFF_S = 1.0
 BACKLOG_CACHE_S = 1.0
+PRESSURE_CACHE_S = 0.25
 
 _TAKE = """
 local cost = tonumber(ARGV[1])
@@ -126,6 +128,8 @@ class AdmissionStore:
         self._down_until = 0.0
         self._backlog: dict[Tier, tuple[float, float | None]] = {}
         self._backlog_locks: dict[Tier, asyncio.Lock] = {}
+        self._pressure: tuple[float, float | None] = (-PRESSURE_CACHE_S, None)
+        self._pressure_lock = asyncio.Lock()
 
     @classmethod
     def open(cls, settings: Settings) -> AdmissionStore:
@@ -175,6 +179,18 @@ class AdmissionStore:
                 lambda: oldest_age(self.r, self.prefix, tier))
             self._backlog[tier] = (self.clock(), age)
             return age
+
+    async def p0_worst(self) -> float | None:
+        """P0's worst latency (``adapters.pressure``), fetched at most once per
+        :data:`PRESSURE_CACHE_S`; concurrent callers share one fetch."""
+        if self.clock() - self._pressure[0] < PRESSURE_CACHE_S:
+            return self._pressure[1]
+        async with self._pressure_lock:
+            if self.clock() - self._pressure[0] < PRESSURE_CACHE_S:
+                return self._pressure[1]
+            value: float | None = await self._call(lambda: worst(self.r, self.prefix))
+            self._pressure = (self.clock(), value)
+            return value
 
     async def aclose(self) -> None:
         await self.r.aclose()

@@ -85,6 +85,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -312,6 +313,8 @@ class StateChange:
     why: str
     at_us: int
     shared: bool = True
+    lane: str = ""
+    """"" for the priority lane's breaker, ``bulk`` for the bulk lane's."""
 
 
 # reference model -------------------------------------------------------------------------
@@ -700,28 +703,35 @@ class BreakerStore:
     """The Lua state machine over Redis; one instance per worker event loop."""
 
     def __init__(self, client: aioredis.Redis, params: BreakerParams, namespace: str = "",
-                 key_ttl_ms: int = 86_400_000) -> None:
+                 key_ttl_ms: int = 86_400_000, lane: str = "") -> None:
         longest = max(params.window_us, params.open_us, params.recovery_us) // 1000
         if key_ttl_ms < 2 * longest:
             raise ValueError("key_ttl_ms must be at least twice the longest breaker duration")
         self.r = client
         self.params = params
         self.ns = namespace
+        self.lane = lane
         self.key_ttl_ms = key_ttl_ms
         self._args = params.script_args()
         self._script = client.register_script(STEP_LUA)
 
     @classmethod
-    def open(cls, settings: Settings, timeout: float = 0.5) -> BreakerStore:
+    def open(cls, settings: Settings, timeout: float = 0.5, lane: str = "") -> BreakerStore:
         """A store with its own client: short timeouts and no retry (a retried script call
         could count an outcome twice), so an unreachable Redis is noticed within
-        ``timeout``."""
+        ``timeout``. ``lane``: "" for the priority lane's breakers, ``bulk`` for the bulk
+        lane's (``adapters/breaker_lanes.py``)."""
         client = redis_client(settings.redis_url, timeout=timeout,
                               retry=Retry(NoBackoff(), 0), health_check_interval=30)
-        return cls(client, BreakerParams.from_settings(settings), settings.topic_prefix)
+        params = BreakerParams.from_settings(settings)
+        if lane:
+            params = dataclasses.replace(
+                params, latency_us=_us(settings.breaker.bulk_latency_threshold))
+        return cls(client, params, settings.topic_prefix, lane=lane)
 
     def key(self, provider_id: str) -> str:
-        return f"{self.ns}cb:{provider_id}"
+        """``{ns}cb:{provider}``, or ``{ns}cb:{provider}@{lane}`` for a lane's own breaker."""
+        return f"{self.ns}cb:{provider_id}{'@' + self.lane if self.lane else ''}"
 
     async def run(self, provider_id: str, ops: Sequence[Op],
                   now_us: int | None = None) -> StepResult:
@@ -828,14 +838,16 @@ class CircuitBreakers:
     def __init__(self, source: Settings | BreakerSource, *, cache_ttl: float = 0.2,
                  flush_interval: float = 0.1, retry_interval: float = 0.5,
                  max_batch: int = 512, event_queue: int = 1000,
-                 clock_us: Callable[[], int] | None = None) -> None:
-        """``source``: the settings (opens its own :class:`BreakerStore`), or a store."""
+                 clock_us: Callable[[], int] | None = None, lane: str = "") -> None:
+        """``source``: the settings (opens its own :class:`BreakerStore` of ``lane``), or a
+        store."""
         if (cache_ttl < 0 or flush_interval < 0 or retry_interval <= 0 or max_batch < 1
                 or event_queue < 1):
             raise ValueError("bad breaker parameters")
         self._flush_interval = flush_interval
-        self.store: BreakerSource = (BreakerStore.open(source) if isinstance(source, Settings)
-                                     else source)
+        self.lane = lane
+        self.store: BreakerSource = (BreakerStore.open(source, lane=lane)
+                                     if isinstance(source, Settings) else source)
         self.params = self.store.params
         self.stats = BreakerStats()
         self._driven = clock_us is not None
@@ -890,6 +902,22 @@ class CircuitBreakers:
                                  e.snap.episode)
         return Admission(AdmissionKind.REFUSED, self._probe_wait(e.snap, t) / 1_000_000,
                          e.snap.episode)
+
+    async def peek(self, provider_id: str) -> Admission:
+        """What :meth:`allow` would say for a breaker this process only watches: REFUSED
+        with ``retry_in`` while OPEN, NORMAL otherwise (HALF_OPEN included: probing is the
+        business of the processes that record outcomes). Never admits a probe."""
+        e = self._entry(provider_id)
+        now = self._clock()
+        if e.snap is None or not 0 <= now - e.got_us < self._cache_us:
+            await self._refresh(provider_id, e)
+            now = self._clock()
+        assert e.snap is not None
+        t = self._redis_time(e, now)
+        if effective_state(e.snap, t) is State.OPEN:
+            return Admission(AdmissionKind.REFUSED, (e.snap.until_us - t) / 1_000_000,
+                             e.snap.episode)
+        return NORMAL
 
     async def record(self, provider_id: str, outcome: Outcome, reason: str | None,
                      latency_s: float, probe: bool = False, *,
@@ -1111,15 +1139,16 @@ class CircuitBreakers:
             if local is not before:
                 self._emit(StateChange(provider_id, local, before,
                                        _at(result.snapshot.now_us), "converged",
-                                       result.snapshot.now_us, shared=False))
+                                       result.snapshot.now_us, shared=False, lane=self.lane))
         e.snap = result.snapshot
         e.got_us = now
         for tr in result.transitions:
             self._emit(StateChange(provider_id, tr.old, tr.new, _at(tr.at_us), tr.why,
-                                   tr.at_us, shared))
+                                   tr.at_us, shared, self.lane))
 
     def _emit(self, change: StateChange) -> None:
-        log.info("breaker %s: %s -> %s (%s)%s", change.provider_id, change.old.value,
+        log.info("breaker %s%s: %s -> %s (%s)%s", change.provider_id,
+                 f"@{change.lane}" if change.lane else "", change.old.value,
                  change.new.value, change.why, "" if change.shared else " [local]")
         for listener in list(self._listeners):
             try:

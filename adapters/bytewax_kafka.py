@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -22,8 +23,9 @@ from confluent_kafka import OFFSET_BEGINNING
 from confluent_kafka.admin import AdminClient
 from opentelemetry.metrics import CallbackOptions, Observation
 
-from notiflow import names
+from notiflow import names, stages
 from notiflow.adapters.kafka_io import OutRecord, SyncProducer
+from notiflow.names import Stage
 from notiflow.settings import Settings
 from notiflow.telemetry import meter
 
@@ -31,24 +33,31 @@ log = logging.getLogger(__name__)
 
 
 class _Partition(StatelessSinkPartition[OutRecord]):
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, tier: str | None) -> None:
         self._producer = SyncProducer(settings)
+        self._tier = tier
 
     def write_batch(self, items: list[OutRecord]) -> None:
+        start = time.perf_counter()
         self._producer.send_all(items)
+        if self._tier:
+            stages.record(self._tier, Stage.SINK, time.perf_counter() - start)
 
     def close(self) -> None:
         self._producer.close()
 
 
 class ConfirmingSink(DynamicSink[OutRecord]):
-    """Writes :class:`OutRecord` items to their own topics; raises on any failed delivery."""
+    """Writes :class:`OutRecord` items to their own topics; raises on any failed delivery.
+    ``tier``: the send flow's tier, whose latency budget gets the ``sink`` stage (the
+    worker waits for the acknowledgements)."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, tier: str | None = None) -> None:
         self.settings = settings
+        self.tier = tier
 
     def build(self, step_id: str, worker_index: int, worker_count: int) -> _Partition:
-        return _Partition(self.settings)
+        return _Partition(self.settings, self.tier)
 
 
 _LagKey = tuple[str, str, int]

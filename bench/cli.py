@@ -52,6 +52,9 @@ def isolation(
     mode: Annotated[list[str] | None, typer.Option(
         help="tiered and/or shared (default both, in one run).")] = None,
     max_drain: Annotated[float, typer.Option(help="Give up a mode after this many s.")] = 1800,
+    warmup: Annotated[int | None, typer.Option(
+        help="P3 messages (with OTPs) through the platform before measuring (default n/10, "
+             "at most 3,000).")] = None,
     out: Out = Path("bench/results"),
 ) -> None:
     """P0 latency while a P3 campaign floods the platform: tier-isolated vs shared."""
@@ -61,7 +64,7 @@ def isolation(
     modes = mode or ["tiered", "shared"]
     with _stack():
         doc = iso.run(out, n=n, otp_rate=otp_rate, modes=modes, max_drain=max_drain,
-                      log=_log)
+                      log=_log, warmup=warmup)
     md = isolation_markdown(doc)
     paths = write(out, "isolation", doc, md)
     paths.append(isolation_plot(doc, out / "isolation.png"))
@@ -114,6 +117,9 @@ def soak(
     cap_window: Annotated[float, typer.Option(
         help="Seconds every recipient cap counts over (production: OTP 10 min, marketing "
              "7 days), so the caps' Redis sets reach their steady size early.")] = 60.0,
+    warmup: Annotated[int | None, typer.Option(
+        help="P3 messages (with OTPs) before the load starts (default a tenth of the load, "
+             "at most 3,000).")] = None,
     out: Out = Path("bench/results"),
 ) -> None:
     """Steady load on the tier-isolated platform: is each process's memory flat?"""
@@ -124,7 +130,7 @@ def soak(
 
     with _stack():
         doc = iso.run_soak(out, minutes=minutes, p3_rate=p3_rate, otp_rate=otp_rate, log=_log,
-                           cap_window=timedelta(seconds=cap_window))
+                           cap_window=timedelta(seconds=cap_window), warmup=warmup)
     md = soak_markdown(doc)
     _show(write(out, "soak", doc, md), md)
 

@@ -136,8 +136,10 @@ class Phase:
         self.log_dir = out / "logs" / f"{run_id}-{name}"
         self.recovery = out / "recovery" / f"{run_id}-{name}"
         self.api_port, self.fakes_port = free_port(), free_port()
+        self.lanes = mode != "shared"
+        self.bulk_port = free_port() if self.lanes else self.api_port
         env, self.tokens = dev_environment(
-            api_port=self.api_port, fakes_port=self.fakes_port,
+            api_port=self.api_port, fakes_port=self.fakes_port, webhook_port=self.bulk_port,
             extra={"NOTIFLOW_TOPIC_PREFIX": f"bench-{run_id}-{name}-",
                    "NOTIFLOW_CASSANDRA_KEYSPACE": KEYSPACE, "NOTIFLOW_MODE": mode,
                    "NOTIFLOW_LOG_FORMAT": "text", **(extra_env or {})})
@@ -146,6 +148,7 @@ class Phase:
         self.group = ProcessGroup()
         self.sampler = Sampler()
         self.api = f"http://127.0.0.1:{self.api_port}"
+        self.bulk_api = f"http://127.0.0.1:{self.bulk_port}"
         self.fakes = f"http://127.0.0.1:{self.fakes_port}"
 
     def prepare(self, timeout: float = 60.0) -> None:
@@ -184,9 +187,16 @@ class Phase:
                 self.sampler.watch(name, pid)
 
     def start_platform(self, *, api: bool = True, reconcile: bool = True) -> None:
+        """Emulators, the API (tier-isolated: a priority-lane process for P0/P1 and a bulk-lane
+        one for P2/P3 and the providers' webhooks; shared mode: one for everything) and the
+        reconciler."""
         self.watch_stack()
         self.start("fakes", ["fakes"], http=f"{self.fakes}/_admin/health")
-        if api:
+        if api and self.lanes:
+            self.start("api", ["api", "--lane", "priority"], http=f"{self.api}/healthz")
+            self.start("api-bulk", ["api", "--lane", "bulk", "--port", str(self.bulk_port)],
+                       http=f"{self.bulk_api}/healthz")
+        elif api:
             self.start("api", ["api"], http=f"{self.api}/healthz")
         if reconcile:
             self.start("reconcile", ["flow", "reconcile", "--recovery-dir",
@@ -299,12 +309,16 @@ def _settings(env: Mapping[str, str]) -> Settings:
 
 class CampaignProducer:
     """Produces generated records to their ingest topics as fast as Kafka takes them (the
-    producer settings every notiflow producer uses: acks=all, idempotent), in a thread."""
+    producer settings every notiflow producer uses: acks=all, idempotent), in a thread.
 
-    def __init__(self, settings: Settings) -> None:
+    ``nice``: the CPU niceness of the producing thread and of librdkafka's threads (created
+    by it): the stand-in for upstream services, which run on machines of their own, should
+    not take the platform's two cores from it."""
+
+    def __init__(self, settings: Settings, nice: int = 0) -> None:
         self.settings = settings
-        self.producer = Producer(producer_config(settings, **{"linger.ms": 20,
-                                                              "batch.size": 1_000_000}))
+        self.nice = nice
+        self.producer: Producer | None = None
         self.accepted_at: dict[str, float] = {}
         self.failed = 0
         self.started = self.finished = 0.0
@@ -316,6 +330,10 @@ class CampaignProducer:
             if err is not None:
                 self.failed += 1
 
+        if self.nice:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self.nice)
+        self.producer = Producer(producer_config(self.settings, **{"linger.ms": 20,
+                                                                   "batch.size": 1_000_000}))
         self.started = time.time()
         for i, g in enumerate(items):
             while rate and (ahead := self.started + i / rate - time.time()) > 0:

@@ -22,22 +22,36 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from notiflow import names
+from notiflow.bench import jvm
 from notiflow.bench.harness import CampaignProducer, Phase, send_otps, wait_until
+from notiflow.bench.otlp import StageCollector, budget, exporter_env, stalls, yielded
 from notiflow.bench.stats import summary
 from notiflow.bench.workload import REGIONS, PhoneFactory, Workload, records
+from notiflow.ops.stack import paths
 from notiflow.schemas.enums import Tier
 from notiflow.settings import Settings
 
+WARMUP_MAX = 3000
+WARMUP_P3_RATE = 100.0
+"""The warm-up (``n / 10`` P3 messages, at most :data:`WARMUP_MAX`, at this rate, with OTPs
+at the measured rate): on JVMs just started the JIT compiler took 40 % of Cassandra's CPU
+(``bench/README.md``), and that is not the platform's latency."""
+UPSTREAM_NICE = 10
+"""Niceness of the campaign's producer thread: upstream services have machines of their own."""
 TIMELINE_POINTS = 4000
 """Points per tier kept in the JSON timeline (the plot uses all of them)."""
 
 
 def run_mode(mode: str, out: Path, run_id: str, n: int, otp_rate: float, max_drain: float,
              log: Callable[[str], None], p3_rate: float | None = None,
-             extra_env: Mapping[str, str] | None = None) -> dict[str, Any]:
+             extra_env: Mapping[str, str] | None = None,
+             warmup: int | None = None) -> dict[str, Any]:
     """One mode; ``p3_rate``: produce the campaign at that steady rate instead of a flood
     (the soak run); ``extra_env``: settings of the phase's processes."""
-    phase = Phase(f"isolation-{mode}", out, run_id, mode=mode, extra_env=extra_env)
+    collector = StageCollector().__enter__()
+    phase = Phase(f"isolation-{mode}", out, run_id, mode=mode,
+                  extra_env={**(extra_env or {}), **exporter_env(collector.endpoint)})
     phase.prepare()
     try:
         phase.start_platform()
@@ -51,16 +65,25 @@ def run_mode(mode: str, out: Path, run_id: str, n: int, otp_rate: float, max_dra
         workload = Workload(f"{run_id}{mode[0]}")
         phones = PhoneFactory(REGIONS, datetime.now(UTC), start=500_000)
 
-        warm = CampaignProducer(phase.settings)
-        warm.produce(records(Workload(f"warm{run_id}{mode[0]}"), Tier.P3, 20, versions),
-                     Tier.P3)
-        otps_warm, _ = asyncio.run(send_otps(phase, versions, 10, threading.Event(), phones,
-                                             f"warm-{run_id}-{mode}", max_count=5))
-        if not wait_until(lambda: phase.accepted_count() >= 25, 120, phase=phase):
+        warm_n = max(20, warmup if warmup is not None else min(n // 10, WARMUP_MAX))
+        warm_otps = max(5, int(warm_n / WARMUP_P3_RATE * otp_rate))
+        log(f"{mode}: warming up with {warm_n} P3 messages at {WARMUP_P3_RATE:.0f}/s and "
+            f"{warm_otps} OTPs (JIT compilation of the JVMs, first calls; not measured)")
+        warm = CampaignProducer(phase.settings, nice=UPSTREAM_NICE)
+        warming = threading.Thread(target=warm.produce, args=(
+            records(Workload(f"warm{run_id}{mode[0]}"), Tier.P3, warm_n, versions), Tier.P3,
+            WARMUP_P3_RATE))
+        warming.start()
+        otps_warm, _ = asyncio.run(send_otps(phase, versions, otp_rate, threading.Event(),
+                                             phones, f"warm-{run_id}-{mode}",
+                                             max_count=warm_otps))
+        warming.join()
+        if not wait_until(lambda: phase.accepted_count() >= warm_n + len(otps_warm),
+                          max(120.0, warm_n / 20), phase=phase):
             raise RuntimeError(f"{mode}: the warm-up messages never reached the emulators")
         log(f"{mode}: warm; flooding P3 with {n} messages, P0 OTPs at {otp_rate}/s")
 
-        campaign = CampaignProducer(phase.settings)
+        campaign = CampaignProducer(phase.settings, nice=UPSTREAM_NICE)
         flood = threading.Thread(target=campaign.produce,
                                  args=(records(workload, Tier.P3, n, versions), Tier.P3,
                                        p3_rate))
@@ -88,8 +111,20 @@ def run_mode(mode: str, out: Path, run_id: str, n: int, otp_rate: float, max_dra
         phase.check_alive()
     finally:
         phase.stop()
-    return _figures(mode, n, otp_rate, drained, t0, t1, campaign, accepted_otps,
-                    otp_result.get("refused", 0), first, phase)
+        collector.__exit__(None, None, None)
+    doc = _figures(mode, n, otp_rate, drained, t0, t1, campaign, accepted_otps,
+                   otp_result.get("refused", 0), first, phase)
+    points = collector.points()
+    doc["budget"] = {tier: budget(points, tier, t0, t1) for tier in ("P0", "P3")}
+    doc["stalls"] = stalls(points, "P0", t0)
+    doc["gc_pauses"] = collector.gc_pauses(t0, t1)
+    window = collector.gauge(names.BULK_WINDOW)
+    doc["bulk_window"] = {**yielded(window, t0, t1),
+                          "timeline": [(round(t - t0, 1), v) for t, v in window if t >= t0]}
+    logs = paths(phase.settings).logs
+    doc["jvm_pauses"] = {name: jvm.summary(logs / f"{name}-gc.log", t0, t1)
+                         for name in ("cassandra", "kafka")}
+    return doc
 
 
 def _figures(mode: str, n: int, otp_rate: float, drained: bool, t0: float, t1: float,
@@ -122,9 +157,10 @@ def _thin(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
 
 
 def run(out: Path, *, n: int, otp_rate: float, modes: list[str], max_drain: float,
-        log: Callable[[str], None]) -> dict[str, Any]:
+        log: Callable[[str], None], warmup: int | None = None) -> dict[str, Any]:
     run_id = uuid.uuid4().hex[:6]
-    results = {m: run_mode(m, out, run_id, n, otp_rate, max_drain, log) for m in modes}
+    results = {m: run_mode(m, out, run_id, n, otp_rate, max_drain, log, warmup=warmup)
+               for m in modes}
     doc: dict[str, Any] = {"bench": "isolation", "run_id": run_id, "modes": results}
     tiered, shared = results.get("tiered"), results.get("shared")
     if tiered and shared and tiered["p0"]["p99"] and shared["p0"]["p99"]:
@@ -145,7 +181,8 @@ def soak_env(settings: Settings, cap_window: timedelta) -> dict[str, str]:
 
 def run_soak(out: Path, *, minutes: float, p3_rate: float, otp_rate: float,
              log: Callable[[str], None],
-             cap_window: timedelta = timedelta(minutes=1)) -> dict[str, Any]:
+             cap_window: timedelta = timedelta(minutes=1),
+             warmup: int | None = None) -> dict[str, Any]:
     """Tier-isolated platform under a steady P3 load and P0 OTPs for ``minutes``: latency and
     each process's RSS when the load started, at half time and when it ended."""
     from notiflow.settings import load_settings
@@ -153,6 +190,6 @@ def run_soak(out: Path, *, minutes: float, p3_rate: float, otp_rate: float,
     run_id = uuid.uuid4().hex[:6]
     n = int(minutes * 60 * p3_rate)
     r = run_mode("tiered", out, run_id, n, otp_rate, minutes * 60 + 600, log, p3_rate=p3_rate,
-                 extra_env=soak_env(load_settings(), cap_window))
+                 extra_env=soak_env(load_settings(), cap_window), warmup=warmup)
     return {"bench": "soak", "run_id": run_id, "minutes": minutes, "p3_rate": p3_rate,
             "cap_window_s": cap_window.total_seconds(), "modes": {"soak": r}}

@@ -43,8 +43,46 @@ def isolation_markdown(doc: dict[str, Any]) -> str:
         out.append(f"P0 p99, shared ÷ tier-isolated: **{doc['p0_p99_ratio_shared_over_tiered']}"
                    "x** (same run).")
         out.append("")
+    out += _budget_tables(doc["modes"])
     out += _process_table({m: r["processes"] for m, r in doc["modes"].items()})
     return "\n".join(out)
+
+
+def _budget_tables(modes: dict[str, Any]) -> list[str]:
+    """The latency budget per stage (``notiflow.stage.duration``) and the P0 stall intervals."""
+    out: list[str] = []
+    for mode, r in modes.items():
+        for tier, stages in (r.get("budget") or {}).items():
+            if not stages:
+                continue
+            out += [f"### Latency budget, {mode}, {tier} (ms per stage; p50/p99 from the "
+                    "histogram's buckets, max exact)", "",
+                    "| stage | count | mean | p50 | p99 | max |", "|---|---|---|---|---|---|"]
+            out += [f"| {name} | {b['count']} | {b['mean_ms']} | {b['p50_ms']} | "
+                    f"{b['p99_ms']} | {b['max_ms']} |" for name, b in stages.items()]
+            out.append("")
+        for name, j in (r.get("jvm_pauses") or {}).items():
+            long = ", ".join(f"{t:.0f} s {ms:.0f} ms" for t, ms, _ in j["long"][:20])
+            out += [f"{name} JVM, {mode}: {j['pauses']} safepoint pauses, {j['total_ms']} ms in "
+                    f"all, longest {j['max_ms']} ms" + (f"; above 50 ms at {long}" if long
+                                                      else ""), ""]
+        for service, g in sorted((r.get("gc_pauses") or {}).items()):
+            long = ", ".join(f"{t:.0f} s {ms:.0f} ms" for t, ms in g["long"][:12])
+            out += [f"Python GC, {service} ({mode}): {g['collections']} collections, "
+                    f"{g['total_ms']} ms in all, longest {g['max_ms']} ms"
+                    + (f"; over 50 ms at {long}" if long else ""), ""]
+        bw = r.get("bulk_window") or {}
+        if bw.get("samples"):
+            out += [f"Bulk window ({mode}): below full in {bw['share_yielding']:.0%} of "
+                    f"{bw['samples']} samples, smallest {bw['min']:.0%} of the ceiling, mean "
+                    f"{bw['mean']:.0%}.", ""]
+        slow = r.get("stalls") or []
+        if slow:
+            shown = ", ".join(f"{t:.0f} s {stage} {ms:.0f} ms" for t, stage, ms in slow[:40])
+            more = f" (+{len(slow) - 40} more)" if len(slow) > 40 else ""
+            out += [f"P0 stages above 250 ms, {mode} (second of the run, stage, max): "
+                    f"{shown}{more}", ""]
+    return out
 
 
 def soak_markdown(doc: dict[str, Any]) -> str:
@@ -65,7 +103,7 @@ def soak_markdown(doc: dict[str, Any]) -> str:
         f"{doc.get('cap_window_s', 'their production')} s windows", "",
         f"P0: {p0['n']} sent, p50 {_ms(p0['p50'])}, p99 {_ms(p0['p99'])}, max {_ms(p0['max'])};"
         f" P3: {p3['n']} of {r['n']}, p50 {_ms(p3['p50'])}, p99 {_ms(p3['p99'])}.", "",
-        *rows, "", *series, ""])
+        *rows, "", *series, "", *_budget_tables({"soak": r})])
 
 
 def _process_table(by_phase: dict[str, dict[str, Any]]) -> list[str]:
@@ -156,6 +194,13 @@ def isolation_plot(doc: dict[str, Any], path: Path) -> Path:
                 ax.scatter([t for t, _ in pts], [max(lat, 1.0) for _, lat in pts], s=size,
                            c=color, label=f"{tier.upper()} (n={r[tier]['n']})", alpha=0.6)
         ax.axhline(1000, color="tab:red", linestyle="--", linewidth=1, label="P0 SLA 1 s")
+        window = (r.get("bulk_window") or {}).get("timeline") or []
+        if window:
+            share = ax.twinx()
+            share.step([t for t, _ in window], [v for _, v in window], where="post",
+                       color="tab:gray", linewidth=0.8, alpha=0.7)
+            share.set_ylim(0, 1.05)
+            share.set_ylabel("bulk in-flight window (share of its ceiling, gray)")
         ax.set_yscale("log")
         ax.set_title(f"{mode}: P0 p99 {_ms(r['p0']['p99'])}, P3 drained in "
                      f"{r['p3']['drain_s']} s")

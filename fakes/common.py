@@ -89,6 +89,9 @@ class MessageRecord:
                 "from": self.from_, "body": self.body, "hang": self.hang}
 
 
+MAX_PREFIXES = 16
+
+
 class MessageLog:
     """The newest ``max_records`` records, indexed by message_id, plus exact lifetime counters.
 
@@ -104,6 +107,25 @@ class MessageLog:
         self.received = 0
         self.accepted = 0
         self.hung = 0
+        self._prefixes: dict[str, int] = {}
+        """Prefix asked for → retained message ids with it and an accepted request, kept up
+        to date on every record once asked (benchmarks poll it every few seconds; a scan
+        of every message id per poll stalled the emulators' loop under a flood)."""
+
+    def accepted_with_prefix(self, prefix: str) -> int:
+        """Retained message ids starting with ``prefix`` that have an accepted request."""
+        if prefix not in self._prefixes:
+            if len(self._prefixes) >= MAX_PREFIXES:
+                self._prefixes.pop(next(iter(self._prefixes)))
+            self._prefixes[prefix] = sum(
+                1 for mid, recs in self.by_message_id.items()
+                if mid.startswith(prefix) and any(r.accepted for r in recs))
+        return self._prefixes[prefix]
+
+    def _count_prefixes(self, mid: str, delta: int) -> None:
+        for prefix in self._prefixes:
+            if mid.startswith(prefix):
+                self._prefixes[prefix] += delta
 
     def resize(self, max_records: int) -> None:
         """Retain at most ``max_records`` from now on, evicting the oldest at once."""
@@ -127,12 +149,16 @@ class MessageLog:
         if same is None:
             self.by_message_id[mid] = [record]
             self.accepted_histogram[int(record.accepted)] += 1
+            if record.accepted:
+                self._count_prefixes(mid, 1)
             return
         before = sum(r.accepted for r in same)
         same.append(record)
         if record.accepted:
             self.accepted_histogram[before] -= 1
             self.accepted_histogram[before + 1] += 1
+            if before == 0:
+                self._count_prefixes(mid, 1)
 
     def _evict(self, record: MessageRecord) -> None:
         mid = record.message_id
@@ -146,6 +172,8 @@ class MessageLog:
             self.accepted_histogram[before - int(record.accepted)] += 1
         else:
             del self.by_message_id[mid]
+        if before and before == int(record.accepted):
+            self._count_prefixes(mid, -1)
 
     def find(self, *, message_id: str | None = None, sid: str | None = None,
              limit: int | None = None) -> list[MessageRecord]:
@@ -404,9 +432,7 @@ class Emulator(Generic[K]):
         doc = {**self.messages.stats(), **self.extra_stats()}
         prefix = request.query.get("prefix")
         if prefix:
-            doc["accepted_with_prefix"] = sum(
-                1 for mid, recs in self.messages.by_message_id.items()
-                if mid.startswith(prefix) and any(r.accepted for r in recs))
+            doc["accepted_with_prefix"] = self.messages.accepted_with_prefix(prefix)
         return json_response(orjson.dumps(doc), 200)
 
     async def reset_handler(self, _request: web.Request) -> web.Response:

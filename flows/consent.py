@@ -139,6 +139,6 @@ class PolicyStep:
         if due is None or (w.due_at is not None and w.due_at >= due):
             return [w]
         deferred = Work(r.model_copy(update={"not_before": due}), w.source, w.raw, w.key,
-                        w.headers)
+                        w.headers, w.seen_at)
         return [status_event(w, Status.SCHEDULED, now, source, reason="quiet_hours",
                              next_attempt_at=due), deferred]

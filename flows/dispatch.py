@@ -38,10 +38,11 @@ from opentelemetry import trace
 from opentelemetry.metrics import Observation
 from redis.exceptions import RedisError
 
-from notiflow import names, telemetry
+from notiflow import names, stages, telemetry, tuning
 from notiflow.adapters.cassandra_store import CassandraStore, connect
 from notiflow.adapters.dlq_crypto import DlqCipher
 from notiflow.adapters.kafka_io import AsyncProducer
+from notiflow.adapters.pressure import LatencyWindow
 from notiflow.adapters.providers.base import OutboundMessage, Outcome, ProviderClient, SendResult
 from notiflow.adapters.redis_caps import CapStore
 from notiflow.adapters.redis_dedup import DedupStore, LeaseState
@@ -49,7 +50,7 @@ from notiflow.adapters.worker import loop_thread, register
 from notiflow.flows.caps import LocalCaps, Verdict, cap_check
 from notiflow.flows.model import Out, Retry, Work
 from notiflow.flows.policy import RetryPolicy
-from notiflow.flows.routing import Choice, Unavailable, choose, rank_routes
+from notiflow.flows.routing import Choice, Unavailable, rank_routes, reserve
 from notiflow.flows.steps import (
     Clock,
     dead_letter,
@@ -58,6 +59,8 @@ from notiflow.flows.steps import (
     scaled_lease_ttl,
     status_event,
 )
+from notiflow.flows.yielding import Slots, YieldWindow
+from notiflow.names import Stage
 from notiflow.schemas.enums import Channel, Status, Tier
 from notiflow.schemas.messages import AttemptRecord, DlqRecord, IngestRecord, StatusEvent
 from notiflow.schemas.preferences import state_key
@@ -141,6 +144,8 @@ class ChannelPressure:
 
     def __init__(self, bound: int) -> None:
         self.bound = bound
+        self.share = 1.0
+        """Of ``bound`` currently allowed: a bulk flow yielding to P0 takes in less."""
         self._lock = threading.Lock()
         self._waiting: dict[Channel, int] = dict.fromkeys(Channel, 0)
 
@@ -156,7 +161,7 @@ class ChannelPressure:
         return self._waiting[channel]
 
     def paused(self, channel: Channel) -> bool:
-        return self._waiting[channel] >= self.bound
+        return self._waiting[channel] >= max(1, self.bound * self.share)
 
 
 def attempt_outcome(result: SendResult) -> str:
@@ -193,6 +198,8 @@ class _SendMetrics:
         names.QUEUE_OLDEST_AGE.create(m, callbacks=[_observe_oldest])
         names.BREAKER_STATE.create(m, callbacks=[_observe_breakers])
         names.PROVIDER_ROUTE_WEIGHT.create(m, callbacks=[_observe_weights])
+        names.BULK_WINDOW.create(m, callbacks=[_observe_window])
+        names.P0_WORST_LATENCY.create(m, callbacks=[_observe_p0_worst])
 
     def provider_call(self, span: Any, w: Work, result: SendResult, elapsed_s: float) -> None:
         """Count one provider call and describe it on its span."""
@@ -244,7 +251,7 @@ def _observe_breakers(options: Any) -> Iterable[Observation]:
             for provider_id in list(res.clients):
                 state = res.breakers.state(provider_id)
                 yield Observation(_STATE_CODE.get(str(state.value), 0),
-                                  {"provider": provider_id})
+                                  {"provider": provider_id, "lane": d.policy.lane})
 
 
 def _observe_weights(options: Any) -> Iterable[Observation]:
@@ -254,6 +261,20 @@ def _observe_weights(options: Any) -> Iterable[Observation]:
         if res is not None:
             for provider_id in list(res.clients):
                 yield Observation(res.breakers.weight(provider_id), {"provider": provider_id})
+
+
+def _observe_window(options: Any) -> Iterable[Observation]:
+    """``notiflow.bulk.window`` of each bulk-lane dispatcher."""
+    for d in list(_live):
+        if d.policy.lane == "bulk":
+            yield Observation(d.window.limit / d.window.ceiling, {"tier": d.tier.value})
+
+
+def _observe_p0_worst(options: Any) -> Iterable[Observation]:
+    """``notiflow.p0.worst_latency`` of the P0 dispatcher (what it reports)."""
+    for d in list(_live):
+        if d.tier is Tier.P0 and d.reported is not None:
+            yield Observation(d.reported, {"tier": Tier.P0.value})
 
 
 _metrics = _SendMetrics()
@@ -298,7 +319,12 @@ class Dispatcher:
         self._thread: threading.Thread | None = None
         self._opened: concurrent.futures.Future[None] = concurrent.futures.Future()
         self._res: _Resources | None = None
-        self._sems: dict[Channel, asyncio.Semaphore] = {}
+        self._sems: dict[Channel, Slots] = {}
+        self._p0_latencies = LatencyWindow()
+        self.reported: float | None = None
+        self.window = YieldWindow(settings.bulk_yield, settings.policy(Tier.P0).sla
+                                  .total_seconds(), policy.max_in_flight)
+        """The bulk lane's in-flight window per channel (``flows/yielding.py``)."""
         self._retry_sems: dict[Channel, asyncio.Semaphore] = {}
         self._crashes: dict[str, int] = {}
         self._templates: dict[tuple[str, str, int], dict[str, Any]] = {}
@@ -317,11 +343,15 @@ class Dispatcher:
                 loop, self._thread = loop_thread(f"dispatch-{self.source}")
                 self._opened = asyncio.run_coroutine_threadsafe(self._open(), loop)
                 asyncio.run_coroutine_threadsafe(self._report_backlog(), loop)
+                if self.tier is Tier.P0:
+                    asyncio.run_coroutine_threadsafe(self._report_pressure(), loop)
+                elif self.policy.lane == "bulk":
+                    asyncio.run_coroutine_threadsafe(self._follow_pressure(), loop)
                 self._loop = loop
             return self._loop
 
     async def _open(self) -> None:
-        from notiflow.adapters.breaker import CircuitBreakers
+        from notiflow.adapters.breaker_lanes import lane_breakers
         from notiflow.adapters.preferences import PreferenceStore
         from notiflow.adapters.ratelimit import CapacityLimiter
         from notiflow.flows.send import open_clients
@@ -329,7 +359,7 @@ class Dispatcher:
         s = self.settings
         cluster, session = await asyncio.to_thread(connect, s)
         store = CassandraStore(session, s)
-        breakers = CircuitBreakers(s)
+        breakers = lane_breakers(s, self.policy.lane)
         breakers.on_change(self._breaker_changed)
         dedup = DedupStore.open(s, self.owner)
         self._res = _Resources(
@@ -346,9 +376,10 @@ class Dispatcher:
             self._crashes = await self._res.dedup.crashes(self.source)
         except (RedisError, OSError) as exc:
             log.warning("crash counts not read: %r", exc)
-        self._sems = {c: asyncio.Semaphore(self.policy.max_in_flight) for c in Channel}
+        self._sems = {c: Slots(self.policy.max_in_flight) for c in Channel}
         retry_slots = max(1, int(self.policy.max_in_flight * s.retry_share))
         self._retry_sems = {c: asyncio.Semaphore(retry_slots) for c in Channel}
+        tuning.settle()
         log.info("dispatcher ready: providers %s", ", ".join(sorted(self._res.clients)) or
                  "none")
 
@@ -356,8 +387,9 @@ class Dispatcher:
         log.warning("circuit breaker %s", change)
         if change.shared:
             _metrics.breaker_transitions.add(1, {
-                "provider": change.provider_id, "from": change.old.value,
-                "to": change.new.value, "why": change.why.split(":", 1)[0]})
+                "provider": change.provider_id, "lane": change.lane or "priority",
+                "from": change.old.value, "to": change.new.value,
+                "why": change.why.split(":", 1)[0]})
 
     def close(self) -> None:
         """Stop the loop and release clients (pending sends are abandoned: they are in the
@@ -403,7 +435,9 @@ class Dispatcher:
             self._oldest[f"{w.message_id}:{w.record.attempt}"] = (w.record.tier,
                                                                   w.accepted_at.timestamp(),
                                                                   w.record.channel)
-        loop.call_soon_threadsafe(lambda: loop.create_task(self._batch(batch, futures)))
+        submitted = time.time()
+        loop.call_soon_threadsafe(lambda: loop.create_task(self._batch(batch, futures,
+                                                                       submitted)))
         return futures
 
     def _resolve(self, w: Work, fut: concurrent.futures.Future[list[Out]],
@@ -416,6 +450,46 @@ class Dispatcher:
             fut.set_exception(outs)
         else:
             fut.set_result(outs)
+
+    async def _report_pressure(self) -> None:
+        """P0's worst latency (completed in the last second, or held now) for the bulk lane
+        to yield by (``adapters/pressure.py``)."""
+        from notiflow.adapters import pressure
+
+        while True:
+            await asyncio.sleep(pressure.REPORT_EVERY_S)
+            res = self._res
+            if res is None:
+                continue
+            now = time.time()
+            held = [at for tier, at, _ in list(self._oldest.values()) if tier is Tier.P0]
+            worst = self._p0_latencies.worst(now - min(held) if held else None)
+            self.reported = worst
+            if worst is None:
+                continue
+            with contextlib.suppress(RedisError, OSError):
+                await pressure.report(res.dedup.r, self.settings.topic_prefix, self.owner,
+                                      worst)
+
+    async def _follow_pressure(self) -> None:
+        """Bulk lane: resize every channel's in-flight slots by P0's latency signal; no
+        signal (Redis down, no P0 traffic) counts as calm."""
+        from notiflow.adapters import pressure
+
+        tick = self.settings.bulk_yield.tick.total_seconds()
+        while True:
+            await asyncio.sleep(tick)
+            res = self._res
+            if res is None:
+                continue
+            try:
+                worst = await pressure.worst(res.dedup.r, self.settings.topic_prefix)
+            except (RedisError, OSError):
+                worst = None
+            limit = self.window.step(worst)
+            self.pressure.share = limit / self.window.ceiling
+            for slots in self._sems.values():
+                slots.resize(limit)
 
     async def _report_backlog(self) -> None:
         from notiflow.adapters.backlog import report
@@ -474,7 +548,9 @@ class Dispatcher:
             return result
 
     async def _batch(self, batch: list[Work],
-                     futures: list[concurrent.futures.Future[list[Out]]]) -> None:
+                     futures: list[concurrent.futures.Future[list[Out]]],
+                     submitted: float) -> None:
+        started = time.time()
         try:
             if self._res is None:
                 await asyncio.wrap_future(self._opened)
@@ -484,11 +560,13 @@ class Dispatcher:
             for w, fut in zip(batch, futures, strict=True):
                 self._resolve(w, fut, exc)
             return
+        prepared = time.time()
         for w, fut in zip(batch, futures, strict=True):
             item = plan[id(w)]
             if isinstance(item, list):
                 self._resolve(w, fut, item)
             else:
+                budget_until_prepared(w, submitted, started, prepared)
                 msg, content_key = item
                 asyncio.get_running_loop().create_task(self._send(w, msg, content_key, fut))
 
@@ -655,24 +733,27 @@ class Dispatcher:
         attrs = {names.ATTR_MESSAGE_ID: w.message_id, names.ATTR_TENANT_ID: r.tenant_id,
                  names.ATTR_TIER: r.tier.value, names.ATTR_CHANNEL: r.channel.value,
                  names.ATTR_ATTEMPT: r.attempt}
+        entered = time.monotonic()
         async with gate:
             with telemetry.span(names.SEND, attrs, parent=header_traceparent(w.headers)):
-                await self._attempt(w, msg, content_key, fut)
+                await self._attempt(w, msg, content_key, fut, entered)
 
     async def _attempt(self, w: Work, msg: OutboundMessage, content_key: str | None,
-                       fut: concurrent.futures.Future[list[Out]]) -> None:
+                       fut: concurrent.futures.Future[list[Out]], entered: float) -> None:
         assert self._res is not None
         res = self._res
+        tier = w.record.tier.value
         try:
-            choice = await choose(self._candidates(w), res.breakers)
+            tenant = self.settings.tenant(w.record.tenant_id)
+            choice = await reserve(self._candidates(w), res.breakers, res.limiter,
+                                   w.record.tier, tenant_id=w.record.tenant_id,
+                                   tenant_rate=tenant.rate_limit if tenant else None)
+            routed = time.monotonic()
+            stages.record(tier, Stage.DISPATCH_ROUTE, routed - entered)
             if not isinstance(choice, Choice):
                 self._resolve(w, fut, await self._all_unavailable(w, choice))
                 return
             provider = res.clients[choice.provider_id]
-            tenant = self.settings.tenant(w.record.tenant_id)
-            await res.limiter.take(provider.provider_id, w.record.tier,
-                                   tenant_id=w.record.tenant_id,
-                                   tenant_rate=tenant.rate_limit if tenant else None)
             async with self._sems[w.record.channel]:
                 key = res.dedup.lease_key(w.message_id, w.record.attempt)
                 if not await self._redis(lambda: res.dedup.confirm(key, self._lease_ttl(w)),
@@ -682,6 +763,7 @@ class Dispatcher:
                     self._resolve(w, fut, [])
                     return
                 started = time.monotonic()
+                stages.record(tier, Stage.DISPATCH_SLOT, started - routed)
                 with telemetry.span(names.PROVIDER_CALL, {
                         names.ATTR_MESSAGE_ID: w.message_id,
                         names.ATTR_PROVIDER: provider.provider_id,
@@ -694,7 +776,9 @@ class Dispatcher:
                         at = self.clock()
                         result = SendResult(Outcome.TRANSIENT, provider.provider_id, at, at,
                                             reason=f"internal_error:{type(exc).__name__}")
-                    _metrics.provider_call(call, w, result, time.monotonic() - started)
+                    elapsed = time.monotonic() - started
+                    _metrics.provider_call(call, w, result, elapsed)
+                    stages.record(tier, Stage.PROVIDER, elapsed)
                 if not (result.reason or "").startswith("internal_error"):
                     await res.breakers.record(
                         provider.provider_id, result.outcome, result.reason,
@@ -762,10 +846,12 @@ class Dispatcher:
         if result.deactivate_recipient:
             await self._suppress(w, result.reason or "deactivated")
         if result.outcome is Outcome.ACCEPTED:
+            latency = max(0.0, (at - w.accepted_at).total_seconds())
             _metrics.accept_to_provider.record(
-                max(0.0, (at - w.accepted_at).total_seconds()),
-                {"tier": w.record.tier.value, "channel": w.record.channel.value,
-                 "provider": result.provider_id})
+                latency, {"tier": w.record.tier.value, "channel": w.record.channel.value,
+                          "provider": result.provider_id})
+            if w.record.tier is Tier.P0:
+                self._p0_latencies.add(latency)
             return await self._finished(w, status_event(
                 w, Status.PROVIDER_ACCEPTED, at, self.source, detail=detail))
         if result.outcome is Outcome.PERMANENT:
@@ -979,6 +1065,19 @@ def attempt_from_row(row: dict[str, Any]) -> AttemptRecord | None:
             started_at=aware(row.get("started_at")), completed_at=aware(row.get("completed_at")))
     except (KeyError, ValueError):
         return None
+
+
+def budget_until_prepared(w: Work, submitted: float, started: float, prepared: float) -> None:
+    """Record the latency budget's stages up to ``dispatch.prepare`` (epoch seconds);
+    ``kafka`` and ``flow`` only for a record that was due when parsed (a held one's wait
+    is its schedule, not a delay)."""
+    tier = w.record.tier.value
+    if w.seen_at and w.due_at is None:
+        if w.source.timestamp_ms:
+            stages.record(tier, Stage.KAFKA, w.seen_at - w.source.timestamp_ms / 1000)
+        stages.record(tier, Stage.FLOW, submitted - w.seen_at)
+    stages.record(tier, Stage.DISPATCH_QUEUE, started - submitted)
+    stages.record(tier, Stage.DISPATCH_PREPARE, prepared - started)
 
 
 def shard_key(work: Work, shards: int) -> str:

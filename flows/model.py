@@ -32,12 +32,16 @@ class Work:
     raw: bytes
     key: bytes | None
     headers: tuple[tuple[str, bytes], ...] = ()
+    seen_at: float = 0.0
+    """When the send flow parsed the record (epoch seconds): where the latency budget's
+    ``kafka`` stage ends and its ``flow`` stage begins."""
 
     def __reduce__(self) -> tuple[Any, ...]:
         """Pickled positionally: Bytewax snapshots every pending ``Work`` at each epoch, and
         the dataclass default (``_dataclass_getstate``, a ``fields()`` walk per object) was
         7 % of the send flow's CPU in ``notiflow bench throughput``."""
-        return (Work, (self.record, self.source, self.raw, self.key, self.headers))
+        return (Work, (self.record, self.source, self.raw, self.key, self.headers,
+                       self.seen_at))
 
     @property
     def message_id(self) -> str:

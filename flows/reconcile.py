@@ -34,6 +34,7 @@ from bytewax.dataflow import Dataflow
 from bytewax.inputs import Source
 from bytewax.outputs import Sink
 from opentelemetry import trace
+from redis.exceptions import RedisError
 
 from notiflow import names, telemetry
 from notiflow.adapters.bytewax_kafka import ConfirmingSink, check_topics, kafka_source
@@ -44,7 +45,8 @@ from notiflow.adapters.worker import WorkerLoop
 from notiflow.flows.guard import DlqGuard
 from notiflow.flows.model import ReconcileIn, SourcedReceipt, utcnow
 from notiflow.flows.steps import Clock, Encoder, Hold, dead_letter, parse_reconcile
-from notiflow.schemas.enums import Status
+from notiflow.flows.yielding import Slots, YieldWindow
+from notiflow.schemas.enums import Status, Tier
 from notiflow.schemas.messages import DlqRecord, Receipt, StatusEvent
 from notiflow.schemas.status import rank
 from notiflow.settings import Settings
@@ -86,6 +88,40 @@ class _Store:
         self.cluster.shutdown()
 
 
+class BulkYield:
+    """The reconciler's window of bulk writes at once, stepped every ``bulk_yield.tick``
+    while bulk work is applied by P0's latency signal (``adapters/pressure.py``); Redis
+    unreachable counts as no signal."""
+
+    def __init__(self, settings: Settings, ceiling: int) -> None:
+        self.settings = settings
+        self.window = YieldWindow(settings.bulk_yield, settings.policy(Tier.P0).sla
+                                  .total_seconds(), ceiling)
+        self.slots = Slots(ceiling)
+        self._client: Any = None
+        self._last = 0.0
+
+    async def follow(self) -> None:
+        tick = self.settings.bulk_yield.tick.total_seconds()
+        while True:
+            now = asyncio.get_running_loop().time()
+            if now - self._last >= tick:
+                self._last = now
+                self.slots.resize(self.window.step(await self._signal()))
+            await asyncio.sleep(tick)
+
+    async def _signal(self) -> float | None:
+        from notiflow.adapters import pressure
+        from notiflow.adapters.redis_pool import redis_client
+
+        if self._client is None:
+            self._client = redis_client(self.settings.redis_url, timeout=0.5)
+        try:
+            return await pressure.worst(self._client, self.settings.topic_prefix)
+        except (RedisError, OSError):
+            return None
+
+
 class ApplyStep:
     """``flat_map_batch`` mapper: events and receipts → Cassandra; yields DLQ records."""
 
@@ -94,6 +130,7 @@ class ApplyStep:
         self.cipher = cipher
         self.clock = clock
         self.runtime = WorkerLoop()
+        self.yielding = BulkYield(settings, CONCURRENCY)
         self._preferences: Any = None
         self._channels = {route.provider_id: route.channel.value for route in settings.routes}
 
@@ -129,26 +166,41 @@ class ApplyStep:
 
     async def _apply(self, batch: list[ReconcileIn],
                      store: CassandraStore) -> list[DlqRecord | Receipt]:
-        """Copies of one receipt (same provider event id) in a batch are applied once:
-        their ``receipts_dedup`` reads would all run before any write, and a copy the webhook
-        received later carries a later ``occurred_at``, so a history row of its own."""
+        """Priority-lane events first, at full concurrency; then bulk-lane events and the
+        receipts, at most the bulk window at once (it narrows while P0 is slow, see
+        ``flows/yielding.py``). Copies of one receipt (same provider event id) in a batch
+        are applied once: their ``receipts_dedup`` reads would all run before any write, and
+        a copy the webhook received later carries a later ``occurred_at``, so a history row
+        of its own."""
         sem = asyncio.Semaphore(CONCURRENCY)
-        events: dict[str, list[StatusEvent]] = defaultdict(list)
+        priority: dict[str, list[StatusEvent]] = defaultdict(list)
+        bulk: dict[str, list[StatusEvent]] = defaultdict(list)
         receipts: dict[str, SourcedReceipt] = {}
         for item in batch:
             if isinstance(item, StatusEvent):
-                events[item.message_id].append(item)
+                lane = self.settings.policy(item.tier).lane
+                (priority if lane == "priority" else bulk)[item.message_id].append(item)
             else:
                 receipts.setdefault(_receipt_key(item), item)
 
-        async def bounded(coro: Any) -> Any:
-            async with sem:
+        async def bounded(coro: Any, gate: Any = sem) -> Any:
+            async with gate:
                 return await coro
 
         await asyncio.gather(*(bounded(self._traced_events(mid, evs, store))
-                               for mid, evs in events.items()))
-        outs = await asyncio.gather(*(bounded(self._traced_receipt(r, store))
-                                      for r in receipts.values()))
+                               for mid, evs in priority.items()))
+        if not bulk and not receipts:
+            return []
+        follow = asyncio.ensure_future(self.yielding.follow())
+        try:
+            await asyncio.gather(*(bounded(self._traced_events(mid, evs, store),
+                                           self.yielding.slots)
+                                   for mid, evs in bulk.items()))
+            outs = await asyncio.gather(*(bounded(self._traced_receipt(r, store),
+                                                  self.yielding.slots)
+                                          for r in receipts.values()))
+        finally:
+            follow.cancel()
         return [d for d in outs if d is not None]
 
     async def _traced_events(self, message_id: str, evs: list[StatusEvent],

@@ -21,7 +21,7 @@ from bytewax.dataflow import Dataflow
 from bytewax.recovery import RecoveryConfig, init_db_dir
 from bytewax.run import cli_main
 
-from notiflow import telemetry
+from notiflow import telemetry, tuning
 from notiflow.adapters.recovery_store import start_janitor
 from notiflow.adapters.worker import close_all
 from notiflow.settings import Settings
@@ -50,11 +50,11 @@ def run_flow(build: Callable[[], Dataflow], settings: Settings, name: str, *,
     ``notiflow-send-p0``)."""
     tier = name.removeprefix("send-").upper() if name.startswith("send-p") else None
     telemetry.setup(settings, name, tier=tier, worker=process_id or 0)
-    if nice:
-        os.nice(nice)
+    tuning.set_nice(nice)
     rdir = (recovery_dir or settings.stack_dir / "recovery" / name).resolve()
     ensure_recovery_dir(rdir, settings.recovery_partitions)
     flow = build()
+    tuning.settle()
     janitor = start_janitor(rdir)
     signal.signal(signal.SIGTERM, _terminate)
     os.environ.setdefault("RUST_BACKTRACE", "0")

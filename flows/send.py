@@ -146,5 +146,5 @@ def build_send_flow(
     outputs = op.merge("outputs", sent, split.falses, decision.falses)
     guarded = op.map("dlq-guard", outputs, DlqGuard(settings.dlq, f"send.{name}"))
     records = op.map("encode", guarded, Encoder(settings))
-    op.output("kafka-out", records, sink or ConfirmingSink(settings))
+    op.output("kafka-out", records, sink or ConfirmingSink(settings, policy_tier.value))
     return flow

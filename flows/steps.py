@@ -143,7 +143,7 @@ class IngestParser:
             _ingested.add(1, {"tenant": record.tenant_id, "channel": record.channel.value,
                               "tier": record.tier.value, "source": "kafka"})
         record = complete_record(record, src, self.settings)
-        work = Work(record, src, raw, msg.key, tuple(msg.headers or ()))
+        work = Work(record, src, raw, msg.key, tuple(msg.headers or ()), now.timestamp())
         if record.tier not in tenant.tiers or record.channel not in tenant.channels:
             reason = ("tier_not_allowed" if record.tier not in tenant.tiers
                       else "channel_not_allowed")

@@ -20,7 +20,7 @@ import uvicorn
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
-from notiflow import telemetry
+from notiflow import telemetry, tuning
 from notiflow.adapters.dlq import watch_depth
 from notiflow.gateway import errors, message_list, messages, recipients, templates, webhooks
 from notiflow.gateway.outbox import OutboxSweeper
@@ -89,7 +89,9 @@ def build_app(settings: Settings) -> FastAPI:
         await runtime.start()
         runtime.spawn(OutboxSweeper(runtime).run(), "outbox-sweeper")
         runtime.spawn(watch_depth(settings), "dlq-depth-monitor")
-        log.info("messaging API ready on %s:%s", settings.api_host, settings.api_port)
+        tuning.settle()
+        log.info("messaging API ready on %s:%s (lane %s)", settings.api_host,
+                 settings.api_port, settings.api_lane)
         try:
             yield
         finally:
@@ -104,7 +106,8 @@ def build_app(settings: Settings) -> FastAPI:
     app.include_router(message_list.router)
     app.include_router(templates.router)
     app.include_router(recipients.router)
-    app.include_router(webhooks.router)
+    if settings.api_lane != "priority":
+        app.include_router(webhooks.router)
 
     @app.get("/healthz")
     async def healthz() -> JSONResponse:
@@ -132,7 +135,9 @@ def serve(settings: Settings) -> None:
     ``settings.log_format``; telemetry as ``settings.telemetry`` says."""
     log_config = telemetry.log_config(LOGGING, settings.log_format)
     logging.config.dictConfig(log_config)
-    telemetry.setup(settings, "api", logs=False)
+    lane = settings.api_lane
+    telemetry.setup(settings, "api" if lane == "all" else f"api-{lane}", logs=False)
+    tuning.set_nice(settings.lane_nice(lane))
     config = uvicorn.Config(
         build_app(settings),
         host=settings.api_host,

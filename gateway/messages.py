@@ -47,6 +47,7 @@ from notiflow.gateway.outbox import (
     undo_acceptance,
 )
 from notiflow.gateway.runtime import Runtime, now_ms
+from notiflow.names import Stage
 from notiflow.redact import mask
 from notiflow.schemas.enums import Status
 from notiflow.schemas.messages import (
@@ -57,6 +58,7 @@ from notiflow.schemas.messages import (
     new_message_id,
 )
 from notiflow.settings import Settings, TenantConfig
+from notiflow.stages import StageTimes
 from notiflow.templating import missing_variables
 
 log = logging.getLogger("notiflow.gateway.messages")
@@ -85,6 +87,15 @@ def idempotency_key(value: str | None) -> str | None:
         raise bad_request("invalid_idempotency_key",
                           "Idempotency-Key must be 1-255 printable ASCII characters")
     return value
+
+
+def check_lane(settings: Settings, req: SendRequest) -> None:
+    """421 when this process serves the other lane (``settings.api_lane``)."""
+    if req.tier not in settings.lane_tiers(settings.api_lane):
+        other = settings.policy(req.tier).lane
+        raise ApiError(421, "misdirected", "wrong_lane",
+                       f"this API process serves the {settings.api_lane} lane; tier "
+                       f"{req.tier.value} is served by the {other} lane's API")
 
 
 def check_policy(settings: Settings, tenant: TenantConfig, req: SendRequest) -> None:
@@ -142,11 +153,14 @@ async def check_template(rt: Runtime, tenant: TenantConfig, req: SendRequest) ->
                             variables=list(absent))
 
 
-def _accepted(body: str, trace: str, *, replayed: bool = False) -> Response:
+def _accepted(body: str, trace: str, *, replayed: bool = False,
+              stages: StageTimes | None = None) -> Response:
     message_id = json.loads(body)["message_id"]
     headers = {"Location": f"/v1/messages/{message_id}", "traceparent": trace}
     if replayed:
         headers["Idempotent-Replayed"] = "true"
+    if stages is not None and stages.seconds:
+        headers["Server-Timing"] = stages.server_timing()
     return Response(body, status_code=202, media_type=JSON, headers=headers)
 
 
@@ -182,11 +196,13 @@ async def _resume(rt: Runtime, tenant_id: str, key: str, req_hash: str,
 
 async def accept(rt: Runtime, tenant: TenantConfig, req: SendRequest, key: str | None,
                  req_hash: str, accepted_at: datetime, expires_at: datetime,
-                 trace: str) -> Response:
+                 trace: str, stages: StageTimes | None = None) -> Response:
     """Reserve the key, write outbox + message row, publish, mark accepted (202).
 
     When the record is definitively not published, everything written is removed again
-    and the client gets 503, so a retry with the same key starts afresh."""
+    and the client gets 503, so a retry with the same key starts afresh. ``stages``
+    collects the latency budget of a fresh acceptance (``Server-Timing`` of the 202)."""
+    times = stages or StageTimes()
     message_id = new_message_id()
     trace_api.get_current_span().set_attribute(names.ATTR_MESSAGE_ID, message_id)
     internal_key = key or f"{AUTO_KEY_PREFIX}{message_id}"
@@ -198,8 +214,9 @@ async def accept(rt: Runtime, tenant: TenantConfig, req: SendRequest, key: str |
     topic = rt.settings.ingest_topic(req.channel, req.tier)
     store = rt.store()
     try:
-        reservation = await store.reserve(tenant.id, internal_key, req_hash, message_id, topic,
-                                          payload, accepted_at)
+        with times.timing(Stage.API_RESERVE):
+            reservation = await store.reserve(tenant.id, internal_key, req_hash, message_id,
+                                              topic, payload, accepted_at)
         existing = reservation.existing
         if not reservation.applied and not existing:
             existing = await store.get_reservation(tenant.id, internal_key)
@@ -212,7 +229,8 @@ async def accept(rt: Runtime, tenant: TenantConfig, req: SendRequest, key: str |
     try:
         body = await complete_acceptance(rt, tenant_id=tenant.id, key=internal_key,
                                          created_at=accepted_at, record=record, topic=topic,
-                                         payload=payload, trace=trace, fresh=True)
+                                         payload=payload, trace=trace, fresh=True,
+                                         stages=times)
     except (DeliveryFailed, *STORE_ERRORS) as exc:
         undone = await undo_acceptance(rt.store(), tenant_id=tenant.id, key=internal_key,
                                        created_at=accepted_at, record=record)
@@ -226,10 +244,12 @@ async def accept(rt: Runtime, tenant: TenantConfig, req: SendRequest, key: str |
               req.channel.value, req.tier.value, mask(req.recipient_key()))
     _ingested.add(1, {"tenant": tenant.id, "channel": req.channel.value,
                       "tier": req.tier.value, "source": "api"})
-    return _accepted(body, trace)
+    times.record()
+    return _accepted(body, trace, stages=times)
 
 
-REJECTION_REASONS = {400: "invalid", 422: "invalid", 409: "conflict", 429: "shed",
+REJECTION_REASONS = {400: "invalid", 421: "invalid", 422: "invalid", 409: "conflict",
+                     429: "shed",
                      503: "unavailable", 401: "forbidden", 403: "forbidden"}
 """HTTP status of a refusal → ``reason`` of ``notiflow.ingest.rejections``."""
 
@@ -259,23 +279,28 @@ async def _send_message(request: Request, tenant: TenantConfig, rt: Runtime,
     except ValidationError as exc:
         raise invalid_body(exc) from None
     labels.update(channel=req.channel.value, tier=req.tier.value)
+    check_lane(rt.settings, req)
     trace_api.get_current_span().set_attributes(
         {names.ATTR_TIER: req.tier.value, names.ATTR_CHANNEL: req.channel.value})
     check_policy(rt.settings, tenant, req)
     trace = traceparent(request.headers.get("traceparent"))
     req_hash = request_hash(req)
     accepted_at = now_ms()
+    stages = StageTimes(req.tier.value)
     try:
         expires_at = effective_expiry(rt.settings, req, accepted_at)
-        await rt.admission.check(tenant, req)
+        with stages.timing(Stage.API_ADMISSION):
+            await rt.admission.check(tenant, req)
     except ApiError:
         if key is not None:
             existing = await rt.store().get_reservation(tenant.id, key)
             if existing is not None:
                 return await _resume(rt, tenant.id, key, req_hash, existing, trace)
         raise
-    await check_template(rt, tenant, req)
-    return await accept(rt, tenant, req, key, req_hash, accepted_at, expires_at, trace)
+    with stages.timing(Stage.API_TEMPLATE):
+        await check_template(rt, tenant, req)
+    return await accept(rt, tenant, req, key, req_hash, accepted_at, expires_at, trace,
+                        stages)
 
 
 @router.get("/v1/messages/{message_id}")

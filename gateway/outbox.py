@@ -14,6 +14,7 @@ import asyncio
 import logging
 import re
 import secrets
+import time
 import zlib
 from datetime import UTC, datetime, timedelta
 
@@ -24,9 +25,11 @@ from notiflow.adapters.cassandra_store import OUTBOX_SHARDS, CassandraStore, utc
 from notiflow.adapters.kafka_io import OutRecord, make_headers
 from notiflow.gateway.errors import STORE_ERRORS
 from notiflow.gateway.runtime import Runtime
+from notiflow.names import Stage
 from notiflow.redact import mask, recipient_hash
 from notiflow.schemas.enums import Status
 from notiflow.schemas.messages import Accepted, IngestRecord, MessageSnapshot
+from notiflow.stages import StageTimes
 
 log = logging.getLogger("notiflow.gateway.outbox")
 
@@ -117,30 +120,37 @@ def out_record(record: IngestRecord, topic: str, payload: str, trace: str) -> Ou
 async def complete_acceptance(
     rt: Runtime, *, tenant_id: str, key: str, created_at: datetime, record: IngestRecord,
     topic: str, payload: str, trace: str, add_outbox: bool = True, fresh: bool = False,
+    stages: StageTimes | None = None,
 ) -> str:
     """Steps (c)-(f) of acceptance for a reserved key; returns the ``202`` body.
 
     Raises a Cassandra error or ``DeliveryFailed`` when the record may not have been
     published. Once Kafka acknowledged it the acceptance is durable: later bookkeeping
-    failures are logged and left to the sweeper.
+    failures are logged and left to the sweeper. ``stages`` collects the latency budget's
+    ``api.write``, ``api.accept``, ``api.kafka_ack`` and ``api.settle``.
     """
+    times = stages or StageTimes()
     store = rt.store()
     shard = outbox_shard(tenant_id, key)
     create = store.create_message(ids(record)[0], snapshot(record), initial_status(record),
                                   datetime.now(UTC), fresh=fresh)
-    if add_outbox:
-        await asyncio.gather(store.outbox_add(shard, created_at, tenant_id, key), create)
-    else:
-        await create
+    with times.timing(Stage.API_WRITE):
+        if add_outbox:
+            await asyncio.gather(store.outbox_add(shard, created_at, tenant_id, key), create)
+        else:
+            await create
     attrs = {names.ATTR_MESSAGE_ID: ids(record)[0], names.ATTR_TENANT_ID: tenant_id,
              names.ATTR_TIER: record.tier.value, names.ATTR_CHANNEL: record.channel.value,
              "messaging.system": "kafka", "messaging.destination.name": topic}
     parent = None if telemetry.current_traceparent() else trace
     with telemetry.span(names.INGEST_PRODUCE, attrs, parent=parent):
         header = telemetry.current_traceparent() or trace
-        await rt.producer().produce(out_record(record, topic, payload, header))
-    return await settle_published(store, tenant_id=tenant_id, key=key, created_at=created_at,
-                                  record=record)
+        times.add(Stage.API_ACCEPT, time.time() - ids(record)[1].timestamp())
+        with times.timing(Stage.API_KAFKA_ACK):
+            await rt.producer().produce(out_record(record, topic, payload, header))
+    with times.timing(Stage.API_SETTLE):
+        return await settle_published(store, tenant_id=tenant_id, key=key,
+                                      created_at=created_at, record=record)
 
 
 async def settle_published(

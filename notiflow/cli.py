@@ -98,11 +98,24 @@ def stack_status() -> None:
 
 
 @app.command("api")
-def api() -> None:
+def api(
+    lane: Annotated[str | None, typer.Option(
+        help="all (default: settings.api_lane), priority (P0/P1 sends) or bulk (P2/P3 sends "
+             "and provider webhooks, niced).")] = None,
+    port: Annotated[int | None, typer.Option(help="Listen port (default: api_port).")] = None,
+) -> None:
     """Messaging API and provider webhook receiver (uvicorn)."""
     from notiflow.gateway.app import serve
 
-    serve(_settings())
+    settings = _settings()
+    update: dict[str, object] = {}
+    if lane is not None:
+        if lane not in ("all", "priority", "bulk"):
+            raise typer.BadParameter("lane must be all, priority or bulk")
+        update["api_lane"] = lane
+    if port is not None:
+        update["api_port"] = port
+    serve(settings.model_copy(update=update) if update else settings)
 
 
 @app.command("fakes")

@@ -125,11 +125,14 @@ def webhook_secret() -> str:
 
 def dev_environment(*, api_port: int, fakes_port: int, time_scale: float = 1.0,
                     extra: dict[str, str] | None = None, apns_port: int | None = None,
-                    tls_dir: Path | None = None) -> tuple[dict[str, str], dict[str, str]]:
+                    tls_dir: Path | None = None,
+                    webhook_port: int | None = None) -> tuple[dict[str, str], dict[str, str]]:
     """Return (NOTIFLOW_* environment, tenant id -> bearer token). The APNs emulator gets
     ``apns_port`` (default: a free port) and TLS files in ``tls_dir`` (default: a new
-    temporary directory)."""
+    temporary directory); the emulators post receipts to the API on ``webhook_port``
+    (default ``api_port``; the bulk lane's API when the lanes run apart)."""
     apns_port = apns_port if apns_port is not None else free_port()
+    hooks = webhook_port if webhook_port is not None else api_port
     tls_dir = tls_dir if tls_dir is not None else Path(tempfile.mkdtemp(prefix="notiflow-tls-"))
     tokens = {tid: f"nf_{tid}_{secrets.token_urlsafe(24)}" for tid in DEV_TENANTS}
     tenants = [{"id": tid, "token": tokens[tid],
@@ -142,15 +145,15 @@ def dev_environment(*, api_port: int, fakes_port: int, time_scale: float = 1.0,
         "NOTIFLOW_TWILIO__BASE_URL": f"http://127.0.0.1:{fakes_port}/twilio",
         "NOTIFLOW_TWILIO__ACCOUNT_SID": "AC" + secrets.token_hex(16),
         "NOTIFLOW_TWILIO__AUTH_TOKEN": secrets.token_hex(16),
-        "NOTIFLOW_TWILIO__STATUS_CALLBACK_URL": f"http://127.0.0.1:{api_port}/webhooks/twilio",
+        "NOTIFLOW_TWILIO__STATUS_CALLBACK_URL": f"http://127.0.0.1:{hooks}/webhooks/twilio",
         "NOTIFLOW_DLQ_KEY": Fernet.generate_key().decode(),
         "NOTIFLOW_TIME_SCALE": str(time_scale),
         "NOTIFLOW_FAKES_APNS_PORT": str(apns_port),
-        **provider_credentials(api_port=api_port, fakes_port=fakes_port, apns_port=apns_port),
+        **provider_credentials(api_port=hooks, fakes_port=fakes_port, apns_port=apns_port),
         **apns_tls_files(tls_dir),
         **vonage_smtp_credentials(fakes_port=fakes_port),
-        "NOTIFLOW_VONAGE__STATUS_CALLBACK_URL": f"http://127.0.0.1:{api_port}/webhooks/vonage",
-        "NOTIFLOW_SMTP__DSN_WEBHOOK_URL": f"http://127.0.0.1:{api_port}/webhooks/smtp-dsn",
+        "NOTIFLOW_VONAGE__STATUS_CALLBACK_URL": f"http://127.0.0.1:{hooks}/webhooks/vonage",
+        "NOTIFLOW_SMTP__DSN_WEBHOOK_URL": f"http://127.0.0.1:{hooks}/webhooks/smtp-dsn",
     }
     env.update(extra or {})
     return env, tokens

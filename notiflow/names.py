@@ -191,6 +191,50 @@ LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0
                    60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0, 7200.0, 14400.0, 86400.0)
 PROVIDER_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 30.0)
 LATENESS_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0)
+STAGE_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4,
+                 0.5, 0.6, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0, 60.0)
+"""Fine below P0's 1 s SLA, so a stage's p99 is read within a few milliseconds."""
+
+
+class Stage(StrEnum):
+    """The stages of a message's way from acceptance to the provider: the latency budget
+    (``notiflow.stage.duration``; docs/architecture.md, "Latency budget"). The SLA path is
+    ``api.accept`` → ``kafka`` → ``flow`` → ``dispatch.queue`` → ``dispatch.prepare`` →
+    ``dispatch.route`` → ``dispatch.slot`` → ``provider``; the ``api.*`` members inside
+    ``api.accept`` split it further, ``api.kafka_ack`` and ``api.settle`` lie on the 202's
+    path only (the send flow may already be sending)."""
+
+    API_ADMISSION = "api.admission"
+    """Admission control (backlog, tenant and P0 buckets in Redis)."""
+    API_TEMPLATE = "api.template"
+    """The template version and its variables (cached after the first read)."""
+    API_RESERVE = "api.reserve"
+    """The idempotency key's reservation (a lightweight transaction in Cassandra)."""
+    API_WRITE = "api.write"
+    """The message row and the outbox row (Cassandra)."""
+    API_ACCEPT = "api.accept"
+    """``accepted_at`` → the ingest record handed to the Kafka producer."""
+    API_KAFKA_ACK = "api.kafka_ack"
+    """Producer call → Kafka acknowledged the record (acks=all)."""
+    API_SETTLE = "api.settle"
+    """Acknowledged → the key marked ACCEPTED and its outbox row removed."""
+    KAFKA = "kafka"
+    """Producer call (the record's timestamp) → parsed by the send flow."""
+    FLOW = "flow"
+    """Parsed → handed to the dispatcher (preferences join, policy, hold, keying)."""
+    DISPATCH_QUEUE = "dispatch.queue"
+    """Handed over → the dispatcher's event loop starts on the batch."""
+    DISPATCH_PREPARE = "dispatch.prepare"
+    """Dedup lease, caps, content claim, consent, rendering (per batch)."""
+    DISPATCH_ROUTE = "dispatch.route"
+    """Breakers consulted and a capacity token taken."""
+    DISPATCH_SLOT = "dispatch.slot"
+    """Waiting for one of the channel's in-flight slots, and the lease confirmed."""
+    PROVIDER = "provider"
+    """The provider call, request start → answer."""
+    SINK = "sink"
+    """The send flow's Kafka sink confirming a batch of its outputs (the worker waits, so
+    records arriving meanwhile wait in ``kafka``); per batch, not per message."""
 
 C, G, H = Kind.COUNTER, Kind.GAUGE, Kind.HISTOGRAM
 
@@ -221,6 +265,10 @@ SCHEDULER_LATENESS = Metric(
     "how long after its due time a retry or scheduled send fired", LATENESS_BUCKETS)
 """Histogram s: fired - due time of a timer (timer: retry, scheduled); attributes tier,
 timer."""
+STAGE_DURATION = Metric(
+    "notiflow.stage.duration", H, "s", ("tier", "stage"),
+    "time a message spent in one stage of its way to the provider", STAGE_BUCKETS)
+"""Histogram s: one :class:`Stage` of one message (attempt); attributes tier, stage."""
 CONSUMER_LAG = Metric(
     "notiflow.consumer.lag", G, "{record}", ("flow", "topic", "partition"),
     "records between a flow's recovered offset and the partition's high watermark")
@@ -279,15 +327,16 @@ PROVIDER_ERRORS = Metric(
 """Counter {request}: failed provider calls (error.type: timeout, 5xx, 429, 4xx, connection);
 attributes provider, channel, error.type."""
 BREAKER_STATE = Metric(
-    "notiflow.breaker.state", G, "{state}", ("provider",),
-    "circuit breaker state per provider account: 0 closed, 1 half-open, 2 open")
-"""Gauge {state}: breaker of a provider account, 0 CLOSED, 1 HALF_OPEN, 2 OPEN; attributes
-provider."""
+    "notiflow.breaker.state", G, "{state}", ("provider", "lane"),
+    "circuit breaker state per provider account and lane: 0 closed, 1 half-open, 2 open")
+"""Gauge {state}: breaker of a provider account as a lane's flows see it, 0 CLOSED,
+1 HALF_OPEN, 2 OPEN (lane: priority, bulk; a bulk flow reads OPEN while the priority lane's
+breaker is); attributes provider, lane."""
 BREAKER_TRANSITIONS = Metric(
-    "notiflow.breaker.transitions", C, "{transition}", ("provider", "from", "to", "why"),
-    "circuit breaker state changes")
+    "notiflow.breaker.transitions", C, "{transition}",
+    ("provider", "lane", "from", "to", "why"), "circuit breaker state changes")
 """Counter {transition}: breaker state changes, once per cluster (why: the reason's word before
-':', e.g. failures, open_elapsed); attributes provider, from, to, why."""
+':', e.g. failures, open_elapsed); attributes provider, lane, from, to, why."""
 PROVIDER_ROUTE_WEIGHT = Metric(
     "notiflow.provider.route_weight", G, "1", ("provider",),
     "routing weight of a provider account (lowered by throttling)")
@@ -303,6 +352,25 @@ RATELIMIT_DENIALS = Metric(
     "capacity requests refused by the limiter")
 """Counter {request}: capacity requests refused (scope: provider, tenant, recipient,
 emergency); attributes provider, tier, scope."""
+
+BULK_WINDOW = Metric(
+    "notiflow.bulk.window", G, "1", ("tier",),
+    "a bulk send flow's in-flight window over its ceiling (1 = not yielding to P0)")
+"""Gauge 1: limit / ceiling of a bulk-lane flow's in-flight window per channel, set by P0's
+latency signal (``flows/yielding.py``); attributes tier."""
+P0_WORST_LATENCY = Metric(
+    "notiflow.p0.worst_latency", G, "s", ("tier",),
+    "worst P0 latency this process saw in the last second (the signal bulk work yields by)")
+"""Gauge s: the worst P0 acceptance → provider latency completed in the last second, or the
+age of the oldest P0 message held, as this process reports it (``adapters/pressure.py``);
+attributes tier."""
+
+GC_PAUSE = Metric(
+    "notiflow.runtime.gc_pause", H, "s", ("generation",),
+    "a collection of Python's cyclic garbage collector (the process stops meanwhile)",
+    STAGE_BUCKETS)
+"""Histogram s: one collection of generation 1 or 2, or of generation 0 when it took over
+5 ms (younger ones are too many and too short to record); attributes generation."""
 
 # --- dead letters and client webhooks ---------------------------------------------------------
 

@@ -47,8 +47,9 @@ class TierPolicy(_Frozen):
     """Cassandra reads in flight per worker (the tier's share of the shared database)."""
     redis_down: Literal["local", "pause"] = "pause"
     """Without Redis: send on conservative local limits (no cluster dedup), or wait."""
-    nice: int = Field(0, ge=0, le=19)
-    """CPU niceness of the tier's flow processes (reservation of CPU for higher tiers)."""
+    nice: int = Field(0, ge=-20, le=19)
+    """CPU niceness of the tier's flow processes (reservation of CPU for higher tiers; a
+    negative one needs ``CAP_SYS_NICE``, see ``notiflow/tuning.py``)."""
     max_backlog_age: timedelta | None = None
     """The API sheds this tier (429) when its oldest unsent message is older than this."""
     quiet_hours: bool = False
@@ -56,6 +57,10 @@ class TierPolicy(_Frozen):
     on_ambiguous: Literal["resend", "wait"] = "wait"
     """After an ambiguous provider outcome: send again (a duplicate beats a loss) or wait for
     a receipt to resolve it (UNKNOWN, FAILED ``ambiguous`` after ``unknown_resolution``)."""
+    lane: Literal["priority", "bulk"] = "bulk"
+    """Which side of the shared bottlenecks the tier is on: ``bulk`` work yields to
+    ``priority`` work (its own circuit breakers, throttled when P0's budget is threatened;
+    docs/architecture.md, "Reservation at shared bottlenecks")."""
 
 
 def _s(*seconds: float) -> tuple[timedelta, ...]:
@@ -72,7 +77,9 @@ DEFAULT_TIERS: dict[Tier, TierPolicy] = {
         provider_timeout=timedelta(seconds=2),
         store_concurrency=64,
         redis_down="local",
+        nice=-5,
         on_ambiguous="resend",
+        lane="priority",
     ),
     Tier.P1: TierPolicy(
         sla=timedelta(seconds=10),
@@ -83,6 +90,7 @@ DEFAULT_TIERS: dict[Tier, TierPolicy] = {
         redis_down="local",
         nice=2,
         on_ambiguous="resend",
+        lane="priority",
     ),
     Tier.P2: TierPolicy(
         sla=timedelta(minutes=5),
@@ -90,7 +98,7 @@ DEFAULT_TIERS: dict[Tier, TierPolicy] = {
         retry_caps=_s(30, 120, 600, 1800),
         batch_size=500,
         max_in_flight=64,
-        nice=5,
+        nice=10,
         max_backlog_age=timedelta(minutes=4),
         quiet_hours=True,
     ),
@@ -101,7 +109,7 @@ DEFAULT_TIERS: dict[Tier, TierPolicy] = {
         batch_size=1000,
         max_in_flight=64,
         store_concurrency=8,
-        nice=10,
+        nice=19,
         max_backlog_age=timedelta(minutes=30),
         quiet_hours=True,
     ),
@@ -311,6 +319,29 @@ DEFAULT_ROUTES: tuple[ProviderRoute, ...] = (
 )
 
 
+class YieldRule(_Frozen):
+    """How bulk work yields to P0 (``flows/yielding.py``): the signal is the worst P0 latency
+    the priority lane reports (``adapters/pressure.py``), compared with P0's SLA. Above
+    ``high`` of the SLA a bulk flow halves its in-flight window every ``tick`` (down to
+    ``floor`` slots), below ``low`` it grows by ``increase`` of its ceiling per tick; the
+    bulk-lane API refuses bulk acceptances (429) above ``high``; the reconciler applies at
+    most the same window of bulk writes at once, after the priority lane's."""
+
+    high: float = Field(0.35, gt=0, le=1)
+    low: float = Field(0.2, gt=0, le=1)
+    decrease: float = Field(0.5, gt=0, lt=1)
+    increase: float = Field(0.05, gt=0, le=1)
+    floor: int = Field(1, ge=1)
+    tick: timedelta = timedelta(milliseconds=250)
+    enabled: bool = True
+
+    @model_validator(mode="after")
+    def _ordered(self) -> YieldRule:
+        if self.low > self.high:
+            raise ValueError("bulk_yield: low must not exceed high")
+        return self
+
+
 class BreakerRule(_Frozen):
     """Circuit breaker of every provider account (DESIGN.md "Providers"; docs/breakers.md).
 
@@ -332,6 +363,10 @@ class BreakerRule(_Frozen):
     """... with at least this many calls in the window."""
     latency_threshold: timedelta = timedelta(seconds=2.5)
     """Opens when the window's ``latency_quantile`` latency exceeds this (not scaled) ..."""
+    bulk_latency_threshold: timedelta = timedelta(seconds=30)
+    """... on the bulk lane's breakers (``adapters/breaker_lanes.py``): a bulk flow at low
+    CPU priority measures its own queueing as much as the provider's, and a slow provider
+    opens the priority lane's breaker, which stops bulk too."""
     latency_quantile: float = Field(0.99, gt=0, lt=1)
     min_latency_calls: int = Field(100, ge=1)
     """... with at least this many calls in the window (below 100 calls a p99 is the max)."""
@@ -360,8 +395,8 @@ class BreakerRule(_Frozen):
 
     @model_validator(mode="after")
     def _consistent(self) -> BreakerRule:
-        durations = (self.window, self.latency_threshold, self.open_for, self.probe_gap,
-                     self.throttle_gap, self.weight_recovery)
+        durations = (self.window, self.latency_threshold, self.bulk_latency_threshold,
+                     self.open_for, self.probe_gap, self.throttle_gap, self.weight_recovery)
         if min(durations) <= timedelta(0):
             raise ValueError("breaker durations must be positive")
         if self.min_probes > self.max_probes:
@@ -431,10 +466,23 @@ class Settings(BaseSettings):
     # processes
     api_host: str = "127.0.0.1"
     api_port: int = 18080
+    api_lane: Literal["all", "priority", "bulk"] = "all"
+    """Which requests this API process serves: ``all``; ``priority``: sends of priority-lane
+    tiers (P0, P1), templates, recipients, reads; ``bulk``: sends of bulk-lane tiers (P2,
+    P3), provider webhooks, the same reads, at the CPU niceness of the bulk lane's tiers.
+    A send of the other lane's tier gets ``421 wrong_lane`` (docs/api.md, "Lanes")."""
     fakes_host: str = "127.0.0.1"
     fakes_port: int = 18090
-    flow_epoch_seconds: int = Field(2, ge=1)
-    reconcile_nice: int = Field(5, ge=0, le=19)
+    flow_epoch_seconds: int = Field(5, ge=1)
+    """Bytewax epoch length: offsets and state are committed to the recovery store at every
+    epoch's end, and the worker stands still meanwhile (SQLite writes and fsyncs, racing
+    every other writer of the disk). At 2 s the P0 flow's commits were a P0 stall every
+    other second under the flood (``kafka`` stage, p99 489 ms; at 5 s 175 ms,
+    bench/README.md "Fifth round"); a longer epoch widens what a crashed flow re-reads,
+    which the dedup leases make harmless."""
+    reconcile_nice: int = Field(10, ge=0, le=19)
+    bulk_yield: YieldRule = Field(default_factory=YieldRule)
+    """How bulk work yields to P0's latency (docs/architecture.md, "Reservation")."""
     recovery_partitions: int = Field(4, ge=1)
 
     # policy
@@ -544,6 +592,15 @@ class Settings(BaseSettings):
 
     def policy(self, tier: Tier) -> TierPolicy:
         return self.tiers[tier]
+
+    def lane_tiers(self, lane: str) -> frozenset[Tier]:
+        """The tiers of ``lane`` (``all``: every tier)."""
+        return frozenset(t for t, p in self.tiers.items() if lane in ("all", p.lane))
+
+    def lane_nice(self, lane: str) -> int:
+        """CPU niceness of a lane's shared processes: the least of its tiers' (0 for all)."""
+        return 0 if lane == "all" else min(
+            (self.tiers[t].nice for t in self.lane_tiers(lane)), default=0)
 
     def tier_ttl(self, tier: Tier) -> timedelta:
         return self.scaled(self.tiers[tier].ttl)

@@ -34,12 +34,14 @@ import atexit
 import contextlib
 import contextvars
 import copy
+import gc
 import logging
 import os
 import re
 import socket
 import sys
 import threading
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -378,11 +380,34 @@ def setup(settings: Settings, process: str, *, tier: str | None = None,
         meter_provider = MeterProvider(resource=resource, metric_readers=[reader])
         trace.set_tracer_provider(tracer_provider)
         metrics.set_meter_provider(meter_provider)
+        watch_gc()
         _state = Telemetry(tracer_provider, meter_provider, resource)
         atexit.register(_state.shutdown)
         log.info("telemetry: %s export as %s", t.exporter,
                  resource.attributes.get("service.name"))
         return _state
+
+
+_GC_SLOW_YOUNG_S = 0.005
+
+
+def watch_gc() -> None:
+    """Record the collections of Python's garbage collector as ``notiflow.runtime.gc_pause``
+    (generations 1 and 2, and generation 0 when slower than 5 ms): a pause of the process
+    shows up as a stage's delay, and this says whether the collector caused it."""
+    pauses = names.GC_PAUSE.create(meter())
+    started: list[float] = [0.0]
+
+    def callback(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            started[0] = time.perf_counter()
+            return
+        took = time.perf_counter() - started[0]
+        generation = info.get("generation", 0)
+        if generation or took > _GC_SLOW_YOUNG_S:
+            pauses.record(took, {"generation": str(generation)})
+
+    gc.callbacks.append(callback)
 
 
 def _drop_query(span: trace.Span, scope: Mapping[str, Any]) -> None:

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import pytest
+from pydantic import SecretStr
 
 from notiflow.adapters.admission import (
     AdmissionStore,
@@ -19,14 +20,24 @@ from notiflow.adapters.admission import (
 from notiflow.gateway.admission import (
     Admission,
     backlog_bound_s,
-    channel_provider,
+    channel_providers,
     p0_rate,
     shed_retry_after_s,
 )
 from notiflow.gateway.errors import ApiError
 from notiflow.schemas.enums import Channel, Tier
 from notiflow.schemas.messages import SendRequest
-from notiflow.settings import Settings, TenantConfig
+from notiflow.settings import (
+    ApnsSettings,
+    FcmSettings,
+    ProviderRoute,
+    SendGridSettings,
+    Settings,
+    SmtpSettings,
+    TenantConfig,
+    TwilioSettings,
+    VonageSettings,
+)
 
 
 def tenant(rate_limit: float | None = None) -> TenantConfig:
@@ -43,11 +54,12 @@ class StubStore(AdmissionStore):
     """No Redis: canned verdicts and backlog ages, records what was asked."""
 
     def __init__(self, *, verdict: Verdict | None = None, age: float | None = None,
-                 down: bool = False) -> None:
+                 down: bool = False, p0: float | None = None) -> None:
         self.prefix = "p."
         self.verdict = verdict or Verdict(None, 0.0)
         self.age = age
         self.down = down
+        self.p0 = p0
         self.taken: list[list[Bucket]] = []
         self.asked: list[Tier] = []
 
@@ -63,6 +75,31 @@ class StubStore(AdmissionStore):
         self.asked.append(tier)
         return self.age
 
+    async def p0_worst(self) -> float | None:
+        if self.down:
+            raise AdmissionUnavailable("down")
+        return self.p0
+
+
+@pytest.mark.parametrize(("tier", "p0", "refused"), [
+    ("P3", 0.9, True), ("P2", 0.36, True), ("P3", 0.3, False), ("P3", None, False),
+    ("P0", 5.0, False), ("P1", 5.0, False)])
+async def test_bulk_acceptance_yields_while_p0_is_slow(tier: str, p0: float | None,
+                                                       refused: bool) -> None:
+    admission = Admission(Settings(), StubStore(p0=p0))
+    if not refused:
+        await admission.check(tenant(), request(tier))
+        return
+    with pytest.raises(ApiError) as err:
+        await admission.check(tenant(), request(tier))
+    assert (err.value.status, err.value.reason) == (429, "priority_pressure")
+    assert err.value.headers["Retry-After"] == "1"
+
+
+async def test_bulk_yield_can_be_switched_off() -> None:
+    s = Settings(bulk_yield={"enabled": False})
+    await Admission(s, StubStore(p0=5.0)).check(tenant(), request("P3"))
+
 
 @pytest.mark.parametrize(("wait", "expected"), [(0.0, 1), (0.01, 1), (1.0, 1), (1.2, 2),
                                                 (29.5, 30)])
@@ -75,15 +112,56 @@ def test_one_second_bucket_holds_at_least_one_token() -> None:
     assert one_second_bucket("k", 50) == Bucket("k", 50, 50)
 
 
+ALL_PROVIDERS: dict[str, Any] = {
+    "twilio": TwilioSettings(auth_token=SecretStr("t")),
+    "vonage": VonageSettings(api_key="k", api_secret=SecretStr("s")),
+    "sendgrid": SendGridSettings(api_key=SecretStr("SG.x")),
+    "smtp": SmtpSettings(username="u", password=SecretStr("p")),
+    "fcm": FcmSettings(client_email="sa@example.com", private_key=SecretStr("k")),
+    "apns": ApnsSettings(team_id="T", key_id="K", private_key=SecretStr("k")),
+}
+
+
+def configured(*providers: str, **kw: Any) -> Settings:
+    """Settings whose ``providers`` have credentials (every one when none is named)."""
+    return Settings(**{p: ALL_PROVIDERS[p] for p in providers or ALL_PROVIDERS}, **kw)
+
+
 def test_p0_envelope_is_share_of_provider_rate_plus_emergency() -> None:
-    s = Settings(provider_rates={"twilio": 100.0})
+    s = configured("twilio", provider_rates={"twilio": 100.0})
     assert p0_rate(s, Channel.SMS) == pytest.approx(20.0)
-    s = Settings(provider_rates={"twilio": 100.0}, p0_emergency_rate=5.0)
+    s = configured("twilio", provider_rates={"twilio": 100.0}, p0_emergency_rate=5.0)
     assert p0_rate(s, Channel.SMS) == pytest.approx(25.0)
-    assert p0_rate(Settings(provider_rates={}), Channel.SMS) is None
-    assert p0_rate(Settings(provider_rates={"sendgrid": 10.0}), Channel.EMAIL) == \
+    assert p0_rate(configured(provider_rates={}), Channel.SMS) is None
+    assert p0_rate(configured(provider_rates={"sendgrid": 10.0}), Channel.EMAIL) == \
         pytest.approx(2.0)
-    assert channel_provider(Settings(), Channel.SMS) == "twilio"
+
+
+def test_p0_envelope_counts_every_enabled_provider_of_the_channel() -> None:
+    rates = {"twilio": 100.0, "vonage": 50.0, "fcm": 1000.0, "apns": 400.0, "smtp": 20.0}
+    s = configured(provider_rates=rates, p0_emergency_rate=1.0)
+    assert channel_providers(s, Channel.SMS) == {"twilio", "vonage"}
+    assert p0_rate(s, Channel.SMS) == pytest.approx(0.2 * 150.0 + 1.0)
+    assert p0_rate(s, Channel.PUSH) == pytest.approx(0.2 * 1400.0 + 1.0)
+    assert p0_rate(s, Channel.EMAIL) == pytest.approx(0.2 * 20.0 + 1.0)
+    only_twilio = configured("twilio", "fcm", "apns", provider_rates=rates)
+    assert p0_rate(only_twilio, Channel.SMS) == pytest.approx(20.0)
+    assert p0_rate(configured(provider_rates={"smtp": 20.0}), Channel.SMS) is None
+    assert p0_rate(Settings(provider_rates=rates), Channel.SMS) is None
+
+
+def test_p0_envelope_follows_configured_routes_and_provider_ids() -> None:
+    routes = (ProviderRoute(provider_id="vonage-eu", channel=Channel.SMS),
+              ProviderRoute(provider_id="vonage-eu", channel=Channel.SMS,
+                            countries=frozenset({"44"})),
+              ProviderRoute(provider_id="twilio", channel=Channel.SMS))
+    s = configured("twilio", routes=routes,
+                   vonage=VonageSettings(provider_id="vonage-eu", api_key="k",
+                                         api_secret=SecretStr("s")),
+                   provider_rates={"twilio": 100.0, "vonage-eu": 10.0, "vonage": 1000.0})
+    assert channel_providers(s, Channel.SMS) == {"twilio", "vonage-eu"}
+    assert p0_rate(s, Channel.SMS) == pytest.approx(0.2 * 110.0)
+    assert p0_rate(s, Channel.PUSH) is None
 
 
 def test_backlog_bounds_are_scaled() -> None:
@@ -112,7 +190,7 @@ async def test_backlogged_tier_is_shed_with_retry_after() -> None:
 
 
 async def test_buckets_and_reasons() -> None:
-    s = Settings(provider_rates={"twilio": 10.0})
+    s = configured("twilio", provider_rates={"twilio": 10.0})
     store = StubStore()
     await Admission(s, store).check(tenant(5.0), request("P0"))
     assert store.taken == [[Bucket("p.admission:tenant:acme", 5.0, 5.0),
