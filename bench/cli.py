@@ -52,9 +52,9 @@ def isolation(
     mode: Annotated[list[str] | None, typer.Option(
         help="tiered and/or shared (default both, in one run).")] = None,
     max_drain: Annotated[float, typer.Option(help="Give up a mode after this many s.")] = 1800,
-    warmup: Annotated[int | None, typer.Option(
-        help="P3 messages (with OTPs) through the platform before measuring (default n/10, "
-             "at most 3,000).")] = None,
+    warmup: Annotated[float | None, typer.Option(
+        help="Seconds of warm-up waves at most, until P0's latency settles (default 180; "
+             "0: one small wave).")] = None,
     out: Out = Path("bench/results"),
 ) -> None:
     """P0 latency while a P3 campaign floods the platform: tier-isolated vs shared."""
@@ -117,9 +117,9 @@ def soak(
     cap_window: Annotated[float, typer.Option(
         help="Seconds every recipient cap counts over (production: OTP 10 min, marketing "
              "7 days), so the caps' Redis sets reach their steady size early.")] = 60.0,
-    warmup: Annotated[int | None, typer.Option(
-        help="P3 messages (with OTPs) before the load starts (default a tenth of the load, "
-             "at most 3,000).")] = None,
+    warmup: Annotated[float | None, typer.Option(
+        help="Seconds of warm-up waves at most, until P0's latency settles (default 180; "
+             "0: one small wave).")] = None,
     out: Out = Path("bench/results"),
 ) -> None:
     """Steady load on the tier-isolated platform: is each process's memory flat?"""

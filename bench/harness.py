@@ -10,6 +10,7 @@ runs (message ids are unique per run). Processes log to ``<out>/logs/<run>-<phas
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import sys
 import threading
@@ -119,6 +120,16 @@ class Sampler:
                                            for i in range(11)]}
         return out
 
+    def cpu_timeline(self, t0: float, t1: float) -> dict[str, list[tuple[float, float]]]:
+        """Per process: (seconds after ``t0``, share of one core used since the previous
+        sample) of every sample between ``t0`` and ``t1``: what ran when a stage stalled."""
+        out: dict[str, list[tuple[float, float]]] = {}
+        for name, s in self.samples.items():
+            pts = [(round(b.at - t0, 1), round((b.cpu_s - a.cpu_s) / (b.at - a.at), 2))
+                   for a, b in itertools.pairwise(s) if t0 <= b.at <= t1 and b.at > a.at]
+            out[name] = pts
+        return out
+
     def rss(self, name: str) -> tuple[float, float, float]:
         """(first, last, max) RSS in MiB."""
         s = self.samples.get(name, [])
@@ -147,6 +158,7 @@ class Phase:
         self.settings = _settings(env)
         self.group = ProcessGroup()
         self.sampler = Sampler()
+        self.sampler.watch("bench", os.getpid())
         self.api = f"http://127.0.0.1:{self.api_port}"
         self.bulk_api = f"http://127.0.0.1:{self.bulk_port}"
         self.fakes = f"http://127.0.0.1:{self.fakes_port}"

@@ -27,18 +27,12 @@ from notiflow.bench import jvm
 from notiflow.bench.harness import CampaignProducer, Phase, send_otps, wait_until
 from notiflow.bench.otlp import StageCollector, budget, exporter_env, stalls, yielded
 from notiflow.bench.stats import summary
+from notiflow.bench.warmup import UPSTREAM_NICE, warm_up
 from notiflow.bench.workload import REGIONS, PhoneFactory, Workload, records
 from notiflow.ops.stack import paths
 from notiflow.schemas.enums import Tier
 from notiflow.settings import Settings
 
-WARMUP_MAX = 3000
-WARMUP_P3_RATE = 100.0
-"""The warm-up (``n / 10`` P3 messages, at most :data:`WARMUP_MAX`, at this rate, with OTPs
-at the measured rate): on JVMs just started the JIT compiler took 40 % of Cassandra's CPU
-(``bench/README.md``), and that is not the platform's latency."""
-UPSTREAM_NICE = 10
-"""Niceness of the campaign's producer thread: upstream services have machines of their own."""
 TIMELINE_POINTS = 4000
 """Points per tier kept in the JSON timeline (the plot uses all of them)."""
 
@@ -46,7 +40,7 @@ TIMELINE_POINTS = 4000
 def run_mode(mode: str, out: Path, run_id: str, n: int, otp_rate: float, max_drain: float,
              log: Callable[[str], None], p3_rate: float | None = None,
              extra_env: Mapping[str, str] | None = None,
-             warmup: int | None = None) -> dict[str, Any]:
+             warmup: float | None = None) -> dict[str, Any]:
     """One mode; ``p3_rate``: produce the campaign at that steady rate instead of a flood
     (the soak run); ``extra_env``: settings of the phase's processes."""
     collector = StageCollector().__enter__()
@@ -65,22 +59,8 @@ def run_mode(mode: str, out: Path, run_id: str, n: int, otp_rate: float, max_dra
         workload = Workload(f"{run_id}{mode[0]}")
         phones = PhoneFactory(REGIONS, datetime.now(UTC), start=500_000)
 
-        warm_n = max(20, warmup if warmup is not None else min(n // 10, WARMUP_MAX))
-        warm_otps = max(5, int(warm_n / WARMUP_P3_RATE * otp_rate))
-        log(f"{mode}: warming up with {warm_n} P3 messages at {WARMUP_P3_RATE:.0f}/s and "
-            f"{warm_otps} OTPs (JIT compilation of the JVMs, first calls; not measured)")
-        warm = CampaignProducer(phase.settings, nice=UPSTREAM_NICE)
-        warming = threading.Thread(target=warm.produce, args=(
-            records(Workload(f"warm{run_id}{mode[0]}"), Tier.P3, warm_n, versions), Tier.P3,
-            WARMUP_P3_RATE))
-        warming.start()
-        otps_warm, _ = asyncio.run(send_otps(phase, versions, otp_rate, threading.Event(),
-                                             phones, f"warm-{run_id}-{mode}",
-                                             max_count=warm_otps))
-        warming.join()
-        if not wait_until(lambda: phase.accepted_count() >= warm_n + len(otps_warm),
-                          max(120.0, warm_n / 20), phase=phase):
-            raise RuntimeError(f"{mode}: the warm-up messages never reached the emulators")
+        warm = warm_up(phase, versions, phones, otp_rate, f"{run_id}{mode[0]}", log,
+                       **({"bound_s": warmup} if warmup is not None else {}))
         log(f"{mode}: warm; flooding P3 with {n} messages, P0 OTPs at {otp_rate}/s")
 
         campaign = CampaignProducer(phase.settings, nice=UPSTREAM_NICE)
@@ -105,7 +85,7 @@ def run_mode(mode: str, out: Path, run_id: str, n: int, otp_rate: float, max_dra
         flood.join()
         accepted_otps: dict[str, float] = otp_result.get("accepted", {})
         wait_until(lambda: phase.accepted_count("msg_") - phase.accepted_count("msg_bench_")
-                   >= len(accepted_otps) + len(otps_warm), 60)
+                   >= len(accepted_otps) + warm.otps, 60)
         t1 = time.time()
         first = phase.first_accepts()
         phase.check_alive()
@@ -117,7 +97,9 @@ def run_mode(mode: str, out: Path, run_id: str, n: int, otp_rate: float, max_dra
     points = collector.points()
     doc["budget"] = {tier: budget(points, tier, t0, t1) for tier in ("P0", "P3")}
     doc["stalls"] = stalls(points, "P0", t0)
+    doc["warmup"] = warm.as_json()
     doc["gc_pauses"] = collector.gc_pauses(t0, t1)
+    doc["cpu_timeline"] = phase.sampler.cpu_timeline(t0, t1)
     window = collector.gauge(names.BULK_WINDOW)
     doc["bulk_window"] = {**yielded(window, t0, t1),
                           "timeline": [(round(t - t0, 1), v) for t, v in window if t >= t0]}
@@ -157,7 +139,7 @@ def _thin(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
 
 
 def run(out: Path, *, n: int, otp_rate: float, modes: list[str], max_drain: float,
-        log: Callable[[str], None], warmup: int | None = None) -> dict[str, Any]:
+        log: Callable[[str], None], warmup: float | None = None) -> dict[str, Any]:
     run_id = uuid.uuid4().hex[:6]
     results = {m: run_mode(m, out, run_id, n, otp_rate, max_drain, log, warmup=warmup)
                for m in modes}
@@ -182,7 +164,7 @@ def soak_env(settings: Settings, cap_window: timedelta) -> dict[str, str]:
 def run_soak(out: Path, *, minutes: float, p3_rate: float, otp_rate: float,
              log: Callable[[str], None],
              cap_window: timedelta = timedelta(minutes=1),
-             warmup: int | None = None) -> dict[str, Any]:
+             warmup: float | None = None) -> dict[str, Any]:
     """Tier-isolated platform under a steady P3 load and P0 OTPs for ``minutes``: latency and
     each process's RSS when the load started, at half time and when it ended."""
     from notiflow.settings import load_settings

@@ -5,7 +5,9 @@ The signal (``adapters/pressure.py``) is the worst P0 latency reported in the la
 flight: halved at every tick while the signal is above ``high * SLA``, grown by ``increase *
 ceiling`` per tick while it is below ``low * SLA``, held in between; no signal (no P0 traffic)
 counts as calm. Additive increase, multiplicative decrease is how TCP shares a link: the bulk
-load settles at the level P0 tolerates, and gives way within a second when P0 slows down.
+load settles at the level P0 tolerates, and gives way within a second when P0 slows down. Like
+TCP it starts slow (``start`` of the ceiling): a bulk flow that starts on a backlog would
+otherwise take in its first batches at full width before P0's first report arrives.
 :class:`Slots` is the asyncio gate whose limit the window sets.
 """
 
@@ -30,7 +32,7 @@ class YieldWindow:
     value: float = 0.0
 
     def __post_init__(self) -> None:
-        self.value = float(self.ceiling)
+        self.value = max(float(self.rule.floor), self.rule.start * self.ceiling)
 
     @property
     def limit(self) -> int:

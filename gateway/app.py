@@ -1,7 +1,8 @@
 """The Messaging API process (``notiflow api``): FastAPI app and uvicorn server.
 
 One :class:`~notiflow.gateway.runtime.Runtime` per process (one Cassandra store, one Kafka
-producer, one Redis client for admission control, the outbox sweeper), created in the
+producer, one Redis client for admission control, the outbox sweeper; the DLQ depth monitor
+except in a priority-lane process, which keeps to P0/P1 acceptance), created in the
 lifespan and closed on shutdown. ``/healthz`` answers while the process runs; ``/readyz``
 also requires Cassandra and Kafka.
 """
@@ -88,7 +89,8 @@ def build_app(settings: Settings) -> FastAPI:
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         await runtime.start()
         runtime.spawn(OutboxSweeper(runtime).run(), "outbox-sweeper")
-        runtime.spawn(watch_depth(settings), "dlq-depth-monitor")
+        if settings.api_lane != "priority":
+            runtime.spawn(watch_depth(settings), "dlq-depth-monitor")
         tuning.settle()
         log.info("messaging API ready on %s:%s (lane %s)", settings.api_host,
                  settings.api_port, settings.api_lane)

@@ -332,6 +332,8 @@ class YieldRule(_Frozen):
     decrease: float = Field(0.5, gt=0, lt=1)
     increase: float = Field(0.05, gt=0, le=1)
     floor: int = Field(1, ge=1)
+    start: float = Field(0.1, gt=0, le=1)
+    """Share of the ceiling a bulk process starts with (slow start)."""
     tick: timedelta = timedelta(milliseconds=250)
     enabled: bool = True
 

@@ -17,7 +17,14 @@ pytestmark = pytest.mark.integration
 
 def test_isolation_smoke(stack: Settings, tmp_path: Path) -> None:
     doc = isolation.run(tmp_path, n=150, otp_rate=5, modes=["tiered", "shared"],
-                        max_drain=180, log=print)
+                        max_drain=180, log=print, warmup=0)
+    budget = doc["modes"]["tiered"]["budget"]["P0"]
+    assert {"api.reserve", "api.accept", "kafka", "flow", "dispatch.prepare",
+            "provider"} <= budget.keys(), budget
+    assert all(b["count"] > 0 and b["p50_ms"] <= b["p99_ms"] for b in budget.values())
+    assert doc["modes"]["tiered"]["budget"]["P3"]["provider"]["count"] >= 150
+    assert doc["modes"]["tiered"]["warmup"]["waves"]
+    assert "cassandra" in doc["modes"]["tiered"]["jvm_pauses"]
     for mode in ("tiered", "shared"):
         r = doc["modes"][mode]
         assert r["drained"], mode

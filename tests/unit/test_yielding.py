@@ -20,8 +20,14 @@ def window(ceiling: int = 64, rule: YieldRule = RULE) -> YieldWindow:
     return YieldWindow(rule, sla_s=1.0, ceiling=ceiling)
 
 
-def test_halves_while_p0_is_slow_and_grows_back_while_calm() -> None:
+def test_starts_slow() -> None:
     w = window()
+    assert w.limit == 6 and w.yielding
+    assert [w.step(None) for _ in range(3)] == [9, 12, 16]
+
+
+def test_halves_while_p0_is_slow_and_grows_back_while_calm() -> None:
+    w = window(rule=YieldRule(start=1.0))
     assert [w.step(0.9) for _ in range(7)] == [32, 16, 8, 4, 2, 1, 1]
     assert w.yielding
     assert w.step(0.3) == 1
@@ -32,7 +38,7 @@ def test_halves_while_p0_is_slow_and_grows_back_while_calm() -> None:
 
 def test_disabled_rule_never_yields() -> None:
     w = window(rule=YieldRule(enabled=False))
-    assert w.step(10.0) == 64
+    assert w.step(10.0) == 64 and not w.yielding
 
 
 @given(st.lists(st.one_of(st.none(), st.floats(0, 5)), max_size=200),
