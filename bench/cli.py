@@ -5,6 +5,8 @@ running, and stopped again afterwards in that case."""
 from __future__ import annotations
 
 import contextlib
+import signal
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,8 +23,15 @@ console = Console()
 Out = Annotated[Path, typer.Option(help="Where results and process logs go.")]
 
 
+def _exit_on_sigterm(signum: int, _frame: object) -> None:
+    sys.exit(128 + signum)
+
+
 @contextlib.contextmanager
 def _stack() -> Iterator[None]:
+    """The stack up for one benchmark. ``kill`` (SIGTERM) unwinds like Ctrl-C, so the phase's
+    processes are stopped, not left running into the next benchmark's figures."""
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     from notiflow.ops.stack import Stack
     from notiflow.settings import Settings
 

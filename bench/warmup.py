@@ -28,6 +28,8 @@ WAVE_S = 10.0
 P3_RATE = 50.0
 BOUND_S = 180.0
 SETTLED_P99_MS = 250.0
+WARM_PHONES = 250_000
+"""First phone serial of the warm-up's P3 SMS (the flood's start at 0, the OTPs' at 500,000)."""
 UPSTREAM_NICE = 10
 """Niceness of the producing thread: upstream services have machines of their own."""
 
@@ -55,10 +57,11 @@ def warm_up(phase: Phase, versions: dict[tuple[str, Channel], int], phones: Phon
     """Waves until P0 settles or ``bound_s`` passed; ``bound_s`` 0: one small wave, which
     only shows that every process is up. Raises when a wave never drains."""
     warm = WarmUp()
+    workload = Workload(f"warm{key}", phone_start=WARM_PHONES)
     start = time.monotonic()
     while True:
         small = bound_s <= 0
-        wave = _wave(phase, versions, phones, otp_rate, f"{key}w{len(warm.waves)}",
+        wave = _wave(phase, versions, phones, workload, otp_rate, f"{key}w{len(warm.waves)}",
                      n_p3=20 if small else int(WAVE_S * P3_RATE),
                      n_otps=5 if small else int(WAVE_S * otp_rate))
         warm.waves.append(wave.figures)
@@ -90,12 +93,11 @@ class _Sent:
 
 
 def _wave(phase: Phase, versions: dict[tuple[str, Channel], int], phones: PhoneFactory,
-          otp_rate: float, key: str, *, n_p3: int, n_otps: int) -> _Sent:
+          workload: Workload, otp_rate: float, key: str, *, n_p3: int, n_otps: int) -> _Sent:
     """One wave: ``n_p3`` P3 messages at :data:`P3_RATE` with ``n_otps`` OTPs at
     ``otp_rate``; returns once every one reached an emulator."""
     began = time.monotonic()
     producer = CampaignProducer(phase.settings, nice=UPSTREAM_NICE)
-    workload = Workload(f"warm{key}")
     thread = threading.Thread(target=producer.produce, args=(
         records(workload, Tier.P3, n_p3, versions), Tier.P3, P3_RATE))
     thread.start()

@@ -128,11 +128,14 @@ class Workload:
     run_id: str
     seed: int = 7
     now: datetime | None = None
+    phone_start: int = 0
+    """First phone serial: workloads of one run need far-apart starts, or their SMS
+    recipients meet and the marketing frequency cap suppresses the later one's."""
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
         now = self.now or datetime.now(UTC)
-        self.phones = PhoneFactory(REGIONS, now)
+        self.phones = PhoneFactory(REGIONS, now, start=self.phone_start)
         self.counter = 0
 
     @property

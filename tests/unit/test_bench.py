@@ -19,6 +19,7 @@ from notiflow.bench.report import (
     throughput_markdown,
 )
 from notiflow.bench.stats import percentile, profile_top, steady_rate, summary
+from notiflow.bench.warmup import WARM_PHONES
 from notiflow.bench.workload import (
     CHANNEL_MIX,
     RECORD_BYTES,
@@ -69,6 +70,16 @@ def test_phone_factories_with_distinct_starts_never_meet() -> None:
     a = PhoneFactory(REGIONS, NOON_UTC)
     b = PhoneFactory(REGIONS, NOON_UTC, start=500_000)
     assert not {a.take() for _ in range(300)} & {b.take() for _ in range(300)}
+
+
+def test_the_flood_and_the_warm_up_have_different_sms_recipients() -> None:
+    def phones(w: Workload) -> set[str]:
+        return {str(w.recipient(Channel.SMS)[0]) for _ in range(300)}
+
+    flood, warm = Workload("run", now=NOON_UTC), Workload("warm", now=NOON_UTC,
+                                                          phone_start=WARM_PHONES)
+    assert not phones(flood) & phones(warm)
+    assert phones(Workload("a", now=NOON_UTC)) == phones(Workload("b", now=NOON_UTC))
 
 
 @given(st.lists(st.floats(0, 1e6, allow_nan=False), min_size=1, max_size=200),
