@@ -64,6 +64,9 @@ def isolation(
     warmup: Annotated[float | None, typer.Option(
         help="Seconds of warm-up waves at most, until P0's latency settles (default 180; "
              "0: one small wave).")] = None,
+    budget: Annotated[bool, typer.Option(
+        help="Record the per-stage latency budget (the processes export their metrics to "
+             "the benchmark every 2 s); --no-budget measures without that cost.")] = True,
     out: Out = Path("bench/results"),
 ) -> None:
     """P0 latency while a P3 campaign floods the platform: tier-isolated vs shared."""
@@ -73,7 +76,7 @@ def isolation(
     modes = mode or ["tiered", "shared"]
     with _stack():
         doc = iso.run(out, n=n, otp_rate=otp_rate, modes=modes, max_drain=max_drain,
-                      log=_log, warmup=warmup)
+                      log=_log, warmup=warmup, record_budget=budget)
     md = isolation_markdown(doc)
     paths = write(out, "isolation", doc, md)
     paths.append(isolation_plot(doc, out / "isolation.png"))
@@ -129,6 +132,9 @@ def soak(
     warmup: Annotated[float | None, typer.Option(
         help="Seconds of warm-up waves at most, until P0's latency settles (default 180; "
              "0: one small wave).")] = None,
+    budget: Annotated[bool, typer.Option(
+        help="Record the per-stage latency budget (the processes export their metrics to "
+             "the benchmark every 2 s); --no-budget measures without that cost.")] = True,
     out: Out = Path("bench/results"),
 ) -> None:
     """Steady load on the tier-isolated platform: is each process's memory flat?"""
@@ -139,7 +145,8 @@ def soak(
 
     with _stack():
         doc = iso.run_soak(out, minutes=minutes, p3_rate=p3_rate, otp_rate=otp_rate, log=_log,
-                           cap_window=timedelta(seconds=cap_window), warmup=warmup)
+                           cap_window=timedelta(seconds=cap_window), warmup=warmup,
+                           record_budget=budget)
     md = soak_markdown(doc)
     _show(write(out, "soak", doc, md), md)
 

@@ -40,12 +40,14 @@ TIMELINE_POINTS = 4000
 def run_mode(mode: str, out: Path, run_id: str, n: int, otp_rate: float, max_drain: float,
              log: Callable[[str], None], p3_rate: float | None = None,
              extra_env: Mapping[str, str] | None = None,
-             warmup: float | None = None) -> dict[str, Any]:
+             warmup: float | None = None, record_budget: bool = True) -> dict[str, Any]:
     """One mode; ``p3_rate``: produce the campaign at that steady rate instead of a flood
-    (the soak run); ``extra_env``: settings of the phase's processes."""
-    collector = StageCollector().__enter__()
+    (the soak run); ``extra_env``: settings of the phase's processes; ``record_budget``
+    False: the processes export no metrics (what the budget's recording itself costs)."""
+    collector = StageCollector().__enter__() if record_budget else None
+    exporting = exporter_env(collector.endpoint) if collector else {}
     phase = Phase(f"isolation-{mode}", out, run_id, mode=mode,
-                  extra_env={**(extra_env or {}), **exporter_env(collector.endpoint)})
+                  extra_env={**(extra_env or {}), **exporting})
     phase.prepare()
     try:
         phase.start_platform()
@@ -91,21 +93,25 @@ def run_mode(mode: str, out: Path, run_id: str, n: int, otp_rate: float, max_dra
         phase.check_alive()
     finally:
         phase.stop()
-        collector.__exit__(None, None, None)
+        if collector:
+            collector.__exit__(None, None, None)
     doc = _figures(mode, n, otp_rate, drained, t0, t1, campaign, accepted_otps,
                    otp_result.get("refused", 0), first, phase)
-    points = collector.points()
-    doc["budget"] = {tier: budget(points, tier, t0, t1) for tier in ("P0", "P3")}
-    doc["stalls"] = stalls(points, "P0", t0)
     doc["warmup"] = warm.as_json()
-    doc["gc_pauses"] = collector.gc_pauses(t0, t1)
     doc["cpu_timeline"] = phase.sampler.cpu_timeline(t0, t1)
-    window = collector.gauge(names.BULK_WINDOW)
-    doc["bulk_window"] = {**yielded(window, t0, t1),
-                          "timeline": [(round(t - t0, 1), v) for t, v in window if t >= t0]}
     logs = paths(phase.settings).logs
     doc["jvm_pauses"] = {name: jvm.summary(logs / f"{name}-gc.log", t0, t1)
                          for name in ("cassandra", "kafka")}
+    doc["budget_recorded"] = collector is not None
+    if collector is None:
+        return doc
+    points = collector.points()
+    doc["budget"] = {tier: budget(points, tier, t0, t1) for tier in ("P0", "P3")}
+    doc["stalls"] = stalls(points, "P0", t0)
+    doc["gc_pauses"] = collector.gc_pauses(t0, t1)
+    window = collector.gauge(names.BULK_WINDOW)
+    doc["bulk_window"] = {**yielded(window, t0, t1),
+                          "timeline": [(round(t - t0, 1), v) for t, v in window if t >= t0]}
     return doc
 
 
@@ -139,9 +145,11 @@ def _thin(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
 
 
 def run(out: Path, *, n: int, otp_rate: float, modes: list[str], max_drain: float,
-        log: Callable[[str], None], warmup: float | None = None) -> dict[str, Any]:
+        log: Callable[[str], None], warmup: float | None = None,
+        record_budget: bool = True) -> dict[str, Any]:
     run_id = uuid.uuid4().hex[:6]
-    results = {m: run_mode(m, out, run_id, n, otp_rate, max_drain, log, warmup=warmup)
+    results = {m: run_mode(m, out, run_id, n, otp_rate, max_drain, log, warmup=warmup,
+                           record_budget=record_budget)
                for m in modes}
     doc: dict[str, Any] = {"bench": "isolation", "run_id": run_id, "modes": results}
     tiered, shared = results.get("tiered"), results.get("shared")
@@ -164,7 +172,7 @@ def soak_env(settings: Settings, cap_window: timedelta) -> dict[str, str]:
 def run_soak(out: Path, *, minutes: float, p3_rate: float, otp_rate: float,
              log: Callable[[str], None],
              cap_window: timedelta = timedelta(minutes=1),
-             warmup: float | None = None) -> dict[str, Any]:
+             warmup: float | None = None, record_budget: bool = True) -> dict[str, Any]:
     """Tier-isolated platform under a steady P3 load and P0 OTPs for ``minutes``: latency and
     each process's RSS when the load started, at half time and when it ended."""
     from notiflow.settings import load_settings
@@ -172,6 +180,7 @@ def run_soak(out: Path, *, minutes: float, p3_rate: float, otp_rate: float,
     run_id = uuid.uuid4().hex[:6]
     n = int(minutes * 60 * p3_rate)
     r = run_mode("tiered", out, run_id, n, otp_rate, minutes * 60 + 600, log, p3_rate=p3_rate,
-                 extra_env=soak_env(load_settings(), cap_window), warmup=warmup)
+                 extra_env=soak_env(load_settings(), cap_window), warmup=warmup,
+                 record_budget=record_budget)
     return {"bench": "soak", "run_id": run_id, "minutes": minutes, "p3_rate": p3_rate,
             "cap_window_s": cap_window.total_seconds(), "modes": {"soak": r}}

@@ -52,6 +52,9 @@ def _budget_tables(modes: dict[str, Any]) -> list[str]:
     """The latency budget per stage (``notiflow.stage.duration``) and the P0 stall intervals."""
     out: list[str] = []
     for mode, r in modes.items():
+        if r.get("budget_recorded") is False:
+            out += [f"Latency budget, {mode}: not recorded (`--no-budget`: the processes "
+                    "exported no metrics).", ""]
         for tier, stages in (r.get("budget") or {}).items():
             if not stages:
                 continue

@@ -107,7 +107,7 @@ class BulkYield:
             now = asyncio.get_running_loop().time()
             if now - self._last >= tick:
                 self._last = now
-                self.slots.resize(self.window.step(await self._signal()))
+                self.slots.resize(max(1, self.window.step(await self._signal())))
             await asyncio.sleep(tick)
 
     async def _signal(self) -> float | None:

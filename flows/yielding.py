@@ -49,7 +49,8 @@ class YieldWindow:
             self.value = float(self.ceiling)
         elif worst_s is not None and worst_s > self.rule.high * self.sla_s:
             self.value = max(float(self.rule.floor), self.value * self.rule.decrease)
-        elif worst_s is None or worst_s < self.rule.low * self.sla_s:
+        elif (worst_s is None or worst_s < self.rule.low * self.sla_s
+              or self.limit == 0):
             self.value = min(float(self.ceiling), self.value + self.rule.increase * self.ceiling)
         return self.limit
 
@@ -60,14 +61,14 @@ class Slots:
     First come, first served."""
 
     def __init__(self, limit: int) -> None:
-        if limit < 1:
-            raise ValueError("limit must be at least 1")
+        if limit < 0:
+            raise ValueError("limit must not be negative")
         self.limit = limit
         self.used = 0
         self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
 
     def resize(self, limit: int) -> None:
-        self.limit = max(1, limit)
+        self.limit = max(0, limit)
         self._wake()
 
     async def acquire(self) -> None:

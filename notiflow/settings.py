@@ -331,7 +331,12 @@ class YieldRule(_Frozen):
     low: float = Field(0.2, gt=0, le=1)
     decrease: float = Field(0.5, gt=0, lt=1)
     increase: float = Field(0.05, gt=0, le=1)
-    floor: int = Field(1, ge=1)
+    floor: int = Field(0, ge=0)
+    """Fewest slots a bulk flow keeps while P0 is slow. 0 (the default) pauses its sends and
+    its intake outright until the signal is back below ``high``: a window of one slot per
+    channel still kept the P3 flow at a third of a core (p99 1,419 and 1,430 ms vs 942 ms at
+    0, ``bench/README.md``, "Fifth round"). The price: while P0 is slow for a reason bulk
+    does not cause (a slow P0 provider), bulk waits too. The reconciler keeps at least one."""
     start: float = Field(0.1, gt=0, le=1)
     """Share of the ceiling a bulk process starts with (slow start)."""
     tick: timedelta = timedelta(milliseconds=250)

@@ -133,6 +133,8 @@ def test_reports_render(tmp_path: Path) -> None:
     assert "| tiered |" in md and "| shared |" in md and "100.0x" in md
     png = isolation_plot(doc, tmp_path / "iso.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    unrecorded = {"modes": {"tiered": {**_iso_mode("tiered", 40.0), "budget_recorded": False}}}
+    assert "not recorded (`--no-budget`" in isolation_markdown(unrecorded)
     pipe = {"n": 10, "rate": 100.0, "steady_rate": 110.0, "cpu_ms_per_msg": 1.0,
             "cpu_by_process": {"x": 1.0}}
     tp = throughput_markdown({"e2e": {**pipe, "procs": {}}, "minimal": pipe,

@@ -27,7 +27,7 @@ def test_starts_slow() -> None:
 
 
 def test_halves_while_p0_is_slow_and_grows_back_while_calm() -> None:
-    w = window(rule=YieldRule(start=1.0))
+    w = window(rule=YieldRule(start=1.0, floor=1))
     assert [w.step(0.9) for _ in range(7)] == [32, 16, 8, 4, 2, 1, 1]
     assert w.yielding
     assert w.step(0.3) == 1
@@ -114,3 +114,22 @@ def test_latency_window_forgets_after_a_second_and_counts_what_is_held() -> None
     assert lw.worst() == 0.1
     now[0] += 1.0
     assert lw.worst() is None and lw.worst(holding_s=0.05) == 0.05
+
+
+def test_floor_zero_pauses_while_p0_is_slow_and_resumes_below_high() -> None:
+    w = window(rule=YieldRule(start=1.0, floor=0))
+    assert [w.step(0.9) for _ in range(8)][-2:] == [0, 0]
+    assert w.yielding
+    assert w.step(0.3) == 3
+    assert w.step(0.3) == 3
+    assert w.step(0.9) == 1
+
+
+async def test_slots_of_limit_zero_admit_nobody_until_resized() -> None:
+    slots = Slots(0)
+    task = asyncio.create_task(slots.acquire())
+    await asyncio.sleep(0)
+    assert not task.done()
+    slots.resize(1)
+    await asyncio.sleep(0)
+    assert task.done() and slots.used == 1
