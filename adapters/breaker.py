@@ -870,13 +870,18 @@ class CircuitBreakers:
 
     # decisions
 
-    async def allow(self, provider_id: str) -> Admission:
-        """Admit as normal (CLOSED), as a probe (HALF_OPEN), or refuse with ``retry_in``."""
+    async def _fresh(self, provider_id: str) -> tuple[_Entry, int]:
+        """The provider's entry with a snapshot no older than the cache allows, and now."""
         e = self._entry(provider_id)
         now = self._clock()
         if e.snap is None or not 0 <= now - e.got_us < self._cache_us:
             await self._refresh(provider_id, e)
             now = self._clock()
+        return e, now
+
+    async def allow(self, provider_id: str) -> Admission:
+        """Admit as normal (CLOSED), as a probe (HALF_OPEN), or refuse with ``retry_in``."""
+        e, now = await self._fresh(provider_id)
         assert e.snap is not None
         if e.snap.state is State.CLOSED:
             return NORMAL
@@ -907,11 +912,7 @@ class CircuitBreakers:
         """What :meth:`allow` would say for a breaker this process only watches: REFUSED
         with ``retry_in`` while OPEN, NORMAL otherwise (HALF_OPEN included: probing is the
         business of the processes that record outcomes). Never admits a probe."""
-        e = self._entry(provider_id)
-        now = self._clock()
-        if e.snap is None or not 0 <= now - e.got_us < self._cache_us:
-            await self._refresh(provider_id, e)
-            now = self._clock()
+        e, now = await self._fresh(provider_id)
         assert e.snap is not None
         t = self._redis_time(e, now)
         if effective_state(e.snap, t) is State.OPEN:

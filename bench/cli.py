@@ -21,6 +21,12 @@ bench_app = typer.Typer(help="Benchmarks on the local stack (figures, not tests)
 console = Console()
 
 Out = Annotated[Path, typer.Option(help="Where results and process logs go.")]
+Warmup = Annotated[float | None, typer.Option(
+    help="Seconds of warm-up waves at most, until P0's latency settles (default 180; "
+         "0: one small wave).")]
+Budget = Annotated[bool, typer.Option(
+    help="Record the per-stage latency budget (the processes export their metrics to the "
+         "benchmark every 2 s); --no-budget measures without that cost.")]
 
 
 def _exit_on_sigterm(signum: int, _frame: object) -> None:
@@ -61,12 +67,8 @@ def isolation(
     mode: Annotated[list[str] | None, typer.Option(
         help="tiered and/or shared (default both, in one run).")] = None,
     max_drain: Annotated[float, typer.Option(help="Give up a mode after this many s.")] = 1800,
-    warmup: Annotated[float | None, typer.Option(
-        help="Seconds of warm-up waves at most, until P0's latency settles (default 180; "
-             "0: one small wave).")] = None,
-    budget: Annotated[bool, typer.Option(
-        help="Record the per-stage latency budget (the processes export their metrics to "
-             "the benchmark every 2 s); --no-budget measures without that cost.")] = True,
+    warmup: Warmup = None,
+    budget: Budget = True,
     out: Out = Path("bench/results"),
 ) -> None:
     """P0 latency while a P3 campaign floods the platform: tier-isolated vs shared."""
@@ -129,12 +131,8 @@ def soak(
     cap_window: Annotated[float, typer.Option(
         help="Seconds every recipient cap counts over (production: OTP 10 min, marketing "
              "7 days), so the caps' Redis sets reach their steady size early.")] = 60.0,
-    warmup: Annotated[float | None, typer.Option(
-        help="Seconds of warm-up waves at most, until P0's latency settles (default 180; "
-             "0: one small wave).")] = None,
-    budget: Annotated[bool, typer.Option(
-        help="Record the per-stage latency budget (the processes export their metrics to "
-             "the benchmark every 2 s); --no-budget measures without that cost.")] = True,
+    warmup: Warmup = None,
+    budget: Budget = True,
     out: Out = Path("bench/results"),
 ) -> None:
     """Steady load on the tier-isolated platform: is each process's memory flat?"""

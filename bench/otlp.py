@@ -13,7 +13,7 @@ import bisect
 import gzip
 import os
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -77,6 +77,40 @@ class StagePoint:
     counts: tuple[int, ...]
 
 
+def otlp_server(port: int, on_metrics: Callable[[bytes], None],
+                on_traces: Callable[[bytes], None] | None = None) -> ThreadingHTTPServer:
+    """An OTLP/HTTP (protobuf) receiver on loopback ``port``: each export's body, gunzipped,
+    goes to ``on_metrics`` or ``on_traces`` (traces only acknowledged when None); other
+    paths get 404. Serve it from a thread of the caller's."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            if self.headers.get("Content-Encoding") == "gzip":
+                body = gzip.decompress(body)
+            if self.path == "/v1/metrics":
+                on_metrics(body)
+                answer = ExportMetricsServiceResponse().SerializeToString()
+            elif self.path == "/v1/traces":
+                if on_traces is not None:
+                    on_traces(body)
+                answer = ExportTraceServiceResponse().SerializeToString()
+            else:
+                self.send_response(404)
+                self.end_headers()
+                return
+            self.send_response(200)
+            self.send_header("Content-Type", "application/x-protobuf")
+            self.send_header("Content-Length", str(len(answer)))
+            self.end_headers()
+            self.wfile.write(answer)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    return ThreadingHTTPServer(("127.0.0.1", port), Handler)
+
+
 class StageCollector:
     """``with StageCollector() as c:`` → processes export to ``c.endpoint``; ``c.points()``."""
 
@@ -86,28 +120,7 @@ class StageCollector:
         self._gauges: dict[str, list[tuple[float, float]]] = {}
         self._gc: list[tuple[str, float, int, float, float]] = []
         self._lock = threading.Lock()
-        collector = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                if self.headers.get("Content-Encoding") == "gzip":
-                    body = gzip.decompress(body)
-                if self.path == "/v1/metrics":
-                    collector._receive(body)
-                    answer = ExportMetricsServiceResponse().SerializeToString()
-                else:
-                    answer = ExportTraceServiceResponse().SerializeToString()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/x-protobuf")
-                self.send_header("Content-Length", str(len(answer)))
-                self.end_headers()
-                self.wfile.write(answer)
-
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
-        self._server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        self._server = otlp_server(self.port, on_metrics=self._receive)
         self._thread = threading.Thread(target=self._serve, daemon=True, name="bench-otlp")
 
     def _serve(self) -> None:

@@ -5,22 +5,19 @@ export with ``otlp-http`` can be checked from the test."""
 
 from __future__ import annotations
 
-import gzip
 import threading
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
-    ExportMetricsServiceResponse,
 )
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
-    ExportTraceServiceResponse,
 )
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
+from notiflow.bench.otlp import otlp_server
 from notiflow.devenv import free_port
 
 KINDS = {0: "UNSPECIFIED", 1: "INTERNAL", 2: "SERVER", 3: "CLIENT", 4: "PRODUCER",
@@ -66,33 +63,8 @@ class OtlpReceiver:
         self.metrics: dict[str, set[str]] = {}
         self.metric_points: list[tuple[str, str, dict[str, Any], Any]] = []
         self._lock = threading.Lock()
-        receiver = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                if self.headers.get("Content-Encoding") == "gzip":
-                    body = gzip.decompress(body)
-                if self.path == "/v1/traces":
-                    receiver._traces(body)
-                    answer = ExportTraceServiceResponse().SerializeToString()
-                elif self.path == "/v1/metrics":
-                    receiver._metrics(body)
-                    answer = ExportMetricsServiceResponse().SerializeToString()
-                else:
-                    self.send_response(404)
-                    self.end_headers()
-                    return
-                self.send_response(200)
-                self.send_header("Content-Type", "application/x-protobuf")
-                self.send_header("Content-Length", str(len(answer)))
-                self.end_headers()
-                self.wfile.write(answer)
-
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
-        self._server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        self._server = otlp_server(self.port, on_metrics=self._metrics,
+                                   on_traces=self._traces)
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
 
     @property
