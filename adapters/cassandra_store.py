@@ -324,14 +324,22 @@ class CassandraStore:
         rows = await self._run("idem_get", (tenant_id, key))
         return rows[0] if rows else None
 
-    async def accept_reservation(self, tenant_id: str, key: str, response: str) -> None:
-        await self._run("idem_accept", (response, tenant_id, key))
+    async def settle_reservation(self, tenant_id: str, key: str, response: str, shard: int,
+                                 created_at: datetime) -> None:
+        """Mark the key ``ACCEPTED`` and drop its outbox row, in one request."""
+        await self.write_all([("idem_accept", (response, tenant_id, key)),
+                              ("outbox_remove", (shard, created_at, tenant_id, key))])
 
     async def drop_reservation(self, tenant_id: str, key: str) -> None:
         await self._run("idem_delete", (tenant_id, key))
 
     async def outbox_add(self, shard: int, created_at: datetime, tenant_id: str, key: str) -> None:
-        await self._run("outbox_add", (shard, created_at, tenant_id, key))
+        await self.write_all([self.outbox_write(shard, created_at, tenant_id, key)])
+
+    @staticmethod
+    def outbox_write(shard: int, created_at: datetime, tenant_id: str, key: str) -> Write:
+        """The outbox row of :meth:`outbox_add` (for :meth:`write_all`)."""
+        return ("outbox_add", (shard, created_at, tenant_id, key))
 
     async def outbox_remove(
         self, shard: int, created_at: datetime, tenant_id: str, key: str
@@ -345,17 +353,20 @@ class CassandraStore:
 
     async def create_message(
         self, message_id: str, snap: MessageSnapshot, status: Status, now: datetime,
-        source: str = "api", fresh: bool = False,
+        source: str = "api", fresh: bool = False, also: Sequence[Write] = (),
     ) -> bool:
         """Write the message row unless it exists, its tenant-history row and the first entry
         of its status history; True if written. The row is written at its acceptance time
         (micro-seconds), the anchor of :func:`rank_write_time`, so it never overwrites a
         later status change. ``fresh``: the caller knows the row is absent (an id just
         minted, or a :meth:`head` read that found nothing), so it is not read first. Two
-        writers racing on an absent row write the same cells at the same time (idempotent)."""
+        writers racing on an absent row write the same cells at the same time (idempotent).
+        ``also``: further writes sent in the same request (written in either case)."""
         if not fresh and await self.head(message_id) is not None:
+            await self.write_all(also)
             return False
-        await self.write_all(self.creation_writes(message_id, snap, status, now, source))
+        await self.write_all([*also, *self.creation_writes(message_id, snap, status, now,
+                                                           source)])
         return True
 
     def creation_writes(self, message_id: str, snap: MessageSnapshot, status: Status,

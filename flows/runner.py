@@ -43,14 +43,16 @@ def _terminate(signum: int, frame: FrameType | None) -> None:
 
 def run_flow(build: Callable[[], Dataflow], settings: Settings, name: str, *,
              process_id: int | None = None, addresses: str | None = None,
-             recovery_dir: Path | None = None, nice: int = 0) -> None:
+             recovery_dir: Path | None = None, nice: int = 0, realtime: int = 0) -> None:
     """Build and run a flow until it is stopped (SIGTERM/SIGINT) or fails. ``nice`` lowers
-    this process's CPU priority (lower tiers yield the CPU to higher ones). Logging and
+    this process's CPU priority (lower tiers yield the CPU to higher ones); ``realtime``
+    above 0 moves it to the real-time class (:func:`notiflow.tuning.set_realtime`). Logging and
     telemetry are set up first (``service.name`` ``notiflow-<name>``, e.g.
     ``notiflow-send-p0``)."""
     tier = name.removeprefix("send-").upper() if name.startswith("send-p") else None
     telemetry.setup(settings, name, tier=tier, worker=process_id or 0)
     tuning.set_nice(nice)
+    tuning.set_realtime(realtime)
     rdir = (recovery_dir or settings.stack_dir / "recovery" / name).resolve()
     ensure_recovery_dir(rdir, settings.recovery_partitions)
     flow = build()

@@ -140,6 +140,7 @@ def serve(settings: Settings) -> None:
     lane = settings.api_lane
     telemetry.setup(settings, "api" if lane == "all" else f"api-{lane}", logs=False)
     tuning.set_nice(settings.lane_nice(lane))
+    tuning.set_realtime(settings.lane_realtime(lane))
     config = uvicorn.Config(
         build_app(settings),
         host=settings.api_host,

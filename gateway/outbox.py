@@ -132,13 +132,10 @@ async def complete_acceptance(
     times = stages or StageTimes()
     store = rt.store()
     shard = outbox_shard(tenant_id, key)
-    create = store.create_message(ids(record)[0], snapshot(record), initial_status(record),
-                                  datetime.now(UTC), fresh=fresh)
+    outbox = [store.outbox_write(shard, created_at, tenant_id, key)] if add_outbox else []
     with times.timing(Stage.API_WRITE):
-        if add_outbox:
-            await asyncio.gather(store.outbox_add(shard, created_at, tenant_id, key), create)
-        else:
-            await create
+        await store.create_message(ids(record)[0], snapshot(record), initial_status(record),
+                                   datetime.now(UTC), fresh=fresh, also=outbox)
     attrs = {names.ATTR_MESSAGE_ID: ids(record)[0], names.ATTR_TENANT_ID: tenant_id,
              names.ATTR_TIER: record.tier.value, names.ATTR_CHANNEL: record.channel.value,
              "messaging.system": "kafka", "messaging.destination.name": topic}
@@ -161,8 +158,8 @@ async def settle_published(
     ``202`` body. Failures are logged and left to the sweeper (the acceptance stands)."""
     response = accepted_json(record)
     try:
-        await store.accept_reservation(tenant_id, key, response)
-        await store.outbox_remove(outbox_shard(tenant_id, key), created_at, tenant_id, key)
+        await store.settle_reservation(tenant_id, key, response, outbox_shard(tenant_id, key),
+                                       created_at)
     except STORE_ERRORS as exc:
         log.warning("message %s published; bookkeeping deferred to the sweeper (%s)",
                     record.message_id, type(exc).__name__)

@@ -119,10 +119,16 @@ def api(
 
 
 @app.command("fakes")
-def fakes() -> None:
+def fakes(
+    realtime: Annotated[int, typer.Option(
+        min=0, max=99, help="Run in the real-time class at this priority (0: normal): "
+        "benchmarks keep the emulated providers' latency out of the machine's load.")] = 0,
+) -> None:
     """Local emulators of the provider APIs on loopback."""
+    from notiflow import tuning
     from notiflow.fakes.server import serve
 
+    tuning.set_realtime(realtime)
     serve(_settings())
 
 
@@ -148,10 +154,11 @@ def flow_send(
     if mode == "shared":
         s = s.model_copy(update={"mode": "shared"})
     name = "send-shared" if tier is None else f"send-{tier.value.lower()}"
-    nice = s.policy(tier).nice if tier is not None else 0
+    policy = s.policy(tier) if tier is not None else None
     workers = len(addresses.split(";")) if addresses else 1
     run_flow(lambda: build_send_flow(s, tier, workers=workers), s, name, process_id=process_id,
-             addresses=addresses, recovery_dir=recovery_dir, nice=nice)
+             addresses=addresses, recovery_dir=recovery_dir,
+             nice=policy.nice if policy else 0, realtime=policy.realtime if policy else 0)
 
 
 @flow_app.command("reconcile")

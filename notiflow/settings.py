@@ -50,6 +50,10 @@ class TierPolicy(_Frozen):
     nice: int = Field(0, ge=-20, le=19)
     """CPU niceness of the tier's flow processes (reservation of CPU for higher tiers; a
     negative one needs ``CAP_SYS_NICE``, see ``notiflow/tuning.py``)."""
+    realtime: int = Field(0, ge=0, le=99)
+    """Above 0: the tier's processes run in the kernel's round-robin real-time class at this
+    priority (``SCHED_RR``; they run as soon as they are runnable, ahead of every normal
+    process; needs ``CAP_SYS_NICE``, else ``nice`` applies). 0: the normal scheduler."""
     max_backlog_age: timedelta | None = None
     """The API sheds this tier (429) when its oldest unsent message is older than this."""
     quiet_hours: bool = False
@@ -78,6 +82,7 @@ DEFAULT_TIERS: dict[Tier, TierPolicy] = {
         store_concurrency=64,
         redis_down="local",
         nice=-5,
+        realtime=1,
         on_ambiguous="resend",
         lane="priority",
     ),
@@ -468,6 +473,11 @@ class Settings(BaseSettings):
     cassandra_version: str = "5.0.6"
     kafka_heap_mb: int = 384
     cassandra_heap_mb: int = 1024
+    jvm_gc_realtime: int = Field(1, ge=0, le=99)
+    """Real-time priority (``SCHED_RR``) ``notiflow stack up`` gives the local JVMs'
+    stop-the-world collector threads (0: leave them at the normal priority). Every thread of
+    a JVM waits while they run, so a pause lasts as long as they wait for a core (see
+    ``ops/stack.py`` :func:`prioritise_collector`)."""
     java_home: Path | None = None
 
     # processes
@@ -608,6 +618,12 @@ class Settings(BaseSettings):
         """CPU niceness of a lane's shared processes: the least of its tiers' (0 for all)."""
         return 0 if lane == "all" else min(
             (self.tiers[t].nice for t in self.lane_tiers(lane)), default=0)
+
+    def lane_realtime(self, lane: str) -> int:
+        """Real-time priority of a lane's shared processes: the highest of its tiers' (0 for
+        all: one process serving every tier stays in the normal scheduler)."""
+        return 0 if lane == "all" else max(
+            (self.tiers[t].realtime for t in self.lane_tiers(lane)), default=0)
 
     def tier_ttl(self, tier: Tier) -> timedelta:
         return self.scaled(self.tiers[tier].ttl)

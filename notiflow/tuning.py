@@ -4,7 +4,10 @@
 (the P0 send flow, the priority-lane API) run at a negative niceness when the system allows
 it (``CAP_SYS_NICE``, as root or in a container granted it; otherwise they stay at 0 and say
 so once), the stack's servers at 0, bulk processes at 10-19: the scheduler then hands P0's
-work the cores first, the single-machine equivalent of guaranteed CPU for P0 pods.
+work the cores first, the single-machine equivalent of guaranteed CPU for P0 pods. A tier
+with ``realtime`` set (P0 by default, :func:`set_realtime`) goes further: its processes
+run in the kernel's round-robin real-time class, so a P0 request never waits for a bulk
+process's time slice, and a collection in such a process is not descheduled halfway.
 
 **The collector** (:func:`settle`):
 
@@ -39,6 +42,24 @@ def settle(thresholds: tuple[int, int, int] = THRESHOLDS) -> None:
     gc.freeze()
     gc.set_threshold(*thresholds)
     log.info("gc: %d objects frozen, thresholds %s", gc.get_freeze_count(), thresholds)
+
+
+def set_realtime(priority: int) -> bool:
+    """Move this thread (and the threads it starts later) to ``SCHED_RR`` at ``priority``
+    (1-99); 0 does nothing. Needs ``CAP_SYS_NICE``; without it the thread stays in the normal
+    scheduler and says so. The kernel's real-time throttling
+    (``kernel.sched_rt_runtime_us``, 95 % of each second by default) keeps a runaway
+    real-time process from starving the machine. Returns whether the class is in effect."""
+    if priority <= 0:
+        return False
+    try:
+        os.sched_setscheduler(0, os.SCHED_RR, os.sched_param(priority))
+    except (PermissionError, OSError) as exc:
+        log.warning("cannot run at real-time priority %d (%s); staying in the normal "
+                    "scheduler", priority, exc)
+        return False
+    log.info("scheduling: SCHED_RR priority %d", priority)
+    return True
 
 
 def set_nice(nice: int) -> int:

@@ -140,3 +140,30 @@ async def test_a_receipt_is_recorded_once(store: CassandraStore, cql: Session) -
     stored = cql.execute("SELECT message_id, status FROM receipts_dedup WHERE provider_id = "
                          "'twilio' AND provider_event_id = %s", (event,)).one()
     assert (stored["message_id"], stored["status"]) == ("m-1", "DELIVERED")
+
+
+async def test_creation_carries_further_writes_in_either_case(store: CassandraStore,
+                                                              cql: Session) -> None:
+    """The API's acceptance writes its outbox row with the message row (one request), and
+    settles the key and the outbox row together."""
+    mid, key = f"sw-{uuid.uuid4().hex}", f"k-{uuid.uuid4().hex}"
+    now = datetime.now(UTC).replace(microsecond=0)
+    shard = 1_000 + random.randrange(1_000)
+
+    def outbox() -> list[str]:
+        return [r["idempotency_key"] for r in cql.execute(
+            "SELECT idempotency_key FROM outbox_pending WHERE shard = %s", (shard,))]
+
+    first = store.outbox_write(shard, now, "acme", key)
+    assert await store.create_message(mid, snap(now), Status.QUEUED, now, also=[first]) is True
+    assert row(cql, mid)["status"] == "QUEUED" and outbox() == [key]
+    again = store.outbox_write(shard, now + timedelta(seconds=1), "acme", key + "-again")
+    assert await store.create_message(mid, snap(now), Status.QUEUED, now, also=[again]) is False
+    assert sorted(outbox()) == sorted([key, key + "-again"])
+
+    assert (await store.reserve("acme", key, "hash", mid, "topic", "{}", now)).applied
+    await store.settle_reservation("acme", key, '{"ok": true}', shard, now)
+    assert outbox() == [key + "-again"]
+    settled = await store.get_reservation("acme", key)
+    assert settled is not None
+    assert (settled["state"], settled["response"]) == ("ACCEPTED", '{"ok": true}')
