@@ -100,6 +100,16 @@ def prioritise_collector(pid: int, priority: int) -> int:
     return moved
 
 
+def kafka_cluster_id() -> str:
+    """A random KRaft cluster id (URL-safe base64 of 16 bytes) that does not start with
+    ``-``, which the storage tool would read as an option (as Kafka's own ``Uuid``
+    avoids)."""
+    while True:
+        cid = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cid.startswith("-"):
+            return cid
+
+
 def gc_log(path: Path) -> str:
     """JVM flag: every stop-the-world pause (GC and safepoints) with its wall-clock time, so a
     latency stall can be matched with the pauses of the JVM it waited on (``bench/jvm.py``)."""
@@ -261,7 +271,7 @@ class Stack:
             if (data / "meta.properties").exists():
                 return
             data.mkdir(parents=True, exist_ok=True)
-            cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+            cluster_id = kafka_cluster_id()
             fmt = subprocess.run(
                 [_java(s), f"-Dlog4j2.configurationFile=file:{log4j}", "-cp", f"{libs}/*",
                  "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(props),
