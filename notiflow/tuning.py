@@ -44,6 +44,12 @@ def settle(thresholds: tuple[int, int, int] = THRESHOLDS) -> None:
     log.info("gc: %d objects frozen, thresholds %s", gc.get_freeze_count(), thresholds)
 
 
+def to_realtime(tid: int, priority: int) -> None:
+    """Move thread ``tid`` (0: this one) to ``SCHED_RR`` at ``priority``; raises
+    ``PermissionError`` without ``CAP_SYS_NICE``."""
+    os.sched_setscheduler(tid, os.SCHED_RR, os.sched_param(priority))
+
+
 def set_realtime(priority: int) -> bool:
     """Move this thread (and the threads it starts later) to ``SCHED_RR`` at ``priority``
     (1-99); 0 does nothing. Needs ``CAP_SYS_NICE``; without it the thread stays in the normal
@@ -53,7 +59,7 @@ def set_realtime(priority: int) -> bool:
     if priority <= 0:
         return False
     try:
-        os.sched_setscheduler(0, os.SCHED_RR, os.sched_param(priority))
+        to_realtime(0, priority)
     except (PermissionError, OSError) as exc:
         log.warning("cannot run at real-time priority %d (%s); staying in the normal "
                     "scheduler", priority, exc)

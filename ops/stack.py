@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
+from notiflow import tuning
 from notiflow.settings import Settings
 
 START_TIMEOUT_S = 180.0
@@ -93,7 +94,7 @@ def prioritise_collector(pid: int, priority: int) -> int:
         try:
             name = (task / "comm").read_text().strip()
             if STW_THREADS.match(name):
-                os.sched_setscheduler(int(task.name), os.SCHED_RR, os.sched_param(priority))
+                tuning.to_realtime(int(task.name), priority)
                 moved += 1
         except (FileNotFoundError, ProcessLookupError):
             continue
@@ -172,6 +173,7 @@ class Component:
     healthy: Callable[[], bool]
     prepare: Callable[[], None] = lambda: None
     env: dict[str, str] | None = None
+    jvm: bool = False
 
 
 class Stack:
@@ -310,7 +312,8 @@ class Stack:
             return 1 in md.brokers
 
         port = int(s.kafka_bootstrap.rsplit(":", 1)[1])
-        return Component("kafka", port, (s.kafka_controller_port,), start, healthy, prepare)
+        return Component("kafka", port, (s.kafka_controller_port,), start, healthy, prepare,
+                         jvm=True)
 
     def _cassandra(self) -> Component:
         s, p = self.s, self.p
@@ -418,7 +421,7 @@ batch_size_warn_threshold: 32KiB
 
         return Component("cassandra", s.cassandra_port,
                          (s.cassandra_storage_port, s.cassandra_jmx_port),
-                         start, healthy, prepare)
+                         start, healthy, prepare, jvm=True)
 
     # ---------------------------------------------------------------------- lifecycle
 
@@ -488,7 +491,7 @@ batch_size_warn_threshold: 32KiB
             return
         for c in self.components():
             pid = self.pid(c)
-            if c.name not in ("kafka", "cassandra") or pid is None:
+            if not c.jvm or pid is None:
                 continue
             try:
                 moved = prioritise_collector(pid, self.s.jvm_gc_realtime)
