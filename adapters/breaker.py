@@ -726,7 +726,8 @@ class BreakerStore:
         params = BreakerParams.from_settings(settings)
         if lane:
             params = dataclasses.replace(
-                params, latency_us=_us(settings.breaker.bulk_latency_threshold))
+                params, latency_us=_us(settings.breaker.bulk_latency_threshold),
+                failure_threshold=settings.breaker.bulk_failure_threshold)
         return cls(client, params, settings.topic_prefix, lane=lane)
 
     def key(self, provider_id: str) -> str:

@@ -379,6 +379,11 @@ class BreakerRule(_Frozen):
     """... on the bulk lane's breakers (``adapters/breaker_lanes.py``): a bulk flow at low
     CPU priority measures its own queueing as much as the provider's, and a slow provider
     opens the priority lane's breaker, which stops bulk too."""
+    bulk_failure_threshold: int = Field(20, ge=1, le=1000)
+    """``failure_threshold`` of the bulk lane's breakers. A bulk flow starved of CPU times
+    out a few calls at once (five SMTP timeouts opened the bulk lane's breaker for a minute
+    in an isolation run, ``bench/README.md``, "Seventh round"); at bulk volumes a real outage
+    opens it on ``error_rate`` within ``min_calls`` calls anyway."""
     latency_quantile: float = Field(0.99, gt=0, lt=1)
     min_latency_calls: int = Field(100, ge=1)
     """... with at least this many calls in the window (below 100 calls a p99 is the max)."""

@@ -37,6 +37,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from notiflow.adapters.breaker import (
     AdmissionKind,
     BreakerParams,
+    BreakerStore,
     CircuitBreakers,
     ModelState,
     ModelStore,
@@ -478,6 +479,28 @@ def test_params_from_settings_scale_policy_durations_only() -> None:
     assert (p.error_bp, p.quantile_bp, p.close_bp) == (1500, 9900, 9800)
     assert (p.failure_threshold, p.min_calls, p.min_probes, p.max_probes) == (5, 20, 20, 100)
     assert not p.is_slow(2.5) and p.is_slow(2.500001)
+
+
+def _state_after(p: BreakerParams, ops: Sequence[Op]) -> State:
+    s = ModelState()
+    for i, op in enumerate(ops):
+        run_model(s, p, [op], T0 + i * 10_000)
+    return s.state
+
+
+def test_the_bulk_lane_counts_failures_and_latency_at_its_own_thresholds() -> None:
+    """A CPU-starved bulk flow times out a few calls at once: five failures among many
+    successes open the priority lane's breaker, the bulk lane's only at
+    ``bulk_failure_threshold`` (20); a real outage still opens both on the error rate."""
+    priority = BreakerStore.open(Settings()).params
+    bulk = BreakerStore.open(Settings(), lane="bulk").params
+    assert (priority.failure_threshold, priority.latency_us) == (5, 2_500_000)
+    assert (bulk.failure_threshold, bulk.latency_us) == (20, 30_000_000)
+    sparse = ([OK] * 40 + [FAIL]) * 5
+    assert _state_after(priority, sparse) is State.OPEN
+    assert _state_after(bulk, sparse) is State.CLOSED
+    assert _state_after(bulk, ([OK] * 40 + [FAIL]) * 20) is State.OPEN
+    assert _state_after(bulk, [FAIL] * 20) is State.OPEN
 
 
 def test_rule_validation_and_environment(monkeypatch: pytest.MonkeyPatch) -> None:
