@@ -199,8 +199,16 @@ class BreakerParams:
         )
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> BreakerParams:
-        return cls.from_rule(settings.breaker, settings.time_scale)
+    def from_settings(cls, settings: Settings, lane: str = "") -> BreakerParams:
+        """The parameters of ``lane``'s breakers: the bulk lane (any non-empty lane) counts
+        slow calls above ``bulk_latency_threshold`` and opens at ``bulk_failure_threshold``
+        failures (``adapters/breaker_lanes.py``)."""
+        params = cls.from_rule(settings.breaker, settings.time_scale)
+        if not lane:
+            return params
+        return dataclasses.replace(
+            params, latency_us=_us(settings.breaker.bulk_latency_threshold),
+            failure_threshold=settings.breaker.bulk_failure_threshold)
 
     def is_slow(self, latency_s: float) -> bool:
         return round(latency_s * 1_000_000) > self.latency_us
@@ -723,12 +731,8 @@ class BreakerStore:
         lane's (``adapters/breaker_lanes.py``)."""
         client = redis_client(settings.redis_url, timeout=timeout,
                               retry=Retry(NoBackoff(), 0), health_check_interval=30)
-        params = BreakerParams.from_settings(settings)
-        if lane:
-            params = dataclasses.replace(
-                params, latency_us=_us(settings.breaker.bulk_latency_threshold),
-                failure_threshold=settings.breaker.bulk_failure_threshold)
-        return cls(client, params, settings.topic_prefix, lane=lane)
+        return cls(client, BreakerParams.from_settings(settings, lane), settings.topic_prefix,
+                   lane=lane)
 
     def key(self, provider_id: str) -> str:
         """``{ns}cb:{provider}``, or ``{ns}cb:{provider}@{lane}`` for a lane's own breaker."""

@@ -60,7 +60,7 @@ def set_realtime(priority: int) -> bool:
         return False
     try:
         to_realtime(0, priority)
-    except (PermissionError, OSError) as exc:
+    except OSError as exc:
         log.warning("cannot run at real-time priority %d (%s); staying in the normal "
                     "scheduler", priority, exc)
         return False
