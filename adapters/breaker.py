@@ -843,15 +843,16 @@ class CircuitBreakers:
     def __init__(self, source: Settings | BreakerSource, *, cache_ttl: float = 0.2,
                  flush_interval: float = 0.1, retry_interval: float = 0.5,
                  max_batch: int = 512, event_queue: int = 1000,
-                 clock_us: Callable[[], int] | None = None, lane: str = "") -> None:
-        """``source``: the settings (opens its own :class:`BreakerStore` of ``lane``), or a
-        store."""
+                 clock_us: Callable[[], int] | None = None, lane: str = "",
+                 store_timeout: float = 0.5) -> None:
+        """``source``: the settings (opens its own :class:`BreakerStore` of ``lane`` whose
+        Redis calls time out after ``store_timeout`` seconds), or a store."""
         if (cache_ttl < 0 or flush_interval < 0 or retry_interval <= 0 or max_batch < 1
                 or event_queue < 1):
             raise ValueError("bad breaker parameters")
         self._flush_interval = flush_interval
         self.lane = lane
-        self.store: BreakerSource = (BreakerStore.open(source, lane=lane)
+        self.store: BreakerSource = (BreakerStore.open(source, store_timeout, lane=lane)
                                      if isinstance(source, Settings) else source)
         self.params = self.store.params
         self.stats = BreakerStats()

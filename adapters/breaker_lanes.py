@@ -33,8 +33,11 @@ class BulkBreakers:
         self.priority = priority
 
     @classmethod
-    def open(cls, settings: Settings) -> BulkBreakers:
-        return cls(CircuitBreakers(settings, lane=BULK), CircuitBreakers(settings))
+    def open(cls, settings: Settings, store_timeout: float = 0.5) -> BulkBreakers:
+        """Both lanes' breakers, read by a bulk process whose Redis calls time out after
+        ``store_timeout`` seconds."""
+        return cls(CircuitBreakers(settings, lane=BULK, store_timeout=store_timeout),
+                   CircuitBreakers(settings, store_timeout=store_timeout))
 
     @property
     def redis_ok(self) -> bool:
@@ -73,6 +76,9 @@ class BulkBreakers:
         await self.priority.aclose()
 
 
-def lane_breakers(settings: Settings, lane: str) -> CircuitBreakers | BulkBreakers:
-    """The breakers of a process whose tier is on ``lane``."""
-    return BulkBreakers.open(settings) if lane == BULK else CircuitBreakers(settings)
+def lane_breakers(settings: Settings, lane: str, store_timeout: float = 0.5
+                  ) -> CircuitBreakers | BulkBreakers:
+    """The breakers of a process whose tier is on ``lane`` (Redis calls time out after
+    ``store_timeout`` seconds, the tier's ``redis_timeout``)."""
+    return (BulkBreakers.open(settings, store_timeout) if lane == BULK
+            else CircuitBreakers(settings, store_timeout=store_timeout))

@@ -687,12 +687,14 @@ class CapacityLimiter:
     def __init__(self, source: Settings | DecisionSource, *, expected_workers: int = 1,
                  lease_ttl: float = 0.25, lease_fraction: float = 0.1,
                  pause_wait: float = 0.5, probe_interval: float = 0.5,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        """``source``: the settings (the limiter opens its own :class:`CapacityStore`), or a
-        store."""
+                 clock: Callable[[], float] = time.monotonic,
+                 store_timeout: float = 0.5) -> None:
+        """``source``: the settings (the limiter opens its own :class:`CapacityStore`, whose
+        Redis calls time out after ``store_timeout`` seconds), or a store."""
         if expected_workers < 1 or lease_ttl <= 0 or not 0 < lease_fraction <= 1:
             raise ValueError("bad limiter parameters")
-        store = CapacityStore.open(source) if isinstance(source, Settings) else source
+        store = (CapacityStore.open(source, store_timeout) if isinstance(source, Settings)
+                 else source)
         self.store: DecisionSource = store
         self.rules = store.rules
         self.expected_workers = expected_workers

@@ -26,6 +26,7 @@ import psutil
 from confluent_kafka import Producer
 
 from notiflow.adapters.kafka_io import producer_config
+from notiflow.bench import host
 from notiflow.bench.workload import (
     TEMPLATE_IDS,
     TEMPLATES,
@@ -60,10 +61,12 @@ class ProcSample:
 
 @dataclass
 class Sampler:
-    """Samples CPU time and RSS of named processes every ``interval`` seconds (a thread)."""
+    """Samples CPU time and RSS of named processes, and the machine's pressure counters
+    (:mod:`notiflow.bench.host`), every ``interval`` seconds (a thread)."""
 
     interval: float = 1.0
     samples: dict[str, list[ProcSample]] = field(default_factory=dict)
+    host_samples: list[host.HostSample] = field(default_factory=list)
     _procs: dict[str, psutil.Process] = field(default_factory=dict)
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
@@ -93,6 +96,9 @@ class Sampler:
             except psutil.Error:
                 continue
             self.samples[name].append(ProcSample(now, cpu.user + cpu.system, rss / 2**20))
+        machine = host.read(now)
+        if machine is not None:
+            self.host_samples.append(machine)
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):

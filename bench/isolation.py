@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from notiflow import names
-from notiflow.bench import jvm
+from notiflow.bench import host, jvm
 from notiflow.bench.harness import CampaignProducer, Phase, send_otps, wait_until
 from notiflow.bench.otlp import StageCollector, budget, exporter_env, stalls, yielded
 from notiflow.bench.stats import summary
@@ -102,12 +102,15 @@ def run_mode(mode: str, out: Path, run_id: str, n: int, otp_rate: float, max_dra
     logs = paths(phase.settings).logs
     doc["jvm_pauses"] = {name: jvm.summary(logs / f"{name}-gc.log", t0, t1)
                          for name in ("cassandra", "kafka")}
+    machine = host.timeline(phase.sampler.host_samples, t0, t1)
+    doc["host"] = {"summary": host.summary(machine), "timeline": machine}
     doc["budget_recorded"] = collector is not None
     if collector is None:
         return doc
     points = collector.points()
     doc["budget"] = {tier: budget(points, tier, t0, t1) for tier in ("P0", "P3")}
     doc["stalls"] = stalls(points, "P0", t0)
+    doc["host"]["at_stalls"] = host.at_stalls(machine, doc["stalls"])
     doc["gc_pauses"] = collector.gc_pauses(t0, t1)
     window = collector.gauge(names.BULK_WINDOW)
     doc["bulk_window"] = {**yielded(window, t0, t1),

@@ -69,6 +69,7 @@ def _budget_tables(modes: dict[str, Any]) -> list[str]:
             out += [f"{name} JVM, {mode}: {j['pauses']} safepoint pauses, {j['total_ms']} ms in "
                     f"all, longest {j['max_ms']} ms" + (f"; above 50 ms at {long}" if long
                                                       else ""), ""]
+        out += _host_lines(mode, r.get("host") or {})
         for service, g in sorted((r.get("gc_pauses") or {}).items()):
             long = ", ".join(f"{t:.0f} s {ms:.0f} ms" for t, ms in g["long"][:12])
             out += [f"Python GC, {service} ({mode}): {g['collections']} collections, "
@@ -85,6 +86,28 @@ def _budget_tables(modes: dict[str, Any]) -> list[str]:
             more = f" (+{len(slow) - 40} more)" if len(slow) > 40 else ""
             out += [f"P0 stages above 250 ms, {mode} (second of the run, stage, max): "
                     f"{shown}{more}", ""]
+    return out
+
+
+def _host_lines(mode: str, machine: dict[str, Any]) -> list[str]:
+    """The machine's pressure over the run and in the seconds P0 stalled."""
+    h = machine.get("summary") or {}
+    if not h.get("samples"):
+        return []
+    out = [f"Machine ({mode}): tasks waiting on I/O {h['io_some_s']} s (all tasks at once "
+           f"{h['io_full_s']} s; worst second {h['worst_io_some'][1]:.0f} ms at "
+           f"{h['worst_io_some'][0]:.0f} s), waiting for a core {h['cpu_some_s']} s (worst "
+           f"second {h['worst_cpu_some'][1]:.0f} ms at {h['worst_cpu_some'][0]:.0f} s); "
+           f"{h['written_mb']:,.0f} MB written; dirty page cache at most "
+           f"{h['max_dirty_mb'][1]:,.0f} MB, under writeback at most "
+           f"{h['max_writeback_mb'][1]:,.0f} MB.", ""]
+    at = machine.get("at_stalls") or []
+    if at:
+        shown = "; ".join(f"{a['t']:.0f} s: I/O {a['io_some_ms']:.0f}/{a['io_full_ms']:.0f} ms, "
+                          f"core {a['cpu_some_ms']:.0f} ms, dirty {a['dirty_mb']:.0f} MB, "
+                          f"writing {a['write_busy_ms']:.0f} ms" for a in at[:20])
+        out += [f"Machine in the seconds of P0 stalls ({mode}; pressure per second, some/full): "
+                f"{shown}", ""]
     return out
 
 
@@ -117,6 +140,19 @@ def _process_table(by_phase: dict[str, dict[str, Any]]) -> list[str]:
             rows.append(f"| {phase} | {name} | {p['cpu_s']} | {p['rss_start_mb']} | "
                         f"{p['rss_end_mb']} | {p['rss_max_mb']} |")
     return ["### Processes", "", *rows, ""]
+
+
+def _pressure_panel(ax: Any, r: dict[str, Any]) -> None:
+    """The machine's pressure stall time per second under a mode's latency panel."""
+    rows = (r.get("host") or {}).get("timeline") or []
+    t = [row["t"] for row in rows]
+    for key, color, label in (("cpu_some_ms", "tab:green", "waiting for a core (some)"),
+                              ("io_some_ms", "tab:purple", "waiting on I/O (some)"),
+                              ("io_full_ms", "tab:red", "waiting on I/O (full)")):
+        ax.plot(t, [row[key] for row in rows], color=color, linewidth=0.7, label=label)
+    ax.set_ylabel("pressure, ms per second")
+    ax.grid(True, alpha=0.3)
+    ax.legend(loc="upper left", fontsize="small")
 
 
 def throughput_markdown(doc: dict[str, Any]) -> str:
@@ -188,9 +224,15 @@ def isolation_plot(doc: dict[str, Any], path: Path) -> Path:
     import matplotlib.pyplot as plt
 
     modes = list(doc["modes"].items())
-    fig, axes = plt.subplots(1, len(modes), figsize=(6.5 * len(modes), 4.5), squeeze=False,
-                             sharey=True)
-    for ax, (mode, r) in zip(axes[0], modes, strict=True):
+    pressure = any((r.get("host") or {}).get("timeline") for _, r in modes)
+    rows = 2 if pressure else 1
+    fig, axes = plt.subplots(rows, len(modes), figsize=(6.5 * len(modes), 4.5 + 2.5 * (rows - 1)),
+                             squeeze=False, sharex="col",
+                             gridspec_kw={"height_ratios": [3, 1.6][:rows]})
+    for other in axes[0][1:]:
+        other.sharey(axes[0][0])
+    for col, (mode, r) in enumerate(modes):
+        ax = axes[0][col]
         for tier, color, size in (("p3", "tab:orange", 2), ("p0", "tab:blue", 6)):
             pts = r["timeline"][tier]
             if pts:
@@ -205,9 +247,11 @@ def isolation_plot(doc: dict[str, Any], path: Path) -> Path:
             share.set_ylim(0, 1.05)
             share.set_ylabel("bulk in-flight window (share of its ceiling, gray)")
         ax.set_yscale("log")
+        if pressure:
+            _pressure_panel(axes[1][col], r)
         ax.set_title(f"{mode}: P0 p99 {_ms(r['p0']['p99'])}, P3 drained in "
                      f"{r['p3']['drain_s']} s")
-        ax.set_xlabel("seconds since the flood started (emulator receipt time)")
+        axes[-1][col].set_xlabel("seconds since the flood started (emulator receipt time)")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(loc="upper left", markerscale=3)
     axes[0][0].set_ylabel("acceptance → provider acceptance (ms, log)")

@@ -359,7 +359,8 @@ class Dispatcher:
         s = self.settings
         cluster, session = await asyncio.to_thread(connect, s)
         store = CassandraStore(session, s)
-        breakers = lane_breakers(s, self.policy.lane)
+        redis_timeout = self.policy.redis_timeout.total_seconds()
+        breakers = lane_breakers(s, self.policy.lane, redis_timeout)
         breakers.on_change(self._breaker_changed)
         dedup = DedupStore.open(s, self.owner)
         self._res = _Resources(
@@ -368,7 +369,8 @@ class Dispatcher:
             store=store,
             cluster=cluster,
             clients=await open_clients(s, self.tier),
-            limiter=CapacityLimiter(s, expected_workers=self.workers),
+            limiter=CapacityLimiter(s, expected_workers=self.workers,
+                                    store_timeout=redis_timeout),
             preferences=PreferenceStore(store, AsyncProducer(s)),
             breakers=breakers,
         )

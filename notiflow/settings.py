@@ -43,6 +43,15 @@ class TierPolicy(_Frozen):
     store): beyond what keeps the in-flight slots busy, depth only costs CPU (P2 send flow
     1.38 ms/msg at 2000, 1.16 at 500; ``notiflow bench throughput``)."""
     provider_timeout: timedelta = timedelta(seconds=5)
+    """How long one provider call may take before it counts as a timeout (ambiguous). It is
+    measured by the tier's own event loop: a bulk tier's process is starved of CPU by design
+    (``nice``), so its timeout must cover the seconds it waits for a core, not only the
+    provider's answer."""
+    redis_timeout: timedelta = timedelta(seconds=3)
+    """Socket timeout of the tier's breaker and capacity calls to Redis: how soon the tier
+    notices an unreachable Redis. P0/P1 fall back to local limits, so they notice fast; P2/P3
+    pause either way, and a short timeout in a CPU-starved process reads a late event loop as
+    "Redis unreachable" and pauses sends that Redis would have answered."""
     store_concurrency: int = Field(16, ge=1, le=1024)
     """Cassandra reads in flight per worker (the tier's share of the shared database)."""
     redis_down: Literal["local", "pause"] = "pause"
@@ -79,6 +88,7 @@ DEFAULT_TIERS: dict[Tier, TierPolicy] = {
         batch_size=100,
         max_in_flight=128,
         provider_timeout=timedelta(seconds=2),
+        redis_timeout=timedelta(seconds=0.5),
         store_concurrency=64,
         redis_down="local",
         nice=-5,
@@ -92,6 +102,7 @@ DEFAULT_TIERS: dict[Tier, TierPolicy] = {
         retry_caps=_s(2, 10, 30, 120),
         batch_size=250,
         max_in_flight=64,
+        redis_timeout=timedelta(seconds=0.5),
         redis_down="local",
         nice=2,
         on_ambiguous="resend",
@@ -103,6 +114,7 @@ DEFAULT_TIERS: dict[Tier, TierPolicy] = {
         retry_caps=_s(30, 120, 600, 1800),
         batch_size=500,
         max_in_flight=64,
+        provider_timeout=timedelta(seconds=10),
         nice=10,
         max_backlog_age=timedelta(minutes=4),
         quiet_hours=True,
@@ -113,6 +125,7 @@ DEFAULT_TIERS: dict[Tier, TierPolicy] = {
         retry_caps=_s(300, 1800, 7200),
         batch_size=1000,
         max_in_flight=64,
+        provider_timeout=timedelta(seconds=30),
         store_concurrency=8,
         nice=19,
         max_backlog_age=timedelta(minutes=30),

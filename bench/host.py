@@ -1,0 +1,134 @@
+"""What the whole machine was doing while a benchmark ran: pressure stall information
+(``/proc/pressure``: how long tasks waited for a core, for I/O, for memory), dirty and
+under-writeback page cache (``/proc/vmstat``) and the disks' writes (``/proc/diskstats``).
+
+A P0 stall in which every store is slow at once and no JVM paused is the machine's; these
+samples say whether it waited on I/O (page-cache writeback, fsyncs) or on the cores.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+PAGE_BYTES = 4096
+SECTOR_BYTES = 512
+_PSI = re.compile(r"^(some|full) .*total=(\d+)$")
+_WHOLE_DISK = re.compile(r"^(vd|sd|xvd|hd)[a-z]+$|^nvme\d+n\d+$|^mmcblk\d+$")
+
+
+@dataclass(frozen=True)
+class HostSample:
+    """Cumulative counters at one instant (``at``, epoch seconds); microseconds for pressure."""
+
+    at: float
+    cpu_some_us: int
+    io_some_us: int
+    io_full_us: int
+    memory_some_us: int
+    dirty_pages: int
+    writeback_pages: int
+    written_sectors: int
+    write_ms: int
+
+
+def _psi(path: Path) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for line in path.read_text().splitlines():
+        m = _PSI.match(line.strip())
+        if m:
+            out[m[1]] = int(m[2])
+    return out
+
+
+def _vmstat(path: Path) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for line in path.read_text().splitlines():
+        key, _, value = line.partition(" ")
+        if key in ("nr_dirty", "nr_writeback"):
+            out[key] = int(value)
+    return out
+
+
+def _disk_writes(path: Path) -> tuple[int, int]:
+    """(sectors written, ms spent writing) summed over whole disks (not partitions)."""
+    sectors = ms = 0
+    for line in path.read_text().splitlines():
+        f = line.split()
+        if len(f) >= 11 and _WHOLE_DISK.match(f[2]):
+            sectors += int(f[9])
+            ms += int(f[10])
+    return sectors, ms
+
+
+def read(at: float, proc: Path = Path("/proc")) -> HostSample | None:
+    """The counters now, or None where the kernel has no pressure accounting."""
+    try:
+        cpu, io, memory = (_psi(proc / "pressure" / k) for k in ("cpu", "io", "memory"))
+        vm = _vmstat(proc / "vmstat")
+        sectors, write_ms = _disk_writes(proc / "diskstats")
+    except (OSError, ValueError):
+        return None
+    return HostSample(at, cpu.get("some", 0), io.get("some", 0), io.get("full", 0),
+                      memory.get("some", 0), vm.get("nr_dirty", 0), vm.get("nr_writeback", 0),
+                      sectors, write_ms)
+
+
+def timeline(samples: list[HostSample], t0: float, t1: float) -> list[dict[str, float]]:
+    """Per interval between consecutive samples inside [t0, t1]: seconds after ``t0`` and, per
+    second of the interval, ms of pressure (cpu/io/memory ``some``, io ``full``), MB written
+    to disk and ms the disks spent writing; dirty and writeback MB at the interval's end."""
+    out = []
+    for a, b in itertools.pairwise(samples):
+        if not (t0 <= b.at <= t1) or b.at <= a.at:
+            continue
+        per_s = 1.0 / (b.at - a.at)
+        out.append({
+            "t": round(b.at - t0, 1),
+            "cpu_some_ms": round((b.cpu_some_us - a.cpu_some_us) / 1000 * per_s, 1),
+            "io_some_ms": round((b.io_some_us - a.io_some_us) / 1000 * per_s, 1),
+            "io_full_ms": round((b.io_full_us - a.io_full_us) / 1000 * per_s, 1),
+            "memory_some_ms": round((b.memory_some_us - a.memory_some_us) / 1000 * per_s, 1),
+            "write_mb": round((b.written_sectors - a.written_sectors) * SECTOR_BYTES / 2**20
+                              * per_s, 2),
+            "write_busy_ms": round((b.write_ms - a.write_ms) * per_s, 1),
+            "dirty_mb": round(b.dirty_pages * PAGE_BYTES / 2**20, 1),
+            "writeback_mb": round(b.writeback_pages * PAGE_BYTES / 2**20, 1),
+        })
+    return out
+
+
+def summary(rows: list[dict[str, float]]) -> dict[str, Any]:
+    """Totals and worst seconds of a :func:`timeline`."""
+    if not rows:
+        return {"samples": 0}
+
+    def worst(key: str) -> list[float]:
+        top = max(rows, key=lambda r: r[key])
+        return [top["t"], top[key]]
+
+    return {"samples": len(rows),
+            "io_some_s": round(sum(r["io_some_ms"] for r in rows) / 1000, 1),
+            "io_full_s": round(sum(r["io_full_ms"] for r in rows) / 1000, 1),
+            "cpu_some_s": round(sum(r["cpu_some_ms"] for r in rows) / 1000, 1),
+            "written_mb": round(sum(r["write_mb"] for r in rows), 1),
+            "worst_io_full": worst("io_full_ms"), "worst_io_some": worst("io_some_ms"),
+            "worst_cpu_some": worst("cpu_some_ms"), "max_dirty_mb": worst("dirty_mb"),
+            "max_writeback_mb": worst("writeback_mb")}
+
+
+def at_stalls(rows: list[dict[str, float]], stalls: list[tuple[float, str, float]]
+              ) -> list[dict[str, Any]]:
+    """The host row of each second in which a P0 stage stalled (one row per second)."""
+    out: list[dict[str, Any]] = []
+    for t, group in itertools.groupby(sorted(stalls), key=lambda s: round(s[0])):
+        near = [r for r in rows if abs(r["t"] - t) <= 1.0]
+        if not near:
+            continue
+        row = max(near, key=lambda r: r["io_some_ms"] + r["cpu_some_ms"])
+        out.append({**row, "host_t": row["t"], "t": t,
+                    "stages": sorted({s for _, s, _ in group})})
+    return out

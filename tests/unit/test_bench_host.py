@@ -1,0 +1,74 @@
+"""The machine's pressure counters read from a /proc-like directory, and what the isolation
+report makes of them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from notiflow.bench import host
+from notiflow.bench.report import isolation_markdown, isolation_plot
+
+PSI = ("some avg10=0.00 avg60=0.00 avg300=0.00 total={some}\n"
+       "full avg10=0.00 avg60=0.00 avg300=0.00 total={full}\n")
+
+
+def _proc(root: Path, *, io: tuple[int, int], cpu: int, dirty: int, sectors: int,
+          write_ms: int) -> Path:
+    (root / "pressure").mkdir(parents=True, exist_ok=True)
+    (root / "pressure" / "io").write_text(PSI.format(some=io[0], full=io[1]))
+    (root / "pressure" / "cpu").write_text(PSI.format(some=cpu, full=0))
+    (root / "pressure" / "memory").write_text(PSI.format(some=0, full=0))
+    (root / "vmstat").write_text(f"nr_free_pages 100\nnr_dirty {dirty}\nnr_writeback 256\n"
+                                 "nr_dirtied 9\n")
+    (root / "diskstats").write_text(
+        f" 254 0 vda 1 0 8 1 5 0 {sectors} {write_ms} 0 9 9 0 0 0 0 0 0\n"
+        f" 254 1 vda1 1 0 8 1 5 0 {sectors} {write_ms} 0 9 9 0 0 0 0 0 0\n"
+        "   7 0 loop0 1 0 8 1 5 0 999999 999 0 9 9 0 0 0 0 0 0\n")
+    return root
+
+
+def test_a_second_of_io_pressure_and_writeback_is_reported_per_second(tmp_path: Path) -> None:
+    a = host.read(10.0, _proc(tmp_path, io=(1_000, 0), cpu=0, dirty=256, sectors=0,
+                              write_ms=0))
+    b = host.read(12.0, _proc(tmp_path, io=(801_000, 400_000), cpu=200_000, dirty=25_600,
+                              sectors=4 * 2048, write_ms=900))
+    assert a is not None and b is not None
+    rows = host.timeline([a, b], 10.0, 20.0)
+    assert rows == [{"t": 2.0, "cpu_some_ms": 100.0, "io_some_ms": 400.0, "io_full_ms": 200.0,
+                     "memory_some_ms": 0.0, "write_mb": 2.0, "write_busy_ms": 450.0,
+                     "dirty_mb": 100.0, "writeback_mb": 1.0}]
+    s = host.summary(rows)
+    assert s["io_full_s"] == 0.2 and s["worst_io_some"] == [2.0, 400.0]
+    at = host.at_stalls(rows, [(2.4, "kafka", 900.0), (2.1, "api.accept", 950.0),
+                               (30.0, "sink", 400.0)])
+    assert [(x["t"], x["stages"], x["io_some_ms"]) for x in at] == [
+        (2, ["api.accept", "kafka"], 400.0)]
+
+
+def test_a_kernel_without_pressure_accounting_gives_no_sample(tmp_path: Path) -> None:
+    (tmp_path / "vmstat").write_text("nr_dirty 1\n")
+    assert host.read(1.0, tmp_path) is None
+    assert host.summary([]) == {"samples": 0}
+
+
+def test_the_isolation_report_shows_the_machine_beside_the_stalls(tmp_path: Path) -> None:
+    rows = [{"t": float(t), "cpu_some_ms": 50.0, "io_some_ms": 700.0 if t == 3 else 5.0,
+             "io_full_ms": 300.0 if t == 3 else 0.0, "memory_some_ms": 0.0, "write_mb": 1.0,
+             "write_busy_ms": 10.0, "dirty_mb": 40.0, "writeback_mb": 0.0} for t in range(1, 6)]
+    stalls = [(3.1, "kafka", 900.0)]
+    mode = {"mode": "tiered", "n": 10, "otp_rate": 5, "drained": True, "wall_s": 5.0,
+            "produce_rate": 1000,
+            "p0": {"n": 3, "p50": 20.0, "p99": 900.0, "max": 900.0, "sent": 3, "refused": 0,
+                   "missing": 0},
+            "p3": {"n": 10, "p50": 900.0, "p99": 2000.0, "max": 2100.0, "missing": 0,
+                   "drain_s": 2.0, "drain_rate": 5},
+            "timeline": {"p0": [(3.1, 900.0)], "p3": [(0.2, 900.0)]}, "processes": {},
+            "stalls": stalls,
+            "host": {"summary": host.summary(rows), "timeline": rows,
+                     "at_stalls": host.at_stalls(rows, stalls)}}
+    md = isolation_markdown({"modes": {"tiered": mode}})
+    assert "waiting on I/O 0.7 s (all tasks at once 0.3 s; worst second 700 ms at 3 s)" in md
+    assert "3 s: I/O 700/300 ms, core 50 ms, dirty 40 MB" in md
+    png = isolation_plot({"modes": {"tiered": mode, "shared": {**mode, "mode": "shared"}}},
+                         tmp_path / "iso.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
