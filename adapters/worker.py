@@ -88,7 +88,9 @@ class WorkerLoop:
         return res[name]
 
     def close(self) -> None:
-        """Close every resource that has ``aclose``/``shutdown`` and the loops."""
+        """Close every resource that has ``aclose``/``shutdown``, cancel the tasks still
+        pending on the loops (a batch interrupted mid-way leaves its helpers there) and close
+        the loops."""
         with self._lock:
             states, self._all = self._all, []
         for loop, res in states:
@@ -98,4 +100,9 @@ class WorkerLoop:
                     loop.run_until_complete(closer())
                 elif hasattr(value, "shutdown"):
                     value.shutdown()
+            pending = asyncio.all_tasks(loop)
+            for task in pending:
+                task.cancel()
+            if pending:
+                loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
             loop.close()
