@@ -120,12 +120,13 @@ def summary(rows: list[dict[str, float]]) -> dict[str, Any]:
             "max_writeback_mb": worst("writeback_mb")}
 
 
-def at_stalls(rows: list[dict[str, float]], stalls: list[tuple[float, str, float]]
-              ) -> list[dict[str, Any]]:
-    """The host row of each second in which a P0 stage stalled (one row per second)."""
+def at_stalls(rows: list[dict[str, float]], stalls: list[tuple[float, str, float]],
+              interval_s: float = 2.0) -> list[dict[str, Any]]:
+    """Per second in which a P0 stage's export interval (``interval_s``, ending then) held a
+    stall: the host row of that interval with the most pressure."""
     out: list[dict[str, Any]] = []
     for t, group in itertools.groupby(sorted(stalls), key=lambda s: round(s[0])):
-        near = [r for r in rows if abs(r["t"] - t) <= 1.0]
+        near = [r for r in rows if t - interval_s - 0.5 <= r["t"] <= t + 0.5]
         if not near:
             continue
         row = max(near, key=lambda r: r["io_some_ms"] + r["cpu_some_ms"])

@@ -106,7 +106,8 @@ def _host_lines(mode: str, machine: dict[str, Any]) -> list[str]:
         shown = "; ".join(f"{a['t']:.0f} s: I/O {a['io_some_ms']:.0f}/{a['io_full_ms']:.0f} ms, "
                           f"core {a['cpu_some_ms']:.0f} ms, dirty {a['dirty_mb']:.0f} MB, "
                           f"writing {a['write_busy_ms']:.0f} ms" for a in at[:20])
-        out += [f"Machine in the seconds of P0 stalls ({mode}; pressure per second, some/full): "
+        out += [f"Machine while P0 stalled ({mode}; per stall interval, its most pressured "
+                f"second: pressure ms some/full, dirty page cache, ms the disks spent writing): "
                 f"{shown}", ""]
     return out
 
