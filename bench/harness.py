@@ -96,7 +96,7 @@ class Sampler:
             except psutil.Error:
                 continue
             self.samples[name].append(ProcSample(now, cpu.user + cpu.system, rss / 2**20))
-        machine = host.read(now)
+        machine = host.read(time.time())
         if machine is not None:
             self.host_samples.append(machine)
 
