@@ -121,7 +121,7 @@ def summary(rows: list[dict[str, float]]) -> dict[str, Any]:
 
 
 def at_stalls(rows: list[dict[str, float]], stalls: list[tuple[float, str, float]],
-              interval_s: float = 2.0) -> list[dict[str, Any]]:
+              interval_s: float) -> list[dict[str, Any]]:
     """Per second in which a P0 stage's export interval (``interval_s``, ending then) held a
     stall: the host row of that interval with the most pressure."""
     out: list[dict[str, Any]] = []

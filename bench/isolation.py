@@ -25,7 +25,14 @@ from typing import Any
 from notiflow import names
 from notiflow.bench import host, jvm
 from notiflow.bench.harness import CampaignProducer, Phase, send_otps, wait_until
-from notiflow.bench.otlp import StageCollector, budget, exporter_env, stalls, yielded
+from notiflow.bench.otlp import (
+    EXPORT_INTERVAL_S,
+    StageCollector,
+    budget,
+    exporter_env,
+    stalls,
+    yielded,
+)
 from notiflow.bench.stats import summary
 from notiflow.bench.warmup import UPSTREAM_NICE, warm_up
 from notiflow.bench.workload import REGIONS, PhoneFactory, Workload, records
@@ -110,7 +117,7 @@ def run_mode(mode: str, out: Path, run_id: str, n: int, otp_rate: float, max_dra
     points = collector.points()
     doc["budget"] = {tier: budget(points, tier, t0, t1) for tier in ("P0", "P3")}
     doc["stalls"] = stalls(points, "P0", t0)
-    doc["host"]["at_stalls"] = host.at_stalls(machine, doc["stalls"])
+    doc["host"]["at_stalls"] = host.at_stalls(machine, doc["stalls"], EXPORT_INTERVAL_S)
     doc["gc_pauses"] = collector.gc_pauses(t0, t1)
     window = collector.gauge(names.BULK_WINDOW)
     doc["bulk_window"] = {**yielded(window, t0, t1),

@@ -43,7 +43,8 @@ def yielded(window: list[tuple[float, float]], t0: float, t1: float) -> dict[str
 
 
 COLLECTOR_NICE = 10
-EXPORT_INTERVAL = "PT2S"
+EXPORT_INTERVAL_S = 2
+EXPORT_INTERVAL = f"PT{EXPORT_INTERVAL_S}S"
 
 
 def exporter_env(endpoint: str) -> dict[str, str]:

@@ -90,7 +90,7 @@ def _budget_tables(modes: dict[str, Any]) -> list[str]:
 
 
 def _host_lines(mode: str, machine: dict[str, Any]) -> list[str]:
-    """The machine's pressure over the run and in the seconds P0 stalled."""
+    """The machine's pressure over the run and in P0's stall intervals."""
     h = machine.get("summary") or {}
     if not h.get("samples"):
         return []

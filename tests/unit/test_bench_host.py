@@ -40,7 +40,7 @@ def test_a_second_of_io_pressure_and_writeback_is_reported_per_second(tmp_path: 
     s = host.summary(rows)
     assert s["io_full_s"] == 0.2 and s["worst_io_some"] == [2.0, 400.0]
     at = host.at_stalls(rows, [(2.4, "kafka", 900.0), (2.1, "api.accept", 950.0),
-                               (30.0, "sink", 400.0)])
+                               (30.0, "sink", 400.0)], 2.0)
     assert [(x["t"], x["stages"], x["io_some_ms"]) for x in at] == [
         (2, ["api.accept", "kafka"], 400.0)]
 
@@ -65,7 +65,7 @@ def test_the_isolation_report_shows_the_machine_beside_the_stalls(tmp_path: Path
             "timeline": {"p0": [(3.1, 900.0)], "p3": [(0.2, 900.0)]}, "processes": {},
             "stalls": stalls,
             "host": {"summary": host.summary(rows), "timeline": rows,
-                     "at_stalls": host.at_stalls(rows, stalls)}}
+                     "at_stalls": host.at_stalls(rows, stalls, 2.0)}}
     md = isolation_markdown({"modes": {"tiered": mode}})
     assert "waiting on I/O 0.7 s (all tasks at once 0.3 s; worst second 700 ms at 3 s)" in md
     assert "3 s: I/O 700/300 ms, core 50 ms, dirty 40 MB" in md
