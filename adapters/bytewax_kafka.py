@@ -8,7 +8,6 @@ the flow stops and resumes from the last committed epoch.
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -16,7 +15,7 @@ from collections.abc import Callable, Iterable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from bytewax.connectors.kafka import KafkaSource, _KafkaSourcePartition
+from bytewax.connectors.kafka import KafkaSource
 from bytewax.inputs import FixedPartitionedSource, StatefulSourcePartition
 from bytewax.outputs import DynamicSink, StatelessSinkPartition
 from confluent_kafka import OFFSET_BEGINNING
@@ -24,6 +23,12 @@ from confluent_kafka.admin import AdminClient
 from opentelemetry.metrics import CallbackOptions, Observation
 
 from notiflow import names, stages
+from notiflow.adapters.kafka_group import (
+    PAUSED_CHECK,
+    REGISTRY,
+    GroupedPartition,
+    WorkerConsumer,
+)
 from notiflow.adapters.kafka_io import OutRecord, SyncProducer
 from notiflow.names import Stage
 from notiflow.settings import Settings
@@ -60,6 +65,17 @@ class ConfirmingSink(DynamicSink[OutRecord]):
         return _Partition(self.settings, self.tier)
 
 
+FETCH_WAIT_MS = 500
+"""How long the broker may hold a fetch that found no record (librdkafka's default). It does
+not delay records: a waiting fetch is answered as soon as a record arrives (at 10 ms the
+idle fetches of a few flows kept the broker busy; ``notiflow bench throughput``: Kafka's CPU
+per message)."""
+
+DEFAULT_WAIT = timedelta(milliseconds=20)
+"""How long a worker's consumer waits for a record when it has none (a send flow: its tier's
+``poll_wait``). The worker does nothing else meanwhile, so it bounds how late the worker's
+timers and outcomes can be while its sources are idle."""
+
 _LagKey = tuple[str, str, int]
 _lags: dict[_LagKey, int] = {}
 _lags_lock = threading.Lock()
@@ -77,28 +93,54 @@ def observe_lag(options: CallbackOptions | None = None) -> Iterable[Observation]
 names.CONSUMER_LAG.create(meter(), callbacks=[observe_lag])
 
 
-class _LagPartition(_KafkaSourcePartition):
-    """Bytewax's partition that also keeps its lag for ``notiflow.consumer.lag`` (librdkafka
-    calls :meth:`_process_stats` every ``statistics.interval.ms``; no extra broker calls)."""
+class GroupedKafkaSource(KafkaSource):
+    """:class:`KafkaSource` whose partitions share one consumer per worker
+    (``adapters/kafka_group.py``: the leader waits up to ``wait`` for a record, then Bytewax
+    calls it again after ``idle``) and report their lag (see :func:`observe_lag`)."""
 
-    def __init__(self, lag_key: _LagKey, *args: Any) -> None:
-        self._lag_key = lag_key
-        super().__init__(*args)
+    def __init__(self, *args: Any, topic_prefix: str = "", wait: timedelta = DEFAULT_WAIT,
+                 idle: timedelta = timedelta(0), **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._prefix = topic_prefix
+        self._wait = wait
+        self._idle = idle
 
-    def _process_stats(self, json_stats: str) -> None:
-        try:
-            stats = json.loads(json_stats)
-            part = stats["topics"][self._topic]["partitions"][str(self._part_idx)]
-            high = int(part["ls_offset"] if part.get("ls_offset", -1) >= 0
-                       else part["hi_offset"])
-        except (KeyError, TypeError, ValueError):
-            return
-        # before the first record the next offset is a sentinel (OFFSET_BEGINNING): then the
-        # whole retained partition is behind
-        start = self._offset if self._offset >= 0 else int(part.get("lo_offset", 0))
-        if high >= 0:
+    def build_part(self, step_id: str, for_part: str,
+                   resume_state: int | None) -> GroupedPartition:
+        idx, topic = for_part.split("-", 1)
+        assert topic in self._topics, "Can't resume from different set of Kafka topics"
+        flow = step_id.split(".", 1)[0]
+
+        def report(part: tuple[str, int], lag: int) -> None:
+            short = part[0].removeprefix(self._prefix) if self._prefix else part[0]
             with _lags_lock:
-                _lags[self._lag_key] = max(0, high - max(0, start))
+                _lags[(flow, short, part[1])] = lag
+
+        def make(on_close: Callable[[], None]) -> WorkerConsumer:
+            config: dict[str, Any] = {
+                "group.id": "BYTEWAX_IGNORED",
+                "enable.auto.commit": "false",
+                "bootstrap.servers": ",".join(self._brokers),
+                "enable.partition.eof": "false",
+                "statistics.interval.ms": 1000,
+                **self._add_config,
+            }
+            return WorkerConsumer(config, self._batch_size, self._wait, report, on_close)
+
+        group = REGISTRY.get(step_id, make)
+        short = topic.removeprefix(self._prefix) if self._prefix else topic
+        offset = self._starting_offset if resume_state is None else resume_state
+        return _LagPartition(group, (topic, int(idx)), offset, self._idle,
+                             (flow, short, int(idx)))
+
+
+class _LagPartition(GroupedPartition):
+    """A grouped partition whose lag leaves ``notiflow.consumer.lag`` when it closes."""
+
+    def __init__(self, group: WorkerConsumer, part: tuple[str, int], offset: int,
+                 idle: timedelta, lag_key: _LagKey) -> None:
+        super().__init__(group, part, offset, idle)
+        self._lag_key = lag_key
 
     def close(self) -> None:
         with _lags_lock:
@@ -106,43 +148,15 @@ class _LagPartition(_KafkaSourcePartition):
         super().close()
 
 
-class _LagKafkaSource(KafkaSource):
-    """:class:`KafkaSource` whose partitions report their lag (see :func:`observe_lag`)."""
-
-    def __init__(self, *args: Any, topic_prefix: str = "", **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._prefix = topic_prefix
-
-    def build_part(self, step_id: str, for_part: str,
-                   resume_state: int | None) -> _KafkaSourcePartition:
-        idx, topic = for_part.split("-", 1)
-        assert topic in self._topics, "Can't resume from different set of Kafka topics"
-        config: dict[str, Any] = {
-            "group.id": "BYTEWAX_IGNORED",
-            "enable.auto.commit": "false",
-            "bootstrap.servers": ",".join(self._brokers),
-            "enable.partition.eof": str(not self._tail),
-            "statistics.interval.ms": 1000,
-        }
-        config.update(self._add_config)
-        short = topic.removeprefix(self._prefix) if self._prefix else topic
-        key = (step_id.split(".", 1)[0], short, int(idx))
-        return _LagPartition(key, step_id, config, topic, int(idx), self._starting_offset,
-                             resume_state, self._batch_size, self._raise_on_errors)
-
-
-FETCH_WAIT_MS = 500
-"""How long the broker may hold a fetch that found no record (librdkafka's default). It does
-not delay records: a waiting fetch is answered as soon as a record arrives. Bytewax opens one
-consumer per partition, so at 10 ms the idle fetches of a few flows kept the broker busy
-(``notiflow bench throughput``: Kafka's CPU per message)."""
-
-
-def kafka_source(settings: Settings, topics: list[str], batch_size: int) -> KafkaSource:
+def kafka_source(settings: Settings, topics: list[str], batch_size: int,
+                 wait: timedelta = DEFAULT_WAIT, idle: timedelta = timedelta(0)
+                 ) -> KafkaSource:
     """Tail ``topics`` from the beginning on first start; offsets live in Bytewax recovery.
-    Consumer errors are delivered as items (never silently dropped). Partitions report
-    ``notiflow.consumer.lag``."""
-    return _LagKafkaSource(
+    Consumer errors are delivered as items (never silently dropped). A worker waits up to
+    ``wait`` for a record; after finding none it polls again ``idle`` later (a second
+    source of the same flow waits 0 and sets ``idle``: only one of a worker's sources should
+    wait). Partitions report ``notiflow.consumer.lag``."""
+    return GroupedKafkaSource(
         [settings.kafka_bootstrap],
         topics,
         tail=True,
@@ -153,13 +167,14 @@ def kafka_source(settings: Settings, topics: list[str], batch_size: int) -> Kafk
                     "queued.max.messages.kbytes": "8192",
                     "logger": logging.getLogger("notiflow.kafka")},
         topic_prefix=settings.topic_prefix,
+        wait=wait,
+        idle=idle,
     )
 
 
-PAUSE_CHECK = timedelta(milliseconds=20)
-
-
 class _PausablePartition(StatefulSourcePartition[Any, Any]):
+    """Any other partition: not polled while paused."""
+
     def __init__(self, inner: StatefulSourcePartition[Any, Any],
                  paused: Callable[[], bool]) -> None:
         self.inner = inner
@@ -168,7 +183,7 @@ class _PausablePartition(StatefulSourcePartition[Any, Any]):
 
     def next_batch(self) -> list[Any]:
         if self.paused():
-            self._awake = datetime.now(UTC) + PAUSE_CHECK
+            self._awake = datetime.now(UTC) + PAUSED_CHECK
             return []
         self._awake = None
         return list(self.inner.next_batch())
@@ -185,8 +200,8 @@ class _PausablePartition(StatefulSourcePartition[Any, Any]):
 
 class PausableKafkaSource(FixedPartitionedSource[Any, Any]):
     """A Kafka source whose partitions stop reading while ``paused(topic)`` is true:
-    backpressure by signal (the consumer is simply not polled; librdkafka's prefetch is
-    bounded by ``queued.max.messages.kbytes``)."""
+    backpressure by signal (the partition is not polled and is paused at its consumer, so
+    nothing more of it is fetched; what was fetched stays buffered)."""
 
     def __init__(self, inner: KafkaSource, paused: Callable[[str], bool]) -> None:
         self.inner = inner
@@ -196,9 +211,12 @@ class PausableKafkaSource(FixedPartitionedSource[Any, Any]):
         return self.inner.list_parts()
 
     def build_part(self, step_id: str, for_part: str,
-                   resume_state: Any | None) -> _PausablePartition:
+                   resume_state: Any | None) -> StatefulSourcePartition[Any, Any]:
         topic = for_part.split("-", 1)[1]
         part = self.inner.build_part(step_id, for_part, resume_state)
+        if isinstance(part, GroupedPartition):
+            part.pause_when(lambda: self.is_paused(topic))
+            return part
         return _PausablePartition(part, lambda: self.is_paused(topic))
 
 

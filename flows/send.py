@@ -2,8 +2,10 @@
 
 Recipe (``build_send_flow``)::
 
-    ingest.{sms,email,push}.{tier}        Kafka, offsets in Bytewax recovery; a channel whose
-                                          dispatcher is full pauses its own partitions
+    ingest.{sms,email,push}.{tier}        Kafka, offsets in Bytewax recovery; one consumer per
+                                          worker, idle partitions polled every poll_wait;
+                                          a channel whose dispatcher is full pauses its own
+                                          partitions
       → parse                             bad bytes / unknown tenant → DLQ record
     notify.preferences ─┐                 compacted: consent, opt-outs, timezone, suppression
       → join by recipient                 keyed state, warm after a restart
@@ -26,6 +28,7 @@ record; messages in flight at an epoch's end are part of the snapshot.
 from __future__ import annotations
 
 import random
+from datetime import timedelta
 from typing import Any
 
 import bytewax.operators as op
@@ -113,14 +116,16 @@ def build_send_flow(
     flow = Dataflow(f"send-{name}")
 
     ingest = source or PausableKafkaSource(
-        kafka_source(settings, topics, policy.batch_size),
+        kafka_source(settings, topics, policy.batch_size, wait=policy.poll_wait),
         lambda topic: topic in channel_of and pressure.paused(channel_of[topic]))
     raw = op.input("ingest", flow, ingest)
     parsed = op.map("parse", raw, IngestParser(settings, tier, cipher, clock))
     split = op.branch("is-work", parsed, lambda x: isinstance(x, Work))
 
+    # never waits (the ingest source's wait is the worker's) and never sleeps: the stateful
+    # steps process an epoch once every input's frontier has reached it
     prefs_raw = op.input("preferences", flow, preferences or kafka_source(
-        settings, [settings.preferences_topic], 1000))
+        settings, [settings.preferences_topic], 1000, wait=timedelta(0)))
     prefs = op.filter_map("parse-preferences", prefs_raw, parse_preference)
     joined = op.stateful("join-preferences",
                          op.key_on("by-recipient", op.merge("messages+prefs", split.trues, prefs),

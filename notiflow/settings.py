@@ -35,6 +35,11 @@ class TierPolicy(_Frozen):
     ttl: timedelta
     retry_caps: tuple[timedelta, ...]
     batch_size: int = Field(500, ge=1, le=10_000)
+    poll_wait: timedelta = timedelta(milliseconds=20)
+    """How long a send flow's worker waits in Kafka for its next ingest record (the wait ends
+    when one arrives; ``adapters/kafka_group.py``). Meanwhile the worker does nothing else,
+    so it bounds how late an idle flow's timers and send outcomes can be; shorter costs the
+    idle flow CPU (more wake-ups)."""
     max_in_flight: int = Field(64, ge=1, le=10_000)
     """Provider calls in flight at once, per channel, per worker."""
     max_queued: int = Field(256, ge=1, le=1_000_000)

@@ -157,12 +157,15 @@ def test_kafka_partitions_report_lag(m: Metrics, monkeypatch: pytest.MonkeyPatch
     part = src.build_part("send-p1.ingest", "3-t1.ingest.sms.p1", 40)
     try:
         assert isinstance(part, bytewax_kafka._LagPartition)
-        part._process_stats(stats("t1.ingest.sms.p1", 3, 55))
+        group = part._group
+        group._stats(stats("t1.ingest.sms.p1", 3, 55))
         assert m.values(names.CONSUMER_LAG) == {
             (("flow", "send-p1"), ("partition", 3), ("topic", "ingest.sms.p1")): 15}
-        part._process_stats("{}")  # a statistics payload without the partition is ignored
+        group._stats("{}")  # a statistics payload without the partition is ignored
         fresh = src.build_part("send-p1.ingest", "0-t1.ingest.sms.p1", None)
-        fresh._process_stats(stats("t1.ingest.sms.p1", 0, 9, lo=2))
+        assert fresh._group is group  # one consumer per source step and worker
+        group._stats(stats("t1.ingest.sms.p1", 0, 9, lo=2))
+        assert bytewax_kafka._lags[("send-p1", "ingest.sms.p1", 0)] == 7
         fresh.close()
         assert len(m.values(names.CONSUMER_LAG)) == 1
         assert bytewax_kafka._lags == {("send-p1", "ingest.sms.p1", 3): 15}
