@@ -96,7 +96,9 @@ names.CONSUMER_LAG.create(meter(), callbacks=[observe_lag])
 class GroupedKafkaSource(KafkaSource):
     """:class:`KafkaSource` whose partitions share one consumer per worker
     (``adapters/kafka_group.py``: the leader waits up to ``wait`` for a record, then Bytewax
-    calls it again after ``idle``) and report their lag (see :func:`observe_lag`)."""
+    calls it again after ``idle``) and report their lag (see :func:`observe_lag`). It always
+    tails and delivers consumer errors as items (``tail`` and ``raise_on_errors`` are not
+    used)."""
 
     def __init__(self, *args: Any, topic_prefix: str = "", wait: timedelta = DEFAULT_WAIT,
                  idle: timedelta = timedelta(0), **kwargs: Any) -> None:
