@@ -12,11 +12,11 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 from bytewax.connectors.kafka import KafkaSource
-from bytewax.inputs import FixedPartitionedSource, StatefulSourcePartition
+from bytewax.inputs import FixedPartitionedSource
 from bytewax.outputs import DynamicSink, StatelessSinkPartition
 from confluent_kafka import OFFSET_BEGINNING
 from confluent_kafka.admin import AdminClient
@@ -24,7 +24,6 @@ from opentelemetry.metrics import CallbackOptions, Observation
 
 from notiflow import names, stages
 from notiflow.adapters.kafka_group import (
-    PAUSED_CHECK,
     REGISTRY,
     GroupedPartition,
     WorkerConsumer,
@@ -114,9 +113,8 @@ class GroupedKafkaSource(KafkaSource):
         flow = step_id.split(".", 1)[0]
 
         def report(part: tuple[str, int], lag: int) -> None:
-            short = part[0].removeprefix(self._prefix) if self._prefix else part[0]
             with _lags_lock:
-                _lags[(flow, short, part[1])] = lag
+                _lags[self._lag_key(flow, part)] = lag
 
         def make(on_close: Callable[[], None]) -> WorkerConsumer:
             config: dict[str, Any] = {
@@ -130,10 +128,12 @@ class GroupedKafkaSource(KafkaSource):
             return WorkerConsumer(config, self._batch_size, self._wait, report, on_close)
 
         group = REGISTRY.get(step_id, make)
-        short = topic.removeprefix(self._prefix) if self._prefix else topic
         offset = self._starting_offset if resume_state is None else resume_state
-        return _LagPartition(group, (topic, int(idx)), offset, self._idle,
-                             (flow, short, int(idx)))
+        part = (topic, int(idx))
+        return _LagPartition(group, part, offset, self._idle, self._lag_key(flow, part))
+
+    def _lag_key(self, flow: str, part: tuple[str, int]) -> _LagKey:
+        return (flow, part[0].removeprefix(self._prefix), part[1])
 
 
 class _LagPartition(GroupedPartition):
@@ -152,7 +152,7 @@ class _LagPartition(GroupedPartition):
 
 def kafka_source(settings: Settings, topics: list[str], batch_size: int,
                  wait: timedelta = DEFAULT_WAIT, idle: timedelta = timedelta(0)
-                 ) -> KafkaSource:
+                 ) -> GroupedKafkaSource:
     """Tail ``topics`` from the beginning on first start; offsets live in Bytewax recovery.
     Consumer errors are delivered as items (never silently dropped). A worker waits up to
     ``wait`` for a record; after finding none it polls again ``idle`` later (a second
@@ -174,38 +174,12 @@ def kafka_source(settings: Settings, topics: list[str], batch_size: int,
     )
 
 
-class _PausablePartition(StatefulSourcePartition[Any, Any]):
-    """Any other partition: not polled while paused."""
-
-    def __init__(self, inner: StatefulSourcePartition[Any, Any],
-                 paused: Callable[[], bool]) -> None:
-        self.inner = inner
-        self.paused = paused
-        self._awake: datetime | None = None
-
-    def next_batch(self) -> list[Any]:
-        if self.paused():
-            self._awake = datetime.now(UTC) + PAUSED_CHECK
-            return []
-        self._awake = None
-        return list(self.inner.next_batch())
-
-    def next_awake(self) -> datetime | None:
-        return self._awake
-
-    def snapshot(self) -> Any:
-        return self.inner.snapshot()
-
-    def close(self) -> None:
-        self.inner.close()
-
-
 class PausableKafkaSource(FixedPartitionedSource[Any, Any]):
     """A Kafka source whose partitions stop reading while ``paused(topic)`` is true:
-    backpressure by signal (the partition is not polled and is paused at its consumer, so
+    backpressure by signal (its records are not emitted and it is paused at its consumer, so
     nothing more of it is fetched; what was fetched stays buffered)."""
 
-    def __init__(self, inner: KafkaSource, paused: Callable[[str], bool]) -> None:
+    def __init__(self, inner: GroupedKafkaSource, paused: Callable[[str], bool]) -> None:
         self.inner = inner
         self.is_paused = paused
 
@@ -213,13 +187,11 @@ class PausableKafkaSource(FixedPartitionedSource[Any, Any]):
         return self.inner.list_parts()
 
     def build_part(self, step_id: str, for_part: str,
-                   resume_state: Any | None) -> StatefulSourcePartition[Any, Any]:
+                   resume_state: Any | None) -> GroupedPartition:
         topic = for_part.split("-", 1)[1]
         part = self.inner.build_part(step_id, for_part, resume_state)
-        if isinstance(part, GroupedPartition):
-            part.pause_when(lambda: self.is_paused(topic))
-            return part
-        return _PausablePartition(part, lambda: self.is_paused(topic))
+        part.pause_when(lambda: self.is_paused(topic))
+        return part
 
 
 def check_topics(settings: Settings, topics: list[str], timeout: float = 15.0) -> None:

@@ -68,6 +68,14 @@ def _never() -> bool:
     return False
 
 
+def _emit(state: _PartState, item: Item, out: list[Item]) -> None:
+    """Append ``item`` to ``out``; its partition's next offset follows it."""
+    out.append(item)
+    offset = (item.msg if isinstance(item, KafkaError) else item).offset
+    if offset is not None and offset >= 0:
+        state.offset = offset + 1
+
+
 class WorkerConsumer:
     """The consumer of one source step on one worker. Its first partition leads: each call of
     the leader emits up to a batch of every unpaused partition's records (waiting up to
@@ -105,32 +113,24 @@ class WorkerConsumer:
         if not self._sync_pauses():
             return None
         out: list[Item] = []
-        while self._stray and len(out) < self._batch_size:
-            out.append(self._stray.popleft())
         for state in self._parts.values():
             while not state.is_paused and state.buffer and len(out) < self._batch_size:
-                out.append(state.buffer.popleft())
-        if not out:
+                _emit(state, state.buffer.popleft(), out)
+        if not out and not self._stray:
             for msg in self._fetch():
-                item = _item(msg)
                 err = msg.error()
                 if err is not None and err.code() == ConfluentKafkaError._PARTITION_EOF:
                     continue
                 state = self._parts.get((msg.topic(), msg.partition()))
                 if state is None:
                     if err is not None:
-                        self._stray.append(item)
+                        self._stray.append(_item(msg))
                 elif state.is_paused:
-                    state.buffer.append(item)
+                    state.buffer.append(_item(msg))
                 else:
-                    out.append(item)
-            while self._stray and len(out) < self._batch_size:
-                out.append(self._stray.popleft())
-        for item in out:
-            msg = item.msg if isinstance(item, KafkaError) else item
-            state = self._parts.get((msg.topic, msg.partition))  # type: ignore[arg-type]
-            if state is not None and msg.offset is not None and msg.offset >= 0:
-                state.offset = msg.offset + 1
+                    _emit(state, _item(msg), out)
+        while self._stray and len(out) < self._batch_size:
+            out.append(self._stray.popleft())
         return out
 
     def _fetch(self) -> list[Message]:
@@ -162,11 +162,11 @@ class WorkerConsumer:
             topics = json.loads(json_stats)["topics"]
         except (KeyError, TypeError, ValueError):
             return
-        for part, offset in [(p, st.offset) for p, st in self._parts.items()]:
+        for part, state in self._parts.items():
             try:
                 p = topics[part[0]]["partitions"][str(part[1])]
                 high = int(p["ls_offset"] if p.get("ls_offset", -1) >= 0 else p["hi_offset"])
-                start = offset if offset >= 0 else int(p.get("lo_offset", 0))
+                start = state.offset if state.offset >= 0 else int(p.get("lo_offset", 0))
             except (KeyError, TypeError, ValueError):
                 continue
             if high >= 0:

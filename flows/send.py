@@ -3,8 +3,8 @@
 Recipe (``build_send_flow``)::
 
     ingest.{sms,email,push}.{tier}        Kafka, offsets in Bytewax recovery; one consumer per
-                                          worker, idle partitions polled every poll_wait;
-                                          a channel whose dispatcher is full pauses its own
+                                          worker, waiting up to poll_wait for a record; a
+                                          channel whose dispatcher is full pauses its own
                                           partitions
       → parse                             bad bytes / unknown tenant → DLQ record
     notify.preferences ─┐                 compacted: consent, opt-outs, timezone, suppression
