@@ -62,14 +62,19 @@ class ProcSample:
 @dataclass
 class Sampler:
     """Samples CPU time and RSS of named processes, and the machine's pressure counters
-    (:mod:`notiflow.bench.host`), every ``interval`` seconds (a thread)."""
+    (:mod:`notiflow.bench.host`), every ``interval`` seconds (a thread); every
+    ``io_interval`` seconds in which the machine's I/O pressure grew, the watched processes'
+    threads waiting in uninterruptible sleep (a second thread)."""
 
     interval: float = 1.0
+    io_interval: float = 0.1
     samples: dict[str, list[ProcSample]] = field(default_factory=dict)
     host_samples: list[host.HostSample] = field(default_factory=list)
+    blocked: list[host.Blocked] = field(default_factory=list)
     _procs: dict[str, psutil.Process] = field(default_factory=dict)
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
+    _io_thread: threading.Thread | None = None
 
     def watch(self, name: str, pid: int) -> None:
         self._procs[name] = psutil.Process(pid)
@@ -78,12 +83,16 @@ class Sampler:
     def start(self) -> Sampler:
         self._thread = threading.Thread(target=self._run, name="bench-sampler", daemon=True)
         self._thread.start()
+        self._io_thread = threading.Thread(target=self._watch_io, name="bench-io-sampler",
+                                           daemon=True)
+        self._io_thread.start()
         return self
 
     def stop(self) -> None:
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
+        for thread in (self._thread, self._io_thread):
+            if thread is not None:
+                thread.join(timeout=5)
         self.sample()
 
     def sample(self) -> None:
@@ -103,6 +112,13 @@ class Sampler:
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
             self.sample()
+
+    def _watch_io(self) -> None:
+        watch = host.IoWatch()
+        while not self._stop.wait(self.io_interval):
+            if watch.pressed():
+                pids = {name: p.pid for name, p in list(self._procs.items())}
+                self.blocked.extend(host.blocked_threads(pids, time.time()))
 
     def cpu_between(self, name: str, t0: float, t1: float) -> float:
         """CPU seconds ``name`` used between two instants (nearest samples)."""

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from notiflow import names
-from notiflow.bench import host, jvm
+from notiflow.bench import calibrate, host, jvm
 from notiflow.bench.harness import CampaignProducer, Phase, send_otps, wait_until
 from notiflow.bench.otlp import (
     EXPORT_INTERVAL_S,
@@ -84,6 +84,7 @@ def run_mode(mode: str, out: Path, run_id: str, n: int, otp_rate: float, max_dra
                 phase, versions, otp_rate, stop, phones, f"otp-{run_id}-{mode}"))
 
         otps = threading.Thread(target=otp_loop)
+        speed = {"before": calibrate.speed()}
         t0 = time.time()
         flood.start()
         otps.start()
@@ -98,6 +99,7 @@ def run_mode(mode: str, out: Path, run_id: str, n: int, otp_rate: float, max_dra
         t1 = time.time()
         first = phase.first_accepts()
         phase.check_alive()
+        speed["after"] = calibrate.speed()
     finally:
         phase.stop()
         if collector:
@@ -110,14 +112,18 @@ def run_mode(mode: str, out: Path, run_id: str, n: int, otp_rate: float, max_dra
     doc["jvm_pauses"] = {name: jvm.summary(logs / f"{name}-gc.log", t0, t1)
                          for name in ("cassandra", "kafka")}
     machine = host.timeline(phase.sampler.host_samples, t0, t1)
-    doc["host"] = {"summary": host.summary(machine), "timeline": machine}
+    held = host.blocked_timeline(phase.sampler.blocked, t0, t1)
+    doc["host"] = {"summary": host.summary(machine), "timeline": machine,
+                   "blocked": host.blocked_summary(held), "speed": speed}
     doc["budget_recorded"] = collector is not None
     if collector is None:
         return doc
     points = collector.points()
     doc["budget"] = {tier: budget(points, tier, t0, t1) for tier in ("P0", "P3")}
     doc["stalls"] = stalls(points, "P0", t0)
-    doc["host"]["at_stalls"] = host.at_stalls(machine, doc["stalls"], EXPORT_INTERVAL_S)
+    doc["host"]["at_stalls"] = host.at_stalls(
+        machine, doc["stalls"], EXPORT_INTERVAL_S,
+        held)
     doc["gc_pauses"] = collector.gc_pauses(t0, t1)
     window = collector.gauge(names.BULK_WINDOW)
     doc["bulk_window"] = {**yielded(window, t0, t1),

@@ -94,7 +94,12 @@ def _host_lines(mode: str, machine: dict[str, Any]) -> list[str]:
     h = machine.get("summary") or {}
     if not h.get("samples"):
         return []
-    out = [f"Machine ({mode}): tasks waiting on I/O {h['io_some_s']} s (all tasks at once "
+    speed = machine.get("speed") or {}
+    pace = "".join(f", {when} the load {speed[when]['per_cpu_s']:,} rounds per CPU second "
+                   f"({speed[when]['per_wall_s']:,} per wall second)"
+                   for when in ("before", "after") if when in speed)
+    out = [f"Machine speed ({mode}; bench/calibrate.py, one thread){pace}.", ""] if pace else []
+    out += [f"Machine ({mode}): tasks waiting on I/O {h['io_some_s']} s (all tasks at once "
            f"{h['io_full_s']} s; worst second {h['worst_io_some'][1]:.0f} ms at "
            f"{h['worst_io_some'][0]:.0f} s), waiting for a core {h['cpu_some_s']} s (worst "
            f"second {h['worst_cpu_some'][1]:.0f} ms at {h['worst_cpu_some'][0]:.0f} s); "
@@ -105,11 +110,24 @@ def _host_lines(mode: str, machine: dict[str, Any]) -> list[str]:
     if at:
         shown = "; ".join(f"{a['t']:.0f} s: I/O {a['io_some_ms']:.0f}/{a['io_full_ms']:.0f} ms, "
                           f"core {a['cpu_some_ms']:.0f} ms, dirty {a['dirty_mb']:.0f} MB, "
-                          f"writing {a['write_busy_ms']:.0f} ms" for a in at[:20])
+                          f"writing {a['write_busy_ms']:.0f} ms, reading "
+                          f"{a.get('read_busy_ms', 0):.0f} ms{_held(a.get('blocked'))}"
+                          for a in at[:20])
         out += [f"Machine while P0 stalled ({mode}; per stall interval, its most pressured "
-                f"second: pressure ms some/full, dirty page cache, ms the disks spent writing): "
-                f"{shown}", ""]
+                f"second: pressure ms some/full, dirty page cache, ms the disks spent writing "
+                f"and reading, threads seen waiting in uninterruptible sleep): {shown}", ""]
+    held = machine.get("blocked") or []
+    if held:
+        shown = ", ".join(f"{who} x{n} ({first:.0f}-{last:.0f} s)"
+                          for who, n, first, last in held)
+        out += [f"Threads waiting in uninterruptible sleep ({mode}; scanned every 0.1 s in "
+                f"which the machine's I/O pressure grew; process/thread kernel function x "
+                f"scans): {shown}", ""]
     return out
+
+
+def _held(blocked: list[list[Any]] | None) -> str:
+    return (" [" + ", ".join(f"{who} x{n}" for who, n in blocked) + "]") if blocked else ""
 
 
 def soak_markdown(doc: dict[str, Any]) -> str:
