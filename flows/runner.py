@@ -43,12 +43,13 @@ def _terminate(signum: int, frame: FrameType | None) -> None:
 
 def run_flow(build: Callable[[], Dataflow], settings: Settings, name: str, *,
              process_id: int | None = None, addresses: str | None = None,
-             recovery_dir: Path | None = None, nice: int = 0, realtime: int = 0) -> None:
+             recovery_dir: Path | None = None, nice: int = 0, realtime: int = 0,
+             epoch: timedelta | None = None) -> None:
     """Build and run a flow until it is stopped (SIGTERM/SIGINT) or fails. ``nice`` lowers
     this process's CPU priority (lower tiers yield the CPU to higher ones); ``realtime``
     above 0 moves it to the real-time class (:func:`notiflow.tuning.set_realtime`). Logging and
     telemetry are set up first (``service.name`` ``notiflow-<name>``, e.g.
-    ``notiflow-send-p0``)."""
+    ``notiflow-send-p0``). ``epoch``: the Bytewax epoch (default ``flow_epoch_seconds``)."""
     tier = name.removeprefix("send-").upper() if name.startswith("send-p") else None
     telemetry.setup(settings, name, tier=tier, worker=process_id or 0)
     tuning.set_nice(nice)
@@ -60,14 +61,15 @@ def run_flow(build: Callable[[], Dataflow], settings: Settings, name: str, *,
     janitor = start_janitor(rdir)
     signal.signal(signal.SIGTERM, _terminate)
     os.environ.setdefault("RUST_BACKTRACE", "0")
-    log.info("starting %s (recovery %s, epoch %ss)", name, rdir, settings.flow_epoch_seconds)
+    epoch = epoch or timedelta(seconds=settings.flow_epoch_seconds)
+    log.info("starting %s (recovery %s, epoch %ss)", name, rdir, epoch.total_seconds())
     try:
         cli_main(
             flow,
             workers_per_process=1,
             process_id=process_id,
             addresses=addresses.split(";") if addresses else None,
-            epoch_interval=timedelta(seconds=settings.flow_epoch_seconds),
+            epoch_interval=epoch,
             recovery_config=RecoveryConfig(rdir),
         )
     except KeyboardInterrupt:

@@ -158,7 +158,8 @@ def flow_send(
     workers = len(addresses.split(";")) if addresses else 1
     run_flow(lambda: build_send_flow(s, tier, workers=workers), s, name, process_id=process_id,
              addresses=addresses, recovery_dir=recovery_dir,
-             nice=policy.nice if policy else 0, realtime=policy.realtime if policy else 0)
+             nice=policy.nice if policy else 0, realtime=policy.realtime if policy else 0,
+             epoch=policy.epoch if policy else None)
 
 
 @flow_app.command("reconcile")

@@ -40,6 +40,13 @@ class TierPolicy(_Frozen):
     when one arrives; ``adapters/kafka_group.py``). Meanwhile the worker does nothing else,
     so it bounds how late an idle flow's timers and send outcomes can be; shorter costs the
     idle flow CPU (more wake-ups)."""
+    epoch: timedelta | None = None
+    """Bytewax epoch length of the tier's send flow (``None``: ``flow_epoch_seconds``). At
+    every epoch's end the worker stands still while it writes and fsyncs its recovery store,
+    so a disk that stalls then holds every message of the tier for the rest of the stall
+    (bench/README.md, "Tenth round": the P0 flow's thread waiting in the block layer during
+    a 1.2 s stall of the virtual disk). A longer epoch meets fewer stalls; what it costs is
+    a longer stretch re-read after a crash, which the dedup leases make harmless."""
     max_in_flight: int = Field(64, ge=1, le=10_000)
     """Provider calls in flight at once, per channel, per worker."""
     max_queued: int = Field(256, ge=1, le=1_000_000)
@@ -91,6 +98,7 @@ DEFAULT_TIERS: dict[Tier, TierPolicy] = {
         ttl=timedelta(seconds=60),
         retry_caps=_s(0, 1, 3, 10),
         batch_size=100,
+        epoch=timedelta(seconds=30),
         max_in_flight=128,
         provider_timeout=timedelta(seconds=2),
         redis_timeout=timedelta(seconds=0.5),
@@ -519,7 +527,8 @@ class Settings(BaseSettings):
     every other writer of the disk). At 2 s the P0 flow's commits were a P0 stall every
     other second under the flood (``kafka`` stage, p99 489 ms; at 5 s 175 ms,
     bench/README.md "Fifth round"); a longer epoch widens what a crashed flow re-reads,
-    which the dedup leases make harmless."""
+    which the dedup leases make harmless. A tier's ``epoch`` overrides it for its send
+    flow (P0: 30 s)."""
     reconcile_nice: int = Field(10, ge=0, le=19)
     bulk_yield: YieldRule = Field(default_factory=YieldRule)
     """How bulk work yields to P0's latency (docs/architecture.md, "Reservation")."""
