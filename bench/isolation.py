@@ -121,9 +121,7 @@ def run_mode(mode: str, out: Path, run_id: str, n: int, otp_rate: float, max_dra
     points = collector.points()
     doc["budget"] = {tier: budget(points, tier, t0, t1) for tier in ("P0", "P3")}
     doc["stalls"] = stalls(points, "P0", t0)
-    doc["host"]["at_stalls"] = host.at_stalls(
-        machine, doc["stalls"], EXPORT_INTERVAL_S,
-        held)
+    doc["host"]["at_stalls"] = host.at_stalls(machine, doc["stalls"], EXPORT_INTERVAL_S, held)
     doc["gc_pauses"] = collector.gc_pauses(t0, t1)
     window = collector.gauge(names.BULK_WINDOW)
     doc["bulk_window"] = {**yielded(window, t0, t1),
