@@ -40,8 +40,8 @@ class HostSample:
     writeback_pages: int
     written_sectors: int
     write_ms: int
-    read_sectors: int = 0
-    read_ms: int = 0
+    read_sectors: int
+    read_ms: int
 
 
 def _psi(path: Path) -> dict[str, int]:
@@ -144,12 +144,12 @@ def at_stalls(rows: list[dict[str, float]], stalls: list[tuple[float, str, float
     (:func:`blocked_timeline`), the threads found waiting in that interval, most often first."""
     out: list[dict[str, Any]] = []
     for t, group in itertools.groupby(sorted(stalls), key=lambda s: round(s[0])):
-        near = [r for r in rows if t - interval_s - 0.5 <= r["t"] <= t + 0.5]
+        lo, hi = t - interval_s - 0.5, t + 0.5
+        near = [r for r in rows if lo <= r["t"] <= hi]
         if not near:
             continue
         row = max(near, key=lambda r: r["io_some_ms"] + r["cpu_some_ms"])
-        held = collections.Counter(who for at, who in blocked or []
-                                   if t - interval_s - 0.5 <= at <= t + 0.5)
+        held = collections.Counter(who for at, who in blocked or [] if lo <= at <= hi)
         out.append({**row, "host_t": row["t"], "t": t,
                     "stages": sorted({s for _, s, _ in group}),
                     "blocked": [[who, n] for who, n in held.most_common(6)]})
