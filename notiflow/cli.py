@@ -223,7 +223,7 @@ def demo(
 
 @schemas_app.command("export")
 def schemas_export(
-    out: Annotated[Path, typer.Option(help="Target folder.")] = Path("schemas/json"),
+    out: Annotated[Path, typer.Option(help="Target folder.")] = Path("notiflow/schemas/json"),
 ) -> None:
     """Write the JSON Schema of every wire contract."""
     from notiflow.schemas.messages import json_schemas

@@ -1,7 +1,7 @@
-"""P0's latency signal in real Redis (``adapters/pressure.py``) and the two ends of it in the
+"""P0's latency signal in real Redis (``notiflow/adapters/pressure.py``) and the two ends of it in the
 dispatcher: the P0 dispatcher reports its worst latency, a bulk dispatcher narrows its
 in-flight window and its intake while that is above ``bulk_yield.high`` and widens them again
-once P0 is calm (``flows/yielding.py``)."""
+once P0 is calm (``notiflow/flows/yielding.py``)."""
 
 from __future__ import annotations
 

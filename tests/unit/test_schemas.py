@@ -168,11 +168,11 @@ def test_variables_round_trip(variables: dict[str, object]) -> None:
 
 
 def test_exported_json_schemas_are_current() -> None:
-    """``schemas/json/`` is what upstream producers read: it must match the models
+    """``notiflow/schemas/json/`` is what upstream producers read: it must match the models
     (regenerate with ``notiflow schemas export``)."""
     from pathlib import Path
 
-    folder = Path(__file__).resolve().parents[2] / "schemas" / "json"
+    folder = Path(__file__).resolve().parents[2] / "notiflow" / "schemas" / "json"
     for name, schema in json_schemas().items():
         stored = json.loads((folder / f"{name}.schema.json").read_text())
         assert stored == schema, f"{name}.schema.json is stale: run `notiflow schemas export`"

@@ -5,7 +5,7 @@ are committed at each epoch close, after every sink write of the epoch was confi
 restart with the same directory resumes without loss (output is at-least-once; sends are
 deduplicated by lease, status writes are idempotent). A janitor (a thread that runs a short
 child process every 30 s) deletes the store's committed tombstones
-(``adapters/recovery_store.py``)."""
+(``notiflow/adapters/recovery_store.py``)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Kafka producing with confirmed delivery (acks=all, idempotent producer, delivery callbacks).
 
 Bytewax's stock ``KafkaSink`` drops failed deliveries; everything notiflow produces goes
-through :class:`AsyncProducer` (API) or :class:`ConfirmingSink` (dataflows, ``flows/sinks``),
+through :class:`AsyncProducer` (API) or :class:`ConfirmingSink` (dataflows, ``notiflow/flows/sinks``),
 both of which surface a failed delivery as an error instead of losing it.
 """
 

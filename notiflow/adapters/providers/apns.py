@@ -22,7 +22,7 @@ A 200 is the acceptance; its ``apns-id`` is the provider message id. Errors are 
 :data:`STATUS_CLASSES`, and :data:`CONNECT_PHASE_ERRORS` / :data:`TRANSPORT_ERRORS` for
 transport failures; ``docs/providers.md`` explains each row.
 Only ``ios`` recipients go to APNs. The HTTP/2 client is ``pyreqwest`` (measured in
-``bench/http2_clients.py``); it stays behind this adapter.
+``notiflow/bench/http2_clients.py``); it stays behind this adapter.
 """
 
 from __future__ import annotations

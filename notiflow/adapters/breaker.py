@@ -202,7 +202,7 @@ class BreakerParams:
     def from_settings(cls, settings: Settings, lane: str = "") -> BreakerParams:
         """The parameters of ``lane``'s breakers: the bulk lane (any non-empty lane) counts
         slow calls above ``bulk_latency_threshold`` and opens at ``bulk_failure_threshold``
-        failures (``adapters/breaker_lanes.py``)."""
+        failures (``notiflow/adapters/breaker_lanes.py``)."""
         params = cls.from_rule(settings.breaker, settings.time_scale)
         if not lane:
             return params
@@ -728,7 +728,7 @@ class BreakerStore:
         """A store with its own client: short timeouts and no retry (a retried script call
         could count an outcome twice), so an unreachable Redis is noticed within
         ``timeout``. ``lane``: "" for the priority lane's breakers, ``bulk`` for the bulk
-        lane's (``adapters/breaker_lanes.py``)."""
+        lane's (``notiflow/adapters/breaker_lanes.py``)."""
         client = redis_client(settings.redis_url, timeout=timeout,
                               retry=Retry(NoBackoff(), 0), health_check_interval=30)
         return cls(client, BreakerParams.from_settings(settings, lane), settings.topic_prefix,

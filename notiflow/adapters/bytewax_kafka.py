@@ -94,7 +94,7 @@ names.CONSUMER_LAG.create(meter(), callbacks=[observe_lag])
 
 class GroupedKafkaSource(KafkaSource):
     """:class:`KafkaSource` whose partitions share one consumer per worker
-    (``adapters/kafka_group.py``: the leader waits up to ``wait`` for a record, then Bytewax
+    (``notiflow/adapters/kafka_group.py``: the leader waits up to ``wait`` for a record, then Bytewax
     calls it again after ``idle``) and report their lag (see :func:`observe_lag`). It always
     tails and delivers consumer errors as items (``tail`` and ``raise_on_errors`` are not
     used)."""

@@ -1,6 +1,6 @@
 """Recipient frequency caps and the tenant's daily marketing cap: the rules, and their model.
 
-The counts live in Redis (``adapters/redis_caps.py``), as DESIGN.md puts every cluster-wide
+The counts live in Redis (``notiflow/adapters/redis_caps.py``), as DESIGN.md puts every cluster-wide
 limit: the dispatcher checks a batch's messages in one round trip just before sending them
 (after the dedup lease, before content dedup). They cost the send flow no memory (a
 50-million-recipient campaign keeps its 7-day marketing windows in Redis, with TTLs), hold

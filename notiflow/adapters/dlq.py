@@ -9,7 +9,7 @@ Contracts:
 - Records stream: a read holds at most one lookup chunk (:data:`LOOKUP_CHUNK` records) at a
   time, so counting or filtering a DLQ of millions needs no more memory than a small one.
 - A dead letter an operator replayed or purged is *resolved*: its ``dlq_id`` is in the
-  Cassandra table ``dlq_resolved`` (``schemas/cql/0003_dlq.cql``) and every read skips it
+  Cassandra table ``dlq_resolved`` (``notiflow/schemas/cql/0003_dlq.cql``) and every read skips it
   unless asked otherwise. Kafka keeps the record until retention or ``purge --before``.
 - Every operator action leaves a row in ``dlq_audit`` (who, when, what, why).
 - A replay may *reopen* the message it belongs to: a message that ended FAILED or EXPIRED

@@ -1,7 +1,7 @@
 """Wire contracts: the send request, the topic envelopes, status events, attempts, receipts.
 
 These pydantic models are the only definition of the payloads; ``notiflow schemas export``
-writes them as JSON Schema for upstream producers (``schemas/json/``).
+writes them as JSON Schema for upstream producers (``notiflow/schemas/json/``).
 """
 
 from __future__ import annotations

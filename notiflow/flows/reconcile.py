@@ -8,7 +8,7 @@ Recipe (``build_reconcile_flow``)::
       → hold (keyed by receipt)           a parked receipt waits for its next try (timer)
       → apply (per batch, async I/O)      per message: create the row if a direct-producer
                                           message is new, move it to the highest status
-                                          (schemas/status.py), history + attempts + index;
+                                          (notiflow/schemas/status.py), history + attempts + index;
                                           receipts: correlate by the signed message id hint or
                                           the provider message id, dedup by (provider, event
                                           id); a hard bounce, unsubscribe or complaint
@@ -56,7 +56,7 @@ _transitions = names.STATUS_TRANSITIONS.create(telemetry.meter())
 
 CONCURRENCY = 512
 """Messages of a batch applied at once; their reads and writes share requests
-(adapters/cassandra_coalesce.py), so more at once means fewer requests."""
+(notiflow/adapters/cassandra_coalesce.py), so more at once means fewer requests."""
 INFRA_RETRY_FOR = timedelta(minutes=5)
 PARK_FIRST_WAIT = timedelta(seconds=5)
 PARK_MAX_WAIT = timedelta(minutes=1)
@@ -90,7 +90,7 @@ class _Store:
 
 class BulkYield:
     """The reconciler's window of bulk writes at once, stepped every ``bulk_yield.tick``
-    while bulk work is applied by P0's latency signal (``adapters/pressure.py``); Redis
+    while bulk work is applied by P0's latency signal (``notiflow/adapters/pressure.py``); Redis
     unreachable counts as no signal."""
 
     def __init__(self, settings: Settings, ceiling: int) -> None:
@@ -168,7 +168,7 @@ class ApplyStep:
                      store: CassandraStore) -> list[DlqRecord | Receipt]:
         """Priority-lane events first, at full concurrency; then bulk-lane events and the
         receipts, at most the bulk window at once (it narrows while P0 is slow, see
-        ``flows/yielding.py``). Copies of one receipt (same provider event id) in a batch
+        ``notiflow/flows/yielding.py``). Copies of one receipt (same provider event id) in a batch
         are applied once: their ``receipts_dedup`` reads would all run before any write, and
         a copy the webhook received later carries a later ``occurred_at``, so a history row
         of its own."""

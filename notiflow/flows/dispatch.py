@@ -324,7 +324,7 @@ class Dispatcher:
         self.reported: float | None = None
         self.window = YieldWindow(settings.bulk_yield, settings.policy(Tier.P0).sla
                                   .total_seconds(), policy.max_in_flight)
-        """The bulk lane's in-flight window per channel (``flows/yielding.py``)."""
+        """The bulk lane's in-flight window per channel (``notiflow/flows/yielding.py``)."""
         self._retry_sems: dict[Channel, asyncio.Semaphore] = {}
         self._crashes: dict[str, int] = {}
         self._templates: dict[tuple[str, str, int], dict[str, Any]] = {}
@@ -455,7 +455,7 @@ class Dispatcher:
 
     async def _report_pressure(self) -> None:
         """P0's worst latency (completed in the last second, or held now) for the bulk lane
-        to yield by (``adapters/pressure.py``)."""
+        to yield by (``notiflow/adapters/pressure.py``)."""
         from notiflow.adapters import pressure
 
         while True:
@@ -665,7 +665,7 @@ class Dispatcher:
 
     async def _capped(self, live: list[Work], plan: dict[int, Any],
                       now: datetime) -> list[Work]:
-        """Recipient and tenant caps (``flows/caps.py``), counted in Redis; over a cap →
+        """Recipient and tenant caps (``notiflow/flows/caps.py``), counted in Redis; over a cap →
         SUPPRESSED. Redis down on a tier that keeps sending: :class:`LocalCaps` with this
         process's share of each limit, except that marketing waits (fails closed)."""
         assert self._res is not None

@@ -113,7 +113,7 @@ def kafka_cluster_id() -> str:
 
 def gc_log(path: Path) -> str:
     """JVM flag: every stop-the-world pause (GC and safepoints) with its wall-clock time, so a
-    latency stall can be matched with the pauses of the JVM it waited on (``bench/jvm.py``)."""
+    latency stall can be matched with the pauses of the JVM it waited on (``notiflow/bench/jvm.py``)."""
     return f"-Xlog:gc,safepoint:file={path}:time,uptimemillis:filecount=3,filesize=20m"
 
 

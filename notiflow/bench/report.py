@@ -98,7 +98,7 @@ def _host_lines(mode: str, machine: dict[str, Any]) -> list[str]:
     pace = "".join(f", {when} the load {speed[when]['per_cpu_s']:,} rounds per CPU second "
                    f"({speed[when]['per_wall_s']:,} per wall second)"
                    for when in ("before", "after") if when in speed)
-    out = [f"Machine speed ({mode}; bench/calibrate.py, one thread){pace}.", ""] if pace else []
+    out = [f"Machine speed ({mode}; notiflow/bench/calibrate.py, one thread){pace}.", ""] if pace else []
     out += [f"Machine ({mode}): tasks waiting on I/O {h['io_some_s']} s (all tasks at once "
            f"{h['io_full_s']} s; worst second {h['worst_io_some'][1]:.0f} ms at "
            f"{h['worst_io_some'][0]:.0f} s), waiting for a core {h['cpu_some_s']} s (worst "
