@@ -153,3 +153,21 @@ def report(capsys: Any, text: str) -> None:
     output capture."""
     with capsys.disabled():
         print(f"\n[figures] {text}", flush=True)
+
+
+def partial_ports(**given: Any) -> Any:
+    """A :class:`~notiflow.adapters.ports.SendPorts` with only the ports a test gives (the
+    others None), for tests that drive one stage of a dispatcher."""
+    from notiflow.adapters.ports import SendPorts
+
+    async def close() -> None:
+        return None
+
+    fields = dict.fromkeys(("leases", "caps", "messages", "preferences", "breakers", "quota",
+                            "boards"))
+    return SendPorts(**{**fields, "providers": {}, "close": close, **given})
+
+
+async def no_ports() -> Any:
+    """An ``open_ports`` for a dispatcher whose ports a test sets itself."""
+    raise AssertionError("this test sets the dispatcher's ports")

@@ -202,7 +202,7 @@ class BreakerParams:
     def from_settings(cls, settings: Settings, lane: str = "") -> BreakerParams:
         """The parameters of ``lane``'s breakers: the bulk lane (any non-empty lane) counts
         slow calls above ``bulk_latency_threshold`` and opens at ``bulk_failure_threshold``
-        failures (``notiflow/adapters/breaker_lanes.py``)."""
+        failures (``adapters/breaker_lanes.py``)."""
         params = cls.from_rule(settings.breaker, settings.time_scale)
         if not lane:
             return params
@@ -728,7 +728,7 @@ class BreakerStore:
         """A store with its own client: short timeouts and no retry (a retried script call
         could count an outcome twice), so an unreachable Redis is noticed within
         ``timeout``. ``lane``: "" for the priority lane's breakers, ``bulk`` for the bulk
-        lane's (``notiflow/adapters/breaker_lanes.py``)."""
+        lane's (``adapters/breaker_lanes.py``)."""
         client = redis_client(settings.redis_url, timeout=timeout,
                               retry=Retry(NoBackoff(), 0), health_check_interval=30)
         return cls(client, BreakerParams.from_settings(settings, lane), settings.topic_prefix,
@@ -761,7 +761,8 @@ def _parse(raw: list[object]) -> StepResult:
     v = [_text(x) for x in raw]
     ints = [int(x) for x in v[1:5]]
     counts = [int(x) for x in v[6:14]]
-    snap = Snapshot(_STATE[ints[0]], ints[1], ints[2], ints[3], v[5], *counts, float(v[14]))
+    snap = Snapshot(_STATE[ints[0]], ints[1], ints[2], ints[3], v[5], counts[0], counts[1],
+                    counts[2], counts[3], counts[4], counts[5], counts[6], counts[7], float(v[14]))
     transitions = tuple(
         Transition(_STATE[int(v[16 + 4 * i])], _STATE[int(v[17 + 4 * i])], int(v[18 + 4 * i]),
                    v[19 + 4 * i])

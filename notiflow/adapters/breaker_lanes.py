@@ -69,7 +69,11 @@ class BulkBreakers:
         """Transitions this process made in either lane (a peek may materialise the
         priority lane's OPEN → HALF_OPEN)."""
         undo = [self.own.on_change(listener), self.priority.on_change(listener)]
-        return lambda: [u() for u in undo] and None
+        def off() -> None:
+            for u in undo:
+                u()
+
+        return off
 
     async def aclose(self) -> None:
         await self.own.aclose()

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -94,20 +94,28 @@ names.CONSUMER_LAG.create(meter(), callbacks=[observe_lag])
 
 class GroupedKafkaSource(KafkaSource):
     """:class:`KafkaSource` whose partitions share one consumer per worker
-    (``notiflow/adapters/kafka_group.py``: the leader waits up to ``wait`` for a record, then Bytewax
+    (``adapters/kafka_group.py``: the leader waits up to ``wait`` for a record, then Bytewax
     calls it again after ``idle``) and report their lag (see :func:`observe_lag`). It always
     tails and delivers consumer errors as items (``tail`` and ``raise_on_errors`` are not
     used)."""
 
     def __init__(self, *args: Any, topic_prefix: str = "", wait: timedelta = DEFAULT_WAIT,
-                 idle: timedelta = timedelta(0), **kwargs: Any) -> None:
+                 idle: timedelta = timedelta(0), require: Sequence[str] = (),
+                 **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._prefix = topic_prefix
         self._wait = wait
         self._idle = idle
+        self._require = [*self._topics, *require]
 
-    def build_part(self, step_id: str, for_part: str,
-                   resume_state: int | None) -> GroupedPartition:
+    def list_parts(self) -> list[str]:
+        """Fail fast when Kafka or a topic is missing (checked when the flow runs, so
+        building the flow opens nothing), then Bytewax's listing."""
+        check_topics(",".join(self._brokers), self._require)
+        return super().list_parts()
+
+    def build_part(  # type: ignore[override]  # bytewax types it as its own partition class
+            self, step_id: str, for_part: str, resume_state: int | None) -> GroupedPartition:
         idx, topic = for_part.split("-", 1)
         assert topic in self._topics, "Can't resume from different set of Kafka topics"
         flow = step_id.split(".", 1)[0]
@@ -151,13 +159,14 @@ class _LagPartition(GroupedPartition):
 
 
 def kafka_source(settings: Settings, topics: list[str], batch_size: int,
-                 wait: timedelta = DEFAULT_WAIT, idle: timedelta = timedelta(0)
-                 ) -> GroupedKafkaSource:
+                 wait: timedelta = DEFAULT_WAIT, idle: timedelta = timedelta(0),
+                 require: Sequence[str] = ()) -> GroupedKafkaSource:
     """Tail ``topics`` from the beginning on first start; offsets live in Bytewax recovery.
     Consumer errors are delivered as items (never silently dropped). A worker waits up to
     ``wait`` for a record; after finding none it polls again ``idle`` later (a second
     source of the same flow waits 0 and sets ``idle``: only one of a worker's sources should
-    wait). Partitions report ``notiflow.consumer.lag``."""
+    wait). Partitions report ``notiflow.consumer.lag``. ``require``: other topics the flow
+    needs (its sinks'), checked with the source's when the flow starts."""
     return GroupedKafkaSource(
         [settings.kafka_bootstrap],
         topics,
@@ -171,6 +180,7 @@ def kafka_source(settings: Settings, topics: list[str], batch_size: int,
         topic_prefix=settings.topic_prefix,
         wait=wait,
         idle=idle,
+        require=require,
     )
 
 
@@ -194,14 +204,14 @@ class PausableKafkaSource(FixedPartitionedSource[Any, Any]):
         return part
 
 
-def check_topics(settings: Settings, topics: list[str], timeout: float = 15.0) -> None:
+def check_topics(bootstrap: str, topics: Sequence[str], timeout: float = 15.0) -> None:
     """Fail fast (Bytewax's source would hang forever) when Kafka or a topic is missing."""
     try:
-        md = AdminClient({"bootstrap.servers": settings.kafka_bootstrap,
-                          "logger": logging.getLogger("notiflow.kafka")}
-                         ).list_topics(timeout=timeout)
+        config: dict[str, Any] = {"bootstrap.servers": bootstrap,
+                                  "logger": logging.getLogger("notiflow.kafka")}
+        md = AdminClient(config).list_topics(timeout=timeout)
     except Exception as exc:
-        raise SystemExit(f"Kafka at {settings.kafka_bootstrap} is unreachable: {exc}. "
+        raise SystemExit(f"Kafka at {bootstrap} is unreachable: {exc}. "
                          "Is the stack up (`notiflow stack up`)?") from exc
     missing = [t for t in topics if t not in md.topics]
     if missing:

@@ -5,7 +5,7 @@ recipient preference state, device tokens) and the operators' query tables
 All statements are prepared once; every call is asynchronous (the driver's own I/O thread
 resolves an asyncio future), so a Bytewax worker or the API loop can run many at once.
 Status transitions are read-then-write with write times ordered by ``status_rank``
-(``notiflow/schemas/status.py``, :func:`rank_write_time`), no Paxos round per message; recipient
+(``schemas/status.py``, :func:`rank_write_time`), no Paxos round per message; recipient
 state changes are compare-and-set on ``version`` (every write to ``recipient_preferences`` is
 a lightweight transaction, so a read at ``LOCAL_QUORUM`` after it returns sees it).
 """

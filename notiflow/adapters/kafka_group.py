@@ -45,9 +45,16 @@ FOLLOWER_IDLE = timedelta(milliseconds=100)
 the leader emits every partition's records)."""
 
 
+def _headers(msg: Message) -> list[tuple[str, bytes]]:
+    """A record's headers as Bytewax types them (a null header value → ``b""``)."""
+    raw = msg.headers() or []
+    pairs = raw.items() if isinstance(raw, dict) else raw
+    return [(k, v.encode() if isinstance(v, str) else v or b"") for k, v in pairs]
+
+
 def _item(msg: Message) -> Item:
     kafka_msg: KafkaSourceMessage[bytes | None, bytes | None] = KafkaSourceMessage(
-        key=msg.key(), value=msg.value(), topic=msg.topic(), headers=msg.headers() or [],
+        key=msg.key(), value=msg.value(), topic=msg.topic(), headers=_headers(msg),
         latency=msg.latency(), offset=msg.offset(), partition=msg.partition(),
         timestamp=msg.timestamp())
     err = msg.error()
@@ -121,14 +128,16 @@ class WorkerConsumer:
                 err = msg.error()
                 if err is not None and err.code() == ConfluentKafkaError._PARTITION_EOF:
                     continue
-                state = self._parts.get((msg.topic(), msg.partition()))
-                if state is None:
+                topic, partition = msg.topic(), msg.partition()
+                found = (self._parts.get((topic, partition))
+                         if topic is not None and partition is not None else None)
+                if found is None:
                     if err is not None:
                         self._stray.append(_item(msg))
-                elif state.is_paused:
-                    state.buffer.append(_item(msg))
+                elif found.is_paused:
+                    found.buffer.append(_item(msg))
                 else:
-                    _emit(state, _item(msg), out)
+                    _emit(found, _item(msg), out)
         while self._stray and len(out) < self._batch_size:
             out.append(self._stray.popleft())
         return out

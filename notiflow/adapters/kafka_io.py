@@ -1,7 +1,7 @@
 """Kafka producing with confirmed delivery (acks=all, idempotent producer, delivery callbacks).
 
 Bytewax's stock ``KafkaSink`` drops failed deliveries; everything notiflow produces goes
-through :class:`AsyncProducer` (API) or :class:`ConfirmingSink` (dataflows, ``notiflow/flows/sinks``),
+through :class:`AsyncProducer` (API) or :class:`ConfirmingSink` (dataflows, ``flows/sinks``),
 both of which surface a failed delivery as an error instead of losing it.
 """
 
@@ -76,6 +76,10 @@ def header(headers: Sequence[tuple[str, bytes | None]] | None, name: str) -> str
     return None
 
 
+def _headers(record: OutRecord) -> list[tuple[str, str | bytes | None]]:
+    return list(record.headers)
+
+
 class AsyncProducer:
     """asyncio face of a confluent-kafka producer: ``await produce(...)`` returns once the
     broker acknowledged the record (acks=all) and raises :class:`DeliveryFailed` otherwise."""
@@ -102,7 +106,7 @@ class AsyncProducer:
 
         try:
             self._producer.produce(record.topic, record.value, record.key,
-                                   headers=record.headers, on_delivery=on_delivery)
+                                   headers=_headers(record), on_delivery=on_delivery)
         except (BufferError, KafkaException) as exc:
             raise DeliveryFailed(str(exc)) from exc
         return await fut
@@ -140,7 +144,7 @@ class SyncProducer:
         for r in records:
             while True:
                 try:
-                    self._producer.produce(r.topic, r.value, r.key, headers=r.headers,
+                    self._producer.produce(r.topic, r.value, r.key, headers=_headers(r),
                                            on_delivery=self._on_delivery)
                     break
                 except BufferError:

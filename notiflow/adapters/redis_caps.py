@@ -6,7 +6,7 @@ a recipient seen once costs nothing after it. Per tenant and UTC day, a counter
 ``tcap:{tenant}:{day}`` of the marketing messages let through. The script is atomic: it
 drops the entries that left the window, lets a message already counted through again, and
 otherwise counts it only if the recipient and the tenant caps both have room
-(:class:`notiflow.flows.caps.LocalCaps` is the same rule, in memory).
+(``flows/caps.py`` ``LocalCaps`` is the same rule, in memory).
 
 Both keys of one message are touched by one script, so on Redis Cluster they would need one
 hash slot (``{tenant}`` braces); notiflow runs a single Redis (or a primary with replicas).
@@ -14,11 +14,15 @@ hash slot (``{tenant}`` braces); notiflow runs a single Redis (or a primary with
 
 from __future__ import annotations
 
-from datetime import datetime
+from collections.abc import Sequence
+from datetime import datetime, timedelta
 
 import redis.asyncio as aioredis
 
-from notiflow.flows.caps import TENANT_DAY_TTL, CapCheck, Verdict
+from notiflow.adapters.ports import CapCheck, Verdict
+
+TENANT_DAY_TTL = timedelta(days=2)
+"""How long a tenant's daily marketing counter outlives its day."""
 
 _ADMIT = """
 local now, window, limit, member = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
@@ -62,7 +66,7 @@ class CapStore:
     def tenant_key(self, check: CapCheck) -> str | None:
         return f"{self.ns}tcap:{check.tenant_key}" if check.tenant_key else None
 
-    async def admit(self, checks: list[CapCheck], now: datetime) -> list[Verdict]:
+    async def admit(self, checks: Sequence[CapCheck], now: datetime) -> list[Verdict]:
         """Count each message that fits under its caps, in one round trip."""
         if not checks:
             return []
@@ -73,7 +77,7 @@ class CapStore:
             keys = [self.recipient_key(c)]
             if (tenant := self.tenant_key(c)) is not None:
                 keys.append(tenant)
-            args = [now_ms, _ms(c.window.total_seconds()),
+            args: list[int | str] = [now_ms, _ms(c.window.total_seconds()),
                     -1 if c.limit is None else c.limit, c.member,
                     c.tenant_cap if c.tenant_cap is not None else -1, day_ms]
             pipe.eval(_ADMIT, len(keys), *keys, *args)

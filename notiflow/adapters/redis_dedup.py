@@ -19,9 +19,11 @@ A lease is deleted when an attempt fails before the provider accepted it, so the
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 import orjson
 import redis.asyncio as aioredis
@@ -53,6 +55,10 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
 end
 return 0
 """
+
+
+def _set(pipe: Any, *, key: str, value: str, px: int) -> object:
+    return pipe.set(key, value, px=px)
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,7 +148,7 @@ class DedupStore:
         confirmations and outcomes of this moment into one round trip)."""
         px = int(ttl.total_seconds() * 1000)
         values = [(key, "done:" + orjson.dumps(outcome).decode()) for key, outcome in items]
-        await asyncio.gather(*(self.batch.call(lambda pipe, k=k, v=v: pipe.set(k, v, px=px))
+        await asyncio.gather(*(self.batch.call(functools.partial(_set, key=k, value=v, px=px))
                                for k, v in values))
 
     async def release(self, keys: list[str]) -> None:
@@ -191,7 +197,8 @@ class DedupStore:
 
     async def crashes(self, flow: str) -> dict[str, int]:
         """Every source record of ``flow`` with its crash count."""
-        return {k: int(v) for k, v in (await self.r.hgetall(self.crash_key(flow))).items()}
+        raw = await self.r.hgetall(self.crash_key(flow))
+        return {k.decode() if isinstance(k, bytes) else k: int(v) for k, v in raw.items()}
 
     async def aclose(self) -> None:
         await self.r.aclose()

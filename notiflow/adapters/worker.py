@@ -50,6 +50,15 @@ def register(closeable: Any) -> None:
     _LIVE.add(closeable)
 
 
+def start_all() -> None:
+    """Start every registered runtime that has ``start()`` (a flow's runner calls this once
+    the flow is built, so I/O opens when the flow runs and a first message finds it warm)."""
+    for obj in list(_LIVE):
+        start = getattr(obj, "start", None)
+        if start is not None:
+            start()
+
+
 def close_all() -> None:
     """Close every registered runtime of this process (worker loops, dispatchers)."""
     for obj in list(_LIVE):
@@ -78,7 +87,7 @@ class WorkerLoop:
 
     def run(self, coro: Awaitable[T]) -> T:
         loop, _ = self._state()
-        return loop.run_until_complete(coro)  # type: ignore[arg-type]
+        return loop.run_until_complete(coro)
 
     def resource(self, name: str, factory: Callable[[], Awaitable[Any]]) -> Any:
         """The worker's instance of ``name``, created by awaiting ``factory`` on first use."""

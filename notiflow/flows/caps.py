@@ -1,6 +1,6 @@
 """Recipient frequency caps and the tenant's daily marketing cap: the rules, and their model.
 
-The counts live in Redis (``notiflow/adapters/redis_caps.py``), as DESIGN.md puts every cluster-wide
+The counts live in Redis (``adapters/redis_caps.py``), as DESIGN.md puts every cluster-wide
 limit: the dispatcher checks a batch's messages in one round trip just before sending them
 (after the dedup lease, before content dedup). They cost the send flow no memory (a
 50-million-recipient campaign keeps its 7-day marketing windows in Redis, with TTLs), hold
@@ -18,10 +18,9 @@ closed: without Redis a marketing message waits.
 
 from __future__ import annotations
 
-import enum
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from notiflow.adapters.ports import CapCheck, Verdict
 from notiflow.flows.model import Work
 from notiflow.schemas.enums import Category
 from notiflow.settings import Settings
@@ -29,31 +28,7 @@ from notiflow.settings import Settings
 TENANT_MARKER_WINDOW = timedelta(days=1)
 """How long a message counted only by its tenant's daily cap is remembered (no recipient
 rule for its category)."""
-TENANT_DAY_TTL = timedelta(days=2)
 FAIL_CLOSED = frozenset({Category.MARKETING})
-
-
-class Verdict(enum.Enum):
-    """A cap check's answer; a refusal's value is the SUPPRESSED event's reason."""
-
-    OK = "ok"
-    RECIPIENT = "frequency_cap"
-    TENANT = "tenant_daily_cap"
-
-
-@dataclass(frozen=True, slots=True)
-class CapCheck:
-    """What releasing one message is checked against. ``limit`` None: its category has no
-    recipient cap (the recipient key only remembers that the message was counted);
-    ``tenant_key`` None: no tenant cap applies."""
-
-    recipient_key: str
-    member: str
-    window: timedelta
-    limit: int | None
-    tenant_key: str | None = None
-    tenant_cap: int | None = None
-    fail_closed: bool = False
 
 
 def cap_check(work: Work, settings: Settings, now: datetime) -> CapCheck | None:

@@ -54,7 +54,6 @@ from notiflow import names, telemetry
 from notiflow.adapters.bytewax_kafka import (
     ConfirmingSink,
     PausableKafkaSource,
-    check_topics,
     kafka_source,
 )
 from notiflow.adapters.client_webhooks import (
@@ -899,21 +898,16 @@ def build_webhook_flow(
 ) -> Dataflow:
     """The client webhook dataflow over ``notify.events`` (and ``notify.receipts`` unless
     ``receipts`` is False); ``source``/``sink`` default to Kafka, ``sender`` to this
-    process's :class:`WebhookDispatcher`; ``eof_timeout``: how long a finite input (tests)
-    keeps delivering after its end."""
+    process's :class:`WebhookDispatcher` (started when the flow runs); ``eof_timeout``: how
+    long a finite input (tests) keeps delivering after its end."""
     cipher = DlqCipher.from_settings(settings)
     policy = WebhookPolicy.from_settings(settings)
     topics = [settings.events_topic, *([settings.receipts_topic] if receipts else [])]
-    if source is None:
-        check_topics(settings, [*topics, settings.webhooks_dlq_topic])
-    if sender is None:
-        dispatcher = WebhookDispatcher(settings)
-        dispatcher.start()
-        sender = dispatcher
-    out = sender
+    out = sender or WebhookDispatcher(settings)
     flow = Dataflow("client-webhooks")
     raw = op.input("events", flow, source or PausableKafkaSource(
-        kafka_source(settings, topics, 500), lambda _topic: out.saturated()))
+        kafka_source(settings, topics, 500, require=[settings.webhooks_dlq_topic]),
+        lambda _topic: out.saturated()))
     changes = op.filter_map("parse", raw, lambda m: parse_change(m, settings.receipts_topic))
     fresh = op.filter("fresh", changes, Fresh(settings, clock))
     jobs = op.flat_map_batch("resolve", fresh, Resolver(settings))

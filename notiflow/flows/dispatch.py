@@ -18,16 +18,14 @@ import asyncio
 import collections
 import concurrent.futures
 import contextlib
+import functools
 import hashlib
 import logging
-import os
 import random
-import socket
 import threading
 import time
-import uuid
 import weakref
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
@@ -36,18 +34,15 @@ import orjson
 from bytewax.operators import StatefulBatchLogic
 from opentelemetry import trace
 from opentelemetry.metrics import Observation
-from redis.exceptions import RedisError
 
 from notiflow import names, stages, telemetry, tuning
-from notiflow.adapters.cassandra_store import CassandraStore, connect
 from notiflow.adapters.dlq_crypto import DlqCipher
-from notiflow.adapters.kafka_io import AsyncProducer
-from notiflow.adapters.pressure import LatencyWindow
-from notiflow.adapters.providers.base import OutboundMessage, Outcome, ProviderClient, SendResult
-from notiflow.adapters.redis_caps import CapStore
-from notiflow.adapters.redis_dedup import DedupStore, LeaseState
+from notiflow.adapters.ports import STORE_DOWN, OpenSendPorts, SendPorts, Verdict
+from notiflow.adapters.pressure import REPORT_EVERY_S, LatencyWindow
+from notiflow.adapters.providers.base import OutboundMessage, Outcome, SendResult
+from notiflow.adapters.redis_dedup import LeaseState
 from notiflow.adapters.worker import loop_thread, register
-from notiflow.flows.caps import LocalCaps, Verdict, cap_check
+from notiflow.flows.caps import LocalCaps, cap_check
 from notiflow.flows.model import Out, Retry, Work
 from notiflow.flows.policy import RetryPolicy
 from notiflow.flows.routing import Choice, Unavailable, rank_routes, reserve
@@ -63,7 +58,7 @@ from notiflow.flows.yielding import Slots, YieldWindow
 from notiflow.names import Stage
 from notiflow.schemas.enums import Channel, Status, Tier
 from notiflow.schemas.messages import AttemptRecord, DlqRecord, IngestRecord, StatusEvent
-from notiflow.schemas.preferences import state_key
+from notiflow.schemas.preferences import Suppression, state_key
 from notiflow.schemas.status import rank
 from notiflow.settings import Settings, TierPolicy
 from notiflow.telemetry import header_traceparent
@@ -238,17 +233,17 @@ def _observe_oldest(options: Any) -> Iterable[Observation]:
             oldest[key] = min(oldest.get(key, at), at)
         for tier in {d.tier} | {t for t, _ in oldest}:
             for channel in Channel:
-                at = oldest.get((tier, channel))
-                yield Observation(0.0 if at is None else max(0.0, now - at),
+                first = oldest.get((tier, channel))
+                yield Observation(0.0 if first is None else max(0.0, now - first),
                                   {"tier": tier.value, "channel": channel.value})
 
 
 def _observe_breakers(options: Any) -> Iterable[Observation]:
     """``notiflow.breaker.state`` per provider account this process sends through."""
     for d in list(_live):
-        res = d._res
+        res = d._ports
         if res is not None:
-            for provider_id in list(res.clients):
+            for provider_id in list(res.providers):
                 state = res.breakers.state(provider_id)
                 yield Observation(_STATE_CODE.get(str(state.value), 0),
                                   {"provider": provider_id, "lane": d.policy.lane})
@@ -257,9 +252,9 @@ def _observe_breakers(options: Any) -> Iterable[Observation]:
 def _observe_weights(options: Any) -> Iterable[Observation]:
     """``notiflow.provider.route_weight`` per provider account this process sends through."""
     for d in list(_live):
-        res = d._res
+        res = d._ports
         if res is not None:
-            for provider_id in list(res.clients):
+            for provider_id in list(res.providers):
                 yield Observation(res.breakers.weight(provider_id), {"provider": provider_id})
 
 
@@ -280,18 +275,6 @@ def _observe_p0_worst(options: Any) -> Iterable[Observation]:
 _metrics = _SendMetrics()
 
 
-@dataclass
-class _Resources:
-    dedup: DedupStore
-    caps: CapStore
-    store: CassandraStore
-    cluster: Any
-    clients: dict[str, ProviderClient]
-    limiter: Any
-    preferences: Any
-    breakers: Any
-
-
 class Dispatcher:
     """Performs every send of this process on one background event loop.
 
@@ -300,8 +283,9 @@ class Dispatcher:
     """
 
     def __init__(self, settings: Settings, tier: Tier, policy: TierPolicy, cipher: DlqCipher,
-                 pressure: ChannelPressure, clock: Clock, rng: random.Random | None = None,
-                 source: str | None = None, workers: int = 1) -> None:
+                 pressure: ChannelPressure, clock: Clock, open_ports: OpenSendPorts,
+                 owner: str, rng: random.Random | None = None, source: str | None = None,
+                 workers: int = 1) -> None:
         self.settings = settings
         self.tier = tier
         self.policy = policy
@@ -311,20 +295,21 @@ class Dispatcher:
         self.rng = rng or random.Random()
         self.source = source or f"send.{tier.value.lower()}"
         self.workers = workers
-        self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.owner = owner
+        self._open_ports = open_ports
         self.content_window = settings.scaled(settings.content_dedup_window)
         self.redis_ok = True
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._opened: concurrent.futures.Future[None] = concurrent.futures.Future()
-        self._res: _Resources | None = None
+        self._ports: SendPorts | None = None
         self._sems: dict[Channel, Slots] = {}
         self._p0_latencies = LatencyWindow()
         self.reported: float | None = None
         self.window = YieldWindow(settings.bulk_yield, settings.policy(Tier.P0).sla
                                   .total_seconds(), policy.max_in_flight)
-        """The bulk lane's in-flight window per channel (``notiflow/flows/yielding.py``)."""
+        """The bulk lane's in-flight window per channel (``flows/yielding.py``)."""
         self._retry_sems: dict[Channel, asyncio.Semaphore] = {}
         self._crashes: dict[str, int] = {}
         self._templates: dict[tuple[str, str, int], dict[str, Any]] = {}
@@ -332,6 +317,13 @@ class Dispatcher:
         self._local_caps = LocalCaps(share=workers)
         register(self)
         _live.add(self)
+
+    @property
+    def ports(self) -> SendPorts:
+        """The opened ports (the loop opens them before it runs any batch)."""
+        if self._ports is None:
+            raise RuntimeError("dispatcher ports are not open")
+        return self._ports
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -351,38 +343,17 @@ class Dispatcher:
             return self._loop
 
     async def _open(self) -> None:
-        from notiflow.adapters.breaker_lanes import lane_breakers
-        from notiflow.adapters.preferences import PreferenceStore
-        from notiflow.adapters.ratelimit import CapacityLimiter
-        from notiflow.flows.send import open_clients
-
-        s = self.settings
-        cluster, session = await asyncio.to_thread(connect, s)
-        store = CassandraStore(session, s)
-        redis_timeout = self.policy.redis_timeout.total_seconds()
-        breakers = lane_breakers(s, self.policy.lane, redis_timeout)
-        breakers.on_change(self._breaker_changed)
-        dedup = DedupStore.open(s, self.owner)
-        self._res = _Resources(
-            dedup=dedup,
-            caps=CapStore(dedup.r, dedup.ns),
-            store=store,
-            cluster=cluster,
-            clients=await open_clients(s, self.tier),
-            limiter=CapacityLimiter(s, expected_workers=self.workers,
-                                    store_timeout=redis_timeout),
-            preferences=PreferenceStore(store, AsyncProducer(s)),
-            breakers=breakers,
-        )
+        self._ports = ports = await self._open_ports()
+        ports.breakers.on_change(self._breaker_changed)
         try:
-            self._crashes = await self._res.dedup.crashes(self.source)
-        except (RedisError, OSError) as exc:
+            self._crashes = await ports.leases.crashes(self.source)
+        except STORE_DOWN as exc:
             log.warning("crash counts not read: %r", exc)
         self._sems = {c: Slots(self.policy.max_in_flight) for c in Channel}
-        retry_slots = max(1, int(self.policy.max_in_flight * s.retry_share))
+        retry_slots = max(1, int(self.policy.max_in_flight * self.settings.retry_share))
         self._retry_sems = {c: asyncio.Semaphore(retry_slots) for c in Channel}
         tuning.settle()
-        log.info("dispatcher ready: providers %s", ", ".join(sorted(self._res.clients)) or
+        log.info("dispatcher ready: providers %s", ", ".join(sorted(ports.providers)) or
                  "none")
 
     def _breaker_changed(self, change: Any) -> None:
@@ -405,16 +376,8 @@ class Dispatcher:
             for task in asyncio.all_tasks():
                 if task is not me:
                     task.cancel()
-            res = self._res
-            if res is None:
-                return
-            for p in res.clients.values():
-                await p.aclose()
-            await res.breakers.aclose()
-            await res.dedup.aclose()
-            await res.limiter.aclose()
-            res.preferences.producer.close()
-            res.cluster.shutdown()
+            if self._ports is not None:
+                await self._ports.close()
 
         try:
             asyncio.run_coroutine_threadsafe(shutdown(), loop).result(timeout=10)
@@ -455,12 +418,10 @@ class Dispatcher:
 
     async def _report_pressure(self) -> None:
         """P0's worst latency (completed in the last second, or held now) for the bulk lane
-        to yield by (``notiflow/adapters/pressure.py``)."""
-        from notiflow.adapters import pressure
-
+        to yield by (``adapters/pressure.py``)."""
         while True:
-            await asyncio.sleep(pressure.REPORT_EVERY_S)
-            res = self._res
+            await asyncio.sleep(REPORT_EVERY_S)
+            res = self._ports
             if res is None:
                 continue
             now = time.time()
@@ -469,24 +430,21 @@ class Dispatcher:
             self.reported = worst
             if worst is None:
                 continue
-            with contextlib.suppress(RedisError, OSError):
-                await pressure.report(res.dedup.r, self.settings.topic_prefix, self.owner,
-                                      worst)
+            with contextlib.suppress(*STORE_DOWN):
+                await res.boards.report_p0_worst(worst)
 
     async def _follow_pressure(self) -> None:
         """Bulk lane: resize every channel's in-flight slots by P0's latency signal; no
         signal (Redis down, no P0 traffic) counts as calm."""
-        from notiflow.adapters import pressure
-
         tick = self.settings.bulk_yield.tick.total_seconds()
         while True:
             await asyncio.sleep(tick)
-            res = self._res
+            res = self._ports
             if res is None:
                 continue
             try:
-                worst = await pressure.worst(res.dedup.r, self.settings.topic_prefix)
-            except (RedisError, OSError):
+                worst = await res.boards.p0_worst()
+            except STORE_DOWN:
                 worst = None
             limit = self.window.step(worst)
             self.pressure.share = limit / self.window.ceiling
@@ -494,11 +452,9 @@ class Dispatcher:
                 slots.resize(limit)
 
     async def _report_backlog(self) -> None:
-        from notiflow.adapters.backlog import report
-
         while True:
             await asyncio.sleep(BACKLOG_REPORT_S)
-            res = self._res
+            res = self._ports
             if res is None:
                 continue
             waiting = list(self._oldest.values())
@@ -506,9 +462,8 @@ class Dispatcher:
             try:
                 for tier in tiers:
                     oldest = min((at for t, at, _ in waiting if t is tier), default=None)
-                    await report(res.dedup.r, self.settings.topic_prefix, tier, self.owner,
-                                 oldest)
-            except (RedisError, OSError):
+                    await res.boards.report_backlog(tier, oldest)
+            except STORE_DOWN:
                 pass
 
     # ------------------------------------------------------------------ pipeline
@@ -534,7 +489,7 @@ class Dispatcher:
         while True:
             try:
                 result = await fn()
-            except (RedisError, OSError) as exc:
+            except STORE_DOWN as exc:
                 if self.redis_ok:
                     log.warning("redis unavailable (%s): %s", exc,
                                 "sending without cluster dedup" if self.policy.redis_down ==
@@ -554,7 +509,7 @@ class Dispatcher:
                      submitted: float) -> None:
         started = time.time()
         try:
-            if self._res is None:
+            if self._ports is None:
                 await asyncio.wrap_future(self._opened)
             plan = await self._prepare(batch)
         except Exception as exc:
@@ -574,9 +529,8 @@ class Dispatcher:
 
     async def _prepare(self, batch: list[Work]) -> dict[int, Any]:
         """Per message: the final outputs (a list) or (message, provider, content key)."""
-        assert self._res is not None
-        res = self._res
-        dedup = res.dedup
+        res = self.ports
+        dedup = res.leases
         now = self.clock()
         plan: dict[int, Any] = {}
         batch = self._crash_looped(batch, plan, now)
@@ -603,8 +557,8 @@ class Dispatcher:
                 stale_at = since + self._stale_after(w)
                 if now < stale_at:
                     plan[id(w)] = [retry_record(w, w.record.attempt, stale_at)]
-                elif await self._redis(lambda k=key, h=st.holder or "": dedup.take_over(
-                        k, h, ttl), True):
+                elif await self._redis(functools.partial(dedup.take_over, key,
+                                                         st.holder or "", ttl), True):
                     log.warning("message %s attempt %s: resuming after a crashed sender "
                                 "(possible duplicate)", w.message_id, w.record.attempt)
                     live.append(w)
@@ -625,8 +579,9 @@ class Dispatcher:
         fresh = [w for w in live if w.record.idempotency_key is None]
         claims = [(dedup.content_key(w.record.tenant_id, content_fingerprint(w)), w.message_id)
                   for w in fresh]
+        unclaimed: list[str | None] = [None] * len(claims)
         holders = await self._redis(lambda: dedup.claim_content(claims, self.content_window),
-                                    [None] * len(claims))
+                                    unclaimed)
         content_keys: dict[int, str] = {}
         for w, (ckey, _), holder in zip(fresh, claims, holders, strict=True):
             if holder:
@@ -665,31 +620,29 @@ class Dispatcher:
 
     async def _capped(self, live: list[Work], plan: dict[int, Any],
                       now: datetime) -> list[Work]:
-        """Recipient and tenant caps (``notiflow/flows/caps.py``), counted in Redis; over a cap →
+        """Recipient and tenant caps (``flows/caps.py``), counted in Redis; over a cap →
         SUPPRESSED. Redis down on a tier that keeps sending: :class:`LocalCaps` with this
         process's share of each limit, except that marketing waits (fails closed)."""
-        assert self._res is not None
-        caps = self._res.caps
+        caps = self.ports.caps
         checked = [(w, c) for w in live if (c := cap_check(w, self.settings, now)) is not None]
         if not checked:
             return live
         checks = [c for _, c in checked]
-        verdicts: list[Verdict | None] | None = await self._redis(
-            lambda: caps.admit(checks, now), None)
-        if verdicts is None:
-            verdicts = [None if c.fail_closed else self._local_caps.admit(c, now)
-                        for c in checks]
+        counted: list[Verdict] | None = await self._redis(lambda: caps.admit(checks, now), None)
+        verdicts: list[Verdict | None] = (
+            list(counted) if counted is not None
+            else [None if c.fail_closed else self._local_caps.admit(c, now) for c in checks])
         waiting: list[str] = []
         for (w, _), verdict in zip(checked, verdicts, strict=True):
             if verdict is None:
                 plan[id(w)] = [retry_record(w, w.record.attempt,
                                             now + timedelta(seconds=REDIS_CLOSED_WAIT_S))]
-                waiting.append(self._res.dedup.lease_key(w.message_id, w.record.attempt))
+                waiting.append(self.ports.leases.lease_key(w.message_id, w.record.attempt))
             elif verdict is not Verdict.OK:
                 plan[id(w)] = await self._finished(w, status_event(
                     w, Status.SUPPRESSED, now, self.source, reason=verdict.value))
         if waiting:
-            dedup = self._res.dedup
+            dedup = self.ports.leases
             await self._redis(lambda: dedup.release(waiting), None)
         return [w for w in live if id(w) not in plan]
 
@@ -697,7 +650,6 @@ class Dispatcher:
                               now: datetime) -> list[Work]:
         """Re-read the preferences of strong-consent categories (marketing) from Cassandra,
         so an opt-out acknowledged by the API applies to every later send."""
-        assert self._res is not None
         strong = [w for w in live if w.record.category in self.settings.strong_consent_categories]
         if not strong:
             return live
@@ -707,7 +659,7 @@ class Dispatcher:
         for i in range(0, len(keys), step):
             chunk = keys[i:i + step]
             states.update(await self._infra(
-                "cassandra", lambda c=chunk: self._res.preferences.get_states(c)))
+                "cassandra", functools.partial(self.ports.preferences.get_states, chunk)))
         for w in strong:
             state = states.get(state_key(w.record.tenant_id, w.recipient_hash))
             reason = state.blocks(w.record.channel, w.record.category) if state else None
@@ -717,10 +669,9 @@ class Dispatcher:
         return [w for w in live if id(w) not in plan]
 
     def _candidates(self, w: Work) -> list[Any]:
-        assert self._res is not None
-        res = self._res
+        res = self.ports
         return rank_routes(self.settings.routes, tier=w.record.tier, channel=w.record.channel,
-                           recipient=w.record.recipient, enabled=frozenset(res.clients),
+                           recipient=w.record.recipient, enabled=frozenset(res.providers),
                            weight=res.breakers.weight, avoid=w.record.avoid_provider)
 
     async def _send(self, w: Work, msg: OutboundMessage, content_key: str | None,
@@ -742,12 +693,11 @@ class Dispatcher:
 
     async def _attempt(self, w: Work, msg: OutboundMessage, content_key: str | None,
                        fut: concurrent.futures.Future[list[Out]], entered: float) -> None:
-        assert self._res is not None
-        res = self._res
+        res = self.ports
         tier = w.record.tier.value
         try:
             tenant = self.settings.tenant(w.record.tenant_id)
-            choice = await reserve(self._candidates(w), res.breakers, res.limiter,
+            choice = await reserve(self._candidates(w), res.breakers, res.quota,
                                    w.record.tier, tenant_id=w.record.tenant_id,
                                    tenant_rate=tenant.rate_limit if tenant else None)
             routed = time.monotonic()
@@ -755,10 +705,10 @@ class Dispatcher:
             if not isinstance(choice, Choice):
                 self._resolve(w, fut, await self._all_unavailable(w, choice))
                 return
-            provider = res.clients[choice.provider_id]
+            provider = res.providers[choice.provider_id]
             async with self._sems[w.record.channel]:
-                key = res.dedup.lease_key(w.message_id, w.record.attempt)
-                if not await self._redis(lambda: res.dedup.confirm(key, self._lease_ttl(w)),
+                key = res.leases.lease_key(w.message_id, w.record.attempt)
+                if not await self._redis(lambda: res.leases.confirm(key, self._lease_ttl(w)),
                                          True):
                     log.warning("message %s attempt %s: lease taken over by another sender; "
                                 "not sending", w.message_id, w.record.attempt)
@@ -793,7 +743,7 @@ class Dispatcher:
             self._resolve(w, fut, outs)
         except Exception as exc:
             log.exception("send of %s failed", w.message_id)
-            if not isinstance(exc, InfraUnavailable | RedisError | OSError):
+            if not isinstance(exc, (InfraUnavailable, *STORE_DOWN)):
                 await self._count_crash(w)
             self._resolve(w, fut, exc)
 
@@ -801,14 +751,13 @@ class Dispatcher:
         """The flow is about to stop because of this record: count it, so the next start
         dead-letters it instead of crash-looping, and free its lease (this process will not
         finish the attempt; the restart may, as a takeover of a stale lease would)."""
-        assert self._res is not None
         try:
-            n = await self._res.dedup.count_crash(self.source, crash_field(w), CRASH_MEMORY)
+            n = await self.ports.leases.count_crash(self.source, crash_field(w), CRASH_MEMORY)
             log.error("message %s attempt %d (source %s:%d:%d) crashed the flow %d time(s)",
                       w.message_id, w.record.attempt, w.source.topic, w.source.partition,
                       w.source.offset, n)
             await self._release(w)
-        except (RedisError, OSError) as exc:
+        except STORE_DOWN as exc:
             log.warning("crash of %s not counted: %r", crash_field(w), exc)
 
     def _crash_looped(self, batch: list[Work], plan: dict[int, Any],
@@ -893,8 +842,7 @@ class Dispatcher:
                                now: datetime) -> None:
         """Check records: an ambiguous attempt that no receipt resolved in time ends FAILED
         (``ambiguous``); one that a receipt moved on needs nothing."""
-        assert self._res is not None
-        store = self._res.store
+        store = self.ports.messages
         rows = await self._infra("cassandra", lambda: asyncio.gather(
             *(store.get_message(w.message_id) for w in checks)))
         for w, row in zip(checks, rows, strict=True):
@@ -907,12 +855,11 @@ class Dispatcher:
                 plan[id(w)] = []
 
     async def _finished(self, w: Work, ev: StatusEvent, content_key: str | None = None,
-                        follow: list[Out] | None = None) -> list[Out]:
+                        follow: Sequence[Out] | None = None) -> list[Out]:
         """Record the attempt's end and what follows it on its lease (so a replay never
         sends it again and re-emits the same outputs) and free the content fingerprint of a
         message that will never be delivered. Returns ``[ev, *follow]``."""
-        assert self._res is not None
-        dedup = self._res.dedup
+        dedup = self.ports.leases
         key = dedup.lease_key(w.message_id, w.record.attempt)
         done = lease_outcome(ev, follow or ())
         await self._redis(lambda: dedup.finish([(key, done)], self._lease_ttl(w)), None)
@@ -922,19 +869,17 @@ class Dispatcher:
         return [ev, *(follow or ())]
 
     async def _release(self, w: Work) -> None:
-        assert self._res is not None
-        dedup = self._res.dedup
+        dedup = self.ports.leases
         key = dedup.lease_key(w.message_id, w.record.attempt)
         await self._redis(lambda: dedup.release([key]), None)
 
     async def _suppress(self, w: Work, reason: str) -> None:
         """The provider says the address or token is dead: suppress it for later messages."""
-        assert self._res is not None
-        why = {"unsubscribed": "unsubscribed"}.get(reason, "token_deactivated"
-                                                   if w.record.channel is Channel.PUSH
-                                                   else "hard_bounce")
+        why: Suppression = ("unsubscribed" if reason == "unsubscribed" else
+                            "token_deactivated" if w.record.channel is Channel.PUSH
+                            else "hard_bounce")
         try:
-            await self._res.preferences.suppress(w.record.tenant_id, w.recipient_hash, why)
+            await self.ports.preferences.suppress(w.record.tenant_id, w.recipient_hash, why)
         except Exception as exc:
             log.warning("could not record suppression for %s: %r", w.message_id, exc)
 
@@ -964,8 +909,7 @@ class Dispatcher:
     async def _drop_already_final(self, live: list[Work], plan: dict[int, Any]) -> list[Work]:
         """A lease can only have expired for an old record: ask Cassandra whether the message
         already ended before sending it again."""
-        assert self._res is not None
-        store = self._res.store
+        store = self.ports.messages
         now = self.clock()
         old = [w for w in live if now - w.accepted_at > self._lease_ttl(w)]
         if not old:
@@ -980,9 +924,7 @@ class Dispatcher:
     async def _render(self, batch: list[Work]) -> dict[str, OutboundMessage | str | RenderFailure]:
         """message_id → rendered message, the FAILED reason, or a renderer failure."""
         from notiflow.templating import MissingVariable, RenderError, render
-
-        assert self._res is not None
-        store = self._res.store
+        store = self.ports.messages
         wanted = sorted({(w.record.tenant_id, w.record.template_id, w.record.template_version)
                          for w in batch} - self._templates.keys())
         if wanted:
@@ -1021,8 +963,7 @@ class Dispatcher:
         attempt known to Cassandra plus the last one, and the rendered message (encrypted)."""
         attempts = {detail.attempt_no: detail}
         try:
-            assert self._res is not None
-            for row in await self._res.store.attempts(w.message_id):
+            for row in await self.ports.messages.attempts(w.message_id):
                 a = attempt_from_row(row)
                 if a is not None:
                     attempts.setdefault(a.attempt_no, a)
@@ -1121,7 +1062,10 @@ class SendLogic(StatefulBatchLogic[Work, Out, list[Work]]):
             futs = self.d.submit(list(new.values()))
             for (k, w), f in zip(new.items(), futs, strict=True):
                 self.pending[k] = (w, f)
-                f.add_done_callback(lambda _f, k=k: self._done.append(k))
+                f.add_done_callback(functools.partial(self._finished_future, k))
+
+    def _finished_future(self, key: str, _future: object) -> None:
+        self._done.append(key)
 
     def _collect(self) -> list[Out]:
         out: list[Out] = []

@@ -34,13 +34,13 @@ from bytewax.dataflow import Dataflow
 from bytewax.inputs import Source
 from bytewax.outputs import Sink
 from opentelemetry import trace
-from redis.exceptions import RedisError
 
 from notiflow import names, telemetry
-from notiflow.adapters.bytewax_kafka import ConfirmingSink, check_topics, kafka_source
+from notiflow.adapters.bytewax_kafka import ConfirmingSink, kafka_source
 from notiflow.adapters.cassandra_store import CassandraStore, Write, connect
 from notiflow.adapters.dlq_crypto import DlqCipher
 from notiflow.adapters.kafka_io import OutRecord
+from notiflow.adapters.ports import STORE_DOWN
 from notiflow.adapters.worker import WorkerLoop
 from notiflow.flows.guard import DlqGuard
 from notiflow.flows.model import ReconcileIn, SourcedReceipt, utcnow
@@ -56,7 +56,7 @@ _transitions = names.STATUS_TRANSITIONS.create(telemetry.meter())
 
 CONCURRENCY = 512
 """Messages of a batch applied at once; their reads and writes share requests
-(notiflow/adapters/cassandra_coalesce.py), so more at once means fewer requests."""
+(adapters/cassandra_coalesce.py), so more at once means fewer requests."""
 INFRA_RETRY_FOR = timedelta(minutes=5)
 PARK_FIRST_WAIT = timedelta(seconds=5)
 PARK_MAX_WAIT = timedelta(minutes=1)
@@ -90,7 +90,7 @@ class _Store:
 
 class BulkYield:
     """The reconciler's window of bulk writes at once, stepped every ``bulk_yield.tick``
-    while bulk work is applied by P0's latency signal (``notiflow/adapters/pressure.py``); Redis
+    while bulk work is applied by P0's latency signal (``adapters/pressure.py``); Redis
     unreachable counts as no signal."""
 
     def __init__(self, settings: Settings, ceiling: int) -> None:
@@ -118,7 +118,7 @@ class BulkYield:
             self._client = redis_client(self.settings.redis_url, timeout=0.5)
         try:
             return await pressure.worst(self._client, self.settings.topic_prefix)
-        except (RedisError, OSError):
+        except STORE_DOWN:
             return None
 
 
@@ -168,7 +168,7 @@ class ApplyStep:
                      store: CassandraStore) -> list[DlqRecord | Receipt]:
         """Priority-lane events first, at full concurrency; then bulk-lane events and the
         receipts, at most the bulk window at once (it narrows while P0 is slow, see
-        ``notiflow/flows/yielding.py``). Copies of one receipt (same provider event id) in a batch
+        ``flows/yielding.py``). Copies of one receipt (same provider event id) in a batch
         are applied once: their ``receipts_dedup`` reads would all run before any write, and
         a copy the webhook received later carries a later ``occurred_at``, so a history row
         of its own."""
@@ -374,8 +374,6 @@ def build_reconcile_flow(
     cipher = DlqCipher.from_settings(settings)
     flow = Dataflow("reconcile")
     topics = [settings.events_topic, settings.receipts_topic]
-    if source is None:
-        check_topics(settings, topics)
     raw = op.input("events", flow, source or kafka_source(settings, topics, 1000))
     parsed = op.map("dlq-guard", op.map(
         "parse", raw, lambda m: parse_reconcile(m, settings, cipher, clock)),

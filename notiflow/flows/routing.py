@@ -89,7 +89,7 @@ def rank_routes(routes: Iterable[ProviderRoute], *, tier: Tier, channel: Channel
 
 
 class BreakerView(Protocol):
-    """What the router asks of the circuit breakers (``notiflow/adapters/breaker.py``)."""
+    """What the router asks of the circuit breakers (``adapters/breaker.py``)."""
 
     async def allow(self, provider_id: str) -> Any: ...
 
@@ -146,7 +146,7 @@ MIN_WAIT = 0.001
 
 
 class QuotaView(Protocol):
-    """What the router asks of the capacity limiter (``notiflow/adapters/ratelimit.py``)."""
+    """What the router asks of the capacity limiter (``adapters/ratelimit.py``)."""
 
     async def acquire(self, provider_id: str, tier: Tier, tenant_id: str | None = None,
                       tenant_rate: float | None = None) -> float | None: ...

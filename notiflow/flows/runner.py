@@ -5,7 +5,7 @@ are committed at each epoch close, after every sink write of the epoch was confi
 restart with the same directory resumes without loss (output is at-least-once; sends are
 deduplicated by lease, status writes are idempotent). A janitor (a thread that runs a short
 child process every 30 s) deletes the store's committed tombstones
-(``notiflow/adapters/recovery_store.py``)."""
+(``adapters/recovery_store.py``)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from bytewax.run import cli_main
 
 from notiflow import telemetry, tuning
 from notiflow.adapters.recovery_store import start_janitor
-from notiflow.adapters.worker import close_all
+from notiflow.adapters.worker import close_all, start_all
 from notiflow.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -57,6 +57,7 @@ def run_flow(build: Callable[[], Dataflow], settings: Settings, name: str, *,
     rdir = (recovery_dir or settings.stack_dir / "recovery" / name).resolve()
     ensure_recovery_dir(rdir, settings.recovery_partitions)
     flow = build()
+    start_all()
     tuning.settle()
     janitor = start_janitor(rdir)
     signal.signal(signal.SIGTERM, _terminate)

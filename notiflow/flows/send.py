@@ -40,39 +40,22 @@ from pydantic import ValidationError
 from notiflow.adapters.bytewax_kafka import (
     ConfirmingSink,
     PausableKafkaSource,
-    check_topics,
     kafka_source,
 )
 from notiflow.adapters.dlq_crypto import DlqCipher
 from notiflow.adapters.kafka_io import OutRecord
-from notiflow.adapters.providers.base import ProviderClient
+from notiflow.adapters.ports import OpenSendPorts
+from notiflow.adapters.send_ports import opener, sender_identity
 from notiflow.flows.consent import PolicyStep, PreferenceJoin, join_key
 from notiflow.flows.dispatch import ChannelPressure, Dispatcher, SendLogic, shard_key
 from notiflow.flows.guard import DlqGuard
-from notiflow.flows.model import Work, utcnow
+from notiflow.flows.model import Work, is_work, utcnow
 from notiflow.flows.steps import Clock, Encoder, Hold, IngestParser, RawMessage
 from notiflow.schemas.enums import Channel, Tier
 from notiflow.schemas.preferences import PreferenceState
 from notiflow.settings import Settings
 
 SHARDS_PER_CHANNEL = 8
-
-
-async def open_clients(settings: Settings, tier: Tier) -> dict[str, ProviderClient]:
-    """A client for every configured provider account (one set per process), keyed by
-    provider id; the router picks among them per attempt."""
-    from notiflow.adapters.providers import open_provider
-
-    timeout = settings.policy(tier).provider_timeout.total_seconds()
-    clients: dict[str, ProviderClient] = {}
-    try:
-        for provider_id in sorted(settings.enabled_providers()):
-            clients[provider_id] = await open_provider(settings, provider_id, timeout=timeout)
-    except BaseException:
-        for c in clients.values():
-            await c.aclose()
-        raise
-    return clients
 
 
 def parse_preference(msg: RawMessage) -> PreferenceState | None:
@@ -94,13 +77,15 @@ def build_send_flow(
     source: Source[Any] | None = None,
     preferences: Source[Any] | None = None,
     sink: Sink[OutRecord] | None = None,
+    ports: OpenSendPorts | None = None,
     clock: Clock = utcnow,
     rng: random.Random | None = None,
     workers: int = 1,
 ) -> Dataflow:
     """The send dataflow of ``tier`` (``None`` = the shared baseline over every tier);
-    ``source``/``preferences``/``sink`` default to Kafka; ``workers`` = processes of this
-    flow (sizes the local limits used while Redis is down)."""
+    ``source``/``preferences``/``sink`` default to Kafka and ``ports`` to the real stores and
+    providers, opened when the flow runs; ``workers`` = processes of this flow (sizes the
+    local limits used while Redis is down). Building opens nothing."""
     cipher = DlqCipher.from_settings(settings)
     shared = tier is None
     policy_tier = Tier.P2 if shared else tier
@@ -111,8 +96,6 @@ def build_send_flow(
     topics = ([settings.shared_topic] if shared
               else [settings.ingest_topic(c, policy_tier) for c in Channel])
     channel_of = {settings.topic(f"ingest.{c.value.lower()}.{name}"): c for c in Channel}
-    if source is None or preferences is None:
-        check_topics(settings, [*topics, settings.preferences_topic])
     flow = Dataflow(f"send-{name}")
 
     ingest = source or PausableKafkaSource(
@@ -120,7 +103,7 @@ def build_send_flow(
         lambda topic: topic in channel_of and pressure.paused(channel_of[topic]))
     raw = op.input("ingest", flow, ingest)
     parsed = op.map("parse", raw, IngestParser(settings, tier, cipher, clock))
-    split = op.branch("is-work", parsed, lambda x: isinstance(x, Work))
+    split = op.branch("is-work", parsed, is_work)
 
     # never waits (the ingest source's wait is the worker's) and never sleeps: the stateful
     # steps process an epoch once every input's frontier has reached it
@@ -133,16 +116,20 @@ def build_send_flow(
                          PreferenceJoin)
     decided = op.flat_map("policy", op.key_rm("unkey-recipient", joined),
                           PolicyStep(settings, clock))
-    decision = op.branch("to-send", decided, lambda x: isinstance(x, Work))
+    decision = op.branch("to-send", decided, is_work)
 
-    timing = op.branch("due-now", decision.trues, lambda w: w.is_due(clock()))
+    def due_now(w: Work) -> bool:
+        return w.is_due(clock())
+
+    timing = op.branch("due-now", decision.trues, due_now)
     held = op.stateful("hold", op.key_on("by-message", timing.falses, lambda w: w.message_id),
                        lambda resume: Hold(resume, clock))
     ready = op.merge("ready", timing.trues, op.key_rm("unkey-message", held))
 
-    dispatcher = Dispatcher(settings, policy_tier, policy, cipher, pressure, clock, rng,
+    owner = sender_identity()
+    dispatcher = Dispatcher(settings, policy_tier, policy, cipher, pressure, clock,
+                            ports or opener(settings, policy_tier, owner, workers), owner, rng,
                             source=f"send.{name}", workers=workers)
-    dispatcher.start()
     sent = op.key_rm("unkey-send", op.stateful_batch(
         "send", op.key_on("by-channel-shard", ready,
                           lambda w: shard_key(w, SHARDS_PER_CHANNEL)),

@@ -66,7 +66,7 @@ def dead_letter(
         tier=tier,
         reason=reason,
         error_class=error_class,
-        category=category,  # type: ignore[arg-type]
+        category=category,
         failed_at=now,
         source_topic=source.topic,
         source_partition=source.partition,
@@ -397,7 +397,7 @@ def parse_reconcile(msg: RawMessage, settings: Settings, cipher: DlqCipher,
     src = source_of(msg)
     model = Receipt if src.topic == settings.receipts_topic else StatusEvent
     tier_h = header(msg.headers, "tier")
-    tier = Tier(tier_h) if tier_h in Tier.__members__ else None
+    tier = Tier(tier_h) if tier_h is not None and tier_h in Tier.__members__ else None
     try:
         item = model.model_validate_json(msg.value or b"")
     except ValidationError as exc:

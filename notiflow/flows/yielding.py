@@ -1,6 +1,6 @@
 """Bulk work yields to P0: an AIMD window driven by the priority lane's latency signal.
 
-The signal (``notiflow/adapters/pressure.py``) is the worst P0 latency reported in the last second.
+The signal (``adapters/pressure.py``) is the worst P0 latency reported in the last second.
 :class:`YieldWindow` turns it into the number of bulk operations a process may have in
 flight: halved at every tick while the signal is above ``high * SLA``, grown by ``increase *
 ceiling`` per tick while it is below ``low * SLA``, held in between; no signal (no P0 traffic)

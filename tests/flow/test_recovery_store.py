@@ -1,4 +1,4 @@
-"""The recovery store's janitor (``notiflow/adapters/recovery_store.py``) against Bytewax's own
+"""The recovery store's janitor (``adapters/recovery_store.py``) against Bytewax's own
 SQLite store: committed tombstones go, live state stays, and a flow resumed from the swept
 store restores exactly the state it had (1 and 2 workers)."""
 

@@ -1,6 +1,6 @@
 """Breaker lanes against real Redis: bulk evidence opens only the bulk lane's breaker, a
 priority outage stops bulk too, and a bulk process watching the priority breaker never takes
-its probes (``notiflow/adapters/breaker_lanes.py``)."""
+its probes (``adapters/breaker_lanes.py``)."""
 
 from __future__ import annotations
 

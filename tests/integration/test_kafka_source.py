@@ -1,5 +1,5 @@
 """The send flows' Kafka source against the real broker: one consumer per worker shared by its
-partitions (notiflow/adapters/kafka_group.py), offsets per partition, pausing, the leader's wait."""
+partitions (adapters/kafka_group.py), offsets per partition, pausing, the leader's wait."""
 
 from __future__ import annotations
 

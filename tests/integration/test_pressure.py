@@ -1,7 +1,7 @@
-"""P0's latency signal in real Redis (``notiflow/adapters/pressure.py``) and the two ends of it in the
+"""P0's latency signal in real Redis (``adapters/pressure.py``) and the two ends of it in the
 dispatcher: the P0 dispatcher reports its worst latency, a bulk dispatcher narrows its
 in-flight window and its intake while that is above ``bulk_yield.high`` and widens them again
-once P0 is calm (``notiflow/flows/yielding.py``)."""
+once P0 is calm (``flows/yielding.py``)."""
 
 from __future__ import annotations
 
@@ -17,10 +17,12 @@ from cryptography.fernet import Fernet
 from notiflow.adapters import pressure
 from notiflow.adapters.dlq_crypto import DlqCipher
 from notiflow.adapters.redis_dedup import DedupStore
-from notiflow.flows.dispatch import ChannelPressure, Dispatcher, _Resources
+from notiflow.adapters.send_ports import RedisBoards
+from notiflow.flows.dispatch import ChannelPressure, Dispatcher
 from notiflow.flows.yielding import Slots
 from notiflow.schemas.enums import Channel, Tier
 from notiflow.settings import Settings
+from tests.helpers import no_ports, partial_ports
 
 pytestmark = pytest.mark.integration
 
@@ -51,11 +53,10 @@ def dispatcher(redis_url: str, tier: Tier, prefix: str,
     policy = s.policy(tier)
     d = Dispatcher(s, tier, policy, DlqCipher.from_settings(s),
                    ChannelPressure(policy.max_queued + policy.max_in_flight),
-                   lambda: datetime.now(UTC))
+                   lambda: datetime.now(UTC), no_ports, f"test:{tier.value}")
     client = aioredis.Redis.from_url(redis_url, decode_responses=True)
-    d._res = _Resources(dedup=DedupStore(client, d.owner, prefix), caps=None, store=None,
-                        cluster=None, clients={}, limiter=None, preferences=None,
-                        breakers=None)
+    d._ports = partial_ports(leases=DedupStore(client, d.owner, prefix),
+                             boards=RedisBoards(client, prefix, d.owner))
     d._sems = {c: Slots(policy.max_in_flight) for c in Channel}
     return d, client
 

@@ -198,7 +198,7 @@ async def test_p0_takes_its_share_back_from_saturating_p3(client: aioredis.Redis
         assert window(p0, end) + window(p3, end) <= rate
 
 
-# P0 routing across provider accounts (notiflow/flows/routing.py reserve) -----------------------------
+# P0 routing across provider accounts (flows/routing.py reserve) -----------------------------
 
 
 async def test_p0_moves_to_the_second_provider_once_the_firsts_share_is_spent(

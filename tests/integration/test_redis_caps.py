@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from notiflow.adapters.redis_caps import CapStore
 from notiflow.flows.caps import CapCheck, LocalCaps, Verdict
+from tests.helpers import no_ports, partial_ports
 
 pytestmark = pytest.mark.integration
 
@@ -115,7 +116,7 @@ async def test_redis_down_p0_caps_locally_and_marketing_waits(
     from notiflow.adapters.dlq_crypto import DlqCipher
     from notiflow.adapters.redis_dedup import DedupStore
     from notiflow.devenv import free_port
-    from notiflow.flows.dispatch import ChannelPressure, Dispatcher, _Resources
+    from notiflow.flows.dispatch import ChannelPressure, Dispatcher
     from notiflow.flows.model import Retry, SourceRef, Work
     from notiflow.schemas.enums import Tier
     from notiflow.schemas.messages import IngestRecord, StatusEvent
@@ -131,11 +132,9 @@ async def test_redis_down_p0_caps_locally_and_marketing_waits(
     policy = s.policy(Tier.P0)
     assert policy.redis_down == "local"
     d = Dispatcher(s, Tier.P0, policy, DlqCipher.from_settings(s), ChannelPressure(10),
-                   lambda: T0, workers=2)
+                   lambda: T0, no_ports, "test:p0", workers=2)
     client = aioredis.Redis.from_url(s.redis_url, socket_connect_timeout=0.2)
-    d._res = _Resources(dedup=DedupStore(client, d.owner), caps=CapStore(client), store=None,
-                        cluster=None, clients={}, limiter=None, preferences=None,
-                        breakers=None)
+    d._ports = partial_ports(leases=DedupStore(client, d.owner), caps=CapStore(client))
 
     def work(i: int, category: str) -> Work:
         rec = IngestRecord.model_validate({

@@ -1,4 +1,4 @@
-"""The shared per-worker consumer (notiflow/adapters/kafka_group.py) against a scripted consumer."""
+"""The shared per-worker consumer (adapters/kafka_group.py) against a scripted consumer."""
 
 from __future__ import annotations
 

@@ -168,7 +168,7 @@ def test_variables_round_trip(variables: dict[str, object]) -> None:
 
 
 def test_exported_json_schemas_are_current() -> None:
-    """``notiflow/schemas/json/`` is what upstream producers read: it must match the models
+    """``schemas/json/`` is what upstream producers read: it must match the models
     (regenerate with ``notiflow schemas export``)."""
     from pathlib import Path
 

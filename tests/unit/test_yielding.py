@@ -1,5 +1,5 @@
-"""Bulk work yields to P0: the AIMD window (``notiflow/flows/yielding.py``), its resizable slots, and
-the latency window the P0 flow reports from (``notiflow/adapters/pressure.py``)."""
+"""Bulk work yields to P0: the AIMD window (``flows/yielding.py``), its resizable slots, and
+the latency window the P0 flow reports from (``adapters/pressure.py``)."""
 
 from __future__ import annotations
 

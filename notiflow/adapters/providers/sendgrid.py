@@ -111,9 +111,9 @@ def classify_response(status: int, fields: Sequence[str | None] = ()) -> Rule:
                 return rule
         if rules:
             return rules[0]
-    rule = HTTP_STATUSES.get(status)
-    if rule is not None:
-        return rule
+    known = HTTP_STATUSES.get(status)
+    if known is not None:
+        return known
     return STATUS_CLASSES.get(status // 100, Rule(_A, "unexpected_status"))
 
 

@@ -205,18 +205,18 @@ def classify_reply(code: int, text: str, stage: str = DATA_END) -> Rule:
         if pattern.search(text):
             return rule
     enhanced = enhanced_code(code, text)
-    if enhanced is not None and (rule := ENHANCED_CODES.get(enhanced)) is not None:
-        return rule
-    if (rule := SESSION_CODES.get(code)) is not None:
-        return rule
+    if enhanced is not None and (found := ENHANCED_CODES.get(enhanced)) is not None:
+        return found
+    if (found := SESSION_CODES.get(code)) is not None:
+        return found
     if stage in SESSION_STAGES and code // 100 == 5:
         return SESSION_REFUSED
     if enhanced is not None:
         subject = enhanced.rsplit(".", 1)[0]
-        if (rule := ENHANCED_SUBJECTS.get(subject)) is not None:
-            return rule
-    if (rule := REPLY_CODES.get(code)) is not None:
-        return rule
+        if (found := ENHANCED_SUBJECTS.get(subject)) is not None:
+            return found
+    if (found := REPLY_CODES.get(code)) is not None:
+        return found
     return REPLY_CLASSES.get(code // 100, Rule(_A, "unexpected_reply"))
 
 

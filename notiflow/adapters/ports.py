@@ -1,0 +1,171 @@
+"""The ports the dataflows talk through: what each store, limiter and board does, not how.
+
+A flow sees only these Protocols and the value types they exchange; the Redis, Cassandra,
+Kafka and HTTP implementations live beside them in ``notiflow/adapters/`` and are injected
+(:mod:`notiflow.adapters.send_ports` opens the send flow's set). Tests substitute fakes.
+
+:data:`STORE_DOWN` is what an unreachable store raises, so a flow can wait out an outage
+without importing a driver.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Protocol
+
+from redis.exceptions import RedisError
+
+from notiflow.adapters.breaker import Admission, State, StateChange
+from notiflow.adapters.providers.base import Outcome, ProviderClient
+from notiflow.adapters.redis_dedup import LeaseState
+from notiflow.schemas.enums import Tier
+from notiflow.schemas.preferences import PreferenceState, Suppression
+
+STORE_DOWN: tuple[type[BaseException], ...] = (RedisError, OSError)
+"""Exceptions meaning a store (Redis, or any socket) did not answer: wait or fall back."""
+
+
+class Verdict(enum.Enum):
+    """A cap check's answer; a refusal's value is the SUPPRESSED event's reason."""
+
+    OK = "ok"
+    RECIPIENT = "frequency_cap"
+    TENANT = "tenant_daily_cap"
+
+
+@dataclass(frozen=True, slots=True)
+class CapCheck:
+    """What releasing one message is checked against. ``limit`` None: its category has no
+    recipient cap (the recipient key only remembers that the message was counted);
+    ``tenant_key`` None: no tenant cap applies."""
+
+    recipient_key: str
+    member: str
+    window: timedelta
+    limit: int | None
+    tenant_key: str | None = None
+    tenant_cap: int | None = None
+    fail_closed: bool = False
+
+
+class Caps(Protocol):
+    """Recipient and tenant caps counted cluster-wide (``redis_caps.CapStore``)."""
+
+    async def admit(self, checks: Sequence[CapCheck], now: datetime) -> list[Verdict]: ...
+
+
+class Leases(Protocol):
+    """Per-attempt send leases, content fingerprints and crash counts (``redis_dedup``)."""
+
+    @property
+    def owner(self) -> str: ...
+
+    def lease_key(self, message_id: str, attempt: int) -> str: ...
+
+    def content_key(self, tenant_id: str, fingerprint: str) -> str: ...
+
+    async def acquire(self, keys: list[str], ttl: timedelta) -> list[LeaseState]: ...
+
+    async def take_over(self, key: str, stale: str, ttl: timedelta) -> bool: ...
+
+    async def confirm(self, key: str, ttl: timedelta) -> bool: ...
+
+    async def finish(self, items: list[tuple[str, dict[str, object]]],
+                     ttl: timedelta) -> None: ...
+
+    async def release(self, keys: list[str]) -> None: ...
+
+    async def claim_content(self, items: list[tuple[str, str]],
+                            window: timedelta) -> list[str | None]: ...
+
+    async def release_content(self, items: list[tuple[str, str]]) -> None: ...
+
+    async def count_crash(self, flow: str, source: str, ttl: timedelta) -> int: ...
+
+    async def crashes(self, flow: str) -> dict[str, int]: ...
+
+    async def aclose(self) -> None: ...
+
+
+class Messages(Protocol):
+    """Reads of delivery state and templates (Cassandra, the source of truth)."""
+
+    async def get_message(self, message_id: str) -> dict[str, Any] | None: ...
+
+    async def get_template(self, tenant_id: str, template_id: str,
+                           version: int) -> dict[str, Any] | None: ...
+
+    async def attempts(self, message_id: str) -> list[dict[str, Any]]: ...
+
+
+class Preferences(Protocol):
+    """Recipient state: read for strong consent, written when a provider says "dead"."""
+
+    async def get_states(self, keys: Iterable[tuple[str, str]]
+                         ) -> Mapping[str, PreferenceState]: ...
+
+    async def suppress(self, tenant_id: str, recipient_hash: str,
+                       reason: Suppression) -> Any: ...
+
+
+class Breakers(Protocol):
+    """Circuit breakers per provider account (``breaker.CircuitBreakers`` or the bulk
+    lane's ``breaker_lanes.BulkBreakers``)."""
+
+    async def allow(self, provider_id: str) -> Admission: ...
+
+    async def record(self, provider_id: str, outcome: Outcome, reason: str | None,
+                     latency_s: float, probe: bool = False, *,
+                     episode: int | None = None) -> State: ...
+
+    def state(self, provider_id: str) -> State: ...
+
+    def weight(self, provider_id: str) -> float: ...
+
+    def on_change(self, listener: Callable[[StateChange], None]) -> Callable[[], None]: ...
+
+    async def aclose(self) -> None: ...
+
+
+class Quota(Protocol):
+    """Provider and tenant capacity tokens (``ratelimit.CapacityLimiter``); ``acquire``
+    returns None when a token was taken, else the seconds to wait."""
+
+    async def acquire(self, provider_id: str, tier: Tier, tenant_id: str | None = None,
+                      tenant_rate: float | None = None) -> float | None: ...
+
+    async def aclose(self) -> None: ...
+
+
+class Boards(Protocol):
+    """The signals a send flow publishes and follows (Redis hashes with expiring fields):
+    its oldest unsent message per tier, and P0's worst latency."""
+
+    async def report_backlog(self, tier: Tier, oldest: float | None) -> None: ...
+
+    async def report_p0_worst(self, worst_s: float) -> None: ...
+
+    async def p0_worst(self) -> float | None: ...
+
+
+@dataclass(frozen=True)
+class SendPorts:
+    """Everything the send step does I/O through, opened once per process."""
+
+    leases: Leases
+    caps: Caps
+    messages: Messages
+    preferences: Preferences
+    breakers: Breakers
+    quota: Quota
+    boards: Boards
+    providers: Mapping[str, ProviderClient]
+    close: Callable[[], Awaitable[None]]
+    """Releases every client (the providers' too)."""
+
+
+OpenSendPorts = Callable[[], Awaitable[SendPorts]]
+"""How a dispatcher opens its ports on its own event loop (injected by the flow's builder)."""
