@@ -94,7 +94,8 @@ async def minimal(settings: Settings, tier: Tier, n: int) -> dict[str, Any]:
             if not msgs:
                 continue
             first = first or time.time()
-            await asyncio.gather(*(one(m.value()) for m in msgs))
+            values = [v for v in (m.value() for m in msgs) if v is not None]
+            await asyncio.gather(*(one(v) for v in values))
             await asyncio.to_thread(consumer.commit, asynchronous=False)
             done += len(msgs)
             last = time.time()

@@ -1,6 +1,7 @@
 """``notiflow bench isolation|throughput|scale|soak``: run a benchmark on the local stack and write
 ``<out>/<name>.json``, ``<name>.md`` (and ``isolation.png``). The stack is started if it is not
-running, and stopped again afterwards in that case."""
+running, and stopped again afterwards in that case. ``notiflow bench summarize``: publish such a
+run's summary and its report into ``bench/figures/`` (offline)."""
 
 from __future__ import annotations
 
@@ -147,6 +148,24 @@ def soak(
                            record_budget=budget)
     md = soak_markdown(doc)
     _show(write(out, "soak", doc, md), md)
+
+
+@bench_app.command("summarize")
+def summarize(
+    src: Annotated[Path, typer.Argument(
+        help="A run's full JSON (bench/results/<name>.json).", exists=True, dir_okay=False)],
+    dst: Annotated[Path, typer.Argument(
+        help="Base path of the published files, e.g. bench/figures/isolation-30k-r11.")],
+) -> None:
+    """Publish a run into bench/figures/: DST.json (the run's summary: no per-message or
+    per-sample series), DST.md and, for an isolation run, DST.png, rendered from it."""
+    import json
+
+    from notiflow.bench.report import publish
+
+    base = dst.with_suffix("") if dst.suffix in (".json", ".md", ".png") else dst
+    paths = publish(json.loads(src.read_text()), base)
+    console.print("wrote " + ", ".join(str(p) for p in paths), highlight=False)
 
 
 @bench_app.command("ceiling", hidden=True)

@@ -15,10 +15,10 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import aiohttp
 import httpx
@@ -50,6 +50,17 @@ other P0 stage was under 150 ms), not the platform."""
 UNBOUND_RATES = {p: 1_000_000.0 for p in PROVIDERS}
 """Provider rates for throughput runs: the limiter still runs (one Redis call per lease) but
 never binds, so the figure is the platform's, not a contract's."""
+
+
+class ProcessFigures(TypedDict):
+    """One process's row of :meth:`Sampler.table` (CPU seconds, RSS MiB)."""
+
+    cpu_s: float
+    rss_start_mb: float
+    rss_mid_mb: float
+    rss_end_mb: float
+    rss_max_mb: float
+    rss_tenths_mb: list[float]
 
 
 @dataclass
@@ -134,10 +145,10 @@ class Sampler:
         s = self.samples.get(name, [])
         return min(s, key=lambda x: abs(x.at - t)).rss_mb if s else 0.0
 
-    def table(self, t0: float, t1: float) -> dict[str, dict[str, float]]:
+    def table(self, t0: float, t1: float) -> dict[str, ProcessFigures]:
         """Per process: CPU seconds between ``t0`` and ``t1``, RSS (MiB) at both instants, at
         the middle and at every tenth of the interval, and the highest RSS sampled."""
-        out = {}
+        out: dict[str, ProcessFigures] = {}
         for name in self.samples:
             out[name] = {"cpu_s": round(self.cpu_between(name, t0, t1), 2),
                          "rss_start_mb": round(self.rss_at(name, t0), 1),
@@ -260,7 +271,7 @@ class Phase:
             procs.append(self.group.add(ManagedProcess(name, [*args, *extra], self.log_dir,
                                                        self.env)).start())
         for p in procs:
-            p.wait_until(lambda p=p: "dispatcher ready" in _read(p.log_path), timeout=180)
+            p.wait_until(_logged(p.log_path, "dispatcher ready"), timeout=180)
             assert p.proc is not None
             self.sampler.watch(p.name, p.proc.pid)
         return procs
@@ -326,6 +337,11 @@ class Phase:
                     if at < first.get(mid, float("inf")):
                         first[mid] = at
         return first
+
+
+def _logged(path: Path, text: str) -> Callable[[], bool]:
+    """Whether ``text`` is in the log at ``path`` yet."""
+    return lambda: text in _read(path)
 
 
 def _read(path: Path) -> str:

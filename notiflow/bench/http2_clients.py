@@ -6,7 +6,7 @@ candidate sends N notifications at a bounded concurrency over one client, and th
 requests/s, the client process's CPU time per request (all its threads), how many answers were
 200, and errors by exception type. Client and emulator share the machine's cores.
 
-    .venv/bin/python notiflow/bench/http2_clients.py                  # N=3000 at concurrency 50 and 100
+    .venv/bin/python notiflow/bench/http2_clients.py        # N=3000 at concurrency 50 and 100
     .venv/bin/python notiflow/bench/http2_clients.py -n 5000 -c 100 --rounds 3
 """
 

@@ -34,6 +34,7 @@ from notiflow.bench.otlp import (
     yielded,
 )
 from notiflow.bench.stats import summary
+from notiflow.bench.summary import latency_windows
 from notiflow.bench.warmup import UPSTREAM_NICE, warm_up
 from notiflow.bench.workload import REGIONS, PhoneFactory, Workload, records
 from notiflow.ops.stack import paths
@@ -41,7 +42,8 @@ from notiflow.schemas.enums import Tier
 from notiflow.settings import Settings
 
 TIMELINE_POINTS = 4000
-"""Points per tier kept in the JSON timeline (the plot uses all of them)."""
+"""Points per tier kept in the full JSON's timeline; the plot draws ``latency``, the windows
+of every message (:func:`notiflow.bench.summary.latency_windows`)."""
 
 
 def run_mode(mode: str, out: Path, run_id: str, n: int, otp_rate: float, max_drain: float,
@@ -149,6 +151,8 @@ def _figures(mode: str, n: int, otp_rate: float, drained: bool, t0: float, t1: f
                "drain_rate": round(len(p3) / drain_s) if drain_s else None},
         "timeline": {"p0": [(round(t - t0, 3), round(lat, 1)) for t, lat in sorted(p0)],
                      "p3": _thin([(round(t - t0, 3), round(lat, 1)) for t, lat in sorted(p3)])},
+        "latency": latency_windows({"p0": [(t - t0, lat) for t, lat in p0],
+                                    "p3": [(t - t0, lat) for t, lat in p3]}),
         "processes": processes,
     }
 

@@ -1,5 +1,5 @@
 """Stop-the-world pauses of the stack's JVMs (Kafka, Cassandra) during a benchmark, from their
-safepoint logs (``notiflow/ops/stack.py`` ``gc_log``): a P0 stall that lines up with a pause of the JVM
+safepoint logs (``ops/stack.py`` ``gc_log``): a P0 stall that lines up with a pause of the JVM
 it waited on is that JVM's."""
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ The send flow joins every message with its recipient's preferences in a step key
 recipient; a campaign's recipients are new keys, each discarded at once (no preferences).
 ``python -m notiflow.bench.keyed_state`` runs such a step over N items with unique keys and
 with 100 repeating keys, each without a recovery store, with one, and with one that the
-project's janitor (``notiflow/adapters/recovery_store.py``) sweeps; one child process per case so RSS
+project's janitor (``adapters/recovery_store.py``) sweeps; one child process per case so RSS
 is the case's own; prints a table (``bench/README.md``, "Soak").
 """
 

@@ -1,14 +1,19 @@
 """Benchmark results as files a person reads: ``<name>.json``, ``<name>.md`` (Markdown tables)
-and, for the isolation run, ``isolation.png`` (latency over time per mode)."""
+and, for the isolation run, ``isolation.png`` (latency over time per mode); :func:`publish`
+writes the three from a run's summary (:mod:`notiflow.bench.summary`) for ``bench/figures/``."""
 
 from __future__ import annotations
 
+import io
 import json
 import platform
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import psutil
+
+from notiflow.bench.summary import LATENCY_COLUMNS, dumps, latency_of, pressure_of, summarize
 
 
 def machine() -> dict[str, Any]:
@@ -98,7 +103,8 @@ def _host_lines(mode: str, machine: dict[str, Any]) -> list[str]:
     pace = "".join(f", {when} the load {speed[when]['per_cpu_s']:,} rounds per CPU second "
                    f"({speed[when]['per_wall_s']:,} per wall second)"
                    for when in ("before", "after") if when in speed)
-    out = [f"Machine speed ({mode}; notiflow/bench/calibrate.py, one thread){pace}.", ""] if pace else []
+    out = ([f"Machine speed ({mode}; notiflow/bench/calibrate.py, one thread){pace}.", ""]
+           if pace else [])
     out += [f"Machine ({mode}): tasks waiting on I/O {h['io_some_s']} s (all tasks at once "
            f"{h['io_full_s']} s; worst second {h['worst_io_some'][1]:.0f} ms at "
            f"{h['worst_io_some'][0]:.0f} s), waiting for a core {h['cpu_some_s']} s (worst "
@@ -161,14 +167,16 @@ def _process_table(by_phase: dict[str, dict[str, Any]]) -> list[str]:
     return ["### Processes", "", *rows, ""]
 
 
-def _pressure_panel(ax: Any, r: dict[str, Any]) -> None:
+def _pressure_panel(ax: Any, pressure: dict[str, Any]) -> None:
     """The machine's pressure stall time per second under a mode's latency panel."""
-    rows = (r.get("host") or {}).get("timeline") or []
-    t = [row["t"] for row in rows]
+    columns = pressure["columns"]
+    rows = pressure["rows"]
+    t = [row[0] for row in rows]
     for key, color, label in (("cpu_some_ms", "tab:green", "waiting for a core (some)"),
                               ("io_some_ms", "tab:purple", "waiting on I/O (some)"),
                               ("io_full_ms", "tab:red", "waiting on I/O (full)")):
-        ax.plot(t, [row[key] for row in rows], color=color, linewidth=0.7, label=label)
+        i = columns.index(key)
+        ax.plot(t, [row[i] for row in rows], color=color, linewidth=0.7, label=label)
     ax.set_ylabel("pressure, ms per second")
     ax.grid(True, alpha=0.3)
     ax.legend(loc="upper left", fontsize="small")
@@ -225,6 +233,18 @@ def scale_markdown(doc: dict[str, Any]) -> str:
                       *rows, ""])
 
 
+MARKDOWN: dict[str, Callable[[dict[str, Any]], str]] = {
+    "isolation": isolation_markdown, "soak": soak_markdown,
+    "throughput": throughput_markdown, "scale": scale_markdown}
+"""The Markdown report of each ``bench`` kind."""
+
+
+def markdown(doc: dict[str, Any]) -> str:
+    """The ``.md`` file's text for a document with its ``bench`` and ``machine`` fields."""
+    text = MARKDOWN[doc["bench"]](doc)
+    return text + f"\nMachine: {doc['machine']}\n" if "machine" in doc else text
+
+
 def write(out: Path, name: str, doc: dict[str, Any], markdown: str) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     doc = {**doc, "machine": machine()}
@@ -235,16 +255,33 @@ def write(out: Path, name: str, doc: dict[str, Any], markdown: str) -> list[Path
     return [js, md]
 
 
+def publish(doc: dict[str, Any], base: Path) -> list[Path]:
+    """A run as ``bench/figures/`` keeps it: ``<base>.json`` (:func:`summarize` of ``doc``),
+    ``<base>.md`` and, for an isolation run, ``<base>.png``, all rendered from the summary."""
+    brief = summarize(doc)
+    base.parent.mkdir(parents=True, exist_ok=True)
+    js, md = base.with_name(base.name + ".json"), base.with_name(base.name + ".md")
+    js.write_text(dumps(brief))
+    md.write_text(markdown(brief))
+    paths = [js, md]
+    if brief["bench"] == "isolation":
+        paths.append(isolation_plot(brief, base.with_name(base.name + ".png")))
+    return paths
+
+
 def isolation_plot(doc: dict[str, Any], path: Path) -> Path:
-    """Latency (acceptance → provider acceptance) over time, one panel per mode; P0 and P3."""
+    """Latency (acceptance → provider acceptance) over time, one panel per mode: per window,
+    P0's and P3's p50 and p99 and their range; below, the machine's pressure when recorded.
+    Drawn from :func:`latency_of` and :func:`pressure_of`, so a run's full JSON and its
+    summary give the same PNG (a 256-colour palette, a third of the RGBA file's size)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     modes = list(doc["modes"].items())
-    pressure = any((r.get("host") or {}).get("timeline") for _, r in modes)
-    rows = 2 if pressure else 1
+    pressures = [pressure_of(r) for _, r in modes]
+    rows = 2 if any(p and p["rows"] for p in pressures) else 1
     fig, axes = plt.subplots(rows, len(modes), figsize=(6.5 * len(modes), 4.5 + 2.5 * (rows - 1)),
                              squeeze=False, sharex="col",
                              gridspec_kw={"height_ratios": [3, 1.6][:rows]})
@@ -252,12 +289,7 @@ def isolation_plot(doc: dict[str, Any], path: Path) -> Path:
         other.sharey(axes[0][0])
     for col, (mode, r) in enumerate(modes):
         ax = axes[0][col]
-        for tier, color, size in (("p3", "tab:orange", 2), ("p0", "tab:blue", 6)):
-            pts = r["timeline"][tier]
-            if pts:
-                ax.scatter([t for t, _ in pts], [max(lat, 1.0) for _, lat in pts], s=size,
-                           c=color, label=f"{tier.upper()} (n={r[tier]['n']})", alpha=0.6)
-        ax.axhline(1000, color="tab:red", linestyle="--", linewidth=1, label="P0 SLA 1 s")
+        _latency_panel(ax, r)
         window = (r.get("bulk_window") or {}).get("timeline") or []
         if window:
             share = ax.twinx()
@@ -265,16 +297,51 @@ def isolation_plot(doc: dict[str, Any], path: Path) -> Path:
                        color="tab:gray", linewidth=0.8, alpha=0.7)
             share.set_ylim(0, 1.05)
             share.set_ylabel("bulk in-flight window (share of its ceiling, gray)")
-        ax.set_yscale("log")
-        if pressure:
-            _pressure_panel(axes[1][col], r)
+        pressure = pressures[col]
+        if rows == 2 and pressure:
+            _pressure_panel(axes[1][col], pressure)
         ax.set_title(f"{mode}: P0 p99 {_ms(r['p0']['p99'])}, P3 drained in "
                      f"{r['p3']['drain_s']} s")
         axes[-1][col].set_xlabel("seconds since the flood started (emulator receipt time)")
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(loc="upper left", markerscale=3)
     axes[0][0].set_ylabel("acceptance → provider acceptance (ms, log)")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    rgba = io.BytesIO()
+    fig.savefig(rgba, format="png", dpi=110)
     plt.close(fig)
+    palette(rgba, path)
+    return path
+
+
+def _latency_panel(ax: Any, r: dict[str, Any]) -> None:
+    """Per tier and window: the p50 (solid) and p99 (dotted) latency over the min-max band."""
+    latency = latency_of(r) or {"window_s": 1, "columns": list(LATENCY_COLUMNS), "tiers": {}}
+    col = {name: i for i, name in enumerate(latency["columns"])}
+    for tier, color in (("p3", "tab:orange"), ("p0", "tab:blue")):
+        rows = latency["tiers"].get(tier) or []
+        if not rows:
+            continue
+        t = [row[col["t"]] for row in rows]
+        lo, p50, p99, hi = ([max(row[col[k]], 1.0) for row in rows]
+                            for k in ("min", "p50", "p99", "max"))
+        ax.fill_between(t, lo, hi, step="post", color=color, alpha=0.25, linewidth=0)
+        ax.step(t, p50, where="post", color=color, linewidth=1.2,
+                label=f"{tier.upper()} (n={r[tier]['n']})")
+        ax.step(t, p99, where="post", color=color, linewidth=0.8, linestyle=":")
+    ax.axhline(1000, color="tab:red", linestyle="--", linewidth=1, label="P0 SLA 1 s")
+    ax.text(0.99, 0.01, f"per {latency['window_s']} s: p50 solid, p99 dotted, min-max shaded",
+            transform=ax.transAxes, ha="right", va="bottom", fontsize="small", color="dimgray")
+    ax.set_yscale("log")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(loc="upper left", fontsize="small")
+
+
+def palette(png: io.BytesIO | Path, path: Path) -> Path:
+    """``png`` rewritten to ``path`` with a 256-colour palette (no dithering): a chart's few
+    colours and their antialiasing survive, the file shrinks to about a third."""
+    from PIL import Image
+
+    with Image.open(png) as image:
+        quantized = image.convert("RGB").quantize(256, method=Image.Quantize.MEDIANCUT,
+                                                  dither=Image.Dither.NONE)
+    quantized.save(path, format="PNG", optimize=True)
     return path

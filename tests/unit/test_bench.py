@@ -101,15 +101,15 @@ def test_summary_and_steady_rate() -> None:
 
 def test_profile_charges_each_sample_to_its_innermost_project_step() -> None:
     collapsed = "\n".join([
-        "<module> (notiflow/cli.py:1);run_flow (notiflow/flows/runner.py:9);"
-        "SendLogic.on_batch (notiflow/flows/dispatch.py:5);send (aiohttp/client.py:3) 30",
-        "<module> (notiflow/cli.py:1);run_flow (notiflow/flows/runner.py:9);"
+        "<module> (notiflow/cli.py:1);run_flow (flows/runner.py:9);"
+        "SendLogic.on_batch (flows/dispatch.py:5);send (aiohttp/client.py:3) 30",
+        "<module> (notiflow/cli.py:1);run_flow (flows/runner.py:9);"
         "build_message (notiflow/adapters/providers/smtp.py:7);as_bytes (email/message.py:2) 50",
-        "<module> (notiflow/cli.py:1);run_flow (notiflow/flows/runner.py:9) 20",
+        "<module> (notiflow/cli.py:1);run_flow (flows/runner.py:9) 20",
     ])
     top = profile_top(collapsed)
     assert top["stages"][0] == ("build_message (providers/smtp.py)", 0.5)
-    assert ("SendLogic.on_batch (notiflow/flows/dispatch.py)", 0.3) in top["stages"]
+    assert ("SendLogic.on_batch (flows/dispatch.py)", 0.3) in top["stages"]
     assert top["self"][0] == ("as_bytes (email/message.py)", 0.5)
     assert profile_top("") == {"self": [], "stages": [], "samples": []}
 
