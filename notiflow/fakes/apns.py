@@ -6,9 +6,10 @@ listening on ``fakes_host:fakes_apns_port`` with TLS (certificate and key from
 ``fakes_apns_cert_file`` / ``fakes_apns_key_file``; ALPN must select ``h2``, as with Apple). Its
 admin API (``/_admin/apns/...``) is served by the HTTP admin app with the other emulators.
 
-``POST /3/device/{token}`` is checked the way APNs checks it: the provider token (ES256 JWT)
-must verify with the public half of ``apns.private_key`` (derived from the same settings), name
-``apns.key_id`` as ``kid`` and ``apns.team_id`` as ``iss``, and have an integer ``iat`` at most
+``POST /3/device/{token}`` is checked the way APNs checks it: the provider token (ES256 JWT;
+checked by :func:`verify_provider_token` with PyJWT, not adapter code) must verify with the
+public half of ``apns.private_key`` (derived from the same settings), name ``apns.key_id`` as
+``kid`` and ``apns.team_id`` as ``iss``, and have an integer ``iat`` at most
 one hour old (403 ``ExpiredProviderToken``; anything else wrong is 403
 ``InvalidProviderToken``, none at all ``MissingProviderToken``). A connection that switches to
 a newer token less than ``token_update_min_s`` after its previous one gets 429
@@ -33,6 +34,7 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, cast
 
+import jwt
 import orjson
 from aiohttp import web
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -55,7 +57,6 @@ from notiflow.adapters.providers.apns import (
     MAX_COLLAPSE_ID_BYTES,
     MAX_PAYLOAD_BYTES,
     load_signing_key,
-    verify_es256,
 )
 from notiflow.fakes.common import ACCEPTED, CommonKnobs, Emulator, MessageRecord, json_response
 from notiflow.settings import Settings
@@ -183,6 +184,24 @@ def _public_key(settings: Settings) -> ec.EllipticCurvePublicKey | None:
     except ValueError:
         log.warning("apns emulator: apns.private_key is not an EC P-256 key")
         return None
+
+
+def verify_provider_token(token: str, key: ec.EllipticCurvePublicKey, *, key_id: str,
+                          team_id: str) -> int:
+    """The ``iat`` of a provider token APNs accepts apart from its age: PyJWT verifies the
+    ES256 signature by ``key`` and ``iss`` = ``team_id``; the header's ``kid`` must be
+    ``key_id`` and ``iat`` an integer at most :data:`CLOCK_SKEW_S` in the future. Anything else
+    raises ``jwt.InvalidTokenError``. The caller checks the age on every request."""
+    decoded = jwt.decode_complete(
+        token, key, algorithms=["ES256"], issuer=team_id, leeway=CLOCK_SKEW_S,
+        options={"require": ["iss", "iat"], "verify_exp": False, "verify_nbf": False,
+                 "verify_aud": False, "verify_sub": False, "verify_jti": False})
+    iat = decoded["payload"].get("iat")
+    if decoded["header"].get("kid") != key_id:
+        raise jwt.InvalidTokenError("kid is not the team key")
+    if not isinstance(iat, int) or isinstance(iat, bool):
+        raise jwt.InvalidIssuedAtError("iat is not an integer")
+    return iat
 
 
 @dataclass(slots=True)
@@ -323,16 +342,12 @@ class ApnsEmulator(Emulator[ApnsKnobs]):
         return None
 
     def _verify(self, token: str) -> int | None:
-        if self._public_key is None:
+        if self._public_key is None or not self.key_id or not self.team_id:
             return None
         try:
-            header, claims = verify_es256(token, self._public_key)
-        except ValueError:
-            return None
-        iat = claims.get("iat")
-        if (header.get("kid") != self.key_id or claims.get("iss") != self.team_id
-                or not isinstance(iat, int) or isinstance(iat, bool)
-                or iat > time.time() + CLOCK_SKEW_S):
+            iat = verify_provider_token(token, self._public_key, key_id=self.key_id,
+                                        team_id=self.team_id)
+        except jwt.InvalidTokenError:
             return None
         if len(self._verified) >= 10_000:
             self._verified = {k: v for k, v in self._verified.items() if k in self._expired}

@@ -2,9 +2,10 @@
 (``notiflow fakes``; dev, tests, benchmarks).
 
 ``POST /fcm/token`` stands in for ``https://oauth2.googleapis.com/token``: it takes the
-jwt-bearer grant, verifies the assertion's RS256 signature with the public half of the
-configured service-account key (``fcm.private_key``; the emulator derives it), its ``iss``,
-``aud`` (= ``fcm.token_uri``) and ``iat``/``exp``, and issues an opaque access token with
+jwt-bearer grant, verifies the assertion (:func:`verify_assertion`, with PyJWT rather than
+adapter code) — its RS256 signature with the public half of the configured service-account key
+(``fcm.private_key``; the emulator derives it), its ``iss``, ``aud`` (= ``fcm.token_uri``) and
+``iat``/``exp`` — and issues an opaque access token with
 ``expires_in``. ``POST /fcm/v1/projects/{project}/messages:send`` checks that token and the
 project, validates the message and answers on Google's wire format: ``{"name": ...}`` or
 ``{"error": {"code", "message", "status", "details": [FcmError]}}``. Latency, error mix, outages,
@@ -33,19 +34,14 @@ from dataclasses import dataclass
 from typing import Any, Final
 from urllib.parse import parse_qsl
 
+import jwt
 import orjson
 from aiohttp import web
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 from pydantic import Field
 
-from notiflow.adapters.providers.fcm import (
-    FCM_ERROR_TYPE,
-    GRANT_TYPE,
-    SCOPE,
-    b64url_decode,
-    verify_jwt,
-)
+from notiflow.adapters.providers.fcm import FCM_ERROR_TYPE, GRANT_TYPE, SCOPE
 from notiflow.fakes.common import (
     ACCEPTED,
     CommonKnobs,
@@ -64,11 +60,15 @@ SEND_PATH: Final = f"{PREFIX}/v1/projects/{{project_id}}/messages:send"
 CLOUD_PLATFORM_SCOPE: Final = "https://www.googleapis.com/auth/cloud-platform"
 MAX_PAYLOAD_BYTES: Final = 4096
 CLOCK_SKEW_S: Final = 300
+MAX_ASSERTION_LIFETIME_S: Final = 3600
 _FCM_TOKEN = re.compile(r"[A-Za-z0-9_:\-]{32,4096}")
 _RESERVED_DATA_KEYS = frozenset({"from", "notification", "message_type"})
 
 SHORT_LIVED: Final = ("Invalid JWT: Token must be a short-lived token (60 minutes) and in a "
                       "reasonable timeframe. Check your iat and exp values in the JWT claim.")
+BAD_SIGNATURE: Final = "Invalid JWT Signature."
+UNKNOWN_ACCOUNT: Final = "Invalid grant: account not found"
+BAD_AUDIENCE: Final = "Invalid JWT: Failed audience check."
 MISSING_CREDENTIAL: Final = (
     "Request is missing required authentication credential. Expected OAuth 2 access token, "
     "login cookie or other valid authentication credential. See "
@@ -221,6 +221,50 @@ def _public_key(settings: Settings) -> rsa.RSAPublicKey | None:
     return key.public_key() if isinstance(key, rsa.RSAPrivateKey) else None
 
 
+class GrantRefused(Exception):
+    """The token endpoint refuses the assertion: 400 ``invalid_grant`` with ``description``."""
+
+    def __init__(self, description: str) -> None:
+        super().__init__(description)
+        self.description = description
+
+
+def verify_assertion(assertion: str, key: rsa.RSAPublicKey | None, *, issuer: str | None,
+                     audience: str, now: float | None = None) -> dict[str, Any]:
+    """The claims of a jwt-bearer assertion the token endpoint accepts, else
+    :class:`GrantRefused` with Google's description. In this order: the unverified ``iss`` must
+    name the account whose public key is ``key``; PyJWT verifies the RS256 signature, ``iss``
+    and ``aud`` (exactly ``audience``); then ``iat`` and ``exp`` must be integers with ``iat <
+    exp <= iat + 1 h``, ``exp > now`` and ``iat <= now +`` :data:`CLOCK_SKEW_S` (PyJWT has no
+    lifetime limit). The scope is left to the caller."""
+    try:
+        segment = assertion.split(".")[1]
+        unverified = orjson.loads(base64.urlsafe_b64decode(segment + "=" * (-len(segment) % 4)))
+    except (IndexError, ValueError) as exc:
+        raise GrantRefused(BAD_SIGNATURE) from exc
+    if not isinstance(unverified, dict) or key is None or unverified.get("iss") != issuer:
+        raise GrantRefused(UNKNOWN_ACCOUNT)
+    try:
+        claims: dict[str, Any] = jwt.decode(
+            assertion, key, algorithms=["RS256"], audience=audience, issuer=issuer,
+            options={"strict_aud": True, "verify_exp": False, "verify_iat": False,
+                     "verify_nbf": False, "verify_sub": False, "verify_jti": False})
+    except jwt.InvalidAudienceError as exc:
+        raise GrantRefused(BAD_AUDIENCE) from exc
+    except jwt.MissingRequiredClaimError as exc:
+        raise GrantRefused(BAD_AUDIENCE if exc.claim == "aud" else UNKNOWN_ACCOUNT) from exc
+    except jwt.InvalidIssuerError as exc:
+        raise GrantRefused(UNKNOWN_ACCOUNT) from exc
+    except jwt.InvalidTokenError as exc:
+        raise GrantRefused(BAD_SIGNATURE) from exc
+    iat, exp = claims.get("iat"), claims.get("exp")
+    now = time.time() if now is None else now
+    if (not isinstance(iat, int) or not isinstance(exp, int) or exp <= iat
+            or exp - iat > MAX_ASSERTION_LIFETIME_S or exp <= now or iat > now + CLOCK_SKEW_S):
+        raise GrantRefused(SHORT_LIVED)
+    return claims
+
+
 @dataclass(frozen=True, slots=True)
 class _Issued:
     expires_at: float
@@ -299,25 +343,10 @@ class FcmEmulator(Emulator[FcmKnobs]):
             return self._token_refused(400, "invalid_request",
                                        "Missing required parameter: assertion")
         try:
-            unverified = orjson.loads(b64url_decode(assertion.split(".")[1]))
-        except (IndexError, ValueError):
-            return self._token_refused(400, "invalid_grant", "Invalid JWT Signature.")
-        if (not isinstance(unverified, dict) or self._public_key is None
-                or unverified.get("iss") != self.client_email):
-            return self._token_refused(400, "invalid_grant",
-                                       "Invalid grant: account not found")
-        try:
-            _, claims = verify_jwt(assertion, self._public_key)
-        except ValueError:
-            return self._token_refused(400, "invalid_grant", "Invalid JWT Signature.")
-        if claims.get("aud") != self.token_uri:
-            return self._token_refused(400, "invalid_grant",
-                                       "Invalid JWT: Failed audience check.")
-        iat, exp = claims.get("iat"), claims.get("exp")
-        now = time.time()
-        if (not isinstance(iat, int) or not isinstance(exp, int) or exp <= iat
-                or exp - iat > 3600 or exp <= now or iat > now + CLOCK_SKEW_S):
-            return self._token_refused(400, "invalid_grant", SHORT_LIVED)
+            claims = verify_assertion(assertion, self._public_key, issuer=self.client_email,
+                                      audience=self.token_uri)
+        except GrantRefused as refused:
+            return self._token_refused(400, "invalid_grant", refused.description)
         scope = claims.get("scope")
         scopes = frozenset(scope.split()) if isinstance(scope, str) else frozenset()
         if not scopes:
@@ -390,7 +419,7 @@ class FcmEmulator(Emulator[FcmKnobs]):
             return json_response(self._quota, 429,
                                  {"Retry-After": retry_after_text(knobs.retry_after_s)})
         if self.draw(knobs.error_rate_5xx):
-            status = self.rng.choice(knobs.statuses_5xx)
+            status: int = self.rng.choice(knobs.statuses_5xx)
             record("server_error", status, error="INTERNAL" if status == 500 else "UNAVAILABLE")
             return json_response(self._internal if status == 500 else self._unavailable, status)
         invalid = _validate(payload)

@@ -26,6 +26,7 @@ from urllib.parse import parse_qsl, urlsplit
 
 import aiosmtplib
 import httpx
+import jwt
 import orjson
 import pytest
 from aiohttp import web
@@ -36,12 +37,7 @@ from pydantic import SecretStr
 
 from notiflow.adapters.providers.apns import ApnsPush, provider_token
 from notiflow.adapters.providers.base import OutboundMessage, Outcome, SendResult
-from notiflow.adapters.providers.fcm import (
-    AccessTokens,
-    FcmPush,
-    ServiceAccount,
-    sign_jwt,
-)
+from notiflow.adapters.providers.fcm import AccessTokens, FcmPush, ServiceAccount
 from notiflow.adapters.providers.sendgrid import SendGridEmail
 from notiflow.adapters.providers.smtp import SmtpEmail
 from notiflow.adapters.providers.twilio import TwilioSms, signature
@@ -1062,6 +1058,10 @@ async def _exchange(settings: Settings, assertion: str) -> httpx.Response:
             "assertion": assertion})
 
 
+def _rs256(claims: dict[str, Any], key: rsa.RSAPrivateKey) -> str:
+    return jwt.encode(claims, key, algorithm="RS256")
+
+
 def _claims(settings: Settings, **changes: Any) -> dict[str, Any]:
     now = int(time.time())
     return {"iss": settings.fcm.client_email,
@@ -1076,23 +1076,23 @@ async def test_fcm_token_endpoint_checks_the_assertion(harness: Harness,
     account = ServiceAccount.from_settings(provider_settings.fcm)
     key = account.private_key
     now = int(time.time())
-    good = await _exchange(provider_settings, sign_jwt(_claims(provider_settings), key))
+    good = await _exchange(provider_settings, _rs256(_claims(provider_settings), key))
     assert good.status_code == 200
     assert good.json()["token_type"] == "Bearer" and good.json()["expires_in"] == 3599
-    expired = await _exchange(provider_settings, sign_jwt(
+    expired = await _exchange(provider_settings, _rs256(
         _claims(provider_settings, iat=now - 7200, exp=now - 3600), key))
     assert expired.status_code == 400
     assert expired.json() == {"error": "invalid_grant", "error_description": SHORT_LIVED}
-    too_long = await _exchange(provider_settings, sign_jwt(
+    too_long = await _exchange(provider_settings, _rs256(
         _claims(provider_settings, exp=now + 7200), key))
     assert too_long.json()["error_description"] == SHORT_LIVED
-    audience = await _exchange(provider_settings, sign_jwt(
+    audience = await _exchange(provider_settings, _rs256(
         _claims(provider_settings, aud="https://example.com/token"), key))
     assert audience.json() == {"error": "invalid_grant",
                                "error_description": "Invalid JWT: Failed audience check."}
     other_key = serialization.load_pem_private_key(_rsa_pem().encode(), password=None)
     assert isinstance(other_key, rsa.RSAPrivateKey)
-    forged = await _exchange(provider_settings, sign_jwt(_claims(provider_settings), other_key))
+    forged = await _exchange(provider_settings, _rs256(_claims(provider_settings), other_key))
     assert (forged.status_code, forged.json()) == (
         400, {"error": "invalid_grant", "error_description": "Invalid JWT Signature."})
     stats = (await emulator.stats())["token"]

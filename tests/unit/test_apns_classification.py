@@ -13,11 +13,14 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import jwt
 import pytest
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.hazmat.primitives.asymmetric.utils import encode_dss_signature
+from jwt.algorithms import ECAlgorithm
+from jwt.utils import base64url_encode
 from pydantic import SecretStr
 from pyreqwest import exceptions as rq
 
@@ -33,9 +36,7 @@ from notiflow.adapters.providers.apns import (
     classify_response,
     provider_token,
     reason_of,
-    sign_es256,
     transport_code,
-    verify_es256,
 )
 from notiflow.adapters.providers.base import OutboundMessage, Outcome
 from notiflow.adapters.providers.common import Rule
@@ -217,19 +218,38 @@ def test_provider_token_is_es256_with_the_documented_header_and_claims() -> None
         KEY.public_key().verify(der, signing_input + b"x", ec.ECDSA(hashes.SHA256()))
 
 
+def pyjwt_verify(token: str, key: ec.EllipticCurvePublicKey
+                 ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(header, claims) of an ES256 JWT whose signature PyJWT verifies; claims unchecked."""
+    decoded = jwt.decode_complete(token, key, algorithms=["ES256"], options={
+        "verify_exp": False, "verify_iat": False, "verify_nbf": False, "verify_aud": False,
+        "verify_iss": False})
+    return decoded["header"], decoded["payload"]
+
+
+def _es256_under_header(header: dict[str, Any], claims: dict[str, Any],
+                        key: ec.EllipticCurvePrivateKey) -> str:
+    """A JWS whose header is exactly ``header``, ES256-signed whatever its ``alg`` says."""
+    signing_input = b".".join(base64url_encode(json.dumps(part).encode())
+                              for part in (header, claims))
+    signature = ECAlgorithm(ECAlgorithm.SHA256).sign(signing_input, key)
+    return f"{signing_input.decode()}.{base64url_encode(signature).decode()}"
+
+
 def test_verify_es256_round_trip_and_forgeries() -> None:
-    token = sign_es256({"alg": "ES256", "kid": KID}, {"iss": TEAM, "iat": 1}, KEY)
-    assert verify_es256(token, KEY.public_key()) == ({"alg": "ES256", "kid": KID},
+    at = datetime.fromtimestamp(1, UTC)
+    token = provider_token(TEAM, KID, KEY, at)
+    assert pyjwt_verify(token, KEY.public_key()) == ({"alg": "ES256", "kid": KID},
                                                      {"iss": TEAM, "iat": 1})
     other = ec.generate_private_key(ec.SECP256R1())
-    forged = sign_es256({"alg": "ES256", "kid": KID}, {"iss": TEAM, "iat": 1}, other)
+    forged = provider_token(TEAM, KID, other, at)
     header, claims, _ = token.split(".")
+    later = provider_token(TEAM, KID, KEY, datetime.fromtimestamp(2, UTC))
     for bad in (forged, f"{header}.{claims}.", f"{header}.{claims}", "a.b.c", "",
-                sign_es256({"alg": "HS256", "kid": KID}, {"iss": TEAM}, KEY),
-                f"{header}.{sign_es256({}, {'iss': TEAM, 'iat': 2}, KEY).split('.')[1]}."
-                f"{token.split('.')[2]}"):
-        with pytest.raises(ValueError):
-            verify_es256(bad, KEY.public_key())
+                _es256_under_header({"alg": "HS256", "kid": KID}, {"iss": TEAM}, KEY),
+                f"{header}.{later.split('.')[1]}.{token.split('.')[2]}"):
+        with pytest.raises(jwt.InvalidTokenError):
+            pyjwt_verify(bad, KEY.public_key())
 
 
 class Clock:

@@ -35,16 +35,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any, Final
+from typing import Final
 
+import jwt
 import orjson
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.hazmat.primitives.asymmetric.utils import (
-    decode_dss_signature,
-    encode_dss_signature,
-)
 from pyreqwest import exceptions as rq
 from pyreqwest.client import Client, ClientBuilder
 
@@ -58,7 +54,6 @@ from notiflow.adapters.providers.common import (
     seconds,
     utcnow,
 )
-from notiflow.adapters.providers.fcm import b64url, b64url_decode
 from notiflow.schemas.enums import Channel, PushPlatform, Tier
 from notiflow.schemas.messages import PushRecipient
 from notiflow.settings import DEFAULT_TIERS, ApnsSettings, Settings
@@ -243,48 +238,12 @@ def load_signing_key(pem: str) -> ec.EllipticCurvePrivateKey:
     return key
 
 
-def sign_es256(header: Mapping[str, Any], claims: Mapping[str, Any],
-               key: ec.EllipticCurvePrivateKey) -> str:
-    """A compact JWS signed ES256 (RFC 7518: the signature is ``r || s``, 32 bytes each)."""
-    signing_input = f"{b64url(orjson.dumps(dict(header)))}.{b64url(orjson.dumps(dict(claims)))}"
-    r, s = decode_dss_signature(key.sign(signing_input.encode(), ec.ECDSA(hashes.SHA256())))
-    return f"{signing_input}.{b64url(r.to_bytes(32, 'big') + s.to_bytes(32, 'big'))}"
-
-
-def verify_es256(token: str, key: ec.EllipticCurvePublicKey
-                 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(header, claims) of an ES256 JWT whose signature ``key`` verifies; ``ValueError``
-    otherwise. Claims are not checked here."""
-    parts = token.split(".")
-    if len(parts) != 3:
-        raise ValueError("not a compact JWS")
-    try:
-        header = orjson.loads(b64url_decode(parts[0]))
-        claims = orjson.loads(b64url_decode(parts[1]))
-    except orjson.JSONDecodeError as exc:
-        raise ValueError("JWT segments are not JSON") from exc
-    if not isinstance(header, dict) or not isinstance(claims, dict):
-        raise ValueError("JWT segments are not JSON objects")
-    if header.get("alg") != "ES256":
-        raise ValueError("JWT alg is not ES256")
-    signature = b64url_decode(parts[2])
-    if len(signature) != 64:
-        raise ValueError("ES256 signature is not 64 bytes")
-    der = encode_dss_signature(int.from_bytes(signature[:32], "big"),
-                               int.from_bytes(signature[32:], "big"))
-    try:
-        key.verify(der, f"{parts[0]}.{parts[1]}".encode(), ec.ECDSA(hashes.SHA256()))
-    except InvalidSignature as exc:
-        raise ValueError("JWT signature does not verify") from exc
-    return header, claims
-
-
 def provider_token(team_id: str, key_id: str, key: ec.EllipticCurvePrivateKey,
                    now: datetime) -> str:
-    """The provider token issued at ``now``: ``{"alg": "ES256", "kid"}`` over ``{"iss",
-    "iat"}``."""
-    return sign_es256({"alg": "ES256", "kid": key_id},
-                      {"iss": team_id, "iat": int(now.timestamp())}, key)
+    """The provider token issued at ``now``: header exactly ``{"alg": "ES256", "kid"}`` (no
+    ``typ``), claims ``{"iss", "iat"}``, signature the raw 64-byte ``r || s`` of RFC 7518."""
+    return jwt.encode({"iss": team_id, "iat": int(now.timestamp())}, key, algorithm="ES256",
+                      headers={"kid": key_id, "typ": None})
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,16 +16,14 @@ Errors are Google JSON (``{"error": {"code", "message", "status", "details": [{"
 ".../google.firebase.fcm.v1.FcmError", "errorCode"}]}}``) mapped by :data:`ERROR_CODES`, then
 :data:`HTTP_STATUSES`, :data:`STATUS_CLASSES` and the transport table shared with the Twilio
 adapter; ``docs/providers.md`` explains each row. FCM has no idempotency key: a timeout after
-the request was sent is AMBIGUOUS. Only ``android`` and ``web`` recipients go to FCM; an ``ios``
-recipient (APNs, not built yet) is TRANSIENT ``no_provider_for_platform``, so it retries until
-it expires instead of failing.
+the request was sent is AMBIGUOUS. Only ``android`` and ``web`` recipients go to FCM (the
+router sends ``ios`` to APNs); an ``ios`` recipient that reaches this adapter anyway is
+TRANSIENT ``no_provider_for_platform``, so it retries until it expires instead of failing.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -34,10 +32,10 @@ from typing import Any, Final
 from urllib.parse import urlencode
 
 import aiohttp
+import jwt
 import orjson
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import padding, rsa
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
 from yarl import URL
 
 from notiflow.adapters.providers.base import OutboundMessage, Outcome, SendResult
@@ -62,7 +60,7 @@ GRANT_TYPE: Final = "urn:ietf:params:oauth:grant-type:jwt-bearer"
 FCM_ERROR_TYPE: Final = "type.googleapis.com/google.firebase.fcm.v1.FcmError"
 MAX_ASSERTION_LIFETIME: Final = timedelta(hours=1)
 PLATFORMS: Final = frozenset({PushPlatform.ANDROID, PushPlatform.WEB})
-"""Platforms this adapter sends to; ``ios`` waits for the APNs adapter."""
+"""Platforms this adapter sends to; ``ios`` is routed to APNs."""
 HIGH_PRIORITY_TIERS: Final = frozenset({Tier.P0, Tier.P1})
 
 _T, _P, _A = Outcome.TRANSIENT, Outcome.PERMANENT, Outcome.AMBIGUOUS
@@ -134,54 +132,7 @@ def error_of(payload: Any) -> tuple[str | None, str | None]:
     return status, code
 
 
-# JWT (RS256) ------------------------------------------------------------------------------
-
-
-def b64url(data: bytes) -> str:
-    """Unpadded base64url (RFC 7515)."""
-    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
-
-
-def b64url_decode(text: str) -> bytes:
-    """Inverse of :func:`b64url`; raises ``ValueError`` on bad input."""
-    try:
-        return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
-    except (binascii.Error, ValueError) as exc:
-        raise ValueError("not base64url") from exc
-
-
-def sign_jwt(claims: Mapping[str, Any], key: rsa.RSAPrivateKey, *,
-             key_id: str | None = None) -> str:
-    """A compact JWS: ``{"alg": "RS256", "typ": "JWT"[, "kid"]}`` over ``claims``."""
-    header: dict[str, str] = {"alg": "RS256", "typ": "JWT"}
-    if key_id:
-        header["kid"] = key_id
-    signing_input = f"{b64url(orjson.dumps(header))}.{b64url(orjson.dumps(dict(claims)))}"
-    signature = key.sign(signing_input.encode(), padding.PKCS1v15(), hashes.SHA256())
-    return f"{signing_input}.{b64url(signature)}"
-
-
-def verify_jwt(token: str, key: rsa.RSAPublicKey) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(header, claims) of an RS256 JWT whose signature ``key`` verifies; ``ValueError``
-    otherwise. Claims are not checked here."""
-    parts = token.split(".")
-    if len(parts) != 3:
-        raise ValueError("not a compact JWS")
-    try:
-        header = orjson.loads(b64url_decode(parts[0]))
-        claims = orjson.loads(b64url_decode(parts[1]))
-    except orjson.JSONDecodeError as exc:
-        raise ValueError("JWT segments are not JSON") from exc
-    if not isinstance(header, dict) or not isinstance(claims, dict):
-        raise ValueError("JWT segments are not JSON objects")
-    if header.get("alg") != "RS256":
-        raise ValueError("JWT alg is not RS256")
-    try:
-        key.verify(b64url_decode(parts[2]), f"{parts[0]}.{parts[1]}".encode(),
-                   padding.PKCS1v15(), hashes.SHA256())
-    except InvalidSignature as exc:
-        raise ValueError("JWT signature does not verify") from exc
-    return header, claims
+# service-account assertion (RS256 JWT) ----------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,9 +168,11 @@ def assertion_claims(account: ServiceAccount, now: datetime, *,
 
 def service_account_assertion(account: ServiceAccount, now: datetime, *,
                               lifetime: timedelta = MAX_ASSERTION_LIFETIME) -> str:
-    """The signed JWT that is exchanged for an access token."""
-    return sign_jwt(assertion_claims(account, now, lifetime=lifetime), account.private_key,
-                    key_id=account.private_key_id)
+    """The JWT exchanged for an access token: RS256 over :func:`assertion_claims`, header
+    ``{"alg": "RS256", "typ": "JWT"}`` plus ``kid`` = ``private_key_id`` when configured."""
+    headers = {"kid": account.private_key_id} if account.private_key_id else None
+    return jwt.encode(assertion_claims(account, now, lifetime=lifetime), account.private_key,
+                      algorithm="RS256", headers=headers)
 
 
 # access tokens ----------------------------------------------------------------------------
