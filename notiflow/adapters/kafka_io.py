@@ -1,8 +1,9 @@
 """Kafka producing with confirmed delivery (acks=all, idempotent producer, delivery callbacks).
 
 Bytewax's stock ``KafkaSink`` drops failed deliveries; everything notiflow produces goes
-through :class:`AsyncProducer` (API) or :class:`ConfirmingSink` (dataflows, ``flows/sinks``),
-both of which surface a failed delivery as an error instead of losing it.
+through :class:`AsyncProducer` (API and adapters) or :class:`SyncProducer` (the dataflows'
+``ConfirmingSink``, ``adapters/bytewax_kafka.py``), both of which surface a failed delivery as
+an error instead of losing it.
 """
 
 from __future__ import annotations

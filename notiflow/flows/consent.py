@@ -19,6 +19,7 @@ from bytewax.operators import StatefulLogic
 from phonenumbers import timezone as phone_tz
 
 from notiflow.flows.model import Work
+from notiflow.flows.ordering import Skip
 from notiflow.flows.steps import Clock, status_event
 from notiflow.schemas.enums import Channel, Status
 from notiflow.schemas.messages import StatusEvent
@@ -113,19 +114,22 @@ def quiet_until(now: datetime, zone: str, window: QuietWindow | QuietHours) -> d
 
 
 class PolicyStep:
-    """``WithPreferences`` → the message (possibly deferred) or a SUPPRESSED event."""
+    """``WithPreferences`` → the message (possibly deferred) or a SUPPRESSED event (and, for
+    a message its key's order waits for, a :class:`~notiflow.flows.ordering.Skip`)."""
 
     def __init__(self, settings: Settings, clock: Clock) -> None:
         self.settings = settings
         self.clock = clock
 
-    def __call__(self, item: WithPreferences) -> list[Work | StatusEvent]:
+    def __call__(self, item: WithPreferences) -> list[Work | StatusEvent | Skip]:
         w, state = item.work, item.state
         r = w.record
         now = self.clock()
         source = f"send.{r.tier.value.lower()}"
         if state is not None and (reason := state.blocks(r.channel, r.category)):
-            return [status_event(w, Status.SUPPRESSED, now, source, reason=reason)]
+            ended: list[Work | StatusEvent | Skip] = [
+                status_event(w, Status.SUPPRESSED, now, source, reason=reason)]
+            return [*ended, Skip(w)] if r.order_seq is not None else ended
         if not self.settings.policy(r.tier).quiet_hours:
             return [w]
         zone = state.timezone if state is not None else None

@@ -6,33 +6,37 @@ Recipe (``build_send_flow``)::
                                           worker, waiting up to poll_wait for a record; a
                                           channel whose dispatcher is full pauses its own
                                           partitions
-      → parse                             bad bytes / unknown tenant → DLQ record
+      → parse (parse_or_dlq)              bad bytes / unknown tenant → DLQ record
     notify.preferences ─┐                 compacted: consent, opt-outs, timezone, suppression
       → join by recipient                 keyed state, warm after a restart
-      → policy                            opted out / suppressed → SUPPRESSED;
+      → policy                            consent: opted out / suppressed → SUPPRESSED;
                                           quiet hours (P2/P3) → deferred to the window's end
-      → hold (keyed by message_id)        retry backoff, scheduled_at, quiet hours: timers
-      → send (keyed by channel+shard)     asynchronous: dedup lease, expiry, recipient and
-                                          tenant caps (Redis; over a cap → SUPPRESSED),
-                                          content dedup, marketing consent re-checked in
-                                          Cassandra, render, capacity token, provider call;
-                                          bounded per channel
-      → dlq-guard                         too many dead letters → the flow halts (guard.py)
-      → encode → confirming Kafka sink    notify.events, retry records, notify.dlq.{tier}
+      → hold (hold_until_due)             retry backoff, scheduled_at, quiet hours: timers
+      → send (keyed by channel+shard)     the send step, asynchronous and bounded per
+                                          channel: the stages of :func:`send_stages`
+      → guard_and_emit                    too many dead letters → the flow halts (guard.py);
+                                          encode → confirming Kafka sink: notify.events,
+                                          retry records, notify.dlq.{tier}
+
+The send step (``flows/sending/``), per batch: crash loop, unknown checks, lease, already
+final, expiry, caps, content dedup, strong consent, render, routable; then per message:
+quota (route: breaker admission and capacity token), call (the provider), classify (what
+the answer means), each end emitted through the attempt's lease (``sending/emit.py``).
 
 Every outcome is data: a status event, a retry record produced back to the ingest topic
 (held until due), or a DLQ record. Progress is committed only after the sink confirmed every
-record; messages in flight at an epoch's end are part of the snapshot.
+record; messages in flight at an epoch's end are part of the snapshot. Building the flow
+opens nothing: the ports open when it runs.
 """
 
 from __future__ import annotations
 
 import random
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import bytewax.operators as op
-from bytewax.dataflow import Dataflow
+from bytewax.dataflow import Dataflow, Stream
 from bytewax.inputs import Source
 from bytewax.outputs import Sink
 from pydantic import ValidationError
@@ -47,15 +51,54 @@ from notiflow.adapters.kafka_io import OutRecord
 from notiflow.adapters.ports import OpenSendPorts
 from notiflow.adapters.send_ports import opener, sender_identity
 from notiflow.flows.consent import PolicyStep, PreferenceJoin, join_key
-from notiflow.flows.dispatch import ChannelPressure, Dispatcher, SendLogic, shard_key
+from notiflow.flows.dispatch import ChannelPressure, Dispatcher, SendLogic, send_key
 from notiflow.flows.guard import DlqGuard
-from notiflow.flows.model import Work, is_work, utcnow
-from notiflow.flows.steps import Clock, Encoder, Hold, IngestParser, RawMessage
+from notiflow.flows.model import Out, Work, utcnow
+from notiflow.flows.ordering import Skip, number_ordered
+from notiflow.flows.sending import SendStages
+from notiflow.flows.sending.admit import AlreadyFinal, CrashLoop, Lease, UnknownChecks
+from notiflow.flows.sending.call import Call
+from notiflow.flows.sending.classify import Classify
+from notiflow.flows.sending.gates import Caps, ContentDedup, Expiry, StrongConsent
+from notiflow.flows.sending.render import Render
+from notiflow.flows.sending.route import Quota, Routable
+from notiflow.flows.steps import Clock, Encoder, IngestParser, RawMessage, scaled_lease_ttl
+from notiflow.flows.toolbox import guard_and_emit, hold_until_due, parse_or_dlq, split_by_type
 from notiflow.schemas.enums import Channel, Tier
 from notiflow.schemas.preferences import PreferenceState
 from notiflow.settings import Settings
 
 SHARDS_PER_CHANNEL = 8
+
+
+def send_stages() -> SendStages:
+    """The send step, in order: a batch is prepared stage by stage (each decides some
+    messages and passes the rest on), then every prepared message is sent by itself."""
+    return SendStages(
+        prepare=(
+            CrashLoop(),       # crashed the flow dlq.max_crashes times → DLQ
+            UnknownChecks(),   # check record of an ambiguous attempt → FAILED or nothing
+            Lease(),           # the attempt's lease: replay, wait for a live owner, take over
+            AlreadyFinal(),    # an old record whose message already ended → nothing
+            Expiry(),          # past expires_at → EXPIRED
+            Caps(),            # recipient and tenant caps → SUPPRESSED
+            ContentDedup(),    # same content to the same recipient → SUPPRESSED
+            StrongConsent(),   # marketing opt-out in Cassandra → SUPPRESSED
+            Render(),          # template + variables → message; FAILED or DLQ
+            Routable(),        # no provider account for the channel → DLQ
+        ),
+        quota=Quota(),         # route: breaker admission and a capacity token
+        call=Call(),           # send: the provider call, timed and told to the breaker
+        classify=Classify(),   # classify: accepted, failed, unknown, retry; emit on the lease
+    )
+
+
+def message_id_of(w: Work) -> str:
+    return w.message_id
+
+
+def due_at_of(w: Work) -> datetime | None:
+    return w.due_at
 
 
 def parse_preference(msg: RawMessage) -> PreferenceState | None:
@@ -102,8 +145,10 @@ def build_send_flow(
         kafka_source(settings, topics, policy.batch_size, wait=policy.poll_wait),
         lambda topic: topic in channel_of and pressure.paused(channel_of[topic]))
     raw = op.input("ingest", flow, ingest)
-    parsed = op.map("parse", raw, IngestParser(settings, tier, cipher, clock))
-    split = op.branch("is-work", parsed, is_work)
+    parsed, unparsed = parse_or_dlq("parse", raw, IngestParser(settings, tier, cipher, clock),
+                                    Work)
+    works = number_ordered("sequence", parsed, clock=clock,
+                           idle=scaled_lease_ttl(settings, policy_tier))
 
     # never waits (the ingest source's wait is the worker's) and never sleeps: the stateful
     # steps process an epoch once every input's frontier has reached it
@@ -111,32 +156,27 @@ def build_send_flow(
         settings, [settings.preferences_topic], 1000, wait=timedelta(0)))
     prefs = op.filter_map("parse-preferences", prefs_raw, parse_preference)
     joined = op.stateful("join-preferences",
-                         op.key_on("by-recipient", op.merge("messages+prefs", split.trues, prefs),
+                         op.key_on("by-recipient", op.merge("messages+prefs", works, prefs),
                                    join_key),
                          PreferenceJoin)
     decided = op.flat_map("policy", op.key_rm("unkey-recipient", joined),
                           PolicyStep(settings, clock))
-    decision = op.branch("to-send", decided, is_work)
-
-    def due_now(w: Work) -> bool:
-        return w.is_due(clock())
-
-    timing = op.branch("due-now", decision.trues, due_now)
-    held = op.stateful("hold", op.key_on("by-message", timing.falses, lambda w: w.message_id),
-                       lambda resume: Hold(resume, clock))
-    ready = op.merge("ready", timing.trues, op.key_rm("unkey-message", held))
+    to_send, decided = split_by_type("to-send", decided, Work)
+    skips, decided_here = split_by_type("skips", decided, Skip)
+    ready = op.merge("ready", hold_until_due("hold", to_send, key=message_id_of, clock=clock,
+                                             due_of=due_at_of), skips)
 
     owner = sender_identity()
     dispatcher = Dispatcher(settings, policy_tier, policy, cipher, pressure, clock,
-                            ports or opener(settings, policy_tier, owner, workers), owner, rng,
-                            source=f"send.{name}", workers=workers)
+                            ports or opener(settings, policy_tier, owner, workers), owner,
+                            send_stages(), rng, source=f"send.{name}", workers=workers)
+    idle = scaled_lease_ttl(settings, policy_tier)
     sent = op.key_rm("unkey-send", op.stateful_batch(
-        "send", op.key_on("by-channel-shard", ready,
-                          lambda w: shard_key(w, SHARDS_PER_CHANNEL)),
-        lambda resume: SendLogic(dispatcher, resume)))
+        "send", op.key_on("by-send-key", ready, lambda w: send_key(w, SHARDS_PER_CHANNEL)),
+        lambda resume: SendLogic(dispatcher, resume, idle=idle)))
 
-    outputs = op.merge("outputs", sent, split.falses, decision.falses)
-    guarded = op.map("dlq-guard", outputs, DlqGuard(settings.dlq, f"send.{name}"))
-    records = op.map("encode", guarded, Encoder(settings))
-    op.output("kafka-out", records, sink or ConfirmingSink(settings, policy_tier.value))
+    outputs: Stream[Out] = op.merge("outputs", sent, unparsed, decided_here)
+    guard_and_emit(outputs, guard=DlqGuard(settings.dlq, f"send.{name}"),
+                   encode=Encoder(settings), sink=sink or ConfirmingSink(settings,
+                                                                          policy_tier.value))
     return flow

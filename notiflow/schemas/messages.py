@@ -1,7 +1,7 @@
 """Wire contracts: the send request, the topic envelopes, status events, attempts, receipts.
 
 These pydantic models are the only definition of the payloads; ``notiflow schemas export``
-writes them as JSON Schema for upstream producers (``notiflow/schemas/json/``).
+writes them as JSON Schema for upstream producers (``schemas/json/``).
 """
 
 from __future__ import annotations
@@ -187,6 +187,9 @@ class IngestRecord(SendRequest):
     """Set by ``notiflow dlq replay``: the attempt number a fresh retry budget starts from
     (``attempt == budget_base`` is the first attempt of that budget; later retries keep the
     field). None = the budget starts at attempt 1."""
+    order_seq: str | None = Field(None, max_length=64, pattern=r"^[0-9a-f]{1,32}:[0-9]{1,18}$")
+    """Set by the send flow on a record with an ``ordering_key``: ``{epoch}:{n}``, the record's
+    place among its key's messages (``flows/ordering.py``); its retries keep it."""
 
     def request(self) -> SendRequest:
         return SendRequest.model_validate(

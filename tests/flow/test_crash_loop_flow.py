@@ -9,7 +9,7 @@ import pytest
 from bytewax.testing import TestingSource
 
 from notiflow.adapters.kafka_io import OutRecord
-from notiflow.flows.dispatch import Dispatcher
+from notiflow.flows.sending.classify import Classify
 from notiflow.schemas.enums import Status, Tier
 from notiflow.settings import Settings
 from tests.flow.conftest import RUNNERS, decode, kmsg, record, send_flow
@@ -25,14 +25,14 @@ class Bug(Exception):
 def test_crash_looping_record_goes_to_the_dlq(stack: Settings, fakes: str, template: int,
                                                runner: str,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    original = Dispatcher._outcome
+    original = Classify.__call__
 
-    async def buggy(self: Dispatcher, w: Any, *args: Any, **kw: Any) -> Any:
+    async def buggy(self: Classify, ctx: Any, w: Any, *args: Any, **kw: Any) -> Any:
         if str(w.record.variables.get("code")).startswith("boom"):
             raise Bug("invariant broken")
-        return await original(self, w, *args, **kw)
+        return await original(self, ctx, w, *args, **kw)
 
-    monkeypatch.setattr(Dispatcher, "_outcome", buggy)
+    monkeypatch.setattr(Classify, "__call__", buggy)
     base = 10**12 + uuid.uuid4().int % 10**9
     items = [kmsg(stack, record(f"{base}-ok"), base), kmsg(stack, record(f"boom-{base}"), base + 1)]
     limit = stack.dlq.max_crashes

@@ -19,6 +19,7 @@ from notiflow.adapters.dlq_crypto import DlqCipher
 from notiflow.adapters.redis_dedup import DedupStore
 from notiflow.adapters.send_ports import RedisBoards
 from notiflow.flows.dispatch import ChannelPressure, Dispatcher
+from notiflow.flows.send import send_stages
 from notiflow.flows.yielding import Slots
 from notiflow.schemas.enums import Channel, Tier
 from notiflow.settings import Settings
@@ -53,10 +54,10 @@ def dispatcher(redis_url: str, tier: Tier, prefix: str,
     policy = s.policy(tier)
     d = Dispatcher(s, tier, policy, DlqCipher.from_settings(s),
                    ChannelPressure(policy.max_queued + policy.max_in_flight),
-                   lambda: datetime.now(UTC), no_ports, f"test:{tier.value}")
+                   lambda: datetime.now(UTC), no_ports, f"test:{tier.value}", send_stages())
     client = aioredis.Redis.from_url(redis_url, decode_responses=True)
-    d._ports = partial_ports(leases=DedupStore(client, d.owner, prefix),
-                             boards=RedisBoards(client, prefix, d.owner))
+    d.ctx.attach(partial_ports(leases=DedupStore(client, d.owner, prefix),
+                               boards=RedisBoards(client, prefix, d.owner)))
     d._sems = {c: Slots(policy.max_in_flight) for c in Channel}
     return d, client
 
@@ -80,7 +81,7 @@ async def test_p0_reports_and_bulk_yields_then_recovers(
         narrowest = p3.window.limit
 
         del p0._oldest["msg_slow:1"]
-        p0._p0_latencies.add(0.05)
+        p0.ctx.p0_latencies.add(0.05)
         await asyncio.sleep(1.6)
         assert p3.window.limit > narrowest
     finally:

@@ -118,6 +118,9 @@ async def test_redis_down_p0_caps_locally_and_marketing_waits(
     from notiflow.devenv import free_port
     from notiflow.flows.dispatch import ChannelPressure, Dispatcher
     from notiflow.flows.model import Retry, SourceRef, Work
+    from notiflow.flows.send import send_stages
+    from notiflow.flows.sending.batch import Batch, attempt_key
+    from notiflow.flows.sending.gates import Caps
     from notiflow.schemas.enums import Tier
     from notiflow.schemas.messages import IngestRecord, StatusEvent
     from notiflow.settings import CapRule, Settings
@@ -132,9 +135,9 @@ async def test_redis_down_p0_caps_locally_and_marketing_waits(
     policy = s.policy(Tier.P0)
     assert policy.redis_down == "local"
     d = Dispatcher(s, Tier.P0, policy, DlqCipher.from_settings(s), ChannelPressure(10),
-                   lambda: T0, no_ports, "test:p0", workers=2)
+                   lambda: T0, no_ports, "test:p0", send_stages(), workers=2)
     client = aioredis.Redis.from_url(s.redis_url, socket_connect_timeout=0.2)
-    d._ports = partial_ports(leases=DedupStore(client, d.owner), caps=CapStore(client))
+    d.ctx.attach(partial_ports(leases=DedupStore(client, d.owner), caps=CapStore(client)))
 
     def work(i: int, category: str) -> Work:
         rec = IngestRecord.model_validate({
@@ -145,8 +148,11 @@ async def test_redis_down_p0_caps_locally_and_marketing_waits(
 
     try:
         batch = [work(i, "otp") for i in range(4)] + [work(0, "marketing")]
-        plan: dict[int, object] = {}
-        live = await d._capped(batch, plan, T0)
+        prepared = Batch(list(batch), T0)
+        await Caps()(prepared, d.ctx)
+        prepared.settle()
+        live = prepared.live
+        plan = {id(w): prepared.decided.get(attempt_key(w)) for w in batch}
         assert [w.message_id for w in live] == ["msg_otp0", "msg_otp1"]
         assert not d.redis_ok
         for w in batch[2:4]:

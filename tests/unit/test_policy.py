@@ -86,7 +86,7 @@ def test_attempt_below_its_base_never_retries() -> None:
 
 
 def test_only_unexplained_exhaustion_is_dead_lettered() -> None:
-    from notiflow.flows.dispatch import unexplained_category
+    from notiflow.flows.sending.classify import unexplained_category
 
     assert unexplained_category("internal_error:KeyError") == "bug"
     assert unexplained_category("connect_error") == "provider_outage"

@@ -1,0 +1,64 @@
+"""Waiting out an unavailable store: one retry rule (tenacity) for every flow and the API.
+
+:func:`until_up` retries a call while it raises one of ``on`` (by default a Cassandra or
+Redis outage, never a bug), doubling the wait from ``first`` up to ``most`` seconds, and
+gives up after ``give_up_after`` by raising what the last attempt raised.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from datetime import timedelta
+from typing import TypeVar
+
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    retry_if_exception_type,
+    stop_after_delay,
+    stop_never,
+    wait_exponential,
+)
+
+from notiflow.adapters.ports import CASSANDRA_DOWN, STORE_DOWN
+
+T = TypeVar("T")
+OUTAGE: tuple[type[BaseException], ...] = (*CASSANDRA_DOWN, *STORE_DOWN, TimeoutError)
+"""What a store raises while it is down or unreachable."""
+
+
+def _logger(log: logging.Logger, what: str) -> Callable[[RetryCallState], None]:
+    def before_sleep(state: RetryCallState) -> None:
+        exc = state.outcome.exception() if state.outcome is not None else None
+        wait = state.next_action.sleep if state.next_action is not None else 0.0
+        log.warning("%s failed (%r); retrying in %.1fs", what, exc, wait)
+
+    return before_sleep
+
+
+def patience(what: str, log: logging.Logger, *, first: float = 0.5, most: float = 10.0,
+             give_up_after: timedelta | None = None,
+             on: tuple[type[BaseException], ...] = OUTAGE) -> AsyncRetrying:
+    """The retrying controller of :func:`until_up` (``async for attempt in patience(...)``)."""
+    return AsyncRetrying(
+        retry=retry_if_exception_type(on),
+        wait=wait_exponential(multiplier=first, max=most),
+        stop=stop_never if give_up_after is None
+        else stop_after_delay(give_up_after.total_seconds()),
+        before_sleep=_logger(log, what),
+        reraise=True,
+    )
+
+
+async def until_up(what: str, fn: Callable[[], Awaitable[T]], log: logging.Logger, *,
+                   first: float = 0.5, most: float = 10.0,
+                   give_up_after: timedelta | None = None,
+                   on: tuple[type[BaseException], ...] = OUTAGE) -> T:
+    """``await fn()`` until it does not raise one of ``on`` (see the module docstring)."""
+    retrying = patience(what, log, first=first, most=most, give_up_after=give_up_after, on=on)
+
+    async def attempt() -> T:
+        return await fn()
+
+    return await retrying(attempt)

@@ -1,0 +1,81 @@
+"""Render: the template of each message (read once per process and version from Cassandra)
+filled with its variables. A missing template, a channel mismatch or a missing variable
+ends the message FAILED; a renderer that breaks an invariant sends it to the DLQ (a bug)."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+from notiflow.adapters.providers.base import OutboundMessage
+from notiflow.flows.model import Work
+from notiflow.flows.sending.batch import Batch, attempt_key
+from notiflow.flows.sending.context import SendContext
+from notiflow.flows.sending.emit import finish, release
+from notiflow.schemas.enums import Status
+from notiflow.templating import MissingVariable, RenderError, render
+
+TemplateKey = tuple[str, str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class RenderFailure:
+    """The renderer broke an invariant (not a missing variable): a DLQ case, not FAILED."""
+
+    reason: str
+
+
+def rendered(w: Work, template: dict[str, Any] | None) -> OutboundMessage | str | RenderFailure:
+    """``w`` rendered with ``template``, the FAILED reason, or a renderer failure."""
+    r = w.record
+    if template is None:
+        return "unknown_template"
+    if template["channel"] != r.channel.value:
+        return "template_channel_mismatch"
+    try:
+        subject, body = render(template, r.variables)
+    except MissingVariable as exc:
+        return f"missing_template_variable:{exc.name}"
+    except RenderError as exc:
+        return RenderFailure(str(exc))
+    return OutboundMessage(message_id=w.message_id, attempt=r.attempt, tenant_id=r.tenant_id,
+                           channel=r.channel, tier=r.tier, recipient=r.recipient, body=body,
+                           subject=subject)
+
+
+class Render:
+    """Fills ``batch.rendered``; keeps the templates it read (they are immutable per
+    version)."""
+
+    def __init__(self) -> None:
+        self.templates: dict[TemplateKey, dict[str, Any]] = {}
+
+    async def __call__(self, batch: Batch, ctx: SendContext) -> None:
+        await self._fetch(batch.live, ctx)
+        for w in batch.live:
+            r = w.record
+            out = rendered(w, self.templates.get((r.tenant_id, r.template_id,
+                                                  r.template_version)))
+            if isinstance(out, RenderFailure):
+                batch.decide(w, [ctx.dead_letter(w, f"renderer failed: {out.reason}",
+                                                 "render_error", "bug", batch.now)])
+                await release(ctx, w)
+            elif isinstance(out, str):
+                batch.decide(w, await finish(ctx, w, ctx.event(
+                    w, Status.FAILED, batch.now, reason=out),
+                    batch.content_keys.get(attempt_key(w))))
+            else:
+                batch.rendered[attempt_key(w)] = out
+
+    async def _fetch(self, works: list[Work], ctx: SendContext) -> None:
+        wanted = sorted({(w.record.tenant_id, w.record.template_id, w.record.template_version)
+                         for w in works} - self.templates.keys())
+        if not wanted:
+            return
+        store = ctx.ports.messages
+        rows = await ctx.infra("cassandra", lambda: asyncio.gather(
+            *(store.get_template(*k) for k in wanted)))
+        for k, row in zip(wanted, rows, strict=True):
+            if row is not None:
+                self.templates[k] = row
