@@ -16,6 +16,8 @@ test: bootstrap
 
 lint: bootstrap
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports
+	$(VENV)/bin/mypy
 
 stack-up: bootstrap
 	$(VENV)/bin/notiflow stack up

@@ -37,7 +37,7 @@ class TierPolicy(_Frozen):
     batch_size: int = Field(500, ge=1, le=10_000)
     poll_wait: timedelta = timedelta(milliseconds=20)
     """How long a send flow's worker waits in Kafka for its next ingest record (the wait ends
-    when one arrives; ``notiflow/adapters/kafka_group.py``). Meanwhile the worker does nothing else,
+    when one arrives; ``adapters/kafka_group.py``). Meanwhile the worker does nothing else,
     so it bounds how late an idle flow's timers and send outcomes can be; shorter costs the
     idle flow CPU (more wake-ups)."""
     epoch: timedelta | None = None
@@ -351,8 +351,8 @@ DEFAULT_ROUTES: tuple[ProviderRoute, ...] = (
 
 
 class YieldRule(_Frozen):
-    """How bulk work yields to P0 (``notiflow/flows/yielding.py``): the signal is the worst P0 latency
-    the priority lane reports (``notiflow/adapters/pressure.py``), compared with P0's SLA. Above
+    """How bulk work yields to P0 (``flows/yielding.py``): the signal is the worst P0 latency
+    the priority lane reports (``adapters/pressure.py``), compared with P0's SLA. Above
     ``high`` of the SLA a bulk flow halves its in-flight window every ``tick`` (down to
     ``floor`` slots), below ``low`` it grows by ``increase`` of its ceiling per tick; the
     bulk-lane API refuses bulk acceptances (429) above ``high``; the reconciler applies at
@@ -402,7 +402,7 @@ class BreakerRule(_Frozen):
     latency_threshold: timedelta = timedelta(seconds=2.5)
     """Opens when the window's ``latency_quantile`` latency exceeds this (not scaled) ..."""
     bulk_latency_threshold: timedelta = timedelta(seconds=30)
-    """... on the bulk lane's breakers (``notiflow/adapters/breaker_lanes.py``): a bulk flow at low
+    """... on the bulk lane's breakers (``adapters/breaker_lanes.py``): a bulk flow at low
     CPU priority measures its own queueing as much as the provider's, and a slow provider
     opens the priority lane's breaker, which stops bulk too."""
     bulk_failure_threshold: int = Field(20, ge=1, le=1000)
@@ -490,7 +490,7 @@ class Settings(BaseSettings):
     cassandra_jmx_port: int = 17199
     cassandra_keyspace: str = Field("notiflow", pattern=r"^[a-z][a-z0-9_]{0,47}$")
     cassandra_read_keys: int = Field(32, ge=1, le=256)
-    """Keys per ``IN`` read of the reconciler (notiflow/adapters/cassandra_coalesce.py)."""
+    """Keys per ``IN`` read of the reconciler (adapters/cassandra_coalesce.py)."""
     cassandra_batch_rows: int = Field(64, ge=1, le=1000)
     """Rows per unlogged batch of the reconciler; about 2 KiB a message's eight rows: keep
     rows x size under Cassandra's ``batch_size_fail_threshold`` (50 KiB by default)."""
@@ -508,7 +508,7 @@ class Settings(BaseSettings):
     """Real-time priority (``SCHED_RR``) ``notiflow stack up`` gives the local JVMs'
     stop-the-world collector threads (0: leave them at the normal priority). Every thread of
     a JVM waits while they run, so a pause lasts as long as they wait for a core (see
-    ``notiflow/ops/stack.py`` :func:`prioritise_collector`)."""
+    ``ops/stack.py`` :func:`prioritise_collector`)."""
     java_home: Path | None = None
 
     # processes

@@ -1,7 +1,7 @@
 """OpenTelemetry and logging for every notiflow process, configured in one place.
 
-Each entry point calls :func:`setup` once (the API in ``notiflow/gateway/app.py``, every dataflow in
-``notiflow/flows/runner.py``); everything else uses the helpers here and the names declared in
+Each entry point calls :func:`setup` once (the API in ``gateway/app.py``, every dataflow in
+``flows/runner.py``); everything else uses the helpers here and the names declared in
 ``notiflow/names.py``:
 
 - :func:`span` starts a declared span (kind from the declaration), optionally continuing a
@@ -323,7 +323,6 @@ def resource_attributes(settings: Settings, process: str, *, tier: str | None = 
 
 def _exporters(settings: Settings) -> tuple[Any, Any]:
     t = settings.telemetry
-    kw = {"endpoint": t.endpoint} if t.endpoint else {}
     if t.exporter == "console":
         from opentelemetry.sdk.metrics.export import ConsoleMetricExporter
         from opentelemetry.sdk.trace.export import ConsoleSpanExporter
@@ -334,7 +333,8 @@ def _exporters(settings: Settings) -> tuple[Any, Any]:
         from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 
-        return OTLPSpanExporter(**kw), OTLPMetricExporter(**kw)
+        endpoint = t.endpoint or None
+        return OTLPSpanExporter(endpoint=endpoint), OTLPMetricExporter(endpoint=endpoint)
     from opentelemetry.exporter.otlp.proto.http.metric_exporter import (
         OTLPMetricExporter as HttpMetricExporter,
     )
@@ -343,8 +343,8 @@ def _exporters(settings: Settings) -> tuple[Any, Any]:
     )
 
     base = (t.endpoint or "").rstrip("/")
-    return (HttpSpanExporter(**({"endpoint": f"{base}/v1/traces"} if base else {})),
-            HttpMetricExporter(**({"endpoint": f"{base}/v1/metrics"} if base else {})))
+    return (HttpSpanExporter(endpoint=f"{base}/v1/traces" if base else None),
+            HttpMetricExporter(endpoint=f"{base}/v1/metrics" if base else None))
 
 
 def setup(settings: Settings, process: str, *, tier: str | None = None,
@@ -441,12 +441,3 @@ def instrument_api(app: Any) -> None:
     instrumentor = RedisInstrumentor()
     if not instrumentor.is_instrumented_by_opentelemetry:
         instrumentor.instrument()
-
-
-def reset_for_tests() -> None:
-    """Forget this process's configuration (unit tests only)."""
-    global _state
-    with _lock:
-        if _state is not None:
-            _state.shutdown()
-        _state = None

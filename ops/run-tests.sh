@@ -18,6 +18,10 @@ trap cleanup EXIT INT TERM
 
 echo "==> lint"
 .venv/bin/ruff check .
+echo "==> layers (import-linter)"
+.venv/bin/lint-imports
+echo "==> types (mypy)"
+.venv/bin/mypy
 echo "==> local stack"
 $NF stack up
 echo "==> tests"

@@ -83,7 +83,7 @@ def connect(
     cluster = Cluster(
         list(settings.cassandra_hosts),
         port=settings.cassandra_port,
-        execution_profiles={EXEC_PROFILE_DEFAULT: profile},
+        execution_profiles={EXEC_PROFILE_DEFAULT: profile},  # type: ignore[has-type]  # untyped sentinel
         connect_timeout=connect_timeout,
         control_connection_timeout=connect_timeout,
         protocol_version=5,

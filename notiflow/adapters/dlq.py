@@ -9,7 +9,7 @@ Contracts:
 - Records stream: a read holds at most one lookup chunk (:data:`LOOKUP_CHUNK` records) at a
   time, so counting or filtering a DLQ of millions needs no more memory than a small one.
 - A dead letter an operator replayed or purged is *resolved*: its ``dlq_id`` is in the
-  Cassandra table ``dlq_resolved`` (``notiflow/schemas/cql/0003_dlq.cql``) and every read skips it
+  Cassandra table ``dlq_resolved`` (``schemas/cql/0003_dlq.cql``) and every read skips it
   unless asked otherwise. Kafka keeps the record until retention or ``purge --before``.
 - Every operator action leaves a row in ``dlq_audit`` (who, when, what, why).
 - A replay may *reopen* the message it belongs to: a message that ended FAILED or EXPIRED
@@ -31,7 +31,7 @@ import time
 import uuid
 import zlib
 from collections import defaultdict
-from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
+from collections.abc import AsyncGenerator, Generator, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from itertools import islice
@@ -188,7 +188,7 @@ def offsets_at(settings: Settings, topics: Iterable[str], at: datetime,
 
 def read_dlq(settings: Settings, ranges: Mapping[PartitionKey, tuple[int, int]],
              stats: ReadStats | None = None,
-             idle_timeout: float = IDLE_TIMEOUT_S) -> Iterator[DlqEntry]:
+             idle_timeout: float = IDLE_TIMEOUT_S) -> Generator[DlqEntry, None, None]:
     """Dead letters of the given ``{(topic, partition): (start, end)}`` offset ranges, in
     offset order per partition (end exclusive). Values that are not DLQ records are skipped,
     counted in ``stats`` and logged. Raises :class:`DlqReadError` when the read stalls."""
@@ -240,12 +240,6 @@ def _entry(m: Any, key: PartitionKey, offset: int, stats: ReadStats | None) -> D
         return None
     kind, ts = m.timestamp()
     return DlqEntry(record, key[0], key[1], offset, ts if kind else None)
-
-
-def read_topics(settings: Settings, topics: Iterable[str],
-                stats: ReadStats | None = None) -> Iterator[DlqEntry]:
-    """Every dead letter currently in ``topics`` (see :func:`read_dlq`)."""
-    return read_dlq(settings, watermarks(settings, topics), stats)
 
 
 def channel_of(entry: DlqEntry, channels: Mapping[str, Channel],
@@ -507,7 +501,7 @@ class Found:
 
 async def scan(settings: Settings, ledger: DlqLedger, topics: Iterable[str], flt: DlqFilter,
                cipher: DlqCipher | None = None, *, include_resolved: bool = False,
-               stats: ReadStats | None = None) -> AsyncIterator[Found]:
+               stats: ReadStats | None = None) -> AsyncGenerator[Found, None]:
     """Stream the dead letters of ``topics`` that match ``flt`` (unresolved ones only unless
     ``include_resolved``). The channel filter decrypts a payload only when neither the
     source topic nor a header tells the channel, and only with ``cipher``."""
@@ -647,8 +641,8 @@ class DepthMonitor:
 
     async def _forget_resolved(self) -> None:
         by_topic: dict[str, list[str]] = defaultdict(list)
-        for (topic, _partition), ids in self._open.items():
-            by_topic[topic].extend(ids)
+        for (topic, _partition), opened_ids in self._open.items():
+            by_topic[topic].extend(opened_ids)
         for topic, ids in by_topic.items():
             for i in range(0, len(ids), LOOKUP_CHUNK):
                 resolved = await self.ledger.resolutions(topic, ids[i:i + LOOKUP_CHUNK])

@@ -2,11 +2,13 @@
 
 :func:`until_up` retries a call while it raises one of ``on`` (by default a Cassandra or
 Redis outage, never a bug), doubling the wait from ``first`` up to ``most`` seconds, and
-gives up after ``give_up_after`` by raising what the last attempt raised.
+gives up after ``give_up_after`` by raising what the last attempt raised. ``sleep`` waits
+between attempts (tests pass a fake one).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
@@ -24,6 +26,7 @@ from tenacity import (
 from notiflow.adapters.ports import CASSANDRA_DOWN, STORE_DOWN
 
 T = TypeVar("T")
+Sleep = Callable[[float], Awaitable[None]]
 OUTAGE: tuple[type[BaseException], ...] = (*CASSANDRA_DOWN, *STORE_DOWN, TimeoutError)
 """What a store raises while it is down or unreachable."""
 
@@ -39,7 +42,8 @@ def _logger(log: logging.Logger, what: str) -> Callable[[RetryCallState], None]:
 
 def patience(what: str, log: logging.Logger, *, first: float = 0.5, most: float = 10.0,
              give_up_after: timedelta | None = None,
-             on: tuple[type[BaseException], ...] = OUTAGE) -> AsyncRetrying:
+             on: tuple[type[BaseException], ...] = OUTAGE,
+             sleep: Sleep = asyncio.sleep) -> AsyncRetrying:
     """The retrying controller of :func:`until_up` (``async for attempt in patience(...)``)."""
     return AsyncRetrying(
         retry=retry_if_exception_type(on),
@@ -48,15 +52,18 @@ def patience(what: str, log: logging.Logger, *, first: float = 0.5, most: float 
         else stop_after_delay(give_up_after.total_seconds()),
         before_sleep=_logger(log, what),
         reraise=True,
+        sleep=sleep,
     )
 
 
 async def until_up(what: str, fn: Callable[[], Awaitable[T]], log: logging.Logger, *,
                    first: float = 0.5, most: float = 10.0,
                    give_up_after: timedelta | None = None,
-                   on: tuple[type[BaseException], ...] = OUTAGE) -> T:
+                   on: tuple[type[BaseException], ...] = OUTAGE,
+                   sleep: Sleep = asyncio.sleep) -> T:
     """``await fn()`` until it does not raise one of ``on`` (see the module docstring)."""
-    retrying = patience(what, log, first=first, most=most, give_up_after=give_up_after, on=on)
+    retrying = patience(what, log, first=first, most=most, give_up_after=give_up_after, on=on,
+                        sleep=sleep)
 
     async def attempt() -> T:
         return await fn()

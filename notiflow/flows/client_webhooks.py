@@ -67,6 +67,7 @@ from notiflow.adapters.client_webhooks import (
 )
 from notiflow.adapters.dlq_crypto import DlqCipher
 from notiflow.adapters.kafka_io import OutRecord, make_headers
+from notiflow.adapters.retrying import OUTAGE, until_up
 from notiflow.adapters.worker import WorkerLoop, loop_thread, register
 from notiflow.flows.model import SourceRef, utcnow
 from notiflow.flows.steps import Clock, RawMessage, source_of
@@ -368,20 +369,11 @@ class Resolver:
         return self.runtime.resource("cassandra", open_store).store
 
     async def _with_retries(self, changes: list[StatusChange], store: Any) -> None:
-        """Cassandra down → wait and retry (nothing is committed meanwhile); the flow stops
-        after ``INFRA_RETRY_FOR``."""
-        delay = 0.5
-        deadline = time.monotonic() + INFRA_RETRY_FOR.total_seconds()
-        while True:
-            try:
-                await self._lookup(changes, store)
-                return
-            except Exception as exc:
-                if time.monotonic() >= deadline:
-                    raise
-                log.warning("webhook URL lookup failed (%s); retrying in %.1fs", exc, delay)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 10.0)
+        """Cassandra down or timing out (``OUTAGE``) → wait and retry (nothing is committed
+        meanwhile); the flow stops, raising the last error, after ``INFRA_RETRY_FOR``. Any
+        other exception stops it at once."""
+        await until_up("webhook URL lookup", lambda: self._lookup(changes, store), log,
+                       first=0.5, most=10.0, give_up_after=INFRA_RETRY_FOR, on=OUTAGE)
 
     async def _lookup(self, changes: list[StatusChange], store: Any) -> None:
         sem = asyncio.Semaphore(LOOKUP_CONCURRENCY)

@@ -37,10 +37,11 @@ from opentelemetry import trace
 
 from notiflow import names, telemetry
 from notiflow.adapters.bytewax_kafka import ConfirmingSink, kafka_source
-from notiflow.adapters.cassandra_store import CassandraStore, Write, connect
+from notiflow.adapters.cassandra_store import CassandraStore, StateContention, Write, connect
 from notiflow.adapters.dlq_crypto import DlqCipher
-from notiflow.adapters.kafka_io import OutRecord
+from notiflow.adapters.kafka_io import DeliveryFailed, OutRecord
 from notiflow.adapters.ports import STORE_DOWN
+from notiflow.adapters.retrying import OUTAGE, until_up
 from notiflow.adapters.worker import WorkerLoop
 from notiflow.flows.guard import DlqGuard
 from notiflow.flows.model import ReconcileIn, SourcedReceipt, utcnow
@@ -58,6 +59,9 @@ CONCURRENCY = 512
 """Messages of a batch applied at once; their reads and writes share requests
 (adapters/cassandra_coalesce.py), so more at once means fewer requests."""
 INFRA_RETRY_FOR = timedelta(minutes=5)
+RETRY_ON: tuple[type[BaseException], ...] = (*OUTAGE, StateContention, DeliveryFailed)
+"""What a batch is retried on: a store outage (timeouts included), lost compare-and-set races
+on a recipient's state, the preference topic's broker not acknowledging a suppression."""
 PARK_FIRST_WAIT = timedelta(seconds=5)
 PARK_MAX_WAIT = timedelta(minutes=1)
 HARD_BOUNCES = {"bounce": "hard_bounce", "unsubscribe": "unsubscribed",
@@ -150,19 +154,12 @@ class ApplyStep:
 
     async def _with_retries(self, batch: list[ReconcileIn],
                             store: CassandraStore) -> list[DlqRecord | Receipt]:
-        """Cassandra down → wait and retry the whole batch (writes are idempotent); nothing
-        is committed meanwhile. Gives up (the flow stops) after ``INFRA_RETRY_FOR``."""
-        delay = 0.5
-        deadline = asyncio.get_running_loop().time() + INFRA_RETRY_FOR.total_seconds()
-        while True:
-            try:
-                return await self._apply(batch, store)
-            except Exception as exc:
-                if asyncio.get_running_loop().time() >= deadline:
-                    raise
-                log.warning("reconcile batch failed (%s); retrying in %.1fs", exc, delay)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 10.0)
+        """Cassandra or Redis down, Kafka not acknowledging a suppression, or a recipient's
+        state contended (:data:`RETRY_ON`) → wait and retry the whole batch (writes are
+        idempotent); nothing is committed meanwhile. Gives up (the flow stops, raising the
+        last error) after ``INFRA_RETRY_FOR``; any other exception stops it at once."""
+        return await until_up("reconcile batch", lambda: self._apply(batch, store), log,
+                              first=0.5, most=10.0, give_up_after=INFRA_RETRY_FOR, on=RETRY_ON)
 
     async def _apply(self, batch: list[ReconcileIn],
                      store: CassandraStore) -> list[DlqRecord | Receipt]:

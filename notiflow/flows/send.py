@@ -93,12 +93,13 @@ def send_stages() -> SendStages:
     )
 
 
-def message_id_of(w: Work) -> str:
-    return w.message_id
+def message_id_of(item: Work | Skip) -> str:
+    return item.work.message_id if isinstance(item, Skip) else item.message_id
 
 
-def due_at_of(w: Work) -> datetime | None:
-    return w.due_at
+def due_at_of(item: Work | Skip) -> datetime | None:
+    """When a message may be attempted; a :class:`Skip` goes on at once."""
+    return None if isinstance(item, Skip) else item.due_at
 
 
 def parse_preference(msg: RawMessage) -> PreferenceState | None:
@@ -161,10 +162,9 @@ def build_send_flow(
                          PreferenceJoin)
     decided = op.flat_map("policy", op.key_rm("unkey-recipient", joined),
                           PolicyStep(settings, clock))
-    to_send, decided = split_by_type("to-send", decided, Work)
-    skips, decided_here = split_by_type("skips", decided, Skip)
-    ready = op.merge("ready", hold_until_due("hold", to_send, key=message_id_of, clock=clock,
-                                             due_of=due_at_of), skips)
+    to_send: Stream[Work | Skip]
+    to_send, decided_here = split_by_type("to-send", decided, (Work, Skip))
+    ready = hold_until_due("hold", to_send, key=message_id_of, clock=clock, due_of=due_at_of)
 
     owner = sender_identity()
     dispatcher = Dispatcher(settings, policy_tier, policy, cipher, pressure, clock,

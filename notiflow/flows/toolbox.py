@@ -39,9 +39,9 @@ def parse_or_dlq(step_id: str, up: Stream[Any], parse: Callable[[Any], object], 
     return split_by_type(f"{step_id}-ok", parsed, ok)
 
 
-def split_by_type(step_id: str, up: Stream[Any], ok: type[X]
+def split_by_type(step_id: str, up: Stream[Any], ok: type[X] | tuple[type[Any], ...]
                   ) -> tuple[Stream[X], Stream[Any]]:
-    """The items that are an ``ok``, and the others."""
+    """The items that are an ``ok`` (one type, or any of several), and the others."""
     def is_ok(item: object) -> TypeGuard[X]:
         return isinstance(item, ok)
 

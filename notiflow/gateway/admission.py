@@ -7,14 +7,14 @@ of a key reserved earlier is answered from its record and never refused, see
 1. **backlog** — the tier has a ``max_backlog_age`` (P2, P3 by default) and its oldest unsent
    message is older than that bound (scaled by ``time_scale``): ``429 backlog``.
 2. **priority_pressure** — a bulk-lane tier (P2, P3) while P0's worst latency, as the P0
-   send flow reports it (``notiflow/adapters/pressure.py``), is above ``bulk_yield.high`` of P0's SLA:
+   send flow reports it (``adapters/pressure.py``), is above ``bulk_yield.high`` of P0's SLA:
    ``429 priority_pressure`` with ``Retry-After: 1`` (bulk acceptance yields to P0).
 3. **tenant_rate** — the tenant has a ``rate_limit``: one token bucket per tenant (burst of one
    second's worth) shared by every API process: ``429 tenant_rate``.
 4. **p0_capacity** — P0 only: a bucket per channel at ``Σ_p share(P0) * provider_rates[p]
    + p0_emergency_rate`` msgs/s, summed over every enabled provider account with a route on
    the channel (``settings.routes``, ``settings.enabled_providers()``), since the send flow
-   moves P0 to whichever of them has a token (``notiflow/flows/routing.py`` ``reserve``); accounts
+   moves P0 to whichever of them has a token (``flows/routing.py`` ``reserve``); accounts
    without a rate add nothing, and there is no envelope when none has one:
    ``429 p0_capacity``.
 

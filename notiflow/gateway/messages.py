@@ -69,6 +69,7 @@ _rejected = names.INGEST_REJECTIONS.create(telemetry.meter())
 _IDEMPOTENCY_KEY = re.compile(r"^[\x21-\x7e]{1,255}$")
 _MESSAGE_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 JSON = "application/json"
+_PUBLISH_ERRORS: tuple[type[Exception], ...] = (DeliveryFailed, *STORE_ERRORS)
 
 
 def request_hash(req: SendRequest) -> str:
@@ -231,7 +232,7 @@ async def accept(rt: Runtime, tenant: TenantConfig, req: SendRequest, key: str |
                                          created_at=accepted_at, record=record, topic=topic,
                                          payload=payload, trace=trace, fresh=True,
                                          stages=times)
-    except (DeliveryFailed, *STORE_ERRORS) as exc:
+    except _PUBLISH_ERRORS as exc:
         undone = await undo_acceptance(rt.store(), tenant_id=tenant.id, key=internal_key,
                                        created_at=accepted_at, record=record)
         if undone:

@@ -72,8 +72,8 @@ class Runtime:
         the background."""
         self._producer = AsyncProducer(self.settings, **api_producer_overrides())
         self._admission = Admission(self.settings, AdmissionStore.open(self.settings))
-        self._admin = AdminClient({"bootstrap.servers": self.settings.kafka_bootstrap,
-                                   "logger": logging.getLogger("notiflow.kafka.admin")})
+        self._admin = AdminClient({"bootstrap.servers": self.settings.kafka_bootstrap},
+                                  logger=logging.getLogger("notiflow.kafka.admin"))
         if not await self._connect_once():
             self.spawn(self._connect_loop(), "cassandra-connect")
 

@@ -614,8 +614,9 @@ def parse_dsn(raw: bytes, content_type: str | None = None) -> DeliveryReport:
         report = _delivery_status(message)
     if report is None:
         raise ValueError("no message/delivery-status part")
-    blocks = report.get_payload()
-    if not isinstance(blocks, list) or len(blocks) < 2:
+    payload = report.get_payload()
+    blocks = [b for b in payload if isinstance(b, Message)] if isinstance(payload, list) else []
+    if len(blocks) < 2:
         raise ValueError("the delivery-status part has no per-recipient fields")
     per_message = blocks[0]
     recipients = []

@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import getpass
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Coroutine
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, TypeVar
 
@@ -344,7 +344,7 @@ def _selection(ids: list[str] | None, all_: bool, flt: DlqFilter) -> DlqFilter:
     return DlqFilter(ids=frozenset(ids)) if ids else flt
 
 
-async def _each(found: AsyncIterator[Found], limit: int | None,
+async def _each(found: AsyncGenerator[Found, None], limit: int | None,
                 act: Callable[[Found], Awaitable[Outcome]]) -> tuple[list[Outcome], set[str]]:
     """Apply ``act`` to every item (``CONCURRENCY`` at a time, in order), at most ``limit``."""
     outcomes: list[Outcome] = []

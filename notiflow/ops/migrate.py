@@ -1,4 +1,4 @@
-"""Versioned CQL migrations: ``notiflow/schemas/cql/NNNN_name.cql`` applied in order, each recorded.
+"""Versioned CQL migrations: ``schemas/cql/NNNN_name.cql`` applied in order, each recorded.
 
 A migration's checksum is stored with it; a file edited after it was applied is refused
 (write a new migration instead).

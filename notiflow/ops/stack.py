@@ -113,7 +113,7 @@ def kafka_cluster_id() -> str:
 
 def gc_log(path: Path) -> str:
     """JVM flag: every stop-the-world pause (GC and safepoints) with its wall-clock time, so a
-    latency stall can be matched with the pauses of the JVM it waited on (``notiflow/bench/jvm.py``)."""
+    latency stall can be matched with the pauses of the JVM it waited on (``bench/jvm.py``)."""
     return f"-Xlog:gc,safepoint:file={path}:time,uptimemillis:filecount=3,filesize=20m"
 
 
@@ -305,7 +305,7 @@ class Stack:
             quiet.propagate = False
             try:
                 md = AdminClient({"bootstrap.servers": s.kafka_bootstrap,
-                                  "socket.timeout.ms": 2000, "logger": quiet}
+                                  "socket.timeout.ms": 2000}, logger=quiet
                                  ).list_topics(timeout=2)
             except Exception:
                 return False
@@ -439,7 +439,6 @@ batch_size_warn_threshold: 32KiB
     def up(self, *, topics: bool = True, migrations: bool = True) -> None:
         self.p.make()
         self.fetch()
-        started: list[tuple[Component, subprocess.Popen[bytes]]] = []
         for c in self.components():
             if self.pid(c) is not None:
                 self.log(f"{c.name}: already running (pid {self.pid(c)})")
@@ -458,7 +457,6 @@ batch_size_warn_threshold: 32KiB
                                         start_new_session=True, cwd=self.p.root)
             self._pidfile(c).write_text(str(proc.pid))
             self.log(f"{c.name}: started (pid {proc.pid}), log {log_path}")
-            started.append((c, proc))
         for c in self.components():
             self._wait_healthy(c)
         self._prioritise_collectors()

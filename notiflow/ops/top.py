@@ -10,7 +10,7 @@ Sources (never a metrics endpoint, so it works wherever the flows run):
   second over the same window; *p99* = nearest-rank 99th percentile of ``accepted_at`` →
   ``PROVIDER_ACCEPTED`` over the last :data:`LATENCY_WINDOW_S`. Events are deduplicated by
   ``event_id`` (the flows produce at least once); times are the events' ``occurred_at``.
-- Redis: the send flows' backlog reports (``notiflow/adapters/backlog.py``: age of the oldest unsent
+- Redis: the send flows' backlog reports (``adapters/backlog.py``: age of the oldest unsent
   message per tier, fresh reports only) and the circuit breakers' hashes (``{ns}cb:{provider}``,
   read with ``HMGET`` only: ``top`` never runs the breaker script, so it changes nothing).
 - The DLQ topics through :class:`~notiflow.adapters.dlq.DepthMonitor` (unresolved dead
@@ -58,7 +58,7 @@ DLQ_EVERY_S = 5.0
 REFRESH_S = 1.0
 _BREAKER_FIELDS = ("st", "since", "until", "why", "w", "wt")
 _BREAKER_STATES = {0: "CLOSED", 1: "OPEN", 2: "HALF_OPEN"}
-"""The Redis field ``st`` (``notiflow/adapters/breaker.py``: 0 closed, 1 open, 2 half-open)."""
+"""The Redis field ``st`` (``adapters/breaker.py``: 0 closed, 1 open, 2 half-open)."""
 
 
 # --------------------------------------------------------------------------- pure parts

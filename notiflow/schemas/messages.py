@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 import uuid
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Final, Literal
 
 import phonenumbers
 from email_validator import EmailNotValidError, validate_email
@@ -28,7 +28,7 @@ from pydantic import (
 
 from notiflow.schemas.enums import Category, Channel, PushPlatform, Status, Tier
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION: Final = 1
 MAX_VARIABLES = 64
 MAX_VARIABLE_VALUE = 4096
 MAX_VARIABLES_BYTES = 16_384

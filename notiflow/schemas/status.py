@@ -14,7 +14,7 @@ after SENT is recorded, an email DELIVERED may still become BOUNCED, and a late 
 acceptance (an UNKNOWN attempt that did go through) wins over the decision to give up.
 The rank is stored in Cassandra; a status is written at the row's creation time plus
 :func:`write_offset_us` of its rank, so the database keeps the highest rank whatever order
-the writes arrive in (``notiflow/adapters/cassandra_store.py``, ``rank_write_time``).
+the writes arrive in (``adapters/cassandra_store.py``, ``rank_write_time``).
 """
 
 from __future__ import annotations
