@@ -19,6 +19,9 @@ Recipe (``build_webhook_flow``)::
                                       run on the process's WebhookDispatcher (own event loop)
       → encode → confirming Kafka sink   given-up webhooks → notify.dlq.webhooks
 
+The items are in ``webhook_items.py``, resolution in ``webhook_resolve.py``, the POSTs'
+runtime in ``webhook_sender.py``; this module holds the policy and the per-message logic.
+
 The pending webhooks of a message (attempt counts and due times) are the state of its key,
 so a pending retry survives a crash; a POST in flight at a crash is sent again after the
 restart with the same webhook-id (at-least-once; clients dedup by it).
@@ -26,7 +29,6 @@ restart with the same webhook-id (at-least-once; clients dedup by it).
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
 import copy
 import logging
@@ -34,11 +36,10 @@ import random
 import threading
 import time
 import uuid
-from collections import Counter, OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 
 import bytewax.operators as op
 import orjson
@@ -50,7 +51,7 @@ from bytewax.outputs import Sink
 from opentelemetry import metrics
 from pydantic import SecretStr, ValidationError
 
-from notiflow import names, telemetry
+from notiflow import names
 from notiflow.adapters.bytewax_kafka import (
     ConfirmingSink,
     PausableKafkaSource,
@@ -59,7 +60,6 @@ from notiflow.adapters.bytewax_kafka import (
 from notiflow.adapters.client_webhooks import (
     AttemptResult,
     Verdict,
-    WebhookClient,
     decode_secret,
     endpoint_id,
     status_body,
@@ -67,13 +67,21 @@ from notiflow.adapters.client_webhooks import (
 )
 from notiflow.adapters.dlq_crypto import DlqCipher
 from notiflow.adapters.kafka_io import OutRecord, make_headers
-from notiflow.adapters.retrying import OUTAGE, until_up
-from notiflow.adapters.worker import WorkerLoop, loop_thread, register
 from notiflow.flows.model import SourceRef, utcnow
 from notiflow.flows.steps import Clock, RawMessage, source_of
+from notiflow.flows.webhook_items import StatusChange, WebhookJob
+from notiflow.flows.webhook_resolve import Resolver
+from notiflow.flows.webhook_sender import (
+    OUTCOME,
+    Refused,
+    Request,
+    Result,
+    Sender,
+    WebhookDispatcher,
+    breaker_id,
+)
 from notiflow.schemas.enums import Status, Tier
 from notiflow.schemas.messages import AttemptRecord, DlqRecord, Receipt, StatusEvent
-from notiflow.schemas.status import rank
 from notiflow.settings import Settings
 from notiflow.telemetry import header_traceparent
 
@@ -95,64 +103,6 @@ least ``MIN_MEMORY``."""
 MIN_MEMORY = timedelta(seconds=30)
 MIN_SPAN = timedelta(minutes=10)
 """Floor of ``max_age`` and of the patience with an open breaker (tiny test schedules)."""
-INFRA_RETRY_FOR = timedelta(minutes=5)
-LOOKUP_CONCURRENCY = 64
-CACHE_SIZE = 100_000
-SATURATION = 4
-"""The source pauses while more than ``SATURATION * max_in_flight`` POSTs wait for a slot
-or run (those queued behind their own endpoint's limit do not count)."""
-BREAKER_PREFIX = "webhook:"
-"""Breaker ids of client endpoints (``webhook:https://host:443``), apart from providers'."""
-
-
-def breaker_id(endpoint: str) -> str:
-    return f"{BREAKER_PREFIX}{endpoint}"
-
-
-# items -------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class StatusChange:
-    """A status of a message from ``notify.events`` or ``notify.receipts``; ``resolved``:
-    tenant and URL are known (from the event's snapshot)."""
-
-    message_id: str | None
-    status: Status
-    attempt: int
-    reason: str | None
-    occurred_at: datetime
-    source: SourceRef
-    tenant_id: str | None = None
-    tier: Tier | None = None
-    url: str | None = None
-    resolved: bool = False
-    provider_ref: tuple[str, str] | None = None
-    """(provider_id, provider_message_id) of a receipt without a message id."""
-    traceparent: str | None = None
-    """The record's ``traceparent`` header (the webhook's span continues it)."""
-
-
-@dataclass(frozen=True, slots=True)
-class WebhookJob:
-    """A status change to announce; ``tenant_id``/``url`` are None when not known yet (a
-    receipt of a message whose row is not in Cassandra yet): its key learns them from
-    another change of the same message."""
-
-    message_id: str
-    tenant_id: str | None
-    url: str | None
-    status: Status
-    attempt: int
-    reason: str | None
-    occurred_at: datetime
-    source: SourceRef
-    tier: Tier | None = None
-    traceparent: str | None = None
-
-    @property
-    def rank(self) -> int:
-        return rank(self.status, self.attempt)
 
 
 def parse_change(msg: RawMessage, receipts_topic: str) -> StatusChange | None:
@@ -267,138 +217,6 @@ class Fresh:
         return False
 
 
-# resolution --------------------------------------------------------------------------------
-
-
-class _Store:
-    def __init__(self, cluster: Any, store: Any) -> None:
-        self.cluster = cluster
-        self.store = store
-
-    def shutdown(self) -> None:
-        self.cluster.shutdown()
-
-
-Target = tuple[str, str | None]
-"""(tenant_id, status_webhook) of a message."""
-
-
-class Resolver:
-    """``flat_map_batch`` mapper: changes → jobs. Snapshot-carrying events are complete;
-    the others get the message's tenant and ``status_webhook`` from Cassandra (concurrently
-    per batch; both kinds are cached per process, LRU). A message without a webhook is not
-    announced. A change of a message without a row yet becomes a job without URL (its key
-    waits for another change to tell it); a receipt without message id whose provider
-    message id is not indexed yet is left out and logged (the reconciler parks it and
-    publishes it again, and that copy is resolved then)."""
-
-    def __init__(self, settings: Settings, cache_size: int = CACHE_SIZE) -> None:
-        self.settings = settings
-        self.cache_size = cache_size
-        self.runtime = WorkerLoop()
-        self._rows: OrderedDict[str, Target] = OrderedDict()
-        self._index: OrderedDict[tuple[str, str], str] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def __call__(self, batch: list[StatusChange]) -> list[WebhookJob]:
-        for c in batch:
-            if c.resolved and c.message_id and c.tenant_id:
-                self._remember(c.message_id, (c.tenant_id, c.url))
-        missing = [c for c in batch if not c.resolved and self._cached(c) is None]
-        if missing:
-            store = self._store()
-            self.runtime.run(self._with_retries(missing, store))
-        jobs = []
-        for c in batch:
-            job = self._job(c)
-            if job is not None:
-                jobs.append(job)
-        return jobs
-
-    def _job(self, c: StatusChange) -> WebhookJob | None:
-        if c.resolved:
-            tenant, url, mid = c.tenant_id, c.url, c.message_id
-        else:
-            hit = self._cached(c)
-            if hit is not None:
-                mid, (tenant, url) = hit
-            elif c.message_id is not None:
-                return WebhookJob(c.message_id, None, None, c.status, c.attempt, c.reason,
-                                  c.occurred_at, c.source, c.tier, c.traceparent)
-            else:
-                log.info("receipt %s %s: its provider message id is not indexed yet; "
-                         "announced when the reconciler publishes it again", c.provider_ref,
-                         c.status.value)
-                return None
-        if not url or tenant is None or mid is None:
-            return None
-        return WebhookJob(mid, tenant, url, c.status, c.attempt, c.reason, c.occurred_at,
-                          c.source, c.tier, c.traceparent)
-
-    def _cached(self, c: StatusChange) -> tuple[str, Target] | None:
-        with self._lock:
-            mid = c.message_id
-            if mid is None and c.provider_ref is not None:
-                mid = self._index.get(c.provider_ref)
-            if mid is None:
-                return None
-            row = self._rows.get(mid)
-            if row is None:
-                return None
-            self._rows.move_to_end(mid)
-            return mid, row
-
-    def _remember(self, mid: str, row: Target, ref: tuple[str, str] | None = None) -> None:
-        with self._lock:
-            self._rows[mid] = row
-            self._rows.move_to_end(mid)
-            if ref is not None:
-                self._index[ref] = mid
-            while len(self._rows) > self.cache_size:
-                self._rows.popitem(last=False)
-            while len(self._index) > self.cache_size:
-                self._index.popitem(last=False)
-
-    def _store(self) -> Any:
-        from notiflow.adapters.cassandra_store import CassandraStore, connect
-
-        async def open_store() -> _Store:
-            cluster, session = await asyncio.to_thread(connect, self.settings)
-            return _Store(cluster, CassandraStore(session, self.settings))
-
-        return self.runtime.resource("cassandra", open_store).store
-
-    async def _with_retries(self, changes: list[StatusChange], store: Any) -> None:
-        """Cassandra down or timing out (``OUTAGE``) → wait and retry (nothing is committed
-        meanwhile); the flow stops, raising the last error, after ``INFRA_RETRY_FOR``. Any
-        other exception stops it at once."""
-        await until_up("webhook URL lookup", lambda: self._lookup(changes, store), log,
-                       first=0.5, most=10.0, give_up_after=INFRA_RETRY_FOR, on=OUTAGE)
-
-    async def _lookup(self, changes: list[StatusChange], store: Any) -> None:
-        sem = asyncio.Semaphore(LOOKUP_CONCURRENCY)
-
-        async def row_of(mid: str, ref: tuple[str, str] | None = None) -> None:
-            async with sem:
-                row = await store.get_message(mid)
-            if row is not None:
-                self._remember(mid, (str(row["tenant_id"]), row.get("status_webhook")), ref)
-
-        async def by_provider(ref: tuple[str, str]) -> None:
-            async with sem:
-                idx = await store.message_for_provider_id(*ref)
-            if idx is not None:
-                await row_of(str(idx["message_id"]), ref)
-
-        ids = {c.message_id for c in changes if c.message_id is not None}
-        refs = {c.provider_ref for c in changes
-                if c.message_id is None and c.provider_ref is not None}
-        await asyncio.gather(*(row_of(m) for m in ids), *(by_provider(r) for r in refs))
-
-
-# delivery ----------------------------------------------------------------------------------
-
-
 def tenant_secrets(settings: Settings, tenant_id: str) -> tuple[SecretStr, ...]:
     """The tenant's signing secrets (every one signs); ``ValueError`` when the tenant is
     unknown, has none, or one does not decode."""
@@ -412,172 +230,6 @@ def tenant_secrets(settings: Settings, tenant_id: str) -> tuple[SecretStr, ...]:
     return tenant.webhook_secrets
 
 
-@dataclass(frozen=True, slots=True)
-class Request:
-    """One POST to make."""
-
-    endpoint: str
-    url: str
-    webhook_id: str
-    body: bytes
-    secrets: tuple[SecretStr, ...]
-    traceparent: str | None = None
-    """Trace context of the status change (the POST's span continues it)."""
-    attributes: dict[str, Any] | None = None
-    """Attributes of the ``notiflow.client_webhook`` span (ids and status, never content)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Refused:
-    """The endpoint's circuit breaker refused the attempt; ask again in ``retry_in`` s."""
-
-    retry_in: float
-
-
-Result = AttemptResult | Refused
-
-
-class Sender(Protocol):
-    """Makes POSTs off the worker thread; :meth:`submit` never blocks."""
-
-    def submit(self, request: Request) -> concurrent.futures.Future[Result]: ...
-
-    def saturated(self) -> bool: ...
-
-
-class WebhookDispatcher:
-    """Makes every POST of this process on one background event loop: one aiohttp session,
-    at most ``max_in_flight`` requests at once and ``max_per_endpoint`` per endpoint, the
-    endpoint's circuit breaker (shared through Redis, like the providers') asked before and
-    told after each request. Thread-safe :meth:`submit`; results arrive as
-    ``concurrent.futures`` so the Bytewax worker never blocks on the network."""
-
-    def __init__(self, settings: Settings,
-                 breakers: Callable[[], Any] | None = None) -> None:
-        self.settings = settings
-        self.rule = settings.client_webhooks
-        self._breaker_factory = breakers
-        self._lock = threading.Lock()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        self._opened: concurrent.futures.Future[None] = concurrent.futures.Future()
-        self._client: WebhookClient | None = None
-        self._breakers: Any = None
-        self._sem: asyncio.Semaphore | None = None
-        self._endpoints: dict[str, asyncio.Semaphore] = {}
-        self._users: Counter[str] = Counter()
-        self._queued = 0
-        register(self)
-
-    def start(self) -> asyncio.AbstractEventLoop:
-        """Start the loop thread and open the client and breakers (idempotent)."""
-        with self._lock:
-            if self._loop is None:
-                loop, self._thread = loop_thread("webhook-dispatch")
-                self._opened = asyncio.run_coroutine_threadsafe(self._open(), loop)
-                self._loop = loop
-            return self._loop
-
-    async def _open(self) -> None:
-        from notiflow.adapters.breaker import CircuitBreakers
-
-        self._client = await WebhookClient(self.rule.timeout, self.rule.max_in_flight).open()
-        self._breakers = (self._breaker_factory() if self._breaker_factory is not None
-                          else CircuitBreakers(self.settings))
-        self._sem = asyncio.Semaphore(self.rule.max_in_flight)
-        log.info("webhook dispatcher ready (max %d in flight, %d per endpoint, timeout %ss)",
-                 self.rule.max_in_flight, self.rule.max_per_endpoint,
-                 self.rule.timeout.total_seconds())
-
-    def saturated(self) -> bool:
-        return self._queued >= SATURATION * self.rule.max_in_flight
-
-    def submit(self, request: Request) -> concurrent.futures.Future[Result]:
-        loop = self.start()
-        fut: concurrent.futures.Future[Result] = concurrent.futures.Future()
-        loop.call_soon_threadsafe(lambda: loop.create_task(self._deliver(request, fut)))
-        return fut
-
-    async def _deliver(self, req: Request, fut: concurrent.futures.Future[Result]) -> None:
-        endpoint_sem = self._endpoints.get(req.endpoint)
-        if endpoint_sem is None:
-            endpoint_sem = self._endpoints[req.endpoint] = asyncio.Semaphore(
-                self.rule.max_per_endpoint)
-        self._users[req.endpoint] += 1
-        try:
-            if self._sem is None:
-                await asyncio.wrap_future(self._opened)
-            assert self._sem is not None and self._client is not None
-            async with endpoint_sem:
-                self._queued += 1
-                try:
-                    async with self._sem:
-                        result = await self._attempt(req)
-                finally:
-                    self._queued -= 1
-            fut.set_result(result)
-        except Exception as exc:
-            log.exception("webhook %s: delivery failed", req.webhook_id)
-            if not fut.done():
-                fut.set_exception(exc)
-        finally:
-            self._users[req.endpoint] -= 1
-            if self._users[req.endpoint] <= 0:
-                del self._users[req.endpoint]
-                self._endpoints.pop(req.endpoint, None)
-
-    async def _attempt(self, req: Request) -> Result:
-        assert self._client is not None
-        admission = await self._admit(req.endpoint)
-        if admission is not None and not admission.admitted:
-            return Refused(admission.retry_in)
-        with telemetry.span(names.CLIENT_WEBHOOK, req.attributes,
-                            parent=req.traceparent) as span:
-            result = await self._client.post(req.url, req.webhook_id, req.body, req.secrets)
-            if span.is_recording():
-                span.set_attribute(names.ATTR_OUTCOME, _OUTCOME[result.verdict])
-                if result.status_code is not None:
-                    span.set_attribute("http.response.status_code", result.status_code)
-        await self._record(req.endpoint, result, admission)
-        return result
-
-    async def _admit(self, endpoint: str) -> Any:
-        try:
-            return await self._breakers.allow(breaker_id(endpoint))
-        except Exception as exc:
-            log.warning("webhook breaker of %s unavailable (%r); sending", endpoint, exc)
-            return None
-
-    async def _record(self, endpoint: str, result: AttemptResult, admission: Any) -> None:
-        outcome, reason = result.breaker_outcome()
-        try:
-            await self._breakers.record(breaker_id(endpoint), outcome, reason,
-                                        result.latency_s, bool(admission and admission.probe),
-                                        episode=admission.episode if admission else None)
-        except Exception as exc:
-            log.warning("webhook breaker of %s: outcome not recorded (%r)", endpoint, exc)
-
-    def close(self) -> None:
-        """Stop the loop and close the session and breakers (POSTs in flight are abandoned:
-        they are in the flow's state and are sent again after a restart)."""
-        loop = self._loop
-        if loop is None:
-            return
-
-        async def shutdown() -> None:
-            if self._client is not None:
-                await self._client.aclose()
-            if self._breakers is not None:
-                await self._breakers.aclose()
-
-        try:
-            asyncio.run_coroutine_threadsafe(shutdown(), loop).result(timeout=10)
-        except Exception as exc:
-            log.warning("webhook dispatcher shutdown: %r", exc)
-        loop.call_soon_threadsafe(loop.stop)
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-        self._loop = None
 
 
 @dataclass
@@ -624,12 +276,9 @@ class WebhookState:
     waiting: list[Waiting] = field(default_factory=list)
 
 
-AttemptOutcome = Literal["accepted", "transient", "permanent", "ambiguous"]
 DlqCategory = Literal["invalid_data", "provider_outage", "bug", "unavailable"]
 GiveUp = tuple[str, DlqCategory, str]
 """(error_class, category, reason) of a DLQ record."""
-_OUTCOME: dict[Verdict, AttemptOutcome] = {
-    Verdict.DELIVERED: "accepted", Verdict.RETRY: "transient", Verdict.GONE: "permanent"}
 
 
 class WebhookLogic(StatefulLogic[WebhookJob, DlqRecord, WebhookState]):
@@ -809,7 +458,7 @@ class WebhookLogic(StatefulLogic[WebhookJob, DlqRecord, WebhookState]):
             return []
         p.tries += 1
         p.attempts.append(AttemptRecord(
-            attempt_no=p.tries, provider_id=p.endpoint, outcome=_OUTCOME[res.verdict],
+            attempt_no=p.tries, provider_id=p.endpoint, outcome=OUTCOME[res.verdict],
             normalized_error=None if res.verdict is Verdict.DELIVERED else res.reason,
             error_code=str(res.status_code) if res.status_code is not None else None,
             retry_after_s=res.retry_after_s, started_at=res.started_at,
