@@ -669,7 +669,8 @@ class DepthMonitor:
 
 @functools.cache
 def _depth_gauge() -> Gauge:
-    return names.DLQ_DEPTH.create(metrics.get_meter(names.METER))
+    gauge: Gauge = names.DLQ_DEPTH.create(metrics.get_meter(names.METER))
+    return gauge
 
 
 async def watch_depth(settings: Settings, interval_s: float = DEPTH_INTERVAL_S, *,

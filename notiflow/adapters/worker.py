@@ -13,11 +13,12 @@ import contextlib
 import threading
 import weakref
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import uvloop
 
 T = TypeVar("T")
+R = TypeVar("R")
 _LIVE: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
@@ -89,12 +90,13 @@ class WorkerLoop:
         loop, _ = self._state()
         return loop.run_until_complete(coro)
 
-    def resource(self, name: str, factory: Callable[[], Awaitable[Any]]) -> Any:
-        """The worker's instance of ``name``, created by awaiting ``factory`` on first use."""
+    def resource(self, name: str, factory: Callable[[], Awaitable[R]]) -> R:
+        """The worker's instance of ``name``, created by awaiting ``factory`` on first use
+        (a name always stands for the same type)."""
         loop, res = self._state()
         if name not in res:
             res[name] = loop.run_until_complete(factory())
-        return res[name]
+        return cast(R, res[name])
 
     def close(self) -> None:
         """Close every resource that has ``aclose``/``shutdown``, cancel the tasks still
