@@ -69,6 +69,7 @@ from notiflow.adapters.dlq_crypto import DlqCipher
 from notiflow.adapters.kafka_io import OutRecord, make_headers
 from notiflow.flows.model import SourceRef, utcnow
 from notiflow.flows.steps import Clock, RawMessage, source_of
+from notiflow.flows.toolbox import guard_and_emit
 from notiflow.flows.webhook_items import StatusChange, WebhookJob
 from notiflow.flows.webhook_resolve import Resolver
 from notiflow.flows.webhook_sender import (
@@ -556,8 +557,8 @@ def build_webhook_flow(
                        lambda resume: WebhookLogic(resume, sender=out, settings=settings,
                                                    policy=policy, cipher=cipher, clock=clock,
                                                    rng=rng, eof_timeout=eof_timeout))
-    records = op.map("encode", op.key_rm("unkey", dead), DlqEncoder(settings))
-    op.output("kafka-out", records, sink or ConfirmingSink(settings))
+    guard_and_emit(op.key_rm("unkey", dead), guard=None, encode=DlqEncoder(settings),
+                   sink=sink or ConfirmingSink(settings))
     return flow
 
 

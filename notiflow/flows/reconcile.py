@@ -3,19 +3,20 @@
 Recipe (``build_reconcile_flow``)::
 
     notify.events + notify.receipts       Kafka, offsets in Bytewax recovery
-      → parse                             unparseable → notify.dlq.{tier|reconcile}
-      → dlq-guard                         too many dead letters → the flow halts (guard.py)
-      → hold (keyed by receipt)           a parked receipt waits for its next try (timer)
+      → parse (parse_or_dlq, guarded)     unparseable → notify.dlq.{tier|reconcile}; too many
+                                          dead letters → the flow halts (guard.py)
+      → park (hold_until_due, by receipt) a parked receipt waits for its next try (timer)
       → apply (per batch, async I/O)      per message: create the row if a direct-producer
                                           message is new, move it to the highest status
-                                          (notiflow/schemas/status.py), history + attempts + index;
+                                          (schemas/status.py), history + attempts + index;
                                           receipts: correlate by the signed message id hint or
                                           the provider message id, dedup by (provider, event
                                           id); a hard bounce, unsubscribe or complaint
                                           suppresses the address; a receipt nobody can
                                           correlate yet is parked (re-published with a later
                                           ``not_before``) for ``receipt_park_for``, then DLQ
-      → encode → confirming Kafka sink    DLQ records and parked receipts
+      → guard_and_emit                    encode → confirming Kafka sink: DLQ records and
+                                          parked receipts
 
 Merging is ``max`` over a total order, so duplicated, replayed or shuffled inputs converge
 to the same row, and a status never regresses.
@@ -24,13 +25,14 @@ to the same row, and a status never regresses.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections import defaultdict
 from datetime import datetime, timedelta
 from typing import Any
 
 import bytewax.operators as op
-from bytewax.dataflow import Dataflow
+from bytewax.dataflow import Dataflow, Stream
 from bytewax.inputs import Source
 from bytewax.outputs import Sink
 from opentelemetry import trace
@@ -45,7 +47,8 @@ from notiflow.adapters.retrying import OUTAGE, until_up
 from notiflow.adapters.worker import WorkerLoop
 from notiflow.flows.guard import DlqGuard
 from notiflow.flows.model import ReconcileIn, SourcedReceipt, utcnow
-from notiflow.flows.steps import Clock, Encoder, Hold, dead_letter, parse_reconcile
+from notiflow.flows.steps import Clock, Encoder, dead_letter, parse_reconcile
+from notiflow.flows.toolbox import guard_and_emit, hold_until_due, parse_or_dlq
 from notiflow.flows.yielding import Slots, YieldWindow
 from notiflow.schemas.enums import Status, Tier
 from notiflow.schemas.messages import DlqRecord, Receipt, StatusEvent
@@ -345,11 +348,6 @@ def _receipt_due(item: ReconcileIn) -> datetime | None:
     return item.receipt.not_before if isinstance(item, SourcedReceipt) else None
 
 
-def _waiting(item: ReconcileIn, now: datetime) -> bool:
-    due = _receipt_due(item)
-    return due is not None and due > now
-
-
 def _receipt_key(item: ReconcileIn) -> str:
     assert isinstance(item, SourcedReceipt)
     return f"{item.receipt.provider_id}:{item.receipt.provider_event_id}"
@@ -372,15 +370,15 @@ def build_reconcile_flow(
     flow = Dataflow("reconcile")
     topics = [settings.events_topic, settings.receipts_topic]
     raw = op.input("events", flow, source or kafka_source(settings, topics, 1000))
-    parsed = op.map("dlq-guard", op.map(
-        "parse", raw, lambda m: parse_reconcile(m, settings, cipher, clock)),
-        DlqGuard(settings.dlq, "reconcile", ok=(StatusEvent, SourcedReceipt)))
-    split = op.branch("is-valid", parsed, lambda x: not isinstance(x, DlqRecord))
-    timing = op.branch("due-now", split.trues, lambda x: not _waiting(x, clock()))
-    held = op.stateful("park", op.key_on("by-receipt", timing.falses, _receipt_key),
-                       lambda resume: Hold(resume, clock, due_of=_receipt_due))
-    ready = op.merge("ready", timing.trues, op.key_rm("unkey", held))
+    valid: Stream[ReconcileIn]
+    valid, dead = parse_or_dlq(
+        "parse", raw, functools.partial(parse_reconcile, settings=settings, cipher=cipher,
+                                        clock=clock),
+        (StatusEvent, SourcedReceipt),
+        guard=DlqGuard(settings.dlq, "reconcile", ok=(StatusEvent, SourcedReceipt)))
+    ready = hold_until_due("park", valid, key=_receipt_key, clock=clock, due_of=_receipt_due)
     applied = op.flat_map_batch("apply", ready, ApplyStep(settings, cipher, clock))
-    records = op.map("encode", op.merge("outputs", applied, split.falses), Encoder(settings))
-    op.output("kafka-out", records, sink or ConfirmingSink(settings))
+    outputs: Stream[DlqRecord | Receipt] = op.merge("outputs", applied, dead)
+    guard_and_emit(outputs, guard=None, encode=Encoder(settings),
+                   sink=sink or ConfirmingSink(settings))
     return flow

@@ -27,8 +27,9 @@ X = TypeVar("X")
 Y = TypeVar("Y")
 
 
-def parse_or_dlq(step_id: str, up: Stream[Any], parse: Callable[[Any], object], ok: type[X],
-                 *, guard: DlqGuard | None = None) -> tuple[Stream[X], Stream[Any]]:
+def parse_or_dlq(step_id: str, up: Stream[Any], parse: Callable[[Any], object],
+                 ok: type[X] | tuple[type[Any], ...], *, guard: DlqGuard | None = None
+                 ) -> tuple[Stream[X], Stream[Any]]:
     """``parse`` every record (step ``step_id``): what is an ``ok`` goes on (first stream);
     the rest (a :class:`DlqRecord` for bad bytes, an unknown tenant or a schema error, or an
     outcome decided at parse time) goes to the flow's outputs and never stops the flow.
