@@ -33,7 +33,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from pydantic import SecretStr
 from pyreqwest.client import ClientBuilder
 
-from notiflow.adapters.providers.apns import ApnsPush, ProviderTokens
+from notiflow.adapters.providers.apns.client import ApnsPush
+from notiflow.adapters.providers.apns.tokens import ProviderTokens
 from notiflow.adapters.providers.base import OutboundMessage, Outcome
 from notiflow.devenv import apns_tls_files, free_port
 from notiflow.schemas.enums import Channel, PushPlatform, Tier

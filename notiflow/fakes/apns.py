@@ -53,11 +53,8 @@ from h2.settings import SettingCodes
 from h2.settings import Settings as H2Settings
 from pydantic import Field
 
-from notiflow.adapters.providers.apns import (
-    MAX_COLLAPSE_ID_BYTES,
-    MAX_PAYLOAD_BYTES,
-    load_signing_key,
-)
+from notiflow.adapters.providers.apns.client import MAX_COLLAPSE_ID_BYTES, MAX_PAYLOAD_BYTES
+from notiflow.adapters.providers.apns.tokens import load_signing_key
 from notiflow.fakes.common import ACCEPTED, CommonKnobs, Emulator, MessageRecord, json_response
 from notiflow.settings import Settings
 

@@ -41,7 +41,8 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 from pydantic import Field
 
-from notiflow.adapters.providers.fcm import FCM_ERROR_TYPE, GRANT_TYPE, SCOPE
+from notiflow.adapters.providers.fcm.classify import FCM_ERROR_TYPE
+from notiflow.adapters.providers.fcm.tokens import GRANT_TYPE, SCOPE
 from notiflow.fakes.common import (
     ACCEPTED,
     CommonKnobs,

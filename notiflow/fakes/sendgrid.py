@@ -35,10 +35,10 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from pydantic import Field
 
-from notiflow.adapters.providers.sendgrid import (
+from notiflow.adapters.providers.sendgrid.client import MAIL_SEND_PATH
+from notiflow.adapters.providers.sendgrid.signature import (
     EVENT_SIGNATURE_HEADER,
     EVENT_TIMESTAMP_HEADER,
-    MAIL_SEND_PATH,
     event_signature,
 )
 from notiflow.fakes.common import (

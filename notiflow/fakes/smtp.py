@@ -46,7 +46,7 @@ from aiohttp import web
 from aiosmtpd.smtp import SMTP, AuthResult, Envelope, LoginPassword, Session, syntax
 from pydantic import Field
 
-from notiflow.adapters.providers.smtp import ATTEMPT_HEADER, MESSAGE_ID_HEADER
+from notiflow.adapters.providers.smtp.message import ATTEMPT_HEADER, MESSAGE_ID_HEADER
 from notiflow.fakes.common import BaseKnobs, Emulator, WebhookDispatcher
 from notiflow.fakes.twilio import ACCEPTED, MessageRecord
 from notiflow.settings import Settings

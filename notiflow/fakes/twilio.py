@@ -31,8 +31,9 @@ import orjson
 from aiohttp import web
 from pydantic import Field
 
-from notiflow.adapters.providers.common import sms_segments as segments
-from notiflow.adapters.providers.twilio import API_VERSION, signature
+from notiflow.adapters.providers.sms import sms_segments as segments
+from notiflow.adapters.providers.twilio.client import API_VERSION
+from notiflow.adapters.providers.twilio.signature import signature
 from notiflow.fakes.common import (
     ACCEPTED,
     CommonKnobs,

@@ -39,12 +39,11 @@ import orjson
 from aiohttp import web
 from pydantic import Field
 
-from notiflow.adapters.providers.common import sms_segments
-from notiflow.adapters.providers.vonage import (
-    MAX_CLIENT_REF,
-    SEND_PATH,
+from notiflow.adapters.providers.sms import sms_segments
+from notiflow.adapters.providers.vonage.client import SEND_PATH
+from notiflow.adapters.providers.vonage.receipts import MAX_CLIENT_REF, parse_client_ref
+from notiflow.adapters.providers.vonage.signature import (
     SignatureMethod,
-    parse_client_ref,
     signature,
     verify_signature,
 )

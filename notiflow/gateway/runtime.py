@@ -17,6 +17,7 @@ from collections.abc import Coroutine
 from datetime import UTC, datetime
 from typing import Any
 
+from cassandra import DriverException
 from cassandra.cluster import Cluster
 from confluent_kafka.admin import AdminClient
 
@@ -24,6 +25,7 @@ from notiflow.adapters.admission import AdmissionStore
 from notiflow.adapters.cassandra_store import CassandraStore, connect
 from notiflow.adapters.kafka_io import AsyncProducer
 from notiflow.adapters.preferences import PreferenceStore
+from notiflow.adapters.retrying import OUTAGE, until_up
 from notiflow.gateway.admission import Admission
 from notiflow.gateway.errors import unavailable
 from notiflow.settings import Settings
@@ -32,7 +34,10 @@ log = logging.getLogger("notiflow.gateway")
 
 DELIVERY_TIMEOUT_MS = 5_000
 CONNECT_TIMEOUT_S = 5.0
+RECONNECT_FIRST_S = 0.5
 RECONNECT_MAX_S = 5.0
+NOT_READY: tuple[type[BaseException], ...] = (*OUTAGE, DriverException)
+"""What Cassandra raises before it can serve the API: down, or its schema not there yet."""
 PROBE_TIMEOUT_S = 2.0
 TEMPLATE_CACHE_SIZE = 4096
 
@@ -74,41 +79,37 @@ class Runtime:
         self._admission = Admission(self.settings, AdmissionStore.open(self.settings))
         self._admin = AdminClient({"bootstrap.servers": self.settings.kafka_bootstrap},
                                   logger=logging.getLogger("notiflow.kafka.admin"))
-        if not await self._connect_once():
+        try:
+            await self._connect()
+        except NOT_READY as exc:
+            log.warning("cassandra not reachable yet (%s); retrying in background",
+                        type(exc).__name__)
             self.spawn(self._connect_loop(), "cassandra-connect")
 
     def spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
         """Run a background task owned by this runtime (cancelled on :meth:`close`)."""
         self._tasks.append(asyncio.create_task(coro, name=name))
 
-    async def _connect_once(self) -> bool:
-        try:
-            cluster, session = await asyncio.to_thread(
-                connect, self.settings, connect_timeout=CONNECT_TIMEOUT_S)
-        except Exception as exc:
-            log.warning("cassandra not reachable yet (%s); retrying in background",
-                        type(exc).__name__)
-            return False
+    async def _connect(self) -> None:
+        """Open the session and prepare the statements; raises while Cassandra is not ready
+        (unreachable, or its schema not migrated yet)."""
+        cluster, session = await asyncio.to_thread(
+            connect, self.settings, connect_timeout=CONNECT_TIMEOUT_S)
         try:
             store = await asyncio.to_thread(CassandraStore, session, self.settings)
-        except Exception as exc:
-            log.warning("cassandra statements not prepared (%s)", type(exc).__name__)
+        except BaseException:
             await asyncio.to_thread(cluster.shutdown)
-            return False
+            raise
         if self._closed:
             await asyncio.to_thread(cluster.shutdown)
-            return False
+            return
         self._cluster, self._store = cluster, store
         log.info("connected to cassandra keyspace %s", self.settings.cassandra_keyspace)
-        return True
 
     async def _connect_loop(self) -> None:
-        delay = 0.5
-        while not self._closed:
-            await asyncio.sleep(delay)
-            if await self._connect_once():
-                return
-            delay = min(delay * 2, RECONNECT_MAX_S)
+        await asyncio.sleep(RECONNECT_FIRST_S)
+        await until_up("cassandra connect", self._connect, log, first=RECONNECT_FIRST_S,
+                       most=RECONNECT_MAX_S, on=NOT_READY)
 
     @property
     def connected(self) -> bool:

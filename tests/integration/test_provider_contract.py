@@ -35,13 +35,17 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from pydantic import SecretStr
 
-from notiflow.adapters.providers.apns import ApnsPush, provider_token
+from notiflow.adapters.providers.apns.client import ApnsPush
+from notiflow.adapters.providers.apns.tokens import provider_token
 from notiflow.adapters.providers.base import OutboundMessage, Outcome, SendResult
-from notiflow.adapters.providers.fcm import AccessTokens, FcmPush, ServiceAccount
-from notiflow.adapters.providers.sendgrid import SendGridEmail
-from notiflow.adapters.providers.smtp import SmtpEmail
-from notiflow.adapters.providers.twilio import TwilioSms, signature
-from notiflow.adapters.providers.vonage import VonageSms, verify_signature
+from notiflow.adapters.providers.fcm.client import FcmPush
+from notiflow.adapters.providers.fcm.tokens import AccessTokens, ServiceAccount
+from notiflow.adapters.providers.sendgrid.client import SendGridEmail
+from notiflow.adapters.providers.smtp.client import SmtpEmail
+from notiflow.adapters.providers.twilio.client import TwilioSms
+from notiflow.adapters.providers.twilio.signature import signature
+from notiflow.adapters.providers.vonage.client import VonageSms
+from notiflow.adapters.providers.vonage.signature import verify_signature
 from notiflow.devenv import free_port
 from notiflow.schemas.enums import Channel, PushPlatform, Tier
 from notiflow.schemas.messages import PushRecipient

@@ -21,12 +21,12 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from notiflow.adapters.kafka_io import header
-from notiflow.adapters.providers.sendgrid import (
+from notiflow.adapters.providers.sendgrid.signature import (
     EVENT_SIGNATURE_HEADER,
     EVENT_TIMESTAMP_HEADER,
     event_signature,
 )
-from notiflow.adapters.providers.vonage import signature as vonage_signature
+from notiflow.adapters.providers.vonage.signature import signature as vonage_signature
 from notiflow.fakes.smtp import build_dsn
 from notiflow.ops.procs import ManagedProcess
 from notiflow.settings import Settings

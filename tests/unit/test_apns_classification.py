@@ -24,20 +24,17 @@ from jwt.utils import base64url_encode
 from pydantic import SecretStr
 from pyreqwest import exceptions as rq
 
-from notiflow.adapters.providers.apns import (
-    APNS_ID_NAMESPACE,
+from notiflow.adapters.providers.apns.classify import (
     HTTP_STATUSES,
     REASONS,
     STATUS_CLASSES,
-    ApnsPush,
-    ProviderTokens,
-    apns_id,
     classify_exception,
     classify_response,
-    provider_token,
     reason_of,
     transport_code,
 )
+from notiflow.adapters.providers.apns.client import APNS_ID_NAMESPACE, ApnsPush, apns_id
+from notiflow.adapters.providers.apns.tokens import ProviderTokens, provider_token
 from notiflow.adapters.providers.base import OutboundMessage, Outcome
 from notiflow.adapters.providers.common import Rule
 from notiflow.devenv import apns_tls_files, provider_credentials
@@ -45,6 +42,8 @@ from notiflow.fakes.apns import ApnsEmulator, Request, TokenState
 from notiflow.schemas.enums import Channel, PushPlatform, Tier
 from notiflow.schemas.messages import PushRecipient
 from notiflow.settings import ApnsSettings, Settings
+from tests.unit.classification_cases import STATUS_CLASSES as STATUS_CLASS_ROWS
+from tests.unit.classification_cases import status_class_cases
 
 T, P, A = Outcome.TRANSIENT, Outcome.PERMANENT, Outcome.AMBIGUOUS
 NOW = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
@@ -122,14 +121,8 @@ def test_http_status_row_without_reason(status: int,
     assert classify_response(status, "SomeFutureReason") == Rule(*expected)
 
 
-@pytest.mark.parametrize(("status", "expected"), [
-    (101, (A, "unexpected_status")),
-    (204, (A, "unexpected_status")),
-    (302, (T, "misconfigured")),
-    (409, (P, "rejected")),
-    (507, (T, "server_error")),
-    (600, (A, "unexpected_status")),
-])
+@pytest.mark.parametrize(("status", "expected"), status_class_cases(
+    101, 204, 302, 409, 507, 600, classes={**STATUS_CLASS_ROWS, 2: (A, "unexpected_status")}))
 def test_status_class_fallback(status: int, expected: tuple[Outcome, str]) -> None:
     assert classify_response(status, None) == Rule(*expected)
 

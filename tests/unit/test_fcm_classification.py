@@ -18,25 +18,28 @@ from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
 from pydantic import SecretStr
 
 from notiflow.adapters.providers.base import OutboundMessage, Outcome
-from notiflow.adapters.providers.fcm import (
+from notiflow.adapters.providers.common import Rule
+from notiflow.adapters.providers.fcm.classify import (
     ERROR_CODES,
     HTTP_STATUSES,
-    SCOPE,
     STATUS_CLASSES,
+    classify_response,
+    error_of,
+)
+from notiflow.adapters.providers.fcm.client import FcmPush
+from notiflow.adapters.providers.fcm.tokens import (
+    SCOPE,
     AccessTokens,
-    FcmPush,
     ServiceAccount,
     TokenError,
     assertion_claims,
-    classify_response,
-    error_of,
     service_account_assertion,
 )
-from notiflow.adapters.providers.twilio import Rule
 from notiflow.devenv import provider_credentials
 from notiflow.schemas.enums import Channel, PushPlatform, Tier
 from notiflow.schemas.messages import PushRecipient
 from notiflow.settings import FcmSettings, Settings
+from tests.unit.classification_cases import HTTP_DEFAULT_STATUSES, status_class_cases
 
 T, P, A = Outcome.TRANSIENT, Outcome.PERMANENT, Outcome.AMBIGUOUS
 NOW = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
@@ -58,20 +61,7 @@ CODE_STATUS = {"UNREGISTERED": 404, "INVALID_ARGUMENT": 400, "SENDER_ID_MISMATCH
                "QUOTA_EXCEEDED": 429, "UNAVAILABLE": 503, "INTERNAL": 500,
                "THIRD_PARTY_AUTH_ERROR": 401}
 
-EXPECTED_STATUSES: dict[int, tuple[Outcome, str]] = {
-    400: (P, "rejected"),
-    401: (T, "auth_failed"),
-    403: (T, "misconfigured"),
-    404: (T, "misconfigured"),
-    405: (T, "misconfigured"),
-    408: (T, "timeout"),
-    413: (P, "invalid_content"),
-    429: (T, "rate_limited"),
-    500: (A, "server_error"),
-    502: (T, "server_error"),
-    503: (T, "server_error"),
-    504: (A, "gateway_timeout"),
-}
+EXPECTED_STATUSES = HTTP_DEFAULT_STATUSES
 
 
 def test_tables_have_exactly_the_reviewed_rows() -> None:
@@ -92,14 +82,7 @@ def test_http_status_row_without_code(status: int, expected: tuple[Outcome, str]
     assert classify_response(status, "UNSPECIFIED_ERROR") == Rule(*expected)
 
 
-@pytest.mark.parametrize(("status", "expected"), [
-    (102, (A, "unexpected_status")),
-    (204, (A, "malformed_response")),
-    (302, (T, "misconfigured")),
-    (409, (P, "rejected")),
-    (507, (T, "server_error")),
-    (600, (A, "unexpected_status")),
-])
+@pytest.mark.parametrize(("status", "expected"), status_class_cases(102, 204, 302, 409, 507, 600))
 def test_status_class_fallback(status: int, expected: tuple[Outcome, str]) -> None:
     assert classify_response(status, None) == Rule(*expected)
 

@@ -2,21 +2,24 @@
 
 from __future__ import annotations
 
+import importlib
 import sys
 
 import pytest
 from pydantic import SecretStr
 
 from notiflow.adapters.providers import (
-    OPENERS,
+    PROVIDERS as OPENERS,
+)
+from notiflow.adapters.providers import (
     open_provider,
     open_providers,
     provider_kinds,
 )
-from notiflow.adapters.providers.sendgrid import SendGridEmail
-from notiflow.adapters.providers.smtp import SmtpEmail
-from notiflow.adapters.providers.twilio import TwilioSms
-from notiflow.adapters.providers.vonage import VonageSms
+from notiflow.adapters.providers.sendgrid.client import SendGridEmail
+from notiflow.adapters.providers.smtp.client import SmtpEmail
+from notiflow.adapters.providers.twilio.client import TwilioSms
+from notiflow.adapters.providers.vonage.client import VonageSms
 from notiflow.schemas.enums import Channel
 from notiflow.settings import (
     SendGridSettings,
@@ -79,7 +82,7 @@ async def test_unknown_and_unconfigured_providers() -> None:
 
 
 async def test_apns_without_its_module(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(sys.modules, "notiflow.adapters.providers.apns", None)
+    monkeypatch.setitem(sys.modules, "notiflow.adapters.providers.apns.client", None)
     with pytest.raises(ValueError, match="APNs adapter is not installed"):
         await open_provider(Settings(), "apns", timeout=1.0)
 
@@ -91,3 +94,14 @@ async def test_open_providers_closes_on_failure() -> None:
         await client.aclose()
     with pytest.raises(ValueError, match="unknown provider id"):
         await open_providers(_settings(), ["twilio", "nope"], timeout=1.0)
+
+
+def test_registry_holds_each_package_spec_once() -> None:
+    for name, spec in OPENERS.items():
+        assert spec.name == name
+        assert importlib.import_module(f"notiflow.adapters.providers.{name}").SPEC is spec
+    with_receipts = {name for name, spec in OPENERS.items() if spec.receipts is not None}
+    with_checks = {name for name, spec in OPENERS.items() if spec.verify is not None}
+    assert with_receipts == with_checks == {"twilio", "vonage", "sendgrid", "smtp"}
+    assert {spec.channel for spec in OPENERS.values()} == {Channel.SMS, Channel.EMAIL,
+                                                            Channel.PUSH}

@@ -18,8 +18,8 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from pydantic import SecretStr
 
-from notiflow.adapters.providers.apns import provider_token
-from notiflow.adapters.providers.fcm import SCOPE, ServiceAccount, service_account_assertion
+from notiflow.adapters.providers.apns.tokens import provider_token
+from notiflow.adapters.providers.fcm.tokens import SCOPE, ServiceAccount, service_account_assertion
 from notiflow.fakes.apns import ApnsEmulator, TokenState, verify_provider_token
 from notiflow.fakes.fcm import (
     BAD_AUDIENCE,

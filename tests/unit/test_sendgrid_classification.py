@@ -15,42 +15,34 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from pydantic import SecretStr
 
 from notiflow.adapters.providers.base import OutboundMessage, Outcome
-from notiflow.adapters.providers.sendgrid import (
+from notiflow.adapters.providers.common import Rule
+from notiflow.adapters.providers.sendgrid.classify import (
     FIELD_RULES,
     HTTP_STATUSES,
     STATUS_CLASSES,
-    SendGridEmail,
     classify_response,
     error_fields_of,
-    event_signature,
     field_rule,
-    load_event_public_key,
     rate_limit_wait,
+)
+from notiflow.adapters.providers.sendgrid.client import SendGridEmail
+from notiflow.adapters.providers.sendgrid.signature import (
+    event_signature,
+    load_event_public_key,
     verify_event_signature,
 )
-from notiflow.adapters.providers.twilio import Rule
 from notiflow.devenv import provider_credentials
 from notiflow.schemas.enums import Channel, PushPlatform, Tier
 from notiflow.schemas.messages import PushRecipient
 from notiflow.settings import SendGridSettings, Settings
+from tests.unit.classification_cases import HTTP_DEFAULT_STATUSES, status_class_cases
 
 T, P, A = Outcome.TRANSIENT, Outcome.PERMANENT, Outcome.AMBIGUOUS
 
 EXPECTED_STATUSES: dict[int, tuple[Outcome, str]] = {
-    400: (P, "rejected"),
-    401: (T, "auth_failed"),
-    403: (T, "misconfigured"),
-    404: (T, "misconfigured"),
-    405: (T, "misconfigured"),
+    **HTTP_DEFAULT_STATUSES,
     406: (T, "misconfigured"),
-    408: (T, "timeout"),
-    413: (P, "invalid_content"),
-    429: (T, "rate_limited"),
     451: (T, "misconfigured"),
-    500: (A, "server_error"),
-    502: (T, "server_error"),
-    503: (T, "server_error"),
-    504: (A, "gateway_timeout"),
 }
 
 EXPECTED_FIELDS: dict[str, tuple[Outcome, str]] = {
@@ -121,15 +113,8 @@ def test_fields_only_refine_a_400() -> None:
     assert classify_response(500, ["subject"]) == Rule(A, "server_error")
 
 
-@pytest.mark.parametrize(("status", "expected"), [
-    (102, (A, "unexpected_status")),
-    (200, (A, "malformed_response")),
-    (302, (T, "misconfigured")),
-    (418, (P, "rejected")),
-    (422, (P, "rejected")),
-    (507, (T, "server_error")),
-    (600, (A, "unexpected_status")),
-])
+@pytest.mark.parametrize(("status", "expected"),
+                         status_class_cases(102, 200, 302, 418, 422, 507, 600))
 def test_status_class_fallback(status: int, expected: tuple[Outcome, str]) -> None:
     assert classify_response(status) == Rule(*expected)
 

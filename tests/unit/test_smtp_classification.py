@@ -17,7 +17,7 @@ from pydantic import SecretStr
 
 from notiflow.adapters.providers.base import OutboundMessage, Outcome
 from notiflow.adapters.providers.common import Rule
-from notiflow.adapters.providers.smtp import (
+from notiflow.adapters.providers.smtp.classify import (
     AUTH,
     CONNECT,
     DATA,
@@ -34,15 +34,17 @@ from notiflow.adapters.providers.smtp import (
     STARTTLS,
     TEXT_RULES,
     TRANSPORT_ERRORS,
-    Mail,
-    SmtpEmail,
-    build_message,
     classify_failure,
     classify_reply,
     enhanced_code,
-    message_id_header,
     queue_id_of,
     reply_code_text,
+)
+from notiflow.adapters.providers.smtp.client import SmtpEmail
+from notiflow.adapters.providers.smtp.message import (
+    Mail,
+    build_message,
+    message_id_header,
     valid_address,
     wire_bytes,
     xtext,

@@ -10,17 +10,16 @@ import pytest
 from aiohttp.client_reqrep import ConnectionKey
 
 from notiflow.adapters.providers.base import Outcome
-from notiflow.adapters.providers.twilio import (
+from notiflow.adapters.providers.common import Rule, classify_exception, parse_retry_after
+from notiflow.adapters.providers.twilio.classify import (
     ERROR_CODES,
     HTTP_STATUSES,
     STATUS_CLASSES,
-    Rule,
-    classify_exception,
     classify_response,
     error_code_of,
-    parse_retry_after,
-    status_callback,
 )
+from notiflow.adapters.providers.twilio.client import status_callback
+from tests.unit.classification_cases import HTTP_DEFAULT_STATUSES, status_class_cases
 
 T, P, A = Outcome.TRANSIENT, Outcome.PERMANENT, Outcome.AMBIGUOUS
 
@@ -48,20 +47,7 @@ EXPECTED_CODES: dict[int, tuple[Outcome, str, bool]] = {
     21617: (P, "invalid_content", False),
 }
 
-EXPECTED_STATUSES: dict[int, tuple[Outcome, str]] = {
-    400: (P, "rejected"),
-    401: (T, "auth_failed"),
-    403: (T, "misconfigured"),
-    404: (T, "misconfigured"),
-    405: (T, "misconfigured"),
-    408: (T, "timeout"),
-    413: (P, "invalid_content"),
-    429: (T, "rate_limited"),
-    500: (A, "server_error"),
-    502: (T, "server_error"),
-    503: (T, "server_error"),
-    504: (A, "gateway_timeout"),
-}
+EXPECTED_STATUSES = HTTP_DEFAULT_STATUSES
 
 
 def test_tables_have_exactly_the_reviewed_rows() -> None:
@@ -87,16 +73,8 @@ def test_http_status_row_with_unknown_code(status: int, expected: tuple[Outcome,
     assert classify_response(status, 99999) == Rule(*expected)
 
 
-@pytest.mark.parametrize(("status", "expected"), [
-    (102, (A, "unexpected_status")),
-    (202, (A, "malformed_response")),
-    (302, (T, "misconfigured")),
-    (418, (P, "rejected")),
-    (422, (P, "rejected")),
-    (507, (T, "server_error")),
-    (599, (T, "server_error")),
-    (600, (A, "unexpected_status")),
-])
+@pytest.mark.parametrize(("status", "expected"),
+                         status_class_cases(102, 202, 302, 418, 422, 507, 599, 600))
 def test_status_class_fallback(status: int, expected: tuple[Outcome, str]) -> None:
     assert classify_response(status, None) == Rule(*expected)
 

@@ -13,31 +13,35 @@ from pydantic import SecretStr
 
 from notiflow.adapters.providers.base import OutboundMessage, Outcome
 from notiflow.adapters.providers.common import Rule
-from notiflow.adapters.providers.vonage import (
-    DLR_STATUSES,
+from notiflow.adapters.providers.vonage.classify import (
     HTTP_STATUSES,
     PARAMETERS,
     STATUS_CLASSES,
     STATUSES,
     UNKNOWN_STATUS,
-    VonageSms,
     classify_http,
     classify_status,
-    client_ref,
-    e164_digits,
     messages_of,
     parameter_of,
-    parse_client_ref,
     read_answer,
+    throttle_wait,
+)
+from notiflow.adapters.providers.vonage.client import VonageSms, e164_digits
+from notiflow.adapters.providers.vonage.receipts import (
+    DLR_STATUSES,
+    client_ref,
+    parse_client_ref,
+)
+from notiflow.adapters.providers.vonage.signature import (
     signature,
     signature_base,
-    throttle_wait,
     verify_signature,
 )
 from notiflow.devenv import vonage_smtp_credentials
 from notiflow.schemas.enums import Channel, PushPlatform, Status, Tier
 from notiflow.schemas.messages import PushRecipient
 from notiflow.settings import Settings, VonageSettings
+from tests.unit.classification_cases import HTTP_DEFAULT_STATUSES, status_class_cases
 
 T, P, A = Outcome.TRANSIENT, Outcome.PERMANENT, Outcome.AMBIGUOUS
 
@@ -88,20 +92,7 @@ EXPECTED_PARAMETERS: dict[str, tuple[Outcome, str]] = {
     "message-class": (T, "misconfigured"),
 }
 
-EXPECTED_HTTP: dict[int, tuple[Outcome, str]] = {
-    400: (P, "rejected"),
-    401: (T, "auth_failed"),
-    403: (T, "misconfigured"),
-    404: (T, "misconfigured"),
-    405: (T, "misconfigured"),
-    408: (T, "timeout"),
-    413: (P, "invalid_content"),
-    429: (T, "rate_limited"),
-    500: (A, "server_error"),
-    502: (T, "server_error"),
-    503: (T, "server_error"),
-    504: (A, "gateway_timeout"),
-}
+EXPECTED_HTTP = HTTP_DEFAULT_STATUSES
 
 
 def test_tables_have_exactly_the_reviewed_rows() -> None:
@@ -170,14 +161,7 @@ def test_http_status_row(status: int, expected: tuple[Outcome, str]) -> None:
     assert classify_http(status) == Rule(*expected)
 
 
-@pytest.mark.parametrize(("status", "expected"), [
-    (102, (A, "unexpected_status")),
-    (204, (A, "malformed_response")),
-    (302, (T, "misconfigured")),
-    (418, (P, "rejected")),
-    (507, (T, "server_error")),
-    (600, (A, "unexpected_status")),
-])
+@pytest.mark.parametrize(("status", "expected"), status_class_cases(102, 204, 302, 418, 507, 600))
 def test_http_status_class_fallback(status: int, expected: tuple[Outcome, str]) -> None:
     assert classify_http(status) == Rule(*expected)
 

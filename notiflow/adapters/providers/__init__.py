@@ -1,83 +1,32 @@
-"""Provider adapters and the registry that opens them by provider id.
+"""Provider adapters, one package per provider, and the registry that opens them by provider id.
 
-:func:`open_provider` opens the client of one configured provider account: the id is matched
-against ``settings.{twilio,vonage,sendgrid,smtp,fcm,apns}.provider_id``. Adapter modules are
-imported on first use, so importing this package stays cheap.
+Each provider package (``twilio``, ``vonage``, ...) exposes one ``SPEC``
+(:class:`~notiflow.adapters.providers.base.ProviderSpec`); :data:`PROVIDERS` lists them, one
+entry per provider. :func:`open_provider` opens the client of one configured provider account:
+the id is matched against ``settings.<spec.name>.provider_id``. Adapter modules are imported on
+first use, so importing this package stays cheap.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from datetime import timedelta
 from typing import Final
 
-from notiflow.adapters.providers.base import ProviderClient
+from notiflow.adapters.providers import apns, fcm, sendgrid, smtp, twilio, vonage
+from notiflow.adapters.providers.base import ProviderClient, ProviderSpec
 from notiflow.settings import Settings
 
-Opener = Callable[[Settings, float | timedelta], Awaitable[ProviderClient]]
-
-
-async def _twilio(settings: Settings, timeout: float | timedelta) -> ProviderClient:
-    from notiflow.adapters.providers.twilio import TwilioSms
-
-    return await TwilioSms.open(settings, timeout=timeout)
-
-
-async def _vonage(settings: Settings, timeout: float | timedelta) -> ProviderClient:
-    from notiflow.adapters.providers.vonage import VonageSms
-
-    return await VonageSms.open(settings, timeout=timeout)
-
-
-async def _sendgrid(settings: Settings, timeout: float | timedelta) -> ProviderClient:
-    from notiflow.adapters.providers.sendgrid import SendGridEmail
-
-    return await SendGridEmail.open(settings, timeout=timeout)
-
-
-async def _smtp(settings: Settings, timeout: float | timedelta) -> ProviderClient:
-    from notiflow.adapters.providers.smtp import SmtpEmail
-
-    return await SmtpEmail.open(settings, timeout=timeout,
-                                max_connections=settings.smtp.max_connections)
-
-
-async def _fcm(settings: Settings, timeout: float | timedelta) -> ProviderClient:
-    from notiflow.adapters.providers.fcm import FcmPush
-
-    return await FcmPush.open(settings, timeout=timeout)
-
-
-APNS_MODULE: Final = "notiflow.adapters.providers.apns"
-
-
-async def _apns(settings: Settings, timeout: float | timedelta) -> ProviderClient:
-    try:
-        from notiflow.adapters.providers.apns import ApnsPush
-    except ModuleNotFoundError as exc:
-        if exc.name != APNS_MODULE:
-            raise
-        raise ValueError("the APNs adapter is not installed in this build") from exc
-    client: ProviderClient = await ApnsPush.open(settings, timeout=timeout)
-    return client
-
-
-OPENERS: Final[Mapping[str, Opener]] = {
-    "twilio": _twilio,
-    "vonage": _vonage,
-    "sendgrid": _sendgrid,
-    "smtp": _smtp,
-    "fcm": _fcm,
-    "apns": _apns,
-}
-"""Settings section (= adapter kind) → opener."""
+PROVIDERS: Final[Mapping[str, ProviderSpec]] = {spec.name: spec for spec in (
+    twilio.SPEC, vonage.SPEC, sendgrid.SPEC, smtp.SPEC, fcm.SPEC, apns.SPEC)}
+"""Settings section (= provider package) → its spec."""
 
 
 def provider_kinds(settings: Settings) -> dict[str, str]:
     """Configured provider id → settings section (``{"twilio": "twilio", ...}``); raises
     ``ValueError`` when two sections share a provider id."""
     kinds: dict[str, str] = {}
-    for kind in OPENERS:
+    for kind in PROVIDERS:
         provider_id = getattr(settings, kind).provider_id
         if provider_id in kinds:
             raise ValueError(f"provider id {provider_id!r} is configured for both "
@@ -98,7 +47,7 @@ async def open_provider(settings: Settings, provider_id: str, *,
     kind = provider_kinds(settings).get(provider_id)
     if kind is None:
         raise ValueError(f"unknown provider id {provider_id!r}")
-    return await OPENERS[kind](settings, timeout)
+    return await PROVIDERS[kind].open(settings, timeout)
 
 
 async def open_providers(settings: Settings, provider_ids: Iterable[str], *,

@@ -1,4 +1,5 @@
-"""The channel-provider interface every adapter implements, and its normalised outcome.
+"""The channel-provider interface every adapter implements, its normalised outcome, and the
+:class:`ProviderSpec` every provider package exposes to the registry.
 
 An adapter turns one :class:`OutboundMessage` into one provider request on the provider's
 real wire format and returns a :class:`SendResult`. It never raises for provider answers or
@@ -7,13 +8,15 @@ transport failures: those are outcomes (errors are data).
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Protocol
 
 from notiflow.schemas.enums import Channel, Tier
 from notiflow.schemas.messages import PushRecipient
+from notiflow.settings import Settings
 
 
 class Outcome(StrEnum):
@@ -75,3 +78,28 @@ class ProviderClient(Protocol):
     async def aclose(self) -> None:
         """Release connections."""
         ...
+
+
+Opener = Callable[[Settings, float | timedelta], Awaitable[ProviderClient]]
+"""(settings, per-send timeout) → the open client of the provider's configured account."""
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderSpec:
+    """One provider package as the registry sees it (its ``SPEC``).
+
+    ``open`` imports the adapter on first use, so the registry stays cheap to import.
+    ``receipts`` and ``verify`` name the package's delivery-webhook parser and signature (or
+    auth) check for the gateway's routes; their arguments are the provider's own, so the
+    gateway calls them through their modules and these fields document what exists.
+    """
+
+    name: str
+    """Settings section (``settings.<name>``) and default provider id."""
+    channel: Channel
+    open: Opener
+    receipts: Callable[..., object] | None = None
+    """Delivery webhook payload → :class:`~notiflow.schemas.messages.Receipt` (s)."""
+    verify: Callable[..., object] | None = None
+    """Webhook signature or auth check; raises
+    :class:`~notiflow.adapters.providers.webhook.WebhookRefused`."""

@@ -1,19 +1,19 @@
-"""Helpers shared by the provider adapters: the classification :class:`Rule`, the transport
-table of the ``aiohttp``-based adapters, ``Retry-After`` parsing, SMS text facts (GSM-7
-alphabet, segment count), :class:`ProviderBase` (results and throttled misconfiguration
-warnings) and :class:`HttpProvider` (the pooled session, per-call timeouts and the classified
-POST of the ``aiohttp`` adapters).
+"""Helpers shared by the provider adapters: the classification :class:`Rule`; the HTTP status
+tables and the classify-by-status logic of the HTTP providers (:data:`HTTP_DEFAULTS`,
+:data:`STATUS_CLASSES`, :func:`status_rule`, :func:`coded_rule`); the transport table of the
+``aiohttp``-based adapters and ``Retry-After`` parsing; :class:`ProviderBase` (results and
+throttled misconfiguration warnings) and :class:`HttpProvider` (the pooled session, per-call
+timeouts and the classified POST of the ``aiohttp`` adapters).
 
-The adapters import these from here; ``notiflow.adapters.providers.twilio`` re-exports
-``Rule``, ``classify_exception`` and ``parse_retry_after`` for callers that import them from
-there.
+Each provider's ``classify`` module holds only its own rows and names the shared tables it
+uses; this module holds the rows every HTTP provider shares.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from email.utils import parsedate_to_datetime
@@ -25,7 +25,9 @@ from yarl import URL
 
 from notiflow.adapters.providers.base import OutboundMessage, Outcome, SendResult
 from notiflow.redact import mask
+from notiflow.schemas.enums import PushPlatform
 from notiflow.schemas.messages import PushRecipient
+from notiflow.settings import Settings
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,9 +55,51 @@ HTTP_DEFAULTS: Final[Mapping[int, Rule]] = {
     503: Rule(_T, "server_error"),
     504: Rule(_A, "gateway_timeout"),
 }
-"""HTTP status → rule shared by the JSON-over-HTTP providers (Twilio, Vonage, FCM) for answers
-without a provider error code they recognise. 500 and 504 may come after the request was
-acted on: AMBIGUOUS."""
+"""HTTP status → rule shared by the JSON-over-HTTP providers (Twilio, Vonage, FCM; SendGrid and
+APNs derive theirs from it) for answers without a provider error code they recognise. 500 and
+504 may come after the request was acted on: AMBIGUOUS."""
+
+STATUS_CLASSES: Final[Mapping[int, Rule]] = {
+    1: Rule(_A, "unexpected_status"),
+    2: Rule(_A, "malformed_response"),
+    3: Rule(_T, "misconfigured"),
+    4: Rule(_P, "rejected"),
+    5: Rule(_T, "server_error"),
+}
+"""``status // 100`` → rule; the last resort for a non-success answer. A 2xx the adapter cannot
+read as an acceptance (a proxy, a wrong base URL, a body without the provider's id) is
+AMBIGUOUS ``malformed_response``."""
+
+UNEXPECTED_STATUS: Final = Rule(_A, "unexpected_status")
+"""A status outside every table and class (below 100, 600 and above)."""
+
+K = TypeVar("K")
+
+
+def status_rule(status: int, statuses: Mapping[int, Rule] = HTTP_DEFAULTS,
+                classes: Mapping[int, Rule] = STATUS_CLASSES) -> Rule:
+    """The rule of a non-success HTTP answer by its status: the ``statuses`` row, else the
+    ``classes`` row of ``status // 100``, else :data:`UNEXPECTED_STATUS`."""
+    rule = statuses.get(status)
+    if rule is not None:
+        return rule
+    return classes.get(status // 100, UNEXPECTED_STATUS)
+
+
+def coded_rule(code: K | None, codes: Mapping[K, Rule], status: int,
+               statuses: Mapping[int, Rule] = HTTP_DEFAULTS,
+               classes: Mapping[int, Rule] = STATUS_CLASSES) -> Rule:
+    """The ``codes`` row of the provider's own error ``code`` when it has one, else
+    :func:`status_rule` (absent and unknown codes fall through to the status)."""
+    if code is not None and (rule := codes.get(code)) is not None:
+        return rule
+    return status_rule(status, statuses, classes)
+
+
+def retry_wait(rule: Rule, retry_after: str | None) -> float | None:
+    """The ``Retry-After`` wait of a TRANSIENT answer; None for any other outcome."""
+    return parse_retry_after(retry_after) if rule.outcome is Outcome.TRANSIENT else None
+
 
 TRANSPORT_ERRORS: Final[tuple[tuple[type[BaseException], Rule], ...]] = (
     (aiohttp.ConnectionTimeoutError, Rule(_T, "connect_timeout")),
@@ -72,12 +116,23 @@ TRANSPORT_ERRORS: Final[tuple[tuple[type[BaseException], Rule], ...]] = (
 Connection set-up failures happen before a byte of the request is sent (TRANSIENT); anything
 later may have been processed."""
 
+CLIENT_ERROR: Final = Rule(_A, "client_error")
+"""A failure no transport table row matches (a bug of ours, or of a client library)."""
+
+V = TypeVar("V")
+
+
+def matching_row(exc: BaseException, table: Sequence[tuple[type[BaseException], V]]) -> V | None:
+    """The value of the first ``table`` row whose exception type ``exc`` is an instance of."""
+    for kind, value in table:
+        if isinstance(exc, kind):
+            return value
+    return None
+
+
 def classify_exception(exc: BaseException) -> Rule:
     """The rule for a transport failure (see :data:`TRANSPORT_ERRORS`)."""
-    for kind, rule in TRANSPORT_ERRORS:
-        if isinstance(exc, kind):
-            return rule
-    return Rule(_A, "client_error")
+    return matching_row(exc, TRANSPORT_ERRORS) or CLIENT_ERROR
 
 
 def parse_retry_after(value: str | None, *, now: datetime | None = None) -> float | None:
@@ -108,34 +163,12 @@ def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
-GSM7_BASIC: Final = frozenset(
-    "@£$¥èéùìòÇ\nØø\rÅåΔ_ΦΓΛΩΠΨΣΘΞÆæßÉ !\"#¤%&'()*+,-./0123456789:;<=>?¡ABCDEFGHIJKLMNOPQRSTUVWXYZ"
-    "ÄÖÑÜ§¿abcdefghijklmnopqrstuvwxyzäöñüà")
-"""The GSM 03.38 default alphabet (one septet each)."""
-GSM7_EXTENDED: Final = frozenset("^{}\\[~]|€\f")
-"""Characters of the GSM 03.38 extension table (two septets each: escape + character)."""
-
-
-def is_gsm7(text: str) -> bool:
-    """True when ``text`` can be sent in the GSM-7 encoding."""
-    return all(c in GSM7_BASIC or c in GSM7_EXTENDED for c in text)
-
-
-def sms_segments(body: str, *, ucs2: bool = False) -> int:
-    """SMS segments a carrier bills for ``body`` (GSM-7: 160/153 septets, else UCS-2:
-    70/67 UTF-16 code units); ``ucs2`` forces UCS-2 (a ``unicode`` message)."""
-    if not ucs2 and is_gsm7(body):
-        units = len(body) + sum(c in GSM7_EXTENDED for c in body)
-        single, multi = 160, 153
-    else:
-        units = len(body.encode("utf-16-le")) // 2
-        single, multi = 70, 67
-    return 1 if units <= single else -(-units // multi)
-
-
 # the adapters ------------------------------------------------------------------------------
 
 INVALID_RECIPIENT: Final = Rule(_P, "invalid_recipient")
+NO_PROVIDER_FOR_PLATFORM: Final = Rule(_T, "no_provider_for_platform")
+"""A push recipient of a platform the adapter does not send to: retried until it expires
+(the router sends each platform to its provider), never failed."""
 
 
 def masked(recipient: str | PushRecipient) -> str:
@@ -190,6 +223,18 @@ class ProviderBase:
                           reason=rule.reason, error_code=error_code,
                           retry_after_s=retry_after_s, deactivate_recipient=rule.deactivate)
 
+    def _push_target(self, message: OutboundMessage, started: datetime,
+                     platforms: frozenset[PushPlatform]) -> PushRecipient | SendResult:
+        """The push recipient of ``message``, or the result when this adapter cannot send to
+        it (not a push recipient: PERMANENT; a platform outside ``platforms``: TRANSIENT)."""
+        recipient = message.recipient
+        if not isinstance(recipient, PushRecipient):
+            return self._result(INVALID_RECIPIENT, message, started)
+        if recipient.platform not in platforms:
+            return self._result(NO_PROVIDER_FOR_PLATFORM, message, started,
+                                error_code=recipient.platform.value)
+        return recipient
+
     def _warn(self, reason: str, error_code: str | None) -> None:
         now = time.monotonic()
         if now - self._last_warned.get(reason, -1e9) >= 10.0:
@@ -238,10 +283,14 @@ C = TypeVar("C", bound=ProviderConfig)
 class HttpProvider(ProviderBase, Generic[C]):
     """An ``aiohttp`` adapter of one account (settings section ``C``).
 
-    Subclasses give :meth:`_encode` (the request body) and :meth:`_classify` (the
-    :class:`SendResult` of an answer) and set ``_url``; :meth:`send` posts one string-addressed
-    message, bounded by the caller's timeout, and classifies transport failures through
-    :data:`TRANSPORT_ERRORS`. Fully custom senders (FCM) use :meth:`_post` directly.
+    Build it with :meth:`open` inside the event loop that will use it. ``send`` never raises
+    for provider answers or transport failures; it bounds each call by the caller's timeout.
+
+    Subclasses set ``name`` (= their settings section) and ``_url``, and give :meth:`_headers`
+    (the account's request headers), :meth:`_encode` (the request body) and :meth:`_classify`
+    (the :class:`SendResult` of an answer); :meth:`send` posts one string-addressed message
+    and classifies transport failures through :data:`TRANSPORT_ERRORS`. Fully custom senders
+    (FCM) use :meth:`_post` directly.
     """
 
     answer_headers: ClassVar[tuple[str, ...]] = ("Retry-After",)
@@ -264,11 +313,21 @@ class HttpProvider(ProviderBase, Generic[C]):
         self._last_warned = {}
 
     @classmethod
-    async def _open(cls, config: C, headers: Mapping[str, str], *, timeout: float | timedelta,
-                    connect_timeout: float | timedelta | None, max_connections: int,
-                    clock: Callable[[], datetime]) -> Self:
-        """An instance on a new pooled session, which is closed again if construction fails."""
-        session = http_session(headers, max_connections)
+    async def open(cls, settings: Settings | C, *, timeout: float | timedelta,
+                   connect_timeout: float | timedelta | None = None,
+                   max_connections: int = 256,
+                   clock: Callable[[], datetime] = utcnow) -> Self:
+        """Open a pooled client of the account in ``settings`` (or the settings section
+        itself) bound to the running loop.
+
+        ``timeout`` bounds each ``send`` (the tier's ``provider_timeout``); connection set-up,
+        including a wait for a free pooled connection, gets ``connect_timeout`` (default half of
+        ``timeout``) so that a timeout before anything was sent stays distinguishable
+        (TRANSIENT) from one after (AMBIGUOUS). Raises ``ValueError`` when the account's
+        credentials are not configured.
+        """
+        config: C = getattr(settings, cls.name) if isinstance(settings, Settings) else settings
+        session = http_session(cls._headers(config), max_connections)
         try:
             return cls(config, session, timeout=seconds(timeout),
                        connect_timeout=None if connect_timeout is None
@@ -276,6 +335,12 @@ class HttpProvider(ProviderBase, Generic[C]):
         except BaseException:
             await session.close()
             raise
+
+    @classmethod
+    def _headers(cls, config: C) -> dict[str, str]:
+        """The headers every request of the account sends; ``ValueError`` when its
+        credentials are not configured."""
+        raise NotImplementedError
 
     def _limits(self, timeout: float | timedelta | None) -> aiohttp.ClientTimeout:
         """The limits of one call: the client's, or ``timeout`` with half of it to connect."""

@@ -1,0 +1,44 @@
+"""Expected rows the provider classification tests share, written out independently of the
+code under test: the HTTP status table of the JSON-over-HTTP providers and the status-class
+fallback."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from notiflow.adapters.providers.base import Outcome
+
+T, P, A = Outcome.TRANSIENT, Outcome.PERMANENT, Outcome.AMBIGUOUS
+
+HTTP_DEFAULT_STATUSES: dict[int, tuple[Outcome, str]] = {
+    400: (P, "rejected"),
+    401: (T, "auth_failed"),
+    403: (T, "misconfigured"),
+    404: (T, "misconfigured"),
+    405: (T, "misconfigured"),
+    408: (T, "timeout"),
+    413: (P, "invalid_content"),
+    429: (T, "rate_limited"),
+    500: (A, "server_error"),
+    502: (T, "server_error"),
+    503: (T, "server_error"),
+    504: (A, "gateway_timeout"),
+}
+"""The reviewed rows of the HTTP status table Twilio, Vonage and FCM share (SendGrid adds two)."""
+
+STATUS_CLASSES: dict[int, tuple[Outcome, str]] = {
+    1: (A, "unexpected_status"),
+    2: (A, "malformed_response"),
+    3: (T, "misconfigured"),
+    4: (P, "rejected"),
+    5: (T, "server_error"),
+}
+"""The reviewed ``status // 100`` fallback of the HTTP providers."""
+
+
+def status_class_cases(*statuses: int,
+                       classes: Mapping[int, tuple[Outcome, str]] = STATUS_CLASSES,
+                       ) -> list[tuple[int, tuple[Outcome, str]]]:
+    """``(status, expected)`` for each status: its class row, AMBIGUOUS ``unexpected_status``
+    outside 1xx to 5xx."""
+    return [(s, classes.get(s // 100, (A, "unexpected_status"))) for s in statuses]
