@@ -22,8 +22,7 @@ from notiflow.adapters.cassandra_store import CassandraStore, connect
 from notiflow.adapters.kafka_io import AsyncProducer
 from notiflow.adapters.ports import OpenSendPorts, SendPorts
 from notiflow.adapters.preferences import PreferenceStore
-from notiflow.adapters.providers import open_provider
-from notiflow.adapters.providers.base import ProviderClient
+from notiflow.adapters.providers import open_providers
 from notiflow.adapters.ratelimit import CapacityLimiter
 from notiflow.adapters.redis_caps import CapStore
 from notiflow.adapters.redis_dedup import DedupStore
@@ -54,21 +53,6 @@ def sender_identity() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
-async def open_clients(settings: Settings, tier: Tier) -> dict[str, ProviderClient]:
-    """A client for every configured provider account (one set per process), keyed by
-    provider id; the router picks among them per attempt."""
-    timeout = settings.policy(tier).provider_timeout.total_seconds()
-    clients: dict[str, ProviderClient] = {}
-    try:
-        for provider_id in sorted(settings.enabled_providers()):
-            clients[provider_id] = await open_provider(settings, provider_id, timeout=timeout)
-    except BaseException:
-        for c in clients.values():
-            await c.aclose()
-        raise
-    return clients
-
-
 async def open_send_ports(settings: Settings, tier: Tier, owner: str,
                           workers: int = 1) -> SendPorts:
     """Open every port of a send flow of ``tier`` whose leases ``owner`` holds; ``workers``
@@ -82,7 +66,8 @@ async def open_send_ports(settings: Settings, tier: Tier, owner: str,
     limiter = CapacityLimiter(settings, expected_workers=workers, store_timeout=redis_timeout)
     producer = AsyncProducer(settings)
     preferences = PreferenceStore(store, producer)
-    providers = await open_clients(settings, tier)
+    providers = await open_providers(settings, sorted(settings.enabled_providers()),
+                                     timeout=policy.provider_timeout.total_seconds())
 
     async def close() -> None:
         for p in providers.values():

@@ -36,7 +36,7 @@ from opentelemetry.metrics import CallbackOptions, Observation
 from notiflow import names, stages, telemetry, tuning
 from notiflow.adapters.breaker import StateChange
 from notiflow.adapters.dlq_crypto import DlqCipher
-from notiflow.adapters.ports import STORE_DOWN, OpenSendPorts, SendPorts
+from notiflow.adapters.ports import STORE_DOWN, OpenSendPorts
 from notiflow.adapters.pressure import REPORT_EVERY_S
 from notiflow.adapters.worker import loop_thread, register
 from notiflow.flows.model import Out, Retry, Work
@@ -110,7 +110,7 @@ def _observe_oldest(options: CallbackOptions) -> Iterable[Observation]:
 def _observe_breakers(options: CallbackOptions) -> Iterable[Observation]:
     """``notiflow.breaker.state`` per provider account this process sends through."""
     for d in list(_live):
-        ports = d.ctx._ports
+        ports = d.ctx.opened
         if ports is not None:
             for provider_id in list(ports.providers):
                 state = ports.breakers.state(provider_id)
@@ -121,7 +121,7 @@ def _observe_breakers(options: CallbackOptions) -> Iterable[Observation]:
 def _observe_weights(options: CallbackOptions) -> Iterable[Observation]:
     """``notiflow.provider.route_weight`` per provider account this process sends through."""
     for d in list(_live):
-        ports = d.ctx._ports
+        ports = d.ctx.opened
         if ports is not None:
             for provider_id in list(ports.providers):
                 yield Observation(ports.breakers.weight(provider_id), {"provider": provider_id})
@@ -193,10 +193,6 @@ class Dispatcher:
     def redis_ok(self) -> bool:
         return self.ctx.redis_ok
 
-    @property
-    def ports(self) -> SendPorts:
-        return self.ctx.ports
-
     # ------------------------------------------------------------------ lifecycle
 
     def start(self) -> asyncio.AbstractEventLoop:
@@ -249,8 +245,8 @@ class Dispatcher:
             for task in asyncio.all_tasks():
                 if task is not me:
                     task.cancel()
-            if self.ctx._ports is not None:
-                await self.ctx._ports.close()
+            if self.ctx.opened is not None:
+                await self.ctx.opened.close()
 
         try:
             asyncio.run_coroutine_threadsafe(shutdown(), loop).result(timeout=10)
@@ -295,7 +291,7 @@ class Dispatcher:
         to yield by (``adapters/pressure.py``)."""
         while True:
             await asyncio.sleep(REPORT_EVERY_S)
-            ports = self.ctx._ports
+            ports = self.ctx.opened
             if ports is None:
                 continue
             now = time.time()
@@ -313,7 +309,7 @@ class Dispatcher:
         tick = self.settings.bulk_yield.tick.total_seconds()
         while True:
             await asyncio.sleep(tick)
-            ports = self.ctx._ports
+            ports = self.ctx.opened
             if ports is None:
                 continue
             try:
@@ -328,7 +324,7 @@ class Dispatcher:
     async def _report_backlog(self) -> None:
         while True:
             await asyncio.sleep(BACKLOG_REPORT_S)
-            ports = self.ctx._ports
+            ports = self.ctx.opened
             if ports is None:
                 continue
             waiting = list(self._oldest.values())
@@ -345,7 +341,7 @@ class Dispatcher:
     async def _batch(self, works: list[Work], futures: list[Future], submitted: float) -> None:
         started = time.time()
         try:
-            if self.ctx._ports is None:
+            if self.ctx.opened is None:
                 await asyncio.wrap_future(self._opened)
             batch = await self.prepare(works)
         except Exception as exc:

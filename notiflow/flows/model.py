@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, TypeGuard
+from typing import Any
 
 from notiflow.redact import recipient_hash
 from notiflow.schemas.messages import DlqRecord, IngestRecord, Receipt, StatusEvent
@@ -89,11 +89,6 @@ class SourcedReceipt:
 
 
 ReconcileIn = StatusEvent | SourcedReceipt
-
-
-def is_work(item: object) -> TypeGuard[Work]:
-    """The branch predicate that sends messages on and everything else to the outputs."""
-    return isinstance(item, Work)
 
 
 def utcnow() -> datetime:

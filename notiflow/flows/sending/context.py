@@ -60,6 +60,11 @@ class SendContext:
         self._ports = ports
 
     @property
+    def opened(self) -> SendPorts | None:
+        """The ports once attached, else None (for loops that run before they open)."""
+        return self._ports
+
+    @property
     def ports(self) -> SendPorts:
         if self._ports is None:
             raise RuntimeError("the send step's ports are not open")
