@@ -201,6 +201,10 @@ class Phase:
         self.api = f"http://127.0.0.1:{self.api_port}"
         self.bulk_api = f"http://127.0.0.1:{self.bulk_port}"
         self.fakes = f"http://127.0.0.1:{self.fakes_port}"
+        self.admin = httpx.Client(timeout=30)
+        """The emulators' admin calls share one client: ``httpx.get`` builds a client and an
+        SSL context per call (30 ms of CPU each here), and the progress poll's six calls a
+        second took 0.39 ms of the bench's CPU per message from the pipeline it measured."""
 
     def prepare(self, timeout: float = 60.0) -> None:
         """Topics of this prefix and the bench keyspace's migrations (the stack is up); returns
@@ -288,6 +292,7 @@ class Phase:
 
         self.sampler.stop()
         self.group.stop_all()
+        self.admin.close()
         try:
             delete_topics(self.settings)
         except Exception as exc:
@@ -314,8 +319,8 @@ class Phase:
         message ids with that prefix that were accepted."""
         total = 0
         for p in PROVIDERS:
-            r = httpx.get(f"{self.fakes}/_admin/{p}/stats",
-                          params={"prefix": prefix} if prefix else None, timeout=30)
+            r = self.admin.get(f"{self.fakes}/_admin/{p}/stats",
+                               params={"prefix": prefix} if prefix else None, timeout=30)
             if r.status_code == 200:
                 doc = r.json()
                 total += int(doc.get("accepted_with_prefix", 0) if prefix
@@ -326,8 +331,8 @@ class Phase:
         """message_id → the emulator's receipt time of its first accepted request."""
         first: dict[str, float] = {}
         for p in PROVIDERS:
-            r = httpx.get(f"{self.fakes}/_admin/{p}/messages",
-                          params={"fields": "received_at,message_id,outcome"}, timeout=120)
+            r = self.admin.get(f"{self.fakes}/_admin/{p}/messages",
+                               params={"fields": "received_at,message_id,outcome"}, timeout=120)
             if r.status_code != 200:
                 continue
             for rec in r.json():
