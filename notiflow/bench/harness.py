@@ -10,6 +10,7 @@ runs (message ids are unique per run). Processes log to ``<out>/logs/<run>-<phas
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import os
 import sys
@@ -201,10 +202,14 @@ class Phase:
         self.api = f"http://127.0.0.1:{self.api_port}"
         self.bulk_api = f"http://127.0.0.1:{self.bulk_port}"
         self.fakes = f"http://127.0.0.1:{self.fakes_port}"
-        self.admin = httpx.Client(timeout=30)
-        """The emulators' admin calls share one client: ``httpx.get`` builds a client and an
-        SSL context per call (30 ms of CPU each here), and the progress poll's six calls a
-        second took 0.39 ms of the bench's CPU per message from the pipeline it measured."""
+
+    @functools.cached_property
+    def admin(self) -> httpx.Client:
+        """The one client of the emulators' admin calls, made on first use: ``httpx.get``
+        builds a client and an SSL context per call (30 ms of CPU each here), and the progress
+        poll's six calls a second took 0.39 ms of the bench's CPU per message from the
+        pipeline it measured."""
+        return httpx.Client(timeout=30)
 
     def prepare(self, timeout: float = 60.0) -> None:
         """Topics of this prefix and the bench keyspace's migrations (the stack is up); returns
@@ -292,7 +297,8 @@ class Phase:
 
         self.sampler.stop()
         self.group.stop_all()
-        self.admin.close()
+        if "admin" in self.__dict__:
+            self.admin.close()
         try:
             delete_topics(self.settings)
         except Exception as exc:
