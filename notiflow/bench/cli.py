@@ -22,6 +22,9 @@ bench_app = typer.Typer(help="Benchmarks on the local stack (figures, not tests)
 console = Console()
 
 Out = Annotated[Path, typer.Option(help="Where results and process logs go.")]
+WarmupRounds = Annotated[int, typer.Option(
+    help="Most warm-up rounds: they repeat until the JIT compilers of Kafka and Cassandra use "
+         "under 10 % of those JVMs' CPU in a round.")]
 Warmup = Annotated[float | None, typer.Option(
     help="Seconds of warm-up waves at most, until P0's latency settles (default 180; "
          "0: one small wave).")]
@@ -93,7 +96,9 @@ def throughput(
         help="py-spy the send and reconcile flows (its sampling takes CPU from the end-to-end "
              "pipeline only, so the ratio is quoted from runs without it).")] = False,
     warmup: Annotated[int | None, typer.Option(
-        help="Messages through each pipeline before measuring (default n/10).")] = None,
+        help="Messages per warm-up round of the platform, then once through the minimal "
+             "pipeline (default n/2).")] = None,
+    warmup_rounds: WarmupRounds = 8,
     out: Out = Path("bench/results"),
 ) -> None:
     """P2 end to end next to the minimal-pipeline and passthrough ceilings (same run)."""
@@ -101,7 +106,8 @@ def throughput(
     from notiflow.bench.report import throughput_markdown, write
 
     with _stack():
-        doc = tp.run(out, n=n, profile=profile, log=_log, warmup=warmup)
+        doc = tp.run(out, n=n, profile=profile, log=_log, warmup=warmup,
+                     warmup_rounds=warmup_rounds)
     md = throughput_markdown(doc)
     _show(write(out, "throughput", doc, md), md)
 
@@ -112,7 +118,8 @@ def scale(
     processes: Annotated[list[int] | None, typer.Option(
         "--processes", "-p", help="Bytewax processes per run (default 1, 2, 4).")] = None,
     warmup: Annotated[int | None, typer.Option(
-        help="Messages through the platform before measuring (default n/10).")] = None,
+        help="Messages per warm-up round of the platform (default n/2).")] = None,
+    warmup_rounds: WarmupRounds = 8,
     out: Out = Path("bench/results"),
 ) -> None:
     """The P2 send flow on 1, 2 and 4 Bytewax processes: the speed-up curve."""
@@ -121,7 +128,7 @@ def scale(
 
     with _stack():
         doc = tp.run_scale(out, n=n, processes=processes or [1, 2, 4], log=_log,
-                           warmup=warmup)
+                           warmup=warmup, warmup_rounds=warmup_rounds)
     md = scale_markdown(doc)
     _show(write(out, "scale", doc, md), md)
 

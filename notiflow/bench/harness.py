@@ -28,6 +28,7 @@ from confluent_kafka import Producer
 
 from notiflow.adapters.kafka_io import producer_config
 from notiflow.bench import host
+from notiflow.bench.jvm import compiler_cpu_s
 from notiflow.bench.workload import (
     TEMPLATE_IDS,
     TEMPLATES,
@@ -69,6 +70,9 @@ class ProcSample:
     at: float
     cpu_s: float
     rss_mb: float
+    jit_s: float
+    """CPU seconds of a JVM's JIT compiler threads (part of ``cpu_s``; 0 for other
+    processes)."""
 
 
 @dataclass
@@ -84,13 +88,17 @@ class Sampler:
     host_samples: list[host.HostSample] = field(default_factory=list)
     blocked: list[host.Blocked] = field(default_factory=list)
     _procs: dict[str, psutil.Process] = field(default_factory=dict)
+    _jvms: set[str] = field(default_factory=set)
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
     _io_thread: threading.Thread | None = None
 
-    def watch(self, name: str, pid: int) -> None:
+    def watch(self, name: str, pid: int, *, jvm: bool = False) -> None:
+        """Sample process ``pid`` as ``name``; ``jvm``: its JIT compiler's CPU too."""
         self._procs[name] = psutil.Process(pid)
         self.samples.setdefault(name, [])
+        if jvm:
+            self._jvms.add(name)
 
     def start(self) -> Sampler:
         self._thread = threading.Thread(target=self._run, name="bench-sampler", daemon=True)
@@ -116,7 +124,9 @@ class Sampler:
                     rss = proc.memory_info().rss
             except psutil.Error:
                 continue
-            self.samples[name].append(ProcSample(now, cpu.user + cpu.system, rss / 2**20))
+            jit = compiler_cpu_s(proc.pid) if name in self._jvms else None
+            self.samples[name].append(ProcSample(now, cpu.user + cpu.system, rss / 2**20,
+                                                 jit or 0.0))
         machine = host.read(time.time())
         if machine is not None:
             self.host_samples.append(machine)
@@ -140,6 +150,20 @@ class Sampler:
         a = min(s, key=lambda x: abs(x.at - t0))
         b = min(s, key=lambda x: abs(x.at - t1))
         return max(0.0, b.cpu_s - a.cpu_s)
+
+    def jit_between(self, name: str, t0: float, t1: float) -> float:
+        """CPU seconds ``name``'s JIT compiler used between two instants (nearest samples;
+        0 for a process not watched as a JVM)."""
+        s = self.samples.get(name, [])
+        if not s:
+            return 0.0
+        a = min(s, key=lambda x: abs(x.at - t0))
+        b = min(s, key=lambda x: abs(x.at - t1))
+        return max(0.0, b.jit_s - a.jit_s)
+
+    def jvms(self) -> list[str]:
+        """The names watched as JVMs."""
+        return sorted(self._jvms)
 
     def rss_at(self, name: str, t: float) -> float:
         """RSS in MiB of the sample nearest to ``t``."""
@@ -176,6 +200,31 @@ class Sampler:
         if not s:
             return (0.0, 0.0, 0.0)
         return (s[0].rss_mb, s[-1].rss_mb, max(x.rss_mb for x in s))
+
+
+def drop_keys(settings: Settings, batch: int = 1000) -> int:
+    """Delete every Redis key of ``settings``' namespace (its topic prefix); returns how many.
+    A phase leaves a lease and a content fingerprint per message, kept for hours by their
+    TTLs: left behind, 30 benchmark runs grew the stack's append-only file to 490 MB, whose
+    rewrites (a fork writing every key) and key expiries then fell into later phases."""
+    import redis
+
+    if not settings.topic_prefix:
+        raise ValueError("no namespace: would delete every key")
+    client = redis.Redis.from_url(settings.redis_url, socket_timeout=30)
+    dropped = 0
+    try:
+        keys: list[bytes] = []
+        for key in client.scan_iter(match=f"{settings.topic_prefix}*", count=batch):
+            keys.append(key)
+            if len(keys) >= batch:
+                dropped += int(client.unlink(*keys))
+                keys = []
+        if keys:
+            dropped += int(client.unlink(*keys))
+    finally:
+        client.close()
+    return dropped
 
 
 class Phase:
@@ -242,9 +291,11 @@ class Phase:
     def watch_stack(self) -> None:
         """Sample the stack's own processes too (Kafka, Cassandra, Redis): on one machine
         their CPU is part of every message's cost."""
-        for name, pid, _port, healthy in Stack(self.settings, log=lambda _m: None).status():
+        stack = Stack(self.settings, log=lambda _m: None)
+        jvms = {c.name for c in stack.components() if c.jvm}
+        for name, pid, _port, healthy in stack.status():
             if pid and healthy:
-                self.sampler.watch(name, pid)
+                self.sampler.watch(name, pid, jvm=name in jvms)
 
     def start_platform(self, *, api: bool = True, reconcile: bool = True) -> None:
         """Emulators, the API (tier-isolated: a priority-lane process for P0/P1 and a bulk-lane
@@ -292,7 +343,8 @@ class Phase:
 
     def stop(self) -> None:
         """Stop the phase's processes and delete its topics (a local broker holding every
-        phase's topics of earlier runs ran out of heap when it started)."""
+        phase's topics of earlier runs ran out of heap when it started) and its Redis keys
+        (:func:`drop_keys`)."""
         from notiflow.ops.topics import delete_topics
 
         self.sampler.stop()
@@ -303,6 +355,10 @@ class Phase:
             delete_topics(self.settings)
         except Exception as exc:
             print(f"{self.name}: topics not deleted ({exc!r})", file=sys.stderr)
+        try:
+            drop_keys(self.settings)
+        except Exception as exc:
+            print(f"{self.name}: Redis keys not deleted ({exc!r})", file=sys.stderr)
 
     def templates(self, tenants: Iterable[str]) -> dict[tuple[str, Channel], int]:
         """Create the bench templates of every channel for ``tenants``."""

@@ -1,9 +1,10 @@
-"""Stop-the-world pauses of the stack's JVMs (Kafka, Cassandra) during a benchmark, from their
-safepoint logs (``ops/stack.py`` ``gc_log``): a P0 stall that lines up with a pause of the JVM
-it waited on is that JVM's."""
+"""The stack's JVMs (Kafka, Cassandra) during a benchmark: their stop-the-world pauses, from
+their safepoint logs (``ops/stack.py`` ``gc_log``; a P0 stall that lines up with a pause of the
+JVM it waited on is that JVM's), and the CPU of their JIT compilers."""
 
 from __future__ import annotations
 
+import os
 import re
 from datetime import datetime
 from pathlib import Path
@@ -40,3 +41,31 @@ def summary(log: Path, t0: float, t1: float, above_ms: float = 50.0) -> dict[str
     return {"pauses": len(got), "total_ms": round(sum(ms for _, ms, _ in got), 1),
             "max_ms": round(max((ms for _, ms, _ in got), default=0.0), 1),
             "long": [(t, round(ms, 1), what) for t, ms, what in got if ms > above_ms]}
+
+
+COMPILER_THREADS = ("C1 CompilerThre", "C2 CompilerThre")
+"""HotSpot's JIT compiler threads as the kernel names them (15 characters: ``C2 CompilerThread0``
+is ``C2 CompilerThre``)."""
+
+
+def compiler_cpu_s(pid: int, proc: Path = Path("/proc")) -> float | None:
+    """CPU seconds the JIT compiler threads of JVM ``pid`` have used so far (None when the
+    process is gone). A JVM compiles the code paths a workload makes hot for minutes after it
+    starts; on two cores that CPU is taken from whatever phase of a benchmark is running."""
+    tasks = proc / str(pid) / "task"
+    try:
+        tids = os.listdir(tasks)
+    except OSError:
+        return None
+    ticks = 0
+    for tid in tids:
+        try:
+            stat = (tasks / tid / "stat").read_text()
+        except OSError:
+            continue
+        close = stat.rfind(")")
+        if not stat[stat.find("(") + 1:close].startswith(COMPILER_THREADS):
+            continue
+        fields = stat[close + 2:].split()
+        ticks += int(fields[11]) + int(fields[12])
+    return ticks / os.sysconf("SC_CLK_TCK")

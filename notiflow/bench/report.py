@@ -198,8 +198,13 @@ def throughput_markdown(doc: dict[str, Any]) -> str:
     out = ["## Throughput: P2 end to end against the I/O ceiling", "", *rows, "",
            f"End to end ÷ minimal pipeline: **{doc['ratio_minimal']:.0%}**; "
            f"÷ passthrough: **{doc['ratio_passthrough']:.1%}** (same run"
-           + (f", after {doc['warmup']} messages through each pipeline to warm the JVMs)."
-              if doc.get("warmup") else ")."), ""]
+           + _warm_text(doc) + ").", ""]
+    jit = [f"{label} {_jit_text(r)}" for label, r in (("end to end", e2e),
+                                                       ("minimal pipeline", minimal))
+           if r.get("jit_ms_per_msg")]
+    if jit:
+        out += ["JIT compilers of the stack's JVMs during each measured phase (CPU ms per "
+                "message, share of those JVMs' CPU): " + "; ".join(jit) + ".", ""]
     for label, r in (("end to end", e2e), ("minimal pipeline", minimal),
                      ("passthrough", passthrough)):
         cpu = r.get("cpu_by_process", {})
@@ -218,6 +223,25 @@ def throughput_markdown(doc: dict[str, Any]) -> str:
         out.append("")
     out += _process_table({"e2e": e2e["procs"]})
     return "\n".join(out)
+
+
+def _warm_text(doc: dict[str, Any]) -> str:
+    """How the run warmed the JVMs before measuring (older runs: one round per pipeline)."""
+    if not doc.get("warmup"):
+        return ""
+    rounds = doc.get("warmup_rounds")
+    if rounds is None:
+        return f", after {doc['warmup']} messages through each pipeline to warm the JVMs"
+    shares = ", ".join("-" if r["jit_share"] is None else f"{r['jit_share']:.0%}"
+                       for r in rounds)
+    return (f", after {len(rounds)} warm-up round(s) of {doc['warmup']} messages through "
+            f"each pipeline, the JIT compilers' share of the JVMs' CPU in each: {shares}")
+
+
+def _jit_text(r: dict[str, Any]) -> str:
+    per = ", ".join(f"{k} {v:.2f}" for k, v in r["jit_ms_per_msg"].items())
+    share = r.get("jit_share")
+    return f"{per} ({'-' if share is None else f'{share:.0%}'})"
 
 
 def scale_markdown(doc: dict[str, Any]) -> str:

@@ -40,13 +40,35 @@ def test_isolation_smoke(stack: Settings, tmp_path: Path) -> None:
 
 
 def test_throughput_and_scale_smoke(stack: Settings, tmp_path: Path) -> None:
-    doc = throughput.run(tmp_path, n=300, profile=True, log=print, warmup=30)
+    doc = throughput.run(tmp_path, n=300, profile=True, log=print, warmup=30, warmup_rounds=1)
     assert doc["e2e"]["status_written"] == 300 and doc["e2e"]["provider_done"]
     assert doc["minimal"]["n"] == 300 and doc["passthrough"]["n"] == 300
     assert doc["minimal"]["outcomes"] == {"accepted": 300}
     assert doc["ratio_minimal"] > 0 and 0 < doc["ratio_passthrough"] < 1
     assert doc["profile"]["send-p2"]["stages"], "py-spy saw the send flow"
     assert "Profile of send-p2" in throughput_markdown(doc)
+    assert set(doc["e2e"]["jit_ms_per_msg"]) == {"kafka", "cassandra"}
+    assert len(doc["warmup_rounds"]) == 1
     scale = throughput.run_scale(tmp_path, n=200, processes=[1, 2], log=print, warmup=0)
     assert [r["processes"] for r in scale["runs"]] == [1, 2]
     assert all(r["status_written"] == 200 and r["rate"] > 0 for r in scale["runs"])
+
+
+def test_a_phase_drops_only_its_own_redis_keys(stack: Settings) -> None:
+    import redis
+
+    from notiflow.bench.harness import drop_keys
+
+    mine = stack.model_copy(update={"topic_prefix": "bench-drop-test-a-"})
+    other = "bench-drop-test-b-lease:1"
+    client = redis.Redis.from_url(stack.redis_url)
+    try:
+        client.mset({f"bench-drop-test-a-lease:{i}": "x" for i in range(2500)} | {other: "y"})
+        assert drop_keys(mine, batch=1000) == 2500
+        assert client.get(other) == b"y"
+        assert not list(client.scan_iter(match="bench-drop-test-a-*"))
+        with pytest.raises(ValueError):
+            drop_keys(stack.model_copy(update={"topic_prefix": ""}))
+    finally:
+        client.delete(other)
+        client.close()
