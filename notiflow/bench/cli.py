@@ -24,7 +24,7 @@ console = Console()
 Out = Annotated[Path, typer.Option(help="Where results and process logs go.")]
 WarmupRounds = Annotated[int, typer.Option(
     help="Most warm-up rounds: they repeat until the JIT compilers of Kafka and Cassandra use "
-         "under 10 % of those JVMs' CPU in a round.")]
+         "under 5 % of those JVMs' CPU in a round.")]
 Warmup = Annotated[float | None, typer.Option(
     help="Seconds of warm-up waves at most, until P0's latency settles (default 180; "
          "0: one small wave).")]
@@ -96,9 +96,8 @@ def throughput(
         help="py-spy the send and reconcile flows (its sampling takes CPU from the end-to-end "
              "pipeline only, so the ratio is quoted from runs without it).")] = False,
     warmup: Annotated[int | None, typer.Option(
-        help="Messages per warm-up round of the platform, then once through the minimal "
-             "pipeline (default n/2).")] = None,
-    warmup_rounds: WarmupRounds = 8,
+        help="Messages per warm-up round through each pipeline (default n/2).")] = None,
+    warmup_rounds: WarmupRounds = 10,
     out: Out = Path("bench/results"),
 ) -> None:
     """P2 end to end next to the minimal-pipeline and passthrough ceilings (same run)."""
@@ -119,7 +118,7 @@ def scale(
         "--processes", "-p", help="Bytewax processes per run (default 1, 2, 4).")] = None,
     warmup: Annotated[int | None, typer.Option(
         help="Messages per warm-up round of the platform (default n/2).")] = None,
-    warmup_rounds: WarmupRounds = 8,
+    warmup_rounds: WarmupRounds = 10,
     out: Out = Path("bench/results"),
 ) -> None:
     """The P2 send flow on 1, 2 and 4 Bytewax processes: the speed-up curve."""

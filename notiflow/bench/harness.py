@@ -205,8 +205,9 @@ class Sampler:
 def drop_keys(settings: Settings, batch: int = 1000) -> int:
     """Delete every Redis key of ``settings``' namespace (its topic prefix); returns how many.
     A phase leaves a lease and a content fingerprint per message, kept for hours by their
-    TTLs: left behind, 30 benchmark runs grew the stack's append-only file to 490 MB, whose
-    rewrites (a fork writing every key) and key expiries then fell into later phases."""
+    TTLs: left behind, a day of benchmark runs grew the stack's append-only file to 490 MB,
+    whose rewrites (a fork writing every key) and key expiries then fell into later
+    phases."""
     import redis
 
     if not settings.topic_prefix:
