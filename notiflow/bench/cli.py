@@ -22,9 +22,9 @@ bench_app = typer.Typer(help="Benchmarks on the local stack (figures, not tests)
 console = Console()
 
 Out = Annotated[Path, typer.Option(help="Where results and process logs go.")]
-WarmupRounds = Annotated[int, typer.Option(
-    help="Most warm-up rounds: they repeat until the JIT compilers of Kafka and Cassandra use "
-         "under 5 % of those JVMs' CPU in a round.")]
+WarmupRounds = Annotated[int | None, typer.Option(
+    help="Most warm-up rounds (default 10): they repeat until the JIT compilers of Kafka and "
+         "Cassandra use under 5 % of those JVMs' CPU in a round.")]
 Warmup = Annotated[float | None, typer.Option(
     help="Seconds of warm-up waves at most, until P0's latency settles (default 180; "
          "0: one small wave).")]
@@ -97,7 +97,7 @@ def throughput(
              "pipeline only, so the ratio is quoted from runs without it).")] = False,
     warmup: Annotated[int | None, typer.Option(
         help="Messages per warm-up round through each pipeline (default n/2).")] = None,
-    warmup_rounds: WarmupRounds = 10,
+    warmup_rounds: WarmupRounds = None,
     out: Out = Path("bench/results"),
 ) -> None:
     """P2 end to end next to the minimal-pipeline and passthrough ceilings (same run)."""
@@ -118,7 +118,7 @@ def scale(
         "--processes", "-p", help="Bytewax processes per run (default 1, 2, 4).")] = None,
     warmup: Annotated[int | None, typer.Option(
         help="Messages per warm-up round of the platform (default n/2).")] = None,
-    warmup_rounds: WarmupRounds = 10,
+    warmup_rounds: WarmupRounds = None,
     out: Out = Path("bench/results"),
 ) -> None:
     """The P2 send flow on 1, 2 and 4 Bytewax processes: the speed-up curve."""

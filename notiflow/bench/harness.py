@@ -142,24 +142,23 @@ class Sampler:
                 pids = {name: p.pid for name, p in list(self._procs.items())}
                 self.blocked.extend(host.blocked_threads(pids, time.time()))
 
-    def cpu_between(self, name: str, t0: float, t1: float) -> float:
-        """CPU seconds ``name`` used between two instants (nearest samples)."""
+    def _nearest(self, name: str, t0: float, t1: float) -> tuple[ProcSample, ProcSample] | None:
+        """``name``'s samples nearest to two instants (None when it has none)."""
         s = self.samples.get(name, [])
         if not s:
-            return 0.0
-        a = min(s, key=lambda x: abs(x.at - t0))
-        b = min(s, key=lambda x: abs(x.at - t1))
-        return max(0.0, b.cpu_s - a.cpu_s)
+            return None
+        return (min(s, key=lambda x: abs(x.at - t0)), min(s, key=lambda x: abs(x.at - t1)))
+
+    def cpu_between(self, name: str, t0: float, t1: float) -> float:
+        """CPU seconds ``name`` used between two instants (nearest samples)."""
+        ends = self._nearest(name, t0, t1)
+        return max(0.0, ends[1].cpu_s - ends[0].cpu_s) if ends else 0.0
 
     def jit_between(self, name: str, t0: float, t1: float) -> float:
         """CPU seconds ``name``'s JIT compiler used between two instants (nearest samples;
         0 for a process not watched as a JVM)."""
-        s = self.samples.get(name, [])
-        if not s:
-            return 0.0
-        a = min(s, key=lambda x: abs(x.at - t0))
-        b = min(s, key=lambda x: abs(x.at - t1))
-        return max(0.0, b.jit_s - a.jit_s)
+        ends = self._nearest(name, t0, t1)
+        return max(0.0, ends[1].jit_s - ends[0].jit_s) if ends else 0.0
 
     def jvms(self) -> list[str]:
         """The names watched as JVMs."""

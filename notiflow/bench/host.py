@@ -167,29 +167,39 @@ class Blocked:
     wchan: str
 
 
+def threads(pid: int, proc: Path = Path("/proc")) -> list[tuple[str, str, list[str]]] | None:
+    """Every thread of process ``pid``: its id, its name and the fields of its ``stat`` after
+    the name (the state first; utime and stime at 11 and 12); None when the process is
+    gone."""
+    tasks = proc / str(pid) / "task"
+    try:
+        tids = os.listdir(tasks)
+    except OSError:
+        return None
+    out = []
+    for tid in tids:
+        try:
+            stat = (tasks / tid / "stat").read_text()
+        except OSError:
+            continue
+        close = stat.rfind(")")
+        out.append((tid, stat[stat.find("(") + 1:close], stat[close + 2:].split()))
+    return out
+
+
 def blocked_threads(pids: Mapping[str, int], at: float,
                     proc: Path = Path("/proc")) -> list[Blocked]:
     """The threads of the named processes in state ``D`` now (gone processes are skipped)."""
     out: list[Blocked] = []
     for name, pid in pids.items():
-        tasks = proc / str(pid) / "task"
-        try:
-            tids = os.listdir(tasks)
-        except OSError:
-            continue
-        for tid in tids:
-            try:
-                stat = (tasks / tid / "stat").read_text()
-            except OSError:
-                continue
-            close = stat.rfind(")")
-            if stat[close + 2:close + 3] != "D":
+        for tid, thread, fields in threads(pid, proc) or []:
+            if fields[:1] != ["D"]:
                 continue
             try:
-                wchan = (tasks / tid / "wchan").read_text().strip() or "?"
+                wchan = (proc / str(pid) / "task" / tid / "wchan").read_text().strip() or "?"
             except OSError:
                 wchan = "?"
-            out.append(Blocked(at, name, stat[stat.find("(") + 1:close], wchan))
+            out.append(Blocked(at, name, thread, wchan))
     return out
 
 

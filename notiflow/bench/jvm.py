@@ -10,6 +10,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from notiflow.bench.host import threads
+
 _LINE = re.compile(r"^\[(?P<at>[^\]]+)\].*Safepoint \"(?P<what>[^\"]+)\".*Total: (?P<ns>\d+) ns")
 
 
@@ -52,20 +54,9 @@ def compiler_cpu_s(pid: int, proc: Path = Path("/proc")) -> float | None:
     """CPU seconds the JIT compiler threads of JVM ``pid`` have used so far (None when the
     process is gone). A JVM compiles the code paths a workload makes hot for minutes after it
     starts; on two cores that CPU is taken from whatever phase of a benchmark is running."""
-    tasks = proc / str(pid) / "task"
-    try:
-        tids = os.listdir(tasks)
-    except OSError:
+    found = threads(pid, proc)
+    if found is None:
         return None
-    ticks = 0
-    for tid in tids:
-        try:
-            stat = (tasks / tid / "stat").read_text()
-        except OSError:
-            continue
-        close = stat.rfind(")")
-        if not stat[stat.find("(") + 1:close].startswith(COMPILER_THREADS):
-            continue
-        fields = stat[close + 2:].split()
-        ticks += int(fields[11]) + int(fields[12])
+    ticks = sum(int(f[11]) + int(f[12]) for _, name, f in found
+                if name.startswith(COMPILER_THREADS))
     return ticks / os.sysconf("SC_CLK_TCK")

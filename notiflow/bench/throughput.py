@@ -230,13 +230,14 @@ a warm-up round."""
 
 
 def warm_up(out: Path, run_id: str, n: int, warmup: int | None, log: Callable[[str], None],
-            *, ceiling: bool, rounds: int = WARMUP_ROUNDS) -> tuple[int, list[dict[str, Any]]]:
+            *, ceiling: bool, rounds: int | None = None) -> tuple[int, list[dict[str, Any]]]:
     """Empty the tables, then warm the JVMs, unmeasured, in rounds of ``warmup`` messages
     (default ``n // 2``) through the platform and then, when ``ceiling``, the minimal
     pipeline (the order of the measured phases), until the JIT compilers of Kafka and
     Cassandra used less than :data:`JIT_QUIET` of those JVMs' CPU in a round (at most
-    ``rounds``); then empty the tables again, so the measured phases compact only their own
-    rows. Returns the round size and each round's JIT share.
+    ``rounds``, default :data:`WARMUP_ROUNDS`); then empty the tables again, so the measured
+    phases compact only their own rows. Returns the round size and each round's JIT
+    share.
 
     Why rounds, of both pipelines: the JVMs compile the paths a workload makes hot for
     minutes. After one warm-up of 3,000 messages per pipeline their compilers still took
@@ -248,7 +249,8 @@ def warm_up(out: Path, run_id: str, n: int, warmup: int | None, log: Callable[[s
     warm = n // 2 if warmup is None else warmup
     empty_tables(out, run_id)
     done: list[dict[str, Any]] = []
-    for i in range(rounds if warm > 0 else 0):
+    most = (WARMUP_ROUNDS if rounds is None else rounds) if warm > 0 else 0
+    for i in range(most):
         phases = [run_e2e(out, run_id, warm, name=f"warmup{i + 1}", log=log)]
         if ceiling:
             phases.append(run_ceiling("minimal", out, run_id, warm, log,
@@ -266,11 +268,12 @@ def warm_up(out: Path, run_id: str, n: int, warmup: int | None, log: Callable[[s
 
 
 def run(out: Path, *, n: int, profile: bool, log: Callable[[str], None],
-        warmup: int | None = None, warmup_rounds: int = WARMUP_ROUNDS) -> dict[str, Any]:
+        warmup: int | None = None, warmup_rounds: int | None = None) -> dict[str, Any]:
     """``warmup``, ``warmup_rounds``: messages per round and most rounds of
-    :func:`warm_up`."""
+    :func:`warm_up` (None: its defaults)."""
     run_id = uuid.uuid4().hex[:6]
-    warm, rounds = warm_up(out, run_id, n, warmup, log, ceiling=True, rounds=warmup_rounds)
+    warm, rounds = warm_up(out, run_id, n, warmup, log, ceiling=True,
+                           rounds=warmup_rounds)
     e2e = run_e2e(out, run_id, n, profile=profile, log=log)
     minimal = run_ceiling("minimal", out, run_id, n, log)
     passthrough = run_ceiling("passthrough", out, run_id, n, log)
@@ -282,9 +285,10 @@ def run(out: Path, *, n: int, profile: bool, log: Callable[[str], None],
 
 
 def run_scale(out: Path, *, n: int, processes: list[int], log: Callable[[str], None],
-              warmup: int | None = None, warmup_rounds: int = WARMUP_ROUNDS) -> dict[str, Any]:
+              warmup: int | None = None, warmup_rounds: int | None = None) -> dict[str, Any]:
     run_id = uuid.uuid4().hex[:6]
-    warm, rounds = warm_up(out, run_id, n, warmup, log, ceiling=False, rounds=warmup_rounds)
+    warm, rounds = warm_up(out, run_id, n, warmup, log, ceiling=False,
+                           rounds=warmup_rounds)
     runs = []
     for k in processes:
         r = run_e2e(out, run_id, n, processes=k, name=f"scale{k}", log=log)
