@@ -16,7 +16,7 @@ import asyncio
 import base64
 import logging
 import zlib
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
 from typing import Any
@@ -406,6 +406,14 @@ class CassandraStore:
         rows = await self._run("msg_head", (message_id,))
         return rows[0] if rows else None
 
+    def heads(self, message_ids: Sequence[str]) -> Awaitable[list[dict[str, Any] | None]]:
+        """:meth:`head` of each id, in order (``IN`` reads of ``max_keys`` ids when
+        coalescing)."""
+        if self._coalescer is not None:
+            query = self._keyed["msg_head"]
+            return asyncio.gather(*(self._coalescer.read(query, (), m) for m in message_ids))
+        return asyncio.gather(*(self.head(m) for m in message_ids))
+
     async def get_message(self, message_id: str) -> dict[str, Any] | None:
         rows = await self._run("msg_get", (message_id,))
         return rows[0] if rows else None
@@ -448,16 +456,34 @@ class CassandraStore:
         row = head if head is not None else await self.head(message_id)
         if row is None:
             return False, False
-        r = rank(status, attempt)
-        at = rank_write_time(row, r)
-        if at is None:
+        planned = self.planned_transition(message_id, status, attempt, reason, now,
+                                          provider_id, provider_message_id, next_attempt_at,
+                                          head=row)
+        if planned is None:
             applied, exists = await self._cas_transition(
                 message_id, status, attempt, reason, now, provider_id, provider_message_id,
                 next_attempt_at, row)
             if then is not None:
                 await self.write_all(then(applied))
             return applied, exists
-        current = row.get("status_rank")
+        applied, writes = planned
+        if then is not None:
+            writes += then(applied)
+        await self.write_all(writes)
+        return applied, True
+
+    def planned_transition(
+        self, message_id: str, status: Status, attempt: int, reason: str | None,
+        now: datetime, provider_id: str | None = None, provider_message_id: str | None = None,
+        next_attempt_at: datetime | None = None, *, head: dict[str, Any],
+    ) -> tuple[bool, list[Write]] | None:
+        """Whether :meth:`transition` from the existing row ``head`` applies, and its writes
+        (nothing is sent); None when the row keeps the compare-and-set path."""
+        r = rank(status, attempt)
+        at = rank_write_time(head, r)
+        if at is None:
+            return None
+        current = head.get("status_rank")
         applied = current is None or current < r
         writes: list[Write] = []
         if applied:
@@ -467,12 +493,9 @@ class CassandraStore:
             )))
         if status in FAILURE_STATUSES and (applied or current == r):
             failure = self._failure_write(message_id, status, r, attempt, reason, provider_id,
-                                          to_ms(now) if applied else None, row)
+                                          to_ms(now) if applied else None, head)
             writes += [failure] if failure else []
-        if then is not None:
-            writes += then(applied)
-        await self.write_all(writes)
-        return applied, True
+        return applied, writes
 
     async def _cas_transition(
         self, message_id: str, status: Status, attempt: int, reason: str | None,
@@ -544,6 +567,15 @@ class CassandraStore:
             batch.add(self._stmts[name], params)
         await aio(self.session.execute_async(batch))
 
+    def write_each(self, groups: Sequence[Sequence[Write]]) -> Awaitable[list[None]]:
+        """:meth:`write_all` of every group at once; resolves when all are acknowledged
+        (when coalescing, a group's rows share one batch unless they alone exceed
+        ``max_rows``)."""
+        if self._coalescer is not None:
+            return asyncio.gather(*(self._coalescer.write([(self._stmts[n], p) for n, p in g])
+                                    for g in groups if g))
+        return asyncio.gather(*(self.write_all(g) for g in groups))
+
     async def events(self, message_id: str) -> list[dict[str, Any]]:
         return await self._run("events_get", (message_id,))
 
@@ -596,6 +628,14 @@ class CassandraStore:
                                               provider_event_id)
         rows = await self._run("receipt_get", (provider_id, provider_event_id))
         return rows[0] if rows else None
+
+    def receipt_records(self, keys: Sequence[tuple[str, str]]
+                        ) -> Awaitable[list[dict[str, Any] | None]]:
+        """:meth:`receipt_record` of each ``(provider_id, provider_event_id)``, in order."""
+        if self._coalescer is not None:
+            query = self._keyed["receipt_get"]
+            return asyncio.gather(*(self._coalescer.read(query, (p,), e) for p, e in keys))
+        return asyncio.gather(*(self.receipt_record(p, e) for p, e in keys))
 
     def receipt_writes(
         self, provider_id: str, provider_event_id: str, message_id: str, status: Status,

@@ -6,7 +6,8 @@ Recipe (``build_reconcile_flow``)::
       → parse (parse_or_dlq, guarded)     unparseable → notify.dlq.{tier|reconcile}; too many
                                           dead letters → the flow halts (guard.py)
       → park (hold_until_due, by receipt) a parked receipt waits for its next try (timer)
-      → apply (per batch, async I/O)      per message: create the row if a direct-producer
+      → apply (per batch, in waves)       rows read together, writes decided, sent together;
+                                          per message: create the row if a direct-producer
                                           message is new, move it to the highest status
                                           (schemas/status.py), history + attempts + index;
                                           receipts: correlate by the signed message id hint or
@@ -28,8 +29,10 @@ import asyncio
 import functools
 import logging
 from collections import defaultdict
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import bytewax.operators as op
 from bytewax.dataflow import Dataflow, Stream
@@ -166,13 +169,12 @@ class ApplyStep:
 
     async def _apply(self, batch: list[ReconcileIn],
                      store: CassandraStore) -> list[DlqRecord | Receipt]:
-        """Priority-lane events first, at full concurrency; then bulk-lane events and the
-        receipts, at most the bulk window at once (it narrows while P0 is slow, see
-        ``flows/yielding.py``). Copies of one receipt (same provider event id) in a batch
-        are applied once: their ``receipts_dedup`` reads would all run before any write, and
-        a copy the webhook received later carries a later ``occurred_at``, so a history row
-        of its own."""
-        sem = asyncio.Semaphore(CONCURRENCY)
+        """Priority-lane events first, in waves of :data:`CONCURRENCY` messages; then
+        bulk-lane events and the receipts, in waves as wide as the bulk window (it narrows
+        while P0 is slow, see ``flows/yielding.py``). Copies of one receipt (same provider
+        event id) in a batch are applied once: their ``receipts_dedup`` reads would all run
+        before any write, and a copy the webhook received later carries a later
+        ``occurred_at``, so a history row of its own."""
         priority: dict[str, list[StatusEvent]] = defaultdict(list)
         bulk: dict[str, list[StatusEvent]] = defaultdict(list)
         receipts: dict[str, SourcedReceipt] = {}
@@ -183,25 +185,81 @@ class ApplyStep:
             else:
                 receipts.setdefault(_receipt_key(item), item)
 
-        async def bounded(coro: Any, gate: Any = sem) -> Any:
-            async with gate:
-                return await coro
-
-        await asyncio.gather(*(bounded(self._traced_events(mid, evs, store))
-                               for mid, evs in priority.items()))
+        for wave in _waves(priority, lambda: CONCURRENCY):
+            await self._events_at_once(wave, store)
         if not bulk and not receipts:
             return []
         follow = asyncio.ensure_future(self.yielding.follow())
         try:
-            await asyncio.gather(*(bounded(self._traced_events(mid, evs, store),
-                                           self.yielding.slots)
-                                   for mid, evs in bulk.items()))
-            outs = await asyncio.gather(*(bounded(self._traced_receipt(r, store),
-                                                  self.yielding.slots)
-                                          for r in receipts.values()))
+            for wave in _waves(bulk, lambda: self.yielding.slots.limit):
+                await self._events_at_once(wave, store)
+            outs: list[DlqRecord | Receipt] = []
+            for part in _waves(receipts, lambda: self.yielding.slots.limit):
+                outs += await self._receipts_at_once(list(part.values()), store)
         finally:
             follow.cancel()
-        return [d for d in outs if d is not None]
+        return outs
+
+    async def _events_at_once(self, groups: dict[str, list[StatusEvent]],
+                              store: CassandraStore) -> None:
+        """The events of many messages (by message id) as one wave: their rows read together,
+        each message's writes decided (:meth:`_planned`), then written together. A message
+        whose row keeps the compare-and-set path, or is unknown and came without a snapshot,
+        goes through :meth:`_traced_events` instead. Each message's span ends once its writes
+        are acknowledged."""
+        ids = list(groups)
+        heads = await store.heads(ids)
+        now = self.clock()
+        plans: list[_Plan] = []
+        others: list[str] = []
+        for mid, head in zip(ids, heads, strict=True):
+            plan = self._planned(mid, groups[mid], head, store, now)
+            if plan is None:
+                others.append(mid)
+            else:
+                plans.append(plan)
+        try:
+            await asyncio.gather(store.write_each([p.writes for p in plans]),
+                                 *(self._traced_events(mid, groups[mid], store)
+                                   for mid in others))
+        except BaseException as exc:
+            for p in plans:
+                p.span.record_exception(exc)
+                p.span.end()
+            raise
+        for p in plans:
+            p.span.set_attribute("notiflow.reconcile.applied", p.applied)
+            p.span.end()
+            if p.applied:
+                _transitions.add(1, {"tier": p.top.tier.value, "channel": p.top.channel.value,
+                                     "status": p.top.status.value})
+
+    def _planned(self, message_id: str, evs: list[StatusEvent], head: dict[str, Any] | None,
+                 store: CassandraStore, now: datetime) -> _Plan | None:
+        """:meth:`_apply_events` without I/O, from the row as read (``head``); None when the
+        message needs :meth:`_traced_events`."""
+        top = max(evs, key=lambda e: rank(e.status, e.attempt))
+        created: list[Write] = []
+        if head is None:
+            snap = next((e.message for e in evs if e.message is not None), None)
+            if snap is None:
+                return None
+            initial = Status.SCHEDULED if snap.scheduled_at else Status.QUEUED
+            created = store.creation_writes(message_id, snap, initial, now, "reconcile")
+            head = store.created_head(snap, initial, now)
+        planned = store.planned_transition(
+            message_id, top.status, top.attempt, top.reason, now, *_provider_ids(top),
+            next_attempt_at=top.next_attempt_at, head=head)
+        if planned is None:
+            return None
+        applied, writes = planned
+        others = {e._traceparent for e in evs if e._traceparent != top._traceparent}
+        span = telemetry.started(
+            names.RECONCILE, {names.ATTR_MESSAGE_ID: message_id, names.ATTR_TIER: top.tier.value,
+                              names.ATTR_STATUS: top.status.value},
+            parent=top._traceparent, links=[telemetry.link_to(t) for t in others])
+        return _Plan(top, [*writes, *created,
+                           *self._history(store, message_id, evs, top, applied)], applied, span)
 
     async def _traced_events(self, message_id: str, evs: list[StatusEvent],
                              store: CassandraStore) -> None:
@@ -218,6 +276,98 @@ class ApplyStep:
         if applied:
             _transitions.add(1, {"tier": top.tier.value, "channel": top.channel.value,
                                  "status": top.status.value})
+
+    async def _receipts_at_once(self, wave: list[SourcedReceipt],
+                                store: CassandraStore) -> list[DlqRecord | Receipt]:
+        """Receipts as one wave (:meth:`_apply_receipt` for many): correlated, their rows
+        and dedup records read together, their writes decided and sent together, then the
+        suppressions they imply. A receipt whose row keeps the compare-and-set path goes
+        through :meth:`_traced_receipt`. Returns parked receipts and DLQ records."""
+        now = self.clock()
+        traced = telemetry.enabled()
+        lookups = [sr for sr in wave if traced or sr.receipt.message_id is None]
+        found = await asyncio.gather(*(store.message_for_provider_id(
+            sr.receipt.provider_id, sr.receipt.provider_message_id) for sr in lookups))
+        index = {id(sr): row for sr, row in zip(lookups, found, strict=True)}
+        outs: list[DlqRecord | Receipt] = []
+        targets: list[tuple[SourcedReceipt, str, int, trace.Span]] = []
+        for sr in wave:
+            r, idx = sr.receipt, index.get(id(sr))
+            span = self._receipt_span(r, idx)
+            if r.message_id is not None:
+                targets.append((sr, r.message_id, r.attempt or 0, span))
+            elif idx is None:
+                outs.append(self._park(sr, "unknown provider message id", now))
+                span.end()
+            else:
+                targets.append((sr, str(idx["message_id"]),
+                                int(idx.get("attempt_no") or 0), span))
+        heads, seens = await asyncio.gather(
+            store.heads([t[1] for t in targets]),
+            store.receipt_records([(sr.receipt.provider_id, sr.receipt.provider_event_id)
+                                   for sr, *_ in targets]))
+        plans: list[tuple[SourcedReceipt, str, bool, bool, trace.Span]] = []
+        writes: list[list[Write]] = []
+        others: list[SourcedReceipt] = []
+        for (sr, mid, attempt, span), head, seen in zip(targets, heads, seens, strict=True):
+            r = sr.receipt
+            if head is None:
+                outs.append(self._park(sr, f"no message row {mid}", now))
+                span.end()
+                continue
+            planned = store.planned_transition(mid, r.status, attempt, r.error_code, now,
+                                               r.provider_id, r.provider_message_id, head=head)
+            if planned is None:
+                others.append(sr)
+                span.end()
+                continue
+            applied, rows = planned
+            writes.append([*rows, *self._receipt_rows(store, r, mid, attempt, seen, applied,
+                                                      now)])
+            plans.append((sr, mid, applied, seen is None, span))
+        slow = asyncio.gather(*(self._traced_receipt(sr, store) for sr in others))
+        try:
+            await asyncio.gather(store.write_each(writes), slow)
+        except BaseException as exc:
+            for *_, span in plans:
+                span.record_exception(exc)
+                span.end()
+            raise
+        outs += [d for d in slow.result() if d is not None]
+        for sr, _, applied, _, span in plans:
+            span.set_attribute("notiflow.reconcile.applied", applied)
+            span.end()
+            if applied:
+                _transitions.add(1, {"channel": self._channels.get(sr.receipt.provider_id, ""),
+                                     "status": sr.receipt.status.value})
+        await asyncio.gather(*(self._suppress(store, mid, reason)
+                               for sr, mid, _, new, _ in plans
+                               if new and (reason := suppression_for(sr.receipt)) is not None))
+        return outs
+
+    @staticmethod
+    def _receipt_rows(store: CassandraStore, r: Receipt, message_id: str, attempt: int,
+                      seen: dict[str, Any] | None, applied: bool, now: datetime) -> list[Write]:
+        """A receipt's dedup and outcome rows, and its history row when it is new."""
+        writes = store.receipt_writes(r.provider_id, r.provider_event_id, message_id,
+                                      r.status, now, seen)
+        if seen is None:
+            writes.append(store.event_write(
+                message_id, r.occurred_at, f"{r.provider_id}:{r.provider_event_id}",
+                r.status, attempt, r.error_code, f"receipt.{r.provider_id}", applied))
+        return writes
+
+    @staticmethod
+    def _receipt_span(r: Receipt, index: dict[str, Any] | None) -> trace.Span:
+        """The receipt's ``notiflow.reconcile`` span, started (see :meth:`_traced_receipt`
+        for its parent)."""
+        parent, links = r._traceparent, []
+        stored = (index or {}).get("traceparent")
+        if stored and telemetry.trace_id_of(stored) != telemetry.trace_id_of(parent):
+            parent, links = stored, [telemetry.link_to(r._traceparent)]
+        return telemetry.started(names.RECONCILE, {names.ATTR_MESSAGE_ID: r.message_id,
+                                                   names.ATTR_STATUS: r.status.value},
+                                 parent=parent, links=links)
 
     async def _traced_receipt(self, sr: SourcedReceipt,
                               store: CassandraStore) -> DlqRecord | Receipt | None:
@@ -292,18 +442,11 @@ class ApplyStep:
         if head is None:
             return self._park(sr, f"no message row {message_id}", now)
 
-        def then(applied: bool) -> list[Write]:
-            writes = store.receipt_writes(r.provider_id, r.provider_event_id, message_id,
-                                          r.status, now, seen)
-            if seen is None:
-                writes.append(store.event_write(
-                    message_id, r.occurred_at, f"{r.provider_id}:{r.provider_event_id}",
-                    r.status, attempt, r.error_code, f"receipt.{r.provider_id}", applied))
-            return writes
-
-        applied, _ = await store.transition(message_id, r.status, attempt, r.error_code, now,
-                                            r.provider_id, r.provider_message_id, head=head,
-                                            then=then)
+        applied, _ = await store.transition(
+            message_id, r.status, attempt, r.error_code, now, r.provider_id,
+            r.provider_message_id, head=head,
+            then=lambda applied: self._receipt_rows(store, r, message_id, attempt, seen,
+                                                    applied, now))
         trace.get_current_span().set_attribute("notiflow.reconcile.applied", applied)
         if applied:
             _transitions.add(1, {"channel": self._channels.get(r.provider_id, ""),
@@ -342,6 +485,29 @@ class ApplyStep:
         if self._preferences is None:
             self._preferences = PreferenceStore(store, AsyncProducer(self.settings))
         await self._preferences.suppress(row["tenant_id"], row["recipient_hash"], reason)
+
+
+G = TypeVar("G")
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """One message's events as decided by :meth:`ApplyStep._planned`."""
+
+    top: StatusEvent
+    writes: list[Write]
+    applied: bool
+    span: trace.Span
+
+
+def _waves(groups: dict[str, G], width: Callable[[], int]) -> Iterator[dict[str, G]]:
+    """``groups`` in order, in waves of at most ``width()`` messages (read at each wave)."""
+    items = list(groups.items())
+    i = 0
+    while i < len(items):
+        n = max(1, width())
+        yield dict(items[i:i + n])
+        i += n
 
 
 def _receipt_due(item: ReconcileIn) -> datetime | None:

@@ -19,6 +19,7 @@ from notiflow.adapters.kafka_io import OutRecord
 from notiflow.flows.reconcile import build_reconcile_flow
 from notiflow.schemas.enums import Status
 from notiflow.schemas.messages import DlqRecord, Receipt, StatusEvent
+from notiflow.schemas.status import rank
 from notiflow.settings import Settings
 from tests.flow.conftest import RUNNERS
 
@@ -158,3 +159,45 @@ def test_copies_of_a_receipt_in_one_batch_leave_one_history_row(
     assert sorted(receipt_history(cql, mid)) == ["DELIVERED", "SENT"]
     assert cql.execute("SELECT status FROM messages WHERE message_id = %s",
                        (mid,)).one()["status"] == "DELIVERED"
+
+
+@pytest.mark.parametrize("runner", list(RUNNERS))
+def test_one_batch_mixes_rows_written_by_rank_and_by_compare_and_set(
+        stack: Settings, cql: Session, runner: str) -> None:
+    """A batch is applied as waves (rows read together, writes decided, then sent
+    together); a row whose status cells carry an ordinary write time (a DLQ replay's
+    re-queue) takes the compare-and-set path in the same batch, and both kinds advance."""
+    now = datetime.now(UTC)
+    replayed, fresh = (f"msg_rf_{uuid.uuid4().hex}" for _ in range(2))
+    sids = {replayed: "SM" + uuid.uuid4().hex, fresh: "SM" + uuid.uuid4().hex}
+    RUNNERS[runner](build_reconcile_flow(stack, source=TestingSource([kmsg(
+        stack.events_topic, event(replayed, Status.QUEUED, 0, now - timedelta(minutes=1))
+        .model_dump_json().encode(), 0)]), sink=TestingSink([])))
+    cql.execute("UPDATE messages SET status = 'QUEUED', status_rank = %s, attempt = 1 "
+                "WHERE message_id = %s", (rank(Status.QUEUED), replayed))
+
+    def receipt(mid: str) -> bytes:
+        return Receipt(provider_id="twilio", provider_event_id=f"{sids[mid]}:delivered",
+                       provider_message_id=sids[mid], status=Status.DELIVERED,
+                       occurred_at=now, message_id=mid, attempt=1).model_dump_json().encode()
+
+    batch: list[Any] = [
+        kmsg(stack.events_topic, twilio_accepted(replayed, sids[replayed], now)
+             .model_dump_json().encode(), 1),
+        kmsg(stack.events_topic, twilio_accepted(fresh, sids[fresh], now)
+             .model_dump_json().encode(), 2),
+        kmsg(stack.receipts_topic, receipt(replayed), 3),
+        kmsg(stack.receipts_topic, receipt(fresh), 4)]
+    out: list[OutRecord] = []
+    RUNNERS[runner](build_reconcile_flow(stack, source=TestingSource(batch, batch_size=10),
+                                         sink=TestingSink(out)))
+    assert out == []
+    for mid in (replayed, fresh):
+        head = cql.execute("SELECT status, WRITETIME(tenant_id) AS c, WRITETIME(status_rank) "
+                           "AS s FROM messages WHERE message_id = %s", (mid,)).one()
+        assert head["status"] == "DELIVERED"
+        assert (head["s"] - head["c"] <= 130_000) == (mid == fresh)
+        assert receipt_history(cql, mid) == ["DELIVERED"]
+        [attempt] = cql.execute("SELECT provider_message_id FROM attempts "
+                                "WHERE message_id = %s", (mid,)).all()
+        assert attempt["provider_message_id"] == sids[mid]
