@@ -160,6 +160,17 @@ class Sampler:
         ends = self._nearest(name, t0, t1)
         return max(0.0, ends[1].jit_s - ends[0].jit_s) if ends else 0.0
 
+    def machine_between(self, t0: float, t1: float) -> tuple[float, float] | None:
+        """(busy, idle) CPU seconds of the whole machine between two instants (nearest host
+        samples; None without two samples that count CPU)."""
+        s = [x for x in self.host_samples if x.cpu_busy_s or x.cpu_idle_s]
+        if len(s) < 2:
+            return None
+        a, b = min(s, key=lambda x: abs(x.at - t0)), min(s, key=lambda x: abs(x.at - t1))
+        if b.at <= a.at:
+            return None
+        return b.cpu_busy_s - a.cpu_busy_s, b.cpu_idle_s - a.cpu_idle_s
+
     def jvms(self) -> list[str]:
         """The names watched as JVMs."""
         return sorted(self._jvms)

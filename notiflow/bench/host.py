@@ -42,6 +42,22 @@ class HostSample:
     write_ms: int
     read_sectors: int
     read_ms: int
+    cpu_busy_s: float = 0.0
+    """CPU seconds the machine's cores spent busy (``/proc/stat``: every state but idle
+    and iowait), all processes and the kernel."""
+    cpu_idle_s: float = 0.0
+
+
+def _cpu(path: Path) -> tuple[float, float]:
+    """(busy, idle) CPU seconds of all cores since boot (guest time is already in user);
+    zeros where there is no such file."""
+    if not path.exists():
+        return 0.0, 0.0
+    f = [int(x) for x in path.read_text().split("\n", 1)[0].split()[1:]]
+    idle = f[3] + (f[4] if len(f) > 4 else 0)
+    busy = sum(f[:8]) - idle
+    hz = os.sysconf("SC_CLK_TCK")
+    return busy / hz, idle / hz
 
 
 def _psi(path: Path) -> dict[str, int]:
@@ -82,11 +98,12 @@ def read(at: float, proc: Path = Path("/proc")) -> HostSample | None:
         cpu, io, memory = (_psi(proc / "pressure" / k) for k in ("cpu", "io", "memory"))
         vm = _vmstat(proc / "vmstat")
         written, write_ms, read_sectors, read_ms = _disks(proc / "diskstats")
-    except (OSError, ValueError):
+        busy, idle = _cpu(proc / "stat")
+    except (OSError, ValueError, IndexError):
         return None
     return HostSample(at, cpu.get("some", 0), io.get("some", 0), io.get("full", 0),
                       memory.get("some", 0), vm.get("nr_dirty", 0), vm.get("nr_writeback", 0),
-                      written, write_ms, read_sectors, read_ms)
+                      written, write_ms, read_sectors, read_ms, busy, idle)
 
 
 def timeline(samples: list[HostSample], t0: float, t1: float) -> list[dict[str, float]]:

@@ -211,6 +211,13 @@ def throughput_markdown(doc: dict[str, Any]) -> str:
         if cpu:
             out += [f"CPU ms per message by process ({label}): " + ", ".join(
                 f"{k} {v}" for k, v in cpu.items()), ""]
+    machine = [f"{label} {r['machine_cpu_ms_per_msg']} ms of CPU per message, "
+               f"{r['machine_idle_share']:.0%} of the cores idle"
+               for label, r in (("end to end", e2e), ("minimal pipeline", minimal))
+               if r.get("machine_cpu_ms_per_msg") is not None]
+    if machine:
+        out += ["The whole machine during each measured phase (every process and the "
+                "kernel, `/proc/stat`): " + "; ".join(machine) + ".", ""]
     for proc, prof in doc.get("profile", {}).items():
         samples = int(prof["samples"][0][1]) if prof["samples"] else 0
         out += [f"### Profile of {proc} (py-spy, {samples} samples)",

@@ -147,7 +147,7 @@ def run_e2e(out: Path, run_id: str, n: int, *, processes: int = 1, profile: bool
         "cpu_ms_per_msg": round((send_cpu + recon_cpu) * 1000 / n, 2),
         "send_cpu_ms_per_msg": round(send_cpu * 1000 / n, 2),
         "cpu_by_process": cpu_by, "procs": phase.sampler.table(t0, t_end),
-        **_jit(phase, t0, t_end, n), "profile": profiles,
+        **_jit(phase, t0, t_end, n), **_machine(phase, t0, t_end, n), "profile": profiles,
     }
 
 
@@ -160,6 +160,18 @@ def _jit(phase: Phase, t0: float, t1: float, n: int) -> dict[str, Any]:
     return {"jit_ms_per_msg": {p: round(s * 1000 / n, 3) for p, s in jit.items()},
             "jit_share": round(sum(jit.values()) / cpu, 3) if cpu else None,
             "jit_s": round(sum(jit.values()), 2), "jvm_cpu_s": round(cpu, 2)}
+
+
+def _machine(phase: Phase, t0: float, t1: float, n: int) -> dict[str, Any]:
+    """The whole machine between ``t0`` and ``t1``: busy CPU ms per message (every process
+    and the kernel, watched or not) and the share of the cores left idle (None without host
+    samples). A phase with idle cores was not bound by CPU alone."""
+    both = phase.sampler.machine_between(t0, t1)
+    if both is None or sum(both) <= 0:
+        return {"machine_cpu_ms_per_msg": None, "machine_idle_share": None}
+    busy, idle = both
+    return {"machine_cpu_ms_per_msg": round(busy * 1000 / n, 2),
+            "machine_idle_share": round(idle / (busy + idle), 3)}
 
 
 def _round(v: float | None) -> float | None:
@@ -199,7 +211,7 @@ def run_ceiling(kind: str, out: Path, run_id: str, n: int,
             "steady_rate": _round(steady),
             "cpu_ms_per_msg": round(result["cpu_s"] * 1000 / result["n"], 2),
             "cpu_by_process": {kind: round(result["cpu_s"] * 1000 / result["n"], 2), **cpu_by},
-            **_jit(phase, t0, t1, n)}
+            **_jit(phase, t0, t1, n), **_machine(phase, t0, t1, n)}
 
 
 def empty_tables(out: Path, run_id: str) -> None:

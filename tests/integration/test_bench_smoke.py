@@ -49,6 +49,10 @@ def test_throughput_and_scale_smoke(stack: Settings, tmp_path: Path) -> None:
     assert "Profile of send-p2" in throughput_markdown(doc)
     assert set(doc["e2e"]["jit_ms_per_msg"]) == {"kafka", "cassandra"}
     assert len(doc["warmup_rounds"]) == 1
+    for phase in ("e2e", "minimal"):
+        assert doc[phase]["machine_cpu_ms_per_msg"] > 0
+        assert 0 <= doc[phase]["machine_idle_share"] < 1
+    assert "The whole machine during each measured phase" in throughput_markdown(doc)
     scale = throughput.run_scale(tmp_path, n=200, processes=[1, 2], log=print, warmup=0)
     assert [r["processes"] for r in scale["runs"]] == [1, 2]
     assert all(r["status_written"] == 200 and r["rate"] > 0 for r in scale["runs"])

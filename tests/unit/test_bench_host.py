@@ -3,6 +3,7 @@ report makes of them."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from notiflow.bench import calibrate, host
@@ -134,3 +135,23 @@ def test_the_machine_speed_is_rounds_of_a_fixed_workload_per_second() -> None:
     speed = calibrate.speed(0.05)
     assert speed["rounds"] >= 100 and speed["rounds"] % 100 == 0
     assert 0 < speed["per_wall_s"] <= speed["per_cpu_s"] * 1.2
+
+
+def test_the_machine_cpu_between_two_samples_counts_busy_and_idle(tmp_path: Path) -> None:
+    from notiflow.bench.harness import Sampler
+
+    hz = os.sysconf("SC_CLK_TCK")
+    root = _proc(tmp_path, io=(0, 0), cpu=0, dirty=0, sectors=0, write_ms=0)
+    sampler = Sampler()
+    assert sampler.machine_between(0.0, 9.0) is None
+    for at, (user, nice, system, idle, iowait, softirq) in (
+            (1.0, (100, 0, 10, 500, 5, 1)), (5.0, (100, 0, 10, 500, 5, 1)),
+            (9.0, (100 + 3 * hz, 2 * hz, 10 + hz, 500 + 2 * hz, 5, 1))):
+        (root / "stat").write_text(
+            f"cpu  {user} {nice} {system} {idle} {iowait} 0 {softirq} 0 0 0\n"
+            "cpu0 1 2 3 4 5 6 7 8 9 10\n")
+        sample = host.read(at, root)
+        assert sample is not None
+        sampler.host_samples.append(sample)
+    assert sampler.machine_between(5.2, 8.9) == (6.0, 2.0)
+    assert sampler.machine_between(8.0, 4.0) is None
