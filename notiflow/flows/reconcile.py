@@ -290,18 +290,17 @@ class ApplyStep:
             sr.receipt.provider_id, sr.receipt.provider_message_id) for sr in lookups))
         index = {id(sr): row for sr, row in zip(lookups, found, strict=True)}
         outs: list[DlqRecord | Receipt] = []
-        targets: list[tuple[SourcedReceipt, str, int, trace.Span]] = []
+        targets: list[tuple[SourcedReceipt, str, int, dict[str, Any] | None]] = []
         for sr in wave:
             r, idx = sr.receipt, index.get(id(sr))
-            span = self._receipt_span(r, idx)
             if r.message_id is not None:
-                targets.append((sr, r.message_id, r.attempt or 0, span))
+                targets.append((sr, r.message_id, r.attempt or 0, idx))
             elif idx is None:
+                self._receipt_span(r, idx).end()
                 outs.append(self._park(sr, "unknown provider message id", now))
-                span.end()
             else:
                 targets.append((sr, str(idx["message_id"]),
-                                int(idx.get("attempt_no") or 0), span))
+                                int(idx.get("attempt_no") or 0), idx))
         heads, seens = await asyncio.gather(
             store.heads([t[1] for t in targets]),
             store.receipt_records([(sr.receipt.provider_id, sr.receipt.provider_event_id)
@@ -309,22 +308,21 @@ class ApplyStep:
         plans: list[tuple[SourcedReceipt, str, bool, bool, trace.Span]] = []
         writes: list[list[Write]] = []
         others: list[SourcedReceipt] = []
-        for (sr, mid, attempt, span), head, seen in zip(targets, heads, seens, strict=True):
+        for (sr, mid, attempt, idx), head, seen in zip(targets, heads, seens, strict=True):
             r = sr.receipt
             if head is None:
+                self._receipt_span(r, idx).end()
                 outs.append(self._park(sr, f"no message row {mid}", now))
-                span.end()
                 continue
             planned = store.planned_transition(mid, r.status, attempt, r.error_code, now,
                                                r.provider_id, r.provider_message_id, head=head)
             if planned is None:
                 others.append(sr)
-                span.end()
                 continue
             applied, rows = planned
             writes.append([*rows, *self._receipt_rows(store, r, mid, attempt, seen, applied,
                                                       now)])
-            plans.append((sr, mid, applied, seen is None, span))
+            plans.append((sr, mid, applied, seen is None, self._receipt_span(r, idx)))
         slow = asyncio.gather(*(self._traced_receipt(sr, store) for sr in others))
         try:
             await asyncio.gather(store.write_each(writes), slow)
