@@ -101,6 +101,9 @@ class Sampler:
             self._jvms.add(name)
 
     def start(self) -> Sampler:
+        """Take a first sample now (a phase shorter than ``interval`` still has two), then
+        sample every ``interval`` seconds until :meth:`stop`."""
+        self.sample()
         self._thread = threading.Thread(target=self._run, name="bench-sampler", daemon=True)
         self._thread.start()
         self._io_thread = threading.Thread(target=self._watch_io, name="bench-io-sampler",
@@ -161,12 +164,16 @@ class Sampler:
         return max(0.0, ends[1].jit_s - ends[0].jit_s) if ends else 0.0
 
     def machine_between(self, t0: float, t1: float) -> tuple[float, float] | None:
-        """(busy, idle) CPU seconds of the whole machine between two instants (nearest host
-        samples; None without two samples that count CPU)."""
+        """(busy, idle) CPU seconds of the whole machine between two instants: the nearest
+        host samples, or for a window shorter than the sampling interval the samples around
+        it; None without two samples that count CPU, or for an empty window."""
         s = [x for x in self.host_samples if x.cpu_busy_s or x.cpu_idle_s]
-        if len(s) < 2:
+        if len(s) < 2 or t1 <= t0:
             return None
         a, b = min(s, key=lambda x: abs(x.at - t0)), min(s, key=lambda x: abs(x.at - t1))
+        if b.at <= a.at:
+            a = max((x for x in s if x.at <= t0), key=lambda x: x.at, default=s[0])
+            b = min((x for x in s if x.at >= t1), key=lambda x: x.at, default=s[-1])
         if b.at <= a.at:
             return None
         return b.cpu_busy_s - a.cpu_busy_s, b.cpu_idle_s - a.cpu_idle_s

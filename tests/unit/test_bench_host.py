@@ -154,4 +154,5 @@ def test_the_machine_cpu_between_two_samples_counts_busy_and_idle(tmp_path: Path
         assert sample is not None
         sampler.host_samples.append(sample)
     assert sampler.machine_between(5.2, 8.9) == (6.0, 2.0)
+    assert sampler.machine_between(5.5, 6.5) == (6.0, 2.0), "a window inside one interval"
     assert sampler.machine_between(8.0, 4.0) is None
