@@ -409,10 +409,17 @@ class CassandraStore:
     def heads(self, message_ids: Sequence[str]) -> Awaitable[list[dict[str, Any] | None]]:
         """:meth:`head` of each id, in order (``IN`` reads of ``max_keys`` ids when
         coalescing)."""
+        return self._read_each("msg_head", [((), m) for m in message_ids], self.head)
+
+    def _read_each(self, name: str, keys: Sequence[tuple[tuple[Any, ...], Any]],
+                   one: Callable[..., Awaitable[dict[str, Any] | None]],
+                   ) -> Awaitable[list[dict[str, Any] | None]]:
+        """The row of each ``(prefix, key)`` of keyed read ``name``, in order: through the
+        coalescer when there is one, else ``one(*prefix, key)`` each."""
         if self._coalescer is not None:
-            query = self._keyed["msg_head"]
-            return asyncio.gather(*(self._coalescer.read(query, (), m) for m in message_ids))
-        return asyncio.gather(*(self.head(m) for m in message_ids))
+            query = self._keyed[name]
+            return asyncio.gather(*(self._coalescer.read(query, p, k) for p, k in keys))
+        return asyncio.gather(*(one(*p, k) for p, k in keys))
 
     async def get_message(self, message_id: str) -> dict[str, Any] | None:
         rows = await self._run("msg_get", (message_id,))
@@ -632,10 +639,8 @@ class CassandraStore:
     def receipt_records(self, keys: Sequence[tuple[str, str]]
                         ) -> Awaitable[list[dict[str, Any] | None]]:
         """:meth:`receipt_record` of each ``(provider_id, provider_event_id)``, in order."""
-        if self._coalescer is not None:
-            query = self._keyed["receipt_get"]
-            return asyncio.gather(*(self._coalescer.read(query, (p,), e) for p, e in keys))
-        return asyncio.gather(*(self.receipt_record(p, e) for p, e in keys))
+        return self._read_each("receipt_get", [((p,), e) for p, e in keys],
+                               self.receipt_record)
 
     def receipt_writes(
         self, provider_id: str, provider_event_id: str, message_id: str, status: Status,

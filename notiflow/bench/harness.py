@@ -16,10 +16,10 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any, TypedDict, TypeVar
 
 import aiohttp
 import httpx
@@ -147,10 +147,7 @@ class Sampler:
 
     def _nearest(self, name: str, t0: float, t1: float) -> tuple[ProcSample, ProcSample] | None:
         """``name``'s samples nearest to two instants (None when it has none)."""
-        s = self.samples.get(name, [])
-        if not s:
-            return None
-        return (min(s, key=lambda x: abs(x.at - t0)), min(s, key=lambda x: abs(x.at - t1)))
+        return _nearest(self.samples.get(name, []), t0, t1)
 
     def cpu_between(self, name: str, t0: float, t1: float) -> float:
         """CPU seconds ``name`` used between two instants (nearest samples)."""
@@ -168,9 +165,10 @@ class Sampler:
         host samples, or for a window shorter than the sampling interval the samples around
         it; None without two samples that count CPU, or for an empty window."""
         s = [x for x in self.host_samples if x.cpu_busy_s or x.cpu_idle_s]
-        if len(s) < 2 or t1 <= t0:
+        ends = _nearest(s, t0, t1) if len(s) >= 2 and t1 > t0 else None
+        if ends is None:
             return None
-        a, b = min(s, key=lambda x: abs(x.at - t0)), min(s, key=lambda x: abs(x.at - t1))
+        a, b = ends
         if b.at <= a.at:
             a = max((x for x in s if x.at <= t0), key=lambda x: x.at, default=s[0])
             b = min((x for x in s if x.at >= t1), key=lambda x: x.at, default=s[-1])
@@ -217,6 +215,17 @@ class Sampler:
         if not s:
             return (0.0, 0.0, 0.0)
         return (s[0].rss_mb, s[-1].rss_mb, max(x.rss_mb for x in s))
+
+
+S = TypeVar("S", ProcSample, host.HostSample)
+
+
+def _nearest(samples: Sequence[S], t0: float, t1: float) -> tuple[S, S] | None:
+    """The samples nearest to two instants (None when there are none)."""
+    if not samples:
+        return None
+    return (min(samples, key=lambda x: abs(x.at - t0)),
+            min(samples, key=lambda x: abs(x.at - t1)))
 
 
 def drop_keys(settings: Settings, batch: int = 1000) -> int:

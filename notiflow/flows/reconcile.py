@@ -29,10 +29,10 @@ import asyncio
 import functools
 import logging
 from collections import defaultdict
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 import bytewax.operators as op
 from bytewax.dataflow import Dataflow, Stream
@@ -82,11 +82,20 @@ def suppression_for(r: Receipt) -> str | None:
     return HARD_BOUNCES.get((r.raw_status or "").lower()) if r.raw_status else None
 
 
-class _Unread:
-    """Marks a row not read yet (None means read and absent)."""
+T = TypeVar("T", bound=StatusEvent | Receipt)
 
 
-UNREAD = _Unread()
+@dataclass(slots=True)
+class _Plan(Generic[T]):
+    """One message's events, or one receipt, as decided: the writes to send with the wave
+    and whether they move the status, or (a row on the compare-and-set path) the
+    transition to run instead, which tells ``applied`` once done."""
+
+    top: T
+    span: trace.Span
+    writes: list[Write] = field(default_factory=list)
+    applied: bool = False
+    cas: Callable[[], Awaitable[tuple[bool, bool]]] | None = None
 
 
 class _Store:
@@ -203,211 +212,80 @@ class ApplyStep:
     async def _events_at_once(self, groups: dict[str, list[StatusEvent]],
                               store: CassandraStore) -> None:
         """The events of many messages (by message id) as one wave: their rows read together,
-        each message's writes decided (:meth:`_planned`), then written together. A message
-        whose row keeps the compare-and-set path, or is unknown and came without a snapshot,
-        goes through :meth:`_traced_events` instead. Each message's span ends once its writes
-        are acknowledged."""
+        each message's writes decided (:meth:`_planned`), then sent together; a row that
+        keeps the compare-and-set path is moved by its own compare-and-set meanwhile. Each
+        message's span ends once its writes are acknowledged."""
         ids = list(groups)
         heads = await store.heads(ids)
         now = self.clock()
-        plans: list[_Plan] = []
-        others: list[str] = []
-        for mid, head in zip(ids, heads, strict=True):
-            plan = self._planned(mid, groups[mid], head, store, now)
-            if plan is None:
-                others.append(mid)
-            else:
-                plans.append(plan)
-        try:
-            await asyncio.gather(store.write_each([p.writes for p in plans]),
-                                 *(self._traced_events(mid, groups[mid], store)
-                                   for mid in others))
-        except BaseException as exc:
-            for p in plans:
-                p.span.record_exception(exc)
-                p.span.end()
-            raise
+        plans = [self._planned(mid, groups[mid], head, store, now)
+                 for mid, head in zip(ids, heads, strict=True)]
+        await self._write(store, plans)
         for p in plans:
-            p.span.set_attribute("notiflow.reconcile.applied", p.applied)
-            p.span.end()
             if p.applied:
                 _transitions.add(1, {"tier": p.top.tier.value, "channel": p.top.channel.value,
                                      "status": p.top.status.value})
 
     def _planned(self, message_id: str, evs: list[StatusEvent], head: dict[str, Any] | None,
-                 store: CassandraStore, now: datetime) -> _Plan | None:
-        """:meth:`_apply_events` without I/O, from the row as read (``head``); None when the
-        message needs :meth:`_traced_events`."""
+                 store: CassandraStore, now: datetime) -> _Plan[StatusEvent]:
+        """A message's events against its row as read (``head``): the row created if a
+        direct-producer message is new, moved to the highest event's status, the history,
+        attempt and index rows written. An unknown message without a snapshot only gets its
+        history (logged)."""
         top = max(evs, key=lambda e: rank(e.status, e.attempt))
-        created: list[Write] = []
-        if head is None:
-            snap = next((e.message for e in evs if e.message is not None), None)
-            if snap is None:
-                return None
-            initial = Status.SCHEDULED if snap.scheduled_at else Status.QUEUED
-            created = store.creation_writes(message_id, snap, initial, now, "reconcile")
-            head = store.created_head(snap, initial, now)
-        planned = store.planned_transition(
-            message_id, top.status, top.attempt, top.reason, now, *_provider_ids(top),
-            next_attempt_at=top.next_attempt_at, head=head)
-        if planned is None:
-            return None
-        applied, writes = planned
         others = {e._traceparent for e in evs if e._traceparent != top._traceparent}
         span = telemetry.started(
             names.RECONCILE, {names.ATTR_MESSAGE_ID: message_id, names.ATTR_TIER: top.tier.value,
                               names.ATTR_STATUS: top.status.value},
             parent=top._traceparent, links=[telemetry.link_to(t) for t in others])
-        return _Plan(top, [*writes, *created,
-                           *self._history(store, message_id, evs, top, applied)], applied, span)
-
-    async def _traced_events(self, message_id: str, evs: list[StatusEvent],
-                             store: CassandraStore) -> None:
-        """:meth:`_apply_events` in a ``notiflow.reconcile`` span continuing the highest
-        event's trace (linked to the other events' traces)."""
-        top = max(evs, key=lambda e: rank(e.status, e.attempt))
-        others = {e._traceparent for e in evs if e._traceparent != top._traceparent}
-        attrs = {names.ATTR_MESSAGE_ID: message_id, names.ATTR_TIER: top.tier.value,
-                 names.ATTR_STATUS: top.status.value}
-        with telemetry.span(names.RECONCILE, attrs, parent=top._traceparent,
-                            links=[telemetry.link_to(t) for t in others]) as span:
-            applied = await self._apply_events(message_id, evs, store)
-            span.set_attribute("notiflow.reconcile.applied", applied)
-        if applied:
-            _transitions.add(1, {"tier": top.tier.value, "channel": top.channel.value,
-                                 "status": top.status.value})
-
-    async def _receipts_at_once(self, wave: list[SourcedReceipt],
-                                store: CassandraStore) -> list[DlqRecord | Receipt]:
-        """Receipts as one wave (:meth:`_apply_receipt` for many): correlated, their rows
-        and dedup records read together, their writes decided and sent together, then the
-        suppressions they imply. A receipt whose row keeps the compare-and-set path goes
-        through :meth:`_traced_receipt`. Returns parked receipts and DLQ records."""
-        now = self.clock()
-        traced = telemetry.enabled()
-        lookups = [sr for sr in wave if traced or sr.receipt.message_id is None]
-        found = await asyncio.gather(*(store.message_for_provider_id(
-            sr.receipt.provider_id, sr.receipt.provider_message_id) for sr in lookups))
-        index = {id(sr): row for sr, row in zip(lookups, found, strict=True)}
-        outs: list[DlqRecord | Receipt] = []
-        targets: list[tuple[SourcedReceipt, str, int, dict[str, Any] | None]] = []
-        for sr in wave:
-            r, idx = sr.receipt, index.get(id(sr))
-            if r.message_id is not None:
-                targets.append((sr, r.message_id, r.attempt or 0, idx))
-            elif idx is None:
-                self._receipt_span(r, idx).end()
-                outs.append(self._park(sr, "unknown provider message id", now))
-            else:
-                targets.append((sr, str(idx["message_id"]),
-                                int(idx.get("attempt_no") or 0), idx))
-        heads, seens = await asyncio.gather(
-            store.heads([t[1] for t in targets]),
-            store.receipt_records([(sr.receipt.provider_id, sr.receipt.provider_event_id)
-                                   for sr, *_ in targets]))
-        plans: list[tuple[SourcedReceipt, str, bool, bool, trace.Span]] = []
-        writes: list[list[Write]] = []
-        others: list[SourcedReceipt] = []
-        for (sr, mid, attempt, idx), head, seen in zip(targets, heads, seens, strict=True):
-            r = sr.receipt
-            if head is None:
-                self._receipt_span(r, idx).end()
-                outs.append(self._park(sr, f"no message row {mid}", now))
-                continue
-            planned = store.planned_transition(mid, r.status, attempt, r.error_code, now,
-                                               r.provider_id, r.provider_message_id, head=head)
-            if planned is None:
-                others.append(sr)
-                continue
-            applied, rows = planned
-            writes.append([*rows, *self._receipt_rows(store, r, mid, attempt, seen, applied,
-                                                      now)])
-            plans.append((sr, mid, applied, seen is None, self._receipt_span(r, idx)))
-        slow = asyncio.gather(*(self._traced_receipt(sr, store) for sr in others))
-        try:
-            await asyncio.gather(store.write_each(writes), slow)
-        except BaseException as exc:
-            for *_, span in plans:
-                span.record_exception(exc)
-                span.end()
-            raise
-        outs += [d for d in slow.result() if d is not None]
-        for sr, _, applied, _, span in plans:
-            span.set_attribute("notiflow.reconcile.applied", applied)
-            span.end()
-            if applied:
-                _transitions.add(1, {"channel": self._channels.get(sr.receipt.provider_id, ""),
-                                     "status": sr.receipt.status.value})
-        await asyncio.gather(*(self._suppress(store, mid, reason)
-                               for sr, mid, _, new, _ in plans
-                               if new and (reason := suppression_for(sr.receipt)) is not None))
-        return outs
-
-    @staticmethod
-    def _receipt_rows(store: CassandraStore, r: Receipt, message_id: str, attempt: int,
-                      seen: dict[str, Any] | None, applied: bool, now: datetime) -> list[Write]:
-        """A receipt's dedup and outcome rows, and its history row when it is new."""
-        writes = store.receipt_writes(r.provider_id, r.provider_event_id, message_id,
-                                      r.status, now, seen)
-        if seen is None:
-            writes.append(store.event_write(
-                message_id, r.occurred_at, f"{r.provider_id}:{r.provider_event_id}",
-                r.status, attempt, r.error_code, f"receipt.{r.provider_id}", applied))
-        return writes
-
-    @staticmethod
-    def _receipt_span(r: Receipt, index: dict[str, Any] | None) -> trace.Span:
-        """The receipt's ``notiflow.reconcile`` span, started (see :meth:`_traced_receipt`
-        for its parent)."""
-        parent, links = r._traceparent, []
-        stored = (index or {}).get("traceparent")
-        if stored and telemetry.trace_id_of(stored) != telemetry.trace_id_of(parent):
-            parent, links = stored, [telemetry.link_to(r._traceparent)]
-        return telemetry.started(names.RECONCILE, {names.ATTR_MESSAGE_ID: r.message_id,
-                                                   names.ATTR_STATUS: r.status.value},
-                                 parent=parent, links=links)
-
-    async def _traced_receipt(self, sr: SourcedReceipt,
-                              store: CassandraStore) -> DlqRecord | Receipt | None:
-        """:meth:`_apply_receipt` in a ``notiflow.reconcile`` span continuing the receipt's
-        trace (the provider call's, when the provider echoed it). When tracing is on and the
-        receipt's trace is not the send's (Vonage, SMTP, push echo nothing), the span
-        continues the send's trace stored with the provider message index and links the
-        receipt's; a receipt that overtakes that index row keeps its own trace."""
-        r = sr.receipt
-        attrs = {names.ATTR_MESSAGE_ID: r.message_id, names.ATTR_STATUS: r.status.value}
-        parent, links = r._traceparent, []
-        index: dict[str, Any] | _Unread | None = UNREAD
-        if telemetry.enabled():
-            index = await store.message_for_provider_id(r.provider_id, r.provider_message_id)
-            stored = (index or {}).get("traceparent")
-            if stored and telemetry.trace_id_of(stored) != telemetry.trace_id_of(parent):
-                parent, links = stored, [telemetry.link_to(r._traceparent)]
-        with telemetry.span(names.RECONCILE, attrs, parent=parent, links=links):
-            return await self._apply_receipt(sr, store, index)
-
-    async def _apply_events(self, message_id: str, evs: list[StatusEvent],
-                            store: CassandraStore) -> bool:
-        """Returns whether the highest event moved the message's status."""
-        now = self.clock()
-        top = max(evs, key=lambda e: rank(e.status, e.attempt))
-        head = await store.head(message_id)
         created: list[Write] = []
         if head is None:
             snap = next((e.message for e in evs if e.message is not None), None)
             if snap is None:
                 log.error("event for unknown message %s without snapshot", message_id)
-                await store.write_all(self._history(store, message_id, evs, top, False))
-                return False
+                return _Plan(top, span, self._history(store, message_id, evs, top, False))
             initial = Status.SCHEDULED if snap.scheduled_at else Status.QUEUED
             created = store.creation_writes(message_id, snap, initial, now, "reconcile")
             head = store.created_head(snap, initial, now)
-        applied, _ = await store.transition(
-            message_id, top.status, top.attempt, top.reason, now, *_provider_ids(top),
-            next_attempt_at=top.next_attempt_at, head=head,
-            then=lambda applied: [*created,
-                                  *self._history(store, message_id, evs, top, applied)])
-        return applied
+
+        def then(applied: bool) -> list[Write]:
+            return [*created, *self._history(store, message_id, evs, top, applied)]
+
+        args = (message_id, top.status, top.attempt, top.reason, now, *_provider_ids(top),
+                top.next_attempt_at)
+        return self._plan(store, top, span, head, args, then)
+
+    @staticmethod
+    def _plan(store: CassandraStore, top: T, span: trace.Span, head: dict[str, Any],
+              args: tuple[Any, ...], then: Callable[[bool], list[Write]]) -> _Plan[T]:
+        """The plan of a transition (``args`` as :meth:`CassandraStore.transition` takes
+        them) from the row ``head``, followed by ``then(applied)``'s writes."""
+        planned = store.planned_transition(*args, head=head)
+        if planned is None:
+            return _Plan(top, span, cas=functools.partial(store.transition, *args, head=head,
+                                                          then=then))
+        applied, writes = planned
+        return _Plan(top, span, [*writes, *then(applied)], applied)
+
+    @staticmethod
+    async def _write(store: CassandraStore, plans: Sequence[_Plan[Any]]) -> None:
+        """Send a wave's writes together, run its compare-and-set transitions meanwhile, then
+        end every span (with the error, when one failed)."""
+        cas = [(p, p.cas) for p in plans if p.cas is not None]
+        moved = asyncio.gather(*(run() for _, run in cas))
+        try:
+            await asyncio.gather(store.write_each([p.writes for p in plans if p.cas is None]),
+                                 moved)
+        except BaseException as exc:
+            for p in plans:
+                p.span.record_exception(exc)
+                p.span.end()
+            raise
+        for (p, _), (applied, _) in zip(cas, moved.result(), strict=True):
+            p.applied = applied
+        for p in plans:
+            p.span.set_attribute("notiflow.reconcile.applied", p.applied)
+            p.span.end()
 
     @staticmethod
     def _history(store: CassandraStore, message_id: str, evs: list[StatusEvent],
@@ -421,37 +299,85 @@ class ApplyStep:
                 writes += store.attempt_writes(message_id, e.attempt_detail, e._traceparent)
         return writes
 
-    async def _apply_receipt(self, sr: SourcedReceipt, store: CassandraStore,
-                             index: dict[str, Any] | _Unread | None = UNREAD,
-                             ) -> DlqRecord | Receipt | None:
-        """``index``: the receipt's provider-message index row, when already read."""
-        r = sr.receipt
+    async def _receipts_at_once(self, wave: list[SourcedReceipt],
+                                store: CassandraStore) -> list[DlqRecord | Receipt]:
+        """Receipts as one wave: correlated by the signed message id hint, else by the
+        provider message index; their rows and dedup records read together, their writes
+        decided and sent together (as for events), then the suppressions they imply.
+        Returns parked receipts and DLQ records."""
         now = self.clock()
-        if r.message_id is not None:
-            message_id, attempt = r.message_id, r.attempt or 0
-        else:
-            idx = (await store.message_for_provider_id(r.provider_id, r.provider_message_id)
-                   if isinstance(index, _Unread) else index)
-            if idx is None:
-                return self._park(sr, "unknown provider message id", now)
-            message_id, attempt = str(idx["message_id"]), int(idx.get("attempt_no") or 0)
-        head, seen = await asyncio.gather(
-            store.head(message_id), store.receipt_record(r.provider_id, r.provider_event_id))
-        if head is None:
-            return self._park(sr, f"no message row {message_id}", now)
+        traced = telemetry.enabled()
+        lookups = [sr for sr in wave if traced or sr.receipt.message_id is None]
+        found = await asyncio.gather(*(store.message_for_provider_id(
+            sr.receipt.provider_id, sr.receipt.provider_message_id) for sr in lookups))
+        index = {id(sr): row for sr, row in zip(lookups, found, strict=True)}
+        outs: list[DlqRecord | Receipt] = []
+        targets: list[tuple[SourcedReceipt, str, int, trace.Span]] = []
+        for sr in wave:
+            r, idx = sr.receipt, index.get(id(sr))
+            span = self._receipt_span(r, idx)
+            if r.message_id is not None:
+                targets.append((sr, r.message_id, r.attempt or 0, span))
+            elif idx is None:
+                span.end()
+                outs.append(self._park(sr, "unknown provider message id", now))
+            else:
+                targets.append((sr, str(idx["message_id"]), int(idx.get("attempt_no") or 0),
+                                span))
+        heads, seens = await asyncio.gather(
+            store.heads([t[1] for t in targets]),
+            store.receipt_records([(sr.receipt.provider_id, sr.receipt.provider_event_id)
+                                   for sr, *_ in targets]))
+        plans: list[tuple[_Plan[Receipt], str, bool]] = []
+        for (sr, mid, attempt, span), head, seen in zip(targets, heads, seens, strict=True):
+            r = sr.receipt
+            if head is None:
+                span.end()
+                outs.append(self._park(sr, f"no message row {mid}", now))
+                continue
+            args = (mid, r.status, attempt, r.error_code, now, r.provider_id,
+                    r.provider_message_id)
+            plans.append((self._plan(
+                store, r, span, head, args,
+                functools.partial(self._receipt_rows, store, r, mid, attempt, seen, now=now)),
+                mid, seen is None))
+        await self._write(store, [p for p, *_ in plans])
+        for p, _, _ in plans:
+            if p.applied:
+                _transitions.add(1, {"channel": self._channels.get(p.top.provider_id, ""),
+                                     "status": p.top.status.value})
+        await asyncio.gather(*(self._suppress(store, mid, reason)
+                               for p, mid, new in plans
+                               if new and (reason := suppression_for(p.top)) is not None))
+        return outs
 
-        applied, _ = await store.transition(
-            message_id, r.status, attempt, r.error_code, now, r.provider_id,
-            r.provider_message_id, head=head,
-            then=lambda applied: self._receipt_rows(store, r, message_id, attempt, seen,
-                                                    applied, now))
-        trace.get_current_span().set_attribute("notiflow.reconcile.applied", applied)
-        if applied:
-            _transitions.add(1, {"channel": self._channels.get(r.provider_id, ""),
-                                 "status": r.status.value})
-        if seen is None and (reason := suppression_for(r)) is not None:
-            await self._suppress(store, message_id, reason)
-        return None
+    @staticmethod
+    def _receipt_rows(store: CassandraStore, r: Receipt, message_id: str, attempt: int,
+                      seen: dict[str, Any] | None, applied: bool, *,
+                      now: datetime) -> list[Write]:
+        """A receipt's dedup and outcome rows, and its history row when it is new."""
+        writes = store.receipt_writes(r.provider_id, r.provider_event_id, message_id,
+                                      r.status, now, seen)
+        if seen is None:
+            writes.append(store.event_write(
+                message_id, r.occurred_at, f"{r.provider_id}:{r.provider_event_id}",
+                r.status, attempt, r.error_code, f"receipt.{r.provider_id}", applied))
+        return writes
+
+    @staticmethod
+    def _receipt_span(r: Receipt, index: dict[str, Any] | None) -> trace.Span:
+        """The receipt's ``notiflow.reconcile`` span, started. It continues the receipt's
+        trace (the provider call's, when the provider echoed it). When tracing is on and the
+        receipt's trace is not the send's (Vonage, SMTP, push echo nothing), it continues
+        the send's trace stored with the provider message ``index`` and links the
+        receipt's; a receipt that overtakes that index row keeps its own trace."""
+        parent, links = r._traceparent, []
+        stored = (index or {}).get("traceparent")
+        if stored and telemetry.trace_id_of(stored) != telemetry.trace_id_of(parent):
+            parent, links = stored, [telemetry.link_to(r._traceparent)]
+        return telemetry.started(names.RECONCILE, {names.ATTR_MESSAGE_ID: r.message_id,
+                                                   names.ATTR_STATUS: r.status.value},
+                                 parent=parent, links=links)
 
     def _park(self, sr: SourcedReceipt, why: str, now: datetime) -> DlqRecord | Receipt:
         """Try an uncorrelated receipt again later (the send event that indexes its provider
@@ -486,16 +412,6 @@ class ApplyStep:
 
 
 G = TypeVar("G")
-
-
-@dataclass(frozen=True, slots=True)
-class _Plan:
-    """One message's events as decided by :meth:`ApplyStep._planned`."""
-
-    top: StatusEvent
-    writes: list[Write]
-    applied: bool
-    span: trace.Span
 
 
 def _waves(groups: dict[str, G], width: Callable[[], int]) -> Iterator[dict[str, G]]:
