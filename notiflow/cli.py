@@ -177,6 +177,19 @@ def flow_reconcile(
              addresses=addresses, recovery_dir=recovery_dir, nice=s.reconcile_nice)
 
 
+@flow_app.command("scheduler")
+def flow_scheduler(
+    name: Annotated[str | None, typer.Option(
+        help="This scheduler's identity in the shard leases (default host:pid:random).")] = None,
+) -> None:
+    """Run a scheduler: publishes scheduled P2/P3 messages from Cassandra's time buckets when
+    they fall due; run several for failover (shards are leased, docs/architecture.md)."""
+    from notiflow.adapters.send_ports import sender_identity
+    from notiflow.flows.scheduler import main
+
+    main(_settings(), name or sender_identity())
+
+
 @app.command("status")
 def status(message_id: str) -> None:
     """Print a message's current status, attempts and history from Cassandra."""

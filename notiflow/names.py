@@ -263,8 +263,8 @@ attributes tier, channel."""
 SCHEDULER_LATENESS = Metric(
     "notiflow.scheduler.lateness", H, "s", ("tier", "timer"),
     "how long after its due time a retry or scheduled send fired", LATENESS_BUCKETS)
-"""Histogram s: fired - due time of a timer (timer: retry, scheduled); attributes tier,
-timer."""
+"""Histogram s: fired - due time of a timer (timer: retry, scheduled: the send flow's hold
+step; bucket: a scheduler released a ``scheduled_work`` row); attributes tier, timer."""
 STAGE_DURATION = Metric(
     "notiflow.stage.duration", H, "s", ("tier", "stage"),
     "time a message spent in one stage of its way to the provider", STAGE_BUCKETS)

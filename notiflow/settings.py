@@ -380,6 +380,39 @@ class YieldRule(_Frozen):
         return self
 
 
+class SchedulingRule(_Frozen):
+    """Durable scheduling (``flows/scheduler.py``, docs/architecture.md "Scheduling"): a
+    P2/P3 message due ``min_lead`` or more after acceptance waits in Cassandra's
+    ``scheduled_work`` (partition ``(time_bucket, shard)``) instead of Kafka, and a scheduler
+    process publishes it when due. Not scaled by ``time_scale`` (bucket layout is storage)."""
+
+    bucket: timedelta = Field(timedelta(minutes=1), ge=timedelta(seconds=1))
+    """Width of a time bucket: one partition per (bucket, shard)."""
+    shards: int = Field(16, ge=1, le=1024)
+    """Partitions per bucket; the unit a scheduler process leases."""
+    min_lead: timedelta = Field(timedelta(seconds=2), gt=timedelta(0))
+    """A message due sooner than this after its acceptance goes straight to Kafka (the send
+    flow's hold step keeps it until due); a later one waits in a bucket, and its row must be
+    written within half of this or the acceptance fails (503, completed later by the
+    outbox), so a scheduler reading up to now never passes a row still being written."""
+    lease: timedelta = Field(timedelta(seconds=1), ge=timedelta(milliseconds=300))
+    """How long a scheduler's claim on its shards lasts unless renewed (every quarter of it,
+    all its shards in one lightweight transaction). A killed scheduler's shards wait this
+    long for another: the lateness its rows see."""
+    poll: timedelta = Field(timedelta(milliseconds=250), gt=timedelta(0))
+    """How often a scheduler reads its shards' due rows."""
+    lookback: timedelta = Field(timedelta(hours=1), ge=timedelta(0))
+    """Where a shard nobody ever released starts reading; afterwards every owner resumes
+    from the shard's watermark (the oldest bucket not fully released)."""
+    page: int = Field(500, ge=1, le=10_000)
+    """Rows read per query and published per round trip to Kafka."""
+    long_wait: timedelta = Field(timedelta(seconds=30), gt=timedelta(0))
+    """A retry (or a wait for a breaker) due this long or more after it is decided leaves
+    the send flow through ``notify.delayed`` and waits in a bucket, not in flow state
+    (compared with the scaled wait, so a test at a small ``time_scale`` keeps it in the
+    flow)."""
+
+
 class BreakerRule(_Frozen):
     """Circuit breaker of every provider account (DESIGN.md "Providers"; docs/breakers.md).
 
@@ -533,6 +566,8 @@ class Settings(BaseSettings):
     bulk_yield: YieldRule = Field(default_factory=YieldRule)
     """How bulk work yields to P0's latency (docs/architecture.md, "Reservation")."""
     recovery_partitions: int = Field(4, ge=1)
+    scheduling: SchedulingRule = Field(default_factory=SchedulingRule)
+    """Where future P2/P3 work waits and how schedulers release it."""
 
     # policy
     tiers: dict[Tier, TierPolicy] = Field(default_factory=lambda: dict(DEFAULT_TIERS))
@@ -688,6 +723,11 @@ class Settings(BaseSettings):
     @property
     def events_topic(self) -> str:
         return self.topic("notify.events")
+
+    @property
+    def delayed_topic(self) -> str:
+        """Retries that wait ``scheduling.long_wait`` or more, on their way to a bucket."""
+        return self.topic("notify.delayed")
 
     @property
     def receipts_topic(self) -> str:

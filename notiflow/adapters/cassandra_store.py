@@ -379,15 +379,26 @@ class CassandraStore:
             status.value, rank(status), 0, _ts(snap.scheduled_at), _ts(snap.expires_at),
             _ts(snap.accepted_at), now, now,
         )
+        ttl = self.row_ttl(snap, now)
         return [
-            ("msg_insert", (*values, created_write_time(snap))),
+            ("msg_insert", (*values, created_write_time(snap), ttl)),
             ("tenant_day_insert", (
                 snap.tenant_id, date_of(snap.accepted_at), _ts(snap.accepted_at),
-                message_id, snap.channel.value, snap.tier.value, snap.category.value,
+                message_id, snap.channel.value, snap.tier.value, snap.category.value, ttl,
             )),
             self.event_write(message_id, snap.accepted_at, f"{message_id}:{status.value}:0",
                              status, 0, None, source, True),
         ]
+
+    def row_ttl(self, snap: MessageSnapshot, now: datetime) -> int:
+        """Seconds a message's creation cells live: the operational retention counted from
+        the end of its life (``expires_at``; a message scheduled weeks ahead stays queryable
+        30 days after it was sent), never less than the retention itself. Later status
+        changes are written with the table's TTL from their own time."""
+        ttl = self.settings.operational_ttl
+        if snap.expires_at is not None:
+            ttl += max(timedelta(0), snap.expires_at - now)
+        return int(ttl.total_seconds())
 
     @staticmethod
     def created_head(snap: MessageSnapshot, status: Status, now: datetime) -> dict[str, Any]:
@@ -870,7 +881,7 @@ _STATEMENTS: dict[str, str] = {
     "recipient_hash, recipient_masked, template_id, template_version, idempotency_key, "
     "ordering_key, status_webhook, status, status_rank, attempt, scheduled_at, expires_at, "
     "accepted_at, created_at, updated_at) VALUES "
-    "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) USING TIMESTAMP ?",
+    "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) USING TIMESTAMP ? AND TTL ?",
     "msg_head": "SELECT status_rank, status, attempt, reason, updated_at, provider_id, tier, "
     "tenant_id, channel, category, WRITETIME(tenant_id) AS created_wt, "
     "WRITETIME(status_rank) AS status_wt FROM messages WHERE message_id = ?",
@@ -878,7 +889,7 @@ _STATEMENTS: dict[str, str] = {
     "reason = ?, attempt = ?, updated_at = ?, provider_id = ?, provider_message_id = ?, "
     "next_attempt_at = ? WHERE message_id = ?",
     "tenant_day_insert": "INSERT INTO messages_by_tenant_day (tenant_id, day, created_at, "
-    "message_id, channel, tier, category) VALUES (?, ?, ?, ?, ?, ?, ?)",
+    "message_id, channel, tier, category) VALUES (?, ?, ?, ?, ?, ?, ?) USING TTL ?",
     "msg_get": "SELECT * FROM messages WHERE message_id = ?",
     "msg_delete_unsent": "DELETE FROM messages WHERE message_id = ? IF status_rank <= ?",
     "tenant_day_delete": "DELETE FROM messages_by_tenant_day WHERE tenant_id = ? AND day = ? "

@@ -22,6 +22,7 @@ from cassandra.connection import ConnectionException
 from redis.exceptions import RedisError
 
 from notiflow.adapters.breaker import Admission, State, StateChange
+from notiflow.adapters.cancel_gate import Confirm
 from notiflow.adapters.providers.base import Outcome, ProviderClient
 from notiflow.adapters.redis_dedup import LeaseState
 from notiflow.schemas.enums import Tier
@@ -66,12 +67,15 @@ class Caps(Protocol):
 
 
 class Leases(Protocol):
-    """Per-attempt send leases, content fingerprints and crash counts (``redis_dedup``)."""
+    """Per-attempt send leases, content fingerprints and crash counts (``redis_dedup``),
+    and the send side of the cancel gate (``cancel_gate``)."""
 
     @property
     def owner(self) -> str: ...
 
     def lease_key(self, message_id: str, attempt: int) -> str: ...
+
+    def gate_key(self, message_id: str) -> str: ...
 
     def content_key(self, tenant_id: str, fingerprint: str) -> str: ...
 
@@ -79,10 +83,10 @@ class Leases(Protocol):
 
     async def take_over(self, key: str, stale: str, ttl: timedelta) -> bool: ...
 
-    async def confirm(self, key: str, ttl: timedelta) -> bool: ...
+    async def confirm(self, key: str, gate: str, ttl: timedelta) -> Confirm: ...
 
-    async def finish(self, items: list[tuple[str, dict[str, object]]],
-                     ttl: timedelta) -> None: ...
+    async def finish(self, items: list[tuple[str, dict[str, object]]], ttl: timedelta,
+                     clear: Sequence[str] = ()) -> None: ...
 
     async def release(self, keys: list[str]) -> None: ...
 

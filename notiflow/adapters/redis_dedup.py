@@ -12,6 +12,8 @@ from a new one:
 - ``done:{json}`` — the provider accepted it (or it ended for good); replays are skipped and
   the recorded outcome re-emitted.
 
+Confirming also passes the message's cancel gate in the same script (``cancel_gate.py``).
+
 A lease is deleted when an attempt fails before the provider accepted it, so the next try
 (retry, failover, replay) is not mistaken for a duplicate.
 """
@@ -21,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -28,6 +31,7 @@ from typing import Any
 import orjson
 import redis.asyncio as aioredis
 
+from notiflow.adapters.cancel_gate import CANCELLED, CLEAR, CONFIRM, SENDING, Confirm, gate_key
 from notiflow.adapters.redis_pool import Coalescer, redis_client
 from notiflow.settings import Settings
 
@@ -35,15 +39,6 @@ _RELEASE = """
 local v = redis.call('GET', KEYS[1])
 if v and string.sub(v, 1, string.len(ARGV[1])) == ARGV[1] then
   return redis.call('DEL', KEYS[1])
-end
-return 0
-"""
-
-_CONFIRM = """
-local v = redis.call('GET', KEYS[1])
-if v and string.sub(v, 1, string.len(ARGV[1])) == ARGV[1] then
-  redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
-  return 1
 end
 return 0
 """
@@ -59,6 +54,10 @@ return 0
 
 def _set(pipe: Any, *, key: str, value: str, px: int) -> object:
     return pipe.set(key, value, px=px)
+
+
+def _clear(pipe: Any, *, gate: str) -> object:
+    return pipe.eval(CLEAR, 1, gate, SENDING)
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +106,9 @@ class DedupStore:
     def lease_key(self, message_id: str, attempt: int) -> str:
         return f"{self.ns}lease:{message_id}:{attempt}"
 
+    def gate_key(self, message_id: str) -> str:
+        return gate_key(self.ns, message_id)
+
     def content_key(self, tenant_id: str, fingerprint: str) -> str:
         return f"{self.ns}content:{tenant_id}:{fingerprint}"
 
@@ -135,21 +137,28 @@ class DedupStore:
         px = int(ttl.total_seconds() * 1000)
         return bool(await self.r.eval(_TAKE_OVER, 1, key, stale, self.pending_value(), px))
 
-    async def confirm(self, key: str, ttl: timedelta) -> bool:
-        """Just before calling the provider: True when the lease is still ours (its time is
-        refreshed); False when another process took it over (then it sends, we do not)."""
+    async def confirm(self, key: str, gate: str, ttl: timedelta) -> Confirm:
+        """Just before calling the provider, with the message's cancel ``gate``: OURS when
+        the lease is still ours (its time refreshed, the gate set ``sending`` for ``ttl``);
+        LOST when another process took it over (then it sends, we do not); CANCELLED when
+        the message was cancelled (nothing is sent). Coalesced like :meth:`finish`."""
         px = int(ttl.total_seconds() * 1000)
         prefix, value = self.pending_prefix, self.pending_value()
-        return bool(await self.batch.call(
-            lambda pipe: pipe.eval(_CONFIRM, 1, key, prefix, value, px)))
+        return Confirm(int(await self.batch.call(
+            lambda pipe: pipe.eval(CONFIRM, 2, key, gate, prefix, value, px, CANCELLED,
+                                   SENDING))))
 
-    async def finish(self, items: list[tuple[str, dict[str, object]]], ttl: timedelta) -> None:
-        """Mark leases done with the recorded outcome (coalesced with the other sends'
-        confirmations and outcomes of this moment into one round trip)."""
+    async def finish(self, items: list[tuple[str, dict[str, object]]], ttl: timedelta,
+                     clear: Sequence[str] = ()) -> None:
+        """Mark leases done with the recorded outcome, and clear the ``sending`` of the
+        cancel gates in ``clear`` (attempts that will be tried again), coalesced with the
+        other sends' confirmations and outcomes of this moment into one round trip."""
         px = int(ttl.total_seconds() * 1000)
         values = [(key, "done:" + orjson.dumps(outcome).decode()) for key, outcome in items]
-        await asyncio.gather(*(self.batch.call(functools.partial(_set, key=k, value=v, px=px))
-                               for k, v in values))
+        await asyncio.gather(
+            *(self.batch.call(functools.partial(_set, key=k, value=v, px=px))
+              for k, v in values),
+            *(self.batch.call(functools.partial(_clear, gate=g)) for g in clear))
 
     async def release(self, keys: list[str]) -> None:
         """Drop our own pending leases (an attempt failed before the provider accepted it)."""

@@ -1,5 +1,6 @@
-"""``notiflow bench isolation|throughput|scale|soak``: run a benchmark on the local stack and write
-``<out>/<name>.json``, ``<name>.md`` (and ``isolation.png``). The stack is started if it is not
+"""``notiflow bench isolation|throughput|scale|soak|scheduler``: run a benchmark on the local
+stack and write ``<out>/<name>.json``, ``<name>.md`` (and ``isolation.png``,
+``scheduler.png``). The stack is started if it is not
 running, and stopped again afterwards in that case. ``notiflow bench summarize``: publish such a
 run's summary and its report into ``bench/figures/`` (offline)."""
 
@@ -130,6 +131,28 @@ def scale(
                            warmup=warmup, warmup_rounds=warmup_rounds)
     md = scale_markdown(doc)
     _show(write(out, "scale", doc, md), md)
+
+
+@bench_app.command("scheduler")
+def scheduler(
+    n: Annotated[int, typer.Option("-n", help="Rows of the load phase.")] = 1_000_000,
+    rate: Annotated[float, typer.Option(help="Rows falling due per second (load).")] = 2000.0,
+    failover_n: Annotated[int, typer.Option(help="Rows of the failover phase.")] = 1000,
+    window: Annotated[float, typer.Option(
+        help="Seconds the failover phase's rows fall due over.")] = 120.0,
+    out: Out = Path("bench/results"),
+) -> None:
+    """Durable scheduling: a scheduler SIGKILLed mid-run (lost, early, late), then ``n``
+    rows released at ``rate``/s (published per second, lateness, scheduler CPU and RSS)."""
+    from notiflow.bench import scheduler as sb
+    from notiflow.bench.report import write
+
+    with _stack():
+        doc = sb.run(out, n=n, rate=rate, failover_n=failover_n, window=window, log=_log)
+    md = sb.scheduler_markdown(doc)
+    paths = write(out, "scheduler", doc, md)
+    paths.append(sb.scheduler_plot(doc, out / "scheduler.png"))
+    _show(paths, md)
 
 
 @bench_app.command("soak")

@@ -326,8 +326,8 @@ class Phase:
 
     def start_platform(self, *, api: bool = True, reconcile: bool = True) -> None:
         """Emulators, the API (tier-isolated: a priority-lane process for P0/P1 and a bulk-lane
-        one for P2/P3 and the providers' webhooks; shared mode: one for everything) and the
-        reconciler."""
+        one for P2/P3 and the providers' webhooks; shared mode: one for everything), the
+        reconciler and a scheduler (long retry waits and scheduled messages)."""
         self.watch_stack()
         self.start("fakes", ["fakes", "--realtime", str(EMULATOR_REALTIME)],
                    http=f"{self.fakes}/_admin/health")
@@ -340,6 +340,7 @@ class Phase:
         if reconcile:
             self.start("reconcile", ["flow", "reconcile", "--recovery-dir",
                                      str(self.recovery / "reconcile")], ready="starting")
+            self.start("scheduler", ["flow", "scheduler"], ready="starting scheduler")
 
     def start_send(self, tier: Tier | None, *, processes: int = 1) -> list[ManagedProcess]:
         """The send flow of ``tier`` (None: the shared baseline) as a Bytewax cluster of

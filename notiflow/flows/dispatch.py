@@ -35,6 +35,7 @@ from opentelemetry.metrics import CallbackOptions, Observation
 
 from notiflow import names, stages, telemetry, tuning
 from notiflow.adapters.breaker import StateChange
+from notiflow.adapters.cancel_gate import Confirm
 from notiflow.adapters.dlq_crypto import DlqCipher
 from notiflow.adapters.ports import STORE_DOWN, OpenSendPorts
 from notiflow.adapters.pressure import REPORT_EVERY_S
@@ -46,6 +47,7 @@ from notiflow.flows.sending import SendStages
 from notiflow.flows.sending.admit import count_crash
 from notiflow.flows.sending.batch import Batch, Prepared, attempt_key
 from notiflow.flows.sending.context import InfraUnavailable, SendContext
+from notiflow.flows.sending.emit import cancelled
 from notiflow.flows.sending.metrics import attempt_outcome, metrics
 from notiflow.flows.steps import Clock
 from notiflow.flows.yielding import Slots, YieldWindow
@@ -402,11 +404,15 @@ class Dispatcher:
         provider = ctx.ports.providers[choice.provider_id]
         async with self._sems[w.record.channel]:
             leases = ctx.ports.leases
-            key = ctx.lease_key(w)
-            if not await ctx.redis(lambda: leases.confirm(key, ctx.lease_ttl(w)), True):
+            key, gate = ctx.lease_key(w), ctx.gate_key(w)
+            confirmed = await ctx.redis(lambda: leases.confirm(key, gate, ctx.lease_ttl(w)),
+                                        Confirm.OURS)
+            if confirmed is Confirm.LOST:
                 log.warning("message %s attempt %s: lease taken over by another sender; "
                             "not sending", w.message_id, w.record.attempt)
                 return []
+            if confirmed is Confirm.CANCELLED:
+                return await cancelled(ctx, w, item.content_key)
             stages.record(tier, Stage.DISPATCH_SLOT, time.monotonic() - routed)
             result = await self.stages.call(ctx, w, provider, item.message, choice)
             outs = await self.stages.classify(ctx, w, result, item.content_key, item.message)

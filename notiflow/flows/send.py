@@ -20,7 +20,8 @@ Recipe (``build_send_flow``)::
 
 The send step (``flows/sending/``), per batch: crash loop, unknown checks, lease, already
 final, expiry, caps, content dedup, strong consent, render, routable; then per message:
-quota (route: breaker admission and capacity token), call (the provider), classify (what
+quota (route: breaker admission and capacity token), confirm (the lease still ours and the
+message not cancelled: ``adapters/cancel_gate.py``), call (the provider), classify (what
 the answer means), each end emitted through the attempt's lease (``sending/emit.py``).
 
 Every outcome is data: a status event, a retry record produced back to the ingest topic
@@ -177,6 +178,6 @@ def build_send_flow(
 
     outputs: Stream[Out] = op.merge("outputs", sent, unparsed, decided_here)
     guard_and_emit(outputs, guard=DlqGuard(settings.dlq, f"send.{name}"),
-                   encode=Encoder(settings), sink=sink or ConfirmingSink(settings,
+                   encode=Encoder(settings, clock), sink=sink or ConfirmingSink(settings,
                                                                           policy_tier.value))
     return flow

@@ -18,7 +18,7 @@ from pydantic import ValidationError
 from notiflow import names
 from notiflow.adapters.dlq_crypto import DlqCipher
 from notiflow.adapters.kafka_io import OutRecord, header, make_headers
-from notiflow.flows.model import Out, Retry, SourcedReceipt, SourceRef, Work
+from notiflow.flows.model import Out, Retry, SourcedReceipt, SourceRef, Work, utcnow
 from notiflow.redact import mask, recipient_hash
 from notiflow.schemas.enums import Channel, Status, Tier
 from notiflow.schemas.messages import (
@@ -347,10 +347,13 @@ def suppression_reason(reason: str | None) -> str:
 class Encoder:
     """Typed outputs → Kafka records (topic, key, JSON value, contract headers, the
     ``traceparent`` an event or receipt travels with). Counts the SUPPRESSED and EXPIRED
-    events it writes (every path of the send flow ends here)."""
+    events it writes (every path of the send flow ends here). A retry due
+    ``scheduling.long_wait`` or more from now goes to ``notify.delayed`` (a scheduler moves
+    it into a bucket), a sooner one back to its ingest topic (the hold step keeps it)."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, clock: Clock = utcnow) -> None:
         self.settings = settings
+        self.clock = clock
 
     def __call__(self, out: Out) -> OutRecord:
         s = self.settings
@@ -367,7 +370,10 @@ class Encoder:
                                           out._traceparent))
         if isinstance(out, Retry):
             r = out.record
-            return OutRecord(s.ingest_topic(r.channel, r.tier), out.work.key,
+            wait = r.not_before - self.clock() if r.not_before else None
+            topic = (s.delayed_topic if wait is not None and wait >= s.scheduling.long_wait
+                     else s.ingest_topic(r.channel, r.tier))
+            return OutRecord(topic, out.work.key,
                              r.model_dump_json(exclude_none=True).encode(),
                              list(out.work.headers) or make_headers(
                                  out.work.message_id, r.tenant_id, r.tier.value))

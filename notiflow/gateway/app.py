@@ -23,7 +23,15 @@ from fastapi.responses import JSONResponse
 
 from notiflow import telemetry, tuning
 from notiflow.adapters.dlq import watch_depth
-from notiflow.gateway import errors, message_list, messages, recipients, templates, webhooks
+from notiflow.gateway import (
+    cancel,
+    errors,
+    message_list,
+    messages,
+    recipients,
+    templates,
+    webhooks,
+)
 from notiflow.gateway.outbox import OutboxSweeper
 from notiflow.gateway.runtime import Runtime
 from notiflow.settings import Settings
@@ -105,6 +113,7 @@ def build_app(settings: Settings) -> FastAPI:
     telemetry.instrument_api(app)
     errors.install(app)
     app.include_router(messages.router)
+    app.include_router(cancel.router)
     app.include_router(message_list.router)
     app.include_router(templates.router)
     app.include_router(recipients.router)

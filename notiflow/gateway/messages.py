@@ -67,7 +67,7 @@ _ingested = names.INGEST_MESSAGES.create(telemetry.meter())
 _rejected = names.INGEST_REJECTIONS.create(telemetry.meter())
 
 _IDEMPOTENCY_KEY = re.compile(r"^[\x21-\x7e]{1,255}$")
-_MESSAGE_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+MESSAGE_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 JSON = "application/json"
 _PUBLISH_ERRORS: tuple[type[Exception], ...] = (DeliveryFailed, *STORE_ERRORS)
 
@@ -234,7 +234,8 @@ async def accept(rt: Runtime, tenant: TenantConfig, req: SendRequest, key: str |
                                          stages=times)
     except _PUBLISH_ERRORS as exc:
         undone = await undo_acceptance(rt.store(), tenant_id=tenant.id, key=internal_key,
-                                       created_at=accepted_at, record=record)
+                                       created_at=accepted_at, record=record,
+                                       scheduled=rt.scheduled())
         if undone:
             if isinstance(exc, DeliveryFailed):
                 raise kafka_unavailable(exc) from None
@@ -307,7 +308,7 @@ async def _send_message(request: Request, tenant: TenantConfig, rt: Runtime,
 @router.get("/v1/messages/{message_id}")
 async def get_message(message_id: str, tenant: Tenant, rt: RuntimeDep) -> Response:
     """Current status and attempts of a message owned by the caller; 404 otherwise."""
-    if not _MESSAGE_ID.fullmatch(message_id):
+    if not MESSAGE_ID.fullmatch(message_id):
         raise not_found()
     store = rt.store()
     row, attempts = await asyncio.gather(store.get_message(message_id),

@@ -18,17 +18,21 @@ import time
 import zlib
 from datetime import UTC, datetime, timedelta
 
+from cassandra import OperationTimedOut
 from pydantic import ValidationError
 
 from notiflow import names, telemetry
-from notiflow.adapters.cassandra_store import OUTBOX_SHARDS, CassandraStore, utc
+from notiflow.adapters.cassandra_store import OUTBOX_SHARDS, CassandraStore, to_ms, utc
 from notiflow.adapters.kafka_io import OutRecord, make_headers
+from notiflow.adapters.scheduled_store import ScheduledStore
 from notiflow.gateway.errors import STORE_ERRORS
 from notiflow.gateway.runtime import Runtime
 from notiflow.names import Stage
 from notiflow.redact import mask, recipient_hash
-from notiflow.schemas.enums import Status
+from notiflow.schemas.enums import Status, Tier
 from notiflow.schemas.messages import Accepted, IngestRecord, MessageSnapshot
+from notiflow.schemas.scheduling import ScheduledRow
+from notiflow.settings import Settings
 from notiflow.stages import StageTimes
 
 log = logging.getLogger("notiflow.gateway.outbox")
@@ -38,6 +42,7 @@ ACCEPTED = "ACCEPTED"
 AUTO_KEY_PREFIX = "auto:"
 SWEEP_INTERVAL = timedelta(seconds=5)
 MIN_SWEEP_INTERVAL_S = 1.0
+SCHEDULABLE = frozenset({Tier.P2, Tier.P3})
 MIN_SWEEP_AGE = timedelta(seconds=15)
 """Never sweep rows younger than this: a live request (at most one Kafka delivery timeout
 plus a few Cassandra round trips) may still own them."""
@@ -117,6 +122,39 @@ def out_record(record: IngestRecord, topic: str, payload: str, trace: str) -> Ou
     )
 
 
+def deferred(settings: Settings, record: IngestRecord, now: datetime) -> bool:
+    """Whether the record waits in ``scheduled_work`` rather than Kafka: a P2/P3 message due
+    at least ``scheduling.min_lead`` from now (decided when the acceptance completes, so an
+    acceptance the outbox finishes late goes straight to Kafka once it is nearly due)."""
+    due = record.scheduled_at
+    return (due is not None and record.tier in SCHEDULABLE
+            and due - now >= settings.scheduling.min_lead)
+
+
+def scheduled_row(rt: Runtime, record: IngestRecord, topic: str, payload: str, trace: str,
+                  now: datetime) -> ScheduledRow | None:
+    """The ``scheduled_work`` row of a deferred record, else None."""
+    if not deferred(rt.settings, record, now) or record.scheduled_at is None:
+        return None
+    message_id, _ = ids(record)
+    due = to_ms(record.scheduled_at)
+    bucket, shard = rt.scheduled().place(message_id, due)
+    return ScheduledRow(time_bucket=bucket, shard=shard, scheduled_at=due,
+                        message_id=message_id, topic=topic, payload=payload,
+                        tenant_id=record.tenant_id, tier=record.tier.value,
+                        expires_at=record.expires_at, traceparent=trace)
+
+
+async def schedule(rt: Runtime, row: ScheduledRow, now: datetime) -> None:
+    """Write the row within half of ``min_lead`` (``OperationTimedOut`` otherwise, and the
+    acceptance fails: a row written later could land behind a scheduler's read position)."""
+    limit = rt.settings.scheduling.min_lead.total_seconds() / 2
+    try:
+        await asyncio.wait_for(rt.scheduled().add(row, now), limit)
+    except TimeoutError:
+        raise OperationTimedOut(f"scheduled row not written within {limit:.1f} s") from None
+
+
 async def complete_acceptance(
     rt: Runtime, *, tenant_id: str, key: str, created_at: datetime, record: IngestRecord,
     topic: str, payload: str, trace: str, add_outbox: bool = True, fresh: bool = False,
@@ -133,9 +171,18 @@ async def complete_acceptance(
     store = rt.store()
     shard = outbox_shard(tenant_id, key)
     outbox = [store.outbox_write(shard, created_at, tenant_id, key)] if add_outbox else []
+    now = datetime.now(UTC)
+    row = scheduled_row(rt, record, topic, payload, trace, now)
     with times.timing(Stage.API_WRITE):
-        await store.create_message(ids(record)[0], snapshot(record), initial_status(record),
-                                   datetime.now(UTC), fresh=fresh, also=outbox)
+        created = store.create_message(ids(record)[0], snapshot(record),
+                                       initial_status(record), now, fresh=fresh, also=outbox)
+        if row is None:
+            await created
+        else:
+            await asyncio.gather(created, schedule(rt, row, now))
+    if row is not None:
+        return await settle_published(store, tenant_id=tenant_id, key=key,
+                                      created_at=created_at, record=record)
     attrs = {names.ATTR_MESSAGE_ID: ids(record)[0], names.ATTR_TENANT_ID: tenant_id,
              names.ATTR_TIER: record.tier.value, names.ATTR_CHANNEL: record.channel.value,
              "messaging.system": "kafka", "messaging.destination.name": topic}
@@ -168,14 +215,17 @@ async def settle_published(
 
 async def undo_acceptance(
     store: CassandraStore, *, tenant_id: str, key: str, created_at: datetime,
-    record: IngestRecord,
+    record: IngestRecord, scheduled: ScheduledStore | None = None,
 ) -> bool:
     """Remove the message row, the reservation and the outbox row of an acceptance whose
-    record was not published. Returns False when the message row had already moved past
+    record was not published, and its ``scheduled_work`` row (``scheduled``; a delete newer
+    than a write that lands late). Returns False when the message row had already moved past
     ``QUEUED`` (the record reached the send flow after all: the acceptance stands).
     A failure here leaves the outbox row, and the sweeper publishes the record later."""
     message_id, accepted_at = ids(record)
     try:
+        if scheduled is not None and record.scheduled_at is not None:
+            await scheduled.unschedule(message_id, to_ms(record.scheduled_at))
         if not await store.delete_unsent_message(message_id, tenant_id, accepted_at,
                                                  Status.QUEUED):
             return False

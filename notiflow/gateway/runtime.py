@@ -26,6 +26,7 @@ from notiflow.adapters.cassandra_store import CassandraStore, connect
 from notiflow.adapters.kafka_io import AsyncProducer
 from notiflow.adapters.preferences import PreferenceStore
 from notiflow.adapters.retrying import OUTAGE, until_up
+from notiflow.adapters.scheduled_store import ScheduledStore
 from notiflow.gateway.admission import Admission
 from notiflow.gateway.errors import unavailable
 from notiflow.settings import Settings
@@ -64,6 +65,7 @@ class Runtime:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self._store: CassandraStore | None = None
+        self._scheduled: ScheduledStore | None = None
         self._cluster: Cluster | None = None
         self._producer: AsyncProducer | None = None
         self._admin: AdminClient | None = None
@@ -97,13 +99,14 @@ class Runtime:
             connect, self.settings, connect_timeout=CONNECT_TIMEOUT_S)
         try:
             store = await asyncio.to_thread(CassandraStore, session, self.settings)
+            scheduled = await asyncio.to_thread(ScheduledStore, session, self.settings)
         except BaseException:
             await asyncio.to_thread(cluster.shutdown)
             raise
         if self._closed:
             await asyncio.to_thread(cluster.shutdown)
             return
-        self._cluster, self._store = cluster, store
+        self._cluster, self._store, self._scheduled = cluster, store, scheduled
         log.info("connected to cassandra keyspace %s", self.settings.cassandra_keyspace)
 
     async def _connect_loop(self) -> None:
@@ -120,6 +123,13 @@ class Runtime:
         if self._store is None:
             raise unavailable("cassandra_unavailable", "the message store is unavailable")
         return self._store
+
+    def scheduled(self) -> ScheduledStore:
+        """Scheduled work in Cassandra; raises a ``503`` error while Cassandra has not been
+        reached."""
+        if self._scheduled is None:
+            raise unavailable("cassandra_unavailable", "the message store is unavailable")
+        return self._scheduled
 
     async def template(self, tenant_id: str, template_id: str,
                        version: int) -> dict[str, Any] | None:

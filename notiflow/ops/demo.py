@@ -491,6 +491,7 @@ def run_demo(*, messages: int, keep_running: bool, console: Console) -> int:
             f"{fakes}/_admin/health")
         group.add(ManagedProcess("api", ["api"], log_dir)).start().wait_http(f"{api}/healthz")
         group.add(ManagedProcess("reconcile", ["flow", "reconcile"], log_dir)).start()
+        group.add(ManagedProcess("scheduler", ["flow", "scheduler"], log_dir)).start()
         for tier in Tier:
             group.add(ManagedProcess(f"send-{tier.value.lower()}",
                                      ["flow", "send", "--tier", tier.value], log_dir)).start()

@@ -224,10 +224,11 @@ def status_check(state: MessageState, dl: DlqRecord, dead_attempt: int,
     whether the replay must reopen the message (True for FAILED and EXPIRED).
 
     Refused: the provider took the message (a replay would send it twice); it was
-    SUPPRESSED; an earlier replay is queued, or a later attempt than the dead-lettered one
-    is in flight; or the dead letter records provider attempts, was written less than
-    :data:`STATUS_GRACE` ago and the message's final status has not reached Cassandra yet
-    (replaying before it lands would let that status hide the new attempt)."""
+    SUPPRESSED or CANCELLED; an earlier replay is queued, or a later attempt than the
+    dead-lettered one is in flight; or the dead letter records provider attempts, was
+    written less than :data:`STATUS_GRACE` ago and the message's final status has not
+    reached Cassandra yet (replaying before it lands would let that status hide the new
+    attempt)."""
     st = state.status
     if st in ALREADY_SENT:
         return Refusal(f"message is already {st}: its provider took it, a replay would "
@@ -235,6 +236,8 @@ def status_check(state: MessageState, dl: DlqRecord, dead_attempt: int,
     if st is Status.SUPPRESSED:
         return Refusal(f"message was SUPPRESSED ({state.reason}); a replay would be "
                        "suppressed again")
+    if st is Status.CANCELLED:
+        return Refusal("message was CANCELLED by its client; it must never be sent")
     if st in REOPENABLE:
         return True
     if st is Status.QUEUED and state.reason == REOPEN_REASON:

@@ -42,6 +42,8 @@ def topic_specs(settings: Settings) -> list[TopicSpec]:
                   {"retention.ms": str(7 * _DAY_MS)}),
         TopicSpec(settings.receipts_topic, settings.events_partitions,
                   {"retention.ms": str(7 * _DAY_MS)}),
+        TopicSpec(settings.delayed_topic, settings.events_partitions,
+                  {"retention.ms": str(7 * _DAY_MS)}),
         TopicSpec(settings.preferences_topic, settings.events_partitions,
                   {"cleanup.policy": "compact"}),
     ]

@@ -48,6 +48,7 @@ class Status(StrEnum):
     EXPIRED = "EXPIRED"
     SUPPRESSED = "SUPPRESSED"
     BOUNCED = "BOUNCED"
+    CANCELLED = "CANCELLED"
 
 
 TERMINAL_STATUSES = frozenset(
@@ -61,6 +62,7 @@ TERMINAL_STATUSES = frozenset(
         Status.EXPIRED,
         Status.SUPPRESSED,
         Status.BOUNCED,
+        Status.CANCELLED,
     }
 )
 """Statuses after which the platform owes the message no further send attempt."""

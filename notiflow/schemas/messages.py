@@ -339,6 +339,14 @@ class Accepted(Wire):
     accepted_at: datetime
 
 
+class Cancelled(Wire):
+    """``200`` body of ``DELETE /v1/messages/{id}``."""
+
+    message_id: str
+    status: Literal[Status.CANCELLED] = Status.CANCELLED
+    cancelled_at: datetime
+
+
 class AttemptView(Wire):
     attempt_no: int
     provider_id: str | None

@@ -19,12 +19,14 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, TopicPartition
 
 from notiflow.adapters.cassandra_store import CassandraStore, connect
 from notiflow.adapters.kafka_io import header
+from notiflow.adapters.scheduled_store import ScheduledStore
 from notiflow.devenv import free_port
 from notiflow.gateway.messages import request_hash
 from notiflow.gateway.outbox import outbox_shard, snapshot
 from notiflow.ops.procs import ManagedProcess
 from notiflow.schemas.enums import Channel, Status, Tier
 from notiflow.schemas.messages import IngestRecord, SendRequest, new_message_id
+from notiflow.schemas.scheduling import ScheduledRow
 from notiflow.settings import Settings
 
 pytestmark = pytest.mark.integration
@@ -397,11 +399,37 @@ def test_scheduled_message(client: httpx.Client, auth: Callable[..., dict[str, s
                     json=sms(tier="P3", scheduled_at=due.isoformat()))
     assert r.status_code == 202, r.text
     assert r.json()["status"] == "SCHEDULED"
-    view = client.get(f"/v1/messages/{r.json()['message_id']}", headers=auth("mkt"))
+    message_id = r.json()["message_id"]
+    view = client.get(f"/v1/messages/{message_id}", headers=auth("mkt"))
     assert view.json()["status"] == "SCHEDULED"
-    record = IngestRecord.model_validate_json(find_record(
-        settings, settings.ingest_topic(Channel.SMS, Tier.P3), r.json()["message_id"]).value())
+    row = asyncio.run(scheduled_row(settings, message_id, due))
+    assert row is not None and row.released_at is None
+    assert row.topic == settings.ingest_topic(Channel.SMS, Tier.P3)
+    record = IngestRecord.model_validate_json(row.payload)
     assert record.expires_at == due + settings.tier_ttl(Tier.P3)
+    with pytest.raises(AssertionError, match="not found"):
+        find_record(settings, row.topic, message_id, timeout=2.0)
+
+
+def test_message_due_within_the_lead_goes_to_kafka(
+        client: httpx.Client, auth: Callable[..., dict[str, str]], settings: Settings,
+        otp_template: str) -> None:
+    due = datetime.now(UTC) + settings.scheduling.min_lead / 4
+    r = client.post("/v1/messages", headers=auth("mkt"),
+                    json=sms(tier="P3", scheduled_at=due.isoformat()))
+    assert r.status_code == 202, r.text
+    message_id = r.json()["message_id"]
+    find_record(settings, settings.ingest_topic(Channel.SMS, Tier.P3), message_id)
+    assert asyncio.run(scheduled_row(settings, message_id, due)) is None
+
+
+async def scheduled_row(settings: Settings, message_id: str,
+                        due: datetime) -> ScheduledRow | None:
+    cluster, session = await asyncio.to_thread(connect, settings)
+    try:
+        return await ScheduledStore(session, settings).get(message_id, ms(due))
+    finally:
+        cluster.shutdown()
 
 
 # ----------------------------------------------------------- crash recovery (the outbox)

@@ -76,3 +76,17 @@ def test_a_phase_drops_only_its_own_redis_keys(stack: Settings) -> None:
     finally:
         client.delete(other)
         client.close()
+
+
+def test_scheduler_smoke(stack: Settings, tmp_path: Path) -> None:
+    from notiflow.bench import scheduler
+
+    doc = scheduler.run(tmp_path, n=300, rate=100, failover_n=60, window=12, log=print)
+    for phase in ("failover", "load"):
+        r = doc[phase]
+        assert r["lost"] == 0 and r["early"] == 0, (phase, r)
+        assert r["lateness_p99_s"] is not None and r["lateness_p99_s"] < 10, (phase, r)
+    assert doc["load"]["scheduler_cpu_ms_per_row"] > 0
+    assert doc["load"]["slices"]
+    write(tmp_path, "scheduler", doc, scheduler.scheduler_markdown(doc))
+    assert scheduler.scheduler_plot(doc, tmp_path / "scheduler.png").stat().st_size > 10_000

@@ -12,6 +12,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 
+from notiflow.adapters.cancel_gate import Confirm
 from notiflow.adapters.redis_dedup import DedupStore
 from notiflow.adapters.redis_pool import Coalescer, redis_client
 from tests.integration.conftest import RedisServer
@@ -77,25 +78,31 @@ async def test_lost_connection_fails_every_waiting_caller() -> None:
 
 async def test_dedup_confirm_and_finish_share_round_trips(redis_url: str) -> None:
     """Concurrent sends confirm and finish their leases through the coalescer; the lease
-    semantics are unchanged (confirm False once another owner holds the lease)."""
+    semantics are unchanged (confirm LOST once another owner holds the lease), and the
+    cancel gates of attempts that end RETRY_PENDING are cleared in the same round trip."""
     client = redis_client(redis_url, timeout=5)
     ns = f"{uuid.uuid4().hex}:"
     ours, theirs = DedupStore(client, "us", ns), DedupStore(client, "them", ns)
     counting = ours.batch = CountingCoalescer(client)
     ttl = timedelta(minutes=1)
     keys = [ours.lease_key(f"m{i}", 1) for i in range(20)]
+    gates = [ours.gate_key(f"m{i}") for i in range(20)]
     try:
         assert all(s.acquired for s in await ours.acquire(keys[:19], ttl))
         assert all(s.acquired for s in await theirs.acquire(keys[19:], ttl))
-        confirmed = await asyncio.gather(*(ours.confirm(k, ttl) for k in keys))
-        assert confirmed == [True] * 19 + [False]
-        await asyncio.gather(*(ours.finish([(k, {"status": "PROVIDER_ACCEPTED"})], ttl)
-                               for k in keys[:19]))
+        confirmed = await asyncio.gather(*(ours.confirm(k, g, ttl)
+                                           for k, g in zip(keys, gates, strict=True)))
+        assert confirmed == [Confirm.OURS] * 19 + [Confirm.LOST]
+        assert await client.mget(gates) == ["sending"] * 19 + [None]
+        await asyncio.gather(*(ours.finish([(k, {"status": "PROVIDER_ACCEPTED"})], ttl,
+                                           [g] if i % 2 else [])
+                               for i, (k, g) in enumerate(zip(keys[:19], gates[:19], strict=True))))
         states = await ours.acquire(keys[:19], ttl)
         assert [s.done for s in states] == [{"status": "PROVIDER_ACCEPTED"}] * 19
-        assert counting.round_trips == [20, 19]
+        assert await client.mget(gates[:4]) == ["sending", None, "sending", None]
+        assert counting.round_trips == [20, 19 + 9]
     finally:
-        await client.delete(*keys)
+        await client.delete(*keys, *gates)
         await client.aclose()
 
 

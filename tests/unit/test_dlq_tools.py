@@ -184,6 +184,8 @@ def test_status_check_reopens_failed_and_refuses_what_would_duplicate(
         assert isinstance(out, Refusal) and "send it twice" in out.why
     out = status_check(state(Status.SUPPRESSED, 1, "unsubscribed"), dl, 5, NOW)
     assert isinstance(out, Refusal) and "SUPPRESSED" in out.why
+    out = status_check(state(Status.CANCELLED, 5, "cancelled"), dl, 5, NOW)
+    assert isinstance(out, Refusal) and "CANCELLED" in out.why
     out = status_check(state(Status.QUEUED, 5, REOPEN_REASON), dl, 5, NOW)
     assert isinstance(out, Refusal) and "earlier replay" in out.why
     out = status_check(state(Status.RETRY_PENDING, 7), dl, 5, NOW)

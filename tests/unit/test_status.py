@@ -54,6 +54,13 @@ def test_duplicates_are_harmless(seq: list[tuple[Status, int]]) -> None:
     (Status.RETRY_PENDING, Status.FAILED),
     (Status.EXPIRED, Status.PROVIDER_ACCEPTED),
     (Status.DELIVERED, Status.OPENED),
+    (Status.CANCELLED, Status.PROVIDER_ACCEPTED),
+    (Status.CANCELLED, Status.FAILED),
+    (Status.QUEUED, Status.CANCELLED),
+    (Status.RETRY_PENDING, Status.CANCELLED),
+    (Status.UNKNOWN, Status.CANCELLED),
+    (Status.EXPIRED, Status.CANCELLED),
+    (Status.SUPPRESSED, Status.CANCELLED),
 ])
 def test_forbidden_regressions(later: Status, earlier: Status) -> None:
     assert not supersedes(later, 1, earlier, 1)
@@ -66,6 +73,12 @@ def test_forbidden_regressions(later: Status, earlier: Status) -> None:
     (Status.PROVIDER_ACCEPTED, Status.UNKNOWN),
     (Status.EXPIRED, Status.RETRY_PENDING),
     (Status.QUEUED, Status.SCHEDULED),
+    (Status.CANCELLED, Status.SCHEDULED),
+    (Status.CANCELLED, Status.QUEUED),
+    (Status.CANCELLED, Status.RETRY_PENDING),
+    (Status.CANCELLED, Status.EXPIRED),
+    (Status.CANCELLED, Status.SUPPRESSED),
+    (Status.PROVIDER_ACCEPTED, Status.CANCELLED),
 ])
 def test_allowed_progress(new: Status, old: Status) -> None:
     assert supersedes(new, 1, old, 1)
@@ -80,8 +93,33 @@ def test_attempts_order_in_flight_statuses() -> None:
 
 
 def test_terminal_outcomes_outrank_any_attempt() -> None:
-    for terminal in (Status.FAILED, Status.EXPIRED, Status.SUPPRESSED, Status.PROVIDER_ACCEPTED):
+    for terminal in (Status.FAILED, Status.EXPIRED, Status.SUPPRESSED, Status.PROVIDER_ACCEPTED,
+                     Status.CANCELLED):
         assert rank(terminal) > rank(Status.UNKNOWN, 99_999)
+
+
+STORED_RANKS = {
+    Status.CREATED: 0, Status.SCHEDULED: 1_000_000, Status.QUEUED: 2_000_000,
+    Status.SUPPRESSED: 4_000_000, Status.EXPIRED: 5_000_000,
+    Status.PROVIDER_ACCEPTED: 6_000_000, Status.SENT: 7_000_000, Status.FAILED: 8_000_000,
+    Status.DELIVERED: 9_000_000, Status.BOUNCED: 10_000_000, Status.OPENED: 11_000_000,
+    Status.CLICKED: 12_000_000,
+}
+
+
+def test_ranks_stored_in_cassandra_never_change() -> None:
+    assert {s: rank(s) for s in STORED_RANKS} == STORED_RANKS
+    assert (rank(Status.PROCESSING, 7), rank(Status.RETRY_PENDING, 7),
+            rank(Status.UNKNOWN, 7)) == (3_000_070, 3_000_071, 3_000_072)
+
+
+def test_cancelled_sits_at_the_top_of_expired_class_with_an_exact_offset() -> None:
+    assert rank(Status.EXPIRED) < rank(Status.CANCELLED) < rank(Status.PROVIDER_ACCEPTED)
+    assert rank(Status.CANCELLED, 42) == rank(Status.CANCELLED) == 5_000_000 + OFFSET_CLASS_US - 1
+    offset = write_offset_us(rank(Status.CANCELLED))
+    assert offset == 6 * OFFSET_CLASS_US - 1
+    assert write_offset_us(rank(Status.EXPIRED)) == 5 * OFFSET_CLASS_US
+    assert write_offset_us(rank(Status.UNKNOWN, 999)) < offset
 
 
 def test_attempt_bounds() -> None:

@@ -108,6 +108,10 @@ class SendContext:
     def lease_key(self, w: Work) -> str:
         return self.ports.leases.lease_key(w.message_id, w.record.attempt)
 
+    def gate_key(self, w: Work) -> str:
+        """The message's cancel gate (``adapters/cancel_gate.py``)."""
+        return self.ports.leases.gate_key(w.message_id)
+
     def lease_ttl(self, w: Work) -> timedelta:
         return scaled_lease_ttl(self.settings, w.record.tier)
 

@@ -12,6 +12,9 @@ from notiflow.flows.sending.context import SendContext
 from notiflow.schemas.enums import Status
 from notiflow.schemas.messages import AttemptRecord, DlqRecord, IngestRecord, StatusEvent
 
+NEVER_DELIVERED = frozenset({Status.FAILED, Status.EXPIRED, Status.CANCELLED})
+"""Endings that free the message's content fingerprint."""
+
 
 def lease_outcome(ev: StatusEvent, follow: Iterable[Out] = ()) -> dict[str, object]:
     """What a finished lease records, so a replay can re-emit the outcome and what follows
@@ -32,14 +35,24 @@ def lease_outcome(ev: StatusEvent, follow: Iterable[Out] = ()) -> dict[str, obje
 async def finish(ctx: SendContext, w: Work, ev: StatusEvent, content_key: str | None = None,
                  follow: Sequence[Out] = ()) -> list[Out]:
     """Record the attempt's end and what follows it on its lease, and free the content
-    fingerprint of a message that will never be delivered. Returns ``[ev, *follow]``."""
+    fingerprint of a message that will never be delivered. A RETRY_PENDING end also clears
+    the cancel gate's ``sending`` in the same round trip (the message may be cancelled
+    while it waits). Returns ``[ev, *follow]``."""
     leases = ctx.ports.leases
     key = ctx.lease_key(w)
     done = lease_outcome(ev, follow)
-    await ctx.redis(lambda: leases.finish([(key, done)], ctx.lease_ttl(w)), None)
-    if content_key and ev.status in (Status.FAILED, Status.EXPIRED):
+    clear = [ctx.gate_key(w)] if ev.status is Status.RETRY_PENDING else []
+    await ctx.redis(lambda: leases.finish([(key, done)], ctx.lease_ttl(w), clear), None)
+    if content_key and ev.status in NEVER_DELIVERED:
         await ctx.redis(lambda: leases.release_content([(content_key, w.message_id)]), None)
     return [ev, *follow]
+
+
+async def cancelled(ctx: SendContext, w: Work, content_key: str | None) -> list[Out]:
+    """The gate said the message was cancelled: the attempt ends CANCELLED (recorded on its
+    lease, so a replay re-emits it and never calls the provider)."""
+    return await finish(ctx, w, ctx.event(w, Status.CANCELLED, ctx.clock(), reason="cancelled"),
+                        content_key)
 
 
 async def release(ctx: SendContext, w: Work) -> None:
