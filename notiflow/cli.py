@@ -15,6 +15,7 @@ from rich.table import Table
 from notiflow.bench.cli import bench_app
 from notiflow.ops.dlq_cli import dlq_app
 from notiflow.ops.messages_cli import messages_command
+from notiflow.ops.schedules import schedules_app
 from notiflow.ops.top import top_command
 from notiflow.ops.webhooks_cli import flow_webhooks
 from notiflow.schemas.enums import Tier
@@ -28,6 +29,7 @@ app.add_typer(stack_app, name="stack")
 app.add_typer(flow_app, name="flow")
 app.add_typer(schemas_app, name="schemas")
 app.add_typer(dlq_app, name="dlq")
+app.add_typer(schedules_app, name="schedules")
 flow_app.command("webhooks")(flow_webhooks)
 console = Console(width=None if sys.stdout.isatty() else 120)
 

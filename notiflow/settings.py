@@ -406,6 +406,13 @@ class SchedulingRule(_Frozen):
     from the shard's watermark (the oldest bucket not fully released)."""
     page: int = Field(500, ge=1, le=10_000)
     """Rows read per query and published per round trip to Kafka."""
+    horizon: timedelta = Field(timedelta(hours=1), gt=timedelta(0))
+    """How far ahead a recurring schedule's occurrences become messages (``SCHEDULED``, in
+    buckets): pausing or deleting a schedule cancels those already made."""
+    materialize_every: timedelta = Field(timedelta(seconds=10), gt=timedelta(0))
+    """How often a scheduler materialises the schedules of its shards."""
+    min_interval: timedelta = Field(timedelta(minutes=1), gt=timedelta(0))
+    """Closest two occurrences of a recurring schedule may be (422 otherwise)."""
     long_wait: timedelta = Field(timedelta(seconds=30), gt=timedelta(0))
     """A retry (or a wait for a breaker) due this long or more after it is decided leaves
     the send flow through ``notify.delayed`` and waits in a bucket, not in flow state

@@ -3,6 +3,10 @@ read and marked released by schedulers, deleted by a cancel) and the schedulers'
 leases (``scheduler_leases``, one partition per ring, so a scheduler renews every shard it
 holds in one conditional batch) and membership (``scheduler_members``: who is alive until when).
 
+A row's ``payload`` (the ingest record: recipient, variables) is encrypted at rest with the
+dead letters' key (``NOTIFLOW_DLQ_KEY``, Fernet; rotation as in ``dlq_crypto.py``); a row
+that no longer decrypts yields an empty payload, which the send flow dead-letters.
+
 Leases are lightweight transactions (``LOCAL_SERIAL``): two schedulers never both believe
 they hold a shard at the same instant of Cassandra's time. A scheduler that loses a lease
 while it publishes may publish a row the next owner publishes again (at most once per lost
@@ -11,6 +15,7 @@ lease; the send flow's dedup lease absorbs the copy).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -21,6 +26,7 @@ from cassandra.cluster import Session
 from cassandra.query import BatchStatement, BatchType, PreparedStatement
 
 from notiflow.adapters.cassandra_store import aio, utc
+from notiflow.adapters.dlq_crypto import DlqCipher
 from notiflow.schemas.scheduling import ScheduledRow, bucket_of, shard_of
 from notiflow.settings import Settings
 
@@ -49,6 +55,7 @@ _STATEMENTS = {
     "member": "INSERT INTO scheduler_members (ring, owner, alive_until) VALUES (?, ?, ?)",
     "member_gone": "DELETE FROM scheduler_members WHERE ring = ? AND owner = ?",
 }
+log = logging.getLogger(__name__)
 EPOCH_MS = datetime(1970, 1, 1, tzinfo=UTC)
 RELEASED_KEEP = timedelta(days=1)
 """How long a released row stays readable (for operators) before its TTL removes it."""
@@ -64,11 +71,17 @@ class ShardLease:
     watermark: datetime | None
 
 
-def _row(r: dict[str, Any]) -> ScheduledRow:
+def _row(r: dict[str, Any], cipher: DlqCipher) -> ScheduledRow:
+    try:
+        payload = cipher.decrypt(r["payload"] or "").decode()
+    except (ValueError, UnicodeDecodeError):
+        log.error("scheduled row %s: payload does not decrypt with the configured keys",
+                  r["message_id"])
+        payload = ""
     return ScheduledRow(
         time_bucket=utc(r["time_bucket"]) or EPOCH_MS, shard=r["shard"],
         scheduled_at=utc(r["scheduled_at"]) or EPOCH_MS, message_id=r["message_id"],
-        topic=r["topic"] or "", payload=r["payload"] or "", tenant_id=r["tenant_id"] or "",
+        topic=r["topic"] or "", payload=payload, tenant_id=r["tenant_id"] or "",
         tier=r["tier"] or "", expires_at=utc(r.get("expires_at")),
         traceparent=r.get("traceparent"), released_at=utc(r.get("released_at")))
 
@@ -76,8 +89,10 @@ def _row(r: dict[str, Any]) -> ScheduledRow:
 class ScheduledStore:
     """Every read and write of scheduled work and scheduler leases."""
 
-    def __init__(self, session: Session, settings: Settings, ring: str = "default") -> None:
+    def __init__(self, session: Session, settings: Settings, ring: str = "default",
+                 cipher: DlqCipher | None = None) -> None:
         self.session = session
+        self.cipher = cipher or DlqCipher.from_settings(settings)
         self.rule = settings.scheduling
         self.ring = ring
         self._stmts: dict[str, PreparedStatement] = {
@@ -102,7 +117,8 @@ class ScheduledStore:
         end = row.expires_at or row.scheduled_at
         ttl = max(60, int((end - now).total_seconds() + RELEASED_KEEP.total_seconds()))
         await self._run("add", (row.time_bucket, row.shard, row.scheduled_at, row.message_id,
-                                row.topic, row.payload, row.tenant_id, row.tier,
+                                row.topic, self.cipher.encrypt(row.payload.encode()),
+                                row.tenant_id, row.tier,
                                 row.expires_at, row.traceparent, ttl))
 
     async def unschedule(self, message_id: str, scheduled_at: datetime) -> None:
@@ -114,14 +130,14 @@ class ScheduledStore:
         bucket, shard = self.place(message_id, scheduled_at)
         rows = await self._run("get", (bucket, shard, scheduled_at.astimezone(UTC),
                                        message_id))
-        return _row(rows[0]) if rows else None
+        return _row(rows[0], self.cipher) if rows else None
 
     async def due(self, bucket: datetime, shard: int, after: tuple[datetime, str],
                   until: datetime, limit: int) -> list[ScheduledRow]:
         """Rows of partition (bucket, shard) after clustering position ``after`` and due at
         or before ``until``, in order (released ones included: the caller skips them)."""
         rows = await self._run("due", (bucket, shard, after[0], after[1], until, limit))
-        return [_row(r) for r in rows]
+        return [_row(r, self.cipher) for r in rows]
 
     async def mark_released(self, rows: Sequence[ScheduledRow], at: datetime,
                             owner: str) -> None:

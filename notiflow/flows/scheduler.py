@@ -45,6 +45,7 @@ from notiflow.adapters.dlq_crypto import DlqCipher
 from notiflow.adapters.kafka_io import OutRecord, make_headers
 from notiflow.adapters.scheduled_store import ShardLease
 from notiflow.flows.model import SourceRef, utcnow
+from notiflow.flows.recurring import Materializer
 from notiflow.flows.steps import Encoder, dead_letter, snapshot_of
 from notiflow.schemas.enums import Status
 from notiflow.schemas.messages import IngestRecord, StatusEvent
@@ -149,9 +150,11 @@ class Scheduler:
     """One scheduler process's shard leases and releases. ``run`` until ``stop`` is set."""
 
     def __init__(self, settings: Settings, board: Board, publish: Publish, owner: str,
-                 clock: Clock = utcnow, intake: Intake | None = None) -> None:
+                 clock: Clock = utcnow, intake: Intake | None = None,
+                 materializer: Materializer | None = None) -> None:
         self.settings = settings
         self.intake = intake
+        self.materializer = materializer
         self.cipher = DlqCipher.from_settings(settings)
         self.rule: SchedulingRule = settings.scheduling
         self.board = board
@@ -167,6 +170,9 @@ class Scheduler:
         loops = [asyncio.create_task(self._every(self.rule.lease / 4, self.tick_leases, stop))]
         if self.intake is not None:
             loops.append(asyncio.create_task(self._every(timedelta(0), self.tick_intake, stop)))
+        if self.materializer is not None:
+            loops.append(asyncio.create_task(self._every(
+                self.rule.materialize_every, self.tick_recurring, stop)))
         try:
             await self._every(self.rule.poll, self.tick_release, stop)
         finally:
@@ -251,6 +257,14 @@ class Scheduler:
                                      self.watermarks())
             self.held.clear()
         await self.board.leave(self.owner)
+
+    # ------------------------------------------------------------------ recurring
+
+    async def tick_recurring(self) -> int:
+        """Materialise the recurring schedules of the held shards (``flows/recurring.py``)."""
+        if self.materializer is None or not self.holds(self.clock()):
+            return 0
+        return await self.materializer.tick(sorted(self.held))
 
     # ------------------------------------------------------------------ intake
 
@@ -364,9 +378,10 @@ class Scheduler:
 async def serve(settings: Settings, owner: str, stop: asyncio.Event) -> None:
     """Open Cassandra and a confirming Kafka producer (acks=all, idempotent) and schedule
     until ``stop`` is set."""
-    from notiflow.adapters.cassandra_store import connect
+    from notiflow.adapters.cassandra_store import CassandraStore, connect
     from notiflow.adapters.delayed_intake import DelayedIntake
     from notiflow.adapters.kafka_io import AsyncProducer
+    from notiflow.adapters.schedule_store import ScheduleStore
     from notiflow.adapters.scheduled_store import ScheduledStore
 
     cluster, session = await asyncio.to_thread(connect, settings)
@@ -378,10 +393,13 @@ async def serve(settings: Settings, owner: str, stop: asyncio.Event) -> None:
 
     try:
         board = ScheduledStore(session, settings)
+        materializer = Materializer(settings, ScheduleStore(session, settings),
+                                    CassandraStore(session, settings), board, publish, utcnow)
         log.info("scheduler %s: %d shards, buckets of %ss, lease %ss", owner,
                  settings.scheduling.shards, settings.scheduling.bucket.total_seconds(),
                  settings.scheduling.lease.total_seconds())
-        await Scheduler(settings, board, publish, owner, intake=intake).run(stop)
+        await Scheduler(settings, board, publish, owner, intake=intake,
+                        materializer=materializer).run(stop)
     finally:
         await asyncio.to_thread(intake.close)
         await asyncio.to_thread(producer.close)

@@ -29,6 +29,7 @@ from notiflow.gateway import (
     message_list,
     messages,
     recipients,
+    schedules,
     templates,
     webhooks,
 )
@@ -117,6 +118,7 @@ def build_app(settings: Settings) -> FastAPI:
     app.include_router(message_list.router)
     app.include_router(templates.router)
     app.include_router(recipients.router)
+    app.include_router(schedules.router)
     if settings.api_lane != "priority":
         app.include_router(webhooks.router)
 

@@ -132,11 +132,34 @@ async def cancel_message(message_id: str, request: Request, tenant: Tenant,
                            "RETRY_PENDING message can be cancelled",
                            current_status=status.value)
         now = now_ms()
-        await _close_gate(rt, message_id, utc(row.get("expires_at")), now)
-        trace = traceparent(request.headers.get("traceparent"))
-        await rt.producer().produce(cancel_record(rt.settings, row, message_id, now, trace))
-        if status is Status.SCHEDULED:
-            await _unschedule(rt, message_id, utc(row.get("scheduled_at")))
-        elif status is Status.RETRY_PENDING:
-            await _unschedule(rt, message_id, utc(row.get("next_attempt_at")))
+        await cancel_row(rt, message_id, row, now, traceparent(request.headers.get(
+            "traceparent")))
         return _answer(message_id, now)
+
+
+async def cancel_row(rt: Runtime, message_id: str, row: dict[str, Any], now: datetime,
+                     trace: str) -> None:
+    """Cancel a cancellable message whose row is ``row``: the gate (409 ``already_sending``,
+    503), the CANCELLED event, its ``scheduled_work`` row."""
+    status = Status(row["status"])
+    await _close_gate(rt, message_id, utc(row.get("expires_at")), now)
+    await rt.producer().produce(cancel_record(rt.settings, row, message_id, now, trace))
+    if status is Status.SCHEDULED:
+        await _unschedule(rt, message_id, utc(row.get("scheduled_at")))
+    elif status is Status.RETRY_PENDING:
+        await _unschedule(rt, message_id, utc(row.get("next_attempt_at")))
+
+
+async def cancel_if_pending(rt: Runtime, message_id: str, now: datetime, trace: str) -> bool:
+    """Cancel a message if it is still cancellable (a paused or deleted schedule's coming
+    occurrence): False when it does not exist, already ended or is being sent."""
+    row = await rt.store().get_message(message_id)
+    if row is None or Status(row["status"]) not in CANCELLABLE:
+        return False
+    try:
+        await cancel_row(rt, message_id, row, now, trace)
+    except ApiError as exc:
+        if exc.status == 409:
+            return False
+        raise
+    return True

@@ -26,6 +26,7 @@ from notiflow.adapters.cassandra_store import CassandraStore, connect
 from notiflow.adapters.kafka_io import AsyncProducer
 from notiflow.adapters.preferences import PreferenceStore
 from notiflow.adapters.retrying import OUTAGE, until_up
+from notiflow.adapters.schedule_store import ScheduleStore
 from notiflow.adapters.scheduled_store import ScheduledStore
 from notiflow.gateway.admission import Admission
 from notiflow.gateway.errors import unavailable
@@ -66,6 +67,7 @@ class Runtime:
         self.settings = settings
         self._store: CassandraStore | None = None
         self._scheduled: ScheduledStore | None = None
+        self._schedules: ScheduleStore | None = None
         self._cluster: Cluster | None = None
         self._producer: AsyncProducer | None = None
         self._admin: AdminClient | None = None
@@ -100,13 +102,15 @@ class Runtime:
         try:
             store = await asyncio.to_thread(CassandraStore, session, self.settings)
             scheduled = await asyncio.to_thread(ScheduledStore, session, self.settings)
+            schedules = await asyncio.to_thread(ScheduleStore, session, self.settings)
         except BaseException:
             await asyncio.to_thread(cluster.shutdown)
             raise
         if self._closed:
             await asyncio.to_thread(cluster.shutdown)
             return
-        self._cluster, self._store, self._scheduled = cluster, store, scheduled
+        self._cluster, self._store = cluster, store
+        self._scheduled, self._schedules = scheduled, schedules
         log.info("connected to cassandra keyspace %s", self.settings.cassandra_keyspace)
 
     async def _connect_loop(self) -> None:
@@ -130,6 +134,12 @@ class Runtime:
         if self._scheduled is None:
             raise unavailable("cassandra_unavailable", "the message store is unavailable")
         return self._scheduled
+
+    def schedules(self) -> ScheduleStore:
+        """Recurring schedules in Cassandra; 503 while Cassandra has not been reached."""
+        if self._schedules is None:
+            raise unavailable("cassandra_unavailable", "the message store is unavailable")
+        return self._schedules
 
     async def template(self, tenant_id: str, template_id: str,
                        version: int) -> dict[str, Any] | None:

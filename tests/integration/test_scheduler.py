@@ -124,7 +124,8 @@ async def test_rows_are_published_on_time_across_a_scheduler_crash(
 async def test_a_row_that_expired_while_waiting_becomes_an_expired_event(
         stack: Settings, board: ScheduledStore, schedulers: list[ManagedProcess]) -> None:
     now = datetime.now(UTC)
-    r = row(stack, board, now - timedelta(seconds=2), expires_at=now - timedelta(seconds=1))
+    due = now + timedelta(seconds=3)
+    r = row(stack, board, due, expires_at=due)
     await board.add(r, now)
     seen = await asyncio.to_thread(published, stack, stack.events_topic, {r.message_id},
                                    time.monotonic())

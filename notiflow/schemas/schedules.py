@@ -1,0 +1,76 @@
+"""Wire contracts of recurring schedules: ``POST /v1/schedules`` and the views of
+``GET /v1/schedules[/{id}]`` (docs/api.md, "Recurring schedules")."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Literal
+
+from pydantic import AwareDatetime, Field, model_validator
+
+from notiflow.schemas.enums import Channel, Tier
+from notiflow.schemas.messages import SendRequest, Wire, derived_message_id
+
+ScheduleState = Literal["active", "paused", "deleted"]
+SCHEDULABLE_TIERS = frozenset({Tier.P2, Tier.P3})
+
+
+def new_schedule_id() -> str:
+    return f"sch_{uuid.uuid4().hex}"
+
+
+def occurrence_message_id(schedule_id: str, at: datetime) -> str:
+    """The message of one occurrence: derived from (schedule, instant), so materialising an
+    occurrence twice (a crash, two schedulers) makes one message."""
+    return derived_message_id("schedule", schedule_id, str(int(at.timestamp() * 1000)))
+
+
+class ScheduleRequest(Wire):
+    """Body of ``POST /v1/schedules``: exactly one of ``cron`` (five fields) and ``rrule``
+    (RFC 5545, without DTSTART), evaluated in ``timezone``; ``message`` is a send request
+    without ``scheduled_at`` and ``expires_at`` (each occurrence expires after its tier TTL),
+    of tier P2 or P3."""
+
+    cron: str | None = Field(None, min_length=1, max_length=256)
+    rrule: str | None = Field(None, min_length=1, max_length=1024)
+    timezone: str = Field("UTC", min_length=1, max_length=64)
+    starts_at: AwareDatetime | None = None
+    ends_at: AwareDatetime | None = None
+    message: SendRequest
+
+    @model_validator(mode="after")
+    def _one_message_per_occurrence(self) -> ScheduleRequest:
+        if self.message.scheduled_at is not None or self.message.expires_at is not None:
+            raise ValueError("message: scheduled_at and expires_at come from the schedule")
+        if self.message.tier not in SCHEDULABLE_TIERS:
+            raise ValueError("message: only P2 and P3 messages can be scheduled")
+        return self
+
+
+class ScheduleView(Wire):
+    """One schedule as ``GET /v1/schedules/{id}`` shows it; ``next``: its coming occurrences
+    (none while paused)."""
+
+    schedule_id: str
+    state: ScheduleState
+    cron: str | None = None
+    rrule: str | None = None
+    timezone: str
+    starts_at: datetime
+    ends_at: datetime | None = None
+    channel: Channel
+    tier: Tier
+    template_id: str
+    template_version: int
+    recipient_masked: str
+    materialized_until: datetime | None = None
+    created_at: datetime
+    updated_at: datetime
+    next: tuple[datetime, ...] = ()
+
+
+class ScheduleList(Wire):
+    """``GET /v1/schedules``: the caller's schedules (deleted ones left out)."""
+
+    schedules: tuple[ScheduleView, ...]
