@@ -72,12 +72,14 @@ class ShardLease:
 
 
 def _row(r: dict[str, Any], cipher: DlqCipher) -> ScheduledRow:
-    try:
-        payload = cipher.decrypt(r["payload"] or "").decode()
-    except (ValueError, UnicodeDecodeError):
-        log.error("scheduled row %s: payload does not decrypt with the configured keys",
-                  r["message_id"])
-        payload = ""
+    """A stored row; a released row's payload is not decrypted (nobody needs it again)."""
+    payload = ""
+    if r.get("released_at") is None:
+        try:
+            payload = cipher.decrypt(r["payload"] or "").decode()
+        except (ValueError, UnicodeDecodeError):
+            log.error("scheduled row %s: payload does not decrypt with the configured keys",
+                      r["message_id"])
     return ScheduledRow(
         time_bucket=utc(r["time_bucket"]) or EPOCH_MS, shard=r["shard"],
         scheduled_at=utc(r["scheduled_at"]) or EPOCH_MS, message_id=r["message_id"],

@@ -146,12 +146,13 @@ def scheduler(
     rows released at ``rate``/s (published per second, lateness, scheduler CPU and RSS)."""
     from notiflow.bench import scheduler as sb
     from notiflow.bench.report import write
+    from notiflow.bench.scheduler_report import scheduler_markdown, scheduler_plot
 
     with _stack():
         doc = sb.run(out, n=n, rate=rate, failover_n=failover_n, window=window, log=_log)
-    md = sb.scheduler_markdown(doc)
+    md = scheduler_markdown(doc)
     paths = write(out, "scheduler", doc, md)
-    paths.append(sb.scheduler_plot(doc, out / "scheduler.png"))
+    paths.append(scheduler_plot(doc, out / "scheduler.png"))
     _show(paths, md)
 
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import psutil
 
+from notiflow.bench.scheduler_report import scheduler_markdown, scheduler_plot
 from notiflow.bench.summary import LATENCY_COLUMNS, dumps, latency_of, pressure_of, summarize
 
 
@@ -266,7 +267,8 @@ def scale_markdown(doc: dict[str, Any]) -> str:
 
 MARKDOWN: dict[str, Callable[[dict[str, Any]], str]] = {
     "isolation": isolation_markdown, "soak": soak_markdown,
-    "throughput": throughput_markdown, "scale": scale_markdown}
+    "throughput": throughput_markdown, "scale": scale_markdown,
+    "scheduler": scheduler_markdown}
 """The Markdown report of each ``bench`` kind."""
 
 
@@ -288,7 +290,8 @@ def write(out: Path, name: str, doc: dict[str, Any], markdown: str) -> list[Path
 
 def publish(doc: dict[str, Any], base: Path) -> list[Path]:
     """A run as ``bench/figures/`` keeps it: ``<base>.json`` (:func:`summarize` of ``doc``),
-    ``<base>.md`` and, for an isolation run, ``<base>.png``, all rendered from the summary."""
+    ``<base>.md`` and, for an isolation or scheduler run, ``<base>.png``, all rendered from
+    the summary."""
     brief = summarize(doc)
     base.parent.mkdir(parents=True, exist_ok=True)
     js, md = base.with_name(base.name + ".json"), base.with_name(base.name + ".md")
@@ -297,6 +300,8 @@ def publish(doc: dict[str, Any], base: Path) -> list[Path]:
     paths = [js, md]
     if brief["bench"] == "isolation":
         paths.append(isolation_plot(brief, base.with_name(base.name + ".png")))
+    elif brief["bench"] == "scheduler":
+        paths.append(scheduler_plot(brief, base.with_name(base.name + ".png")))
     return paths
 
 

@@ -10,6 +10,7 @@ import pytest
 
 from notiflow.bench import isolation, throughput
 from notiflow.bench.report import isolation_markdown, isolation_plot, throughput_markdown, write
+from notiflow.bench.scheduler_report import scheduler_markdown, scheduler_plot
 from notiflow.settings import Settings
 
 pytestmark = pytest.mark.integration
@@ -88,5 +89,5 @@ def test_scheduler_smoke(stack: Settings, tmp_path: Path) -> None:
         assert r["lateness_p99_s"] is not None and r["lateness_p99_s"] < 10, (phase, r)
     assert doc["load"]["scheduler_cpu_ms_per_row"] > 0
     assert doc["load"]["slices"]
-    write(tmp_path, "scheduler", doc, scheduler.scheduler_markdown(doc))
-    assert scheduler.scheduler_plot(doc, tmp_path / "scheduler.png").stat().st_size > 10_000
+    write(tmp_path, "scheduler", doc, scheduler_markdown(doc))
+    assert scheduler_plot(doc, tmp_path / "scheduler.png").stat().st_size > 10_000

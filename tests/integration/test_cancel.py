@@ -11,6 +11,8 @@ import random
 import uuid
 from collections import Counter
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -18,7 +20,7 @@ import pytest
 from cassandra.cluster import Session
 
 from notiflow.devenv import free_port
-from notiflow.ops.procs import ManagedProcess
+from notiflow.ops.procs import ManagedProcess, ProcessGroup
 from notiflow.schemas.enums import Tier
 from tests.helpers import SUCCESS, accepted_counts, emulator_records, message_row, report, wait_for
 from tests.integration.conftest import Isolated, RedisServer
@@ -28,6 +30,7 @@ pytestmark = pytest.mark.integration
 RACES = 200
 CONCURRENCY = 8
 MAX_DELAY_S = 0.04
+EMAIL_PROVIDERS = ("sendgrid", "smtp")
 
 
 def auth(token: str) -> dict[str, str]:
@@ -191,3 +194,70 @@ def test_cancels_racing_the_send_flow_end_in_exactly_one_outcome(
     report(capsys, f"cancel races: {dict(outcomes)} of {RACES}")
     raced = outcomes["cancelled"] + outcomes["sent (already_sending)"]
     assert raced, f"no cancel reached the gate before the status moved on: {outcomes}"
+
+
+SCHEDULED_RACES = 200
+
+
+def test_cancels_at_the_due_instant_of_scheduled_messages_end_in_exactly_one_outcome(
+        api: str, tokens: dict[str, str], send_p3: ManagedProcess, cql: Session,
+        fakes: str, log_dir: Path, capsys: Any) -> None:
+    """200 P3 emails scheduled a few seconds ahead (buckets, a scheduler, the P3 flow), each
+    cancelled at its due instant: cancelled and never at a provider, or sent with the cancel
+    refused."""
+    token = tokens["mkt"]
+    tpl = httpx.post(f"{api}/v1/templates", headers=auth(token), json={
+        "template_id": f"race-{uuid.uuid4().hex[:6]}", "channel": "EMAIL",
+        "subject": "Sale", "body": "Code {{ code }}"})
+    assert tpl.status_code in (200, 201), tpl.text
+    group = ProcessGroup()
+    sched = group.add(ManagedProcess("scheduler-race", ["flow", "scheduler"], log_dir)).start()
+    try:
+        sched.wait_until(lambda: "claimed shard" in sched.log_path.read_text(errors="replace"))
+        base = datetime.now(UTC) + timedelta(seconds=6)
+
+        async def one(client: httpx.AsyncClient, i: int, gate: asyncio.Semaphore
+                      ) -> tuple[str, int, dict[str, Any]]:
+            due = base + timedelta(milliseconds=50 * i)
+            async with gate:
+                r = await client.post("/v1/messages", headers={
+                    **auth(token), "Idempotency-Key": uuid.uuid4().hex}, json={
+                    "channel": "EMAIL", "tier": "P3", "category": "transactional",
+                    "recipient": f"race.{uuid.uuid4().hex[:10]}@example.com",
+                    "template_id": tpl.json()["template_id"],
+                    "template_version": tpl.json()["version"], "variables": {"code": str(i)},
+                    "scheduled_at": due.isoformat()})
+            assert r.status_code == 202 and r.json()["status"] == "SCHEDULED", r.text
+            mid = str(r.json()["message_id"])
+            await asyncio.sleep(max(0.0, (due - datetime.now(UTC)).total_seconds()))
+            d = await client.delete(f"/v1/messages/{mid}", headers=auth(token))
+            return mid, d.status_code, d.json()
+
+        async def race() -> list[tuple[str, int, dict[str, Any]]]:
+            gate = asyncio.Semaphore(CONCURRENCY)
+            async with httpx.AsyncClient(base_url=api, timeout=30) as client:
+                return await asyncio.gather(*(one(client, i, gate)
+                                              for i in range(SCHEDULED_RACES)))
+
+        results = asyncio.run(race())
+    finally:
+        group.stop_all()
+    final_statuses = SUCCESS | {"CANCELLED"}
+
+    def finals() -> dict[str, Any] | None:
+        rows = {mid: (message_row(cql, mid) or {}).get("status") for mid, _, _ in results}
+        return rows if all(s in final_statuses for s in rows.values()) else None
+
+    final = wait_for(finals, timeout=120, what="every raced scheduled message ended")
+    accepted = accepted_counts(fakes, providers=EMAIL_PROVIDERS)
+    outcomes: Counter[str] = Counter()
+    for mid, code, body in results:
+        if code == 200:
+            assert final[mid] == "CANCELLED", (mid, final[mid])
+            assert accepted.get(mid) is None, f"cancelled {mid} reached a provider"
+            outcomes["cancelled"] += 1
+        else:
+            assert code == 409 and body["reason"] in ("already_sending", "not_cancellable")
+            assert final[mid] in SUCCESS and accepted.get(mid) == 1, (mid, final[mid])
+            outcomes[f"sent ({body['reason']})"] += 1
+    report(capsys, f"cancels at the due instant: {dict(outcomes)} of {SCHEDULED_RACES}")

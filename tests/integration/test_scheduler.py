@@ -231,9 +231,15 @@ async def test_a_long_retry_waits_in_a_bucket_and_returns_when_due(
     deadline = time.monotonic() + 10
     while await stored() is None and time.monotonic() < deadline:
         await asyncio.sleep(0.2)
-    assert await stored() is not None, "the delayed record never reached its bucket"
+    waiting = await stored()
+    assert waiting is not None, "the delayed record never reached its bucket"
+    assert waiting.released_at is None
+    assert IngestRecord.model_validate_json(waiting.payload).attempt == 3
+    raw = board.session.execute(
+        "SELECT payload FROM scheduled_work WHERE time_bucket = %s AND shard = %s "
+        "AND scheduled_at = %s AND message_id = %s",
+        (waiting.time_bucket, waiting.shard, waiting.scheduled_at, r.message_id)).one()
+    assert "+1415" not in raw["payload"], "the payload is not encrypted at rest"
     seen = await asyncio.to_thread(published, stack, r.topic, {r.message_id},
                                    time.monotonic())
     assert min(seen[r.message_id]) >= to_ms(due) - timedelta(milliseconds=5)
-    assert IngestRecord.model_validate_json(
-        (await stored() or r).payload).attempt == 3
