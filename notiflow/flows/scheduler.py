@@ -107,6 +107,8 @@ class Shard:
 
     watermark: datetime
     positions: dict[datetime, tuple[datetime, str]] = field(default_factory=dict)
+    next_at: datetime | None = None
+    """When the shard must be read again (None: at the next poll)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -328,25 +330,37 @@ class Scheduler:
                         sum(d.skipped for d in done))
 
     async def _release_shard(self, shard: int, st: Shard, now: datetime) -> Released:
+        """Release the shard's due rows, reading ahead by ``min_lead / 2`` to learn when it
+        must be read next: no row can appear due sooner (rows are written at least
+        ``min_lead`` before their due time, within half of it), so a quiet shard is read once
+        a second rather than every poll."""
+        if st.next_at is not None and now < st.next_at:
+            return Released()
         width = self.rule.bucket
         current = bucket_of(now, width)
+        ahead = now + self.rule.min_lead / 2
         bucket = st.watermark
         published = expired = skipped = 0
+        st.next_at = min(ahead, current + width)
         while bucket <= current:
             start = (bucket - timedelta(milliseconds=1), "")
-            rows = await self.board.due(bucket, shard, st.positions.get(bucket, start), now,
+            rows = await self.board.due(bucket, shard, st.positions.get(bucket, start), ahead,
                                         self.rule.page)
-            fresh = [r for r in rows if r.released_at is None]
-            skipped += len(rows) - len(fresh)
+            due = [r for r in rows if r.scheduled_at <= now]
+            if len(due) < len(rows):
+                st.next_at = min(st.next_at, rows[len(due)].scheduled_at)
+            fresh = [r for r in due if r.released_at is None]
+            skipped += len(due) - len(fresh)
             if fresh:
                 if not self.holds(self.clock()):
+                    st.next_at = None
                     break
                 p, e = await self._release(fresh, now)
                 published += p
                 expired += e
-            if rows:
-                st.positions[bucket] = rows[-1].position
-            if len(rows) == self.rule.page:
+            if due:
+                st.positions[bucket] = due[-1].position
+            if len(due) == self.rule.page:
                 continue
             if bucket < current:
                 st.positions.pop(bucket, None)

@@ -58,13 +58,15 @@ class Clock:
         return self.now
 
 
-def schedule(cron: str, zone: str, starts_at: datetime) -> ScheduleRow:
+def schedule(cron: str, zone: str, starts_at: datetime,
+             materialized_until: datetime | None = None) -> ScheduleRow:
+    """A schedule materialised up to ``materialized_until`` (a scheduler was running)."""
     req = SendRequest.model_validate({
         "channel": "SMS", "tier": "P3", "recipient": "+14155550100", "template_id": "t",
         "template_version": 1, "category": "marketing"})
     return ScheduleRow("mkt", "sch_test", "cron", cron, zone, starts_at, None, "SMS", "P3",
-                       "t", 1, "+1415*****00", req.model_dump_json(), "active", None,
-                       starts_at, starts_at)
+                       "t", 1, "+1415*****00", req.model_dump_json(), "active",
+                       materialized_until, starts_at, starts_at)
 
 
 def materializer(fakes: Fakes, clock: Clock) -> Materializer:
@@ -74,9 +76,9 @@ def materializer(fakes: Fakes, clock: Clock) -> Materializer:
 
 
 async def test_a_daily_0230_fires_once_on_the_us_spring_forward_day() -> None:
-    fakes = Fakes(schedule("30 2 * * *", "America/New_York",
-                           datetime(2027, 3, 10, tzinfo=UTC)))
     clock = Clock(datetime(2027, 3, 13, 12, 0, tzinfo=UTC))
+    fakes = Fakes(schedule("30 2 * * *", "America/New_York",
+                           datetime(2027, 3, 10, tzinfo=UTC), clock.now))
     m = materializer(fakes, clock)
     assert await m.tick([0]) == 1
     assert [r.scheduled_at for r in fakes.rows.values()] == [
@@ -90,16 +92,31 @@ async def test_a_daily_0230_fires_once_on_the_us_spring_forward_day() -> None:
 
 async def test_a_daily_0230_fires_once_on_the_eu_fall_back_day_and_again_is_idempotent(
         ) -> None:
-    fakes = Fakes(schedule("30 2 * * *", "Europe/Paris", datetime(2027, 10, 1, tzinfo=UTC)))
     clock = Clock(datetime(2027, 10, 30, 12, 0, tzinfo=UTC))
+    fakes = Fakes(schedule("30 2 * * *", "Europe/Paris", datetime(2027, 10, 1, tzinfo=UTC),
+                           clock.now))
     m = materializer(fakes, clock)
     assert await m.tick([0]) == 1
     (row,) = fakes.rows.values()
     assert row.scheduled_at == datetime(2027, 10, 31, 0, 30, tzinfo=UTC)
     assert row.message_id == occurrence_message_id("sch_test", row.scheduled_at)
-    fakes.row = replace(fakes.row, materialized_until=None)
+    fakes.row = replace(fakes.row, materialized_until=clock.now)
     assert await m.tick([0]) == 1
     assert len(fakes.rows) == 1 and len(fakes.messages) == 1
+
+
+async def test_a_scheduler_down_for_a_month_catches_up_only_the_tier_ttl() -> None:
+    """Occurrences older than the tier's TTL would expire unsent: skipped; a missed one
+    within it goes to Kafka at once (late), the coming one to its bucket."""
+    clock = Clock(datetime(2027, 10, 30, 12, 0, tzinfo=UTC))
+    fakes = Fakes(schedule("30 2 * * *", "Europe/Paris", datetime(2027, 9, 1, tzinfo=UTC),
+                           datetime(2027, 9, 30, tzinfo=UTC)))
+    assert await materializer(fakes, clock).tick([0]) == 2
+    missed = datetime(2027, 10, 30, 0, 30, tzinfo=UTC)
+    assert [r.scheduled_at for r in fakes.rows.values()] == [
+        datetime(2027, 10, 31, 0, 30, tzinfo=UTC)]
+    assert [r.key for r in fakes.published] == [
+        occurrence_message_id("sch_test", missed).encode()]
 
 
 async def test_paused_schedules_and_other_shards_make_nothing() -> None:

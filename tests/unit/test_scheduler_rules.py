@@ -325,3 +325,34 @@ def test_the_encoder_sends_long_waits_to_the_delayed_topic() -> None:
     later = Retry(work, record.model_copy(update={"not_before": T0 + timedelta(seconds=30)}))
     assert enc(soon).topic == s.ingest_topic("SMS", "P3")  # type: ignore[arg-type]
     assert enc(later).topic == s.delayed_topic
+
+
+async def test_a_quiet_shard_is_read_again_only_when_a_row_can_be_due() -> None:
+    s, board, clock = settings(shards=1), FakeBoard(), Clock()
+    reads: list[datetime] = []
+    inner = board.due
+
+    async def counted(bucket: datetime, shard: int, after: tuple[datetime, str],
+                      until: datetime, limit: int) -> list[ScheduledRow]:
+        reads.append(clock.now)
+        return await inner(bucket, shard, after, until, limit)
+
+    board.due = counted  # type: ignore[method-assign]
+    sched, out = scheduler(s, board, clock)
+    await sched.tick_leases()
+    await sched.tick_release()
+    first = len(reads)
+    clock.now += timedelta(milliseconds=500)
+    await sched.tick_leases()
+    await sched.tick_release()
+    assert len(reads) == first, "a quiet shard was read again within min_lead / 2"
+    board.put(row(s, "soon", T0 + timedelta(milliseconds=1400)))
+    clock.now += timedelta(milliseconds=600)
+    await sched.tick_leases()
+    await sched.tick_release()
+    assert len(reads) > first and out == []
+    assert sched.held[0].next_at == T0 + timedelta(milliseconds=1400)
+    clock.now = T0 + timedelta(milliseconds=1400)
+    await sched.tick_leases()
+    await sched.tick_release()
+    assert ids(out) == ["soon"]
