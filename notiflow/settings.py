@@ -12,6 +12,7 @@ import os
 from datetime import time, timedelta
 from pathlib import Path
 from typing import Any, Literal
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import (
@@ -181,6 +182,17 @@ class TenantConfig(_Frozen):
     """Admission rate at the API (messages/s, burst of one second); None = unlimited."""
     daily_marketing_cap: int | None = Field(None, ge=0)
     """Marketing messages the tenant may send per UTC day; None = unlimited."""
+    timezone: str = "UTC"
+    """IANA zone a recurring schedule of the tenant's is evaluated in unless it names one."""
+
+    @field_validator("timezone")
+    @classmethod
+    def _known_zone(cls, v: str) -> str:
+        try:
+            ZoneInfo(v)
+        except (ZoneInfoNotFoundError, ValueError) as exc:
+            raise ValueError(f"unknown time zone {v!r}") from exc
+        return v
     webhook_secrets: tuple[SecretStr, ...] = ()
     """Standard Webhooks signing secrets (``whsec_`` + base64) for the tenant's status
     webhooks; every listed secret signs (rotation: add the new one, then drop the old)."""

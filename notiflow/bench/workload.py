@@ -23,8 +23,8 @@ import orjson
 import phonenumbers
 
 from notiflow.fakes.apns import MAGIC_TOKENS as APNS_MAGIC_TOKENS
-from notiflow.flows.consent import phone_timezone
 from notiflow.schemas.enums import Category, Channel, PushPlatform, Tier
+from notiflow.schemas.preferences import phone_timezone
 
 CHANNEL_MIX: tuple[tuple[Channel, float], ...] = (
     (Channel.PUSH, 0.6), (Channel.EMAIL, 0.3), (Channel.SMS, 0.1))

@@ -14,16 +14,14 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, time, timedelta
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-import phonenumbers
 from bytewax.operators import StatefulLogic
-from phonenumbers import timezone as phone_tz
 
 from notiflow.flows.model import Work
 from notiflow.flows.ordering import Skip
 from notiflow.flows.steps import Clock, status_event
 from notiflow.schemas.enums import Channel, Status
 from notiflow.schemas.messages import StatusEvent
-from notiflow.schemas.preferences import PreferenceState, QuietWindow, state_key
+from notiflow.schemas.preferences import PreferenceState, QuietWindow, phone_timezone, state_key
 from notiflow.settings import QuietHours, Settings
 
 
@@ -58,16 +56,6 @@ class PreferenceJoin(StatefulLogic[Work | PreferenceState, WithPreferences,
 
     def snapshot(self) -> PreferenceState | None:
         return self.state
-
-
-def phone_timezone(number: str) -> str | None:
-    """The IANA zone of an E.164 number when its prefix maps to exactly one zone."""
-    try:
-        zones = phone_tz.time_zones_for_number(phonenumbers.parse(number, None))
-    except phonenumbers.NumberParseException:
-        return None
-    zones = tuple(z for z in zones if z != "Etc/Unknown")
-    return zones[0] if len(zones) == 1 else None
 
 
 def _in_window(t: time, start: time, end: time) -> bool:

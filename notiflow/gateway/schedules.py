@@ -28,7 +28,9 @@ from notiflow.gateway.errors import invalid_body, not_found, unprocessable
 from notiflow.gateway.messages import check_lane, check_policy, check_template
 from notiflow.gateway.outbox import traceparent
 from notiflow.gateway.runtime import Runtime, now_ms
-from notiflow.redact import mask
+from notiflow.redact import mask, recipient_hash
+from notiflow.schemas.enums import Channel
+from notiflow.schemas.preferences import phone_timezone
 from notiflow.schemas.recurrence import RecurrenceError, occurrences, parse_recurrence
 from notiflow.schemas.schedules import (
     ScheduleList,
@@ -38,11 +40,13 @@ from notiflow.schemas.schedules import (
     new_schedule_id,
     occurrence_message_id,
 )
+from notiflow.settings import TenantConfig
 
 router = APIRouter()
 JSON = "application/json"
 PREVIEW = 5
 PREVIEW_SPAN = timedelta(days=400)
+RECIPIENT_ZONE = "recipient"
 
 
 def _store(rt: Runtime) -> ScheduleStore:
@@ -65,6 +69,26 @@ def view(row: ScheduleRow, now: datetime) -> ScheduleView:
         created_at=row.created_at, updated_at=row.updated_at, next=tuple(coming))
 
 
+async def resolve_zone(rt: Runtime, tenant: TenantConfig, req: ScheduleRequest) -> str:
+    """The zone the schedule is evaluated in: the request's, the recipient's (``recipient``:
+    stored preferences, else an SMS number's zone; 422 when neither is known), or the
+    tenant's."""
+    if req.timezone is None:
+        return tenant.timezone
+    if req.timezone != RECIPIENT_ZONE:
+        return req.timezone
+    msg = req.message
+    state = await rt.preferences().get_state(
+        tenant.id, recipient_hash(tenant.id, msg.recipient_key()))
+    zone = state.timezone if state is not None else None
+    if zone is None and msg.channel is Channel.SMS and isinstance(msg.recipient, str):
+        zone = phone_timezone(msg.recipient)
+    if zone is None:
+        raise unprocessable("invalid_schedule", "the recipient has no known time zone",
+                            field="timezone")
+    return zone
+
+
 @router.post("/v1/schedules", status_code=201)
 async def create_schedule(request: Request, tenant: Tenant, rt: RuntimeDep) -> Response:
     """Create a recurring schedule of one message: 201 with the schedule and its next
@@ -78,9 +102,10 @@ async def create_schedule(request: Request, tenant: Tenant, rt: RuntimeDep) -> R
     check_policy(rt.settings, tenant, msg)
     await check_template(rt, tenant, msg)
     now = now_ms()
+    zone = await resolve_zone(rt, tenant, req)
     try:
         rec = await asyncio.to_thread(functools.partial(
-            parse_recurrence, cron=req.cron, rrule=req.rrule, timezone=req.timezone,
+            parse_recurrence, cron=req.cron, rrule=req.rrule, timezone=zone,
             starts_at=req.starts_at or now, ends_at=req.ends_at,
             min_interval=rt.settings.scheduling.min_interval))
     except RecurrenceError as exc:

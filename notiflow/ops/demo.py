@@ -65,7 +65,7 @@ def daytime_numbers(now: datetime | None = None) -> list[str]:
     and the demo wants every message to reach a terminal status while it waits."""
     from zoneinfo import ZoneInfo
 
-    from notiflow.flows.consent import phone_timezone
+    from notiflow.schemas.preferences import phone_timezone
 
     now = now or datetime.now(UTC)
     picked = []

@@ -11,6 +11,8 @@ from datetime import time
 from typing import Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+import phonenumbers
+from phonenumbers import timezone as phone_tz
 from pydantic import AwareDatetime, Field, TypeAdapter, ValidationError, field_validator
 
 from notiflow.schemas.enums import Category, Channel, PushPlatform
@@ -163,3 +165,13 @@ class DeviceView(Wire):
     updated_at: AwareDatetime
     suppressed: Suppression | None = None
     """Suppression of the token's own state after the call (None once reactivated)."""
+
+
+def phone_timezone(number: str) -> str | None:
+    """The IANA zone of an E.164 number when its prefix maps to exactly one zone."""
+    try:
+        zones = phone_tz.time_zones_for_number(phonenumbers.parse(number, None))
+    except phonenumbers.NumberParseException:
+        return None
+    zones = tuple(z for z in zones if z != "Etc/Unknown")
+    return zones[0] if len(zones) == 1 else None

@@ -34,7 +34,9 @@ class ScheduleRequest(Wire):
 
     cron: str | None = Field(None, min_length=1, max_length=256)
     rrule: str | None = Field(None, min_length=1, max_length=1024)
-    timezone: str = Field("UTC", min_length=1, max_length=64)
+    timezone: str | None = Field(None, min_length=1, max_length=64)
+    """An IANA zone, ``recipient`` (the recipient's stored zone, else an SMS number's), or
+    None: the tenant's configured zone (``UTC`` unless set)."""
     starts_at: AwareDatetime | None = None
     ends_at: AwareDatetime | None = None
     message: SendRequest

@@ -132,3 +132,24 @@ def test_schedule_shape_errors_are_422(scheduled: tuple[Isolated, str],
     for bad in (both, p1, timed, body(otp_template["mkt"])):
         r = httpx.post(f"{api}/v1/schedules", headers=auth(tokens["mkt"]), json=bad)
         assert r.status_code in (403, 421, 422), r.text
+
+
+def test_the_zone_defaults_to_the_tenants_or_is_the_recipients(
+        scheduled: tuple[Isolated, str], tokens: dict[str, str],
+        otp_template: dict[str, int]) -> None:
+    _, api = scheduled
+    token = tokens["mkt"]
+    tenant_zone = httpx.post(f"{api}/v1/schedules", headers=auth(token),
+                             json=body(otp_template["mkt"], cron="0 9 * * *"))
+    assert tenant_zone.status_code == 201 and tenant_zone.json()["timezone"] == "UTC"
+    theirs = httpx.post(f"{api}/v1/schedules", headers=auth(token), json=body(
+        otp_template["mkt"], cron="0 9 * * *", timezone="recipient"))
+    assert theirs.status_code == 201, theirs.text
+    assert theirs.json()["timezone"] == "America/Los_Angeles"
+    assert datetime.fromisoformat(theirs.json()["next"][0]).hour in (16, 17)
+    unknown = body(otp_template["mkt"], cron="0 9 * * *", timezone="recipient")
+    unknown["message"]["recipient"] = "+18002752273"
+    r = httpx.post(f"{api}/v1/schedules", headers=auth(token), json=unknown)
+    assert r.status_code == 422 and r.json()["field"] == "timezone", r.text
+    for sid in (tenant_zone.json()["schedule_id"], theirs.json()["schedule_id"]):
+        assert httpx.delete(f"{api}/v1/schedules/{sid}", headers=auth(token)).status_code == 200

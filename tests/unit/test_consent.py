@@ -14,13 +14,12 @@ from notiflow.flows.consent import (
     PolicyStep,
     PreferenceJoin,
     WithPreferences,
-    phone_timezone,
     quiet_until,
 )
 from notiflow.flows.model import SourceRef, Work
 from notiflow.schemas.enums import Status
 from notiflow.schemas.messages import IngestRecord, StatusEvent
-from notiflow.schemas.preferences import OptOut, PreferenceState, QuietWindow
+from notiflow.schemas.preferences import OptOut, PreferenceState, QuietWindow, phone_timezone
 from notiflow.settings import CapRule, QuietHours, Settings
 
 NIGHT = QuietHours()
