@@ -46,7 +46,7 @@ def due_of(message_id: str) -> datetime:
     return datetime.fromtimestamp(int(message_id.split("_")[1].removeprefix("s")) / 1000, UTC)
 
 
-def make_row(settings: Settings, board: ScheduledStore, due: datetime, i: int) -> ScheduledRow:
+def make_row(settings: Settings, due: datetime, i: int) -> ScheduledRow:
     due = to_ms(due)
     mid = bench_id(due, i)
     record = IngestRecord.model_validate({
@@ -55,10 +55,10 @@ def make_row(settings: Settings, board: ScheduledStore, due: datetime, i: int) -
         "template_version": 1, "variables": {"brand": "notiflow", "code": str(i)},
         "accepted_at": datetime.now(UTC), "expires_at": due + timedelta(hours=24),
         "scheduled_at": due})
-    bucket, shard = board.place(mid, due)
-    return ScheduledRow(bucket, shard, due, mid, settings.ingest_topic(Channel.SMS, Tier.P3),
-                        record.model_dump_json(exclude_none=True), "mkt", "P3",
-                        expires_at=record.expires_at)
+    rule = settings.scheduling
+    return ScheduledRow.waiting(record, due, settings.ingest_topic(Channel.SMS, Tier.P3),
+                                record.model_dump_json(exclude_none=True), rule.bucket,
+                                rule.shards)
 
 
 async def write_rows(settings: Settings, start: datetime, n: int, rate: float,
@@ -77,7 +77,7 @@ async def write_rows(settings: Settings, start: datetime, n: int, rate: float,
         if ahead > 30:
             await asyncio.sleep(ahead - 30)
         async with sem:
-            await board.add(make_row(settings, board, due, i), datetime.now(UTC))
+            await board.add(make_row(settings, due, i), datetime.now(UTC))
 
     try:
         for chunk in range(0, n, 10_000):

@@ -21,11 +21,11 @@ from notiflow.adapters.cassandra_store import to_ms
 from notiflow.adapters.kafka_io import OutRecord, make_headers
 from notiflow.adapters.schedule_store import ScheduleRow
 from notiflow.flows.steps import snapshot_of
-from notiflow.schemas.enums import Status
+from notiflow.schemas.enums import Status, Tier
 from notiflow.schemas.messages import IngestRecord, MessageSnapshot, SendRequest
 from notiflow.schemas.recurrence import occurrences
 from notiflow.schemas.schedules import occurrence_message_id
-from notiflow.schemas.scheduling import ScheduledRow, bucket_of, shard_of
+from notiflow.schemas.scheduling import ScheduledRow
 from notiflow.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -52,10 +52,10 @@ class Rows(Protocol):
 Publish = Callable[[Sequence[OutRecord]], Awaitable[None]]
 
 
-def occurrence_record(settings: Settings, row: ScheduleRow, at: datetime,
+def occurrence_record(settings: Settings, row: ScheduleRow, req: SendRequest, at: datetime,
                       now: datetime) -> IngestRecord:
-    """The ingest record of the occurrence at ``at``, accepted ``now``."""
-    req = SendRequest.model_validate_json(row.request)
+    """The ingest record of the occurrence at ``at`` of ``row``'s request ``req``, accepted
+    ``now``."""
     data = req.model_dump()
     at = to_ms(at)
     data.update(tenant_id=row.tenant_id, message_id=occurrence_message_id(row.schedule_id, at),
@@ -91,12 +91,14 @@ class Materializer:
     async def materialize(self, row: ScheduleRow) -> int:
         now = self.clock()
         until = now + self.rule.horizon
-        oldest = now - self.settings.tier_ttl(SendRequest.model_validate_json(row.request).tier)
+        oldest = now - self.settings.tier_ttl(Tier(row.tier))
         after = max(row.materialized_until or row.starts_at - timedelta(milliseconds=1),
                     oldest)
         times = occurrences(row.recurrence(), after, until, limit=self.rule.page)
+        req = SendRequest.model_validate_json(row.request) if times else None
         for at in times:
-            await self.accept(row, at, now)
+            assert req is not None
+            await self.accept(row, req, at, now)
         done = times[-1] if len(times) == self.rule.page else until
         await self.schedules.set_materialized(row.tenant_id, row.schedule_id, done)
         if times:
@@ -104,20 +106,19 @@ class Materializer:
                      len(times), times[-1].isoformat())
         return len(times)
 
-    async def accept(self, row: ScheduleRow, at: datetime, now: datetime) -> None:
+    async def accept(self, row: ScheduleRow, req: SendRequest, at: datetime,
+                     now: datetime) -> None:
         """Durable acceptance of one occurrence (idempotent)."""
-        record = occurrence_record(self.settings, row, at, now)
+        record = occurrence_record(self.settings, row, req, at, now)
         assert record.message_id is not None and record.scheduled_at is not None
         mid, due = record.message_id, record.scheduled_at
         payload = record.model_dump_json(exclude_none=True)
         topic = self.settings.ingest_topic(record.channel, record.tier)
         await self.messages.create_message(mid, snapshot_of(record), Status.SCHEDULED, now)
         if due - now >= self.rule.min_lead:
-            await self.rows.add(ScheduledRow(
-                bucket_of(due, self.rule.bucket), shard_of(mid, self.rule.shards), due, mid,
-                topic, payload, record.tenant_id, record.tier.value, record.expires_at), now)
+            await self.rows.add(ScheduledRow.waiting(record, due, topic, payload,
+                                                     self.rule.bucket, self.rule.shards), now)
         else:
-            key = (f"{record.tenant_id}:{record.ordering_key}" if record.ordering_key
-                   else mid)
-            await self.publish([OutRecord(topic, key.encode(), payload.encode(), make_headers(
-                mid, record.tenant_id, record.tier.value))])
+            await self.publish([OutRecord(topic, record.partition_key(), payload.encode(),
+                                          make_headers(mid, record.tenant_id,
+                                                       record.tier.value))])

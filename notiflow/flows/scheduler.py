@@ -49,7 +49,7 @@ from notiflow.flows.recurring import Materializer
 from notiflow.flows.steps import Encoder, dead_letter, snapshot_of
 from notiflow.schemas.enums import Status
 from notiflow.schemas.messages import IngestRecord, StatusEvent
-from notiflow.schemas.scheduling import ScheduledRow, bucket_of, fair_share, shard_of
+from notiflow.schemas.scheduling import ScheduledRow, bucket_of, fair_share
 from notiflow.settings import SchedulingRule, Settings
 
 log = logging.getLogger(__name__)
@@ -132,9 +132,8 @@ def ingest_record(row: ScheduledRow) -> OutRecord:
     payload that no longer parses goes as it is: the send flow's parse step dead-letters it
     with the reason (errors are data; nothing accepted is dropped here)."""
     record = parsed(row)
-    key = (f"{record.tenant_id}:{record.ordering_key}" if record and record.ordering_key
-           else row.message_id)
-    return OutRecord(topic=row.topic, key=key.encode(), value=row.payload.encode(),
+    key = record.partition_key() if record is not None else row.message_id.encode()
+    return OutRecord(topic=row.topic, key=key, value=row.payload.encode(),
                      headers=make_headers(row.message_id, row.tenant_id, row.tier,
                                           row.traceparent))
 
@@ -307,15 +306,10 @@ class Scheduler:
         due = record.not_before
         message_id = record.message_id or ""
         if due is None or due - now < self.rule.min_lead or not message_id:
-            key = (f"{record.tenant_id}:{record.ordering_key}" if record.ordering_key
-                   else message_id)
-            return OutRecord(topic, key.encode(), d.value, make_headers(
+            return OutRecord(topic, record.partition_key(), d.value, make_headers(
                 message_id, record.tenant_id, record.tier.value, d.traceparent))
-        due = to_ms(due)
-        return ScheduledRow(bucket_of(due, self.rule.bucket), shard_of(message_id,
-                            self.rule.shards), due, message_id, topic, d.value.decode(),
-                            record.tenant_id, record.tier.value, record.expires_at,
-                            d.traceparent)
+        return ScheduledRow.waiting(record, to_ms(due), topic, d.value.decode(),
+                                    self.rule.bucket, self.rule.shards, d.traceparent)
 
     # ------------------------------------------------------------------ release
 

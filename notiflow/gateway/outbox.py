@@ -109,10 +109,10 @@ def snapshot(record: IngestRecord) -> MessageSnapshot:
 
 
 def partition_key(record: IngestRecord) -> bytes:
-    """``message_id``, or ``tenant_id:ordering_key`` when an ordering key is set."""
-    if record.ordering_key:
-        return f"{record.tenant_id}:{record.ordering_key}".encode()
-    return ids(record)[0].encode()
+    """``message_id``, or ``tenant_id:ordering_key`` when an ordering key is set; raises
+    ``ValueError`` for a record the API did not stamp."""
+    ids(record)
+    return record.partition_key()
 
 
 def out_record(record: IngestRecord, topic: str, payload: str, trace: str) -> OutRecord:
@@ -136,13 +136,10 @@ def scheduled_row(rt: Runtime, record: IngestRecord, topic: str, payload: str, t
     """The ``scheduled_work`` row of a deferred record, else None."""
     if not deferred(rt.settings, record, now) or record.scheduled_at is None:
         return None
-    message_id, _ = ids(record)
-    due = to_ms(record.scheduled_at)
-    bucket, shard = rt.scheduled().place(message_id, due)
-    return ScheduledRow(time_bucket=bucket, shard=shard, scheduled_at=due,
-                        message_id=message_id, topic=topic, payload=payload,
-                        tenant_id=record.tenant_id, tier=record.tier.value,
-                        expires_at=record.expires_at, traceparent=trace)
+    ids(record)
+    rule = rt.settings.scheduling
+    return ScheduledRow.waiting(record, to_ms(record.scheduled_at), topic, payload,
+                                rule.bucket, rule.shards, trace)
 
 
 async def schedule(rt: Runtime, row: ScheduledRow, now: datetime) -> None:

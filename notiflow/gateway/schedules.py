@@ -14,6 +14,7 @@ that are still cancellable, resuming skips the ones missed while paused.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import json
 from datetime import datetime, timedelta
@@ -154,7 +155,7 @@ async def _stop(rt: Runtime, row: ScheduleRow, state: ScheduleState, request: Re
             if await cancel_if_pending(rt, occurrence_message_id(row.schedule_id, at), now,
                                        trace):
                 cancelled += 1
-    updated = await store.get(row.tenant_id, row.schedule_id) or row
+    updated = dataclasses.replace(row, state=state, updated_at=now)
     body = json.loads(view(updated, now).model_dump_json())
     return Response(json.dumps({**body, "cancelled_occurrences": cancelled}),
                     media_type=JSON)
@@ -180,5 +181,5 @@ async def resume_schedule(schedule_id: str, tenant: Tenant, rt: RuntimeDep) -> R
     store = _store(rt)
     if row.state != "active":
         await store.set_state(row, "active", now, now)
-    updated = await store.get(row.tenant_id, row.schedule_id) or row
-    return Response(view(updated, now).model_dump_json(), media_type=JSON)
+        row = dataclasses.replace(row, state="active", updated_at=now, materialized_until=now)
+    return Response(view(row, now).model_dump_json(), media_type=JSON)

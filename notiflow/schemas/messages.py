@@ -196,6 +196,13 @@ class IngestRecord(SendRequest):
             self.model_dump(include=set(SendRequest.model_fields), mode="python")
         )
 
+    def partition_key(self) -> bytes:
+        """The Kafka key: ``tenant_id:ordering_key`` when an ordering key is set (order within
+        the key), else ``message_id``."""
+        if self.ordering_key:
+            return f"{self.tenant_id}:{self.ordering_key}".encode()
+        return (self.message_id or "").encode()
+
 
 class AttemptRecord(Wire):
     """One provider call (Cassandra ``attempts``)."""

@@ -9,6 +9,8 @@ import zlib
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
+from notiflow.schemas.messages import IngestRecord
+
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
@@ -45,6 +47,16 @@ class ScheduledRow:
     expires_at: datetime | None = None
     traceparent: str | None = None
     released_at: datetime | None = None
+
+    @classmethod
+    def waiting(cls, record: IngestRecord, due: datetime, topic: str, payload: str,
+                bucket: timedelta, shards: int, traceparent: str | None = None
+                ) -> ScheduledRow:
+        """The row of ``record`` (serialised as ``payload``) due at ``due``, placed in its
+        bucket of width ``bucket`` and its shard of ``shards``."""
+        mid = record.message_id or ""
+        return cls(bucket_of(due, bucket), shard_of(mid, shards), due, mid, topic, payload,
+                   record.tenant_id, record.tier.value, record.expires_at, traceparent)
 
     @property
     def position(self) -> tuple[datetime, str]:
