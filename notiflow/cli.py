@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from notiflow.bench.cli import bench_app
+from notiflow.ops.campaigns_cli import campaigns_app
 from notiflow.ops.dlq_cli import dlq_app
 from notiflow.ops.messages_cli import messages_command
 from notiflow.ops.schedules import schedules_app
@@ -30,6 +31,7 @@ app.add_typer(flow_app, name="flow")
 app.add_typer(schemas_app, name="schemas")
 app.add_typer(dlq_app, name="dlq")
 app.add_typer(schedules_app, name="schedules")
+app.add_typer(campaigns_app, name="campaigns")
 flow_app.command("webhooks")(flow_webhooks)
 console = Console(width=None if sys.stdout.isatty() else 120)
 
@@ -188,6 +190,20 @@ def flow_scheduler(
     they fall due; run several for failover (shards are leased, docs/architecture.md)."""
     from notiflow.adapters.send_ports import sender_identity
     from notiflow.flows.scheduler import main
+
+    main(_settings(), name or sender_identity())
+
+
+@flow_app.command("expander")
+def flow_expander(
+    name: Annotated[str | None, typer.Option(
+        help="This expander's identity in the campaign leases (default host:pid:random).")
+    ] = None,
+) -> None:
+    """Run a campaign expander: turns the rows of running campaigns' manifests into P2/P3
+    messages at their pace; run several for failover (campaigns are leased)."""
+    from notiflow.adapters.send_ports import sender_identity
+    from notiflow.flows.expander import main
 
     main(_settings(), name or sender_identity())
 

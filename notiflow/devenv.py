@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import secrets
 import socket
 import string
@@ -19,10 +20,11 @@ from cryptography.fernet import Fernet
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
-DEV_TENANTS = {
+DEV_TENANTS: dict[str, dict[str, object]] = {
     "acme": {"tiers": ["P0", "P1", "P2", "P3"]},
     "globex": {"tiers": ["P0", "P1", "P2", "P3"]},
     "mkt": {"tiers": ["P2", "P3"]},
+    "promo": {"tiers": ["P3"], "max_active_campaigns": 2, "max_campaign_recipients": 100_000},
 }
 
 
@@ -123,6 +125,30 @@ def webhook_secret() -> str:
     return "whsec_" + base64.b64encode(secrets.token_bytes(24)).decode()
 
 
+def object_store_credentials(stack_dir: Path) -> dict[str, str]:
+    """The local stack's S3 credentials (its SeaweedFS refuses unsigned requests): a random
+    access key id and secret made once per stack directory and kept in
+    ``conf/s3-credentials.json`` there (mode 0600), so the stack and every dev, demo or test
+    process agree; returned as the variables that configure the object store."""
+    path = stack_dir / "conf" / "s3-credentials.json"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fresh = {"access_key_id": "NF" + secrets.token_hex(9).upper(),
+                 "secret_access_key": secrets.token_urlsafe(30)}
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
+        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
+            json.dump(fresh, f)
+        try:
+            os.link(tmp, path)  # atomic: a concurrent first caller's file wins
+        except FileExistsError:
+            pass
+        finally:
+            tmp.unlink()
+    creds = json.loads(path.read_text())
+    return {"NOTIFLOW_OBJECT_STORE__ACCESS_KEY_ID": creds["access_key_id"],
+            "NOTIFLOW_OBJECT_STORE__SECRET_ACCESS_KEY": creds["secret_access_key"]}
+
+
 def dev_environment(*, api_port: int, fakes_port: int, time_scale: float = 1.0,
                     extra: dict[str, str] | None = None, apns_port: int | None = None,
                     tls_dir: Path | None = None,
@@ -130,14 +156,18 @@ def dev_environment(*, api_port: int, fakes_port: int, time_scale: float = 1.0,
     """Return (NOTIFLOW_* environment, tenant id -> bearer token). The APNs emulator gets
     ``apns_port`` (default: a free port) and TLS files in ``tls_dir`` (default: a new
     temporary directory); the emulators post receipts to the API on ``webhook_port``
-    (default ``api_port``; the bulk lane's API when the lanes run apart)."""
+    (default ``api_port``; the bulk lane's API when the lanes run apart). The object store's
+    credentials are the local stack's (:func:`object_store_credentials`, stack directory
+    from ``extra`` or the environment's ``NOTIFLOW_STACK_DIR``, default ``.stack``)."""
+    stack_dir = Path((extra or {}).get("NOTIFLOW_STACK_DIR")
+                     or os.environ.get("NOTIFLOW_STACK_DIR") or ".stack")
     apns_port = apns_port if apns_port is not None else free_port()
     hooks = webhook_port if webhook_port is not None else api_port
     tls_dir = tls_dir if tls_dir is not None else Path(tempfile.mkdtemp(prefix="notiflow-tls-"))
     tokens = {tid: f"nf_{tid}_{secrets.token_urlsafe(24)}" for tid in DEV_TENANTS}
-    tenants = [{"id": tid, "token": tokens[tid],
-                "webhook_secrets": [webhook_secret()], **cfg}
-               for tid, cfg in DEV_TENANTS.items()]
+    tenants: list[dict[str, object]] = [
+        {"id": tid, "token": tokens[tid], "webhook_secrets": [webhook_secret()], **cfg}
+        for tid, cfg in DEV_TENANTS.items()]
     env = {
         "NOTIFLOW_TENANTS": json.dumps(tenants),
         "NOTIFLOW_API_PORT": str(api_port),
@@ -147,6 +177,7 @@ def dev_environment(*, api_port: int, fakes_port: int, time_scale: float = 1.0,
         "NOTIFLOW_TWILIO__AUTH_TOKEN": secrets.token_hex(16),
         "NOTIFLOW_TWILIO__STATUS_CALLBACK_URL": f"http://127.0.0.1:{hooks}/webhooks/twilio",
         "NOTIFLOW_DLQ_KEY": Fernet.generate_key().decode(),
+        **object_store_credentials(stack_dir),
         "NOTIFLOW_TIME_SCALE": str(time_scale),
         "NOTIFLOW_FAKES_APNS_PORT": str(apns_port),
         **provider_credentials(api_port=hooks, fakes_port=fakes_port, apns_port=apns_port),

@@ -183,7 +183,14 @@ class TenantConfig(_Frozen):
     daily_marketing_cap: int | None = Field(None, ge=0)
     """Marketing messages the tenant may send per UTC day; None = unlimited."""
     timezone: str = "UTC"
-    """IANA zone a recurring schedule of the tenant's is evaluated in unless it names one."""
+    """IANA zone a recurring schedule, or a campaign row of unknown zone, of the tenant's is
+    evaluated in unless it names one."""
+    max_active_campaigns: int | None = Field(None, ge=0)
+    """Campaigns the tenant may have scheduled, running or paused at once (429 beyond);
+    None = unlimited."""
+    max_campaign_recipients: int | None = Field(None, ge=1)
+    """Largest ``quota`` a campaign of the tenant's may have (422 beyond; a campaign without
+    one gets this); None = unlimited."""
 
     @field_validator("timezone")
     @classmethod
@@ -432,6 +439,38 @@ class SchedulingRule(_Frozen):
     flow)."""
 
 
+class CampaignRule(_Frozen):
+    """Campaign expansion (``flows/expander.py``, docs/architecture.md "Campaigns"): expander
+    processes lease running campaigns and turn manifest rows into P2/P3 messages at the
+    campaign's rate, slowed by P0's latency signal and stopped while the tier's oldest
+    unsent message is older than ``backlog_high`` of its shed bound."""
+
+    poll: timedelta = Field(timedelta(seconds=1), gt=timedelta(0))
+    """How often an expander looks for campaigns to take and checks the ones it holds."""
+    lease: timedelta = Field(timedelta(seconds=10), ge=timedelta(seconds=1))
+    """How long an expander's claim on a campaign lasts unless renewed (every batch): a
+    killed expander's campaign waits this long for another."""
+    batch: int = Field(500, ge=1, le=10_000)
+    """Rows expanded between checkpoints (one Kafka round, one progress write)."""
+    chunk_bytes: int = Field(1 << 20, ge=4096)
+    """Bytes read from the manifest per request."""
+    max_per_expander: int = Field(4, ge=1, le=64)
+    """Campaigns one expander process expands at once."""
+    default_rate: float = Field(500.0, gt=0)
+    """Messages/s of a campaign that names no ``max_rate``."""
+    max_rate: float = Field(5_000.0, gt=0)
+    """Highest ``max_rate`` a campaign may ask for (422 above)."""
+    default_duration: timedelta = Field(timedelta(days=1), gt=timedelta(0))
+    """Window of a campaign that names no ``ends_at``."""
+    max_duration: timedelta = Field(timedelta(days=30), gt=timedelta(0))
+    backlog_high: float = Field(0.5, gt=0, le=1)
+    """Expansion stops while the tier's oldest unsent message is older than this share of
+    the tier's ``max_backlog_age`` (and resumes below it): the queue never becomes the
+    incident. Admission refuses new campaigns (429) in the same state."""
+    error_bucket: int = Field(100_000, ge=1)
+    """Rows per partition of a campaign's error report."""
+
+
 class BreakerRule(_Frozen):
     """Circuit breaker of every provider account (DESIGN.md "Providers"; docs/breakers.md).
 
@@ -520,6 +559,44 @@ class TelemetrySettings(_Frozen):
     environment, e.g. ``PT1S``)."""
 
 
+class ObjectStoreSettings(_Frozen):
+    """Object storage (``adapters/object_store.py``): ``file://`` URIs need nothing, ``s3://``
+    URIs go to ``endpoint`` signed with these credentials (unset: the AWS default chain,
+    ``AWS_ACCESS_KEY_ID`` or an instance role). The local stack serves ``endpoint`` with
+    SeaweedFS (``weed server -s3``) on the ports below, all on loopback."""
+
+    endpoint: str = "http://127.0.0.1:18333"
+    region: str = "us-east-1"
+    access_key_id: SecretStr | None = None
+    secret_access_key: SecretStr | None = None
+    allow_http: bool = True
+    """Whether a plain ``http://`` endpoint is allowed (the local stack's)."""
+    virtual_hosted_style: bool = False
+    """``bucket.host`` requests instead of ``host/bucket`` (then ``endpoint`` names the
+    bucket); path style suits SeaweedFS, MinIO and AWS alike."""
+    connect_timeout: timedelta = timedelta(seconds=5)
+    timeout: timedelta = timedelta(minutes=5)
+    """Longest a request may take, reading its body included (a slow reader of a stream
+    loses it after this and resumes from its offset)."""
+    max_retries: int = Field(3, ge=0, le=20)
+    """Retries of a failed request (with backoff) before the store counts as unavailable."""
+    bucket: str = "notiflow"
+    """The bucket ``notiflow stack up`` creates."""
+    seaweedfs_version: str = "v0.0.0-20261109003541-7506e5f91cd6"
+    """Go module version of ``github.com/seaweedfs/seaweedfs`` that ``notiflow stack fetch``
+    builds ``weed`` from (SeaweedFS 4.53)."""
+    s3_port: int = 18333
+    master_port: int = 19333
+    volume_port: int = 18380
+    filer_port: int = 18888
+    """HTTP ports of the local SeaweedFS; each serves gRPC on its port + 10000."""
+    memory_limit_mb: int = Field(512, ge=256)
+    """Soft memory limit of the local SeaweedFS process (``GOMEMLIMIT``). Its filer keeps
+    about 130 MB of heap from the start (metadata log buffers, LevelDB memtables), and a limit
+    close to the live heap keeps the collector running while idle (with LevelDB's default
+    buffers, 250 MB of heap under a 256 MB limit: 6 % of a core)."""
+
+
 class Settings(BaseSettings):
     """Runtime configuration shared by every notiflow process."""
 
@@ -585,8 +662,12 @@ class Settings(BaseSettings):
     bulk_yield: YieldRule = Field(default_factory=YieldRule)
     """How bulk work yields to P0's latency (docs/architecture.md, "Reservation")."""
     recovery_partitions: int = Field(4, ge=1)
+    campaigns: CampaignRule = Field(default_factory=CampaignRule)
+    """How campaigns expand and yield."""
     scheduling: SchedulingRule = Field(default_factory=SchedulingRule)
     """Where future P2/P3 work waits and how schedulers release it."""
+    object_store: ObjectStoreSettings = Field(default_factory=ObjectStoreSettings)
+    """How ``s3://`` URIs are reached; the local stack's SeaweedFS (docs/operations.md)."""
 
     # policy
     tiers: dict[Tier, TierPolicy] = Field(default_factory=lambda: dict(DEFAULT_TIERS))

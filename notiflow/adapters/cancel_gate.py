@@ -8,6 +8,10 @@ Key ``{namespace}gate:{message_id}``, value ``cancelled`` or ``sending``:
   the provider call, in one script with the attempt's lease: lease lost → :attr:`Confirm.LOST`;
   ``cancelled`` → :attr:`Confirm.CANCELLED` (the attempt ends CANCELLED, nothing is sent);
   else the gate becomes ``sending`` for the lease's TTL → :attr:`Confirm.OURS`;
+- a campaign's cancel (:meth:`CancelGate.cancel_campaign`) sets the campaign's gate
+  ``{namespace}campaign-gate:{campaign_id}`` to ``cancelled``: the confirm of every message
+  of the campaign (:func:`notiflow.schemas.campaigns.parse_row_message_id`) reads it too, so
+  one key cancels millions of messages not yet sent;
 - an attempt that ends RETRY_PENDING clears ``sending`` (:data:`CLEAR`), so the message can be
   cancelled while it waits; any other ending keeps it (a cancel is refused from then on).
 
@@ -23,6 +27,8 @@ from datetime import datetime, timedelta
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
+
+from notiflow.schemas.campaigns import parse_row_message_id
 
 CANCELLED = "cancelled"
 SENDING = "sending"
@@ -49,12 +55,16 @@ end
 if redis.call('GET', KEYS[2]) == ARGV[4] then
   return 2
 end
+if KEYS[3] and redis.call('GET', KEYS[3]) == ARGV[4] then
+  return 2
+end
 redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
 redis.call('SET', KEYS[2], ARGV[5], 'PX', ARGV[3])
 return 1
 """
-"""KEYS: lease, gate. ARGV: our pending prefix, our new pending value, lease TTL (ms),
-``cancelled``, ``sending``. Returns a :class:`Confirm` value."""
+"""KEYS: lease, gate, and the campaign's gate for a campaign's message. ARGV: our pending
+prefix, our new pending value, lease TTL (ms), ``cancelled``, ``sending``. Returns a
+:class:`Confirm` value."""
 
 CLEAR = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then
@@ -80,6 +90,13 @@ def gate_key(namespace: str, message_id: str) -> str:
     return f"{namespace}gate:{message_id}"
 
 
+def campaign_gate_key(namespace: str, message_id: str) -> str | None:
+    """The campaign gate a message's confirm also reads; None for a message of no
+    campaign."""
+    found = parse_row_message_id(message_id)
+    return f"{namespace}campaign-gate:{found[0]}" if found else None
+
+
 def hold_for(expires_at: datetime | None, now: datetime) -> timedelta:
     """How long a cancel is kept: until the message's expiry plus a day, at least
     :data:`MIN_HOLD` (no expiry known: a day)."""
@@ -97,6 +114,11 @@ class CancelGate:
     def __init__(self, client: aioredis.Redis, namespace: str) -> None:
         self.r = client
         self.ns = namespace
+
+    async def cancel_campaign(self, campaign_id: str, hold: timedelta) -> None:
+        """Cancel every message of a campaign that no provider took yet (kept for
+        ``hold``). Raises one of :data:`GATE_DOWN` without Redis."""
+        await self.r.set(f"{self.ns}campaign-gate:{campaign_id}", CANCELLED, px=_ms(hold))
 
     async def cancel(self, message_id: str, hold: timedelta) -> bool:
         """True when the message is cancelled (now or earlier; kept for ``hold``); False
@@ -120,11 +142,14 @@ class GateModel:
         self.kv[gate] = CANCELLED
         return True
 
-    def confirm(self, lease: str, gate: str, prefix: str, value: str) -> Confirm:
+    def confirm(self, lease: str, gate: str, prefix: str, value: str,
+                campaign: str | None = None) -> Confirm:
         v = self.kv.get(lease)
         if v is None or not v.startswith(prefix):
             return Confirm.LOST
         if self.kv.get(gate) == CANCELLED:
+            return Confirm.CANCELLED
+        if campaign is not None and self.kv.get(campaign) == CANCELLED:
             return Confirm.CANCELLED
         self.kv[lease] = value
         self.kv[gate] = SENDING

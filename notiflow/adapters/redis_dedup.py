@@ -31,7 +31,15 @@ from typing import Any
 import orjson
 import redis.asyncio as aioredis
 
-from notiflow.adapters.cancel_gate import CANCELLED, CLEAR, CONFIRM, SENDING, Confirm, gate_key
+from notiflow.adapters.cancel_gate import (
+    CANCELLED,
+    CLEAR,
+    CONFIRM,
+    SENDING,
+    Confirm,
+    campaign_gate_key,
+    gate_key,
+)
 from notiflow.adapters.redis_pool import Coalescer, redis_client
 from notiflow.settings import Settings
 
@@ -137,15 +145,21 @@ class DedupStore:
         px = int(ttl.total_seconds() * 1000)
         return bool(await self.r.eval(_TAKE_OVER, 1, key, stale, self.pending_value(), px))
 
-    async def confirm(self, key: str, gate: str, ttl: timedelta) -> Confirm:
+    def campaign_gate_key(self, message_id: str) -> str | None:
+        return campaign_gate_key(self.ns, message_id)
+
+    async def confirm(self, key: str, gate: str, ttl: timedelta,
+                      campaign: str | None = None) -> Confirm:
         """Just before calling the provider, with the message's cancel ``gate``: OURS when
         the lease is still ours (its time refreshed, the gate set ``sending`` for ``ttl``);
         LOST when another process took it over (then it sends, we do not); CANCELLED when
-        the message was cancelled (nothing is sent). Coalesced like :meth:`finish`."""
+        the message or its ``campaign`` (the campaign's gate) was cancelled (nothing is
+        sent). Coalesced like :meth:`finish`."""
         px = int(ttl.total_seconds() * 1000)
         prefix, value = self.pending_prefix, self.pending_value()
+        keys = (key, gate) if campaign is None else (key, gate, campaign)
         return Confirm(int(await self.batch.call(
-            lambda pipe: pipe.eval(CONFIRM, 2, key, gate, prefix, value, px, CANCELLED,
+            lambda pipe: pipe.eval(CONFIRM, len(keys), *keys, prefix, value, px, CANCELLED,
                                    SENDING))))
 
     async def finish(self, items: list[tuple[str, dict[str, object]]], ttl: timedelta,

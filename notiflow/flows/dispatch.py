@@ -405,8 +405,9 @@ class Dispatcher:
         async with self._sems[w.record.channel]:
             leases = ctx.ports.leases
             key, gate = ctx.lease_key(w), ctx.gate_key(w)
-            confirmed = await ctx.redis(lambda: leases.confirm(key, gate, ctx.lease_ttl(w)),
-                                        Confirm.OURS)
+            campaign = leases.campaign_gate_key(w.message_id)
+            confirmed = await ctx.redis(
+                lambda: leases.confirm(key, gate, ctx.lease_ttl(w), campaign), Confirm.OURS)
             if confirmed is Confirm.LOST:
                 log.warning("message %s attempt %s: lease taken over by another sender; "
                             "not sending", w.message_id, w.record.attempt)

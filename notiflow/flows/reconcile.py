@@ -53,6 +53,7 @@ from notiflow.flows.model import ReconcileIn, SourcedReceipt, utcnow
 from notiflow.flows.steps import Clock, Encoder, dead_letter, parse_reconcile
 from notiflow.flows.toolbox import guard_and_emit, hold_until_due, parse_or_dlq
 from notiflow.flows.yielding import Slots, YieldWindow
+from notiflow.schemas.campaigns import ID_PREFIX
 from notiflow.schemas.enums import Status, Tier
 from notiflow.schemas.messages import DlqRecord, Receipt, StatusEvent
 from notiflow.schemas.status import rank
@@ -141,6 +142,33 @@ class BulkYield:
             return None
 
 
+class Tally:
+    """Marks the campaign outcomes a wave applied (``adapters/campaign_tally.py``) after its
+    writes are acknowledged; Redis unreachable leaves them out of the funnel (logged), never
+    holds the reconciler back."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._tally: Any = None
+
+    async def mark(self, pairs: Iterator[tuple[str, Status]]) -> None:
+        from notiflow.adapters.campaign_tally import CampaignTally
+        from notiflow.adapters.redis_pool import redis_client
+
+        marks = list(pairs)
+        if not any(mid.startswith(ID_PREFIX) for mid, _ in marks):
+            return
+        if self._tally is None:
+            self._tally = CampaignTally(redis_client(self.settings.redis_url, timeout=0.5),
+                                        self.settings.topic_prefix,
+                                        self.settings.operational_ttl)
+        try:
+            await self._tally.mark(marks)
+        except STORE_DOWN as exc:
+            log.warning("campaign tally not updated (%s): %d outcomes missing from the "
+                        "funnel", type(exc).__name__, len(marks))
+
+
 class ApplyStep:
     """``flat_map_batch`` mapper: events and receipts → Cassandra; yields DLQ records."""
 
@@ -150,6 +178,7 @@ class ApplyStep:
         self.clock = clock
         self.runtime = WorkerLoop()
         self.yielding = BulkYield(settings, CONCURRENCY)
+        self.tally = Tally(settings)
         self._preferences: Any = None
         self._channels = {route.provider_id: route.channel.value for route in settings.routes}
 
@@ -225,6 +254,7 @@ class ApplyStep:
             if p.applied:
                 _transitions.add(1, {"tier": p.top.tier.value, "channel": p.top.channel.value,
                                      "status": p.top.status.value})
+        await self.tally.mark((mid, e.status) for mid, evs in groups.items() for e in evs)
 
     def _planned(self, message_id: str, evs: list[StatusEvent], head: dict[str, Any] | None,
                  store: CassandraStore, now: datetime) -> _Plan[StatusEvent]:
@@ -342,6 +372,7 @@ class ApplyStep:
                 functools.partial(self._receipt_rows, store, r, mid, attempt, seen, now=now)),
                 mid, seen is None))
         await self._write(store, [p for p, *_ in plans])
+        await self.tally.mark((mid, p.top.status) for p, mid, _ in plans)
         for p, _, _ in plans:
             if p.applied:
                 _transitions.add(1, {"channel": self._channels.get(p.top.provider_id, ""),

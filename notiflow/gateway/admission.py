@@ -114,10 +114,22 @@ class Admission:
                               f"admission control is unavailable; {req.tier.value} is "
                               "not accepted until it is back") from None
 
-    async def _check_backlog(self, tier: Tier) -> None:
+    async def check_campaign(self, tier: Tier) -> None:
+        """Return when a campaign of ``tier`` may start; ``429`` while the tier's backlog is
+        past the share of its bound at which expanders stop (``campaigns.backlog_high``) or
+        P0 is slow, ``503`` without the signals."""
+        try:
+            await self._check_backlog(tier, self.settings.campaigns.backlog_high)
+            await self._check_priority(tier)
+        except AdmissionUnavailable:
+            raise unavailable("admission_unavailable", "admission control is unavailable; "
+                              "campaigns are not accepted until it is back") from None
+
+    async def _check_backlog(self, tier: Tier, share: float = 1.0) -> None:
         bound = backlog_bound_s(self.settings, tier)
         if bound is None:
             return
+        bound *= share
         age = await self.store.backlog_age(tier)
         if age is not None and age > bound:
             raise rate_limited("backlog", f"tier {tier.value} is backlogged (oldest unsent "

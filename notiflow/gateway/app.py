@@ -24,6 +24,7 @@ from fastapi.responses import JSONResponse
 from notiflow import telemetry, tuning
 from notiflow.adapters.dlq import watch_depth
 from notiflow.gateway import (
+    campaigns,
     cancel,
     errors,
     message_list,
@@ -119,6 +120,7 @@ def build_app(settings: Settings) -> FastAPI:
     app.include_router(templates.router)
     app.include_router(recipients.router)
     app.include_router(schedules.router)
+    app.include_router(campaigns.router)
     if settings.api_lane != "priority":
         app.include_router(webhooks.router)
 

@@ -22,8 +22,11 @@ from cassandra.cluster import Cluster
 from confluent_kafka.admin import AdminClient
 
 from notiflow.adapters.admission import AdmissionStore
+from notiflow.adapters.campaign_store import CampaignStore
+from notiflow.adapters.campaign_tally import CampaignTally
 from notiflow.adapters.cassandra_store import CassandraStore, connect
 from notiflow.adapters.kafka_io import AsyncProducer
+from notiflow.adapters.manifests import Manifests
 from notiflow.adapters.preferences import PreferenceStore
 from notiflow.adapters.retrying import OUTAGE, until_up
 from notiflow.adapters.schedule_store import ScheduleStore
@@ -68,6 +71,9 @@ class Runtime:
         self._store: CassandraStore | None = None
         self._scheduled: ScheduledStore | None = None
         self._schedules: ScheduleStore | None = None
+        self._campaigns: CampaignStore | None = None
+        self._manifests: Manifests | None = None
+        self._tally: CampaignTally | None = None
         self._cluster: Cluster | None = None
         self._producer: AsyncProducer | None = None
         self._admin: AdminClient | None = None
@@ -103,6 +109,7 @@ class Runtime:
             store = await asyncio.to_thread(CassandraStore, session, self.settings)
             scheduled = await asyncio.to_thread(ScheduledStore, session, self.settings)
             schedules = await asyncio.to_thread(ScheduleStore, session, self.settings)
+            campaigns = await asyncio.to_thread(CampaignStore, session, self.settings)
         except BaseException:
             await asyncio.to_thread(cluster.shutdown)
             raise
@@ -111,6 +118,7 @@ class Runtime:
             return
         self._cluster, self._store = cluster, store
         self._scheduled, self._schedules = scheduled, schedules
+        self._campaigns = campaigns
         log.info("connected to cassandra keyspace %s", self.settings.cassandra_keyspace)
 
     async def _connect_loop(self) -> None:
@@ -140,6 +148,25 @@ class Runtime:
         if self._schedules is None:
             raise unavailable("cassandra_unavailable", "the message store is unavailable")
         return self._schedules
+
+    def manifests(self) -> Manifests:
+        """Campaign manifests in object storage."""
+        if self._manifests is None:
+            self._manifests = Manifests(self.settings)
+        return self._manifests
+
+    def tally(self) -> CampaignTally:
+        """Campaign delivery funnels in Redis."""
+        if self._tally is None:
+            self._tally = CampaignTally(self.admission.store.r, self.settings.topic_prefix,
+                                        self.settings.operational_ttl)
+        return self._tally
+
+    def campaigns(self) -> CampaignStore:
+        """Campaigns in Cassandra; 503 while Cassandra has not been reached."""
+        if self._campaigns is None:
+            raise unavailable("cassandra_unavailable", "the message store is unavailable")
+        return self._campaigns
 
     async def template(self, tenant_id: str, template_id: str,
                        version: int) -> dict[str, Any] | None:

@@ -1,32 +1,44 @@
 """The local stack without Docker: Kafka (KRaft, one node) and Cassandra 5.0 as plain ``java``
-processes from Maven Central jars, Redis from Debian's ``redis-server``, all on loopback.
+processes from Maven Central jars, Redis from Debian's ``redis-server``, and SeaweedFS's S3
+gateway (``weed``, built from the Go module proxy), all on loopback.
 
 ``up`` is idempotent and waits for health (Kafka metadata lists the broker, CQL answers,
-Redis PONGs), then creates every topic and applies the CQL migrations. Jars are fetched once
+Redis PONGs, S3 answers a signed request), then creates every topic, applies the CQL
+migrations and creates the object store's bucket. Jars and ``weed`` are fetched or built once
 into ``cache_dir`` (shared between clones); data, logs and pid files live in ``stack_dir``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
+import json
 import os
 import re
 import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import Any, TypeVar
 
 from notiflow import tuning
 from notiflow.settings import Settings
 
 START_TIMEOUT_S = 180.0
+GRPC_OFFSET = 10_000
+"""SeaweedFS serves each HTTP port's gRPC on that port + 10000 (its default, passed
+explicitly): 28333, 29333, 28380, 28888 with the default ports."""
+WEED_MODULE = "github.com/seaweedfs/seaweedfs/weed"
+_T = TypeVar("_T")
 
 
 class StackError(RuntimeError):
@@ -157,6 +169,13 @@ def _pid_alive(pid: int) -> bool:
         return True
 
 
+def _run_async(coro: Coroutine[Any, Any, _T]) -> _T:
+    """Run ``coro`` to completion on a fresh event loop in a helper thread (callers may be
+    inside a running loop)."""
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coro).result()
+
+
 def _tail(path: Path, lines: int = 30) -> str:
     try:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
@@ -174,10 +193,12 @@ class Component:
     prepare: Callable[[], None] = lambda: None
     env: dict[str, str] | None = None
     jvm: bool = False
+    after_healthy: Callable[[], None] = lambda: None
+    """Idempotent set-up once healthy (also when it was already running)."""
 
 
 class Stack:
-    """Start, stop and inspect the local Kafka, Cassandra and Redis."""
+    """Start, stop and inspect the local Kafka, Cassandra, Redis and SeaweedFS."""
 
     def __init__(self, settings: Settings, log: Callable[[str], None] = print) -> None:
         self.s = settings
@@ -187,7 +208,8 @@ class Stack:
     # ------------------------------------------------------------------ jars (Maven Central)
 
     def fetch(self) -> None:
-        """Download the Kafka and Cassandra jars once (cached in ``cache_dir``)."""
+        """Download the Kafka and Cassandra jars and build ``weed`` once (cached in
+        ``cache_dir``)."""
         for name, version in (("kafka", self.s.kafka_version),
                               ("cassandra", self.s.cassandra_version)):
             target = self.p.libs(name, version)
@@ -209,11 +231,42 @@ class Stack:
                 raise StackError(f"mvn failed for {name}:\n{done.stdout[-3000:]}"
                                  f"{done.stderr[-2000:]}")
             (target / ".complete").write_text(version)
+        self._build_weed()
+
+    def weed(self) -> Path:
+        """Where the pinned ``weed`` binary lives once built."""
+        return self.p.cache / "bin" / f"weed-{self.s.object_store.seaweedfs_version}"
+
+    def _build_weed(self) -> None:
+        """Build SeaweedFS's ``weed`` once with the Go toolchain from the Go module proxy, in a
+        throw-away module (``ops/go/``: ``go install`` refuses SeaweedFS's module, whose
+        go.mod has a replace directive). The Go build cache makes a rebuild quick."""
+        target, version = self.weed(), self.s.object_store.seaweedfs_version
+        if target.exists():
+            return
+        go = shutil.which("go")
+        if not go:
+            raise StackError("the Go toolchain (go, 1.26.6 or newer) is not on PATH: it builds "
+                             f"SeaweedFS's weed {version} for the local S3 store")
+        self.log(f"building SeaweedFS weed {version} into {target} (once; minutes) ...")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        src = resources.files("notiflow.ops") / "go"
+        with tempfile.TemporaryDirectory(prefix=".weed-build-", dir=target.parent) as tmp:
+            (Path(tmp) / "go.mod").write_text((src / "weed-go.mod").read_text())
+            (Path(tmp) / "tools.go").write_text((src / "weed-tools.go").read_text())
+            built = Path(tmp) / "weed"
+            for cmd in ([go, "get", f"{WEED_MODULE}@{version}"],
+                        [go, "build", "-o", str(built), WEED_MODULE]):
+                done = subprocess.run(cmd, cwd=tmp, capture_output=True, text=True)
+                if done.returncode != 0:
+                    raise StackError(f"`go {cmd[1]}` of SeaweedFS's weed {version} failed:\n"
+                                     f"{done.stderr[-3000:]}")
+            built.replace(target)
 
     # ------------------------------------------------------------------------ components
 
     def components(self) -> list[Component]:
-        return [self._redis(), self._kafka(), self._cassandra()]
+        return [self._redis(), self._kafka(), self._cassandra(), self._s3()]
 
     def _redis(self) -> Component:
         s, p = self.s, self.p
@@ -423,6 +476,113 @@ batch_size_warn_threshold: 32KiB
                          (s.cassandra_storage_port, s.cassandra_jmx_port),
                          start, healthy, prepare, jvm=True)
 
+    def s3_credentials(self) -> tuple[str, str]:
+        """The access key id and secret the local S3 gateway accepts: the configured ones, else
+        the stack directory's generated pair (``devenv.object_store_credentials``)."""
+        o = self.s.object_store
+        if o.access_key_id is not None and o.secret_access_key is not None:
+            return o.access_key_id.get_secret_value(), o.secret_access_key.get_secret_value()
+        from notiflow.devenv import object_store_credentials
+
+        env = object_store_credentials(self.p.root)
+        return (env["NOTIFLOW_OBJECT_STORE__ACCESS_KEY_ID"],
+                env["NOTIFLOW_OBJECT_STORE__SECRET_ACCESS_KEY"])
+
+    def _s3_probe(self, key: str) -> str:
+        """One signed request to the local gateway: ``ok``, ``missing`` (it answered that the
+        object or bucket is not there), ``denied`` or ``down``."""
+        from datetime import timedelta
+
+        from pydantic import SecretStr
+
+        from notiflow.adapters.object_store import (
+            ObjectAccessDenied,
+            ObjectNotFound,
+            ObjectStore,
+            ObjectStoreError,
+        )
+
+        o = self.s.object_store
+        key_id, secret = self.s3_credentials()
+        local = o.model_copy(update={
+            "endpoint": f"http://127.0.0.1:{o.s3_port}", "allow_http": True,
+            "access_key_id": SecretStr(key_id), "secret_access_key": SecretStr(secret),
+            "connect_timeout": timedelta(seconds=2), "timeout": timedelta(seconds=10),
+            "max_retries": 0})
+        try:
+            _run_async(ObjectStore.bucket(o.bucket, local).head(key))
+        except ObjectNotFound:
+            return "missing"
+        except ObjectAccessDenied:
+            return "denied"
+        except ObjectStoreError:
+            return "down"
+        return "ok"
+
+    def _s3(self) -> Component:
+        """SeaweedFS in one process (master, volume server, filer, S3 gateway), loopback only,
+        small volumes; requests must be signed with :meth:`s3_credentials`."""
+        p, o = self.p, self.s.object_store
+        data = p.run / "seaweedfs"
+        identities = p.conf / "s3-identities.json"
+        config_dir = p.conf / "seaweedfs"
+
+        def prepare() -> None:
+            data.mkdir(parents=True, exist_ok=True)
+            config_dir.mkdir(exist_ok=True)
+            # weed's default store, with small buffers: 8 partitions x (16 MB memtable +
+            # 32 MB block cache) by default made a heap of 250 MB and 320 MB resident
+            (config_dir / "filer.toml").write_text(
+                f'[leveldb2]\nenabled = true\ndir = "{data / "filerldb2"}"\n'
+                "write_buffer_size_mb = 2\nblock_cache_size_mb = 4\n")
+            key_id, secret = self.s3_credentials()
+            identities.touch(mode=0o600)
+            identities.chmod(0o600)
+            identities.write_text(json.dumps({"identities": [{
+                "name": "notiflow",
+                "credentials": [{"accessKey": key_id, "secretKey": secret}],
+                "actions": ["Read", "Write", "List", "Tagging"]}]}, indent=2))
+
+        def start() -> list[str]:
+            weed = self.weed()
+            if not weed.exists():
+                raise StackError(f"SeaweedFS's weed {o.seaweedfs_version} is not built: run "
+                                 "`notiflow stack fetch` (needs the Go toolchain on PATH)")
+            g = GRPC_OFFSET
+            return [str(weed), f"-config_dir={config_dir}", "server",
+                    "-ip=127.0.0.1", "-ip.bind=127.0.0.1", f"-dir={data}",
+                    f"-master.port={o.master_port}", f"-master.port.grpc={o.master_port + g}",
+                    "-master.volumeSizeLimitMB=64", "-master.telemetry=false",
+                    f"-volume.port={o.volume_port}", f"-volume.port.grpc={o.volume_port + g}",
+                    "-volume.max=64", "-volume.preStopSeconds=1",
+                    "-filer", f"-filer.port={o.filer_port}",
+                    f"-filer.port.grpc={o.filer_port + g}",
+                    "-s3", f"-s3.port={o.s3_port}", f"-s3.port.grpc={o.s3_port + g}",
+                    f"-s3.config={identities}", "-s3.autoCreateBucket=false",
+                    "-s3.port.iceberg=0", "-s3.port.lance=0"]
+
+        def healthy() -> bool:
+            return port_open(o.s3_port) and self._s3_probe("notiflow-health") in ("ok",
+                                                                                  "missing")
+
+        def create_bucket() -> None:
+            shell = subprocess.run(
+                [str(self.weed()), "shell", f"-master=127.0.0.1:{o.master_port}",
+                 f"-filer=127.0.0.1:{o.filer_port}"],
+                input=f"s3.bucket.create -name {o.bucket}\nexit\n", capture_output=True,
+                text=True, timeout=120)
+            out = shell.stdout + shell.stderr
+            if shell.returncode != 0 and "already exists" not in out:
+                raise StackError(f"s3: creating bucket {o.bucket} failed:\n{out[-2000:]}")
+            self.log(f"s3: bucket {o.bucket} {'ok' if shell.returncode else 'created'}")
+
+        ports = (o.master_port, o.volume_port, o.filer_port)
+        return Component("s3", o.s3_port,
+                         (*ports, *(port + GRPC_OFFSET for port in (o.s3_port, *ports))),
+                         start, healthy, prepare,
+                         env={"GOMEMLIMIT": f"{o.memory_limit_mb}MiB"},
+                         after_healthy=create_bucket)
+
     # ---------------------------------------------------------------------- lifecycle
 
     def _pidfile(self, c: Component) -> Path:
@@ -452,13 +612,15 @@ batch_size_warn_threshold: 32KiB
             c.prepare()
             cmd = c.start()
             log_path = self.p.logs / f"{c.name}.log"
+            env = {**os.environ, **c.env} if c.env else None
             with open(log_path, "ab") as log, open(os.devnull, "rb") as devnull:
                 proc = subprocess.Popen(cmd, stdin=devnull, stdout=log, stderr=subprocess.STDOUT,
-                                        start_new_session=True, cwd=self.p.root)
+                                        start_new_session=True, cwd=self.p.root, env=env)
             self._pidfile(c).write_text(str(proc.pid))
             self.log(f"{c.name}: started (pid {proc.pid}), log {log_path}")
         for c in self.components():
             self._wait_healthy(c)
+            c.after_healthy()
         self._prioritise_collectors()
         self.init(topics=topics, migrations=migrations)
 

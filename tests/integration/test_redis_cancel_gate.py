@@ -111,3 +111,28 @@ async def test_concurrent_cancels_and_sends_end_each_message_once(
         assert not any([await api.cancel(m, ttl) for m in final])
     finally:
         await client.delete(*keys, *(sender.gate_key(m) for m in ids))
+
+
+async def test_a_campaign_cancel_stops_every_message_of_the_campaign(
+        client: aioredis.Redis) -> None:
+    """One key cancels the campaign's messages not yet confirmed; a message of another
+    campaign, or of none, still goes; the model agrees."""
+    ns = namespace()
+    sender, api = DedupStore(client, "us", ns), CancelGate(client, ns)
+    ours, theirs = "cmp_" + "a" * 32, "cmp_" + "b" * 32
+    ids = [f"{ours}_1", f"{ours}_2", f"{theirs}_1", "msg_plain"]
+    keys = {m: sender.lease_key(m, 1) for m in ids}
+    assert all(s.acquired for s in await sender.acquire(list(keys.values()),
+                                                        timedelta(minutes=1)))
+    await api.cancel_campaign(ours, timedelta(minutes=5))
+    answers = {m: await sender.confirm(keys[m], sender.gate_key(m), timedelta(minutes=1),
+                                       sender.campaign_gate_key(m)) for m in ids}
+    assert answers == {f"{ours}_1": Confirm.CANCELLED, f"{ours}_2": Confirm.CANCELLED,
+                       f"{theirs}_1": Confirm.OURS, "msg_plain": Confirm.OURS}
+    assert sender.campaign_gate_key("msg_plain") is None
+    model = GateModel()
+    campaign = f"{ns}campaign-gate:{ours}"
+    model.kv[campaign] = CANCELLED
+    model.kv["lease"] = "pending:us:1"
+    assert model.confirm("lease", "gate", "pending:us:", "pending:us:2",
+                         campaign) is Confirm.CANCELLED

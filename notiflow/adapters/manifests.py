@@ -1,0 +1,65 @@
+"""Campaign manifests read from object storage (``adapters/object_store.py``): their size
+and their bytes from an offset, a ranged request per chunk, so a campaign paced to a few
+rows a second holds no connection open between chunks."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+from notiflow.adapters.object_store import (
+    ObjectNotFound,
+    ObjectStore,
+    ObjectStoreUnavailable,
+)
+from notiflow.settings import Settings
+
+
+class ManifestUnreadable(Exception):
+    """The manifest cannot be read: ``reason`` says why (no recipient data)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class Manifests:
+    """Size and chunks of manifests named by URI (``s3://`` or ``file://``)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.chunk = settings.campaigns.chunk_bytes
+
+    def _open(self, uri: str) -> tuple[ObjectStore, str]:
+        try:
+            return ObjectStore.open(uri, self.settings.object_store)
+        except ValueError as exc:
+            raise ManifestUnreadable(str(exc)) from None
+
+    async def size(self, uri: str) -> int:
+        """The manifest's size in bytes; :class:`ManifestUnreadable` when it is missing or
+        its URI is unusable, :class:`ObjectStoreUnavailable` when the store does not
+        answer."""
+        store, key = self._open(uri)
+        try:
+            return (await store.head(key)).size
+        except ObjectNotFound:
+            raise ManifestUnreadable(f"no object at {uri}") from None
+
+    async def chunks(self, uri: str, start: int) -> AsyncIterator[bytes]:
+        """The manifest's bytes from ``start`` to its end, ``campaigns.chunk_bytes`` at a
+        time."""
+        store, key = self._open(uri)
+        try:
+            size = (await store.head(key)).size
+            at = start
+            while at < size:
+                data = await store.read(key, at, min(self.chunk, size - at))
+                if not data:
+                    return
+                at += len(data)
+                yield data
+        except ObjectNotFound:
+            raise ManifestUnreadable(f"no object at {uri}") from None
+
+
+__all__ = ["ManifestUnreadable", "Manifests", "ObjectStoreUnavailable"]

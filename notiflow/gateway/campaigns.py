@@ -1,0 +1,268 @@
+"""Campaigns: ``POST /v1/campaigns``, ``GET /v1/campaigns[/{id}]``,
+``GET /v1/campaigns/{id}/errors``, ``POST /v1/campaigns/{id}/pause|resume|cancel``
+(tenant-scoped; bulk lane).
+
+Creating checks, in order: JSON and schema (422 ``details``) → lane (421) → tenant policy
+(403: tier, channel, template) → rate and window bounds (422) → the template (422
+``unknown_template``; every variable it declares must be mapped to a column) → the manifest
+(422 ``manifest_unreadable``: missing, or a scheme the deployment does not serve) → the
+tenant's campaign quotas (422 ``quota_too_large`` above ``max_campaign_recipients``; 429
+``campaign_quota`` with ``Retry-After`` at ``max_active_campaigns``) → the bulk tier's health
+(429 ``backlog`` / ``priority_pressure`` with ``Retry-After``: a campaign started into a
+backlog would only deepen it). The campaign then waits for its start; expanders
+(``flows/expander.py``) take it from there.
+
+Cancelling stops expansion at the next batch and closes the campaign's cancel gate in Redis:
+every message of it that no provider took yet ends CANCELLED when the send flow reaches it.
+Pausing stops expansion (messages already expanded still go); resuming continues from the
+checkpoint.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timedelta
+
+from fastapi import APIRouter, Query, Request, Response
+from pydantic import ValidationError
+
+from notiflow.adapters.campaign_store import EPOCH, CampaignRow, CampaignStore, Progress
+from notiflow.adapters.cancel_gate import GATE_DOWN, CancelGate
+from notiflow.adapters.manifests import ManifestUnreadable
+from notiflow.gateway.auth import RuntimeDep, Tenant, read_json_object
+from notiflow.gateway.errors import (
+    ApiError,
+    forbidden,
+    invalid_body,
+    not_found,
+    rate_limited,
+    unavailable,
+    unprocessable,
+)
+from notiflow.gateway.runtime import Runtime, now_ms
+from notiflow.schemas.campaigns import (
+    LIVE_STATES,
+    CampaignCounts,
+    CampaignList,
+    CampaignRequest,
+    CampaignState,
+    CampaignView,
+    ErrorReport,
+    new_campaign_id,
+)
+from notiflow.settings import Settings, TenantConfig
+from notiflow.templating import missing_variables
+
+router = APIRouter()
+log = logging.getLogger("notiflow.gateway.campaigns")
+JSON = "application/json"
+QUOTA_RETRY_AFTER_S = 60.0
+ERRORS_PAGE = 1000
+
+
+def view(row: CampaignRow, counts: CampaignCounts, now: datetime) -> CampaignView:
+    """The campaign as the API shows it, with its remaining rows and ETA estimated from the
+    bytes left, the mean row size so far and the rate so far."""
+    p = row.progress
+    remaining = rate = eta = None
+    if p.manifest_bytes is not None and p.rows_read > 0 and p.bytes_read > 0:
+        remaining = round((p.manifest_bytes - p.bytes_read) * p.rows_read / p.bytes_read)
+    elif row.state == "completed":
+        remaining = 0
+    if p.first_expanded_at is not None and p.rows_read > 0:
+        end = row.finished_at or now
+        elapsed = (end - p.first_expanded_at).total_seconds()
+        rate = p.rows_read / elapsed if elapsed > 0 else None
+        if rate and remaining and row.state == "running":
+            eta = now + timedelta(seconds=remaining / rate)
+    return CampaignView(
+        campaign_id=row.campaign_id, name=row.name, state=row.state, reason=row.reason,
+        channel=row.request.channel, tier=row.request.tier,
+        template_id=row.request.template_id, template_version=row.request.template_version,
+        manifest=row.request.manifest, starts_at=row.starts_at, ends_at=row.ends_at,
+        max_rate=row.max_rate, quota=row.quota, created_at=row.created_at,
+        updated_at=row.updated_at, finished_at=row.finished_at,
+        manifest_bytes=p.manifest_bytes, bytes_read=p.bytes_read, counts=counts,
+        remaining=remaining, rate=rate, eta=eta)
+
+
+async def _counts(rt: Runtime, row: CampaignRow) -> CampaignCounts:
+    """The row's expansion counts with the delivery funnel of its messages (Redis)."""
+    base = row.counts()
+    try:
+        funnel = await rt.tally().counts(row.campaign_id)
+    except GATE_DOWN as exc:
+        log.warning("campaign tally unavailable: %s", type(exc).__name__)
+        return base
+    return base.model_copy(update=funnel)
+
+
+def _check_policy(settings: Settings, tenant: TenantConfig, req: CampaignRequest) -> None:
+    if req.tier not in settings.lane_tiers(settings.api_lane):
+        raise ApiError(421, "misdirected", "wrong_lane",
+                       f"this API process serves the {settings.api_lane} lane; campaigns "
+                       f"of tier {req.tier.value} are served by the bulk lane's API")
+    if req.tier not in tenant.tiers:
+        raise forbidden("tier_not_allowed", f"tenant {tenant.id} may not send tier "
+                        f"{req.tier.value}")
+    if req.channel not in tenant.channels:
+        raise forbidden("channel_not_allowed", f"tenant {tenant.id} may not send on channel "
+                        f"{req.channel.value}")
+    if not tenant.allows_template(req.template_id):
+        raise forbidden("template_not_allowed", f"tenant {tenant.id} may not use template "
+                        f"{req.template_id}")
+    rule = settings.campaigns
+    if req.max_rate is not None and req.max_rate > rule.max_rate:
+        raise unprocessable("rate_too_high", f"max_rate is at most {rule.max_rate:g}/s",
+                            field="max_rate")
+    cap = tenant.max_campaign_recipients
+    if cap is not None and req.quota is not None and req.quota > cap:
+        raise unprocessable("quota_too_large", f"tenant {tenant.id}'s campaigns reach at "
+                            f"most {cap} recipients", field="quota")
+
+
+async def _check_template(rt: Runtime, tenant: TenantConfig, req: CampaignRequest) -> None:
+    row = await rt.template(tenant.id, req.template_id, req.template_version)
+    if row is None or row.get("channel") != req.channel.value:
+        what = "does not exist" if row is None else f"is not a {req.channel.value} template"
+        raise unprocessable("unknown_template",
+                            f"template {req.template_id} version {req.template_version} {what}")
+    absent = missing_variables(row.get("variables"), req.mapping.variables)
+    if absent:
+        raise unprocessable("missing_template_variable", "template variables not mapped to "
+                            f"a column: {', '.join(absent)}", variables=list(absent))
+
+
+async def _check_quota(store: CampaignStore, tenant: TenantConfig) -> None:
+    most = tenant.max_active_campaigns
+    if most is None:
+        return
+    active = sum(1 for r in await store.of_tenant(tenant.id) if r.state in LIVE_STATES)
+    if active >= most:
+        raise rate_limited("campaign_quota", f"tenant {tenant.id} has {active} active "
+                           f"campaigns (at most {most}); retry when one ends",
+                           QUOTA_RETRY_AFTER_S)
+
+
+@router.post("/v1/campaigns", status_code=201)
+async def create_campaign(request: Request, tenant: Tenant, rt: RuntimeDep) -> Response:
+    """Create a campaign: 201 with its view (state ``scheduled`` until an expander takes
+    it)."""
+    try:
+        req = CampaignRequest.model_validate(await read_json_object(request))
+    except ValidationError as exc:
+        raise invalid_body(exc) from None
+    settings = rt.settings
+    _check_policy(settings, tenant, req)
+    now = now_ms()
+    starts = max(req.starts_at or now, now)
+    ends = req.ends_at or starts + settings.campaigns.default_duration
+    if ends - starts > settings.campaigns.max_duration:
+        raise unprocessable("window_too_long", "a campaign lasts at most "
+                            f"{settings.campaigns.max_duration}", field="ends_at")
+    if ends <= now:
+        raise unprocessable("window_over", "ends_at is in the past", field="ends_at")
+    await _check_template(rt, tenant, req)
+    try:
+        size = await rt.manifests().size(req.manifest)
+    except ManifestUnreadable as exc:
+        raise unprocessable("manifest_unreadable", exc.reason, field="manifest") from None
+    store = rt.campaigns()
+    await _check_quota(store, tenant)
+    await rt.admission.check_campaign(req.tier)
+    quota = req.quota or tenant.max_campaign_recipients or 1_000_000_000
+    row = CampaignRow(
+        tenant_id=tenant.id, campaign_id=new_campaign_id(), name=req.name, request=req,
+        state="scheduled", reason=None, starts_at=starts, ends_at=ends,
+        max_rate=req.max_rate or settings.campaigns.default_rate, quota=quota,
+        created_at=now, updated_at=now, finished_at=None,
+        progress=Progress(manifest_bytes=size), lease_until=EPOCH)
+    await store.create(row)
+    log.info("campaign %s of %s created: %d bytes of manifest, %s to %s", row.campaign_id,
+             tenant.id, size, starts.isoformat(), ends.isoformat())
+    return Response(view(row, row.counts(), now).model_dump_json(), status_code=201,
+                    media_type=JSON, headers={"Location": f"/v1/campaigns/{row.campaign_id}"})
+
+
+@router.get("/v1/campaigns")
+async def list_campaigns(tenant: Tenant, rt: RuntimeDep) -> Response:
+    now = now_ms()
+    rows = await rt.campaigns().of_tenant(tenant.id)
+    body = CampaignList(campaigns=tuple(
+        [view(r, await _counts(rt, r), now) for r in sorted(
+            rows, key=lambda r: r.created_at, reverse=True)]))
+    return Response(body.model_dump_json(), media_type=JSON)
+
+
+async def _own(rt: Runtime, tenant_id: str, campaign_id: str) -> CampaignRow:
+    row = await rt.campaigns().get(tenant_id, campaign_id)
+    if row is None:
+        raise not_found()
+    return row
+
+
+@router.get("/v1/campaigns/{campaign_id}")
+async def get_campaign(campaign_id: str, tenant: Tenant, rt: RuntimeDep) -> Response:
+    row = await _own(rt, tenant.id, campaign_id)
+    return Response(view(row, await _counts(rt, row), now_ms()).model_dump_json(),
+                    media_type=JSON)
+
+
+@router.get("/v1/campaigns/{campaign_id}/errors")
+async def campaign_errors(campaign_id: str, tenant: Tenant, rt: RuntimeDep,
+                          after: int = Query(0, ge=0),
+                          limit: int = Query(ERRORS_PAGE, ge=1, le=ERRORS_PAGE)) -> Response:
+    """The campaign's rejected rows (row number and reason), ``limit`` at a time after row
+    ``after``; ``next_after`` pages on."""
+    row = await _own(rt, tenant.id, campaign_id)
+    errors = await rt.campaigns().errors(campaign_id, after, limit,
+                                         max(row.progress.next_row, after))
+    body = ErrorReport(errors=tuple(errors),
+                       next_after=errors[-1].row if len(errors) == limit else None)
+    return Response(body.model_dump_json(), media_type=JSON)
+
+
+async def _move(rt: Runtime, tenant: TenantConfig, campaign_id: str,
+                state: CampaignState, reason: str | None) -> Response:
+    row = await _own(rt, tenant.id, campaign_id)
+    now = now_ms()
+    if state == "cancelled":
+        await _close_gate(rt, row, now)
+    moved = await rt.campaigns().move(row, state, reason, now)
+    if moved is None:
+        current = await _own(rt, tenant.id, campaign_id)
+        if current.state == state:
+            moved = current
+        else:
+            raise ApiError(409, "conflict", "campaign_state", f"campaign is {current.state}; "
+                           f"it cannot become {state}")
+    return Response(view(moved, await _counts(rt, moved), now).model_dump_json(),
+                    media_type=JSON)
+
+
+async def _close_gate(rt: Runtime, row: CampaignRow, now: datetime) -> None:
+    """Close the campaign's cancel gate before its state changes, so no message of it is
+    sent from the moment the API answers."""
+    gate = CancelGate(rt.admission.store.r, rt.settings.topic_prefix)
+    hold = max(row.ends_at - now, timedelta(0)) + timedelta(days=1)
+    try:
+        await gate.cancel_campaign(row.campaign_id, hold)
+    except GATE_DOWN as exc:
+        log.warning("cancel gate unavailable: %s", type(exc).__name__)
+        raise unavailable("cancel_unavailable", "cancellation is unavailable; retry "
+                          "later") from None
+
+
+@router.post("/v1/campaigns/{campaign_id}/pause")
+async def pause_campaign(campaign_id: str, tenant: Tenant, rt: RuntimeDep) -> Response:
+    return await _move(rt, tenant, campaign_id, "paused", None)
+
+
+@router.post("/v1/campaigns/{campaign_id}/resume")
+async def resume_campaign(campaign_id: str, tenant: Tenant, rt: RuntimeDep) -> Response:
+    return await _move(rt, tenant, campaign_id, "running", None)
+
+
+@router.post("/v1/campaigns/{campaign_id}/cancel")
+async def cancel_campaign(campaign_id: str, tenant: Tenant, rt: RuntimeDep) -> Response:
+    return await _move(rt, tenant, campaign_id, "cancelled", "cancelled")

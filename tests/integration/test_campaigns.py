@@ -1,0 +1,247 @@
+"""Campaigns end to end on the real stack and the real S3-compatible server: manifests put into
+SeaweedFS, ``POST /v1/campaigns`` through the API, expander processes (one SIGKILLed), the P3
+send flow and the reconciler, the emulators counting what reached them."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from notiflow.adapters.object_store import ObjectStore
+from notiflow.ops.procs import ManagedProcess, ProcessGroup
+from notiflow.schemas.campaigns import parse_row_message_id
+from notiflow.settings import Settings
+
+pytestmark = pytest.mark.integration
+TEMPLATE = "Hi {{ name }}, our winter sale starts now. Reply STOP to opt out."
+FINAL = {"completed", "cancelled", "failed"}
+
+
+def manifest(n: int, bad_every: int = 0, offset: int = 0) -> bytes:
+    """``n`` SMS rows (unique numbers from ``offset``); every ``bad_every``-th row has a
+    number that is not one."""
+    lines = ["phone,first_name"]
+    for i in range(1, n + 1):
+        phone = ("+1415-nope" if bad_every and i % bad_every == 0
+                 else f"+1415{2_000_000 + offset + i}")
+        lines.append(f"{phone},Ana {i}")
+    return ("\n".join(lines) + "\n").encode()
+
+
+def put(settings: Settings, data: bytes) -> str:
+    uri = f"s3://{settings.object_store.bucket}/tests/{uuid.uuid4().hex}.csv"
+    store, key = ObjectStore.open(uri, settings.object_store)
+    asyncio.run(store.put(key, data))
+    return uri
+
+
+@pytest.fixture(scope="module")
+def expanders(stack: Settings, log_dir: Path) -> Iterator[dict[str, ManagedProcess]]:
+    group = ProcessGroup()
+    procs = {n: group.add(ManagedProcess(f"expander-{n}", ["flow", "expander", "--name", n],
+                                         log_dir)).start() for n in ("a", "b")}
+    try:
+        for p in procs.values():
+            p.wait_until(lambda p=p: "starting expander" in p.log_path.read_text(),
+                         timeout=60)
+        yield procs
+    finally:
+        group.stop_all()
+
+
+@pytest.fixture(scope="module")
+def mkt(api: str, tokens: dict[str, str]) -> httpx.Client:
+    client = httpx.Client(base_url=api, timeout=30,
+                          headers={"Authorization": f"Bearer {tokens['mkt']}"})
+    r = client.post("/v1/templates", json={"template_id": "winter", "channel": "SMS",
+                                           "body": TEMPLATE})
+    assert r.status_code in (200, 201), r.text
+    return client
+
+
+def create(client: httpx.Client, uri: str, **over: Any) -> dict[str, Any]:
+    body = {"name": "winter sale", "channel": "SMS", "template_id": "winter",
+            "template_version": 1, "manifest": uri,
+            "mapping": {"recipient": "phone", "variables": {"name": "first_name"}},
+            "max_rate": 2000, **over}
+    r = client.post("/v1/campaigns", json=body)
+    assert r.status_code == 201, r.text
+    return dict(r.json())
+
+
+def wait_for(client: httpx.Client, cid: str, done: Any, timeout: float = 240.0
+             ) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while True:
+        c = dict(client.get(f"/v1/campaigns/{cid}").json())
+        if done(c):
+            return c
+        assert time.monotonic() < deadline, c
+        time.sleep(0.5)
+
+
+def sent_rows(fakes: str, cid: str) -> collections.Counter[int]:
+    """How many times each row of the campaign reached an SMS emulator."""
+    seen: collections.Counter[int] = collections.Counter()
+    for name in ("twilio", "vonage"):
+        records = httpx.get(f"{fakes}/_admin/{name}/messages",
+                            params={"fields": "message_id"}, timeout=60).json()
+        for rec in records.get("messages", records) if isinstance(records, dict) else records:
+            found = parse_row_message_id(rec.get("message_id") or "")
+            if found and found[0] == cid:
+                seen[found[1]] += 1
+    return seen
+
+
+def test_twenty_thousand_rows_with_one_percent_bad(
+        stack: Settings, mkt: httpx.Client, fakes: str, send_p3: ManagedProcess,
+        expanders: dict[str, ManagedProcess]) -> None:
+    uri = put(stack, manifest(20_000, bad_every=100))
+    cid = create(mkt, uri)["campaign_id"]
+    c = wait_for(mkt, cid, lambda c: c["counts"]["provider_accepted"] >= 19_800
+                 and c["state"] in FINAL, timeout=420)
+    assert c["state"] == "completed"
+    k = c["counts"]
+    assert (k["read"], k["expanded"], k["rejected"], k["provider_accepted"]) == (
+        20_000, 19_800, 200, 19_800)
+    assert c["remaining"] == 0
+    errors, after = [], 0
+    while True:
+        page = mkt.get(f"/v1/campaigns/{cid}/errors", params={"after": after}).json()
+        errors += page["errors"]
+        if page["next_after"] is None:
+            break
+        after = page["next_after"]
+    assert [e["row"] for e in errors] == list(range(100, 20_001, 100))
+    assert all("phone" in e["reason"] or "recipient" in e["reason"] for e in errors)
+    seen = sent_rows(fakes, cid)
+    assert len(seen) == 19_800 and max(seen.values()) == 1
+
+
+def test_expander_killed_mid_campaign_loses_and_repeats_nothing(
+        stack: Settings, mkt: httpx.Client, fakes: str, send_p3: ManagedProcess,
+        expanders: dict[str, ManagedProcess], log_dir: Path) -> None:
+    uri = put(stack, manifest(6_000, offset=100_000))
+    cid = create(mkt, uri, max_rate=400)["campaign_id"]
+    wait_for(mkt, cid, lambda c: c["counts"]["expanded"] >= 1_000, timeout=60)
+    holder = next(n for n, p in expanders.items()
+                  if f"took campaign {cid}" in p.log_path.read_text())
+    expanders[holder].kill()
+    c = wait_for(mkt, cid, lambda c: c["state"] in FINAL
+                 and c["counts"]["provider_accepted"] >= 6_000, timeout=240)
+    assert c["state"] == "completed" and c["counts"]["expanded"] == 6_000
+    seen = sent_rows(fakes, cid)
+    assert sorted(seen) == list(range(1, 6_001)) and max(seen.values()) == 1
+    expanders[holder] = ManagedProcess(f"expander-{holder}2", ["flow", "expander", "--name",
+                                                               f"{holder}2"], log_dir).start()
+
+
+def test_pause_resume_and_cancel(stack: Settings, mkt: httpx.Client, fakes: str,
+                                 send_p3: ManagedProcess,
+                                 expanders: dict[str, ManagedProcess]) -> None:
+    uri = put(stack, manifest(4_000, offset=200_000))
+    cid = create(mkt, uri, max_rate=200)["campaign_id"]
+    wait_for(mkt, cid, lambda c: c["counts"]["expanded"] >= 400, timeout=60)
+    assert mkt.post(f"/v1/campaigns/{cid}/pause").json()["state"] == "paused"
+    time.sleep(2.0)
+    held = mkt.get(f"/v1/campaigns/{cid}").json()["counts"]["expanded"]
+    time.sleep(2.0)
+    assert mkt.get(f"/v1/campaigns/{cid}").json()["counts"]["expanded"] == held
+    assert mkt.post(f"/v1/campaigns/{cid}/pause").status_code == 200
+    assert mkt.post(f"/v1/campaigns/{cid}/resume").json()["state"] == "running"
+    wait_for(mkt, cid, lambda c: c["counts"]["expanded"] >= held + 400, timeout=60)
+    c = mkt.post(f"/v1/campaigns/{cid}/cancel").json()
+    assert c["state"] == "cancelled"
+    assert mkt.post(f"/v1/campaigns/{cid}/resume").status_code == 409
+    final = wait_for(mkt, cid, lambda c: c["counts"]["provider_accepted"]
+                     + c["counts"]["cancelled"] >= c["counts"]["expanded"], timeout=120)
+    stopped_at = final["counts"]["expanded"]
+    time.sleep(2.0)
+    after = mkt.get(f"/v1/campaigns/{cid}").json()["counts"]
+    assert after["expanded"] == stopped_at < 4_000
+    seen = sent_rows(fakes, cid)
+    assert len(seen) == after["provider_accepted"] and max(seen.values()) == 1
+    assert after["provider_accepted"] + after["cancelled"] == stopped_at
+
+
+def test_admission_refuses_what_the_tenant_may_not_run(
+        stack: Settings, api: str, tokens: dict[str, str], mkt: httpx.Client) -> None:
+    promo = httpx.Client(base_url=api, timeout=30,
+                         headers={"Authorization": f"Bearer {tokens['promo']}"})
+    r = promo.post("/v1/templates", json={"template_id": "winter", "channel": "SMS",
+                                          "body": TEMPLATE})
+    assert r.status_code in (200, 201), r.text
+    uri = put(stack, manifest(10))
+    later = "2030-01-01T10:00:00Z"
+    body = {"starts_at": later, "ends_at": "2030-01-02T10:00:00Z"}
+    first = [create(promo, uri, **body)["campaign_id"] for _ in range(2)]
+    r = promo.post("/v1/campaigns", json={
+        "name": "third", "channel": "SMS", "template_id": "winter", "template_version": 1,
+        "manifest": uri, "mapping": {"recipient": "phone", "variables": {"name": "first_name"}},
+        **body})
+    assert r.status_code == 429 and r.json()["reason"] == "campaign_quota"
+    assert int(r.headers["retry-after"]) >= 1
+    too_big = promo.post("/v1/campaigns", json={
+        "name": "big", "channel": "SMS", "template_id": "winter", "template_version": 1,
+        "manifest": uri, "quota": 1_000_000, **body,
+        "mapping": {"recipient": "phone", "variables": {"name": "first_name"}}})
+    assert too_big.status_code == 422 and too_big.json()["reason"] == "quota_too_large"
+    for cid in first:
+        assert promo.post(f"/v1/campaigns/{cid}/cancel").json()["state"] == "cancelled"
+    assert create(promo, uri, **body)["state"] == "scheduled"
+    missing = mkt.post("/v1/campaigns", json={
+        "name": "x", "channel": "SMS", "template_id": "winter", "template_version": 1,
+        "manifest": f"s3://{stack.object_store.bucket}/nope.csv",
+        "mapping": {"recipient": "phone", "variables": {"name": "first_name"}}})
+    assert missing.status_code == 422 and missing.json()["reason"] == "manifest_unreadable"
+    unmapped = mkt.post("/v1/campaigns", json={
+        "name": "x", "channel": "SMS", "template_id": "winter", "template_version": 1,
+        "manifest": uri, "mapping": {"recipient": "phone"}})
+    assert unmapped.status_code == 422
+    assert unmapped.json()["reason"] == "missing_template_variable"
+    p0 = mkt.post("/v1/campaigns", json={
+        "name": "x", "channel": "SMS", "tier": "P0", "template_id": "winter",
+        "template_version": 1, "manifest": uri,
+        "mapping": {"recipient": "phone", "variables": {"name": "first_name"}}})
+    assert p0.status_code == 422
+
+
+def test_cli_uploads_creates_follows_and_summarises(
+        stack: Settings, api: str, tokens: dict[str, str], mkt: httpx.Client,
+        send_p3: ManagedProcess, expanders: dict[str, ManagedProcess], tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    path = tmp_path / "small.csv"
+    path.write_bytes(manifest(50, bad_every=25, offset=300_000))
+    uri = f"s3://{stack.object_store.bucket}/tests/{uuid.uuid4().hex}.csv"
+    env = {**os.environ, "NOTIFLOW_TOKEN": tokens["mkt"], "COLUMNS": "120"}
+    cli = [sys.executable, "-m", "notiflow.cli", "campaigns"]
+    up = subprocess.run([*cli, "upload", str(path), "--to", uri], env=env,
+                        capture_output=True, text=True, timeout=60)
+    assert up.returncode == 0, up.stderr
+    made = subprocess.run([*cli, "create", "--name", "cli sale", "--manifest", uri,
+                           "--template", "winter", "--version", "1", "--channel", "SMS",
+                           "--recipient", "phone", "--var", "name=first_name", "--api", api],
+                          env=env, capture_output=True, text=True, timeout=180)
+    assert made.returncode == 0, made.stdout + made.stderr
+    assert "completed" in made.stdout and "rejected" in made.stdout
+    cid = made.stdout.split("campaign ", 1)[1].split()[0]
+    shown = subprocess.run([*cli, "show", cid, "--errors", "5", "--api", api], env=env,
+                           capture_output=True, text=True, timeout=60)
+    assert shown.returncode == 0 and "25" in shown.stdout and "50" in shown.stdout
+    listed = subprocess.run([*cli, "list", "--api", api], env=env, capture_output=True,
+                            text=True, timeout=60)
+    assert cid[:20] in listed.stdout
+    refused = subprocess.run([*cli, "pause", cid, "--api", api], env=env,
+                             capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 1 and "409" in refused.stdout
