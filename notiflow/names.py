@@ -393,6 +393,11 @@ CLIENT_WEBHOOK_DELIVERIES = Metric(
     "client status webhook POSTs")
 """Counter {request}: client status webhook POSTs (outcome: delivered, failed, dead);
 attributes outcome."""
+CAMPAIGN_ROWS = Metric(
+    "notiflow.campaign.rows", C, "{row}", ("campaign", "tenant", "outcome"),
+    "manifest rows a campaign expander handled")
+"""Counter {row}: rows of a campaign's manifest, one series per campaign and outcome (outcome:
+expanded, held for a local window, rejected); attributes campaign, tenant, outcome."""
 
 del C, G, H
 

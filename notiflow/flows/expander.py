@@ -38,7 +38,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Protocol
 
-from notiflow import telemetry
+from notiflow import names, telemetry
 from notiflow.adapters.campaign_store import CampaignRow, Progress
 from notiflow.adapters.kafka_io import OutRecord, make_headers
 from notiflow.adapters.manifests import ManifestUnreadable
@@ -59,6 +59,7 @@ from notiflow.schemas.scheduling import ScheduledRow
 from notiflow.settings import CampaignRule, Settings
 
 log = logging.getLogger(__name__)
+_rows = names.CAMPAIGN_ROWS.create(telemetry.meter())
 Clock = Callable[[], datetime]
 YIELD_CEILING = 100
 
@@ -305,6 +306,11 @@ class Expander:
         await asyncio.gather(self.publish(batch.records), self.hold(batch.held, now),
                              self.board.reject(row.campaign_id, batch.errors))
         expanded = len(batch.records) + len(batch.held)
+        labels = {"campaign": row.campaign_id, "tenant": row.tenant_id}
+        for outcome, n in (("expanded", len(batch.records)), ("held", len(batch.held)),
+                           ("rejected", len(batch.errors))):
+            if n:
+                _rows.add(n, {**labels, "outcome": outcome})
         last = rows[-1] if not batch.over_quota else None
         read = len(rows) if last is not None else expanded + len(batch.errors)
         p = replace(p, bytes_read=last.end_offset if last else p.bytes_read,
