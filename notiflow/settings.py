@@ -469,6 +469,9 @@ class CampaignRule(_Frozen):
     incident. Admission refuses new campaigns (429) in the same state."""
     error_bucket: int = Field(100_000, ge=1)
     """Rows per partition of a campaign's error report."""
+    file_root: Path | None = None
+    """Directory ``file://`` manifests must lie in (embedded, single-machine use); None:
+    only ``s3://`` manifests are accepted, so a tenant cannot name a file of the server."""
 
 
 class BreakerRule(_Frozen):

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Install everything notiflow needs on a fresh clone: system packages (Java 17, Maven,
 # redis-server, and promtool from Debian's prometheus package) when missing, the Python venv
-# with pinned dependencies, and the Kafka and Cassandra jars from Maven Central (cached in
-# ~/.cache/notiflow). Safe to run repeatedly.
+# with pinned dependencies, the Kafka and Cassandra jars from Maven Central and SeaweedFS's
+# weed built with Go from the Go module proxy (cached in ~/.cache/notiflow). Safe to run
+# repeatedly.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -65,5 +66,9 @@ if [ ! -x .venv/bin/python ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; th
   echo "$want" > "$stamp"
 fi
 
-say "fetching Kafka and Cassandra jars (cached)"
+# Go's official tarball installs into /usr/local/go; its bin is not always on PATH.
+if ! command -v go >/dev/null 2>&1 && [ -x /usr/local/go/bin/go ]; then
+  export PATH="$PATH:/usr/local/go/bin"
+fi
+say "fetching Kafka and Cassandra jars, building SeaweedFS (cached)"
 .venv/bin/notiflow stack fetch

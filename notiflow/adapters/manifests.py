@@ -10,6 +10,7 @@ from notiflow.adapters.object_store import (
     ObjectNotFound,
     ObjectStore,
     ObjectStoreUnavailable,
+    validate_uri,
 )
 from notiflow.settings import Settings
 
@@ -30,7 +31,19 @@ class Manifests:
         self.chunk = settings.campaigns.chunk_bytes
 
     def _open(self, uri: str) -> tuple[ObjectStore, str]:
+        """The store and key of ``uri``: ``s3://``, or ``file://`` under
+        ``campaigns.file_root`` when one is configured."""
+        root = self.settings.campaigns.file_root
         try:
+            if uri.startswith("file:"):
+                if root is None:
+                    raise ManifestUnreadable("file:// manifests are not enabled here; use "
+                                             "an s3:// URI")
+                try:
+                    validate_uri(uri, root)
+                except ValueError:
+                    raise ManifestUnreadable("the file:// manifest is outside the directory "
+                                             "manifests are read from") from None
             return ObjectStore.open(uri, self.settings.object_store)
         except ValueError as exc:
             raise ManifestUnreadable(str(exc)) from None

@@ -1,6 +1,6 @@
-"""``notiflow bench isolation|throughput|scale|soak|scheduler``: run a benchmark on the local
-stack and write ``<out>/<name>.json``, ``<name>.md`` (and ``isolation.png``,
-``scheduler.png``). The stack is started if it is not
+"""``notiflow bench isolation|throughput|scale|soak|scheduler|campaign``: run a benchmark on
+the local stack and write ``<out>/<name>.json``, ``<name>.md`` (and ``isolation.png``,
+``scheduler.png``, ``campaign.png``). The stack is started if it is not
 running, and stopped again afterwards in that case. ``notiflow bench summarize``: publish such a
 run's summary and its report into ``bench/figures/`` (offline)."""
 
@@ -153,6 +153,32 @@ def scheduler(
     md = scheduler_markdown(doc)
     paths = write(out, "scheduler", doc, md)
     paths.append(scheduler_plot(doc, out / "scheduler.png"))
+    _show(paths, md)
+
+
+@bench_app.command("campaign")
+def campaign(
+    n: Annotated[int, typer.Option("-n", help="Rows of the manifest.")] = 1_000_000,
+    otp_rate: Annotated[float, typer.Option(help="P0 OTPs per second.")] = 20.0,
+    max_rate: Annotated[float, typer.Option(help="The campaign's max_rate (rows/s).")
+                        ] = 5000.0,
+    max_drain: Annotated[float, typer.Option(help="Seconds to wait for the campaign to "
+                                                  "drain.")] = 3600.0,
+    out: Out = Path("bench/results"),
+) -> None:
+    """A campaign of ``n`` SMS rows from a manifest in S3, through the API and an expander,
+    while P0 OTPs go through the API: expansion rate, expander CPU and RSS, P3 drain, P0
+    latency."""
+    from notiflow.bench import campaign as cb
+    from notiflow.bench.campaign_report import campaign_markdown, campaign_plot
+    from notiflow.bench.report import write
+
+    with _stack():
+        doc = cb.run(out, n=n, otp_rate=otp_rate, max_rate=max_rate, max_drain=max_drain,
+                     log=_log)
+    md = campaign_markdown(doc)
+    paths = write(out, "campaign", doc, md)
+    paths.append(campaign_plot(doc, out / "campaign.png"))
     _show(paths, md)
 
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import psutil
 
+from notiflow.bench.campaign_report import campaign_markdown, campaign_plot
 from notiflow.bench.scheduler_report import scheduler_markdown, scheduler_plot
 from notiflow.bench.summary import LATENCY_COLUMNS, dumps, latency_of, pressure_of, summarize
 
@@ -268,7 +269,7 @@ def scale_markdown(doc: dict[str, Any]) -> str:
 MARKDOWN: dict[str, Callable[[dict[str, Any]], str]] = {
     "isolation": isolation_markdown, "soak": soak_markdown,
     "throughput": throughput_markdown, "scale": scale_markdown,
-    "scheduler": scheduler_markdown}
+    "scheduler": scheduler_markdown, "campaign": campaign_markdown}
 """The Markdown report of each ``bench`` kind."""
 
 
@@ -302,6 +303,8 @@ def publish(doc: dict[str, Any], base: Path) -> list[Path]:
         paths.append(isolation_plot(brief, base.with_name(base.name + ".png")))
     elif brief["bench"] == "scheduler":
         paths.append(scheduler_plot(brief, base.with_name(base.name + ".png")))
+    elif brief["bench"] == "campaign":
+        paths.append(campaign_plot(brief, base.with_name(base.name + ".png")))
     return paths
 
 

@@ -1,17 +1,18 @@
-"""Campaign manifests, parsed incrementally from byte chunks, and their rows mapped to ingest
+"""Campaign manifests read incrementally from byte chunks, and their rows mapped to ingest
 records (pure: no I/O).
 
-:class:`RowReader` works on bytes so every row's end offset is exact: a reader started at a
-row's ``end_offset`` with the next row number (and the CSV header) yields exactly the rows
-after it, which is how an expander resumes mid-file. Chunks may split anywhere. A row that
-cannot be read is a row with an ``error`` (never its content: rows are personal data); only
-a manifest without a usable CSV header is a :class:`ManifestError`.
+:class:`RowReader` works on bytes, so every row's end offset is exact and chunks may split
+anywhere: a reader started at a row's ``end_offset`` with the next row number (and the CSV
+header) yields exactly the rows after it, which is how an expander resumes mid-file. A row
+that cannot be read is a row with an ``error`` that never quotes the row (rows are personal
+data); only a manifest without a usable CSV header is a :class:`ManifestError`.
 """
 
 from __future__ import annotations
 
 import csv
 import functools
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -29,7 +30,7 @@ BOM = b"\xef\xbb\xbf"
 
 
 class ManifestError(Exception):
-    """The manifest as a whole cannot be expanded (``reason`` says why)."""
+    """The manifest as a whole cannot be expanded (``reason`` says why, without row data)."""
 
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
@@ -38,8 +39,8 @@ class ManifestError(Exception):
 
 @dataclass(frozen=True, slots=True)
 class ManifestRow:
-    """One data row: its 1-based number, the byte offset just after it, and its fields or
-    why it could not be read."""
+    """One data row: its 1-based number (header and blank lines not counted), the byte
+    offset just after it, and its fields, or (``fields`` None) why it could not be read."""
 
     number: int
     end_offset: int
@@ -47,145 +48,195 @@ class ManifestRow:
     error: str | None = None
 
 
+def _header_problem(names: Sequence[str]) -> str | None:
+    if not names or not all(names) or any(n != n.strip() for n in names):
+        return "the CSV header must name every column (names without surrounding blanks)"
+    if len(set(names)) != len(names):
+        return "the CSV header names a column twice"
+    return None
+
+
 class RowReader:
-    """Rows of a CSV (RFC 4180, header first) or JSON Lines manifest from byte chunks."""
+    """Rows of a CSV (RFC 4180, header first) or JSON Lines manifest, from byte chunks.
+
+    A record ends at a newline (CSV: one outside double quotes). A record longer than
+    ``max_row_bytes``, or a CSV record whose quote is still open at the end of the data, is
+    one error row ending at the record's first newline, where reading resumes: a stray quote
+    costs one row, not the rest of the file. Every outcome depends on the bytes only, never
+    on where the chunks split.
+    """
 
     def __init__(self, fmt: ManifestFormat, *, start_offset: int = 0, next_row: int = 1,
-                 header: tuple[str, ...] | None = None, max_row_bytes: int = 65_536) -> None:
-        if fmt == "csv" and start_offset > 0 and header is None:
+                 header: Sequence[str] | None = None, max_row_bytes: int = 65_536) -> None:
+        if fmt not in ("csv", "jsonl"):
+            raise ValueError(f"unknown manifest format {fmt!r}")
+        self._csv = fmt == "csv"
+        if self._csv and start_offset > 0 and header is None:
             raise ValueError("resuming a CSV manifest needs its header")
-        self.fmt = fmt
-        self.offset = start_offset
-        self.next_row = next_row
-        self.header = header
-        self.max_row_bytes = max_row_bytes
+        if self._csv and header is not None and (problem := _header_problem(header)):
+            raise ValueError(problem)
+        self._given = tuple(header) if self._csv and header is not None else None
+        self._header = self._given if start_offset > 0 else None
+        self._next = next_row
+        self._max = max_row_bytes
+        self._base = start_offset
         self._buf = bytearray()
         self._scan = 0
         self._quotes = 0
-        self._skipping = False
+        self._skipping: str | None = None
+
+    @property
+    def header(self) -> tuple[str, ...] | None:
+        """The CSV column names, once read (or as given when resuming); None for JSON Lines."""
+        return self._header
 
     def feed(self, chunk: bytes) -> list[ManifestRow]:
-        """The rows completed by ``chunk``."""
-        self._buf += chunk
+        """The rows that ``chunk``, the bytes following those fed so far, completes."""
         out: list[ManifestRow] = []
-        while True:
-            end = self._record_end()
-            if end is None:
-                if len(self._buf) > self.max_row_bytes and not self._skipping:
-                    out.append(self._too_long())
-                    self._skipping = True
-                if self._skipping:
-                    self._drop_to_newline()
+        if self._skipping is not None:
+            nl = chunk.find(b"\n")
+            if nl < 0:
+                self._base += len(chunk)
                 return out
-            record = bytes(self._buf[:end])
-            del self._buf[:end]
-            self.offset += end
-            self._scan = self._quotes = 0
-            if self._skipping:
-                self._skipping = False
-                continue
-            row = self._row(record)
-            if row is not None:
-                out.append(row)
+            self._base += nl + 1
+            out.append(self._bad(self._skipping, self._base))
+            self._skipping = None
+            chunk = chunk[nl + 1:]
+        self._buf += chunk
+        self._drain(out, final=False)
+        return out
 
     def finish(self) -> list[ManifestRow]:
-        """The last row when the data does not end with a newline."""
-        if not self._buf or self._skipping:
-            return []
-        record = bytes(self._buf)
-        self.offset += len(record)
-        self._buf.clear()
-        if self.fmt == "csv" and self._quotes % 2:
-            return [self._error("row has an unterminated quoted field")]
-        row = self._row(record)
-        return [row] if row is not None else []
+        """The rows left at the end of the data (a last row without a newline); a CSV
+        manifest that never had a header row is a :class:`ManifestError`."""
+        out: list[ManifestRow] = []
+        if self._skipping is not None:
+            out.append(self._bad(self._skipping, self._base))
+            self._skipping = None
+        self._drain(out, final=True)
+        if self._csv and self._header is None:
+            raise ManifestError("the CSV manifest has no header row")
+        return out
 
-    def _record_end(self) -> int | None:
-        """End (exclusive) of the first complete record in the buffer: a newline outside
-        quotes (JSON Lines: any newline)."""
-        buf = self._buf
-        while True:
-            nl = buf.find(b"\n", self._scan)
-            if nl < 0:
-                if self.fmt == "csv":
-                    self._quotes += buf.count(b'"', self._scan)
-                self._scan = len(buf)
-                return None
-            if self.fmt == "csv":
-                self._quotes += buf.count(b'"', self._scan, nl)
-                self._scan = nl + 1
-                if self._quotes % 2:
-                    if nl + 1 > self.max_row_bytes:
-                        return None
+    def _drain(self, out: list[ManifestRow], final: bool) -> None:
+        buf, start = self._buf, 0
+        while start < len(buf):
+            end = self._end(start)
+            if end is None:
+                oversize = len(buf) - start >= self._max
+                if not (oversize or final):
+                    break
+                if oversize or self._quotes % 2:
+                    reason = (f"row longer than {self._max} bytes" if oversize
+                              else "row has an unterminated quoted field")
+                    nl = buf.find(b"\n", start)
+                    if nl < 0 and not final:
+                        if self._csv and self._header is None:
+                            raise ManifestError(f"CSV header: {reason}")
+                        self._skipping, start = reason, len(buf)
+                        break
+                    end = len(buf) if nl < 0 else nl + 1
+                    out.append(self._bad(reason, self._base + end))
+                    start = self._scan = end
+                    self._quotes = 0
                     continue
-            return nl + 1
+                end = len(buf)
+            row = self._record(start, end)
+            if row is not None:
+                out.append(row)
+            start = self._scan = end
+            self._quotes = 0
+        del buf[:start]
+        self._base += start
+        self._scan -= start
 
-    def _drop_to_newline(self) -> None:
-        nl = self._buf.find(b"\n")
-        if nl < 0:
-            self.offset += len(self._buf)
-            self._buf.clear()
-        else:
-            self.offset += nl + 1
-            del self._buf[:nl + 1]
-            self._skipping = False
-        self._scan = self._quotes = 0
+    def _end(self, start: int) -> int | None:
+        """End of the record at ``start`` when it is complete within ``max_row_bytes``."""
+        buf, scan, limit = self._buf, self._scan, start + self._max
+        while True:
+            nl = buf.find(b"\n", scan, limit)
+            if nl < 0:
+                stop = min(len(buf), limit)
+                if self._csv:
+                    self._quotes += buf.count(b'"', scan, stop)
+                self._scan = stop
+                return None
+            if self._csv:
+                self._quotes += buf.count(b'"', scan, nl)
+            scan = nl + 1
+            if not self._quotes % 2:
+                return scan
 
-    def _too_long(self) -> ManifestRow:
-        return self._error(f"row longer than {self.max_row_bytes} bytes")
+    def _bad(self, reason: str, end_offset: int) -> ManifestRow:
+        if self._csv and self._header is None:
+            raise ManifestError(f"CSV header: {reason}")
+        return self._row(end_offset, None, reason)
 
-    def _error(self, reason: str) -> ManifestRow:
-        row = ManifestRow(self.next_row, self.offset, None, reason)
-        self.next_row += 1
+    def _row(self, end_offset: int, fields: dict[str, Any] | None,
+             error: str | None = None) -> ManifestRow:
+        row = ManifestRow(self._next, end_offset, fields, error)
+        self._next += 1
         return row
 
-    def _row(self, record: bytes) -> ManifestRow | None:
-        if record.startswith(BOM) and self.offset - len(record) == 0:
-            record = record[len(BOM):]
-        if not record.strip():
+    def _record(self, start: int, end: int) -> ManifestRow | None:
+        raw = self._buf[start:end]
+        if self._base + start == 0 and raw.startswith(BOM):
+            raw = raw[len(BOM):]
+        if not raw.strip():
             return None
+        end_offset = self._base + end
+        if not self._csv:
+            return self._json(raw, end_offset)
+        raw = raw.removesuffix(b"\n").removesuffix(b"\r")
         try:
-            text = record.decode("utf-8")
+            text = raw.decode()
         except UnicodeDecodeError:
-            return self._error("row is not valid UTF-8")
-        if self.fmt == "jsonl":
-            return self._json(text)
-        try:
-            values = next(csv.reader([text.removesuffix("\n").removesuffix("\r")],
-                                     strict=True), [])
-        except csv.Error as exc:
-            return self._error(f"not valid CSV: {exc}")
-        if self.header is None:
-            names = tuple(v.strip() for v in values)
-            if not names or not all(names) or len(set(names)) != len(names):
-                raise ManifestError("the CSV header must name every column once")
-            self.header = names
+            return self._bad("row is not valid UTF-8", end_offset)
+        if b'"' not in raw and b"\r" not in raw:
+            values = text.split(",")
+        else:
+            try:
+                values = next(csv.reader((text,), strict=True))
+            except csv.Error:
+                return self._bad("not valid CSV (a quote or line break out of place)",
+                                 end_offset)
+        if self._header is None:
+            self._take_header(values)
             return None
-        if len(values) != len(self.header):
-            return self._error(f"expected {len(self.header)} fields, got {len(values)}")
-        row = ManifestRow(self.next_row, self.offset, dict(zip(self.header, values,
-                                                               strict=True)))
-        self.next_row += 1
-        return row
+        if len(values) != len(self._header):
+            return self._bad(f"expected {len(self._header)} fields, got {len(values)}",
+                             end_offset)
+        return self._row(end_offset, dict(zip(self._header, values, strict=True)))
 
-    def _json(self, text: str) -> ManifestRow:
+    def _take_header(self, values: list[str]) -> None:
+        names = tuple(v.strip() for v in values)
+        if problem := _header_problem(names):
+            raise ManifestError(problem)
+        if self._given is not None and names != self._given:
+            raise ManifestError("the CSV header is not the one the expansion started with")
+        self._header = names
+
+    def _json(self, raw: bytearray, end_offset: int) -> ManifestRow:
         try:
-            value = orjson.loads(text)
+            value = orjson.loads(raw)
         except orjson.JSONDecodeError as exc:
-            return self._error(f"not valid JSON (at character {exc.pos})")
+            try:
+                raw.decode()
+            except UnicodeDecodeError:
+                return self._bad("row is not valid UTF-8", end_offset)
+            return self._bad(f"not valid JSON (at character {exc.pos})", end_offset)
         if not isinstance(value, dict):
-            return self._error("not a JSON object")
+            return self._bad("not a JSON object", end_offset)
         for name, v in value.items():
             if isinstance(v, dict | list):
-                return self._error(f"column {name!r} is not a scalar")
-        row = ManifestRow(self.next_row, self.offset, value)
-        self.next_row += 1
-        return row
+                return self._bad(f"column {name!r} is not a scalar", end_offset)
+        return self._row(end_offset, value)
 
 
 @dataclass(frozen=True, slots=True)
 class CampaignSpec:
-    """What every row of one campaign shares."""
+    """What every row of one campaign shares. ``default_zone``: the zone of a row whose own
+    is unknown; ``window``: local hours a row may be sent in (None: any time)."""
 
     tenant_id: str
     campaign_id: str
@@ -202,12 +253,16 @@ class CampaignSpec:
 
 @dataclass(frozen=True, slots=True)
 class Rejected:
+    """Row ``row`` is not sent, for ``reason`` (which never quotes the row)."""
+
     row: int
     reason: str
 
 
 @dataclass(frozen=True, slots=True)
 class Mapped:
+    """Row ``row`` as a message, to be sent at ``due`` (its recipient's window)."""
+
     row: int
     record: IngestRecord
     due: datetime
@@ -221,13 +276,17 @@ def _zone(name: str) -> ZoneInfo | None:
         return None
 
 
-def _reason(exc: ValidationError) -> str:
-    """The first error's field and message, without the input (personal data)."""
+def _reason(exc: ValidationError, values: Iterable[Any]) -> str:
+    """The first error's field and pydantic's message, never any of the row's ``values``."""
     errors = exc.errors(include_input=False, include_url=False, include_context=False)
     err = next((e for e in errors if e["loc"][-1:] != ("str",)), errors[0])
     field = ".".join(str(p) for p in err["loc"] if p != "PushRecipient") or "row"
     msg = str(err["msg"]).removeprefix("Value error, ")
-    return f"{field}: {msg.split(':', 1)[0] if field.startswith('recipient') else msg}"
+    if field.startswith("recipient"):
+        msg = msg.split(":", 1)[0]
+    if any(len(s) >= 3 and s in msg for v in values if (s := _text(v))):
+        msg = f"invalid ({err['type']})"
+    return f"{field}: {msg}"
 
 
 def _text(value: Any) -> str:
@@ -235,26 +294,26 @@ def _text(value: Any) -> str:
 
 
 def map_row(spec: CampaignSpec, row: ManifestRow, now: datetime) -> Mapped | Rejected:
-    """The row's ingest record and when it is due (the recipient's window), or why not."""
+    """The row's ingest record (message id from (campaign, row), accepted at ``now``,
+    expiring at the campaign's end) and when it is due, or why the row is not sent. The
+    recipient's zone: the row's zone column, else an SMS number's only zone, else the
+    spec's default (an unknown default is a :class:`ManifestError`)."""
     if row.fields is None:
         return Rejected(row.number, row.error or "unreadable row")
     f, m = row.fields, spec.mapping
-    needed = [m.recipient, *(c for c in (m.platform, m.timezone) if c), *m.variables.values()]
-    for column in needed:
-        if column not in f:
+    for column in (m.recipient, m.platform, m.timezone, *m.variables.values()):
+        if column is not None and column not in f:
             return Rejected(row.number, f"missing column {column!r}")
     recipient: Any = _text(f[m.recipient])
     if not recipient:
         return Rejected(row.number, "empty recipient")
     if m.platform is not None:
         recipient = {"device_token": recipient, "platform": _text(f[m.platform]).lower()}
-    zone_name = _text(f[m.timezone]) if m.timezone else ""
-    if zone_name:
+    zone = None
+    if m.timezone is not None and (zone_name := _text(f[m.timezone])):
         zone = _zone(zone_name)
         if zone is None:
             return Rejected(row.number, f"unknown time zone in column {m.timezone!r}")
-    else:
-        zone = None
     try:
         record = IngestRecord.model_validate({
             "channel": spec.channel, "tier": spec.tier, "recipient": recipient,
@@ -264,15 +323,16 @@ def map_row(spec: CampaignSpec, row: ManifestRow, now: datetime) -> Mapped | Rej
             "tenant_id": spec.tenant_id,
             "message_id": row_message_id(spec.campaign_id, row.number), "accepted_at": now})
     except ValidationError as exc:
-        return Rejected(row.number, _reason(exc))
+        return Rejected(row.number, _reason(exc, f.values()))
     due = now
     if spec.window is not None:
         if zone is None:
-            by_phone = (phone_timezone(recipient) if spec.channel is Channel.SMS
-                        and isinstance(recipient, str) else None)
-            zone = _zone(by_phone or spec.default_zone) or _zone("UTC")
-        assert zone is not None
+            by_phone = (phone_timezone(record.recipient) if spec.channel is Channel.SMS
+                        and isinstance(record.recipient, str) else None)
+            zone = _zone(by_phone or spec.default_zone)
+            if zone is None:
+                raise ManifestError(f"unknown time zone {spec.default_zone!r}")
         due = spec.window.next_open(now, zone)
-        if due >= spec.ends_at:
-            return Rejected(row.number, "no send window before the campaign ends")
+    if due >= spec.ends_at:
+        return Rejected(row.number, "no send window before the campaign ends")
     return Mapped(row.number, record, due)

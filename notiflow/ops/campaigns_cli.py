@@ -154,13 +154,14 @@ def list_campaigns(api: Api = None, token: Token = None) -> None:
     """The tenant's campaigns, newest first."""
     with _client(api, token) as client:
         rows = _answer(client.get("/v1/campaigns"))["campaigns"]
-    table = Table("campaign", "name", "state", "read", "expanded", "rejected",
-                  "provider accepted", "created")
+    table = Table("name", "state", "read", "expanded", "rejected", "provider accepted",
+                  "created")
+    table.add_column("campaign", no_wrap=True, min_width=36)
     for c in rows:
         k = c["counts"]
-        table.add_row(c["campaign_id"], c["name"], c["state"], f"{k['read']:,}",
-                      f"{k['expanded']:,}", f"{k['rejected']:,}",
-                      f"{k['provider_accepted']:,}", c["created_at"])
+        table.add_row(c["name"], c["state"], f"{k['read']:,}", f"{k['expanded']:,}",
+                      f"{k['rejected']:,}", f"{k['provider_accepted']:,}",
+                      c["created_at"][:19], c["campaign_id"])
     console.print(table)
 
 

@@ -9,9 +9,10 @@ message, and any stage can tell a campaign's message and its row from the id alo
 
 from __future__ import annotations
 
+import math
 import re
 import uuid
-from datetime import datetime, time, timedelta
+from datetime import UTC, datetime, time, timedelta
 from typing import Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -104,21 +105,43 @@ class LocalWindow(Wire):
         return local >= self.start or local < self.end
 
     def next_open(self, at: datetime, zone: ZoneInfo) -> datetime:
-        """``at`` when it is inside the window in ``zone``, else the next instant the window
-        opens there (a start that falls in a DST gap opens at the gap's end)."""
+        """The first instant from ``at`` (aware) whose wall-clock time in ``zone`` is inside
+        the window: ``at`` itself, else where the wall clock reaches ``start``, else a DST
+        transition that lands inside (a start in a gap opens at the gap's end when the window
+        is still open then; a repeated hour may open the window a second time)."""
         local = at.astimezone(zone)
         if self.contains(local.time()):
             return at
-        day = local.date()
-        for offset in (0, 1):
-            candidate = datetime.combine(day + timedelta(days=offset), self.start, zone)
-            instant = candidate.astimezone(at.tzinfo)
-            round_trip = instant.astimezone(zone).replace(tzinfo=None)
-            if round_trip != candidate.replace(tzinfo=None):
-                instant = candidate.replace(fold=1).astimezone(at.tzinfo)
-            if instant > at:
-                return instant
-        raise AssertionError("a window opens within two days")
+        since, offset = at.astimezone(UTC), local.utcoffset()
+        for _ in range(4):
+            assert offset is not None
+            wall = (since + offset).replace(tzinfo=None)
+            opens = datetime.combine(wall.date(), self.start)
+            if opens <= wall:
+                opens += timedelta(days=1)
+            instant = (opens - offset).replace(tzinfo=UTC)
+            if instant.astimezone(zone).utcoffset() == offset:
+                return instant.astimezone(at.tzinfo)
+            since = _transition(since, instant, zone)
+            local = since.astimezone(zone)
+            offset = local.utcoffset()
+            if self.contains(local.time()):
+                return since.astimezone(at.tzinfo)
+        raise AssertionError("a window opens within a few days")
+
+
+def _transition(after: datetime, before: datetime, zone: ZoneInfo) -> datetime:
+    """The first whole second in (``after``, ``before``] whose UTC offset in ``zone`` differs
+    from ``after``'s (the caller knows there is one; zone transitions fall on whole seconds)."""
+    offset = after.astimezone(zone).utcoffset()
+    lo, hi = math.floor(after.timestamp()), math.ceil(before.timestamp())
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if datetime.fromtimestamp(mid, zone).utcoffset() == offset:
+            lo = mid
+        else:
+            hi = mid
+    return datetime.fromtimestamp(hi, UTC)
 
 
 class CampaignRequest(Wire):

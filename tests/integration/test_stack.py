@@ -17,7 +17,7 @@ pytestmark = pytest.mark.integration
 def test_status_reports_every_component_healthy(stack: Settings) -> None:
     status = Stack(stack, log=lambda _m: None).status()
     assert [(name, healthy) for name, _pid, _port, healthy in status] == [
-        ("redis", True), ("kafka", True), ("cassandra", True)]
+        ("redis", True), ("kafka", True), ("cassandra", True), ("s3", True)]
 
 
 def test_up_is_idempotent(stack: Settings) -> None:

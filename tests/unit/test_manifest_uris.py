@@ -1,0 +1,37 @@
+"""Which manifest URIs a campaign may name: s3:// always, file:// only under the configured
+directory (a tenant must not read the server's files)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from notiflow.adapters.manifests import ManifestUnreadable, Manifests
+from notiflow.settings import Settings
+
+
+def manifests(root: Path | None) -> Manifests:
+    s = Settings()
+    return Manifests(s.model_copy(update={"campaigns": s.campaigns.model_copy(
+        update={"file_root": root})}))
+
+
+def test_file_manifests_need_a_root_and_stay_inside_it(tmp_path: Path) -> None:
+    (tmp_path / "m.csv").write_bytes(b"phone\n+14155550100\n" * 3)
+    with pytest.raises(ManifestUnreadable, match="not enabled"):
+        asyncio.run(manifests(None).size(f"file://{tmp_path}/m.csv"))
+    with pytest.raises(ManifestUnreadable, match="outside"):
+        asyncio.run(manifests(tmp_path / "sub").size(f"file://{tmp_path}/m.csv"))
+    with pytest.raises(ManifestUnreadable, match="outside"):
+        asyncio.run(manifests(tmp_path).size(f"file://{tmp_path}/../etc/passwd"))
+    inside = manifests(tmp_path)
+    assert asyncio.run(inside.size(f"file://{tmp_path}/m.csv")) == 57
+
+    async def read_all() -> bytes:
+        return b"".join([c async for c in inside.chunks(f"file://{tmp_path}/m.csv", 6)])
+
+    assert asyncio.run(read_all()) == (b"phone\n+14155550100\n" * 3)[6:]
+    with pytest.raises(ManifestUnreadable, match="no object"):
+        asyncio.run(inside.size(f"file://{tmp_path}/missing.csv"))
