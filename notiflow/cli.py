@@ -23,7 +23,8 @@ from notiflow.schemas.enums import Tier
 from notiflow.settings import Settings, load_settings
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
-stack_app = typer.Typer(no_args_is_help=True, help="Local Kafka, Cassandra, Redis and SeaweedFS (S3).")
+stack_app = typer.Typer(no_args_is_help=True,
+                        help="Local Kafka, Cassandra, Redis and SeaweedFS (S3).")
 flow_app = typer.Typer(no_args_is_help=True, help="Bytewax dataflows.")
 schemas_app = typer.Typer(no_args_is_help=True, help="Wire contracts.")
 app.add_typer(stack_app, name="stack")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from notiflow.adapters.manifests import ManifestUnreadable, Manifests
+from notiflow.adapters.manifests import Manifests, ManifestUnreadable
 from notiflow.settings import Settings
 
 
