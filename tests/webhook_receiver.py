@@ -39,6 +39,8 @@ class Hit:
     valid: bool
     error: str | None
     received_at: float
+    raw: bytes = b""
+    headers: tuple[tuple[str, str], ...] = ()
 
     @property
     def message_id(self) -> str:
@@ -144,7 +146,7 @@ class Receiver:
             body = {}
         ts = request.headers.get("webhook-timestamp", "0")
         hit = Hit(wid, n, request.path, int(ts) if ts.isdigit() else 0, body, error is None,
-                  error, time.time())
+                  error, time.time(), raw, tuple(headers.items()))
         with self._lock:
             self.in_flight += 1
             self.peak = max(self.peak, self.in_flight)

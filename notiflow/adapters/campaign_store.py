@@ -56,6 +56,8 @@ _STATEMENTS = {
             "IF lease_until < ? AND state IN ('scheduled', 'running')",
     "checkpoint": f"UPDATE campaigns SET {_CHECKPOINT} WHERE tenant_id = ? "
                   "AND campaign_id = ? IF owner = ? AND state = 'running'",
+    "record": f"UPDATE campaigns SET {_CHECKPOINT} WHERE tenant_id = ? "
+              "AND campaign_id = ? IF owner = ?",
     "finish": f"UPDATE campaigns SET {_CHECKPOINT}, state = ?, reason = ?, finished_at = ? "
               "WHERE tenant_id = ? AND campaign_id = ? IF owner = ? AND state = 'running'",
     "release": "UPDATE campaigns SET lease_until = ? WHERE tenant_id = ? AND campaign_id = ? "
@@ -65,14 +67,15 @@ _STATEMENTS = {
     "errors": "SELECT row, reason FROM campaign_errors WHERE campaign_id = ? AND bucket = ? "
               "AND row > ? LIMIT ?",
 }
-_SERIAL = ("create", "state", "take", "checkpoint", "finish", "release")
+_SERIAL = ("create", "state", "take", "checkpoint", "record", "finish", "release")
 
 TRANSITIONS: dict[CampaignState, tuple[str, ...]] = {
     "paused": ("scheduled", "running"),
     "running": ("paused",),
-    "cancelled": tuple(sorted(LIVE_STATES)),
+    "cancelled": (*sorted(LIVE_STATES), "completed"),
 }
-"""Target state → the states the API may move a campaign from."""
+"""Target state → the states the API may move a campaign from. A completed campaign (every
+row expanded) can still be cancelled: its messages not sent yet are."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,9 +210,16 @@ class CampaignStore:
     async def checkpoint(self, row: CampaignRow, owner: str, p: Progress, until: datetime,
                          now: datetime) -> bool:
         """Store ``p`` and extend the lease while ``owner`` holds the running campaign;
-        False when it no longer does (paused, cancelled, taken over): stop expanding."""
-        return _applied(await self._run("checkpoint", (
-            *self._progress(p, until, now), row.tenant_id, row.campaign_id, owner)))
+        False when it no longer does: stop expanding. A campaign paused or cancelled while
+        ``owner`` still holds it still gets ``p`` (the rows it covers were written: they are
+        expanded messages, and the counts must say so)."""
+        values = (*self._progress(p, until, now), row.tenant_id, row.campaign_id, owner)
+        rows = await self._run("checkpoint", values)
+        if _applied(rows):
+            return True
+        if rows and rows[0].get("owner") == owner:
+            await self._run("record", values)
+        return False
 
     async def finish(self, row: CampaignRow, owner: str, p: Progress,
                      state: CampaignState, reason: str | None, now: datetime) -> bool:

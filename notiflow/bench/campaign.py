@@ -150,15 +150,25 @@ def figures(progress: list[dict[str, Any]], otps: dict[str, Any], first: dict[st
                       "rows_per_s": round(rows / (end - start)) if start and end else None,
                       "expander_cpu_ms_per_row": round(cpu * 1000 / max(1, rows), 3),
                       "expander_rss_mb": [round(x, 1) for x in phase.sampler.rss("expander")]},
-        "drain": {"end_s": drained_at,
-                  "per_s": round(last.get("provider_accepted", 0) / (drained_at - start))
-                  if drained_at and start else None},
-        "p0": {**summary(lat), "sent": len(accepted), "refused": otps.get("refused", 0),
+        "drain": {"end_s": drained_at, "drained": drained_at is not None,
+                  "per_s": _drain_rate(progress, start, drained_at)},
+        "p0": {**{k: round(v, 1) if isinstance(v, float) else v
+                  for k, v in summary(lat).items()},
+               "sent": len(accepted), "refused": otps.get("refused", 0),
                "missing": len(accepted) - len(lat),
                "within_1s": round(sum(1 for x in lat if x <= 1000) / len(lat), 5)
                if lat else None},
         "timeline": {"progress": progress, "p0": [(round(t, 2), round(x, 1)) for t, x in p0]},
         "processes": procs,
-        "cpu_ms_per_row": {name: round(f["cpu_s"] * 1000 / max(1, rows), 3)
-                           for name, f in procs.items() if "cpu_s" in f},
     }
+
+
+def _drain_rate(progress: list[dict[str, Any]], start: float | None,
+                end: float | None) -> float | None:
+    """Provider-accepted messages of the campaign per second, from its first expanded row to
+    the drain (or, not drained, to the last sample)."""
+    if start is None or not progress:
+        return None
+    until = end if end is not None else progress[-1]["t"]
+    done = next((p for p in progress if p["t"] >= until), progress[-1])["provider_accepted"]
+    return round(done / (until - start), 1) if until > start else None

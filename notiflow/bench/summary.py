@@ -116,6 +116,18 @@ def summarize(doc: Mapping[str, Any]) -> dict[str, Any]:
                 del holder[key]
                 if path not in dropped:
                     dropped.append(path)
+    timeline = out.get("timeline") if out.get("bench") == "campaign" else None
+    if timeline and "p0_worst_per_s" not in timeline:
+        worst: dict[int, float] = {}
+        for t, lat in timeline.pop("p0", []):
+            worst[int(t)] = max(lat, worst.get(int(t), 0.0))
+        timeline["p0_worst_per_s"] = sorted(worst.items())
+        progress = timeline.get("progress") or []
+        timeline["progress"] = [{k: p[k] for k in ("t", "read", "expanded", "provider_accepted",
+                                                  "state")}
+                                for i, p in enumerate(progress)
+                                if i % 5 == 0 or i == len(progress) - 1]
+        dropped += ["timeline.p0", "timeline.progress (every 5th sample kept)"]
     out["summary"] = {**marker, "dropped": dropped}
     return out
 

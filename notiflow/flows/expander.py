@@ -39,9 +39,11 @@ from datetime import datetime, timedelta
 from typing import Protocol
 
 from notiflow import names, telemetry
+from notiflow.adapters.campaign_notices import notice_of
 from notiflow.adapters.campaign_store import CampaignRow, Progress
 from notiflow.adapters.kafka_io import OutRecord, make_headers
 from notiflow.adapters.manifests import ManifestUnreadable
+from notiflow.flows.campaign_notices import NoticeBoard, Notifier
 from notiflow.flows.manifest import (
     CampaignSpec,
     ManifestError,
@@ -163,7 +165,8 @@ class Expander:
 
     def __init__(self, settings: Settings, board: Board, manifests: Manifests,
                  publish: Publish, hold: Hold, signals: Signals, owner: str,
-                 clock: Clock = utcnow) -> None:
+                 clock: Clock = utcnow, notices: NoticeBoard | None = None,
+                 notifier: Notifier | None = None) -> None:
         self.settings = settings
         self.rule: CampaignRule = settings.campaigns
         self.board = board
@@ -175,6 +178,8 @@ class Expander:
         self.clock = clock
         self.window = YieldWindow(settings.bulk_yield,
                                   settings.policy(Tier.P0).sla.total_seconds(), YIELD_CEILING)
+        self.notices = notices
+        self.notifier = notifier
         self.tasks: dict[str, asyncio.Task[str]] = {}
         self.outcomes: dict[str, str] = {}
 
@@ -184,15 +189,17 @@ class Expander:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Take and expand campaigns until ``stop``; then release them for another."""
-        signals = asyncio.create_task(self._every(self.settings.bulk_yield.tick,
-                                                  self.tick_signal, stop))
+        loops = [asyncio.create_task(self._every(self.settings.bulk_yield.tick,
+                                                 self.tick_signal, stop))]
+        if self.notifier is not None:
+            loops.append(asyncio.create_task(self._every(self.rule.poll, self.notifier.tick,
+                                                         stop)))
         try:
             await self._every(self.rule.poll, self.tick, stop)
         finally:
-            signals.cancel()
-            for task in self.tasks.values():
+            for task in [*loops, *self.tasks.values()]:
                 task.cancel()
-            await asyncio.gather(signals, *self.tasks.values(), return_exceptions=True)
+            await asyncio.gather(*loops, *self.tasks.values(), return_exceptions=True)
 
     async def _every(self, period: timedelta, tick: Callable[[], Awaitable[object]],
                      stop: asyncio.Event) -> None:
@@ -229,6 +236,8 @@ class Expander:
             if await self.board.take(row, self.owner, now + self.rule.lease, now):
                 log.info("expander %s: took campaign %s at row %d", self.owner, cid,
                          row.progress.next_row)
+                if row.state == "scheduled":
+                    await self._announce(row, "running", None, row.progress, now)
                 self.tasks[cid] = asyncio.create_task(self.expand(row))
                 taken += 1
         return taken
@@ -241,8 +250,7 @@ class Expander:
                 await self.board.release(row, self.owner, self.clock())
             return outcome
         except (ManifestError, ManifestUnreadable) as exc:
-            await self.board.finish(row, self.owner, row.progress, "failed",
-                                    f"manifest: {exc.reason}", self.clock())
+            await self._finish(row, row.progress, "failed", f"manifest: {exc.reason}")
             return "failed"
         except asyncio.CancelledError:
             with contextlib.suppress(Exception):
@@ -282,10 +290,26 @@ class Expander:
             p, outcome = await self._batch(row, spec, pace, p, head, reader)
             if outcome is not None:
                 return outcome
-        await self.board.finish(row, self.owner, p, "completed", None, self.clock())
+        await self._finish(row, p, "completed", None)
         log.info("expander %s: campaign %s completed: %d rows, %d expanded, %d rejected",
                  self.owner, row.campaign_id, p.rows_read, p.expanded, p.rejected)
         return "completed"
+
+    async def _finish(self, row: CampaignRow, p: Progress, state: CampaignState,
+                      reason: str | None) -> None:
+        now = self.clock()
+        if await self.board.finish(row, self.owner, p, state, reason, now):
+            await self._announce(row, state, reason, p, now)
+
+    async def _announce(self, row: CampaignRow, state: CampaignState, reason: str | None,
+                        p: Progress, now: datetime) -> None:
+        """Record the state change for the campaign's webhook, if it names one."""
+        if self.notices is None:
+            return
+        moved = replace(row, state=state, reason=reason, progress=p)
+        notice = notice_of(moved, moved.counts(), now)
+        if notice is not None:
+            await self.notices.add(notice)
 
     def _tenant_zone(self, tenant_id: str) -> str:
         tenant = self.settings.tenant(tenant_id)
@@ -300,7 +324,7 @@ class Expander:
             return p, outcome
         now = self.clock()
         if now >= row.ends_at:
-            await self.board.finish(row, self.owner, p, "completed", "window_ended", now)
+            await self._finish(row, p, "completed", "window_ended")
             return p, "window_ended"
         batch = self._map(spec, rows, now, row.quota - p.expanded)
         await asyncio.gather(self.publish(batch.records), self.hold(batch.held, now),
@@ -320,7 +344,7 @@ class Expander:
                     waiting=p.waiting + len(batch.held), header=reader.header,
                     first_expanded_at=p.first_expanded_at or now)
         if batch.over_quota:
-            await self.board.finish(row, self.owner, p, "completed", "quota", self.clock())
+            await self._finish(row, p, "completed", "quota")
             return p, "quota"
         if not await self.board.checkpoint(row, self.owner, p, self.clock() + self.rule.lease,
                                            self.clock()):
@@ -391,8 +415,10 @@ async def serve(settings: Settings, owner: str, stop: asyncio.Event) -> None:
     """Open Cassandra, Redis, the object store and a confirming Kafka producer (acks=all,
     idempotent) and expand until ``stop`` is set."""
     from notiflow.adapters.admission import AdmissionStore
+    from notiflow.adapters.campaign_notices import NoticeStore
     from notiflow.adapters.campaign_store import CampaignStore
     from notiflow.adapters.cassandra_store import connect
+    from notiflow.adapters.client_webhooks import WebhookClient
     from notiflow.adapters.kafka_io import AsyncProducer
     from notiflow.adapters.manifests import Manifests as ObjectManifests
     from notiflow.adapters.scheduled_store import ScheduledStore
@@ -400,6 +426,7 @@ async def serve(settings: Settings, owner: str, stop: asyncio.Event) -> None:
     cluster, session = await asyncio.to_thread(connect, settings)
     producer = AsyncProducer(settings)
     signals = AdmissionStore.open(settings)
+    client = WebhookClient(settings.client_webhooks.timeout)
 
     async def publish(records: Sequence[OutRecord]) -> None:
         await asyncio.gather(*(producer.produce(r) for r in records))
@@ -410,11 +437,16 @@ async def serve(settings: Settings, owner: str, stop: asyncio.Event) -> None:
         async def hold(rows: Sequence[ScheduledRow], now: datetime) -> None:
             await asyncio.gather(*(scheduled.add(r, now) for r in rows))
 
+        notices = NoticeStore(session)
+        await client.open()
         log.info("expander %s: batches of %d rows, up to %d campaigns", owner,
                  settings.campaigns.batch, settings.campaigns.max_per_expander)
         await Expander(settings, CampaignStore(session, settings),
-                       ObjectManifests(settings), publish, hold, signals, owner).run(stop)
+                       ObjectManifests(settings), publish, hold, signals, owner,
+                       notices=notices, notifier=Notifier(settings, notices, client.post)
+                       ).run(stop)
     finally:
+        await client.aclose()
         await signals.aclose()
         await asyncio.to_thread(producer.close)
         cluster.shutdown()

@@ -1,12 +1,7 @@
 """Campaign manifests read incrementally from byte chunks, and their rows mapped to ingest
-records (pure: no I/O).
-
-:class:`RowReader` works on bytes, so every row's end offset is exact and chunks may split
-anywhere: a reader started at a row's ``end_offset`` with the next row number (and the CSV
-header) yields exactly the rows after it, which is how an expander resumes mid-file. A row
-that cannot be read is a row with an ``error`` that never quotes the row (rows are personal
-data); only a manifest without a usable CSV header is a :class:`ManifestError`.
-"""
+records (pure: no I/O). A row that cannot be read or sent is a row with a reason that never
+quotes the row (rows are personal data); only a CSV manifest without a usable header, or a
+campaign whose default zone is unknown, is a :class:`ManifestError`."""
 
 from __future__ import annotations
 
@@ -25,8 +20,6 @@ from notiflow.schemas.campaigns import ColumnMapping, LocalWindow, ManifestForma
 from notiflow.schemas.enums import Category, Channel, Tier
 from notiflow.schemas.messages import IngestRecord
 from notiflow.schemas.preferences import phone_timezone
-
-BOM = b"\xef\xbb\xbf"
 
 
 class ManifestError(Exception):
@@ -49,40 +42,31 @@ class ManifestRow:
 
 
 def _header_problem(names: Sequence[str]) -> str | None:
-    if not names or not all(names) or any(n != n.strip() for n in names):
-        return "the CSV header must name every column (names without surrounding blanks)"
-    if len(set(names)) != len(names):
-        return "the CSV header names a column twice"
-    return None
+    if not names or not all(n and n == n.strip() for n in names):
+        return "the CSV header must name every column (without surrounding blanks)"
+    return "the CSV header names a column twice" if len(set(names)) < len(names) else None
 
 
 class RowReader:
-    """Rows of a CSV (RFC 4180, header first) or JSON Lines manifest, from byte chunks.
+    """Rows of a CSV (RFC 4180, header first, UTF-8) or JSON Lines manifest from byte chunks
+    that may split anywhere; rows and offsets depend on the bytes only.
 
     A record ends at a newline (CSV: one outside double quotes). A record longer than
     ``max_row_bytes``, or a CSV record whose quote is still open at the end of the data, is
     one error row ending at the record's first newline, where reading resumes: a stray quote
-    costs one row, not the rest of the file. Every outcome depends on the bytes only, never
-    on where the chunks split.
+    costs one row, not the rest of the file. A reader started at a row's ``end_offset`` with
+    ``next_row`` one past its number (and the header) yields exactly the rows after it.
     """
 
     def __init__(self, fmt: ManifestFormat, *, start_offset: int = 0, next_row: int = 1,
                  header: Sequence[str] | None = None, max_row_bytes: int = 65_536) -> None:
-        if fmt not in ("csv", "jsonl"):
-            raise ValueError(f"unknown manifest format {fmt!r}")
         self._csv = fmt == "csv"
         if self._csv and start_offset > 0 and header is None:
             raise ValueError("resuming a CSV manifest needs its header")
-        if self._csv and header is not None and (problem := _header_problem(header)):
-            raise ValueError(problem)
         self._given = tuple(header) if self._csv and header is not None else None
         self._header = self._given if start_offset > 0 else None
-        self._next = next_row
-        self._max = max_row_bytes
-        self._base = start_offset
-        self._buf = bytearray()
-        self._scan = 0
-        self._quotes = 0
+        self._next, self._max, self._base = next_row, max_row_bytes, start_offset
+        self._buf, self._scan, self._quotes = bytearray(), 0, 0
         self._skipping: str | None = None
 
     @property
@@ -100,8 +84,7 @@ class RowReader:
                 return out
             self._base += nl + 1
             out.append(self._bad(self._skipping, self._base))
-            self._skipping = None
-            chunk = chunk[nl + 1:]
+            self._skipping, chunk = None, chunk[nl + 1:]
         self._buf += chunk
         self._drain(out, final=False)
         return out
@@ -109,10 +92,8 @@ class RowReader:
     def finish(self) -> list[ManifestRow]:
         """The rows left at the end of the data (a last row without a newline); a CSV
         manifest that never had a header row is a :class:`ManifestError`."""
-        out: list[ManifestRow] = []
-        if self._skipping is not None:
-            out.append(self._bad(self._skipping, self._base))
-            self._skipping = None
+        out = [] if self._skipping is None else [self._bad(self._skipping, self._base)]
+        self._skipping = None
         self._drain(out, final=True)
         if self._csv and self._header is None:
             raise ManifestError("the CSV manifest has no header row")
@@ -123,7 +104,7 @@ class RowReader:
         while start < len(buf):
             end = self._end(start)
             if end is None:
-                oversize = len(buf) - start >= self._max
+                oversize = len(buf) - start > self._max
                 if not (oversize or final):
                     break
                 if oversize or self._quotes % 2:
@@ -131,38 +112,32 @@ class RowReader:
                               else "row has an unterminated quoted field")
                     nl = buf.find(b"\n", start)
                     if nl < 0 and not final:
-                        if self._csv and self._header is None:
-                            raise ManifestError(f"CSV header: {reason}")
-                        self._skipping, start = reason, len(buf)
+                        self._skipping = reason
+                        start, self._scan, self._quotes = len(buf), len(buf), 0
                         break
                     end = len(buf) if nl < 0 else nl + 1
-                    out.append(self._bad(reason, self._base + end))
-                    start = self._scan = end
-                    self._quotes = 0
-                    continue
-                end = len(buf)
-            row = self._record(start, end)
+                    row: ManifestRow | None = self._bad(reason, self._base + end)
+                else:
+                    row = self._record(start, end := len(buf))
+            else:
+                row = self._record(start, end)
             if row is not None:
                 out.append(row)
-            start = self._scan = end
-            self._quotes = 0
+            start, self._scan, self._quotes = end, end, 0
         del buf[:start]
-        self._base += start
-        self._scan -= start
+        self._base, self._scan = self._base + start, self._scan - start
 
     def _end(self, start: int) -> int | None:
         """End of the record at ``start`` when it is complete within ``max_row_bytes``."""
         buf, scan, limit = self._buf, self._scan, start + self._max
         while True:
             nl = buf.find(b"\n", scan, limit)
+            stop = min(len(buf), limit) if nl < 0 else nl
+            if self._csv:
+                self._quotes += buf.count(b'"', scan, stop)
             if nl < 0:
-                stop = min(len(buf), limit)
-                if self._csv:
-                    self._quotes += buf.count(b'"', scan, stop)
                 self._scan = stop
                 return None
-            if self._csv:
-                self._quotes += buf.count(b'"', scan, nl)
             scan = nl + 1
             if not self._quotes % 2:
                 return scan
@@ -172,58 +147,47 @@ class RowReader:
             raise ManifestError(f"CSV header: {reason}")
         return self._row(end_offset, None, reason)
 
-    def _row(self, end_offset: int, fields: dict[str, Any] | None,
-             error: str | None = None) -> ManifestRow:
-        row = ManifestRow(self._next, end_offset, fields, error)
+    def _row(self, end_offset: int, fields: Any, error: str | None = None) -> ManifestRow:
         self._next += 1
-        return row
+        return ManifestRow(self._next - 1, end_offset, fields, error)
 
     def _record(self, start: int, end: int) -> ManifestRow | None:
-        raw = self._buf[start:end]
-        if self._base + start == 0 and raw.startswith(BOM):
-            raw = raw[len(BOM):]
-        if not raw.strip():
-            return None
         end_offset = self._base + end
-        if not self._csv:
-            return self._json(raw, end_offset)
-        raw = raw.removesuffix(b"\n").removesuffix(b"\r")
         try:
-            text = raw.decode()
+            line = self._buf[start:end].decode().removesuffix("\n").removesuffix("\r")
         except UnicodeDecodeError:
             return self._bad("row is not valid UTF-8", end_offset)
-        if b'"' not in raw and b"\r" not in raw:
-            values = text.split(",")
+        if self._base + start == 0:
+            line = line.removeprefix("\ufeff")
+        if not line or line.isspace():
+            return None
+        if not self._csv:
+            return self._json(line, end_offset)
+        if '"' not in line and "\r" not in line:
+            values = line.split(",")
         else:
             try:
-                values = next(csv.reader((text,), strict=True))
+                values = next(csv.reader((line,), strict=True), [])
             except csv.Error:
                 return self._bad("not valid CSV (a quote or line break out of place)",
                                  end_offset)
         if self._header is None:
-            self._take_header(values)
+            names = tuple(v.strip() for v in values)
+            if problem := _header_problem(names):
+                raise ManifestError(problem)
+            if self._given is not None and names != self._given:
+                raise ManifestError("the CSV header is not the one the expansion started with")
+            self._header = names
             return None
         if len(values) != len(self._header):
             return self._bad(f"expected {len(self._header)} fields, got {len(values)}",
                              end_offset)
-        return self._row(end_offset, dict(zip(self._header, values, strict=True)))
+        return self._row(end_offset, dict(zip(self._header, values, strict=False)))
 
-    def _take_header(self, values: list[str]) -> None:
-        names = tuple(v.strip() for v in values)
-        if problem := _header_problem(names):
-            raise ManifestError(problem)
-        if self._given is not None and names != self._given:
-            raise ManifestError("the CSV header is not the one the expansion started with")
-        self._header = names
-
-    def _json(self, raw: bytearray, end_offset: int) -> ManifestRow:
+    def _json(self, line: str, end_offset: int) -> ManifestRow:
         try:
-            value = orjson.loads(raw)
+            value = orjson.loads(line)
         except orjson.JSONDecodeError as exc:
-            try:
-                raw.decode()
-            except UnicodeDecodeError:
-                return self._bad("row is not valid UTF-8", end_offset)
             return self._bad(f"not valid JSON (at character {exc.pos})", end_offset)
         if not isinstance(value, dict):
             return self._bad("not a JSON object", end_offset)
@@ -272,21 +236,20 @@ class Mapped:
 def _zone(name: str) -> ZoneInfo | None:
     try:
         return ZoneInfo(name)
-    except (ZoneInfoNotFoundError, ValueError):
+    except (ZoneInfoNotFoundError, ValueError, OSError):
         return None
 
 
 def _reason(exc: ValidationError, values: Iterable[Any]) -> str:
-    """The first error's field and pydantic's message, never any of the row's ``values``."""
+    """The first error's field and message, never quoting ``values`` (recipient, variables)."""
     errors = exc.errors(include_input=False, include_url=False, include_context=False)
     err = next((e for e in errors if e["loc"][-1:] != ("str",)), errors[0])
-    field = ".".join(str(p) for p in err["loc"] if p != "PushRecipient") or "row"
+    field = ".".join(str(p) for p in err["loc"] if p != "PushRecipient" and "[" not in str(p))
     msg = str(err["msg"]).removeprefix("Value error, ")
-    if field.startswith("recipient"):
-        msg = msg.split(":", 1)[0]
+    msg = msg.split(":", 1)[0] if field.startswith("recipient") else msg
     if any(len(s) >= 3 and s in msg for v in values if (s := _text(v))):
         msg = f"invalid ({err['type']})"
-    return f"{field}: {msg}"
+    return f"{field or 'row'}: {msg}"
 
 
 def _text(value: Any) -> str:
@@ -296,42 +259,38 @@ def _text(value: Any) -> str:
 def map_row(spec: CampaignSpec, row: ManifestRow, now: datetime) -> Mapped | Rejected:
     """The row's ingest record (message id from (campaign, row), accepted at ``now``,
     expiring at the campaign's end) and when it is due, or why the row is not sent. The
-    recipient's zone: the row's zone column, else an SMS number's only zone, else the
-    spec's default (an unknown default is a :class:`ManifestError`)."""
+    recipient's zone: the row's zone column (missing or empty: unknown), else an SMS number's
+    only zone, else the spec's default (an unknown default is a :class:`ManifestError`)."""
     if row.fields is None:
         return Rejected(row.number, row.error or "unreadable row")
     f, m = row.fields, spec.mapping
-    for column in (m.recipient, m.platform, m.timezone, *m.variables.values()):
+    for column in (m.recipient, m.platform, *m.variables.values()):
         if column is not None and column not in f:
             return Rejected(row.number, f"missing column {column!r}")
-    recipient: Any = _text(f[m.recipient])
-    if not recipient:
+    if not (address := _text(f[m.recipient])):
         return Rejected(row.number, "empty recipient")
-    if m.platform is not None:
-        recipient = {"device_token": recipient, "platform": _text(f[m.platform]).lower()}
-    zone = None
-    if m.timezone is not None and (zone_name := _text(f[m.timezone])):
-        zone = _zone(zone_name)
-        if zone is None:
-            return Rejected(row.number, f"unknown time zone in column {m.timezone!r}")
+    recipient: Any = address if m.platform is None else {
+        "device_token": address, "platform": _text(f[m.platform]).lower()}
+    variables = {name: f[column] for name, column in m.variables.items()}
+    zone_name = _text(f.get(m.timezone)) if m.timezone is not None else ""
+    zone = _zone(zone_name) if zone_name else None
+    if zone_name and zone is None:
+        return Rejected(row.number, f"unknown time zone in column {m.timezone!r}")
     try:
         record = IngestRecord.model_validate({
             "channel": spec.channel, "tier": spec.tier, "recipient": recipient,
             "template_id": spec.template_id, "template_version": spec.template_version,
-            "variables": {name: f[column] for name, column in m.variables.items()},
-            "category": spec.category, "expires_at": spec.ends_at,
+            "variables": variables, "category": spec.category, "expires_at": spec.ends_at,
             "tenant_id": spec.tenant_id,
             "message_id": row_message_id(spec.campaign_id, row.number), "accepted_at": now})
     except ValidationError as exc:
-        return Rejected(row.number, _reason(exc, f.values()))
+        return Rejected(row.number, _reason(exc, (address, *variables.values())))
     due = now
     if spec.window is not None:
-        if zone is None:
-            by_phone = (phone_timezone(record.recipient) if spec.channel is Channel.SMS
-                        and isinstance(record.recipient, str) else None)
-            zone = _zone(by_phone or spec.default_zone)
-            if zone is None:
-                raise ManifestError(f"unknown time zone {spec.default_zone!r}")
+        if zone is None and spec.channel is Channel.SMS and isinstance(record.recipient, str):
+            zone = _zone(phone_timezone(record.recipient) or spec.default_zone)
+        if (zone := zone or _zone(spec.default_zone)) is None:
+            raise ManifestError(f"unknown time zone {spec.default_zone!r}")
         due = spec.window.next_open(now, zone)
     if due >= spec.ends_at:
         return Rejected(row.number, "no send window before the campaign ends")

@@ -26,7 +26,14 @@ from datetime import datetime, timedelta
 from fastapi import APIRouter, Query, Request, Response
 from pydantic import ValidationError
 
-from notiflow.adapters.campaign_store import EPOCH, CampaignRow, CampaignStore, Progress
+from notiflow.adapters.campaign_notices import notice_of
+from notiflow.adapters.campaign_store import (
+    EPOCH,
+    TRANSITIONS,
+    CampaignRow,
+    CampaignStore,
+    Progress,
+)
 from notiflow.adapters.cancel_gate import GATE_DOWN, CancelGate
 from notiflow.adapters.manifests import ManifestUnreadable
 from notiflow.gateway.auth import RuntimeDep, Tenant, read_json_object
@@ -178,6 +185,9 @@ async def create_campaign(request: Request, tenant: Tenant, rt: RuntimeDep) -> R
         created_at=now, updated_at=now, finished_at=None,
         progress=Progress(manifest_bytes=size), lease_until=EPOCH)
     await store.create(row)
+    notice = notice_of(row, row.counts(), now)
+    if notice is not None:
+        await rt.notices().add(notice)
     log.info("campaign %s of %s created: %d bytes of manifest, %s to %s", row.campaign_id,
              tenant.id, size, starts.isoformat(), ends.isoformat())
     return Response(view(row, row.counts(), now).model_dump_json(), status_code=201,
@@ -226,9 +236,12 @@ async def _move(rt: Runtime, tenant: TenantConfig, campaign_id: str,
                 state: CampaignState, reason: str | None) -> Response:
     row = await _own(rt, tenant.id, campaign_id)
     now = now_ms()
+    if row.state != state and row.state not in TRANSITIONS[state]:
+        raise ApiError(409, "conflict", "campaign_state", f"campaign is {row.state}; it "
+                       f"cannot become {state}")
     if state == "cancelled":
         await _close_gate(rt, row, now)
-    moved = await rt.campaigns().move(row, state, reason, now)
+    moved: CampaignRow | None = await rt.campaigns().move(row, state, reason, now)
     if moved is None:
         current = await _own(rt, tenant.id, campaign_id)
         if current.state == state:
@@ -236,8 +249,12 @@ async def _move(rt: Runtime, tenant: TenantConfig, campaign_id: str,
         else:
             raise ApiError(409, "conflict", "campaign_state", f"campaign is {current.state}; "
                            f"it cannot become {state}")
-    return Response(view(moved, await _counts(rt, moved), now).model_dump_json(),
-                    media_type=JSON)
+    counts = await _counts(rt, moved)
+    if moved is not row and moved.updated_at == now:
+        notice = notice_of(moved, counts, now)
+        if notice is not None:
+            await rt.notices().add(notice)
+    return Response(view(moved, counts, now).model_dump_json(), media_type=JSON)
 
 
 async def _close_gate(rt: Runtime, row: CampaignRow, now: datetime) -> None:

@@ -22,6 +22,7 @@ from cassandra.cluster import Cluster
 from confluent_kafka.admin import AdminClient
 
 from notiflow.adapters.admission import AdmissionStore
+from notiflow.adapters.campaign_notices import NoticeStore
 from notiflow.adapters.campaign_store import CampaignStore
 from notiflow.adapters.campaign_tally import CampaignTally
 from notiflow.adapters.cassandra_store import CassandraStore, connect
@@ -72,6 +73,7 @@ class Runtime:
         self._scheduled: ScheduledStore | None = None
         self._schedules: ScheduleStore | None = None
         self._campaigns: CampaignStore | None = None
+        self._notices: NoticeStore | None = None
         self._manifests: Manifests | None = None
         self._tally: CampaignTally | None = None
         self._cluster: Cluster | None = None
@@ -110,6 +112,7 @@ class Runtime:
             scheduled = await asyncio.to_thread(ScheduledStore, session, self.settings)
             schedules = await asyncio.to_thread(ScheduleStore, session, self.settings)
             campaigns = await asyncio.to_thread(CampaignStore, session, self.settings)
+            notices = await asyncio.to_thread(NoticeStore, session)
         except BaseException:
             await asyncio.to_thread(cluster.shutdown)
             raise
@@ -118,7 +121,7 @@ class Runtime:
             return
         self._cluster, self._store = cluster, store
         self._scheduled, self._schedules = scheduled, schedules
-        self._campaigns = campaigns
+        self._campaigns, self._notices = campaigns, notices
         log.info("connected to cassandra keyspace %s", self.settings.cassandra_keyspace)
 
     async def _connect_loop(self) -> None:
@@ -161,6 +164,12 @@ class Runtime:
             self._tally = CampaignTally(self.admission.store.r, self.settings.topic_prefix,
                                         self.settings.operational_ttl)
         return self._tally
+
+    def notices(self) -> NoticeStore:
+        """Campaign state webhooks to send; 503 while Cassandra has not been reached."""
+        if self._notices is None:
+            raise unavailable("cassandra_unavailable", "the message store is unavailable")
+        return self._notices
 
     def campaigns(self) -> CampaignStore:
         """Campaigns in Cassandra; 503 while Cassandra has not been reached."""

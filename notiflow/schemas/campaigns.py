@@ -16,7 +16,7 @@ from datetime import UTC, datetime, time, timedelta
 from typing import Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from pydantic import AwareDatetime, Field, field_validator, model_validator
+from pydantic import AwareDatetime, Field, HttpUrl, field_validator, model_validator
 
 from notiflow.schemas.enums import Category, Channel, Tier
 from notiflow.schemas.messages import TemplateId, Wire
@@ -171,6 +171,9 @@ class CampaignRequest(Wire):
     quota: int | None = Field(None, ge=1, le=1_000_000_000)
     """Messages at most; rows past it are not sent (the campaign completes with reason
     ``quota``). None: the tenant's ``max_recipients``."""
+    webhook: HttpUrl | None = None
+    """Where each state change of the campaign is POSTed (``campaign.state``, signed like
+    status webhooks with the tenant's secrets)."""
 
     @field_validator("timezone")
     @classmethod

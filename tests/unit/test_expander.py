@@ -9,8 +9,10 @@ import dataclasses
 from collections.abc import AsyncIterator, Sequence
 from datetime import UTC, datetime, time, timedelta
 
+import orjson
 import pytest
 
+from notiflow.adapters.campaign_notices import Notice
 from notiflow.adapters.campaign_store import CampaignRow, Progress
 from notiflow.adapters.kafka_io import OutRecord
 from notiflow.flows.expander import Expander, Pace, campaign_rate, tier_capacity
@@ -79,11 +81,11 @@ class Board:
 
     async def checkpoint(self, r: CampaignRow, owner: str, p: Progress, until: datetime,
                          now: datetime) -> bool:
-        if self.row.owner != owner or self.row.state != "running":
+        if self.row.owner != owner:
             return False
         self.checkpoints += 1
         self.row = dataclasses.replace(self.row, progress=p, lease_until=until)
-        return True
+        return self.row.state == "running"
 
     async def finish(self, r: CampaignRow, owner: str, p: Progress, state: CampaignState,
                      reason: str | None, now: datetime) -> bool:
@@ -199,7 +201,8 @@ async def test_pause_stops_at_the_next_batch_and_resume_continues() -> None:
 
     x.publish = pausing
     assert await run_one(x) == "stopped"
-    assert len(sink.rows()) == 150 and board.row.progress.next_row == 101
+    assert len(sink.rows()) == 150 and board.row.progress.next_row == 151
+    assert board.row.progress.expanded == 150
     board.row = dataclasses.replace(board.row, state="running")
     rest = Sink()
     assert await run_one(expander(board, manifest(500), rest, owner="x2")) == "completed"
@@ -257,3 +260,26 @@ def test_rate_is_capped_by_the_tier_share() -> None:
     assert cap is None or cap == pytest.approx(settings.share(Tier.P3) * 150.0)
     assert campaign_rate(settings, row(request(), rate=1e6)) == (cap or 1e6)
     assert campaign_rate(settings, row(request(), rate=10.0)) == 10.0
+
+
+class Notices:
+    def __init__(self) -> None:
+        self.added: list[Notice] = []
+
+    async def add(self, n: Notice) -> None:
+        self.added.append(n)
+
+
+async def test_state_changes_are_announced_when_the_campaign_names_a_webhook() -> None:
+    board, sink, notices = Board(row(request(webhook="https://hooks.example/c"))), Sink(), \
+        Notices()
+    x = expander(board, manifest(120, bad_every=60), sink)
+    x.notices = notices  # type: ignore[assignment]
+    assert await run_one(x) == "completed"
+    states = [orjson.loads(n.body)["data"]["state"] for n in notices.added]
+    assert states == ["running", "completed"]
+    assert orjson.loads(notices.added[-1].body)["data"]["counts"]["rejected"] == 2
+    quiet, none = Board(row(request())), Notices()
+    y = expander(quiet, manifest(10), Sink())
+    y.notices = none  # type: ignore[assignment]
+    assert await run_one(y) == "completed" and none.added == []
