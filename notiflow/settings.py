@@ -197,7 +197,7 @@ class TenantConfig(_Frozen):
     def _known_zone(cls, v: str) -> str:
         try:
             ZoneInfo(v)
-        except (ZoneInfoNotFoundError, ValueError) as exc:
+        except (ZoneInfoNotFoundError, ValueError, OSError) as exc:
             raise ValueError(f"unknown time zone {v!r}") from exc
         return v
     webhook_secrets: tuple[SecretStr, ...] = ()

@@ -90,7 +90,7 @@ def quiet_until(now: datetime, zone: str, window: QuietWindow | QuietHours) -> d
     outside the recipient's quiet hours."""
     try:
         tz = ZoneInfo(zone)
-    except (ZoneInfoNotFoundError, ValueError):
+    except (ZoneInfoNotFoundError, ValueError, OSError):
         return None
     local = now.astimezone(tz)
     if not _in_window(local.time().replace(tzinfo=None), window.start, window.end):

@@ -181,7 +181,7 @@ class CampaignRequest(Wire):
         if v is not None:
             try:
                 ZoneInfo(v)
-            except (ZoneInfoNotFoundError, ValueError) as exc:
+            except (ZoneInfoNotFoundError, ValueError, OSError) as exc:
                 raise ValueError(f"unknown time zone {v!r}") from exc
         return v
 

@@ -67,7 +67,7 @@ class PreferencesUpdate(Wire):
             return v
         try:
             ZoneInfo(v)
-        except (ZoneInfoNotFoundError, ValueError):
+        except (ZoneInfoNotFoundError, ValueError, OSError):
             raise ValueError(f"unknown IANA timezone {v!r}") from None
         return v
 

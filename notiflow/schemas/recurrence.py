@@ -77,7 +77,7 @@ def parse_recurrence(
         if timezone in ("localtime", "posixrules"):
             raise ZoneInfoNotFoundError(timezone)
         zone = ZoneInfo(timezone)
-    except (ZoneInfoNotFoundError, ValueError, TypeError):
+    except (ZoneInfoNotFoundError, ValueError, TypeError, OSError):
         raise RecurrenceError("timezone", f"unknown IANA time zone {timezone!r}") from None
     for name, value in (("starts_at", starts_at), ("ends_at", ends_at)):
         if value is not None and value.utcoffset() is None:

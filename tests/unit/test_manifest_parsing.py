@@ -189,3 +189,14 @@ def test_next_open_is_the_first_instant_inside_the_window(
     for k in range(1, 6):
         probe = at + (got - at) * k / 6
         assert not w.contains(probe.astimezone(tz).time()) or probe >= got
+
+
+def test_a_zone_directory_is_an_unknown_zone_not_a_crash() -> None:
+    from pydantic import ValidationError
+
+    from notiflow.schemas.campaigns import CampaignRequest
+
+    with pytest.raises(ValidationError, match="unknown time zone"):
+        CampaignRequest.model_validate({
+            "name": "n", "channel": "SMS", "template_id": "t", "template_version": 1,
+            "manifest": "s3://b/k.csv", "mapping": {"recipient": "p"}, "timezone": "America"})
