@@ -115,6 +115,8 @@ def run(out: Path, *, n: int, otp_rate: float, max_rate: float, max_drain: float
         drained = wait_until(done, max_drain, interval=2.0, phase=phase)
         stop.set()
         otps.join()
+        sent = len(otp_result.get("accepted", {})) + warm.otps
+        wait_until(lambda: phase.accepted_count("msg_") >= sent, 60)
         t1 = time.time()
         first = phase.first_accepts()
         phase.check_alive()
