@@ -94,7 +94,8 @@ class NoticeStore:
     async def due(self, now: datetime) -> list[Notice]:
         """Notices due at ``now`` that have not been given up."""
         rows = await self._run("pending", (BUCKET,))
-        return [n for n in map(_notice, rows) if n.gave_up_at is None and n.next_at <= now]
+        due = [n for n in map(_notice, rows) if n.gave_up_at is None and n.next_at <= now]
+        return sorted(due, key=lambda n: n.next_at)
 
     async def claim(self, n: Notice, until: datetime) -> bool:
         """Take this attempt of ``n`` (its ``next_at`` moves to ``until``): False when

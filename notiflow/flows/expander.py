@@ -356,8 +356,9 @@ class Expander:
     async def _wait_turn(self, row: CampaignRow, pace: Pace, n: int, p: Progress
                          ) -> str | None:
         """Wait until ``n`` rows may go: the pace and P0's signal allow it, and the tier's
-        backlog is below ``backlog_high`` of its bound. The lease is renewed while waiting;
-        a campaign that stopped being ours meanwhile returns ``stopped``."""
+        backlog is below ``backlog_high`` of its bound. The lease is renewed (and the state
+        checked) every second while waiting: a campaign paused or cancelled meanwhile returns
+        ``stopped`` within a second, before its next batch."""
         bound = self.settings.policy(row.request.tier).max_backlog_age
         high = (None if bound is None
                 else self.rule.backlog_high * self.settings.scaled(bound).total_seconds())
@@ -370,7 +371,7 @@ class Expander:
                 return None
             step = self.settings.bulk_yield.tick.total_seconds()
             await asyncio.sleep(step if wait is None else min(wait, step))
-            if time.monotonic() - renewed > self.rule.lease.total_seconds() / 4:
+            if time.monotonic() - renewed > min(1.0, self.rule.lease.total_seconds() / 4):
                 renewed = time.monotonic()
                 now = self.clock()
                 if not await self.board.checkpoint(row, self.owner, p, now + self.rule.lease,
