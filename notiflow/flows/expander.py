@@ -31,7 +31,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import signal
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
@@ -54,6 +53,7 @@ from notiflow.flows.manifest import (
     map_row,
 )
 from notiflow.flows.model import utcnow
+from notiflow.flows.runner import run_until_signalled
 from notiflow.flows.yielding import YieldWindow
 from notiflow.schemas.campaigns import CampaignState, RowError, format_of
 from notiflow.schemas.enums import Channel, Tier
@@ -456,15 +456,4 @@ async def serve(settings: Settings, owner: str, stop: asyncio.Event) -> None:
 def main(settings: Settings, owner: str) -> None:
     """Run one expander process until SIGTERM or SIGINT (its campaigns are then released at
     once, for another expander to take over)."""
-    telemetry.setup(settings, "expander")
-
-    async def run() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        log.info("starting expander %s", owner)
-        await serve(settings, owner, stop)
-        log.info("expander %s stopped", owner)
-
-    asyncio.run(run())
+    run_until_signalled(settings, "expander", owner, serve)

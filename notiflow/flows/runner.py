@@ -9,10 +9,11 @@ child process every 30 s) deletes the store's committed tombstones
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import signal
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from pathlib import Path
 from types import FrameType
@@ -82,3 +83,23 @@ def run_flow(build: Callable[[], Dataflow], settings: Settings, name: str, *,
     finally:
         janitor.set()
         close_all()
+
+
+Serve = Callable[["Settings", str, "asyncio.Event"], Awaitable[None]]
+
+
+def run_until_signalled(settings: Settings, kind: str, owner: str, serve: Serve) -> None:
+    """Run a plain asyncio process (scheduler, expander) as ``owner`` until SIGTERM or SIGINT
+    sets its stop event; ``serve`` then releases what it holds for another process."""
+    telemetry.setup(settings, kind)
+
+    async def run() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        log.info("starting %s %s", kind, owner)
+        await serve(settings, owner, stop)
+        log.info("%s %s stopped", kind, owner)
+
+    asyncio.run(run())

@@ -30,7 +30,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import signal
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -46,6 +45,7 @@ from notiflow.adapters.kafka_io import OutRecord, make_headers
 from notiflow.adapters.scheduled_store import ShardLease
 from notiflow.flows.model import SourceRef, utcnow
 from notiflow.flows.recurring import Materializer
+from notiflow.flows.runner import run_until_signalled
 from notiflow.flows.steps import Encoder, dead_letter, snapshot_of
 from notiflow.schemas.enums import Status
 from notiflow.schemas.messages import IngestRecord, StatusEvent
@@ -417,15 +417,4 @@ async def serve(settings: Settings, owner: str, stop: asyncio.Event) -> None:
 def main(settings: Settings, owner: str) -> None:
     """Run one scheduler process until SIGTERM or SIGINT (then its shards are given up at
     once, so another scheduler takes them over without waiting for the lease to lapse)."""
-    telemetry.setup(settings, "scheduler")
-
-    async def run() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        log.info("starting scheduler %s", owner)
-        await serve(settings, owner, stop)
-        log.info("scheduler %s stopped", owner)
-
-    asyncio.run(run())
+    run_until_signalled(settings, "scheduler", owner, serve)
