@@ -83,6 +83,14 @@ class TierPolicy(_Frozen):
     on_ambiguous: Literal["resend", "wait"] = "wait"
     """After an ambiguous provider outcome: send again (a duplicate beats a loss) or wait for
     a receipt to resolve it (UNKNOWN, FAILED ``ambiguous`` after ``unknown_resolution``)."""
+    provider_batch: int = Field(1, ge=1, le=1000)
+    """Most messages of this tier one provider request carries, where the provider takes
+    several (SendGrid personalizations): sends that meet within ``provider_batch_linger``
+    share a request, each message keeping its own result and status. 1: one request per
+    message (what a latency tier wants). A batch never holds more than ``max_in_flight``
+    messages, since each waits in its own in-flight slot."""
+    provider_batch_linger: timedelta = timedelta(milliseconds=20)
+    """How long the first send of a batch waits for others before the request goes out."""
     lane: Literal["priority", "bulk"] = "bulk"
     """Which side of the shared bottlenecks the tier is on: ``bulk`` work yields to
     ``priority`` work (its own circuit breakers, throttled when P0's budget is threatened;
@@ -144,6 +152,8 @@ DEFAULT_TIERS: dict[Tier, TierPolicy] = {
         nice=19,
         max_backlog_age=timedelta(minutes=30),
         quiet_hours=True,
+        provider_batch=64,
+        provider_batch_linger=timedelta(milliseconds=250),
     ),
 }
 
@@ -269,6 +279,9 @@ class SendGridSettings(_Frozen):
     event_webhook_signing_key: SecretStr | None = None
     """Emulator only: the PEM private key ``notiflow fakes`` signs events with (SendGrid keeps
     its own); never set in production."""
+    max_personalizations: int = Field(1000, ge=1, le=1000)
+    """Most recipients one Mail Send request carries when a tier batches its email
+    (``provider_batch``); SendGrid's own limit is 1,000."""
 
 
 class FcmSettings(_Frozen):

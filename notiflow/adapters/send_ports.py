@@ -1,5 +1,7 @@
 """The send flow's ports, opened: Cassandra, Redis (leases, caps, breakers, boards),
-the capacity limiter, the preference store and one client per provider account.
+the capacity limiter, the preference store and one client per provider account (behind a
+:class:`~notiflow.adapters.providers.batching.Coalescer` where the tier batches and the
+provider takes batches).
 
 :func:`opener` binds the settings; the flow's dispatcher calls the result on its own event
 loop when the flow runs, never when it is built.
@@ -23,6 +25,7 @@ from notiflow.adapters.kafka_io import AsyncProducer
 from notiflow.adapters.ports import OpenSendPorts, SendPorts
 from notiflow.adapters.preferences import PreferenceStore
 from notiflow.adapters.providers import open_providers
+from notiflow.adapters.providers.batching import coalesced
 from notiflow.adapters.ratelimit import CapacityLimiter
 from notiflow.adapters.redis_caps import CapStore
 from notiflow.adapters.redis_dedup import DedupStore
@@ -66,8 +69,10 @@ async def open_send_ports(settings: Settings, tier: Tier, owner: str,
     limiter = CapacityLimiter(settings, expected_workers=workers, store_timeout=redis_timeout)
     producer = AsyncProducer(settings)
     preferences = PreferenceStore(store, producer)
-    providers = await open_providers(settings, sorted(settings.enabled_providers()),
-                                     timeout=policy.provider_timeout.total_seconds())
+    providers = coalesced(
+        await open_providers(settings, sorted(settings.enabled_providers()),
+                             timeout=policy.provider_timeout.total_seconds()),
+        policy.provider_batch, policy.provider_batch_linger)
 
     async def close() -> None:
         for p in providers.values():

@@ -1,6 +1,11 @@
-"""``notiflow bench campaign``: a campaign of ``n`` SMS recipients from a manifest in the
-stack's S3 store, created through the bulk API and expanded by an expander process, while P0
-OTPs go through the priority API at ``otp_rate``/s.
+"""``notiflow bench campaign``: a campaign of ``n`` SMS (or email) recipients from a manifest
+in the stack's S3 store, created through the bulk API and expanded by an expander process,
+while P0 OTPs go through the priority API at ``otp_rate``/s.
+
+An email campaign goes through SendGrid alone (the SMTP relay, P3's cheaper default route, is
+left unconfigured) with the P3 send flow batching ``provider_batch`` messages per Mail Send
+request (1: one request per message), so two runs compare the send flow's CPU per message
+and the requests SendGrid receives with and without bulk batching.
 
 Reported: the expansion (rows/s from the first expanded row to the last, expander CPU per
 row, expander RSS over the run), the P3 drain (provider-accepted messages of the campaign per
@@ -30,6 +35,7 @@ from notiflow.bench.stats import summary
 from notiflow.bench.warmup import warm_up
 from notiflow.bench.workload import REGIONS, TEMPLATE_IDS, PhoneFactory
 from notiflow.schemas.enums import Channel, Tier
+from notiflow.settings import DEFAULT_TIERS
 
 PROVIDER_RATES = {"twilio": 5000.0, "vonage": 5000.0, "sendgrid": 1000.0, "smtp": 200.0,
                   "fcm": 10_000.0, "apns": 10_000.0}
@@ -46,6 +52,35 @@ def manifest(n: int, phones: PhoneFactory) -> bytes:
     return ("\n".join(lines) + "\n").encode()
 
 
+def email_manifest(n: int, run_id: str) -> bytes:
+    """``n`` rows ``email,first_name,code`` of unique addresses."""
+    lines = ["email,first_name,code",
+             *(f"reader{i}.{run_id}@example.com,Ana{i},{i % 1_000_000:06d}"
+               for i in range(1, n + 1))]
+    return ("\n".join(lines) + "\n").encode()
+
+
+MAPPINGS = {
+    Channel.SMS: {"recipient": "phone",
+                  "variables": {"brand": "first_name", "headline": "first_name",
+                                "code": "code"}},
+    Channel.EMAIL: {"recipient": "email",
+                    "variables": {"brand": "first_name", "headline": "first_name",
+                                  "first_name": "first_name", "html": "code"}},
+}
+
+
+def channel_env(channel: Channel, provider_batch: int | None) -> dict[str, str]:
+    """Email: SendGrid the only email route, and P3's ``provider_batch`` when given."""
+    env: dict[str, str] = {}
+    if channel is Channel.EMAIL:
+        env["NOTIFLOW_SMTP__PASSWORD"] = ""
+    if provider_batch is not None:
+        p3 = DEFAULT_TIERS[Tier.P3].model_copy(update={"provider_batch": provider_batch})
+        env["NOTIFLOW_TIERS"] = json.dumps({"P3": p3.model_dump(mode="json")})
+    return env
+
+
 def upload(phase: Phase, data: bytes) -> str:
     from notiflow.adapters.object_store import ObjectStore
 
@@ -56,11 +91,14 @@ def upload(phase: Phase, data: bytes) -> str:
 
 
 def run(out: Path, *, n: int, otp_rate: float, max_rate: float, max_drain: float,
-        log: Callable[[str], None]) -> dict[str, Any]:
+        log: Callable[[str], None], channel: Channel = Channel.SMS,
+        provider_batch: int | None = None) -> dict[str, Any]:
     run_id = uuid.uuid4().hex[:6]
     phase = Phase("campaign", out, run_id,
                   extra_env={"NOTIFLOW_PROVIDER_RATES": json.dumps(PROVIDER_RATES),
-                             "NOTIFLOW_CAMPAIGNS__MAX_RATE": str(max_rate)})
+                             "NOTIFLOW_CAMPAIGNS__MAX_RATE": str(max_rate),
+                             **channel_env(channel, provider_batch)})
+    batch = phase.settings.policy(Tier.P3).provider_batch
     phase.prepare()
     progress: list[dict[str, Any]] = []
     try:
@@ -73,7 +111,8 @@ def run(out: Path, *, n: int, otp_rate: float, max_rate: float, max_drain: float
         versions = phase.templates(["acme", TENANT])
         phones = PhoneFactory(REGIONS, datetime.now(UTC), start=500_000)
         built = time.monotonic()
-        data = manifest(n, PhoneFactory(REGIONS, datetime.now(UTC), start=MANIFEST_PHONES))
+        data = (email_manifest(n, run_id) if channel is Channel.EMAIL else
+                manifest(n, PhoneFactory(REGIONS, datetime.now(UTC), start=MANIFEST_PHONES)))
         uri = upload(phase, data)
         log(f"manifest: {n:,} rows, {len(data) / 1e6:.1f} MB, built and uploaded in "
             f"{time.monotonic() - built:.0f} s")
@@ -90,13 +129,11 @@ def run(out: Path, *, n: int, otp_rate: float, max_rate: float, max_drain: float
         client = httpx.Client(base_url=phase.bulk_api, headers=phase.auth(TENANT), timeout=30)
         t0 = time.time()
         otps.start()
+        requests_before = provider_requests(phase)
         r = client.post("/v1/campaigns", json={
-            "name": "bench", "channel": "SMS", "template_id": TEMPLATE_IDS[Channel.SMS],
-            "template_version": versions[(TENANT, Channel.SMS)], "manifest": uri,
-            "mapping": {"recipient": "phone",
-                        "variables": {"brand": "first_name", "headline": "first_name",
-                                      "code": "code"}},
-            "max_rate": max_rate})
+            "name": "bench", "channel": channel.value, "template_id": TEMPLATE_IDS[channel],
+            "template_version": versions[(TENANT, channel)], "manifest": uri,
+            "mapping": MAPPINGS[channel], "max_rate": max_rate})
         r.raise_for_status()
         cid = r.json()["campaign_id"]
         log(f"campaign {cid}: {n:,} rows at up to {max_rate:,.0f}/s; OTPs at {otp_rate}/s")
@@ -118,15 +155,30 @@ def run(out: Path, *, n: int, otp_rate: float, max_rate: float, max_drain: float
         sent = len(otp_result.get("accepted", {})) + warm.otps
         wait_until(lambda: phase.accepted_count("msg_") >= sent, 60)
         t1 = time.time()
+        requests = provider_requests(phase) - requests_before
         first = phase.first_accepts()
         phase.check_alive()
         speed["after"] = calibrate.speed()
     finally:
         phase.stop()
-    return {"bench": "campaign", "run_id": run_id, "n": n, "otp_rate": otp_rate,
-            "max_rate": max_rate, "drained": drained, "wall_s": round(t1 - t0, 1),
-            "warmup": warm.as_json(), "speed": speed,
-            **figures(progress, otp_result, first, phase, t0, t1)}
+    doc = figures(progress, otp_result, first, phase, t0, t1)
+    accepted = doc["rows"].get("provider_accepted") or 0
+    doc["send_p3"] = {
+        "provider_batch": batch, "requests": requests if channel is Channel.EMAIL else None,
+        "messages_per_request": round(accepted / requests, 1)
+        if channel is Channel.EMAIL and requests else None,
+        "cpu_ms_per_msg": round(phase.sampler.cpu_between("send-p3", t0, t1) * 1000
+                                / max(1, accepted), 3)}
+    return {"bench": "campaign", "run_id": run_id, "n": n, "channel": channel.value,
+            "otp_rate": otp_rate, "max_rate": max_rate, "drained": drained,
+            "wall_s": round(t1 - t0, 1), "warmup": warm.as_json(), "speed": speed, **doc}
+
+
+def provider_requests(phase: Phase) -> int:
+    """Mail Send requests the SendGrid emulator has received."""
+    r = phase.admin.get(f"{phase.fakes}/_admin/sendgrid/stats", timeout=30)
+    r.raise_for_status()
+    return int(r.json().get("requests", 0))
 
 
 def figures(progress: list[dict[str, Any]], otps: dict[str, Any], first: dict[str, float],

@@ -17,9 +17,18 @@ def campaign_markdown(doc: dict[str, Any]) -> str:
                         if v >= 0.01)
     platform = sum(v for k, v in cost.items() if k not in ("fakes", "bench"))
     within = p0.get("within_1s")
+    channel = doc.get("channel", "SMS")
+    send = doc.get("send_p3") or {}
+    batching = [] if not send else [
+        "| P3 provider_batch | provider requests | messages per request | P3 send flow CPU "
+        "ms/msg |", "|---|---|---|---|",
+        f"| {send.get('provider_batch')} | {_n(send.get('requests'))} | "
+        f"{_n(send.get('messages_per_request'))} | {send.get('cpu_ms_per_msg')} |", ""]
     return "\n".join([
         "# Campaign benchmark", "",
-        f"{doc['n']:,} SMS rows from a CSV manifest in the stack's S3 store (SeaweedFS), "
+        f"{doc['n']:,} {channel} rows"
+        f"{' (through SendGrid alone)' if channel == 'EMAIL' else ''} from a CSV manifest in "
+        f"the stack's S3 store (SeaweedFS), "
         f"created through the bulk API (max_rate {doc['max_rate']:,.0f}/s), one expander; P0 "
         f"OTPs through the priority API at {doc['otp_rate']:g}/s throughout. Drained: "
         f"{doc['drained']}; wall {doc['wall_s']} s.", "",
@@ -34,9 +43,14 @@ def campaign_markdown(doc: dict[str, Any]) -> str:
         "|---|---|---|---|---|---|---|",
         f"| {p0['sent']:,} | {p0['refused']} | {p0['missing']} | {p0['p50']} | {p0['p99']} | "
         f"{p0['max']} | {'-' if within is None else f'{within:.2%}'} |", "",
+        *batching,
         f"CPU ms per provider-accepted campaign message, by process (the whole run, the "
         f"expansion of every row and the P0 OTPs included): {per_msg}; the platform without "
         f"the emulators and the bench: {platform:.2f} ms.", ""])
+
+
+def _n(value: Any) -> str:
+    return "-" if value is None else f"{value:,}"
 
 
 def campaign_plot(doc: dict[str, Any], path: Path) -> Path:

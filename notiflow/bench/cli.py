@@ -164,21 +164,29 @@ def campaign(
                         ] = 5000.0,
     max_drain: Annotated[float, typer.Option(help="Seconds to wait for the campaign to "
                                                   "drain.")] = 3600.0,
+    channel: Annotated[str, typer.Option(help="SMS, or EMAIL (through SendGrid alone).")
+                       ] = "SMS",
+    provider_batch: Annotated[int | None, typer.Option(
+        help="P3's provider_batch (messages per provider request; default the tier's).")
+    ] = None,
     out: Out = Path("bench/results"),
 ) -> None:
-    """A campaign of ``n`` SMS rows from a manifest in S3, through the API and an expander,
-    while P0 OTPs go through the API: expansion rate, expander CPU and RSS, P3 drain, P0
-    latency."""
+    """A campaign of ``n`` rows from a manifest in S3, through the API and an expander,
+    while P0 OTPs go through the API: expansion rate, expander CPU and RSS, P3 drain and the
+    send flow's CPU per message (email: SendGrid requests per message), P0 latency."""
     from notiflow.bench import campaign as cb
     from notiflow.bench.campaign_report import campaign_markdown, campaign_plot
     from notiflow.bench.report import write
+    from notiflow.schemas.enums import Channel
 
     with _stack():
         doc = cb.run(out, n=n, otp_rate=otp_rate, max_rate=max_rate, max_drain=max_drain,
-                     log=_log)
+                     log=_log, channel=Channel(channel.upper()),
+                     provider_batch=provider_batch)
+    name = "campaign" if doc["channel"] == "SMS" else "campaign-email"
     md = campaign_markdown(doc)
-    paths = write(out, "campaign", doc, md)
-    paths.append(campaign_plot(doc, out / "campaign.png"))
+    paths = write(out, name, doc, md)
+    paths.append(campaign_plot(doc, out / f"{name}.png"))
     _show(paths, md)
 
 

@@ -5,8 +5,10 @@ against the configured one, SendGrid's ``{"errors": [{"message", "field", "help"
 ``202`` with an empty body and ``X-Message-Id`` on success, 429 with ``X-RateLimit-*`` headers,
 and (off by default) the signed Event Webhook: batched JSON arrays of ``processed`` then
 ``delivered`` or ``bounce`` events, signed with ECDSA P-256 like SendGrid's. Latency, error mix,
-outages and accepted-then-hang are knobs over ``/_admin/sendgrid/config``. Every request to Mail
-Send is recorded (the newest ``max_records``), recipient included: test infrastructure only.
+outages and accepted-then-hang are knobs over ``/_admin/sendgrid/config``. Every message of a
+Mail Send request (one per personalization, its substitutions applied to the content) is
+recorded (the newest ``max_records``), recipient included: test infrastructure only;
+``/stats`` counts the requests too.
 
 Magic recipients (emulator only): a ``to`` address at ``invalid.example.com`` or
 ``bounce.invalid`` is rejected like a malformed address (400); one at ``bounce.example.com`` is
@@ -59,6 +61,8 @@ INVALID_DOMAINS: Final = frozenset({"invalid.example.com", "bounce.invalid"})
 BOUNCE_DOMAINS: Final = frozenset({"bounce.example.com"})
 UNVERIFIED_SENDER_DOMAINS: Final = frozenset({"unverified.example.com"})
 _ADDRESS = re.compile(r"[^@\s]+@[^@\s]+\.[^@\s]+")
+MAX_PERSONALIZATIONS: Final = 1000
+MAX_SUBSTITUTIONS_BYTES: Final = 10_000
 
 UNAUTHORIZED_MESSAGE: Final = "The provided authorization grant is invalid, expired, or revoked"
 UNVERIFIED_SENDER_MESSAGE: Final = (
@@ -90,7 +94,9 @@ class SendGridKnobs(CommonKnobs):
 
 @dataclass(slots=True)
 class SendGridRecord(MessageRecord):
-    """One Mail Send request; ``sid`` is the ``X-Message-Id``, ``to`` the first recipient."""
+    """One message of a Mail Send request (one per personalization, each with its own ``to``
+    and ``message_id``); ``sid`` is the ``X-Message-Id``, followed by ``#<index>`` in a
+    request of several."""
 
     subject: str | None = None
     error: str | None = None
@@ -160,11 +166,10 @@ def _signing_key(settings: Settings) -> ec.EllipticCurvePrivateKey:
 
 
 @dataclass(frozen=True, slots=True)
-class _Request:
-    """The parts of a Mail Send body the emulator records and checks."""
+class _Personal:
+    """One personalization of a Mail Send body: one message as the emulator records it."""
 
     to: str | None
-    from_: str | None
     subject: str | None
     body: str | None
     custom_args: dict[str, Any]
@@ -172,22 +177,50 @@ class _Request:
     attempt: int | None
 
 
+@dataclass(frozen=True, slots=True)
+class _Request:
+    """The parts of a Mail Send body the emulator records and checks: the sender and one
+    :class:`_Personal` per personalization (at least one, empty for a body without)."""
+
+    from_: str | None
+    personals: tuple[_Personal, ...]
+
+    @property
+    def first(self) -> _Personal:
+        return self.personals[0]
+
+
+_NOBODY = _Personal(None, None, None, {}, None, None)
+
+
+def _strings(value: Any) -> dict[str, Any]:
+    return dict(value) if isinstance(value, dict) else {}
+
+
+def _personal(p: Any, top_args: dict[str, Any], subject: Any, content: str | None) -> _Personal:
+    p = p if isinstance(p, dict) else {}
+    args = {**top_args, **_strings(p.get("custom_args"))}
+    to = None
+    tos = p.get("to")
+    if isinstance(tos, list) and tos and isinstance(tos[0], dict):
+        to = tos[0].get("email") if isinstance(tos[0].get("email"), str) else None
+    own_subject = p.get("subject") if isinstance(p.get("subject"), str) else subject
+    body = content
+    for tag, value in _strings(p.get("substitutions")).items():
+        if body is not None and isinstance(tag, str) and isinstance(value, str):
+            body = body.replace(tag, value)
+    message_id = args.get("message_id") if isinstance(args.get("message_id"), str) else None
+    attempt_text = args.get("attempt")
+    attempt = (int(attempt_text) if isinstance(attempt_text, str) and attempt_text.isdigit()
+               else None)
+    return _Personal(to, own_subject if isinstance(own_subject, str) else None, body, args,
+                     message_id, attempt)
+
+
 def _parse(payload: Any) -> _Request:
     if not isinstance(payload, dict):
-        return _Request(None, None, None, None, {}, None, None)
-    args: dict[str, Any] = {}
-    if isinstance(payload.get("custom_args"), dict):
-        args.update(payload["custom_args"])
-    to = None
-    personalizations = payload.get("personalizations")
-    if isinstance(personalizations, list) and personalizations:
-        first = personalizations[0]
-        if isinstance(first, dict):
-            if isinstance(first.get("custom_args"), dict):
-                args.update(first["custom_args"])
-            tos = first.get("to")
-            if isinstance(tos, list) and tos and isinstance(tos[0], dict):
-                to = tos[0].get("email") if isinstance(tos[0].get("email"), str) else None
+        return _Request(None, (_NOBODY,))
+    top_args = _strings(payload.get("custom_args"))
     sender = payload.get("from")
     from_ = (sender.get("email") if isinstance(sender, dict)
              and isinstance(sender.get("email"), str) else None)
@@ -197,11 +230,11 @@ def _parse(payload: Any) -> _Request:
     if isinstance(content, list) and content and isinstance(content[0], dict):
         value = content[0].get("value")
         body = value if isinstance(value, str) else None
-    message_id = args.get("message_id") if isinstance(args.get("message_id"), str) else None
-    attempt_text = args.get("attempt")
-    attempt = (int(attempt_text) if isinstance(attempt_text, str) and attempt_text.isdigit()
-               else None)
-    return _Request(to, from_, subject, body, args, message_id, attempt)
+    personalizations = payload.get("personalizations")
+    if not isinstance(personalizations, list) or not personalizations:
+        personalizations = [{}]
+    return _Request(from_, tuple(_personal(p, top_args, subject, body)
+                                 for p in personalizations))
 
 
 def _domain(address: str) -> str:
@@ -220,9 +253,21 @@ def _validate(payload: Any) -> list[tuple[str, str | None]]:
                        "personalization.", "personalizations"))
     else:
         all_have_subject = True
+        if len(personalizations) > MAX_PERSONALIZATIONS:
+            errors.append((f"The personalizations field can have at most "
+                           f"{MAX_PERSONALIZATIONS} personalizations.", "personalizations"))
         for i, p in enumerate(personalizations):
             p = p if isinstance(p, dict) else {}
             all_have_subject &= bool(p.get("subject"))
+            subs = p.get("substitutions")
+            if subs is not None and (
+                    not isinstance(subs, dict)
+                    or not all(isinstance(v, str) for v in subs.values())
+                    or sum(len(str(k).encode()) + len(str(v).encode())
+                           for k, v in subs.items()) > MAX_SUBSTITUTIONS_BYTES):
+                errors.append(("Substitutions must be an object of string values of at most "
+                               f"{MAX_SUBSTITUTIONS_BYTES} bytes in all.",
+                               f"personalizations.{i}.substitutions"))
             tos = p.get("to")
             if not isinstance(tos, list) or not tos:
                 errors.append(("The to array is required for all personalization objects, and "
@@ -288,6 +333,8 @@ class SendGridEmulator(Emulator[SendGridKnobs]):
         self._internal = errors_body(("internal server error", None))
         self._unavailable = errors_body(("service unavailable", None))
         self._too_large = errors_body(("Payload Too Large", None))
+        self.requests = 0
+        """Mail Send requests received (``/stats`` ``requests``; records count messages)."""
         if key is None:
             log.warning("sendgrid emulator: no API key configured (NOTIFLOW_SENDGRID__API_KEY);"
                         " every request will get 401")
@@ -308,7 +355,11 @@ class SendGridEmulator(Emulator[SendGridKnobs]):
 
     def reset(self) -> None:
         super().reset()
+        self.requests = 0
         self.callbacks.batch_size = self.knobs.event_batch_size
+
+    def extra_stats(self) -> dict[str, Any]:
+        return {**super().extra_stats(), "requests": self.requests}
 
     def knobs_changed(self) -> None:
         self.callbacks.batch_size = self.knobs.event_batch_size
@@ -329,11 +380,21 @@ class SendGridEmulator(Emulator[SendGridKnobs]):
             payload = None
         req = _parse(payload)
 
+        self.requests += 1
+
         def record(outcome: str, status: int, *, sid: str | None = None, hang: bool = False,
-                   error: str | None = None) -> None:
-            self.messages.add(SendGridRecord(
-                received_at, outcome, status, None, sid, req.message_id, req.attempt, req.to,
-                req.from_, req.body, hang, subject=req.subject, error=error))
+                   errors: list[tuple[str, str | None]] | None = None) -> None:
+            for i, p in enumerate(req.personals):
+                error = None
+                if errors:
+                    mine = f"personalizations.{i}."
+                    error = next((m for m, f in errors if f and f.startswith(mine)),
+                                 errors[0][0])
+                self.messages.add(SendGridRecord(
+                    received_at, outcome, status, None,
+                    f"{sid}#{i}" if sid and len(req.personals) > 1 else sid,
+                    p.message_id, p.attempt, p.to, req.from_, p.body, hang,
+                    subject=p.subject, error=error))
 
         await self.added_latency(knobs)
         if knobs.outage:
@@ -362,37 +423,38 @@ class SendGridEmulator(Emulator[SendGridKnobs]):
             return json_response(self._internal if status == 500 else self._unavailable, status)
         errors = _validate(payload)
         if errors:
-            record("invalid", 400, error=errors[0][0])
+            record("invalid", 400, errors=errors)
             return json_response(errors_body(*errors), 400)
-        assert req.from_ is not None and req.to is not None
+        assert req.from_ is not None
         if _domain(req.from_) in UNVERIFIED_SENDER_DOMAINS:
-            record("forbidden", 403, error=UNVERIFIED_SENDER_MESSAGE)
+            record("forbidden", 403, errors=[(UNVERIFIED_SENDER_MESSAGE, "from")])
             return json_response(errors_body((UNVERIFIED_SENDER_MESSAGE, "from")), 403)
         message_id = _token(16)
         hang = self.draw(knobs.timeout_rate)
         record(ACCEPTED, 202, sid=message_id, hang=hang)
         url = knobs.event_webhook_url or self._default_webhook_url
         if knobs.callbacks_enabled and url:
-            self._schedule_events(knobs, url, message_id, req)
+            for i, p in enumerate(req.personals):
+                self._schedule_events(knobs, url, message_id, i, p)
         if hang:
             await asyncio.sleep(knobs.hang_s)
         return web.Response(status=202, headers={"X-Message-Id": message_id})
 
-    def _schedule_events(self, knobs: SendGridKnobs, url: str, message_id: str,
-                         req: _Request) -> None:
-        assert req.to is not None
+    def _schedule_events(self, knobs: SendGridKnobs, url: str, message_id: str, index: int,
+                         p: _Personal) -> None:
+        assert p.to is not None
         delay = knobs.callback_delay_ms / 1000
         now = time.monotonic()
-        sg_message_id = f"{message_id}.filterdrecv-emulator-{os.urandom(4).hex()}-0.0"
-        common = {**{k: v for k, v in req.custom_args.items() if isinstance(v, str)},
-                  "email": req.to, "sg_message_id": sg_message_id,
+        sg_message_id = f"{message_id}.filterdrecv-emulator-{os.urandom(4).hex()}-{index}.0"
+        common = {**{k: v for k, v in p.custom_args.items() if isinstance(v, str)},
+                  "email": p.to, "sg_message_id": sg_message_id,
                   "smtp-id": f"<{message_id}@emulator.sendgrid.net>"}
         wall = int(time.time())
         self.callbacks.schedule(now + delay, url, [{
             **common, "event": "processed", "sg_event_id": _token(16),
             "timestamp": wall + int(delay)}])
         final: dict[str, Any]
-        if _domain(req.to) in BOUNCE_DOMAINS or self.draw(knobs.bounce_rate):
+        if _domain(p.to) in BOUNCE_DOMAINS or self.draw(knobs.bounce_rate):
             final = {"event": "bounce", "type": "bounce", "status": "5.1.1",
                      "reason": "550 5.1.1 The email account that you tried to reach does not "
                                "exist.", "bounce_classification": "Invalid Address"}

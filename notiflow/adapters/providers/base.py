@@ -8,11 +8,11 @@ transport failures: those are outcomes (errors are data).
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from notiflow.schemas.enums import Channel, Tier
 from notiflow.schemas.messages import PushRecipient
@@ -77,6 +77,25 @@ class ProviderClient(Protocol):
 
     async def aclose(self) -> None:
         """Release connections."""
+        ...
+
+
+@runtime_checkable
+class BatchSender(Protocol):
+    """A provider client that can carry several messages in one request (SendGrid's
+    personalizations). Each message keeps its own result: the provider accepts or refuses
+    each recipient of the request on its own, and events name each one."""
+
+    provider_id: str
+    channel: Channel
+    max_batch: int
+    """Most messages one request may carry (the provider's limit)."""
+
+    async def send_batch(self, messages: Sequence[OutboundMessage],
+                         traceparents: Sequence[str | None]) -> list[SendResult]:
+        """Send ``messages`` in as few requests as the provider allows; one result per
+        message, in order (``traceparents`` pairs each with the trace it belongs to). Never
+        raises for provider or transport errors."""
         ...
 
 

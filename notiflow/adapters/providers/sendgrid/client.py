@@ -11,12 +11,21 @@ tables of :mod:`~notiflow.adapters.providers.sendgrid.classify` and the shared t
 timeout after the request was sent is AMBIGUOUS and cannot be settled by resending with a key.
 SendGrid echoes ``custom_args`` as top-level keys of every Event Webhook event, which is how a
 later ``processed`` / ``delivered`` event settles it.
+
+:meth:`SendGridEmail.send_batch` carries up to ``max_personalizations`` messages in one
+request (``docs/providers.md``, "Bulk batching"): one personalization per message, with its
+own ``to``, ``subject``, ``custom_args`` and its rendered body as the value of one
+substitution tag that the shared ``text/plain`` content block consists of. Each message keeps
+its own result: a 400 naming personalizations refuses those messages, and the others go
+again without them.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any, Final
 
@@ -39,6 +48,14 @@ from notiflow.telemetry import current_traceparent
 log = logging.getLogger(__name__)
 
 MAIL_SEND_PATH: Final = "/v3/mail/send"
+BODY_TAG: Final = "%notiflow_body%"
+"""The substitution tag a batched request's content block consists of."""
+MAX_SUBSTITUTIONS_BYTES: Final = 10_000
+"""SendGrid's limit on the substitutions of one personalization (UTF-8 bytes)."""
+RESEND_ROUNDS: Final = 2
+"""Requests a batch makes without the personalizations a 400 named, before the rest go one
+by one."""
+_PERSONALIZATION = re.compile(r"personalizations\.(\d+)\.")
 
 
 class SendGridEmail(HttpProvider[SendGridSettings]):
@@ -61,6 +78,7 @@ class SendGridEmail(HttpProvider[SendGridSettings]):
         self._from: dict[str, str] = {"email": config.from_email}
         if config.from_name:
             self._from["name"] = config.from_name
+        self.max_batch = config.max_personalizations
 
     @classmethod
     def _headers(cls, config: SendGridSettings) -> dict[str, str]:
@@ -107,3 +125,114 @@ class SendGridEmail(HttpProvider[SendGridSettings]):
         return self._result(rule, message, started,
                             error_code=f"http_{status}:{named}" if named else f"http_{status}",
                             retry_after_s=wait)
+
+    # ---------------------------------------------------------------- bulk batching
+
+    @staticmethod
+    def joinable(message: OutboundMessage) -> bool:
+        """Whether ``message`` can share a request: an address, a subject, a body that is
+        neither empty nor over the substitution limit, and no text the tag would rewrite."""
+        return (isinstance(message.recipient, str) and bool(message.subject)
+                and bool(message.body)
+                and len(message.body.encode()) + len(BODY_TAG) <= MAX_SUBSTITUTIONS_BYTES
+                and BODY_TAG not in message.body and BODY_TAG not in (message.subject or ""))
+
+    def batch_payload(self, messages: Sequence[OutboundMessage],
+                      traceparents: Sequence[str | None]) -> dict[str, Any]:
+        """One Mail Send body for several :meth:`joinable` messages."""
+        personalizations = []
+        for m, trace in zip(messages, traceparents, strict=True):
+            args = {"message_id": m.message_id, "attempt": str(m.attempt)}
+            if trace:
+                args["traceparent"] = trace
+            personalizations.append({"to": [{"email": str(m.recipient)}],
+                                     "subject": m.subject,
+                                     "substitutions": {BODY_TAG: m.body},
+                                     "custom_args": args})
+        return {"personalizations": personalizations, "from": self._from,
+                "content": [{"type": "text/plain", "value": BODY_TAG}]}
+
+    async def send_batch(self, messages: Sequence[OutboundMessage],
+                         traceparents: Sequence[str | None]) -> list[SendResult]:
+        """Send ``messages``, the :meth:`joinable` ones ``max_batch`` to a request, the
+        others one by one; one result per message, in order."""
+        results: list[SendResult | None] = [None] * len(messages)
+        together = [i for i, m in enumerate(messages) if self.joinable(m)]
+        alone = [i for i, m in enumerate(messages) if not self.joinable(m)]
+        chunks = [together[k:k + self.max_batch]
+                  for k in range(0, len(together), self.max_batch)]
+
+        async def one(i: int) -> None:
+            results[i] = await self.send(messages[i])
+
+        async def chunk(idx: list[int]) -> None:
+            done = await self._chunk([messages[i] for i in idx], [traceparents[i] for i in idx])
+            for i, r in zip(idx, done, strict=True):
+                results[i] = r
+
+        await asyncio.gather(*(one(i) for i in alone), *(chunk(c) for c in chunks))
+        return [r for r in results if r is not None]
+
+    async def _chunk(self, messages: Sequence[OutboundMessage],
+                     traceparents: Sequence[str | None]) -> list[SendResult]:
+        """One request for ``messages`` (a single message goes as :meth:`send` would); after
+        a 400 that names personalizations, those get its classification and the rest go
+        again, at most :data:`RESEND_ROUNDS` times, then one by one; after a 413 (request too
+        large) each half goes on its own."""
+        results: dict[int, SendResult] = {}
+        live = list(range(len(messages)))
+        for _ in range(RESEND_ROUNDS + 1):
+            if len(live) <= 1:
+                for i in live:
+                    results[i] = await self.send(messages[i])
+                break
+            started = self._clock()
+            batch = [messages[i] for i in live]
+            body = orjson.dumps(self.batch_payload(batch, [traceparents[i] for i in live]))
+            answer = await self._post(self._url, body, self._default_limits, batch[0], started)
+            if isinstance(answer, SendResult):
+                results.update(dict.fromkeys(live, answer))
+                break
+            if answer.status == 202 and answer.headers.get("X-Message-Id"):
+                sid = answer.headers["X-Message-Id"]
+                results.update({i: self._accepted(started, f"{sid}#{k}")
+                                for k, i in enumerate(live)})
+                break
+            if answer.status == 413:
+                half = len(live) // 2
+                parts = await asyncio.gather(*(self._chunk(
+                    [messages[i] for i in part], [traceparents[i] for i in part])
+                    for part in (live[:half], live[half:])))
+                results.update(zip(live, [*parts[0], *parts[1]], strict=True))
+                break
+            named = self._named(answer, len(live))
+            if named is None:
+                results.update({i: self._classify(answer, messages[i], started) for i in live})
+                break
+            for k, fields in named.items():
+                i = live[k]
+                rule = classify_response(400, fields)
+                results[i] = self._result(rule, messages[i], started,
+                                          error_code=f"http_400:{fields[0]}")
+            live = [i for k, i in enumerate(live) if k not in named]
+            if not live:
+                break
+        else:
+            singles = await asyncio.gather(*(self.send(messages[i]) for i in live))
+            results.update(zip(live, singles, strict=True))
+        return [results[i] for i in range(len(messages))]
+
+    @staticmethod
+    def _named(answer: HttpAnswer, size: int) -> dict[int, list[str]] | None:
+        """A 400 whose every error names one of the ``size`` personalizations: index → its
+        error fields; None for any other answer (it concerns the whole request)."""
+        if answer.status != 400:
+            return None
+        fields = error_fields_of(answer.json())
+        named: dict[int, list[str]] = {}
+        for field in fields:
+            hit = _PERSONALIZATION.match(field or "")
+            if hit is None or int(hit.group(1)) >= size:
+                return None
+            named.setdefault(int(hit.group(1)), []).append(str(field))
+        return named or None
