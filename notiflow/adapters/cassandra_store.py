@@ -46,6 +46,9 @@ Write = tuple[str, tuple[Any, ...]]
 logging.getLogger("cassandra").setLevel(logging.ERROR)
 
 OUTBOX_SHARDS = 16
+OUTBOX_BUCKET_MS = 10_000
+"""Width of an ``outbox_buckets`` time bucket."""
+OUTBOX_READ_LIMIT = 500
 MAX_STATE_RACES = 16
 """Compare-and-set attempts on one recipient's state before :class:`StateContention`."""
 STATE_READ_CONCURRENCY = 256
@@ -186,6 +189,19 @@ def utc(d: datetime | None) -> datetime | None:
     return d.replace(tzinfo=UTC) if d.tzinfo is None else d
 
 
+@dataclass(frozen=True, slots=True)
+class OutboxSlot:
+    """Where an outbox row lives: its 10-second ``bucket`` (of when it was written) and its
+    ``shard``; ``bucket`` None names the legacy ``outbox_pending`` table."""
+
+    bucket: int | None
+    shard: int
+
+    @staticmethod
+    def bucket_of(at: datetime) -> int:
+        return int(at.timestamp() * 1000) // OUTBOX_BUCKET_MS
+
+
 def to_ms(d: datetime) -> datetime:
     """``d`` in UTC truncated to milliseconds (Cassandra's timestamp precision)."""
     d = d.astimezone(UTC)
@@ -324,30 +340,62 @@ class CassandraStore:
         rows = await self._run("idem_get", (tenant_id, key))
         return rows[0] if rows else None
 
-    async def settle_reservation(self, tenant_id: str, key: str, response: str, shard: int,
-                                 created_at: datetime) -> None:
+    async def settle_reservation(self, tenant_id: str, key: str, response: str,
+                                 slot: OutboxSlot, created_at: datetime) -> None:
         """Mark the key ``ACCEPTED`` and drop its outbox row, in one request."""
         await self.write_all([("idem_accept", (response, tenant_id, key)),
-                              ("outbox_remove", (shard, created_at, tenant_id, key))])
+                              self._outbox_remove(slot, created_at, tenant_id, key)])
 
     async def drop_reservation(self, tenant_id: str, key: str) -> None:
         await self._run("idem_delete", (tenant_id, key))
 
-    async def outbox_add(self, shard: int, created_at: datetime, tenant_id: str, key: str) -> None:
-        await self.write_all([self.outbox_write(shard, created_at, tenant_id, key)])
+    async def outbox_add(self, slot: OutboxSlot, created_at: datetime, tenant_id: str,
+                         key: str) -> None:
+        await self.write_all([self.outbox_write(slot, created_at, tenant_id, key)])
 
     @staticmethod
-    def outbox_write(shard: int, created_at: datetime, tenant_id: str, key: str) -> Write:
+    def outbox_write(slot: OutboxSlot, created_at: datetime, tenant_id: str, key: str) -> Write:
         """The outbox row of :meth:`outbox_add` (for :meth:`write_all`)."""
-        return ("outbox_add", (shard, created_at, tenant_id, key))
+        return ("outbox_add", (slot.bucket, slot.shard, created_at, tenant_id, key))
 
-    async def outbox_remove(
-        self, shard: int, created_at: datetime, tenant_id: str, key: str
-    ) -> None:
-        await self._run("outbox_remove", (shard, created_at, tenant_id, key))
+    @staticmethod
+    def _outbox_remove(slot: OutboxSlot, created_at: datetime, tenant_id: str,
+                       key: str) -> Write:
+        if slot.bucket is None:
+            return ("outbox_legacy_remove", (slot.shard, created_at, tenant_id, key))
+        return ("outbox_remove", (slot.bucket, slot.shard, created_at, tenant_id, key))
 
-    async def outbox_due(self, shard: int, older_than: datetime) -> list[dict[str, Any]]:
-        return await self._run("outbox_due", (shard, older_than))
+    async def outbox_remove(self, slot: OutboxSlot, created_at: datetime, tenant_id: str,
+                            key: str) -> None:
+        await self.write_all([self._outbox_remove(slot, created_at, tenant_id, key)])
+
+    async def outbox_rows(self, slot: OutboxSlot) -> list[dict[str, Any]]:
+        """Up to :data:`OUTBOX_READ_LIMIT` outbox rows of one bucket and shard, oldest first
+        (``slot.bucket`` None: the legacy ``outbox_pending`` shard)."""
+        if slot.bucket is None:
+            return await self._run("outbox_legacy_rows", (slot.shard,))
+        return await self._run("outbox_rows", (slot.bucket, slot.shard))
+
+    async def outbox_cursor(self, shard: int, start: int) -> int:
+        """The first bucket of ``shard`` that may still hold rows; ``start`` when the shard
+        has no cursor yet (the first sweeper to ask sets it)."""
+        rows = await self._run("outbox_cursor_init", (shard, start))
+        row = rows[0] if rows else {}
+        bucket = row.get("bucket")
+        if row.get("[applied]", True) or bucket is None:
+            return start
+        return int(bucket)
+
+    async def outbox_advance(self, shard: int, bucket: int) -> None:
+        """Move ``shard``'s cursor to ``bucket`` (the buckets before it are empty)."""
+        await self._run("outbox_cursor_set", (bucket, shard))
+
+    async def outbox_park(self, slot: OutboxSlot, created_at: datetime, tenant_id: str,
+                          key: str, reason: str, now: datetime) -> None:
+        """Move an outbox row that cannot be published to ``outbox_parked``."""
+        await self.write_all([
+            ("outbox_park", (tenant_id, key, created_at, reason, now)),
+            self._outbox_remove(slot, created_at, tenant_id, key)])
 
     # -------------------------------------------------------------------------- messages
 
@@ -872,11 +920,19 @@ def date_of(d: datetime) -> date:
 _STATEMENTS: dict[str, str] = {
     "idem_get": "SELECT * FROM idempotency WHERE tenant_id = ? AND idempotency_key = ?",
     "idem_delete": "DELETE FROM idempotency WHERE tenant_id = ? AND idempotency_key = ?",
-    "outbox_add": "INSERT INTO outbox_pending (shard, created_at, tenant_id, idempotency_key) "
-    "VALUES (?, ?, ?, ?)",
-    "outbox_remove": "DELETE FROM outbox_pending WHERE shard = ? AND created_at = ? "
+    "outbox_add": "INSERT INTO outbox_buckets (bucket, shard, created_at, tenant_id, "
+    "idempotency_key) VALUES (?, ?, ?, ?, ?)",
+    "outbox_remove": "DELETE FROM outbox_buckets WHERE bucket = ? AND shard = ? AND "
+    "created_at = ? AND tenant_id = ? AND idempotency_key = ?",
+    "outbox_rows": "SELECT * FROM outbox_buckets WHERE bucket = ? AND shard = ? "
+    f"LIMIT {OUTBOX_READ_LIMIT}",
+    "outbox_legacy_remove": "DELETE FROM outbox_pending WHERE shard = ? AND created_at = ? "
     "AND tenant_id = ? AND idempotency_key = ?",
-    "outbox_due": "SELECT * FROM outbox_pending WHERE shard = ? AND created_at < ? LIMIT 500",
+    "outbox_legacy_rows": f"SELECT * FROM outbox_pending WHERE shard = ? LIMIT {OUTBOX_READ_LIMIT}",
+    "outbox_cursor_init": "INSERT INTO outbox_cursor (shard, bucket) VALUES (?, ?) IF NOT EXISTS",
+    "outbox_cursor_set": "UPDATE outbox_cursor SET bucket = ? WHERE shard = ?",
+    "outbox_park": "INSERT INTO outbox_parked (tenant_id, idempotency_key, created_at, reason, "
+    "parked_at) VALUES (?, ?, ?, ?, ?)",
     "msg_insert": "INSERT INTO messages (message_id, tenant_id, channel, tier, category, "
     "recipient_hash, recipient_masked, template_id, template_version, idempotency_key, "
     "ordering_key, status_webhook, status, status_rank, attempt, scheduled_at, expires_at, "

@@ -58,12 +58,14 @@ class Manifests:
         except ObjectNotFound:
             raise ManifestUnreadable(f"no object at {uri}") from None
 
-    async def chunks(self, uri: str, start: int) -> AsyncIterator[bytes]:
+    async def chunks(self, uri: str, start: int,
+                     size: int | None = None) -> AsyncIterator[bytes]:
         """The manifest's bytes from ``start`` to its end, ``campaigns.chunk_bytes`` at a
-        time."""
+        time; ``size``, when the caller knows it, saves asking the store."""
         store, key = self._open(uri)
         try:
-            size = (await store.head(key)).size
+            if size is None:
+                size = (await store.head(key)).size
             at = start
             while at < size:
                 data = await store.read(key, at, min(self.chunk, size - at))

@@ -11,7 +11,7 @@ Reported: the expansion (rows/s from the first expanded row to the last, expande
 row, expander RSS over the run), the P3 drain (provider-accepted messages of the campaign per
 second), and P0's latency (API ``accepted_at`` → the emulator's receipt of the first accepted
 request) during the campaign, with its share within the 1 s SLA. Provider rates are raised
-(``PROVIDER_RATES``) so that the P3 share of the SMS capacity does not cap the expansion: the
+(``PROVIDER_RATES``) so that the P3 share of the channel capacity does not cap the expansion: the
 figures are what the processes cost, not a contract's ceiling.
 """
 
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -30,14 +29,14 @@ from typing import Any
 import httpx
 
 from notiflow.bench import calibrate
-from notiflow.bench.harness import Phase, send_otps, wait_until
+from notiflow.bench.harness import OtpStream, Phase, wait_until
 from notiflow.bench.stats import summary
 from notiflow.bench.warmup import warm_up
 from notiflow.bench.workload import REGIONS, TEMPLATE_IDS, PhoneFactory
 from notiflow.schemas.enums import Channel, Tier
 from notiflow.settings import DEFAULT_TIERS
 
-PROVIDER_RATES = {"twilio": 5000.0, "vonage": 5000.0, "sendgrid": 1000.0, "smtp": 200.0,
+PROVIDER_RATES = {"twilio": 5000.0, "vonage": 5000.0, "sendgrid": 5000.0, "smtp": 200.0,
                   "fcm": 10_000.0, "apns": 10_000.0}
 TENANT = "mkt"
 MANIFEST_PHONES = 560_000
@@ -117,14 +116,7 @@ def run(out: Path, *, n: int, otp_rate: float, max_rate: float, max_drain: float
         log(f"manifest: {n:,} rows, {len(data) / 1e6:.1f} MB, built and uploaded in "
             f"{time.monotonic() - built:.0f} s")
         warm = warm_up(phase, versions, phones, otp_rate, f"{run_id}c", log)
-        stop = threading.Event()
-        otp_result: dict[str, Any] = {}
-
-        def otp_loop() -> None:
-            otp_result["accepted"], otp_result["refused"] = asyncio.run(send_otps(
-                phase, versions, otp_rate, stop, phones, f"otp-{run_id}-campaign"))
-
-        otps = threading.Thread(target=otp_loop)
+        otps = OtpStream(phase, versions, otp_rate, phones, f"otp-{run_id}-campaign")
         speed = {"before": calibrate.speed()}
         client = httpx.Client(base_url=phase.bulk_api, headers=phase.auth(TENANT), timeout=30)
         t0 = time.time()
@@ -150,9 +142,8 @@ def run(out: Path, *, n: int, otp_rate: float, max_rate: float, max_drain: float
                         and c["counts"]["provider_accepted"] >= c["counts"]["expanded"])
 
         drained = wait_until(done, max_drain, interval=2.0, phase=phase)
-        stop.set()
-        otps.join()
-        sent = len(otp_result.get("accepted", {})) + warm.otps
+        accepted_otps, refused = otps.stop()
+        sent = len(accepted_otps) + warm.otps
         wait_until(lambda: phase.accepted_count("msg_") >= sent, 60)
         t1 = time.time()
         requests = provider_requests(phase) - requests_before
@@ -161,7 +152,7 @@ def run(out: Path, *, n: int, otp_rate: float, max_rate: float, max_drain: float
         speed["after"] = calibrate.speed()
     finally:
         phase.stop()
-    doc = figures(progress, otp_result, first, phase, t0, t1)
+    doc = figures(progress, accepted_otps, refused, first, phase, t0, t1)
     accepted = doc["rows"].get("provider_accepted") or 0
     doc["send_p3"] = {
         "provider_batch": batch, "requests": requests if channel is Channel.EMAIL else None,
@@ -181,10 +172,9 @@ def provider_requests(phase: Phase) -> int:
     return int(r.json().get("requests", 0))
 
 
-def figures(progress: list[dict[str, Any]], otps: dict[str, Any], first: dict[str, float],
-            phase: Phase, t0: float, t1: float) -> dict[str, Any]:
+def figures(progress: list[dict[str, Any]], accepted: dict[str, float], refused: int,
+            first: dict[str, float], phase: Phase, t0: float, t1: float) -> dict[str, Any]:
     """Expansion, drain, expander cost and P0 latency of one run."""
-    accepted: dict[str, float] = otps.get("accepted", {})
     p0 = sorted((first[m] - t0, (first[m] - at) * 1000) for m, at in accepted.items()
                 if m in first)
     lat = [x for _, x in p0]
@@ -208,7 +198,7 @@ def figures(progress: list[dict[str, Any]], otps: dict[str, Any], first: dict[st
                   "per_s": _drain_rate(progress, start, drained_at)},
         "p0": {**{k: round(v, 1) if isinstance(v, float) else v
                   for k, v in summary(lat).items()},
-               "sent": len(accepted), "refused": otps.get("refused", 0),
+               "sent": len(accepted), "refused": refused,
                "missing": len(accepted) - len(lat),
                "within_1s": round(sum(1 for x in lat if x <= 1000) / len(lat), 5)
                if lat else None},

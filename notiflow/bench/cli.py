@@ -190,6 +190,27 @@ def campaign(
     _show(paths, md)
 
 
+@bench_app.command("outbox")
+def outbox(
+    n: Annotated[int, typer.Option("-n", help="Accept-and-complete cycles of history.")
+                 ] = 1_000_000,
+    pending: Annotated[int, typer.Option(help="Crashed acceptances to sweep.")] = 100,
+    spread: Annotated[float, typer.Option(help="Seconds the history spans.")] = 3600.0,
+    out: Out = Path("bench/results"),
+) -> None:
+    """What one outbox sweep reads after ``n`` completed acceptances: the former layout
+    (shards read from the oldest row) next to the time buckets with the sweeper's cursor."""
+    from notiflow.bench import outbox as ob
+    from notiflow.bench.report import write
+
+    with _stack():
+        doc = ob.run(n=n, pending=pending, spread_s=spread, log=_log)
+    md = ob.outbox_markdown(doc)
+    paths = write(out, "outbox", doc, md)
+    paths.append(ob.outbox_plot(doc, out / "outbox.png"))
+    _show(paths, md)
+
+
 @bench_app.command("soak")
 def soak(
     minutes: Annotated[float, typer.Option(help="How long the load runs.")] = 10.0,

@@ -566,6 +566,31 @@ async def send_otps(phase: Phase, versions: dict[tuple[str, Channel], int], rate
     return accepted, refused
 
 
+class OtpStream:
+    """:func:`send_otps` on a thread of its own, from :meth:`start` until :meth:`stop`."""
+
+    def __init__(self, phase: Phase, versions: dict[tuple[str, Channel], int], rate: float,
+                 phones: PhoneFactory, key_prefix: str) -> None:
+        self._stop = threading.Event()
+        self._result: tuple[dict[str, float], int] = ({}, 0)
+
+        def run() -> None:
+            self._result = asyncio.run(send_otps(phase, versions, rate, self._stop, phones,
+                                                 key_prefix))
+
+        self._thread = threading.Thread(target=run, name="bench-otps")
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> tuple[dict[str, float], int]:
+        """Stop sending, wait for the answers in flight: (message_id → accepted_at,
+        refused)."""
+        self._stop.set()
+        self._thread.join()
+        return self._result
+
+
 def _ts(iso: str) -> float:
     from datetime import datetime
 

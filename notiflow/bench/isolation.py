@@ -12,7 +12,6 @@ clock.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import threading
 import time
@@ -24,7 +23,7 @@ from typing import Any
 
 from notiflow import names
 from notiflow.bench import calibrate, host, jvm
-from notiflow.bench.harness import CampaignProducer, Phase, send_otps, wait_until
+from notiflow.bench.harness import CampaignProducer, OtpStream, Phase, wait_until
 from notiflow.bench.otlp import (
     EXPORT_INTERVAL_S,
     StageCollector,
@@ -78,24 +77,15 @@ def run_mode(mode: str, out: Path, run_id: str, n: int, otp_rate: float, max_dra
         flood = threading.Thread(target=campaign.produce,
                                  args=(records(workload, Tier.P3, n, versions), Tier.P3,
                                        p3_rate))
-        stop = threading.Event()
-        otp_result: dict[str, Any] = {}
-
-        def otp_loop() -> None:
-            otp_result["accepted"], otp_result["refused"] = asyncio.run(send_otps(
-                phase, versions, otp_rate, stop, phones, f"otp-{run_id}-{mode}"))
-
-        otps = threading.Thread(target=otp_loop)
+        otps = OtpStream(phase, versions, otp_rate, phones, f"otp-{run_id}-{mode}")
         speed = {"before": calibrate.speed()}
         t0 = time.time()
         flood.start()
         otps.start()
         drained = wait_until(lambda: phase.accepted_count(workload.prefix) >= n,
                              max_drain, interval=2.0, phase=phase)
-        stop.set()
-        otps.join()
+        accepted_otps, refused = otps.stop()
         flood.join()
-        accepted_otps: dict[str, float] = otp_result.get("accepted", {})
         wait_until(lambda: phase.accepted_count("msg_") - phase.accepted_count("msg_bench_")
                    >= len(accepted_otps) + warm.otps, 60)
         t1 = time.time()
@@ -107,7 +97,7 @@ def run_mode(mode: str, out: Path, run_id: str, n: int, otp_rate: float, max_dra
         if collector:
             collector.__exit__(None, None, None)
     doc = _figures(mode, n, otp_rate, drained, t0, t1, campaign, accepted_otps,
-                   otp_result.get("refused", 0), first, phase)
+                   refused, first, phase)
     doc["warmup"] = warm.as_json()
     doc["cpu_timeline"] = phase.sampler.cpu_timeline(t0, t1)
     logs = paths(phase.settings).logs

@@ -92,7 +92,8 @@ class Manifests(Protocol):
 
     async def size(self, uri: str) -> int: ...
 
-    def chunks(self, uri: str, start: int) -> AsyncIterator[bytes]: ...
+    def chunks(self, uri: str, start: int,
+               size: int | None = None) -> AsyncIterator[bytes]: ...
 
 
 class Signals(Protocol):
@@ -276,7 +277,7 @@ class Expander:
             default_zone=req.timezone or self._tenant_zone(row.tenant_id), window=req.window)
         pace = Pace(campaign_rate(self.settings, row), self.rule.batch)
         pending: list[ManifestRow] = []
-        chunks = self.manifests.chunks(req.manifest, p.bytes_read)
+        chunks = self.manifests.chunks(req.manifest, p.bytes_read, p.manifest_bytes)
         async for chunk in chunks:
             pending.extend(reader.feed(chunk))
             while len(pending) >= self.rule.batch:

@@ -37,9 +37,9 @@ from notiflow.adapters.campaign_store import (
 from notiflow.adapters.cancel_gate import GATE_DOWN, CancelGate
 from notiflow.adapters.manifests import ManifestUnreadable
 from notiflow.gateway.auth import RuntimeDep, Tenant, read_json_object
+from notiflow.gateway.checks import check_lane, check_sender, check_template
 from notiflow.gateway.errors import (
     ApiError,
-    forbidden,
     invalid_body,
     not_found,
     rate_limited,
@@ -58,7 +58,6 @@ from notiflow.schemas.campaigns import (
     new_campaign_id,
 )
 from notiflow.settings import Settings, TenantConfig
-from notiflow.templating import missing_variables
 
 router = APIRouter()
 log = logging.getLogger("notiflow.gateway.campaigns")
@@ -104,20 +103,7 @@ async def _counts(rt: Runtime, row: CampaignRow) -> CampaignCounts:
     return base.model_copy(update=funnel)
 
 
-def _check_policy(settings: Settings, tenant: TenantConfig, req: CampaignRequest) -> None:
-    if req.tier not in settings.lane_tiers(settings.api_lane):
-        raise ApiError(421, "misdirected", "wrong_lane",
-                       f"this API process serves the {settings.api_lane} lane; campaigns "
-                       f"of tier {req.tier.value} are served by the bulk lane's API")
-    if req.tier not in tenant.tiers:
-        raise forbidden("tier_not_allowed", f"tenant {tenant.id} may not send tier "
-                        f"{req.tier.value}")
-    if req.channel not in tenant.channels:
-        raise forbidden("channel_not_allowed", f"tenant {tenant.id} may not send on channel "
-                        f"{req.channel.value}")
-    if not tenant.allows_template(req.template_id):
-        raise forbidden("template_not_allowed", f"tenant {tenant.id} may not use template "
-                        f"{req.template_id}")
+def _check_limits(settings: Settings, tenant: TenantConfig, req: CampaignRequest) -> None:
     rule = settings.campaigns
     if req.max_rate is not None and req.max_rate > rule.max_rate:
         raise unprocessable("rate_too_high", f"max_rate is at most {rule.max_rate:g}/s",
@@ -126,18 +112,6 @@ def _check_policy(settings: Settings, tenant: TenantConfig, req: CampaignRequest
     if cap is not None and req.quota is not None and req.quota > cap:
         raise unprocessable("quota_too_large", f"tenant {tenant.id}'s campaigns reach at "
                             f"most {cap} recipients", field="quota")
-
-
-async def _check_template(rt: Runtime, tenant: TenantConfig, req: CampaignRequest) -> None:
-    row = await rt.template(tenant.id, req.template_id, req.template_version)
-    if row is None or row.get("channel") != req.channel.value:
-        what = "does not exist" if row is None else f"is not a {req.channel.value} template"
-        raise unprocessable("unknown_template",
-                            f"template {req.template_id} version {req.template_version} {what}")
-    absent = missing_variables(row.get("variables"), req.mapping.variables)
-    if absent:
-        raise unprocessable("missing_template_variable", "template variables not mapped to "
-                            f"a column: {', '.join(absent)}", variables=list(absent))
 
 
 async def _check_quota(store: CampaignStore, tenant: TenantConfig) -> None:
@@ -160,7 +134,9 @@ async def create_campaign(request: Request, tenant: Tenant, rt: RuntimeDep) -> R
     except ValidationError as exc:
         raise invalid_body(exc) from None
     settings = rt.settings
-    _check_policy(settings, tenant, req)
+    check_lane(settings, req)
+    check_sender(settings, tenant, req)
+    _check_limits(settings, tenant, req)
     now = now_ms()
     starts = max(req.starts_at or now, now)
     ends = req.ends_at or starts + settings.campaigns.default_duration
@@ -169,7 +145,7 @@ async def create_campaign(request: Request, tenant: Tenant, rt: RuntimeDep) -> R
                             f"{settings.campaigns.max_duration}", field="ends_at")
     if ends <= now:
         raise unprocessable("window_over", "ends_at is in the past", field="ends_at")
-    await _check_template(rt, tenant, req)
+    await check_template(rt, tenant, req, req.mapping.variables, how="mapped to a column")
     try:
         size = await rt.manifests().size(req.manifest)
     except ManifestUnreadable as exc:

@@ -26,11 +26,11 @@ from notiflow import names, telemetry
 from notiflow.adapters.cassandra_store import utc
 from notiflow.adapters.kafka_io import DeliveryFailed
 from notiflow.gateway.auth import RuntimeDep, Tenant, read_json_object
+from notiflow.gateway.checks import check_lane, check_sender, check_template
 from notiflow.gateway.errors import (
     STORE_ERRORS,
     ApiError,
     bad_request,
-    forbidden,
     invalid_body,
     kafka_unavailable,
     not_found,
@@ -42,6 +42,7 @@ from notiflow.gateway.outbox import (
     ACCEPTED,
     AUTO_KEY_PREFIX,
     complete_acceptance,
+    outbox_slot,
     settle_published,
     traceparent,
     undo_acceptance,
@@ -59,7 +60,6 @@ from notiflow.schemas.messages import (
 )
 from notiflow.settings import Settings, TenantConfig
 from notiflow.stages import StageTimes
-from notiflow.templating import missing_variables
 
 log = logging.getLogger("notiflow.gateway.messages")
 router = APIRouter()
@@ -90,31 +90,10 @@ def idempotency_key(value: str | None) -> str | None:
     return value
 
 
-def check_lane(settings: Settings, req: SendRequest) -> None:
-    """421 when this process serves the other lane (``settings.api_lane``)."""
-    if req.tier not in settings.lane_tiers(settings.api_lane):
-        other = settings.policy(req.tier).lane
-        raise ApiError(421, "misdirected", "wrong_lane",
-                       f"this API process serves the {settings.api_lane} lane; tier "
-                       f"{req.tier.value} is served by the {other} lane's API")
-
-
 def check_policy(settings: Settings, tenant: TenantConfig, req: SendRequest) -> None:
-    """403 for what the tenant may not send, 422 for what the platform cannot send."""
-    if req.tier not in tenant.tiers:
-        allowed = ", ".join(sorted(t.value for t in tenant.tiers))
-        raise forbidden("tier_not_allowed",
-                        f"tenant {tenant.id} may not send tier {req.tier.value} "
-                        f"(allowed: {allowed})")
-    if req.channel not in tenant.channels:
-        raise forbidden("channel_not_allowed",
-                        f"tenant {tenant.id} may not send on channel {req.channel.value}")
-    if not tenant.allows_template(req.template_id):
-        raise forbidden("template_not_allowed",
-                        f"tenant {tenant.id} may not use template {req.template_id}")
-    if req.channel not in settings.enabled_channels():
-        raise unprocessable("channel_unavailable",
-                            f"channel {req.channel.value} has no configured provider")
+    """:func:`~notiflow.gateway.checks.check_sender`, and 422 for variables over the size
+    limit."""
+    check_sender(settings, tenant, req)
     size = len(json.dumps(req.variables, separators=(",", ":")).encode())
     if size > settings.max_variables_bytes:
         raise unprocessable("variables_too_large",
@@ -137,21 +116,6 @@ def effective_expiry(settings: Settings, req: SendRequest, accepted_at: datetime
     if req.scheduled_at is not None and req.scheduled_at > accepted_at:
         base = req.scheduled_at.astimezone(UTC)
     return base + settings.tier_ttl(req.tier)
-
-
-async def check_template(rt: Runtime, tenant: TenantConfig, req: SendRequest) -> None:
-    """The template version exists for this tenant and channel, and every variable it
-    declares is supplied; 422 otherwise."""
-    row = await rt.template(tenant.id, req.template_id, req.template_version)
-    if row is None or row.get("channel") != req.channel.value:
-        what = "does not exist" if row is None else f"is not a {req.channel.value} template"
-        raise unprocessable("unknown_template",
-                            f"template {req.template_id} version {req.template_version} {what}")
-    absent = missing_variables(row.get("variables"), req.variables)
-    if absent:
-        raise unprocessable("missing_template_variable",
-                            f"template variables not supplied: {', '.join(absent)}",
-                            variables=list(absent))
 
 
 def _accepted(body: str, trace: str, *, replayed: bool = False,
@@ -187,7 +151,8 @@ async def _resume(rt: Runtime, tenant_id: str, key: str, req_hash: str,
     try:
         body = await complete_acceptance(rt, tenant_id=tenant_id, key=key,
                                          created_at=created_at, record=record, topic=topic,
-                                         payload=payload, trace=trace)
+                                         payload=payload, trace=trace,
+                                         slot=outbox_slot(tenant_id, key, created_at))
     except DeliveryFailed as exc:
         raise kafka_unavailable(exc) from None
     except STORE_ERRORS as exc:
@@ -227,21 +192,22 @@ async def accept(rt: Runtime, tenant: TenantConfig, req: SendRequest, key: str |
         if not existing:
             raise unavailable("acceptance_in_progress", "retry the request")
         return await _resume(rt, tenant.id, internal_key, req_hash, existing, trace)
+    slot = outbox_slot(tenant.id, internal_key, accepted_at)
     try:
         body = await complete_acceptance(rt, tenant_id=tenant.id, key=internal_key,
                                          created_at=accepted_at, record=record, topic=topic,
-                                         payload=payload, trace=trace, fresh=True,
+                                         payload=payload, trace=trace, slot=slot, fresh=True,
                                          stages=times)
     except _PUBLISH_ERRORS as exc:
         undone = await undo_acceptance(rt.store(), tenant_id=tenant.id, key=internal_key,
-                                       created_at=accepted_at, record=record,
+                                       created_at=accepted_at, record=record, slot=slot,
                                        scheduled=rt.scheduled())
         if undone:
             if isinstance(exc, DeliveryFailed):
                 raise kafka_unavailable(exc) from None
             raise store_unavailable(exc) from None
         body = await settle_published(rt.store(), tenant_id=tenant.id, key=internal_key,
-                                      created_at=accepted_at, record=record)
+                                      created_at=accepted_at, record=record, slot=slot)
     log.debug("accepted %s tenant=%s %s/%s recipient=%s", message_id, tenant.id,
               req.channel.value, req.tier.value, mask(req.recipient_key()))
     _ingested.add(1, {"tenant": tenant.id, "channel": req.channel.value,
@@ -300,7 +266,7 @@ async def _send_message(request: Request, tenant: TenantConfig, rt: Runtime,
                 return await _resume(rt, tenant.id, key, req_hash, existing, trace)
         raise
     with stages.timing(Stage.API_TEMPLATE):
-        await check_template(rt, tenant, req)
+        await check_template(rt, tenant, req, req.variables)
     return await accept(rt, tenant, req, key, req_hash, accepted_at, expires_at, trace,
                         stages)
 

@@ -25,8 +25,9 @@ from pydantic import ValidationError
 from notiflow.adapters.schedule_store import ScheduleRow, ScheduleStore
 from notiflow.gateway.auth import RuntimeDep, Tenant, read_json_object
 from notiflow.gateway.cancel import cancel_if_pending
+from notiflow.gateway.checks import check_lane, check_template
 from notiflow.gateway.errors import invalid_body, not_found, unprocessable
-from notiflow.gateway.messages import check_lane, check_policy, check_template
+from notiflow.gateway.messages import check_policy
 from notiflow.gateway.outbox import traceparent
 from notiflow.gateway.runtime import Runtime, now_ms
 from notiflow.redact import mask, recipient_hash
@@ -101,7 +102,7 @@ async def create_schedule(request: Request, tenant: Tenant, rt: RuntimeDep) -> R
     msg = req.message
     check_lane(rt.settings, msg)
     check_policy(rt.settings, tenant, msg)
-    await check_template(rt, tenant, msg)
+    await check_template(rt, tenant, msg, msg.variables)
     now = now_ms()
     zone = await resolve_zone(rt, tenant, req)
     try:

@@ -12,6 +12,7 @@ clock) against each tier's SLA.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import random
 import statistics
@@ -206,6 +207,27 @@ def warmup_summary(warm: WarmUp, *, sla: timedelta, bound: float = WARMUP_BOUND,
     return (f"warm-up, not reported: {warm.requests} messages / {warm.seconds:.0f} s"
             + (f" ({rejected} rejected)" if rejected else "")
             + f"; P0 p50/p99 ms by wave: {figures}; {why}")
+
+
+def try_it(api: str, tokens: Mapping[str, str], version: int, recipient: str) -> list[str]:
+    """What a newcomer needs to call the API the demo leaves running: each tenant's bearer
+    token and one ``curl`` line that sends a P1 SMS as ``acme`` through its ``demo-code``
+    template (version ``version``)."""
+    body = json.dumps({"channel": "SMS", "tier": "P1", "recipient": recipient,
+                       "template_id": "demo-code", "template_version": version,
+                       "variables": {"brand": "Notiflow", "code": "123456", "minutes": 5}},
+                      separators=(",", ":"))
+    lines = ["tenant tokens (development only; each tenant may send the tiers it is "
+             "configured for):"]
+    lines += [f"  {tenant}: {token}" for tenant, token in sorted(tokens.items())]
+    lines += [
+        "send one (the same Idempotency-Key with the same body gets the original answer; "
+        "change the key to send again):",
+        f"  curl -sS -X POST {api}/v1/messages -H 'Authorization: Bearer {tokens['acme']}' "
+        f"-H 'Idempotency-Key: try-1' -H 'Content-Type: application/json' -d '{body}'",
+        f"then: curl -sS {api}/v1/messages/<message_id> -H 'Authorization: Bearer "
+        f"{tokens['acme']}', or notiflow status <message_id>"]
+    return lines
 
 
 def report_heading(*, requests: int, seconds: float, warm_requests: int, warm_seconds: float,
@@ -447,6 +469,8 @@ class Traffic:
     rows: dict[str, dict[str, Any]]
     latency: dict[str, float]
     load: float | None
+    versions: dict[str, int]
+    """tenant id → version of its ``demo-code`` template."""
 
 
 async def _traffic(settings: Settings, api: str, fakes: str, tokens: dict[str, str],
@@ -470,7 +494,8 @@ async def _traffic(settings: Settings, api: str, fakes: str, tokens: dict[str, s
         unfinished = [s for s in warm.sent if not _terminal(warm.rows, s.message_id)]
         rows = {**warm.rows, **await _wait_terminal(store, [*measured.sent, *unfinished],
                                                     DRAIN_TIMEOUT)}
-    return Traffic(warm, measured, rows, await _latencies(fakes, measured.sent), load)
+    return Traffic(warm, measured, rows, await _latencies(fakes, measured.sent), load,
+                   versions)
 
 
 def run_demo(*, messages: int, keep_running: bool, console: Console) -> int:
@@ -519,6 +544,8 @@ def run_demo(*, messages: int, keep_running: bool, console: Console) -> int:
         console.print("[green]every accepted message (warm-up and measured) is accounted "
                       "for[/green]")
         if keep_running:
+            for line in try_it(api, tokens, traffic.versions["acme"], daytime_numbers()[0]):
+                console.print(line, highlight=False, soft_wrap=True)
             console.print(f"API {api}, emulators {fakes}; press Ctrl-C to stop", highlight=False)
             while True:
                 time.sleep(3600)

@@ -15,14 +15,15 @@ from typing import Any
 
 import httpx
 import pytest
+from cassandra.cluster import Session
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, TopicPartition
 
-from notiflow.adapters.cassandra_store import CassandraStore, connect
+from notiflow.adapters.cassandra_store import CassandraStore, OutboxSlot, connect
 from notiflow.adapters.kafka_io import header
 from notiflow.adapters.scheduled_store import ScheduledStore
 from notiflow.devenv import free_port
 from notiflow.gateway.messages import request_hash
-from notiflow.gateway.outbox import outbox_shard, snapshot
+from notiflow.gateway.outbox import outbox_shard, outbox_slot, snapshot
 from notiflow.ops.procs import ManagedProcess
 from notiflow.schemas.enums import Channel, Status, Tier
 from notiflow.schemas.messages import IngestRecord, SendRequest, new_message_id
@@ -452,7 +453,8 @@ async def crashed_acceptance(store: CassandraStore, settings: Settings, tenant_i
                                       record.message_id, topic,
                                       record.model_dump_json(exclude_none=True), accepted_at)
     assert reservation.applied
-    await store.outbox_add(outbox_shard(tenant_id, idem_key), accepted_at, tenant_id, idem_key)
+    await store.outbox_add(outbox_slot(tenant_id, idem_key, accepted_at), accepted_at,
+                           tenant_id, idem_key)
     await store.create_message(record.message_id, snapshot(record), Status.QUEUED, accepted_at)
     return record
 
@@ -461,15 +463,19 @@ def ms(d: datetime) -> datetime:
     return d.replace(microsecond=d.microsecond // 1000 * 1000)
 
 
-async def outbox_has(store: CassandraStore, tenant_id: str, idem_key: str) -> bool:
-    rows = await store.outbox_due(outbox_shard(tenant_id, idem_key),
-                                  datetime.now(UTC) + timedelta(days=1))
+async def outbox_has(cql: Session, tenant_id: str, idem_key: str) -> bool:
+    """Whether any outbox bucket of the last hour holds the key's row."""
+    shard = outbox_shard(tenant_id, idem_key)
+    now = OutboxSlot.bucket_of(datetime.now(UTC))
+    buckets = list(range(now - 360, now + 2))
+    rows = cql.execute("SELECT tenant_id, idempotency_key FROM outbox_buckets WHERE bucket IN "
+                       f"({', '.join(map(str, buckets))}) AND shard = %s", (shard,))
     return any(r["tenant_id"] == tenant_id and r["idempotency_key"] == idem_key for r in rows)
 
 
 async def test_sweeper_publishes_a_crashed_acceptance(
         client: httpx.Client, auth: Callable[..., dict[str, str]], settings: Settings,
-        store: CassandraStore, otp_template: str) -> None:
+        store: CassandraStore, otp_template: str, cql: Session) -> None:
     k = key()
     long_ago = ms(datetime.now(UTC) - timedelta(minutes=5))
     record = await crashed_acceptance(store, settings, "acme", k, sms(tier="P2"), long_ago)
@@ -479,12 +485,13 @@ async def test_sweeper_publishes_a_crashed_acceptance(
         rec = await store.get_reservation("acme", k)
         return rec is not None and rec["state"] == "ACCEPTED"
 
-    assert await eventually(accepted), "the sweeper did not settle the pending acceptance"
+    assert await eventually(accepted, timeout=120), (
+        "the sweeper did not settle the pending acceptance")
     msg = await asyncio.to_thread(find_record, settings,
                                   settings.ingest_topic(Channel.SMS, Tier.P2),
                                   record.message_id)
     assert IngestRecord.model_validate_json(msg.value()) == record
-    assert not await outbox_has(store, "acme", k)
+    assert not await outbox_has(cql, "acme", k)
 
     replay = client.post("/v1/messages", headers=auth("acme", k), json=sms(tier="P2"))
     assert replay.status_code == 202
@@ -496,7 +503,7 @@ async def test_sweeper_publishes_a_crashed_acceptance(
 
 async def test_retry_finishes_a_pending_acceptance(
         client: httpx.Client, auth: Callable[..., dict[str, str]], settings: Settings,
-        store: CassandraStore, otp_template: str) -> None:
+        store: CassandraStore, otp_template: str, cql: Session) -> None:
     k = key()
     record = await crashed_acceptance(store, settings, "globex", k, sms(tier="P1"),
                                       ms(datetime.now(UTC)))
@@ -515,7 +522,7 @@ async def test_retry_finishes_a_pending_acceptance(
     rec = await store.get_reservation("globex", k)
     assert rec is not None and rec["state"] == "ACCEPTED"
     assert json.loads(rec["response"]) == r.json()
-    assert not await outbox_has(store, "globex", k)
+    assert not await outbox_has(cql, "globex", k)
 
     conflict = client.post("/v1/messages", headers=auth("globex", k), json=sms(tier="P2"))
     assert conflict.status_code == 409
@@ -526,7 +533,7 @@ async def test_retry_finishes_a_pending_acceptance(
 
 async def test_kafka_unreachable_is_503_and_leaves_nothing(
         client: httpx.Client, auth: Callable[..., dict[str, str]], settings: Settings,
-        store: CassandraStore, log_dir: Path, otp_template: str) -> None:
+        store: CassandraStore, log_dir: Path, otp_template: str, cql: Session) -> None:
     proc, base = await asyncio.to_thread(
         start_api, "api-nokafka", log_dir,
         NOTIFLOW_KAFKA_BOOTSTRAP=f"127.0.0.1:{free_port()}")
@@ -549,7 +556,7 @@ async def test_kafka_unreachable_is_503_and_leaves_nothing(
         await asyncio.to_thread(proc.stop)
 
     assert await store.get_reservation("acme", k) is None
-    assert not await outbox_has(store, "acme", k)
+    assert not await outbox_has(cql, "acme", k)
     retry = await asyncio.to_thread(client.post, "/v1/messages",
                                     headers=auth("acme", k), json=sms())
     assert retry.status_code == 202, retry.text

@@ -14,7 +14,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from cassandra.cluster import Session
 
-from notiflow.adapters.cassandra_store import CassandraStore, connect
+from notiflow.adapters.cassandra_store import CassandraStore, OutboxSlot, connect
 from notiflow.schemas.enums import Category, Channel, Status, Tier
 from notiflow.schemas.messages import MessageSnapshot
 from notiflow.schemas.status import rank
@@ -148,21 +148,22 @@ async def test_creation_carries_further_writes_in_either_case(store: CassandraSt
     settles the key and the outbox row together."""
     mid, key = f"sw-{uuid.uuid4().hex}", f"k-{uuid.uuid4().hex}"
     now = datetime.now(UTC).replace(microsecond=0)
-    shard = 1_000 + random.randrange(1_000)
+    slot = OutboxSlot(OutboxSlot.bucket_of(now), 1_000 + random.randrange(1_000))
 
     def outbox() -> list[str]:
         return [r["idempotency_key"] for r in cql.execute(
-            "SELECT idempotency_key FROM outbox_pending WHERE shard = %s", (shard,))]
+            "SELECT idempotency_key FROM outbox_buckets WHERE bucket = %s AND shard = %s",
+            (slot.bucket, slot.shard))]
 
-    first = store.outbox_write(shard, now, "acme", key)
+    first = store.outbox_write(slot, now, "acme", key)
     assert await store.create_message(mid, snap(now), Status.QUEUED, now, also=[first]) is True
     assert row(cql, mid)["status"] == "QUEUED" and outbox() == [key]
-    again = store.outbox_write(shard, now + timedelta(seconds=1), "acme", key + "-again")
+    again = store.outbox_write(slot, now + timedelta(seconds=1), "acme", key + "-again")
     assert await store.create_message(mid, snap(now), Status.QUEUED, now, also=[again]) is False
     assert sorted(outbox()) == sorted([key, key + "-again"])
 
     assert (await store.reserve("acme", key, "hash", mid, "topic", "{}", now)).applied
-    await store.settle_reservation("acme", key, '{"ok": true}', shard, now)
+    await store.settle_reservation("acme", key, '{"ok": true}', slot, now)
     assert outbox() == [key + "-again"]
     settled = await store.get_reservation("acme", key)
     assert settled is not None

@@ -276,3 +276,14 @@ def test_next_open_is_the_first_instant_inside_the_window(
     assert got == first_open_minute(w, at, tz)
     in_zone = w.next_open(at.astimezone(tz), tz)
     assert in_zone.tzinfo is tz and in_zone.timestamp() == got.timestamp()
+
+
+def test_a_zone_directory_is_an_unknown_zone_not_a_crash() -> None:
+    from pydantic import ValidationError
+
+    from notiflow.schemas.campaigns import CampaignRequest
+
+    with pytest.raises(ValidationError, match="unknown time zone"):
+        CampaignRequest.model_validate({
+            "name": "n", "channel": "SMS", "template_id": "t", "template_version": 1,
+            "manifest": "s3://b/k.csv", "mapping": {"recipient": "p"}, "timezone": "America"})

@@ -1,5 +1,6 @@
 """Pure parts of ``notiflow demo``: the warm-up stop rule, the warm-up line, the report's
-heading, rows and cells (no stack)."""
+heading, rows and cells, and the lines that let a newcomer call the API it leaves running
+(no stack)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from notiflow.ops.demo import (
     report_heading,
     row_cells,
     tier_rows,
+    try_it,
     warmup_summary,
     warmup_verdict,
 )
@@ -177,3 +179,23 @@ def test_report_prints_heading_and_every_tier() -> None:
     assert text.startswith("measured run of 1 messages")
     for column in ("SLA", "(p99)", "meets", "< 1 s", "< 1 h", "yes"):
         assert column in text
+
+
+def test_the_try_it_lines_give_every_token_and_a_request_the_api_accepts() -> None:
+    import json
+    import shlex
+
+    from notiflow.schemas.messages import SendRequest
+
+    tokens = {"acme": "nf_acme_x", "globex": "nf_globex_y", "mkt": "nf_mkt_z"}
+    lines = try_it("http://127.0.0.1:18080", tokens, 3, "+14155552671")
+    assert all(any(f"{t}: {tok}" in line for line in lines) for t, tok in tokens.items())
+    curl = next(line for line in lines if line.strip().startswith("curl -sS -X POST"))
+    args = shlex.split(curl)
+    headers = [args[i + 1] for i, a in enumerate(args) if a == "-H"]
+    assert "Authorization: Bearer nf_acme_x" in headers
+    assert any(h.startswith("Idempotency-Key: ") for h in headers)
+    assert args[args.index("-X") + 2] == "http://127.0.0.1:18080/v1/messages"
+    req = SendRequest.model_validate(json.loads(args[args.index("-d") + 1]))
+    assert (req.template_id, req.template_version, req.recipient) == (
+        "demo-code", 3, "+14155552671")

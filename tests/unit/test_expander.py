@@ -110,7 +110,9 @@ class Manifests:
     async def size(self, uri: str) -> int:
         return len(self.data)
 
-    async def chunks(self, uri: str, start: int) -> AsyncIterator[bytes]:
+    async def chunks(self, uri: str, start: int,
+                     size: int | None = None) -> AsyncIterator[bytes]:
+        assert size in (None, len(self.data))
         for at in range(start, len(self.data), self.chunk):
             yield self.data[at:at + self.chunk]
 

@@ -29,9 +29,10 @@ def test_file_manifests_need_a_root_and_stay_inside_it(tmp_path: Path) -> None:
     inside = manifests(tmp_path)
     assert asyncio.run(inside.size(f"file://{tmp_path}/m.csv")) == 57
 
-    async def read_all() -> bytes:
-        return b"".join([c async for c in inside.chunks(f"file://{tmp_path}/m.csv", 6)])
+    async def read_all(size: int | None = None) -> bytes:
+        return b"".join([c async for c in inside.chunks(f"file://{tmp_path}/m.csv", 6, size)])
 
     assert asyncio.run(read_all()) == (b"phone\n+14155550100\n" * 3)[6:]
+    assert asyncio.run(read_all(size=20)) == (b"phone\n+14155550100\n" * 3)[6:20]
     with pytest.raises(ManifestUnreadable, match="no object"):
         asyncio.run(inside.size(f"file://{tmp_path}/missing.csv"))
