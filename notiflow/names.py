@@ -411,6 +411,10 @@ ATTR_PROVIDER = "notiflow.provider"
 ATTR_ATTEMPT = "notiflow.attempt"
 ATTR_OUTCOME = "notiflow.outcome"
 ATTR_STATUS = "notiflow.status"
+ATTR_BATCH_SIZE = "notiflow.batch.size"
+"""Items of a ``POST /v1/messages:batch`` call."""
+ATTR_BATCH_ACCEPTED = "notiflow.batch.accepted"
+"""Items of a batch call answered 202."""
 
 _MSG = (ATTR_MESSAGE_ID, ATTR_TENANT_ID, ATTR_TIER, ATTR_CHANNEL)
 
@@ -419,6 +423,10 @@ _MSG = (ATTR_MESSAGE_ID, ATTR_TENANT_ID, ATTR_TIER, ATTR_CHANNEL)
 API_REQUEST = Span("notiflow.api.request", SpanKind.INTERNAL, (*_MSG, "notiflow.idempotent_replay"))
 """Span INTERNAL: one Messaging API acceptance inside the FastAPI server span (``POST
 /v1/messages``); attributes message.id, tenant.id, tier, channel, idempotent_replay."""
+API_BATCH = Span("notiflow.api.batch", SpanKind.INTERNAL,
+                 (ATTR_TENANT_ID, ATTR_BATCH_SIZE, ATTR_BATCH_ACCEPTED))
+"""Span INTERNAL: one ``POST /v1/messages:batch`` call, each item's acceptance a
+``notiflow.api.request`` span inside it; attributes tenant.id, batch.size, batch.accepted."""
 INGEST_PRODUCE = Span("notiflow.ingest.produce", SpanKind.PRODUCER,
                       (*_MSG, "messaging.system", "messaging.destination.name"))
 """Span PRODUCER: writing the ingest record (its context goes into the ``traceparent``

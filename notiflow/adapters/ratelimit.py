@@ -327,7 +327,8 @@ def decide(state: ModelState, request: Request, now_us: int) -> Decision:
         if request.tenant_limited and tokens < 1:
             tenant_wait = math.ceil((1 - tokens) * 1_000_000 / rate) + 1
         wait = int(max(provider_wait, tenant_wait, 1))
-    return Decision(k, k_em, wait, now, int(max(0, room_now - k_reg)))
+    return Decision(k, k_em, wait, now, int(max(0, room(rule, t, state.granted,
+                                                        state.demand))))
 
 
 def _reservation_wait(state: ModelState, t: int, now: int) -> float:
@@ -481,6 +482,7 @@ local function head(c)
   return tonumber(c.buf[c.pos + 1])
 end
 
+local room_after = math.max(0, room(g, d))
 local wait = 0
 if k == 0 then
   local pw = 0
@@ -529,7 +531,7 @@ if k == 0 then
   if tkey and tokens < 1 then tw = math.ceil((1 - tokens) * 1000000 / trate) + 1 end
   wait = math.max(pw, tw, 1)
 end
-return {k, kem, wait, now, math.max(0, room_now - kreg)}
+return {k, kem, wait, now, room_after}
 """
 
 

@@ -24,6 +24,7 @@ from fastapi.responses import JSONResponse
 from notiflow import telemetry, tuning
 from notiflow.adapters.dlq import watch_depth
 from notiflow.gateway import (
+    batch,
     campaigns,
     cancel,
     errors,
@@ -114,6 +115,7 @@ def build_app(settings: Settings) -> FastAPI:
     app.state.runtime = runtime
     telemetry.instrument_api(app)
     errors.install(app)
+    app.include_router(batch.router)
     app.include_router(messages.router)
     app.include_router(cancel.router)
     app.include_router(message_list.router)

@@ -44,17 +44,17 @@ Tenant = Annotated[TenantConfig, Depends(authenticate)]
 RuntimeDep = Annotated[Runtime, Depends(get_runtime)]
 
 
-async def read_json_object(request: Request) -> dict[str, Any]:
-    """The body as a JSON object: ``413`` when too large, ``400`` when not JSON, ``422``
-    when JSON but not an object."""
+async def read_json_object(request: Request, limit: int = MAX_BODY_BYTES) -> dict[str, Any]:
+    """The body as a JSON object: ``413`` when over ``limit`` bytes, ``400`` when not JSON,
+    ``422`` when JSON but not an object."""
     declared = request.headers.get("content-length")
-    if declared and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+    if declared and declared.isdigit() and int(declared) > limit:
         raise ApiError(413, "payload_too_large", "body_too_large",
-                       f"request bodies are limited to {MAX_BODY_BYTES} bytes")
+                       f"request bodies are limited to {limit} bytes")
     raw = await request.body()
-    if len(raw) > MAX_BODY_BYTES:
+    if len(raw) > limit:
         raise ApiError(413, "payload_too_large", "body_too_large",
-                       f"request bodies are limited to {MAX_BODY_BYTES} bytes")
+                       f"request bodies are limited to {limit} bytes")
     if not raw.strip():
         raise bad_request("empty_body", "a JSON object body is required")
     try:

@@ -222,6 +222,11 @@ REJECTION_REASONS = {400: "invalid", 421: "invalid", 422: "invalid", 409: "confl
 """HTTP status of a refusal → ``reason`` of ``notiflow.ingest.rejections``."""
 
 
+def count_refusal(exc: ApiError, labels: dict[str, str]) -> None:
+    """Count one refused send request by its reason (``notiflow.ingest.rejections``)."""
+    _rejected.add(1, {**labels, "reason": REJECTION_REASONS.get(exc.status, "invalid")})
+
+
 @router.post("/v1/messages", status_code=202)
 async def send_message(request: Request, tenant: Tenant, rt: RuntimeDep) -> Response:
     """Accept a send request durably; 202 ``{message_id, status, accepted_at}``. Runs in a
@@ -231,7 +236,7 @@ async def send_message(request: Request, tenant: Tenant, rt: RuntimeDep) -> Resp
         try:
             return await _send_message(request, tenant, rt, labels)
         except ApiError as exc:
-            _rejected.add(1, {**labels, "reason": REJECTION_REASONS.get(exc.status, "invalid")})
+            count_refusal(exc, labels)
             if exc.status >= 500:
                 span.set_status(StatusCode.ERROR, exc.reason or exc.error)
             refused = exc
@@ -242,6 +247,15 @@ async def _send_message(request: Request, tenant: TenantConfig, rt: Runtime,
                         labels: dict[str, str]) -> Response:
     key = idempotency_key(request.headers.get("idempotency-key"))
     data = await read_json_object(request)
+    return await accept_request(rt, tenant, data, key, request.headers.get("traceparent"),
+                                labels)
+
+
+async def accept_request(rt: Runtime, tenant: TenantConfig, data: Any, key: str | None,
+                         incoming_trace: str | None, labels: dict[str, str]) -> Response:
+    """One send request from its JSON body to its ``202`` (fresh, or the original answer of
+    ``key``); raises :class:`ApiError` for a refusal. ``labels`` gets its channel and
+    tier."""
     try:
         req = SendRequest.model_validate(data)
     except ValidationError as exc:
@@ -251,7 +265,7 @@ async def _send_message(request: Request, tenant: TenantConfig, rt: Runtime,
     trace_api.get_current_span().set_attributes(
         {names.ATTR_TIER: req.tier.value, names.ATTR_CHANNEL: req.channel.value})
     check_policy(rt.settings, tenant, req)
-    trace = traceparent(request.headers.get("traceparent"))
+    trace = traceparent(incoming_trace)
     req_hash = request_hash(req)
     accepted_at = now_ms()
     stages = StageTimes(req.tier.value)

@@ -30,6 +30,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from notiflow.client import ApiError, AsyncClient, RetryPolicy
 from notiflow.devenv import dev_environment, free_port
 from notiflow.ops.procs import ManagedProcess, ProcessGroup
 from notiflow.ops.stack import Stack, port_open
@@ -343,7 +344,9 @@ async def _send_all(api: str, tokens: dict[str, str], versions: dict[str, int], 
     sent: list[Sent] = []
     rng = random.Random()
     numbers = daytime_numbers()
-    async with httpx.AsyncClient(base_url=api, timeout=30) as client:
+    clients = {tenant: AsyncClient(api, token, retry=RetryPolicy(attempts=3))
+               for tenant, token in tokens.items()}
+    try:
         sem = asyncio.Semaphore(16)
         tiers = list(Tier)
         t0 = time.perf_counter()
@@ -360,18 +363,18 @@ async def _send_all(api: str, tokens: dict[str, str], versions: dict[str, int], 
                     "category": CATEGORY_BY_TIER[tier],
                     "variables": {"brand": "Notiflow", "code": f"{rng.randrange(10**6):06d}",
                                   "minutes": 5}}
-            async with sem:
-                resp = await client.post("/v1/messages", json=body, headers={
-                    "Authorization": f"Bearer {tokens[tenant]}",
-                    "Idempotency-Key": f"demo-{time.time_ns()}-{i}"})
-            if resp.status_code != 202:
-                rejected[f"{resp.status_code} {resp.json().get('error')}"] += 1
+            try:
+                async with sem:
+                    got = await clients[tenant].send(body)
+            except ApiError as exc:
+                rejected[f"{exc.status} {exc.error}"] += 1
                 return
-            doc = resp.json()
-            sent.append(Sent(doc["message_id"], tier,
-                             datetime.fromisoformat(doc["accepted_at"])))
+            sent.append(Sent(got.message_id, tier, got.accepted_at))
 
         await asyncio.gather(*(one(i) for i in range(start, start + n)))
+    finally:
+        for c in clients.values():
+            await c.aclose()
     return Batch(sent, rejected, time.perf_counter() - t0)
 
 

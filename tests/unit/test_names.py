@@ -75,7 +75,7 @@ def test_issue_signals_are_all_declared() -> None:
     assert {"tenant", "channel", "tier"} <= set(names.INGEST_MESSAGES.attributes)
     assert {"tier", "provider"} <= set(names.ACCEPT_TO_PROVIDER.attributes)
     assert set(names.SPANS) == {
-        "notiflow.api.request", "notiflow.ingest.produce", "notiflow.send",
+        "notiflow.api.request", "notiflow.api.batch", "notiflow.ingest.produce", "notiflow.send",
         "notiflow.provider.call", "notiflow.receipt", "notiflow.reconcile",
         "notiflow.client_webhook"}
 
