@@ -35,19 +35,24 @@ RUNNERS: dict[str, Runner] = {
 @pytest.fixture(scope="module")
 def template(stack: Settings) -> int:
     """Template ``flow-otp`` version 1 for tenant acme, written straight to Cassandra."""
+    return put_template(stack, "acme", "flow-otp", "SMS", "Flow test code {{ code }}")
 
+
+def put_template(stack: Settings, tenant: str, template_id: str, channel: str, body: str,
+                 subject: str | None = None) -> int:
+    """Write version 1 of a template straight to Cassandra; returns the version."""
     from notiflow.adapters.cassandra_store import CassandraStore, connect
     from notiflow.templating import analyse
 
-    body = "Flow test code {{ code }}"
-    info = analyse(None, body)
+    info = analyse(subject, body)
     cluster, session = connect(stack)
 
     async def put() -> None:
         await CassandraStore(session, stack).put_template({
-            "tenant_id": "acme", "template_id": "flow-otp", "version": 1, "channel": "SMS",
-            "subject": None, "body": body, "variables": info.variables,
-            "checksum": info.checksum, "created_at": datetime.now(UTC)})
+            "tenant_id": tenant, "template_id": template_id, "version": 1,
+            "channel": channel, "subject": subject, "body": body,
+            "variables": info.variables, "checksum": info.checksum,
+            "created_at": datetime.now(UTC)})
 
     asyncio.run(put())
     cluster.shutdown()

@@ -4,7 +4,6 @@ and each still ends with its own event, its own provider message id and its own 
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from datetime import UTC, datetime
 from typing import Any
@@ -18,7 +17,7 @@ from bytewax.testing import TestingSource
 from notiflow.adapters.kafka_io import OutRecord
 from notiflow.schemas.enums import Tier
 from notiflow.settings import Settings
-from tests.flow.conftest import RUNNERS, decode, send_flow
+from tests.flow.conftest import RUNNERS, decode, put_template, send_flow
 from tests.helpers import emulator_records
 
 pytestmark = pytest.mark.flow
@@ -30,23 +29,9 @@ BAD = {7, 31}
 
 @pytest.fixture(scope="module")
 def mail_template(stack: Settings) -> int:
-    """Template ``flow-mail`` version 1 (email) for tenant mkt, written straight to Cassandra."""
-    from notiflow.adapters.cassandra_store import CassandraStore, connect
-    from notiflow.templating import analyse
-
-    subject, body = "Winter sale, {{ name }}", "Hello {{ name }}, the sale starts now."
-    info = analyse(subject, body)
-    cluster, session = connect(stack)
-
-    async def put() -> None:
-        await CassandraStore(session, stack).put_template({
-            "tenant_id": "mkt", "template_id": "flow-mail", "version": 1, "channel": "EMAIL",
-            "subject": subject, "body": body, "variables": info.variables,
-            "checksum": info.checksum, "created_at": datetime.now(UTC)})
-
-    asyncio.run(put())
-    cluster.shutdown()
-    return 1
+    """Template ``flow-mail`` version 1 (email) for tenant mkt."""
+    return put_template(stack, "mkt", "flow-mail", "EMAIL",
+                        "Hello {{ name }}, the sale starts now.", "Winter sale, {{ name }}")
 
 
 def sendgrid_only(stack: Settings) -> Settings:
