@@ -250,6 +250,11 @@ INGEST_REJECTIONS = Metric(
     "send requests refused at admission")
 """Counter {request}: requests refused at admission (reason: invalid, conflict, shed,
 unavailable, forbidden); attributes tenant, channel, tier, reason."""
+API_KAFKA_DEFERRED = Metric(
+    "notiflow.api.kafka_deferred", G, "{message}", ("lane",),
+    "acceptances answered 202 while Kafka did not acknowledge, not yet published")
+"""Gauge {message}: records in an API process's Kafka-outage window: accepted and durable in
+Cassandra but not yet in Kafka; attributes lane."""
 QUEUE_OLDEST_AGE = Metric(
     "notiflow.queue.oldest_age", G, "s", ("tier", "channel"),
     "now minus accepted_at of the oldest non-terminal message")
@@ -415,6 +420,8 @@ ATTR_BATCH_SIZE = "notiflow.batch.size"
 """Items of a ``POST /v1/messages:batch`` call."""
 ATTR_BATCH_ACCEPTED = "notiflow.batch.accepted"
 """Items of a batch call answered 202."""
+ATTR_KAFKA_DEFERRED = "notiflow.kafka.deferred"
+"""The record was answered 202 from Cassandra's durability while Kafka did not acknowledge."""
 
 _MSG = (ATTR_MESSAGE_ID, ATTR_TENANT_ID, ATTR_TIER, ATTR_CHANNEL)
 
@@ -428,10 +435,11 @@ API_BATCH = Span("notiflow.api.batch", SpanKind.INTERNAL,
 """Span INTERNAL: one ``POST /v1/messages:batch`` call, each item's acceptance a
 ``notiflow.api.request`` span inside it; attributes tenant.id, batch.size, batch.accepted."""
 INGEST_PRODUCE = Span("notiflow.ingest.produce", SpanKind.PRODUCER,
-                      (*_MSG, "messaging.system", "messaging.destination.name"))
+                      (*_MSG, "messaging.system", "messaging.destination.name",
+                       ATTR_KAFKA_DEFERRED))
 """Span PRODUCER: writing the ingest record (its context goes into the ``traceparent``
-header); attributes message.id, tenant.id, tier, channel, messaging.system,
-messaging.destination.name."""
+header; kafka.deferred: answered from the Kafka-outage window); attributes message.id,
+tenant.id, tier, channel, messaging.system, messaging.destination.name, kafka.deferred."""
 SEND = Span("notiflow.send", SpanKind.CONSUMER, (*_MSG, ATTR_ATTEMPT, ATTR_PROVIDER, ATTR_OUTCOME))
 """Span CONSUMER: one send attempt in a tier flow, parent from the record's ``traceparent``;
 attributes message.id, tenant.id, tier, channel, attempt, provider, outcome."""

@@ -412,6 +412,27 @@ class YieldRule(_Frozen):
         return self
 
 
+class OutageWindow(_Frozen):
+    """How one API process accepts while Kafka does not acknowledge (seed 004 §22;
+    ``gateway/kafka_window.py``, docs/api.md "Kafka outage"). Not scaled by ``time_scale``."""
+
+    max_messages: int = Field(20_000, ge=0)
+    """P1-P3 acceptances answered ``202`` from Cassandra's durability alone and not yet
+    published, per API process; beyond, ``503`` with ``Retry-After``. 0: no window."""
+    max_age: timedelta = Field(timedelta(minutes=10), gt=timedelta(0))
+    """The oldest unpublished record may be this old; beyond, new acceptances get ``503``."""
+    ack_wait: timedelta = Field(timedelta(seconds=1), gt=timedelta(0))
+    """How long a P1-P3 request waits for Kafka's ack before it is answered from the
+    window."""
+    p0_ack_wait: timedelta = Field(timedelta(milliseconds=400), gt=timedelta(0))
+    """How long a P0 request waits for the ack before it is refused: P0 must reach its
+    provider within a second, so it is never deferred."""
+    probe_interval: timedelta = Field(timedelta(seconds=1), gt=timedelta(0))
+    """How often a process with deferred records (or that saw Kafka fail) tries Kafka."""
+    drain_concurrency: int = Field(256, ge=1)
+    """Deferred records in flight to Kafka at once while the window drains."""
+
+
 class SchedulingRule(_Frozen):
     """Durable scheduling (``flows/scheduler.py``, docs/architecture.md "Scheduling"): a
     P2/P3 message due ``min_lead`` or more after acceptance waits in Cassandra's
@@ -639,6 +660,10 @@ class Settings(BaseSettings):
     cassandra_batch_rows: int = Field(64, ge=1, le=1000)
     """Rows per unlogged batch of the reconciler; about 2 KiB a message's eight rows: keep
     rows x size under Cassandra's ``batch_size_fail_threshold`` (50 KiB by default)."""
+    api_coalesce: bool = False
+    """The API's message-row and settle writes of concurrent requests share unlogged
+    batches (``cassandra_batch_rows`` rows), its head reads ``IN`` queries; a failed batch
+    fails every request it carried (each is undone and answered 503)."""
     redis_url: str = "redis://127.0.0.1:16379/0"
     redis_port: int = 16379
 
@@ -682,6 +707,8 @@ class Settings(BaseSettings):
     """How campaigns expand and yield."""
     scheduling: SchedulingRule = Field(default_factory=SchedulingRule)
     """Where future P2/P3 work waits and how schedulers release it."""
+    kafka_window: OutageWindow = Field(default_factory=OutageWindow)
+    """What the API accepts while Kafka does not acknowledge."""
     object_store: ObjectStoreSettings = Field(default_factory=ObjectStoreSettings)
     """How ``s3://`` URIs are reached; the local stack's SeaweedFS (docs/operations.md)."""
 

@@ -112,8 +112,8 @@ def _reads(session: Any, reads: list[tuple[str, tuple[Any, ...]]]) -> dict[str, 
 
 async def _sweep(settings: Settings, cursors: dict[int, int], now: datetime
                  ) -> tuple[int, int, float]:
-    from notiflow.gateway.outbox import OutboxSweeper
     from notiflow.gateway.runtime import Runtime
+    from notiflow.gateway.sweeper import OutboxSweeper
 
     rt = Runtime(settings)
     await rt.start()

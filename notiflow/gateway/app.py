@@ -13,15 +13,16 @@ import asyncio
 import logging
 import logging.config
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from typing import Any
 
 import uvicorn
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
+from opentelemetry.metrics import CallbackOptions, Observation
 
-from notiflow import telemetry, tuning
+from notiflow import names, telemetry, tuning
 from notiflow.adapters.dlq import watch_depth
 from notiflow.gateway import (
     batch,
@@ -35,8 +36,9 @@ from notiflow.gateway import (
     templates,
     webhooks,
 )
-from notiflow.gateway.outbox import OutboxSweeper
+from notiflow.gateway.kafka_window import Window
 from notiflow.gateway.runtime import Runtime
+from notiflow.gateway.sweeper import OutboxSweeper
 from notiflow.settings import Settings
 
 log = logging.getLogger("notiflow.gateway")
@@ -92,6 +94,15 @@ LOGGING: dict[str, Any] = {
 }
 
 
+def observe_window(window: Window, lane: str) -> None:
+    """Report ``notiflow.api.kafka_deferred`` (the window's records) for this process."""
+
+    def observe(_: CallbackOptions) -> Iterable[Observation]:
+        yield Observation(len(window), {"lane": lane})
+
+    names.API_KAFKA_DEFERRED.create(telemetry.meter(), callbacks=[observe])
+
+
 def build_app(settings: Settings) -> FastAPI:
     """The ASGI app; resources are created when its lifespan starts."""
     runtime = Runtime(settings)
@@ -100,6 +111,8 @@ def build_app(settings: Settings) -> FastAPI:
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         await runtime.start()
         runtime.spawn(OutboxSweeper(runtime).run(), "outbox-sweeper")
+        runtime.spawn(runtime.publisher.drain(), "kafka-window-drain")
+        observe_window(runtime.window, settings.api_lane)
         if settings.api_lane != "priority":
             runtime.spawn(watch_depth(settings), "dlq-depth-monitor")
         tuning.settle()
@@ -133,12 +146,20 @@ def build_app(settings: Settings) -> FastAPI:
 
     @app.get("/readyz")
     async def readyz() -> JSONResponse:
-        """200 when Cassandra and Kafka answer, else 503 with the failing checks."""
+        """200 when Cassandra and Kafka answer, or Cassandra does and the Kafka-outage
+        window has room (``degraded``: P1-P3 are accepted, P0 refused); else 503 with the
+        failing checks."""
         cassandra, kafka = await asyncio.gather(runtime.check_cassandra(),
                                                 runtime.check_kafka())
         checks = {"cassandra": cassandra, "kafka": kafka}
         if all(v == "ok" for v in checks.values()):
             return JSONResponse({"status": "ready", "checks": checks})
+        window = runtime.window
+        if cassandra == "ok" and window.policy.max_messages > 0 and not window.full():
+            return JSONResponse({"status": "degraded", "checks": checks,
+                                 "kafka_window": {"deferred": len(window),
+                                                  "oldest_age_s": round(window.oldest_age(),
+                                                                        1)}})
         err = errors.unavailable("not_ready", "a dependency is unreachable")
         return JSONResponse({**err.body(), "checks": checks}, status_code=503,
                             headers=err.headers)

@@ -38,6 +38,7 @@ from notiflow.gateway.errors import (
     unavailable,
     unprocessable,
 )
+from notiflow.gateway.kafka_window import Unconfirmed
 from notiflow.gateway.outbox import (
     ACCEPTED,
     AUTO_KEY_PREFIX,
@@ -50,7 +51,7 @@ from notiflow.gateway.outbox import (
 from notiflow.gateway.runtime import Runtime, now_ms
 from notiflow.names import Stage
 from notiflow.redact import mask
-from notiflow.schemas.enums import Status
+from notiflow.schemas.enums import Status, Tier
 from notiflow.schemas.messages import (
     AttemptView,
     IngestRecord,
@@ -153,7 +154,7 @@ async def _resume(rt: Runtime, tenant_id: str, key: str, req_hash: str,
                                          created_at=created_at, record=record, topic=topic,
                                          payload=payload, trace=trace,
                                          slot=outbox_slot(tenant_id, key, created_at))
-    except DeliveryFailed as exc:
+    except (DeliveryFailed, Unconfirmed) as exc:
         raise kafka_unavailable(exc) from None
     except STORE_ERRORS as exc:
         raise store_unavailable(exc) from None
@@ -198,6 +199,8 @@ async def accept(rt: Runtime, tenant: TenantConfig, req: SendRequest, key: str |
                                          created_at=accepted_at, record=record, topic=topic,
                                          payload=payload, trace=trace, slot=slot, fresh=True,
                                          stages=times)
+    except Unconfirmed as exc:
+        raise kafka_unavailable(exc) from None
     except _PUBLISH_ERRORS as exc:
         undone = await undo_acceptance(rt.store(), tenant_id=tenant.id, key=internal_key,
                                        created_at=accepted_at, record=record, slot=slot,
@@ -214,6 +217,20 @@ async def accept(rt: Runtime, tenant: TenantConfig, req: SendRequest, key: str |
                       "tier": req.tier.value, "source": "api"})
     times.record()
     return _accepted(body, trace, stages=times)
+
+
+def check_kafka_window(rt: Runtime, tier: Tier) -> None:
+    """503 with ``Retry-After`` before anything is written when Kafka is known down and the
+    acceptance could not be honoured: P0 (its SLA), or P1-P3 with the outage window full."""
+    reason = rt.window.refusal(tier)
+    if reason is None:
+        return
+    message = ("the message log is not acknowledging; P0 cannot meet its SLA"
+               if reason == "kafka_unavailable" else
+               "the message log is not acknowledging and this process's outage window is "
+               "full")
+    raise ApiError(503, "unavailable", reason, message,
+                   headers={"Retry-After": str(rt.window.retry_after_s())})
 
 
 REJECTION_REASONS = {400: "invalid", 421: "invalid", 422: "invalid", 409: "conflict",
@@ -273,6 +290,7 @@ async def accept_request(rt: Runtime, tenant: TenantConfig, data: Any, key: str 
         expires_at = effective_expiry(rt.settings, req, accepted_at)
         with stages.timing(Stage.API_ADMISSION):
             await rt.admission.check(tenant, req)
+        check_kafka_window(rt, req.tier)
     except ApiError:
         if key is not None:
             existing = await rt.store().get_reservation(tenant.id, key)

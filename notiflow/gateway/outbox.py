@@ -1,17 +1,13 @@
-"""Durable acceptance of a send request, and the outbox sweeper.
+"""Durable acceptance of a send request.
 
 The idempotency record (``PENDING``, holding topic + payload) is the outbox entry; an
 ``outbox_buckets`` row indexes it by the 10-second bucket it was written in. Acceptance
 completes when the message row exists and Kafka acknowledged the ingest record; the record
 then becomes ``ACCEPTED`` (holding the ``202`` body) and the outbox row is removed. Whatever
-is left ``PENDING`` (a crash, a lost connection) is published later by a retried request with
-the same key or by the sweeper. Publishing twice is safe: the send flow deduplicates by
-``message_id``.
-
-The sweeper keeps a cursor per shard (``outbox_cursor``): the first bucket that may still hold
-rows. Each round it reads the buckets from the cursor to the newest one old enough to sweep,
-settles what it finds, and moves the cursor past the buckets it left empty. A round thus reads
-the pending rows and the deletion tombstones of a few buckets, whatever the history.
+is left ``PENDING`` (a crash, a lost connection, a record deferred by the Kafka-outage window
+of ``kafka_window.py``) is published later by the window's drain, a retried request with the
+same key, or the sweeper (``sweeper.py``). Publishing twice is safe: the send flow
+deduplicates by ``message_id``.
 """
 
 from __future__ import annotations
@@ -22,25 +18,21 @@ import re
 import secrets
 import time
 import zlib
-from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
 from cassandra import OperationTimedOut
-from pydantic import ValidationError
 
 from notiflow import names, telemetry
 from notiflow.adapters.cassandra_store import (
-    OUTBOX_READ_LIMIT,
     OUTBOX_SHARDS,
     CassandraStore,
     OutboxSlot,
     to_ms,
-    utc,
 )
 from notiflow.adapters.kafka_io import OutRecord, make_headers
 from notiflow.adapters.scheduled_store import ScheduledStore
 from notiflow.gateway.errors import STORE_ERRORS
+from notiflow.gateway.kafka_window import Deferred, Outcome
 from notiflow.gateway.runtime import Runtime
 from notiflow.names import Stage
 from notiflow.redact import mask, recipient_hash
@@ -55,19 +47,12 @@ log = logging.getLogger("notiflow.gateway.outbox")
 PENDING = "PENDING"
 ACCEPTED = "ACCEPTED"
 AUTO_KEY_PREFIX = "auto:"
-SWEEP_INTERVAL = timedelta(seconds=5)
-MIN_SWEEP_INTERVAL_S = 1.0
 SCHEDULABLE = frozenset({Tier.P2, Tier.P3})
 MIN_SWEEP_AGE = timedelta(seconds=15)
 """Never sweep rows younger than this: a live request (at most one Kafka delivery timeout
 plus a few Cassandra round trips) may still own them."""
 
 _TRACEPARENT = re.compile(r"^00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})$")
-
-
-MAX_BUCKETS_PER_ROUND = 360
-"""Buckets one sweep round reads per shard at most (an hour's; a sweeper that was down
-longer catches up over several rounds)."""
 
 
 def outbox_shard(tenant_id: str, key: str) -> int:
@@ -190,16 +175,17 @@ async def schedule(rt: Runtime, row: ScheduledRow, now: datetime) -> None:
 async def complete_acceptance(
     rt: Runtime, *, tenant_id: str, key: str, created_at: datetime, record: IngestRecord,
     topic: str, payload: str, trace: str, slot: OutboxSlot, write_outbox: bool = True,
-    fresh: bool = False, stages: StageTimes | None = None,
+    fresh: bool = False, stages: StageTimes | None = None, deferrable: bool = True,
 ) -> str:
     """Steps (c)-(f) of acceptance for a reserved key; returns the ``202`` body.
 
     Raises a Cassandra error or ``DeliveryFailed`` when the record may not have been
-    published. Once Kafka acknowledged it the acceptance is durable: later bookkeeping
-    failures are logged and left to the sweeper. The outbox row is at ``slot`` (written here
-    unless ``write_outbox`` is False: the sweeper's call, whose row exists). ``stages``
-    collects the latency budget's ``api.write``, ``api.accept``, ``api.kafka_ack`` and
-    ``api.settle``.
+    published, and ``Unconfirmed`` for a P0 record Kafka did not acknowledge in time. Once
+    Kafka acknowledged it, or the Kafka-outage window deferred it (``deferrable``; the
+    sweeper's call is not), the acceptance is durable: later bookkeeping failures are logged
+    and left to the sweeper. The outbox row is at ``slot`` (written here unless
+    ``write_outbox`` is False: the sweeper's call, whose row exists). ``stages`` collects the
+    latency budget's ``api.write``, ``api.accept``, ``api.kafka_ack`` and ``api.settle``.
     """
     times = stages or StageTimes()
     store = rt.store()
@@ -220,11 +206,25 @@ async def complete_acceptance(
              names.ATTR_TIER: record.tier.value, names.ATTR_CHANNEL: record.channel.value,
              "messaging.system": "kafka", "messaging.destination.name": topic}
     parent = None if telemetry.current_traceparent() else trace
-    with telemetry.span(names.INGEST_PRODUCE, attrs, parent=parent):
+
+    async def settle() -> None:
+        await settle_published(store, tenant_id=tenant_id, key=key, created_at=created_at,
+                               record=record, slot=slot)
+
+    async def undo() -> None:
+        await undo_acceptance(store, tenant_id=tenant_id, key=key, created_at=created_at,
+                              record=record, slot=slot)
+
+    with telemetry.span(names.INGEST_PRODUCE, attrs, parent=parent) as span:
         header = telemetry.current_traceparent() or trace
         times.add(Stage.API_ACCEPT, time.time() - ids(record)[1].timestamp())
+        entry = Deferred(ids(record)[0], record.tier, out_record(record, topic, payload, header),
+                         settle, ordered=record.ordering_key is not None)
         with times.timing(Stage.API_KAFKA_ACK):
-            await rt.producer().produce(out_record(record, topic, payload, header))
+            outcome = await rt.publisher.publish(entry, undo, deferrable=deferrable)
+        if outcome is Outcome.DEFERRED:
+            span.set_attribute(names.ATTR_KAFKA_DEFERRED, True)
+            return accepted_json(record)
     with times.timing(Stage.API_SETTLE):
         return await settle_published(store, tenant_id=tenant_id, key=key,
                                       created_at=created_at, record=record, slot=slot)
@@ -267,129 +267,3 @@ async def undo_acceptance(
         log.warning("could not undo acceptance of %s (%s); the outbox sweeper will publish it",
                     message_id, type(exc).__name__)
     return True
-
-
-class OutboxSweeper:
-    """Publishes ``PENDING`` idempotency records whose outbox row is older than
-    ``max(scaled(outbox_sweep_after), MIN_SWEEP_AGE)``, then marks them ``ACCEPTED``; rows
-    that cannot be published (no payload) are parked in ``outbox_parked`` for an operator.
-    Drains the legacy ``outbox_pending`` table until a round finds it empty; a failure there
-    (its reads cross the history's tombstones) never holds up the buckets."""
-
-    def __init__(self, rt: Runtime, clock: Callable[[], datetime] | None = None) -> None:
-        self.rt = rt
-        s = rt.settings
-        self.interval_s = max(MIN_SWEEP_INTERVAL_S, s.scaled(SWEEP_INTERVAL).total_seconds())
-        self.min_age = max(s.scaled(s.outbox_sweep_after), MIN_SWEEP_AGE)
-        self.clock = clock or (lambda: datetime.now(UTC))
-        self.cursors: dict[int, int] = {}
-        self.legacy_done = False
-        self.reads = 0
-        """Partition reads made (tests and benchmarks compare them with the pending rows)."""
-
-    async def run(self) -> None:
-        """Sweep forever; errors are logged and the next round tries again."""
-        while True:
-            try:
-                done = await self.sweep_once()
-                if done:
-                    log.info("outbox sweeper settled %d entries", done)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                log.warning("outbox sweep failed: %s: %s", type(exc).__name__, exc)
-            await asyncio.sleep(self.interval_s)
-
-    def last_bucket(self, now: datetime) -> int:
-        """The newest bucket whose rows are all older than ``min_age`` plus one bucket of
-        margin (a row is written up to a request's lifetime after its bucket began)."""
-        return OutboxSlot.bucket_of(now - self.min_age) - 2
-
-    async def sweep_once(self, now: datetime | None = None) -> int:
-        """One pass over every shard; returns the number of outbox rows settled."""
-        if not self.rt.connected:
-            return 0
-        store = self.rt.store()
-        now = now or self.clock()
-        done = 0
-        if not self.legacy_done:
-            try:
-                done += await self._legacy(store, now)
-            except Exception as exc:
-                log.warning("outbox_pending (legacy) not drained this round, retried next "
-                            "round: %s: %s", type(exc).__name__, exc)
-        counts = await asyncio.gather(*(self._shard(store, shard, now)
-                                        for shard in range(OUTBOX_SHARDS)))
-        return done + sum(counts)
-
-    async def _shard(self, store: CassandraStore, shard: int, now: datetime) -> int:
-        last = self.last_bucket(now)
-        if shard not in self.cursors:
-            self.cursors[shard] = await store.outbox_cursor(shard, last)
-        first = bucket = self.cursors[shard]
-        done = 0
-        end = min(last, bucket + MAX_BUCKETS_PER_ROUND - 1)
-        try:
-            while bucket <= end:
-                slot = OutboxSlot(bucket, shard)
-                rows = await store.outbox_rows(slot)
-                self.reads += 1
-                settled = 0
-                for row in rows:
-                    settled += await self._settle(store, slot, row, now)
-                done += settled
-                if settled < len(rows) or len(rows) == OUTBOX_READ_LIMIT:
-                    break
-                bucket += 1
-        finally:
-            if bucket > first:
-                self.cursors[shard] = bucket
-                await store.outbox_advance(shard, bucket)
-        return done
-
-    async def _legacy(self, store: CassandraStore, now: datetime) -> int:
-        """Settle the rows of ``outbox_pending`` (written before the buckets existed) older
-        than ``min_age``; once a pass finds none left, stop reading it."""
-        done, left = 0, 0
-        for shard in range(OUTBOX_SHARDS):
-            slot = OutboxSlot(None, shard)
-            rows = await store.outbox_rows(slot)
-            self.reads += 1
-            for row in rows:
-                created = utc(row["created_at"])
-                if created is not None and created > now - self.min_age:
-                    left += 1
-                    continue
-                ok = await self._settle(store, slot, row, now)
-                done += ok
-                left += 1 - ok
-        self.legacy_done = left == 0
-        return done
-
-    async def _settle(self, store: CassandraStore, slot: OutboxSlot, row: dict[str, Any],
-                      now: datetime) -> int:
-        """1 when the row is gone (published, already settled, or parked), else 0."""
-        created_at, tenant_id, key = (utc(row["created_at"]), row["tenant_id"],
-                                      row["idempotency_key"])
-        if created_at is None:
-            return 0
-        rec = await store.get_reservation(tenant_id, key)
-        if rec is None or rec.get("state") != PENDING:
-            await store.outbox_remove(slot, created_at, tenant_id, key)
-            return 1
-        payload, topic = rec.get("payload"), rec.get("topic")
-        try:
-            if not payload or not topic:
-                raise ValueError("reservation has no payload or topic")
-            record = IngestRecord.model_validate_json(payload)
-        except (ValidationError, ValueError) as exc:
-            log.error("outbox entry %s/%s cannot be published (%s); parked in outbox_parked "
-                      "for an operator", tenant_id, key, type(exc).__name__)
-            await store.outbox_park(slot, created_at, tenant_id, key, type(exc).__name__, now)
-            return 1
-        await complete_acceptance(
-            self.rt, tenant_id=tenant_id, key=key, created_at=created_at, record=record,
-            topic=topic, payload=payload, trace=traceparent(), slot=slot, write_outbox=False,
-        )
-        log.info("outbox: published pending message %s", record.message_id)
-        return 1

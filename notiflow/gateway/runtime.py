@@ -34,6 +34,7 @@ from notiflow.adapters.schedule_store import ScheduleStore
 from notiflow.adapters.scheduled_store import ScheduledStore
 from notiflow.gateway.admission import Admission
 from notiflow.gateway.errors import unavailable
+from notiflow.gateway.kafka_window import Publisher, Window
 from notiflow.settings import Settings
 
 log = logging.getLogger("notiflow.gateway")
@@ -80,7 +81,9 @@ class Runtime:
         self._producer: AsyncProducer | None = None
         self._admin: AdminClient | None = None
         self._admission: Admission | None = None
-        self._tasks: list[asyncio.Task[None]] = []
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.window = Window(settings.kafka_window)
+        self.publisher = Publisher(self.window, self.producer, self.spawn, self._kafka_up)
         self._templates: OrderedDict[tuple[str, str, int], dict[str, Any]] = OrderedDict()
         self._closed = False
 
@@ -100,7 +103,9 @@ class Runtime:
 
     def spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
         """Run a background task owned by this runtime (cancelled on :meth:`close`)."""
-        self._tasks.append(asyncio.create_task(coro, name=name))
+        task = asyncio.create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def _connect(self) -> None:
         """Open the session and prepare the statements; raises while Cassandra is not ready
@@ -109,6 +114,9 @@ class Runtime:
             connect, self.settings, connect_timeout=CONNECT_TIMEOUT_S)
         try:
             store = await asyncio.to_thread(CassandraStore, session, self.settings)
+            if self.settings.api_coalesce:
+                store.coalesce(max_keys=self.settings.cassandra_read_keys,
+                               max_rows=self.settings.cassandra_batch_rows)
             scheduled = await asyncio.to_thread(ScheduledStore, session, self.settings)
             schedules = await asyncio.to_thread(ScheduleStore, session, self.settings)
             campaigns = await asyncio.to_thread(CampaignStore, session, self.settings)
@@ -230,12 +238,16 @@ class Runtime:
             return type(exc).__name__
         return "ok" if meta.brokers else "no brokers"
 
+    async def _kafka_up(self) -> bool:
+        return await self.check_kafka() == "ok"
+
     async def close(self) -> None:
         """Stop background tasks, flush the producer, close the Cassandra connection."""
         self._closed = True
-        for task in self._tasks:
+        tasks = list(self._tasks)
+        for task in tasks:
             task.cancel()
-        for task in self._tasks:
+        for task in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         if self._producer is not None:

@@ -536,7 +536,8 @@ async def test_kafka_unreachable_is_503_and_leaves_nothing(
         store: CassandraStore, log_dir: Path, otp_template: str, cql: Session) -> None:
     proc, base = await asyncio.to_thread(
         start_api, "api-nokafka", log_dir,
-        NOTIFLOW_KAFKA_BOOTSTRAP=f"127.0.0.1:{free_port()}")
+        NOTIFLOW_KAFKA_BOOTSTRAP=f"127.0.0.1:{free_port()}",
+        NOTIFLOW_KAFKA_WINDOW__MAX_MESSAGES="0")
     try:
         async with httpx.AsyncClient(base_url=base, timeout=30.0) as bad:
             k = key()
@@ -560,6 +561,49 @@ async def test_kafka_unreachable_is_503_and_leaves_nothing(
     retry = await asyncio.to_thread(client.post, "/v1/messages",
                                     headers=auth("acme", k), json=sms())
     assert retry.status_code == 202, retry.text
+
+
+async def test_unreachable_kafka_opens_the_outage_window(
+        auth: Callable[..., dict[str, str]], store: CassandraStore, log_dir: Path,
+        otp_template: str, cql: Session) -> None:
+    """P1-P3 durable in Cassandra are answered 202 (replays too) up to the window's count;
+    beyond, 503 ``outage_window_full``; P0 is refused within its ack wait, then at once."""
+    proc, base = await asyncio.to_thread(
+        start_api, "api-window", log_dir,
+        NOTIFLOW_KAFKA_BOOTSTRAP=f"127.0.0.1:{free_port()}",
+        NOTIFLOW_KAFKA_WINDOW__MAX_MESSAGES="2")
+    try:
+        async with httpx.AsyncClient(base_url=base, timeout=30.0) as bad:
+            k1 = key()
+            started = time.monotonic()
+            first = await bad.post("/v1/messages", headers=auth("acme", k1), json=sms("P2"))
+            assert first.status_code == 202, first.text
+            assert time.monotonic() - started < 3.0
+            mid = first.json()["message_id"]
+            replay = await bad.post("/v1/messages", headers=auth("acme", k1), json=sms("P2"))
+            assert replay.status_code == 202 and replay.json() == first.json()
+            p0 = []
+            for _ in range(2):
+                started = time.monotonic()
+                r = await bad.post("/v1/messages", headers=auth("acme", key()), json=sms("P0"))
+                p0.append((r, time.monotonic() - started))
+            assert [(r.status_code, r.json()["reason"]) for r, _ in p0] == [
+                (503, "kafka_unavailable")] * 2
+            assert p0[1][1] < 0.3, "P0 waited although Kafka was known down"
+            second = await bad.post("/v1/messages", headers=auth("acme", key()), json=sms())
+            assert second.status_code == 202, second.text
+            full = await bad.post("/v1/messages", headers=auth("acme", key()), json=sms("P3"))
+            assert (full.status_code, full.json()["reason"]) == (503, "outage_window_full")
+            assert full.headers["Retry-After"] == "1"
+            ready = (await bad.get("/readyz")).json()
+            assert ready["checks"]["kafka"] != "ok"
+            view = await bad.get(f"/v1/messages/{mid}", headers=auth("acme"))
+            assert view.json()["status"] == "QUEUED"
+    finally:
+        await asyncio.to_thread(proc.stop)
+    record = await store.get_reservation("acme", k1)
+    assert record is not None and record["state"] == "PENDING"
+    assert await outbox_has(cql, "acme", k1)
 
 
 def test_channel_without_provider_is_422(auth: Callable[..., dict[str, str]], log_dir: Path,

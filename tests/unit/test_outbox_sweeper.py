@@ -13,8 +13,10 @@ from typing import Any
 import pytest
 
 from notiflow.adapters.cassandra_store import OUTBOX_SHARDS, OutboxSlot
-from notiflow.gateway import outbox
-from notiflow.gateway.outbox import ON_TIME, OutboxSweeper, outbox_shard, outbox_slot
+from notiflow.gateway import sweeper as sweeper_module
+from notiflow.gateway.kafka_window import Window
+from notiflow.gateway.outbox import ON_TIME, outbox_shard, outbox_slot
+from notiflow.gateway.sweeper import OutboxSweeper
 from notiflow.settings import Settings
 
 NOW = datetime(2026, 12, 4, 15, 0, tzinfo=UTC)
@@ -71,6 +73,7 @@ class Runtime:
     def __init__(self, store: Store) -> None:
         self.settings = Settings()
         self._store = store
+        self.window = Window(self.settings.kafka_window)
 
     def store(self) -> Store:
         return self._store
@@ -91,7 +94,7 @@ def published(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         await store.outbox_remove(slot, created_at, tenant_id, key)
         return "{}"
 
-    monkeypatch.setattr(outbox, "complete_acceptance", complete)
+    monkeypatch.setattr(sweeper_module, "complete_acceptance", complete)
     return done
 
 
@@ -213,3 +216,16 @@ def test_a_row_written_late_goes_to_the_bucket_it_is_written_in() -> None:
     s = sweeper(Store())
     written_by = created + ON_TIME + timedelta(seconds=10)
     assert s.last_bucket(written_by + s.min_age) < OutboxSlot.bucket_of(written_by)
+
+
+async def test_no_round_while_kafka_is_known_down(published: list[str]) -> None:
+    store, s = await running()
+    store.add(slot_at(NOW), NOW, "acme", "k1")
+    later = NOW + timedelta(minutes=2)
+    s.rt.window.mark_down("test")
+    reads = store.reads
+    assert await s.sweep_once(later) == 0
+    assert store.reads == reads and published == []
+    s.rt.window.mark_up()
+    assert await s.sweep_once(later) == 1
+    assert published == ["k1"]
