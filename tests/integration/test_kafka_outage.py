@@ -1,0 +1,124 @@
+"""The Kafka-outage window against the real stack: the broker is SIGKILLed for 60 s while
+1,000 P2 messages are submitted; every one is answered 202, P0 in the same outage gets 503,
+and after the restart every P2 message reaches a provider (issue 17, item 5)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import signal
+import time
+import uuid
+from collections import Counter
+from typing import Any
+
+import httpx
+import pytest
+from cassandra.cluster import Session
+
+from notiflow.ops.stack import Stack
+from notiflow.schemas.enums import Tier
+from notiflow.settings import Settings
+from tests.helpers import SUCCESS, accepted_counts, report, statuses, wait_for
+from tests.integration.test_pipeline import NUMBERS
+
+pytestmark = [pytest.mark.integration, pytest.mark.disruptive]
+
+OUTAGE_S = 60.0
+P2_MESSAGES = 1000
+
+
+def kill_kafka(settings: Settings) -> None:
+    stack = Stack(settings, log=lambda _m: None)
+    kafka = next(c for c in stack.components() if c.name == "kafka")
+    pid = stack.pid(kafka)
+    assert pid is not None, "kafka is not running"
+    os.killpg(pid, signal.SIGKILL)
+    wait_for(lambda: stack.pid(kafka) is None, timeout=10, what="kafka gone")
+
+
+def restart_kafka(settings: Settings) -> None:
+    Stack(settings, log=lambda _m: None).up()
+
+
+def body(tier: str, version: int) -> dict[str, Any]:
+    return {"channel": "SMS", "tier": tier, "recipient": random.choice(NUMBERS),
+            "template_id": "otp", "template_version": version,
+            "variables": {"code": uuid.uuid4().hex[:6]}}
+
+
+async def submit(api: str, token: str, bodies: list[dict[str, Any]],
+                 concurrency: int = 32) -> list[tuple[str, httpx.Response, float]]:
+    """POST each body with its own key; (key, response, seconds) in order."""
+    gate = asyncio.Semaphore(concurrency)
+
+    async def one(client: httpx.AsyncClient, b: dict[str, Any]
+                  ) -> tuple[str, httpx.Response, float]:
+        key = uuid.uuid4().hex
+        async with gate:
+            started = time.monotonic()
+            r = await client.post("/v1/messages", json=b, headers={
+                "Authorization": f"Bearer {token}", "Idempotency-Key": key})
+            return key, r, time.monotonic() - started
+
+    async with httpx.AsyncClient(base_url=api, timeout=30.0) as client:
+        return await asyncio.gather(*(one(client, b) for b in bodies))
+
+
+def test_kafka_outage_window_accepts_p2_refuses_p0_and_publishes_after_recovery(
+        stack: Settings, api: str, tokens: dict[str, str], otp_template: dict[str, int],
+        start_flow, reconciler, fakes: str, cql: Session, capsys) -> None:
+    version = otp_template["acme"]
+    start_flow("send", tier=Tier.P2, name="send-p2-outage")
+    warm = asyncio.run(submit(api, tokens["acme"], [body("P2", version)]))
+    assert warm[0][1].status_code == 202
+
+    kill_kafka(stack)
+    killed = time.monotonic()
+    try:
+        first = asyncio.run(submit(api, tokens["acme"],
+                                   [body("P2", version) for _ in range(P2_MESSAGES // 2)]))
+        p0_body = body("P0", version)
+        p0 = asyncio.run(submit(api, tokens["acme"], [p0_body]))
+        rest = asyncio.run(submit(api, tokens["acme"],
+                                  [body("P2", version)
+                                   for _ in range(P2_MESSAGES - len(first))]))
+        during = time.monotonic() - killed
+        ready = httpx.get(f"{api}/readyz", timeout=10)
+        assert during < OUTAGE_S, f"submitting took {during:.0f} s, longer than the outage"
+        time.sleep(OUTAGE_S - during)
+    finally:
+        restart_kafka(stack)
+    recovered = time.monotonic()
+
+    p2 = first + rest
+    codes = Counter(r.status_code for _, r, _ in p2)
+    assert codes == {202: P2_MESSAGES}, codes
+    slowest = max(s for _, _, s in p2)
+    _, p0_response, p0_seconds = p0[0]
+    assert p0_response.status_code == 503, p0_response.text
+    assert p0_response.json()["reason"] == "kafka_unavailable"
+    assert "Retry-After" in p0_response.headers
+    assert p0_seconds < 1.0
+    assert ready.status_code == 200 and ready.json()["status"] == "degraded", ready.text
+
+    ids = [r.json()["message_id"] for _, r, _ in p2]
+    wait_for(lambda: (lambda st: st if set(st.values()) <= SUCCESS else None)(
+        statuses(cql, ids)), timeout=300, interval=2.0,
+        what="every P2 message provider-accepted after the restart")
+    drained = time.monotonic() - recovered
+    counts = accepted_counts(fakes)
+    lost = [mid for mid in ids if counts.get(mid, 0) == 0]
+    duplicates = sum(counts[mid] - 1 for mid in ids if counts.get(mid, 0) > 1)
+    assert not lost
+
+    p0_key = p0[0][0]
+    again = httpx.post(f"{api}/v1/messages", json=p0_body, timeout=30, headers={
+        "Authorization": f"Bearer {tokens['acme']}", "Idempotency-Key": p0_key})
+    assert again.status_code == 202, again.text
+    assert "Idempotent-Replayed" not in again.headers
+    report(capsys, f"kafka outage {OUTAGE_S:.0f} s: {P2_MESSAGES} P2 answered 202 "
+           f"(slowest {slowest * 1000:.0f} ms), P0 503 in {p0_seconds * 1000:.0f} ms; all "
+           f"{P2_MESSAGES} provider-accepted {drained:.0f} s after the restart, 0 lost, "
+           f"{duplicates} duplicate sends")
