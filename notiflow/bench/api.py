@@ -62,7 +62,7 @@ class Plan:
 
     duration_s: float = 10.0
     warmup_s: float = 3.0
-    steps: int = 12
+    steps: int = 14
     start: float = 20.0
     factor: float = 1.5
     batch_size: int = 100
