@@ -1,8 +1,9 @@
-"""``notiflow bench isolation|throughput|scale|soak|scheduler|campaign``: run a benchmark on
-the local stack and write ``<out>/<name>.json``, ``<name>.md`` (and ``isolation.png``,
-``scheduler.png``, ``campaign.png``). The stack is started if it is not
-running, and stopped again afterwards in that case. ``notiflow bench summarize``: publish such a
-run's summary and its report into ``bench/figures/`` (offline)."""
+"""``notiflow bench isolation|throughput|scale|soak|scheduler|campaign|outbox|api``: run a
+benchmark on the local stack and write ``<out>/<name>.json``, ``<name>.md`` (and
+``isolation.png``, ``scheduler.png``, ``campaign.png``, ``outbox.png``, ``api.png``). The
+stack is started if it is not running, and stopped again afterwards in that case.
+``notiflow bench summarize``: publish such a run's summary and its report into
+``bench/figures/`` (offline)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -211,6 +212,54 @@ def outbox(
     _show(paths, md)
 
 
+@bench_app.command("api")
+def api(
+    mode: Annotated[list[str] | None, typer.Option(
+        help="ceiling, single-p0, single-p3, batch-p3 (default all, in one run; single-p0 "
+             "adds p0-half).")] = None,
+    quick: Annotated[bool, typer.Option(
+        help="A smoke run: two steps of 0.5 + 2 s per mode, no pre-warming.")] = False,
+    duration: Annotated[float | None, typer.Option(help="Measured seconds per step.")] = None,
+    warmup: Annotated[float | None, typer.Option(
+        help="Unmeasured seconds at the step's rate before its measured ones.")] = None,
+    steps: Annotated[int | None, typer.Option(help="Most steps per mode.")] = None,
+    start: Annotated[float | None, typer.Option(
+        help="First offered rate, messages/s (batch-p3: ten times it).")] = None,
+    factor: Annotated[float | None, typer.Option(help="Rate of a step ÷ the step before.")
+                      ] = None,
+    batch_size: Annotated[int | None, typer.Option(help="Messages per batch request.")
+                          ] = None,
+    p99_bound: Annotated[float | None, typer.Option(
+        help="Stop a mode's ascent after a step whose p99 (ms) is above this.")] = None,
+    prewarm: Annotated[float | None, typer.Option(
+        help="Seconds of unmeasured single P3 load before the first mode.")] = None,
+    out: Out = Path("bench/results"),
+) -> None:
+    """The acceptance path (POST /v1/messages, single and batch, P0 and P3) under open-loop
+    load at ascending fixed rates, next to the minimal acceptance ceiling (one Cassandra
+    write and one Kafka produce per message) in the same run: accepted/s, p50/p99 from each
+    request's intended send time, CPU per acceptance per process; then P0 at half its
+    maximum."""
+    from dataclasses import replace
+
+    from notiflow.bench import api as ab
+    from notiflow.bench.api_report import api_markdown, api_plot
+    from notiflow.bench.report import write
+
+    given: dict[str, Any] = {
+        "duration_s": duration, "warmup_s": warmup, "steps": steps, "start": start,
+        "factor": factor, "batch_size": batch_size, "p99_bound_ms": p99_bound,
+        "prewarm_s": prewarm}
+    plan = replace(ab.QUICK if quick else ab.Plan(),
+                   **{k: v for k, v in given.items() if v is not None})
+    with _stack():
+        doc = ab.run(out, plan=plan, modes=mode or list(ab.MODES), log=_log)
+    md = api_markdown(doc)
+    paths = write(out, "api", doc, md)
+    paths.append(api_plot(doc, out / "api.png"))
+    _show(paths, md)
+
+
 @bench_app.command("soak")
 def soak(
     minutes: Annotated[float, typer.Option(help="How long the load runs.")] = 10.0,
@@ -267,3 +316,12 @@ def ceiling(
     if kind not in ("minimal", "passthrough"):
         raise typer.BadParameter("minimal or passthrough")
     main(kind, Tier.P2, n)
+
+
+@bench_app.command("api-ceiling", hidden=True)
+def api_ceiling(port: Annotated[int, typer.Option(help="Listen port.")]) -> None:
+    """The minimal acceptance ceiling's server (run by ``bench api`` in its own process)."""
+    from notiflow.bench.api_ceiling import serve
+    from notiflow.settings import Settings
+
+    serve(Settings(), port)

@@ -13,6 +13,7 @@ from typing import Any
 
 import psutil
 
+from notiflow.bench.api_report import api_markdown, api_plot
 from notiflow.bench.campaign_report import campaign_markdown, campaign_plot
 from notiflow.bench.scheduler_report import scheduler_markdown, scheduler_plot
 from notiflow.bench.summary import LATENCY_COLUMNS, dumps, latency_of, pressure_of, summarize
@@ -269,7 +270,7 @@ def scale_markdown(doc: dict[str, Any]) -> str:
 MARKDOWN: dict[str, Callable[[dict[str, Any]], str]] = {
     "isolation": isolation_markdown, "soak": soak_markdown,
     "throughput": throughput_markdown, "scale": scale_markdown,
-    "scheduler": scheduler_markdown, "campaign": campaign_markdown}
+    "scheduler": scheduler_markdown, "campaign": campaign_markdown, "api": api_markdown}
 """The Markdown report of each ``bench`` kind."""
 
 
@@ -291,8 +292,8 @@ def write(out: Path, name: str, doc: dict[str, Any], markdown: str) -> list[Path
 
 def publish(doc: dict[str, Any], base: Path) -> list[Path]:
     """A run as ``bench/figures/`` keeps it: ``<base>.json`` (:func:`summarize` of ``doc``),
-    ``<base>.md`` and, for an isolation or scheduler run, ``<base>.png``, all rendered from
-    the summary."""
+    ``<base>.md`` and, for an isolation, scheduler, campaign or api run, ``<base>.png``, all
+    rendered from the summary."""
     brief = summarize(doc)
     base.parent.mkdir(parents=True, exist_ok=True)
     js, md = base.with_name(base.name + ".json"), base.with_name(base.name + ".md")
@@ -305,6 +306,8 @@ def publish(doc: dict[str, Any], base: Path) -> list[Path]:
         paths.append(scheduler_plot(brief, base.with_name(base.name + ".png")))
     elif brief["bench"] == "campaign":
         paths.append(campaign_plot(brief, base.with_name(base.name + ".png")))
+    elif brief["bench"] == "api":
+        paths.append(api_plot(brief, base.with_name(base.name + ".png")))
     return paths
 
 

@@ -1,0 +1,128 @@
+"""The minimal acceptance ceiling of ``notiflow bench api`` (``notiflow bench api-ceiling``, a
+process of its own): what a durable acceptance cannot do without.
+
+``POST /v1/messages`` parses the JSON body, writes it to Cassandra once (table
+:data:`TABLE` of the configured keyspace; the driver and connection settings of
+``cassandra_store.connect``), produces it to Kafka once (topic :data:`TOPIC` under the
+prefix; the API's producer: acks=all, idempotent, ``api_producer_overrides``), awaits both in
+that order and answers ``202``. No authentication, validation, idempotency reservation,
+admission control, templates, outbox or settle write. The server stack is the API's: FastAPI
+under uvicorn with uvloop and httptools, the API's logging configuration (access log
+included) and collector settings (``tuning.settle``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging.config
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from datetime import UTC, datetime
+from typing import Any
+
+import uvicorn
+from fastapi import FastAPI, Request, Response
+from fastapi.responses import JSONResponse
+
+from notiflow import telemetry, tuning
+from notiflow.adapters.cassandra_store import aio, connect
+from notiflow.adapters.kafka_io import AsyncProducer, OutRecord
+from notiflow.gateway.app import GRACEFUL_SHUTDOWN_S, LOGGING
+from notiflow.gateway.runtime import api_producer_overrides
+from notiflow.settings import Settings
+
+TABLE = "bench_acceptance"
+TOPIC = "bench.acceptance"
+TTL_S = 86_400
+"""Rows of the ceiling table expire after a day: repeated runs must not grow the keyspace."""
+JSON = "application/json"
+
+log = logging.getLogger("notiflow.bench.api_ceiling")
+
+
+def _create_topic(settings: Settings) -> str:
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    topic = settings.topic(TOPIC)
+    admin = AdminClient({"bootstrap.servers": settings.kafka_bootstrap})
+    if topic not in admin.list_topics(timeout=30).topics:
+        for fut in admin.create_topics([NewTopic(topic, settings.ingest_partitions, 1)]
+                                       ).values():
+            fut.result(30)
+    return topic
+
+
+def build_app(settings: Settings) -> FastAPI:
+    """The ceiling's ASGI app; Cassandra, Kafka and its topic are set up in the lifespan."""
+    state: dict[str, Any] = {}
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        cluster, session = await asyncio.to_thread(connect, settings)
+        await asyncio.to_thread(
+            session.execute, f"CREATE TABLE IF NOT EXISTS {TABLE} (idempotency_key text "
+            "PRIMARY KEY, message_id text, body text, accepted_at timestamp) "
+            f"WITH default_time_to_live = {TTL_S}", timeout=60)
+        state["insert"] = await asyncio.to_thread(
+            session.prepare, f"INSERT INTO {TABLE} (idempotency_key, message_id, body, "
+            "accepted_at) VALUES (?, ?, ?, ?)")
+        state["session"] = session
+        state["topic"] = await asyncio.to_thread(_create_topic, settings)
+        producer = AsyncProducer(settings, **api_producer_overrides())
+        state["producer"] = producer
+        tuning.settle()
+        log.info("acceptance ceiling ready on port %s", settings.api_port)
+        try:
+            yield
+        finally:
+            await asyncio.to_thread(producer.close)
+            await asyncio.to_thread(cluster.shutdown)
+
+    app = FastAPI(title="notiflow acceptance ceiling", lifespan=lifespan)
+
+    @app.post("/v1/messages", status_code=202)
+    async def accept(request: Request) -> Response:
+        raw = await request.body()
+        try:
+            data = json.loads(raw)
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            return JSONResponse({"error": "malformed_json"}, status_code=400)
+        if not isinstance(data, dict):
+            return JSONResponse({"error": "invalid_body"}, status_code=422)
+        key = request.headers.get("idempotency-key") or uuid.uuid4().hex
+        message_id = f"msg_{uuid.uuid4().hex}"
+        now = datetime.now(UTC)
+        await aio(state["session"].execute_async(state["insert"],
+                                                 (key, message_id, raw.decode(), now)))
+        await state["producer"].produce(OutRecord(state["topic"], key.encode(), raw))
+        return Response(json.dumps({"message_id": message_id, "status": "ACCEPTED",
+                                    "accepted_at": now.isoformat()}),
+                        status_code=202, media_type=JSON)
+
+    @app.get("/healthz")
+    async def healthz() -> JSONResponse:
+        return JSONResponse({"status": "ok"})
+
+    return app
+
+
+def serve(settings: Settings, port: int) -> None:
+    """Serve the ceiling on ``api_host:port`` until SIGINT or SIGTERM (uvicorn as
+    ``gateway.app.serve`` runs it)."""
+    log_config = telemetry.log_config(LOGGING, settings.log_format)
+    logging.config.dictConfig(log_config)
+    settings = settings.model_copy(update={"api_port": port})
+    config = uvicorn.Config(
+        build_app(settings),
+        host=settings.api_host,
+        port=port,
+        loop="uvloop",
+        http="httptools",
+        lifespan="on",
+        log_config=log_config,
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+        server_header=False,
+    )
+    uvicorn.Server(config).run()

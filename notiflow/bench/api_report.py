@@ -1,0 +1,163 @@
+"""The report of ``notiflow bench api``: the targets of issue 17, each mode's maximum, every
+step's figures (Markdown), and latency and accepted rate against the offered rate (PNG)."""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+STACK = ("cassandra", "kafka", "redis")
+LABELS = {"ceiling": "ceiling (1 Cassandra write + 1 Kafka produce)",
+          "single-p0": "single P0 (priority lane)", "single-p3": "single P3 (bulk lane)",
+          "batch-p3": "batch P3 (bulk lane)", "p0-half": "P0 at half its maximum"}
+COLORS = {"ceiling": "tab:gray", "single-p0": "tab:blue", "single-p3": "tab:orange",
+          "batch-p3": "tab:green", "p0-half": "tab:purple"}
+
+
+def platform_ms(cpu: Mapping[str, float | None]) -> float | None:
+    """CPU ms per message of every process but the generator (``bench``)."""
+    values = [v for k, v in cpu.items() if k != "bench" and v is not None]
+    return round(sum(values), 2) if values else None
+
+
+def _v(v: Any, unit: str = "") -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:,.1f}{unit}" if v < 100 else f"{v:,.0f}{unit}"
+    return f"{v:,}{unit}"
+
+
+def _share(v: float | None) -> str:
+    return "-" if v is None else f"{v:.0%}"
+
+
+def _targets(t: Mapping[str, Any]) -> list[str]:
+    half = t.get("p0_half_rate")
+    open_ended = [m for m, hit in (t.get("saturated") or {}).items() if not hit]
+    note = ([f"Not saturated (every rate ran; the maximum is a lower bound): "
+             f"{', '.join(open_ended)}.", ""] if open_ended else [])
+    return ["## Targets (issue 17)", "", "| target | measured | goal |", "|---|---|---|",
+            f"| single P0 accepted/s ÷ ceiling | {_share(t.get('single_p0_over_ceiling'))} "
+            "| ≥ 50 % |",
+            f"| single P3 accepted/s ÷ ceiling | {_share(t.get('single_p3_over_ceiling'))} "
+            "| ≥ 50 % |",
+            f"| batch P3 ÷ single P3, messages/s | {_v(t.get('batch_over_single_p3'), 'x')} "
+            "| ≥ 10x |",
+            f"| P0 p99 at half its maximum ({_v(half, '/s')}) | "
+            f"{_v(t.get('p0_half_p99_ms'), ' ms')} | ≤ 50 ms |", "", *note]
+
+
+def _cpu_cells(s: Mapping[str, Any], server: str) -> str:
+    cpu = s.get("cpu_ms_per_msg") or {}
+    cells = [cpu.get(server), *(cpu.get(n) for n in STACK), platform_ms(cpu), cpu.get("bench")]
+    return " | ".join("-" if c is None else f"{c:.2f}" for c in cells)
+
+
+def api_markdown(doc: dict[str, Any]) -> str:
+    plan = doc["plan"]
+    modes = doc["modes"]
+    out = ["# Acceptance benchmark (open loop)", "",
+           f"Steps of {plan['warmup_s']} s unmeasured + {plan['duration_s']} s measured at "
+           f"fixed offered rates, each {plan['factor']} times the one before, until a step "
+           f"accepts under {plan['min_share']:.0%} of what it offers or its p99 passes "
+           f"{plan['p99_bound_ms']:,.0f} ms (at most {plan['steps']} steps); batches of "
+           f"{plan['batch_size']} messages. Latency is from each request's intended send "
+           "time to its answer (failures included); a mode's maximum is its best accepted/s. "
+           "CPU: ms per accepted message, from the first measured request to the last "
+           "answer.", "", *_targets(doc.get("targets") or {}),
+           "## Modes", "",
+           "| mode | max accepted/s | stopped | at the max step: offered/s | p50 ms | p99 ms "
+           "| CPU ms/msg: server | Cassandra | Kafka | Redis | platform | generator |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for name, m in modes.items():
+        top = max(m["steps"], key=lambda s: s["accepted_per_s"]) if m["steps"] else None
+        stopped = m["stop"] or ("one step" if name == "p0-half" else "no: every rate ran")
+        if top is None:
+            out.append(f"| {LABELS.get(name, name)} | - | {stopped} | - | - | - | "
+                       + " | ".join(["-"] * 6) + " |")
+            continue
+        out.append(f"| {LABELS.get(name, name)} | {_v(m['max_per_s'])} | {stopped} | "
+                   f"{_v(top['offered_per_s'])} | {_v(top['p50_ms'])} | {_v(top['p99_ms'])} "
+                   f"| {_cpu_cells(top, m['server'])} |")
+    out += ["", "## Steps", "",
+            "| mode | offered/s | accepted/s | p50 ms | p99 ms | max ms | not accepted "
+            "| waited for the cap | generator lag p99 ms | CPU ms/msg: server | Cassandra "
+            "| Kafka | Redis | platform | generator |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for name, m in modes.items():
+        for s in m["steps"]:
+            refused = ", ".join(f"{k}: {v:,}" for k, v in s["refused"].items()) or "-"
+            out.append(f"| {name} | {_v(s['offered_per_s'])} | {_v(s['accepted_per_s'])} | "
+                       f"{_v(s['p50_ms'])} | {_v(s['p99_ms'])} | {_v(s['max_ms'])} | "
+                       f"{refused} | {s['capped']} | {_v(s['lag_p99_ms'])} | "
+                       f"{_cpu_cells(s, m['server'])} |")
+    rest = doc.get("at_rest") or {}
+    if rest:
+        out += ["", "At rest before the load (share of one core): " + ", ".join(
+            f"{n} {v:.3f}" for n, v in rest.items()) + "."]
+    procs = doc.get("processes") or {}
+    if procs:
+        sched = ", ".join(f"{n} nice {p.get('nice', '-')}"
+                          + (" (real-time)" if p.get("realtime") else "")
+                          for n, p in procs.items())
+        out += ["", f"Processes: {sched}. Server: the process the mode loads (`api`: "
+                "priority lane, `api-bulk`: bulk lane, `ceiling`); platform: every process "
+                "but the generator."]
+    return "\n".join([*out, ""])
+
+
+def api_plot(doc: dict[str, Any], path: Path) -> Path:
+    """Left: p50 (solid) and p99 (dotted) latency against the offered rate per mode (log);
+    right: accepted against offered messages/s."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullFormatter, ScalarFormatter
+
+    from notiflow.bench.report import palette
+
+    fig, (lat, acc) = plt.subplots(1, 2, figsize=(13, 4.8))
+    top = 1.0
+    for name, m in doc["modes"].items():
+        steps = m["steps"]
+        if not steps:
+            continue
+        color = COLORS.get(name, "black")
+        x = [s["offered_per_s"] for s in steps]
+        top = max(top, *x, *(s["accepted_per_s"] for s in steps))
+        marker = "o" if len(steps) > 1 else "D"
+        lat.plot(x, [max(s["p50_ms"] or 0.1, 0.1) for s in steps], color=color, marker=marker,
+                 label=LABELS.get(name, name))
+        lat.plot(x, [max(s["p99_ms"] or 0.1, 0.1) for s in steps], color=color, marker=marker,
+                 linestyle=":")
+        acc.plot(x, [s["accepted_per_s"] for s in steps], color=color, marker=marker,
+                 label=LABELS.get(name, name))
+    lat.axhline(50, color="tab:red", linestyle="--", linewidth=1, label="P0 target at half "
+                "max: p99 50 ms")
+    lat.set_yscale("log")
+    lat.set_xscale("log")
+    lat.set_xlabel("offered messages/s")
+    lat.set_ylabel("latency from intended send, ms (p50 solid, p99 dotted)")
+    lat.grid(True, which="both", alpha=0.3)
+    lat.legend(fontsize="small")
+    acc.plot([1, top], [1, top], color="black", linewidth=0.8, linestyle="--",
+             label="accepted = offered")
+    acc.set_xscale("log")
+    acc.set_yscale("log")
+    acc.set_xlabel("offered messages/s")
+    acc.set_ylabel("accepted messages/s")
+    acc.grid(True, which="both", alpha=0.3)
+    acc.legend(fontsize="small")
+    for axis in (lat.xaxis, acc.xaxis, acc.yaxis):
+        axis.set_major_formatter(ScalarFormatter())
+        axis.set_minor_formatter(NullFormatter())
+    fig.suptitle("notiflow bench api: open-loop acceptance")
+    fig.tight_layout()
+    rgba = io.BytesIO()
+    fig.savefig(rgba, format="png", dpi=110)
+    plt.close(fig)
+    return palette(rgba, path)
