@@ -112,10 +112,10 @@ def address_key(address: str) -> str:
     email address (normalised, lowercased) or ``<platform>:<device token>``; the same string
     :meth:`SendRequest.recipient_key` yields, so both hash alike. ValueError otherwise."""
     try:
-        if address.startswith("+"):
-            return _PHONE.validate_python(address)
         if "@" in address:
             return _EMAIL.validate_python(address).lower()
+        if address.startswith("+"):
+            return _PHONE.validate_python(address)
         platform, sep, token = address.partition(":")
         if sep and platform in {p.value for p in PushPlatform}:
             push = PushRecipient(device_token=token, platform=PushPlatform(platform))
