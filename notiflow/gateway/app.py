@@ -20,6 +20,7 @@ from typing import Any
 import uvicorn
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 
 from notiflow import telemetry, tuning
 from notiflow.adapters.dlq import watch_depth
@@ -30,6 +31,7 @@ from notiflow.gateway import (
     errors,
     message_list,
     messages,
+    openapi,
     recipients,
     schedules,
     templates,
@@ -92,6 +94,15 @@ LOGGING: dict[str, Any] = {
 }
 
 
+class Health(BaseModel):
+    status: str
+
+
+class Readiness(BaseModel):
+    status: str
+    checks: dict[str, str]
+
+
 def build_app(settings: Settings) -> FastAPI:
     """The ASGI app; resources are created when its lifespan starts."""
     runtime = Runtime(settings)
@@ -111,7 +122,9 @@ def build_app(settings: Settings) -> FastAPI:
             await runtime.close()
             log.info("messaging API stopped")
 
-    app = FastAPI(title="notiflow Messaging API", version="1", lifespan=lifespan)
+    app = FastAPI(title="notiflow Messaging API", version="1", lifespan=lifespan,
+                  generate_unique_id_function=openapi.operation_id)
+    openapi.install(app)
     app.state.runtime = runtime
     telemetry.instrument_api(app)
     errors.install(app)
@@ -126,12 +139,13 @@ def build_app(settings: Settings) -> FastAPI:
     if settings.api_lane != "priority":
         app.include_router(webhooks.router)
 
-    @app.get("/healthz")
+    @app.get("/healthz", response_model=Health)
     async def healthz() -> JSONResponse:
         """200 while the process serves requests."""
         return JSONResponse({"status": "ok"})
 
-    @app.get("/readyz")
+    @app.get("/readyz", response_model=Readiness, responses=openapi.errors(
+        503, r503="`not_ready`, with `checks` naming what is down."))
     async def readyz() -> JSONResponse:
         """200 when Cassandra and Kafka answer, else 503 with the failing checks."""
         cassandra, kafka = await asyncio.gather(runtime.check_cassandra(),

@@ -18,7 +18,7 @@ from cassandra.connection import ConnectionException
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -38,6 +38,32 @@ STORE_ERRORS: tuple[type[Exception], ...] = (
     ConnectionException,
 )
 """Cassandra failures that mean "try again later" (not a bug, not bad input)."""
+
+
+class ErrorDetail(BaseModel):
+    """One schema failure: where (``loc``, without the input value), what and its type."""
+
+    loc: list[str | int]
+    msg: str
+    type: str
+
+
+class ErrorBody(BaseModel):
+    """The one body of every error answer. Some reasons add fields of their own
+    (``current_status``, ``variables``, ``field``, ``line``, ``checks``): documented with the
+    reason in ``docs/api.md``."""
+
+    model_config = ConfigDict(extra="allow", json_schema_extra={"examples": [
+        {"error": "validation_failed", "reason": "unknown_template",
+         "message": "template otp version 3 does not exist"}]})
+
+    error: str = Field(description="The error class, e.g. ``validation_failed``.")
+    reason: str | None = Field(None, description="The specific reason, e.g. "
+                               "``unknown_template``; absent for ``not_found``.")
+    message: str | None = Field(None, description="Human-readable; never contains input "
+                                "values.")
+    details: list[ErrorDetail] | None = Field(None, description="Schema failures "
+                                              "(``invalid_body``, ``invalid_request``, ...).")
 
 
 class ApiError(Exception):
