@@ -111,10 +111,13 @@ def tenant_errors(*codes: int, **reasons: str) -> Responses:
 
 def success(code: int, description: str, *, headers: Mapping[str, Any] | None = None,
             links: Mapping[str, Any] | None = None,
-            examples: Mapping[str, Any] | None = None) -> Responses:
+            examples: Mapping[str, Any] | None = None,
+            model: type[BaseModel] | None = None) -> Responses:
     """A success entry to merge with the route's ``response_model`` (headers, links and
-    named examples of the body)."""
+    named examples of the body); ``model`` for a status other than the route's own."""
     entry: dict[str, Any] = {"description": description}
+    if model is not None:
+        entry["model"] = model
     if headers:
         entry["headers"] = dict(headers)
     if links:

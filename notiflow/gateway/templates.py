@@ -100,7 +100,7 @@ async def _insert_next(store: CassandraStore, values: dict[str, Any]) -> Respons
     responses={
         **success(201, "A new version.", headers=TEMPLATE_HEADERS, links=TEMPLATE_LINKS),
         **success(200, "This content is already stored as the given (or latest) version.",
-                  headers=TEMPLATE_HEADERS, links=TEMPLATE_LINKS),
+                  headers=TEMPLATE_HEADERS, links=TEMPLATE_LINKS, model=TemplateCreated),
         **tenant_errors(
             400, 403, 409, 413, 422,
             r409="`template_version_immutable` / `content_differs`.",
