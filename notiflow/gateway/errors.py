@@ -9,7 +9,7 @@ Every error is a JSON object ``{"error": <code>, "reason": <specific code>, "mes
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from cassandra import CoordinationFailure, OperationTimedOut, Timeout, Unavailable
@@ -146,6 +146,19 @@ def kafka_unavailable(exc: BaseException) -> ApiError:
     return unavailable("kafka_unavailable", "the message log did not acknowledge the request")
 
 
+def allowed_methods(routes: Iterable[Any], path: str) -> list[str]:
+    """Every method some route serves at ``path`` (routers included into the app are
+    walked), for the ``Allow`` header of a 405."""
+    methods: set[str] = set()
+    for route in routes:
+        inner = getattr(route, "original_router", None)
+        if inner is not None:
+            methods.update(allowed_methods(inner.routes, path))
+        elif getattr(route, "methods", None) and route.path_regex.match(path):
+            methods.update(route.methods)
+    return sorted(methods)
+
+
 def install(app: FastAPI) -> None:
     """Register the handlers that give every error the JSON shape above."""
 
@@ -158,12 +171,14 @@ def install(app: FastAPI) -> None:
         return ApiError(422, "validation_failed", "invalid_request",
                         details=validation_details(exc.errors())).response()
 
-    async def on_http(_: Request, exc: Exception) -> JSONResponse:
+    async def on_http(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, StarletteHTTPException)
         codes = {404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}
         error = ApiError(exc.status_code, codes.get(exc.status_code, "http_error"))
-        return JSONResponse(error.body(), status_code=exc.status_code,
-                            headers=dict(exc.headers or {}))
+        headers = dict(exc.headers or {})
+        if exc.status_code == 405:
+            headers["Allow"] = ", ".join(allowed_methods(app.routes, request.url.path))
+        return JSONResponse(error.body(), status_code=exc.status_code, headers=headers)
 
     async def on_store(_: Request, exc: Exception) -> JSONResponse:
         return store_unavailable(exc).response()

@@ -59,8 +59,8 @@ Traceparent = Annotated[str | None, Header(
 
 ERRORS: Final[Mapping[int, str]] = {
     400: "Bad request: `malformed_json`, `empty_body`, `invalid_idempotency_key`.",
-    401: "Missing, malformed or unknown bearer token (`missing_token`, "
-         "`malformed_authorization`, `unknown_token`).",
+    401: "No valid credentials (`missing_token`, `malformed_authorization`, "
+         "`unknown_token`).",
     403: "Forbidden; `reason` says why.",
     404: "Unknown, or another tenant's: the body is exactly `{\"error\": \"not_found\"}`.",
     409: "Conflict with the stored state.",

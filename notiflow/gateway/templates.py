@@ -88,6 +88,10 @@ async def _insert_next(store: CassandraStore, values: dict[str, Any]) -> Respons
         if latest is not None and _same_content(latest, values):
             return _created(latest, 200)
         candidate = {**values, "version": (int(latest["version"]) if latest else 0) + 1}
+        if candidate["version"] > MAX_VERSION:
+            raise ApiError(409, "conflict", "versions_exhausted",
+                           f"template {values['template_id']} has reached version "
+                           f"{MAX_VERSION}; use another template id")
         applied, _ = await store.put_template(candidate)
         if applied:
             return _created(candidate, 201)
@@ -103,7 +107,8 @@ async def _insert_next(store: CassandraStore, values: dict[str, Any]) -> Respons
                   headers=TEMPLATE_HEADERS, links=TEMPLATE_LINKS, model=TemplateCreated),
         **tenant_errors(
             400, 403, 409, 413, 422,
-            r409="`template_version_immutable` / `content_differs`.",
+            r409="`template_version_immutable` / `content_differs`; `conflict` / "
+                 "`versions_exhausted` (the next version would pass 1,000,000).",
             r422="Not stated by the schema: `template_syntax_error` (with `field`, `line`).",
             r503="`template_version_contention` (concurrent versions; retry).")},
     openapi_extra=json_body(TemplateCreate, "One immutable template version.",

@@ -291,13 +291,19 @@ async def vonage_dlr(request: Request, runtime: RuntimeDep) -> JSONResponse:
 
 
 @router.post("/webhooks/smtp-dsn", response_model=DsnAnswer,
-             responses=webhook_errors(413, 422, r413="Bodies are limited to 2 MiB.",
+             responses=webhook_errors(401, 413, 422, r413="Bodies are limited to 2 MiB.",
+                                      r401="`missing_token`: no `Authorization` header.",
                                       r422="`not_a_dsn`, `uncorrelated_dsn`."),
              openapi_extra=DSN_BODY, dependencies=[Depends(DSN_SECRET)])
 async def smtp_dsn(request: Request, runtime: RuntimeDep) -> JSONResponse:
-    """One bounce from the relay's mail pipe → its receipts. ``403`` without the bearer
-    secret; ``422`` when the body is not a DSN or names no message we could correlate."""
+    """One bounce from the relay's mail pipe → its receipts. ``401`` without an
+    ``Authorization`` header, ``403`` with another secret; ``422`` when the body is not a
+    DSN or names no message we could correlate."""
     settings = runtime.settings
+    if not request.headers.get("authorization"):
+        raise ApiError(401, "unauthorized", "missing_token",
+                       "Authorization: Bearer <DSN webhook secret> required",
+                       headers={"WWW-Authenticate": "Bearer"})
     try:
         smtp_signature.check_bearer(settings.smtp.dsn_webhook_secret,
                                     request.headers.get("authorization"))
