@@ -6,6 +6,7 @@ description (``format: e164``: libphonenumber's validity for the country code)."
 from __future__ import annotations
 
 from typing import Any, Final
+from zoneinfo import available_timezones
 
 E164_PATTERN: Final = r"^\+[1-9][0-9]{6,14}$"
 APNS_TOKEN_PATTERN: Final = r"^[0-9a-fA-F]{64,200}$"
@@ -38,6 +39,50 @@ HTTP_URL: Final[dict[str, Any]] = {
     "description": "An http or https URL (host names; the pattern is the part of URL syntax "
                    "that is promised to be accepted).",
     "examples": ["https://hooks.example.com/notiflow"]}
+
+
+WALL_TIME: Final[dict[str, Any]] = {
+    "type": "string", "pattern": r"^([01][0-9]|2[0-3]):[0-5][0-9](:[0-5][0-9](\.[0-9]{1,6})?)?$",
+    "description": "Local wall-clock time, without an offset (`HH:MM[:SS[.ffffff]]`).",
+    "examples": ["22:00"]}
+
+
+def zone(*also: str) -> dict[str, Any]:
+    """An IANA time zone this server knows (its tzdata), ``also`` values, or null."""
+    names = sorted(available_timezones())
+    return {"anyOf": [{"type": "string", "enum": [*also, *names]}, {"type": "null"}],
+            "description": "An IANA time zone, e.g. Europe/Paris.", "default": None}
+
+
+def wall_clock_window(schema: dict[str, Any]) -> None:
+    """``json_schema_extra`` of a local window: both ends wall-clock times."""
+    schema["properties"]["start"] = WALL_TIME
+    schema["properties"]["end"] = WALL_TIME
+
+
+def zoned(schema: dict[str, Any]) -> None:
+    """``json_schema_extra`` of a body with an optional ``timezone``."""
+    schema["properties"]["timezone"] = zone()
+
+
+MANIFEST_NAME: Final = r"\.(" + "|".join(map(_any_case, ("csv", "jsonl", "ndjson"))) + ")$"
+
+
+def campaign_rules(schema: dict[str, Any]) -> None:
+    """``json_schema_extra`` of a campaign: its zone, a manifest format that is named or
+    follows from the name, and ``mapping.platform`` exactly for push."""
+    zoned(schema)
+    schema["properties"]["tier"] = {"enum": ["P2", "P3"], "default": "P3",
+                                    "description": "Campaigns are P2 or P3."}
+    schema["allOf"] = [
+        {"anyOf": [{"required": ["format"], "properties": {"format": {"type": "string"}}},
+                   {"properties": {"manifest": {"pattern": MANIFEST_NAME}}}]},
+        {"oneOf": [
+            {"properties": {"channel": {"const": "PUSH"}, "mapping": {
+                "required": ["platform"], "properties": {"platform": {"type": "string"}}}}},
+            {"properties": {"channel": {"enum": ["SMS", "EMAIL"]}, "mapping": {
+                "properties": {"platform": {"type": "null"}}}}}]},
+    ]
 
 
 def recipient_address() -> dict[str, Any]:

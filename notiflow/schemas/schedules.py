@@ -10,6 +10,7 @@ from typing import Any, Literal
 from pydantic import AwareDatetime, ConfigDict, Field, model_validator
 
 from notiflow.schemas.enums import Channel, Tier
+from notiflow.schemas.formats import zone
 from notiflow.schemas.messages import SendRequest, Wire, derived_message_id
 
 ScheduleState = Literal["active", "paused", "deleted"]
@@ -32,6 +33,7 @@ def _schedule_rules(schema: dict[str, Any]) -> None:
                                               "rrule": {"type": "null"}}},
         {"required": ["rrule"], "properties": {"rrule": {"type": "string"},
                                                "cron": {"type": "null"}}}]
+    schema["properties"]["timezone"] = zone("recipient")
     schema["properties"]["message"] = {"allOf": [
         schema["properties"]["message"],
         {"properties": {"tier": {"enum": ["P2", "P3"]}, "scheduled_at": {"type": "null"},
