@@ -51,6 +51,10 @@ OUTBOX_BUCKET_MS = 10_000
 OUTBOX_READ_LIMIT = 500
 MAX_STATE_RACES = 16
 """Compare-and-set attempts on one recipient's state before :class:`StateContention`."""
+MAX_TTL_S = 630_720_000
+"""Cassandra refuses a TTL over 20 years."""
+LAST_EXPIRY = datetime(2038, 1, 19, tzinfo=UTC)
+"""Cassandra refuses cells expiring after 2038-01-19 (its 32-bit expiration time)."""
 STATE_READ_CONCURRENCY = 256
 OPERATOR_SHARDS = 32
 """Shards of each ``failures_by_tier_day`` day and ``provider_outcomes_by_hour`` hour
@@ -442,11 +446,14 @@ class CassandraStore:
         """Seconds a message's creation cells live: the operational retention counted from
         the end of its life (``expires_at``; a message scheduled weeks ahead stays queryable
         30 days after it was sent), never less than the retention itself. Later status
-        changes are written with the table's TTL from their own time."""
+        changes are written with the table's TTL from their own time. Never beyond what
+        Cassandra takes (20 years, cells expiring before 2038-01-19), whatever
+        ``expires_at`` says."""
         ttl = self.settings.operational_ttl
         if snap.expires_at is not None:
             ttl += max(timedelta(0), snap.expires_at - now)
-        return int(ttl.total_seconds())
+        return min(int(ttl.total_seconds()), MAX_TTL_S,
+                   int((LAST_EXPIRY - now).total_seconds()))
 
     @staticmethod
     def created_head(snap: MessageSnapshot, status: Status, now: datetime) -> dict[str, Any]:

@@ -15,12 +15,13 @@ import logging.config
 import time
 from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, Literal
 
 import uvicorn
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 from opentelemetry.metrics import CallbackOptions, Observation
+from pydantic import BaseModel
 
 from notiflow import names, telemetry, tuning
 from notiflow.adapters.dlq import watch_depth
@@ -31,6 +32,7 @@ from notiflow.gateway import (
     errors,
     message_list,
     messages,
+    openapi,
     recipients,
     schedules,
     templates,
@@ -103,6 +105,22 @@ def observe_window(window: Window, lane: str) -> None:
     names.API_KAFKA_DEFERRED.create(telemetry.meter(), callbacks=[observe])
 
 
+class Health(BaseModel):
+    status: str
+
+
+class KafkaWindowView(BaseModel):
+    deferred: int
+    oldest_age_s: float
+
+
+class Readiness(BaseModel):
+    status: Literal["ready", "degraded"]
+    checks: dict[str, str]
+    kafka_window: KafkaWindowView | None = None
+    """Present when ``degraded``: Kafka is down and the outage window takes P1-P3."""
+
+
 def build_app(settings: Settings) -> FastAPI:
     """The ASGI app; resources are created when its lifespan starts."""
     runtime = Runtime(settings)
@@ -124,7 +142,9 @@ def build_app(settings: Settings) -> FastAPI:
             await runtime.close()
             log.info("messaging API stopped")
 
-    app = FastAPI(title="notiflow Messaging API", version="1", lifespan=lifespan)
+    app = FastAPI(title="notiflow Messaging API", version="1", lifespan=lifespan,
+                  generate_unique_id_function=openapi.operation_id)
+    openapi.install(app)
     app.state.runtime = runtime
     telemetry.instrument_api(app)
     errors.install(app)
@@ -139,12 +159,13 @@ def build_app(settings: Settings) -> FastAPI:
     if settings.api_lane != "priority":
         app.include_router(webhooks.router)
 
-    @app.get("/healthz")
+    @app.get("/healthz", response_model=Health)
     async def healthz() -> JSONResponse:
         """200 while the process serves requests."""
         return JSONResponse({"status": "ok"})
 
-    @app.get("/readyz")
+    @app.get("/readyz", response_model=Readiness, responses=openapi.errors(
+        503, r503="`not_ready`, with `checks` naming what is down."))
     async def readyz() -> JSONResponse:
         """200 when Cassandra and Kafka answer, or Cassandra does and the Kafka-outage
         window has room (``degraded``: P1-P3 are accepted, P0 refused); else 503 with the

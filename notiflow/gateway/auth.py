@@ -6,12 +6,16 @@ import json
 from typing import Annotated, Any
 
 from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from notiflow.gateway.errors import ApiError, bad_request
 from notiflow.gateway.runtime import Runtime
 from notiflow.settings import TenantConfig
 
 MAX_BODY_BYTES = 256 * 1024
+BEARER = HTTPBearer(scheme_name="TenantToken", auto_error=False,
+                    description="The tenant's token (`NOTIFLOW_TENANTS`).")
+"""Declares the tenant token in the OpenAPI document; :func:`authenticate` checks it."""
 
 
 def get_runtime(request: Request) -> Runtime:
@@ -24,8 +28,9 @@ def _unauthorized(reason: str, message: str) -> ApiError:
                     headers={"WWW-Authenticate": "Bearer"})
 
 
-def authenticate(request: Request,
-                 rt: Annotated[Runtime, Depends(get_runtime)]) -> TenantConfig:
+def authenticate(request: Request, rt: Annotated[Runtime, Depends(get_runtime)],
+                 _bearer: Annotated[HTTPAuthorizationCredentials | None, Depends(BEARER)]
+                 ) -> TenantConfig:
     """The tenant owning the ``Authorization: Bearer <token>``; ``401`` otherwise."""
     header = request.headers.get("authorization")
     if not header:

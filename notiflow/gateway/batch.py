@@ -23,16 +23,18 @@ from fastapi import APIRouter, Request, Response
 from opentelemetry.trace import StatusCode
 
 from notiflow import names, telemetry
+from notiflow.gateway import examples
 from notiflow.gateway.auth import RuntimeDep, Tenant, read_json_object
 from notiflow.gateway.errors import ApiError, unprocessable
 from notiflow.gateway.messages import accept_request, count_refusal, idempotency_key
+from notiflow.gateway.openapi import Traceparent, errors, json_body, success
 from notiflow.gateway.runtime import Runtime
+from notiflow.schemas.batch import MAX_ITEMS, BatchItem, BatchRequest, BatchResults
 from notiflow.settings import TenantConfig
 
 log = logging.getLogger("notiflow.gateway.batch")
 router = APIRouter()
 
-MAX_ITEMS: Final = 1000
 MAX_BATCH_BYTES: Final = 8 * 1024 * 1024
 CONCURRENCY: Final = 128
 """Items of one batch in acceptance at once (each holds a few Cassandra requests and one
@@ -81,8 +83,18 @@ async def _accept_item(rt: Runtime, tenant: TenantConfig, item: Any, trace: str 
         return _result(exc)
 
 
-@router.post("/v1/messages:batch")
-async def send_batch(request: Request, tenant: Tenant, rt: RuntimeDep) -> Response:
+@router.post(
+    "/v1/messages:batch", response_model=BatchResults,
+    responses={**success(200, "One result per item, in order: `code` is what `POST "
+                              "/v1/messages` would have answered (202, 409, 422, 429, ...).",
+                         examples=examples.BATCH_RESULTS),
+               **errors(400, 401, 413, 422, r413="Bodies are limited to 8 MiB.",
+                               r422="`invalid_body` (not an object), `invalid_batch` "
+                                    "(`messages` missing or empty), `batch_too_large`.")},
+    openapi_extra=json_body(BatchRequest, "Up to 1,000 send requests.", examples.BATCH,
+                            refers_to=[BatchItem]))
+async def send_batch(request: Request, tenant: Tenant, rt: RuntimeDep,
+                     _trace: Traceparent = None) -> Response:
     """Accept up to :data:`MAX_ITEMS` send requests (``{"messages": [...]}``, each item a
     send request with an optional ``idempotency_key``); ``200 {"results": [...]}``."""
     with telemetry.span(names.API_BATCH, {names.ATTR_TENANT_ID: tenant.id}) as span:

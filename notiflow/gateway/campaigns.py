@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 from datetime import datetime, timedelta
+from typing import Final
 
 from fastapi import APIRouter, Query, Request, Response
 from pydantic import ValidationError
@@ -36,6 +37,7 @@ from notiflow.adapters.campaign_store import (
 )
 from notiflow.adapters.cancel_gate import GATE_DOWN, CancelGate
 from notiflow.adapters.manifests import ManifestUnreadable
+from notiflow.gateway import examples
 from notiflow.gateway.auth import RuntimeDep, Tenant, read_json_object
 from notiflow.gateway.checks import check_lane, check_sender, check_template
 from notiflow.gateway.errors import (
@@ -46,6 +48,7 @@ from notiflow.gateway.errors import (
     unavailable,
     unprocessable,
 )
+from notiflow.gateway.openapi import json_body, link, location, success, tenant_errors
 from notiflow.gateway.runtime import Runtime, now_ms
 from notiflow.schemas.campaigns import (
     LIVE_STATES,
@@ -64,6 +67,19 @@ log = logging.getLogger("notiflow.gateway.campaigns")
 JSON = "application/json"
 QUOTA_RETRY_AFTER_S = 60.0
 ERRORS_PAGE = 1000
+
+
+_ID = "$response.body#/campaign_id"
+CAMPAIGN_LINKS: Final = {
+    "GetCampaign": link("get_campaign", "The campaign.", campaign_id=_ID),
+    "CampaignErrors": link("campaign_errors", "Its rejected rows.", campaign_id=_ID),
+    "PauseCampaign": link("pause_campaign", "Pause it.", campaign_id=_ID),
+    "ResumeCampaign": link("resume_campaign", "Resume it.", campaign_id=_ID),
+    "CancelCampaign": link("cancel_campaign", "Cancel it.", campaign_id=_ID),
+}
+MOVE_ERRORS: Final = tenant_errors(
+    404, 409, r409="`conflict` / `campaign_state`: the state does not allow the move.",
+    r503="`cancel_unavailable` (Redis, when cancelling).")
 
 
 def view(row: CampaignRow, counts: CampaignCounts, now: datetime) -> CampaignView:
@@ -125,7 +141,19 @@ async def _check_quota(store: CampaignStore, tenant: TenantConfig) -> None:
                            QUOTA_RETRY_AFTER_S)
 
 
-@router.post("/v1/campaigns", status_code=201)
+@router.post(
+    "/v1/campaigns", status_code=201, response_model=CampaignView,
+    responses={**success(201, "The campaign (`state: scheduled`).",
+                         headers=location("the campaign"), links=CAMPAIGN_LINKS),
+               **tenant_errors(
+                   400, 403, 413, 421, 422, 429,
+                   r422="`invalid_body`; not stated by the schema: `rate_too_high`, "
+                        "`quota_too_large`, `window_too_long`, `window_over`, "
+                        "`channel_unavailable`, `unknown_template`, "
+                        "`missing_template_variable`, `manifest_unreadable`.",
+                   r429="`campaign_quota`, `backlog`, `priority_pressure`.")},
+    openapi_extra=json_body(CampaignRequest, "One template to every row of a manifest.",
+                            examples.CAMPAIGN))
 async def create_campaign(request: Request, tenant: Tenant, rt: RuntimeDep) -> Response:
     """Create a campaign: 201 with its view (state ``scheduled`` until an expander takes
     it)."""
@@ -170,7 +198,7 @@ async def create_campaign(request: Request, tenant: Tenant, rt: RuntimeDep) -> R
                     media_type=JSON, headers={"Location": f"/v1/campaigns/{row.campaign_id}"})
 
 
-@router.get("/v1/campaigns")
+@router.get("/v1/campaigns", response_model=CampaignList, responses=tenant_errors())
 async def list_campaigns(tenant: Tenant, rt: RuntimeDep) -> Response:
     now = now_ms()
     rows = await rt.campaigns().of_tenant(tenant.id)
@@ -187,14 +215,16 @@ async def _own(rt: Runtime, tenant_id: str, campaign_id: str) -> CampaignRow:
     return row
 
 
-@router.get("/v1/campaigns/{campaign_id}")
+@router.get("/v1/campaigns/{campaign_id}", response_model=CampaignView,
+            responses=tenant_errors(404))
 async def get_campaign(campaign_id: str, tenant: Tenant, rt: RuntimeDep) -> Response:
     row = await _own(rt, tenant.id, campaign_id)
     return Response(view(row, await _counts(rt, row), now_ms()).model_dump_json(),
                     media_type=JSON)
 
 
-@router.get("/v1/campaigns/{campaign_id}/errors")
+@router.get("/v1/campaigns/{campaign_id}/errors", response_model=ErrorReport,
+            responses=tenant_errors(404, 422, r422="`invalid_request` (`after`, `limit`)."))
 async def campaign_errors(campaign_id: str, tenant: Tenant, rt: RuntimeDep,
                           after: int = Query(0, ge=0),
                           limit: int = Query(ERRORS_PAGE, ge=1, le=ERRORS_PAGE)) -> Response:
@@ -246,16 +276,19 @@ async def _close_gate(rt: Runtime, row: CampaignRow, now: datetime) -> None:
                           "later") from None
 
 
-@router.post("/v1/campaigns/{campaign_id}/pause")
+@router.post("/v1/campaigns/{campaign_id}/pause", response_model=CampaignView,
+             responses=MOVE_ERRORS)
 async def pause_campaign(campaign_id: str, tenant: Tenant, rt: RuntimeDep) -> Response:
     return await _move(rt, tenant, campaign_id, "paused", None)
 
 
-@router.post("/v1/campaigns/{campaign_id}/resume")
+@router.post("/v1/campaigns/{campaign_id}/resume", response_model=CampaignView,
+             responses=MOVE_ERRORS)
 async def resume_campaign(campaign_id: str, tenant: Tenant, rt: RuntimeDep) -> Response:
     return await _move(rt, tenant, campaign_id, "running", None)
 
 
-@router.post("/v1/campaigns/{campaign_id}/cancel")
+@router.post("/v1/campaigns/{campaign_id}/cancel", response_model=CampaignView,
+             responses=MOVE_ERRORS)
 async def cancel_campaign(campaign_id: str, tenant: Tenant, rt: RuntimeDep) -> Response:
     return await _move(rt, tenant, campaign_id, "cancelled", "cancelled")

@@ -31,7 +31,8 @@ from notiflow.adapters.cassandra_store import CassandraStore, utc
 from notiflow.adapters.kafka_io import OutRecord, make_headers
 from notiflow.gateway.auth import RuntimeDep, Tenant
 from notiflow.gateway.errors import STORE_ERRORS, ApiError, not_found, unavailable
-from notiflow.gateway.messages import MESSAGE_ID
+from notiflow.gateway.messages import MESSAGE_ID, MessageIdPath
+from notiflow.gateway.openapi import Traceparent, tenant_errors
 from notiflow.gateway.outbox import traceparent
 from notiflow.gateway.runtime import Runtime, now_ms
 from notiflow.schemas.enums import Status
@@ -110,9 +111,15 @@ async def _unschedule(rt: Runtime, message_id: str, scheduled_at: datetime | Non
                     "cancels it when released", message_id, type(exc).__name__)
 
 
-@router.delete("/v1/messages/{message_id}")
-async def cancel_message(message_id: str, request: Request, tenant: Tenant,
-                         rt: RuntimeDep) -> Response:
+@router.delete(
+    "/v1/messages/{message_id}", response_model=Cancelled,
+    responses=tenant_errors(
+        404, 409, r409="`conflict`: `not_cancellable` (with `current_status`), "
+                       "`already_sending`.",
+        r503="`cancel_unavailable` (Redis), `kafka_unavailable` (the cancel stands; retry).")
+)
+async def cancel_message(message_id: MessageIdPath, request: Request, tenant: Tenant,
+                         rt: RuntimeDep, _trace: Traceparent = None) -> Response:
     """Cancel a message of the caller: 200 ``{message_id, status: "CANCELLED",
     cancelled_at}`` (also for a message already cancelled), else 404, 409 or 503."""
     with telemetry.span(names.API_REQUEST, {names.ATTR_TENANT_ID: tenant.id}):

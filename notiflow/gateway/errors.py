@@ -9,7 +9,7 @@ Every error is a JSON object ``{"error": <code>, "reason": <specific code>, "mes
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from cassandra import CoordinationFailure, OperationTimedOut, Timeout, Unavailable
@@ -18,7 +18,7 @@ from cassandra.connection import ConnectionException
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -38,6 +38,32 @@ STORE_ERRORS: tuple[type[Exception], ...] = (
     ConnectionException,
 )
 """Cassandra failures that mean "try again later" (not a bug, not bad input)."""
+
+
+class ErrorDetail(BaseModel):
+    """One schema failure: where (``loc``, without the input value), what and its type."""
+
+    loc: list[str | int]
+    msg: str
+    type: str
+
+
+class ErrorBody(BaseModel):
+    """The one body of every error answer. Some reasons add fields of their own
+    (``current_status``, ``variables``, ``field``, ``line``, ``checks``): documented with the
+    reason in ``docs/api.md``."""
+
+    model_config = ConfigDict(extra="allow", json_schema_extra={"examples": [
+        {"error": "validation_failed", "reason": "unknown_template",
+         "message": "template otp version 3 does not exist"}]})
+
+    error: str = Field(description="The error class, e.g. ``validation_failed``.")
+    reason: str | None = Field(None, description="The specific reason, e.g. "
+                               "``unknown_template``; absent for ``not_found``.")
+    message: str | None = Field(None, description="Human-readable; never contains input "
+                                "values.")
+    details: list[ErrorDetail] | None = Field(None, description="Schema failures "
+                                              "(``invalid_body``, ``invalid_request``, ...).")
 
 
 class ApiError(Exception):
@@ -120,6 +146,19 @@ def kafka_unavailable(exc: BaseException) -> ApiError:
     return unavailable("kafka_unavailable", "the message log did not acknowledge the request")
 
 
+def allowed_methods(routes: Iterable[Any], path: str) -> list[str]:
+    """Every method some route serves at ``path`` (routers included into the app are
+    walked), for the ``Allow`` header of a 405."""
+    methods: set[str] = set()
+    for route in routes:
+        inner = getattr(route, "original_router", None)
+        if inner is not None:
+            methods.update(allowed_methods(inner.routes, path))
+        elif getattr(route, "methods", None) and route.path_regex.match(path):
+            methods.update(route.methods)
+    return sorted(methods)
+
+
 def install(app: FastAPI) -> None:
     """Register the handlers that give every error the JSON shape above."""
 
@@ -132,12 +171,14 @@ def install(app: FastAPI) -> None:
         return ApiError(422, "validation_failed", "invalid_request",
                         details=validation_details(exc.errors())).response()
 
-    async def on_http(_: Request, exc: Exception) -> JSONResponse:
+    async def on_http(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, StarletteHTTPException)
         codes = {404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}
         error = ApiError(exc.status_code, codes.get(exc.status_code, "http_error"))
-        return JSONResponse(error.body(), status_code=exc.status_code,
-                            headers=dict(exc.headers or {}))
+        headers = dict(exc.headers or {})
+        if exc.status_code == 405:
+            headers["Allow"] = ", ".join(allowed_methods(app.routes, request.url.path))
+        return JSONResponse(error.body(), status_code=exc.status_code, headers=headers)
 
     async def on_store(_: Request, exc: Exception) -> JSONResponse:
         return store_unavailable(exc).response()

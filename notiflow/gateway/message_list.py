@@ -22,6 +22,7 @@ from pydantic import AwareDatetime
 from notiflow.adapters.cassandra_store import Cursor, utc
 from notiflow.gateway.auth import RuntimeDep, Tenant
 from notiflow.gateway.errors import unprocessable
+from notiflow.gateway.openapi import tenant_errors
 from notiflow.gateway.runtime import now_ms
 from notiflow.schemas.enums import Status
 from notiflow.schemas.messages import MessageHead, Wire
@@ -62,7 +63,10 @@ def check_since(since: datetime | None, now: datetime, retention: timedelta) -> 
     return since
 
 
-@router.get(PATH)
+@router.get(PATH, response_model=MessageList, responses=tenant_errors(
+    422, r422="`invalid_request` (with `details`) for a malformed parameter; not stated by "
+              "the schema: `invalid_since` (in the future, or beyond the 30-day retention), "
+              "`invalid_cursor` (not a `next_cursor` of this list)."))
 async def list_messages(
     tenant: Tenant,
     rt: RuntimeDep,

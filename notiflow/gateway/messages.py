@@ -15,9 +15,9 @@ import json
 import logging
 import re
 from datetime import UTC, datetime
-from typing import Any
+from typing import Annotated, Any, Final
 
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, Path, Request, Response
 from opentelemetry import trace as trace_api
 from opentelemetry.trace import StatusCode
 from pydantic import ValidationError
@@ -25,6 +25,7 @@ from pydantic import ValidationError
 from notiflow import names, telemetry
 from notiflow.adapters.cassandra_store import utc
 from notiflow.adapters.kafka_io import DeliveryFailed
+from notiflow.gateway import examples
 from notiflow.gateway.auth import RuntimeDep, Tenant, read_json_object
 from notiflow.gateway.checks import check_lane, check_sender, check_template
 from notiflow.gateway.errors import (
@@ -39,6 +40,15 @@ from notiflow.gateway.errors import (
     unprocessable,
 )
 from notiflow.gateway.kafka_window import Unconfirmed
+from notiflow.gateway.openapi import (
+    ACCEPTED_HEADERS,
+    IdempotencyKey,
+    Traceparent,
+    json_body,
+    link,
+    success,
+    tenant_errors,
+)
 from notiflow.gateway.outbox import (
     ACCEPTED,
     AUTO_KEY_PREFIX,
@@ -53,6 +63,7 @@ from notiflow.names import Stage
 from notiflow.redact import mask
 from notiflow.schemas.enums import Status, Tier
 from notiflow.schemas.messages import (
+    Accepted,
     AttemptView,
     IngestRecord,
     MessageView,
@@ -244,8 +255,35 @@ def count_refusal(exc: ApiError, labels: dict[str, str]) -> None:
     _rejected.add(1, {**labels, "reason": REJECTION_REASONS.get(exc.status, "invalid")})
 
 
-@router.post("/v1/messages", status_code=202)
-async def send_message(request: Request, tenant: Tenant, rt: RuntimeDep) -> Response:
+MESSAGE_LINKS: Final = {
+    "GetMessage": link("get_message", "The message's status.",
+                       message_id="$response.body#/message_id"),
+}
+SEND_REFUSALS: Final = tenant_errors(
+    400, 403, 409, 413, 421, 422, 429,
+    r409="`idempotency_conflict` / `request_mismatch`: the key was used with another body.",
+    r422="Not stated by the schema: `channel_unavailable` (no provider configured), "
+         "`variables_too_large`, `expired` (`expires_at` not in the future), "
+         "`scheduled_too_far` (beyond 30 days), `unknown_template` (no such version of this "
+         "channel for the tenant), `missing_template_variable` (with `variables`), "
+         "`invalid_body` when `scheduled_at` is not before `expires_at`.",
+    r429="`tenant_rate`, `backlog`, `priority_pressure`, `p0_capacity`.",
+    r503="`cassandra_unavailable`, `kafka_unavailable` (P0 while Kafka does not acknowledge, "
+         "or any tier with the outage window off), `outage_window_full` (P1-P3: the API "
+         "process's Kafka-outage window is full), `acceptance_in_progress`, "
+         "`admission_unavailable` (P2/P3 without Redis).")
+
+
+@router.post(
+    "/v1/messages", status_code=202, response_model=Accepted,
+    responses={**success(202, "Accepted durably (stored and acknowledged by Kafka), or the "
+                              "stored answer of a replayed `Idempotency-Key`.",
+                         headers=ACCEPTED_HEADERS, links=MESSAGE_LINKS,
+                         examples=examples.ACCEPTED),
+               **SEND_REFUSALS},
+    openapi_extra=json_body(SendRequest, "One message.", examples.SEND))
+async def send_message(request: Request, tenant: Tenant, rt: RuntimeDep,
+                       _key: IdempotencyKey = None, _trace: Traceparent = None) -> Response:
     """Accept a send request durably; 202 ``{message_id, status, accepted_at}``. Runs in a
     ``notiflow.api.request`` span; refusals are counted by reason."""
     labels = {"tenant": tenant.id, "channel": "", "tier": ""}
@@ -303,8 +341,13 @@ async def accept_request(rt: Runtime, tenant: TenantConfig, data: Any, key: str 
                         stages)
 
 
-@router.get("/v1/messages/{message_id}")
-async def get_message(message_id: str, tenant: Tenant, rt: RuntimeDep) -> Response:
+MessageIdPath = Annotated[str, Path(description="A `message_id` of the caller.",
+                                    json_schema_extra={"pattern": MESSAGE_ID.pattern})]
+
+
+@router.get("/v1/messages/{message_id}", response_model=MessageView,
+            responses=tenant_errors(404))
+async def get_message(message_id: MessageIdPath, tenant: Tenant, rt: RuntimeDep) -> Response:
     """Current status and attempts of a message owned by the caller; 404 otherwise."""
     if not MESSAGE_ID.fullmatch(message_id):
         raise not_found()

@@ -11,17 +11,20 @@ it. See ``docs/api.md``.
 from __future__ import annotations
 
 from collections.abc import Awaitable
-from typing import TypeVar
+from typing import Annotated, Final, TypeVar
 
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, Path, Request, Response
 from pydantic import ValidationError
 
 from notiflow.adapters.cassandra_store import StateContention
+from notiflow.gateway import examples
 from notiflow.gateway.auth import RuntimeDep, Tenant, read_json_object
 from notiflow.gateway.errors import ApiError, invalid_body, not_found, unavailable
+from notiflow.gateway.openapi import json_body, link, tenant_errors
 from notiflow.gateway.runtime import now_ms
 from notiflow.redact import mask, recipient_hash
 from notiflow.schemas.enums import PushPlatform
+from notiflow.schemas.formats import FCM_TOKEN_PATTERN, owner_address, recipient_address
 from notiflow.schemas.preferences import (
     DeviceRegistration,
     DeviceView,
@@ -37,6 +40,21 @@ T = TypeVar("T")
 JSON = "application/json"
 DELETED_BY_CLIENT = "deleted_by_client"
 _PUSH_PREFIXES = tuple(f"{p.value}:" for p in PushPlatform)
+
+
+Address = Annotated[str, Path(json_schema_extra=recipient_address())]
+Owner = Annotated[str, Path(json_schema_extra=owner_address())]
+Token = Annotated[str, Path(description="The device token (its shape follows the platform: "
+                                        "ios tokens are 64-200 hex digits).",
+                            json_schema_extra={"pattern": FCM_TOKEN_PATTERN})]
+INVALID_ADDRESS: Final = "`invalid_recipient` (`details[0].loc = [\"path\", \"recipient\"]`)"
+STATE_ERRORS: Final = dict(r503="`preferences_contention`, `kafka_unavailable` (the change "
+                                "is stored; retry to publish it).")
+PREFERENCE_LINKS: Final = {"GetPreferences": link(
+    "get_preferences", "The state just written.", recipient="$request.path.recipient")}
+DEVICE_LINKS: Final = {"DeleteDevice": link(
+    "delete_device", "Deactivate the token again.", recipient="$request.path.recipient",
+    token="$request.path.token")}
 
 
 def _invalid(reason: str, field: str, msg: str) -> ApiError:
@@ -83,8 +101,14 @@ def _state_response(state: PreferenceState, key: str) -> Response:
     return Response(PreferencesView.of(state, mask(key)).model_dump_json(), media_type=JSON)
 
 
-@router.put("/v1/recipients/{recipient:path}/preferences")
-async def put_preferences(recipient: str, request: Request, tenant: Tenant,
+@router.put(
+    "/v1/recipients/{recipient:path}/preferences", response_model=PreferencesView,
+    responses={200: {"description": "The new state.", "links": PREFERENCE_LINKS},
+               **tenant_errors(400, 413, 422, r422=f"{INVALID_ADDRESS}, `invalid_body`.",
+                               **STATE_ERRORS)},
+    openapi_extra=json_body(PreferencesUpdate, "Replaces timezone, quiet hours and opt-outs.",
+                            examples.PREFERENCES))
+async def put_preferences(recipient: Address, request: Request, tenant: Tenant,
                           rt: RuntimeDep) -> Response:
     """Replace timezone, quiet hours and opt-outs (the suppression is kept); ``200`` with
     the new state once it is in Cassandra and on ``notify.preferences``."""
@@ -99,8 +123,9 @@ async def put_preferences(recipient: str, request: Request, tenant: Tenant,
     return _state_response(state, key)
 
 
-@router.get("/v1/recipients/{recipient:path}/preferences")
-async def get_preferences(recipient: str, tenant: Tenant, rt: RuntimeDep) -> Response:
+@router.get("/v1/recipients/{recipient:path}/preferences", response_model=PreferencesView,
+            responses=tenant_errors(404, 422, r422=f"{INVALID_ADDRESS}."))
+async def get_preferences(recipient: Address, tenant: Tenant, rt: RuntimeDep) -> Response:
     """The stored state of the caller's recipient; ``404`` when it has none."""
     key = recipient_key(recipient)
     state = await rt.store().get_state(tenant.id, recipient_hash(tenant.id, key))
@@ -109,8 +134,14 @@ async def get_preferences(recipient: str, tenant: Tenant, rt: RuntimeDep) -> Res
     return _state_response(state, key)
 
 
-@router.put("/v1/recipients/{recipient:path}/devices/{token}")
-async def put_device(recipient: str, token: str, request: Request, tenant: Tenant,
+@router.put(
+    "/v1/recipients/{recipient:path}/devices/{token}", response_model=DeviceView,
+    responses={200: {"description": "The device, active.", "links": DEVICE_LINKS},
+               **tenant_errors(400, 413, 422, r422=f"{INVALID_ADDRESS}, `invalid_body`; not "
+                               "stated by the schema: `invalid_device_token` (the token does "
+                               "not have the body's platform's shape).", **STATE_ERRORS)},
+    openapi_extra=json_body(DeviceRegistration, "The token's platform.", examples.DEVICE))
+async def put_device(recipient: Owner, token: Token, request: Request, tenant: Tenant,
                      rt: RuntimeDep) -> Response:
     """Register or reactivate a device token of a recipient and clear the token's
     suppression; idempotent. ``200`` with the device."""
@@ -132,8 +163,11 @@ async def put_device(recipient: str, token: str, request: Request, tenant: Tenan
     return Response(view.model_dump_json(), media_type=JSON)
 
 
-@router.delete("/v1/recipients/{recipient:path}/devices/{token}", status_code=204)
-async def delete_device(recipient: str, token: str, tenant: Tenant,
+@router.delete(
+    "/v1/recipients/{recipient:path}/devices/{token}", status_code=204,
+    responses={204: {"description": "Deactivated (also when it already was)."},
+               **tenant_errors(404, 422, r422=f"{INVALID_ADDRESS}.", **STATE_ERRORS)})
+async def delete_device(recipient: Owner, token: str, tenant: Tenant,
                         rt: RuntimeDep) -> Response:
     """Deactivate a registered device token (reason ``deleted_by_client``) and suppress
     the token (``token_deactivated``); idempotent. ``204``; ``404`` for a token never

@@ -18,16 +18,19 @@ import dataclasses
 import functools
 import json
 from datetime import datetime, timedelta
+from typing import Final
 
 from fastapi import APIRouter, Request, Response
 from pydantic import ValidationError
 
 from notiflow.adapters.schedule_store import ScheduleRow, ScheduleStore
+from notiflow.gateway import examples
 from notiflow.gateway.auth import RuntimeDep, Tenant, read_json_object
 from notiflow.gateway.cancel import cancel_if_pending
 from notiflow.gateway.checks import check_lane, check_template
 from notiflow.gateway.errors import invalid_body, not_found, unprocessable
 from notiflow.gateway.messages import check_policy
+from notiflow.gateway.openapi import json_body, link, location, success, tenant_errors
 from notiflow.gateway.outbox import traceparent
 from notiflow.gateway.runtime import Runtime, now_ms
 from notiflow.redact import mask, recipient_hash
@@ -38,6 +41,7 @@ from notiflow.schemas.schedules import (
     ScheduleList,
     ScheduleRequest,
     ScheduleState,
+    ScheduleStopped,
     ScheduleView,
     new_schedule_id,
     occurrence_message_id,
@@ -49,6 +53,15 @@ JSON = "application/json"
 PREVIEW = 5
 PREVIEW_SPAN = timedelta(days=400)
 RECIPIENT_ZONE = "recipient"
+
+
+_ID = "$response.body#/schedule_id"
+SCHEDULE_LINKS: Final = {
+    "GetSchedule": link("get_schedule", "The schedule.", schedule_id=_ID),
+    "PauseSchedule": link("pause_schedule", "Pause it.", schedule_id=_ID),
+    "ResumeSchedule": link("resume_schedule", "Resume it.", schedule_id=_ID),
+    "DeleteSchedule": link("delete_schedule", "Delete it.", schedule_id=_ID),
+}
 
 
 def _store(rt: Runtime) -> ScheduleStore:
@@ -91,7 +104,19 @@ async def resolve_zone(rt: Runtime, tenant: TenantConfig, req: ScheduleRequest) 
     return zone
 
 
-@router.post("/v1/schedules", status_code=201)
+@router.post(
+    "/v1/schedules", status_code=201, response_model=ScheduleView,
+    responses={**success(201, "The schedule with its next occurrences.",
+                         headers=location("the schedule"), links=SCHEDULE_LINKS),
+               **tenant_errors(
+                   400, 403, 413, 421, 422,
+                   r422="`invalid_body`; not stated by the schema: `invalid_schedule` (with "
+                        "`field`: a malformed cron or RRULE, an unknown zone, a schedule that "
+                        "never fires or fires too often), `channel_unavailable`, "
+                        "`variables_too_large`, `unknown_template`, "
+                        "`missing_template_variable`.")},
+    openapi_extra=json_body(ScheduleRequest, "A message repeated on a cron expression or an "
+                                             "RRULE.", examples.SCHEDULE))
 async def create_schedule(request: Request, tenant: Tenant, rt: RuntimeDep) -> Response:
     """Create a recurring schedule of one message: 201 with the schedule and its next
     occurrences."""
@@ -121,7 +146,7 @@ async def create_schedule(request: Request, tenant: Tenant, rt: RuntimeDep) -> R
                     headers={"Location": f"/v1/schedules/{row.schedule_id}"})
 
 
-@router.get("/v1/schedules")
+@router.get("/v1/schedules", response_model=ScheduleList, responses=tenant_errors())
 async def list_schedules(tenant: Tenant, rt: RuntimeDep) -> Response:
     now = now_ms()
     rows = [r for r in await _store(rt).of_tenant(tenant.id) if r.state != "deleted"]
@@ -136,7 +161,8 @@ async def _own(rt: Runtime, tenant_id: str, schedule_id: str) -> ScheduleRow:
     return row
 
 
-@router.get("/v1/schedules/{schedule_id}")
+@router.get("/v1/schedules/{schedule_id}", response_model=ScheduleView,
+            responses=tenant_errors(404))
 async def get_schedule(schedule_id: str, tenant: Tenant, rt: RuntimeDep) -> Response:
     row = await _own(rt, tenant.id, schedule_id)
     return Response(view(row, now_ms()).model_dump_json(), media_type=JSON)
@@ -162,19 +188,22 @@ async def _stop(rt: Runtime, row: ScheduleRow, state: ScheduleState, request: Re
                     media_type=JSON)
 
 
-@router.delete("/v1/schedules/{schedule_id}")
+@router.delete("/v1/schedules/{schedule_id}", response_model=ScheduleStopped,
+               responses=tenant_errors(404))
 async def delete_schedule(schedule_id: str, request: Request, tenant: Tenant,
                           rt: RuntimeDep) -> Response:
     return await _stop(rt, await _own(rt, tenant.id, schedule_id), "deleted", request)
 
 
-@router.post("/v1/schedules/{schedule_id}/pause")
+@router.post("/v1/schedules/{schedule_id}/pause", response_model=ScheduleStopped,
+             responses=tenant_errors(404))
 async def pause_schedule(schedule_id: str, request: Request, tenant: Tenant,
                          rt: RuntimeDep) -> Response:
     return await _stop(rt, await _own(rt, tenant.id, schedule_id), "paused", request)
 
 
-@router.post("/v1/schedules/{schedule_id}/resume")
+@router.post("/v1/schedules/{schedule_id}/resume", response_model=ScheduleView,
+             responses=tenant_errors(404))
 async def resume_schedule(schedule_id: str, tenant: Tenant, rt: RuntimeDep) -> Response:
     """Resume from now: occurrences missed while paused are skipped."""
     row = await _own(rt, tenant.id, schedule_id)

@@ -9,14 +9,15 @@ content, which is then returned with ``200``.
 
 from __future__ import annotations
 
-import json
+import re
 from datetime import datetime
-from typing import Any
+from typing import Annotated, Any, Final
 
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, Path, Request, Response
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from notiflow.adapters.cassandra_store import CassandraStore, utc
+from notiflow.gateway import examples
 from notiflow.gateway.auth import RuntimeDep, Tenant, read_json_object
 from notiflow.gateway.errors import (
     ApiError,
@@ -26,14 +27,18 @@ from notiflow.gateway.errors import (
     unavailable,
     unprocessable,
 )
+from notiflow.gateway.openapi import json_body, link, location, success, tenant_errors
 from notiflow.gateway.runtime import now_ms
 from notiflow.schemas.enums import Channel
+from notiflow.schemas.formats import TEMPLATE_ID_PATTERN
 from notiflow.schemas.messages import TemplateCreate, TemplateVersion
 from notiflow.templating import TemplateSyntaxError, analyse
 
 router = APIRouter()
+TEMPLATE_ID: Final = re.compile(TEMPLATE_ID_PATTERN)
 
 MAX_VERSION_RACES = 8
+MAX_VERSION: Final = 1_000_000
 JSON = "application/json"
 
 
@@ -48,6 +53,18 @@ class TemplateCreated(BaseModel):
     variables: tuple[str, ...]
     checksum: str
     created_at: datetime
+
+
+class TemplateView(TemplateVersion):
+    """Body of ``GET /v1/templates/{template_id}/versions/{version}``."""
+
+    description: str | None
+
+
+TEMPLATE_LINKS: Final = {"GetTemplate": link(
+    "get_template", "The stored version.", template_id="$response.body#/template_id",
+    version="$response.body#/version")}
+TEMPLATE_HEADERS: Final = location("the version (`/v1/templates/{id}/versions/{version}`)")
 
 
 def _created(row: dict[str, Any], status: int) -> Response:
@@ -71,6 +88,10 @@ async def _insert_next(store: CassandraStore, values: dict[str, Any]) -> Respons
         if latest is not None and _same_content(latest, values):
             return _created(latest, 200)
         candidate = {**values, "version": (int(latest["version"]) if latest else 0) + 1}
+        if candidate["version"] > MAX_VERSION:
+            raise ApiError(409, "conflict", "versions_exhausted",
+                           f"template {values['template_id']} has reached version "
+                           f"{MAX_VERSION}; use another template id")
         applied, _ = await store.put_template(candidate)
         if applied:
             return _created(candidate, 201)
@@ -78,7 +99,20 @@ async def _insert_next(store: CassandraStore, values: dict[str, Any]) -> Respons
                       "too many concurrent versions of this template; retry")
 
 
-@router.post("/v1/templates", status_code=201)
+@router.post(
+    "/v1/templates", status_code=201, response_model=TemplateCreated,
+    responses={
+        **success(201, "A new version.", headers=TEMPLATE_HEADERS, links=TEMPLATE_LINKS),
+        **success(200, "This content is already stored as the given (or latest) version.",
+                  headers=TEMPLATE_HEADERS, links=TEMPLATE_LINKS, model=TemplateCreated),
+        **tenant_errors(
+            400, 403, 409, 413, 422,
+            r409="`template_version_immutable` / `content_differs`; `conflict` / "
+                 "`versions_exhausted` (the next version would pass 1,000,000).",
+            r422="Not stated by the schema: `template_syntax_error` (with `field`, `line`).",
+            r503="`template_version_contention` (concurrent versions; retry).")},
+    openapi_extra=json_body(TemplateCreate, "One immutable template version.",
+                            examples.TEMPLATE))
 async def create_template(request: Request, tenant: Tenant, rt: RuntimeDep) -> Response:
     """Create an immutable template version; 201, 200 (identical), 409, 422."""
     data = await read_json_object(request)
@@ -115,22 +149,23 @@ async def create_template(request: Request, tenant: Tenant, rt: RuntimeDep) -> R
                    "different content")
 
 
-@router.get("/v1/templates/{template_id}/versions/{version}")
-async def get_template(template_id: str, version: int, tenant: Tenant,
-                       rt: RuntimeDep) -> Response:
+@router.get("/v1/templates/{template_id}/versions/{version}", response_model=TemplateView,
+            responses=tenant_errors(404, 422, r422="`invalid_request`: `version` is not an "
+                                                   "integer."))
+async def get_template(
+    template_id: Annotated[str, Path(json_schema_extra={"pattern": TEMPLATE_ID.pattern})],
+    version: Annotated[int, Path(json_schema_extra={"minimum": 1, "maximum": MAX_VERSION})],
+    tenant: Tenant, rt: RuntimeDep) -> Response:
     """One immutable template version of the caller's tenant; 404 otherwise."""
-    if version < 1:
+    if not 1 <= version <= MAX_VERSION or not TEMPLATE_ID.fullmatch(template_id):
         raise not_found()
     row = await rt.store().get_template(tenant.id, template_id, version)
     if row is None:
         raise not_found()
-    view = TemplateVersion(
+    view = TemplateView(
         tenant_id=row["tenant_id"], template_id=row["template_id"], version=row["version"],
         channel=row["channel"], subject=row.get("subject"), body=row["body"],
         variables=tuple(row.get("variables") or ()), checksum=row["checksum"],
-        created_at=utc(row["created_at"]),
+        created_at=utc(row["created_at"]), description=row.get("description"),
     )
-    body = view.model_dump(mode="json")
-    body["description"] = row.get("description")
-    return Response(json.dumps(body, separators=(",", ":"), ensure_ascii=False),
-                    media_type=JSON)
+    return Response(view.model_dump_json(), media_type=JSON)

@@ -31,10 +31,11 @@ import logging
 import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
+from typing import Final
 from urllib.parse import parse_qsl
 
 import orjson
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
@@ -52,6 +53,20 @@ from notiflow.adapters.providers.webhook import WebhookRefused
 from notiflow.gateway.auth import RuntimeDep
 from notiflow.gateway.errors import ApiError, bad_request, forbidden, unprocessable
 from notiflow.gateway.runtime import Runtime
+from notiflow.gateway.webhook_openapi import (
+    DSN_BODY,
+    DSN_SECRET,
+    SENDGRID_BODY,
+    SENDGRID_SIGNATURE,
+    TWILIO_BODY,
+    TWILIO_SIGNATURE,
+    VONAGE_BODY,
+    VONAGE_SIGNATURE,
+    DsnAnswer,
+    SendgridAnswer,
+    VonageAnswer,
+    webhook_errors,
+)
 from notiflow.schemas.messages import Receipt
 
 log = logging.getLogger("notiflow.gateway.webhooks")
@@ -139,13 +154,14 @@ def _problem(exc: Exception) -> str:
 # Twilio --------------------------------------------------------------------------------
 
 
-@router.post("/webhooks/twilio")
+@router.post("/webhooks/twilio",
+             responses={200: {"description": "Taken (empty body)."},
+                        **webhook_errors(400, 413, r400="`unknown_callback`.")},
+             openapi_extra=TWILIO_BODY, dependencies=[Depends(TWILIO_SIGNATURE)])
 async def twilio_status(request: Request, runtime: RuntimeDep) -> Response:
     """One Twilio status callback → at most one receipt; ``403`` unless signed."""
     settings = runtime.settings
-    raw = await request.body()
-    if len(raw) > MAX_BODY:
-        raise bad_request("body_too_large", "webhook body too large")
+    raw = await read_body(request, MAX_BODY)
     params = dict(parse_qsl(raw.decode(errors="replace"), keep_blank_values=True))
     try:
         twilio_signature.check_callback(
@@ -168,7 +184,10 @@ async def twilio_status(request: Request, runtime: RuntimeDep) -> Response:
 # SendGrid ------------------------------------------------------------------------------
 
 
-@router.post("/webhooks/sendgrid")
+@router.post("/webhooks/sendgrid", response_model=SendgridAnswer,
+             responses=webhook_errors(400, 413, r400="`invalid_json`, `invalid_batch`.",
+                                      r413="Bodies are limited to 8 MiB."),
+             openapi_extra=SENDGRID_BODY, dependencies=[Depends(SENDGRID_SIGNATURE)])
 async def sendgrid_events(request: Request, runtime: RuntimeDep) -> JSONResponse:
     """One Event Webhook batch → its receipts, all confirmed before the ``200``. ``403`` unless
     signed and fresh; ``400`` when the body is not a JSON array. Malformed events are logged
@@ -235,7 +254,15 @@ async def vonage_params(request: Request) -> dict[str, str]:
     return params
 
 
-@router.api_route("/webhooks/vonage", methods=["GET", "POST"])
+VONAGE_ERRORS: Final = webhook_errors(400, 413, r400="`invalid_json`, `invalid_receipt`, "
+                                                     "`unknown_receipt`.")
+
+
+@router.get("/webhooks/vonage", operation_id="vonage_dlr_get", response_model=VonageAnswer,
+            responses=VONAGE_ERRORS, dependencies=[Depends(VONAGE_SIGNATURE)])
+@router.post("/webhooks/vonage", operation_id="vonage_dlr_post", response_model=VonageAnswer,
+             responses=VONAGE_ERRORS, dependencies=[Depends(VONAGE_SIGNATURE)],
+             openapi_extra=VONAGE_BODY)
 async def vonage_dlr(request: Request, runtime: RuntimeDep) -> JSONResponse:
     """One Vonage delivery receipt (GET query, form or JSON POST) → at most one receipt;
     ``403`` as :func:`~notiflow.adapters.providers.vonage.signature.check_receipt` says (without
@@ -263,11 +290,20 @@ async def vonage_dlr(request: Request, runtime: RuntimeDep) -> JSONResponse:
 # SMTP DSNs -----------------------------------------------------------------------------
 
 
-@router.post("/webhooks/smtp-dsn")
+@router.post("/webhooks/smtp-dsn", response_model=DsnAnswer,
+             responses=webhook_errors(401, 413, 422, r413="Bodies are limited to 2 MiB.",
+                                      r401="`missing_token`: no `Authorization` header.",
+                                      r422="`not_a_dsn`, `uncorrelated_dsn`."),
+             openapi_extra=DSN_BODY, dependencies=[Depends(DSN_SECRET)])
 async def smtp_dsn(request: Request, runtime: RuntimeDep) -> JSONResponse:
-    """One bounce from the relay's mail pipe → its receipts. ``403`` without the bearer
-    secret; ``422`` when the body is not a DSN or names no message we could correlate."""
+    """One bounce from the relay's mail pipe → its receipts. ``401`` without an
+    ``Authorization`` header, ``403`` with another secret; ``422`` when the body is not a
+    DSN or names no message we could correlate."""
     settings = runtime.settings
+    if not request.headers.get("authorization"):
+        raise ApiError(401, "unauthorized", "missing_token",
+                       "Authorization: Bearer <DSN webhook secret> required",
+                       headers={"WWW-Authenticate": "Bearer"})
     try:
         smtp_signature.check_bearer(settings.smtp.dsn_webhook_secret,
                                     request.headers.get("authorization"))

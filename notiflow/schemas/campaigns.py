@@ -13,12 +13,21 @@ import math
 import re
 import uuid
 from datetime import UTC, datetime, time, timedelta
-from typing import Literal
+from typing import Annotated, Any, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from pydantic import AwareDatetime, Field, HttpUrl, field_validator, model_validator
+from pydantic import (
+    AwareDatetime,
+    ConfigDict,
+    Field,
+    HttpUrl,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
 
 from notiflow.schemas.enums import Category, Channel, Tier
+from notiflow.schemas.formats import HTTP_URL, campaign_rules, wall_clock_window
 from notiflow.schemas.messages import TemplateId, Wire
 
 CampaignState = Literal["scheduled", "running", "paused", "cancelled", "completed", "failed"]
@@ -61,10 +70,18 @@ def format_of(uri: str, declared: ManifestFormat | None) -> ManifestFormat:
     raise ValueError("format: name the manifest .csv or .jsonl, or set format")
 
 
+def _variable_columns(schema: dict[str, Any]) -> None:
+    schema["properties"]["variables"].update(
+        propertyNames={"pattern": _VARIABLE},
+        additionalProperties={"type": "string", "pattern": _COLUMN})
+
+
 class ColumnMapping(Wire):
     """Which manifest column holds what: the recipient (E.164 number, e-mail address or
     device token), the push platform (push only), the recipient's IANA zone (optional), and
     each template variable's column."""
+
+    model_config = ConfigDict(json_schema_extra=_variable_columns)
 
     recipient: str = Field(pattern=_COLUMN)
     platform: str | None = Field(None, pattern=_COLUMN)
@@ -86,6 +103,8 @@ class LocalWindow(Wire):
     """Local wall-clock hours a recipient may be sent to, in the recipient's zone;
     ``start`` > ``end`` spans midnight. Quiet hours of the recipient's preferences still
     apply on top."""
+
+    model_config = ConfigDict(json_schema_extra=wall_clock_window)
 
     start: time
     end: time
@@ -147,6 +166,8 @@ def _transition(after: datetime, before: datetime, zone: ZoneInfo) -> datetime:
 class CampaignRequest(Wire):
     """Body of ``POST /v1/campaigns``."""
 
+    model_config = ConfigDict(json_schema_extra=campaign_rules)
+
     name: str = Field(min_length=1, max_length=200)
     channel: Channel
     tier: Tier = Tier.P3
@@ -171,7 +192,8 @@ class CampaignRequest(Wire):
     quota: int | None = Field(None, ge=1, le=1_000_000_000)
     """Messages at most; rows past it are not sent (the campaign completes with reason
     ``quota``). None: the tenant's ``max_recipients``."""
-    webhook: HttpUrl | None = None
+    webhook: Annotated[HttpUrl | None,
+                       WithJsonSchema({"anyOf": [HTTP_URL, {"type": "null"}]})] = None
     """Where each state change of the campaign is POSTed (``campaign.state``, signed like
     status webhooks with the tenant's secrets)."""
 

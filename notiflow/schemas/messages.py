@@ -27,19 +27,29 @@ from pydantic import (
 )
 
 from notiflow.schemas.enums import Category, Channel, PushPlatform, Status, Tier
+from notiflow.schemas.formats import (
+    APNS_TOKEN_PATTERN,
+    E164_PATTERN,
+    FCM_TOKEN_PATTERN,
+    TEMPLATE_ID_PATTERN,
+    VARIABLE_NAME_PATTERN,
+    push_token_rule,
+    send_request_rules,
+)
 
 SCHEMA_VERSION: Final = 1
 MAX_VARIABLES = 64
 MAX_VARIABLE_VALUE = 4096
 MAX_VARIABLES_BYTES = 16_384
 _MESSAGE_ID_NAMESPACE = uuid.UUID("5b7c3e0e-6f0b-4c55-9a63-0c6a1f0d2f61")
-_VARIABLE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
-_APNS_TOKEN = re.compile(r"^[0-9a-fA-F]{64,200}$")
-_FCM_TOKEN = re.compile(r"^[A-Za-z0-9_:\-]{32,4096}$")
+_VARIABLE_NAME = re.compile(VARIABLE_NAME_PATTERN)
+_APNS_TOKEN = re.compile(APNS_TOKEN_PATTERN)
+_FCM_TOKEN = re.compile(FCM_TOKEN_PATTERN)
+_E164 = re.compile(E164_PATTERN)
 
 MessageId = Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
 TenantId = Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9_-]{0,62}$")]
-TemplateId = Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9._-]{0,127}$")]
+TemplateId = Annotated[str, Field(pattern=TEMPLATE_ID_PATTERN)]
 IdempotencyKey = Annotated[str, Field(min_length=1, max_length=255, pattern=r"^[\x21-\x7e]+$")]
 
 
@@ -53,7 +63,7 @@ def derived_message_id(*parts: str) -> str:
 
 
 def _e164(value: str) -> str:
-    if not re.fullmatch(r"\+[1-9]\d{6,14}", value):
+    if not _E164.fullmatch(value):
         raise ValueError("phone number must be in E.164 form, e.g. +14155550123")
     try:
         parsed = phonenumbers.parse(value, None)
@@ -82,6 +92,8 @@ class Wire(BaseModel):
 
 
 class PushRecipient(Wire):
+    model_config = ConfigDict(json_schema_extra=push_token_rule)
+
     device_token: str = Field(min_length=32, max_length=4096)
     platform: PushPlatform
 
@@ -99,6 +111,8 @@ VariableValue = str | int | float | bool | None
 
 class SendRequest(Wire):
     """Body of ``POST /v1/messages`` (seed 004 section 4)."""
+
+    model_config = ConfigDict(json_schema_extra=send_request_rules)
 
     channel: Channel
     tier: Tier

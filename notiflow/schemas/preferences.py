@@ -13,9 +13,17 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import phonenumbers
 from phonenumbers import timezone as phone_tz
-from pydantic import AwareDatetime, Field, TypeAdapter, ValidationError, field_validator
+from pydantic import (
+    AwareDatetime,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    field_validator,
+)
 
 from notiflow.schemas.enums import Category, Channel, PushPlatform
+from notiflow.schemas.formats import wall_clock_window, zoned
 from notiflow.schemas.messages import (
     SCHEMA_VERSION,
     EmailAddress,
@@ -42,6 +50,8 @@ class OptOut(Wire):
 class QuietWindow(Wire):
     """Local wall-clock window; ``start`` inclusive, ``end`` exclusive; may wrap midnight."""
 
+    model_config = ConfigDict(json_schema_extra=wall_clock_window)
+
     start: time
     end: time
 
@@ -55,6 +65,8 @@ class QuietWindow(Wire):
 
 class PreferencesUpdate(Wire):
     """Body of ``PUT /v1/recipients/{id}/preferences`` (replaces the stored preferences)."""
+
+    model_config = ConfigDict(json_schema_extra=zoned)
 
     timezone: str | None = None
     quiet_hours: QuietWindow | None = None
@@ -112,10 +124,10 @@ def address_key(address: str) -> str:
     email address (normalised, lowercased) or ``<platform>:<device token>``; the same string
     :meth:`SendRequest.recipient_key` yields, so both hash alike. ValueError otherwise."""
     try:
-        if address.startswith("+"):
-            return _PHONE.validate_python(address)
         if "@" in address:
             return _EMAIL.validate_python(address).lower()
+        if address.startswith("+"):
+            return _PHONE.validate_python(address)
         platform, sep, token = address.partition(":")
         if sep and platform in {p.value for p in PushPlatform}:
             push = PushRecipient(device_token=token, platform=PushPlatform(platform))

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import AwareDatetime, Field, model_validator
+from pydantic import AwareDatetime, ConfigDict, Field, model_validator
 
 from notiflow.schemas.enums import Channel, Tier
+from notiflow.schemas.formats import zone
 from notiflow.schemas.messages import SendRequest, Wire, derived_message_id
 
 ScheduleState = Literal["active", "paused", "deleted"]
@@ -26,11 +27,26 @@ def occurrence_message_id(schedule_id: str, at: datetime) -> str:
     return derived_message_id("schedule", schedule_id, str(int(at.timestamp() * 1000)))
 
 
+def _schedule_rules(schema: dict[str, Any]) -> None:
+    schema["oneOf"] = [
+        {"required": ["cron"], "properties": {"cron": {"type": "string"},
+                                              "rrule": {"type": "null"}}},
+        {"required": ["rrule"], "properties": {"rrule": {"type": "string"},
+                                               "cron": {"type": "null"}}}]
+    schema["properties"]["timezone"] = zone("recipient")
+    schema["properties"]["message"] = {"allOf": [
+        schema["properties"]["message"],
+        {"properties": {"tier": {"enum": ["P2", "P3"]}, "scheduled_at": {"type": "null"},
+                        "expires_at": {"type": "null"}}}]}
+
+
 class ScheduleRequest(Wire):
     """Body of ``POST /v1/schedules``: exactly one of ``cron`` (five fields) and ``rrule``
     (RFC 5545, without DTSTART), evaluated in ``timezone``; ``message`` is a send request
     without ``scheduled_at`` and ``expires_at`` (each occurrence expires after its tier TTL),
     of tier P2 or P3."""
+
+    model_config = ConfigDict(json_schema_extra=_schedule_rules)
 
     cron: str | None = Field(None, min_length=1, max_length=256)
     rrule: str | None = Field(None, min_length=1, max_length=1024)
@@ -70,6 +86,12 @@ class ScheduleView(Wire):
     created_at: datetime
     updated_at: datetime
     next: tuple[datetime, ...] = ()
+
+
+class ScheduleStopped(ScheduleView):
+    """A paused or deleted schedule, with the occurrences its stop cancelled."""
+
+    cancelled_occurrences: int
 
 
 class ScheduleList(Wire):

@@ -395,7 +395,7 @@ def test_smtp_dsn_auth_parsing_and_mapping(stack: Settings, api: str) -> None:
         return build_dsn(**{**defaults, **kw})
 
     forged = dsn("forged")
-    assert post_dsn(stack, api, forged, auth=False).status_code == 403
+    assert post_dsn(stack, api, forged, auth=False).status_code == 401
     wrong = post_dsn(stack, api, forged, token="not-the-secret")
     assert (wrong.status_code, wrong.json()["reason"]) == (403, "invalid_token")
 

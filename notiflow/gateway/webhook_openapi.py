@@ -1,0 +1,73 @@
+"""The provider webhooks in the OpenAPI document: how each authenticates (the provider's
+signature, not a tenant token), what it receives and answers. Used by ``webhooks.py``."""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from fastapi.security import APIKeyHeader, APIKeyQuery, HTTPBearer
+from pydantic import BaseModel
+
+from notiflow.gateway.openapi import Responses, errors, raw_body
+
+TWILIO_SIGNATURE: Final = APIKeyHeader(
+    name="X-Twilio-Signature", scheme_name="TwilioSignature", auto_error=False,
+    description="HMAC-SHA1 of the callback URL and form parameters with the account's auth "
+                "token (Twilio's request validation).")
+SENDGRID_SIGNATURE: Final = APIKeyHeader(
+    name="X-Twilio-Email-Event-Webhook-Signature", scheme_name="SendGridSignature",
+    auto_error=False,
+    description="ECDSA P-256 signature over `X-Twilio-Email-Event-Webhook-Timestamp` and the "
+                "raw body, checked with the Event Webhook's public key.")
+VONAGE_SIGNATURE: Final = APIKeyQuery(
+    name="sig", scheme_name="VonageSignature", auto_error=False,
+    description="SHA-256 HMAC of the other parameters with the signature secret (in the "
+                "query, form or JSON body); receipts are taken unsigned only when no secret is "
+                "configured.")
+DSN_SECRET: Final = HTTPBearer(
+    scheme_name="DsnWebhookSecret", auto_error=False,
+    description="`smtp.dsn_webhook_secret` (the relay's mail pipe cannot sign).")
+
+
+class SendgridAnswer(BaseModel):
+    receipts: int
+    malformed: int
+    ignored: int
+
+
+class VonageAnswer(BaseModel):
+    receipts: int
+
+
+class DsnAnswer(BaseModel):
+    receipts: int
+    ignored: int
+
+
+_FORM: Final = "application/x-www-form-urlencoded"
+_FLAT: Final[dict[str, Any]] = {"type": "object",
+                                "additionalProperties": {"type": "string"}}
+
+TWILIO_BODY: Final = raw_body("A Twilio status callback.", {_FORM: {"schema": {
+    **_FLAT, "properties": {"MessageSid": {"type": "string"},
+                            "MessageStatus": {"type": "string"},
+                            "ErrorCode": {"type": "string"}}}}})
+SENDGRID_BODY: Final = raw_body("An Event Webhook batch.", {"application/json": {"schema": {
+    "type": "array", "items": {"type": "object"}}}})
+VONAGE_BODY: Final = {"requestBody": {**raw_body("A delivery receipt (or in the query).", {
+    _FORM: {"schema": _FLAT}, "application/json": {"schema": _FLAT}})["requestBody"],
+    "required": False}}
+DSN_BODY: Final = raw_body("An RFC 3464 delivery status notification, raw.", {
+    "message/rfc822": {"schema": {"type": "string"}},
+    "multipart/report": {"schema": {"type": "string"}}})
+
+_REFUSED: Final = ("`invalid_signature`, `missing_signature`, `stale_timestamp`, "
+                   "`signature_not_configured`, `wrong_account`, `invalid_token`, "
+                   "`webhook_not_configured`: nothing was written.")
+_PUBLISH: Final = "`kafka_unavailable`: the provider retries the whole post."
+
+
+def webhook_errors(*codes: int, **reasons: str) -> Responses:
+    """The errors of a webhook receiver: 403 for an unsigned or forged post, 503 when
+    Kafka does not confirm the receipts, and ``codes``."""
+    return errors(*sorted({*codes, 403, 503}), r403=_REFUSED, r503=_PUBLISH, **reasons)

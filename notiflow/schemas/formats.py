@@ -1,0 +1,148 @@
+"""JSON Schema of the rules the wire models check in code (recipient formats per channel,
+device token shapes, variable names), so the exported schemas and the OpenAPI document
+state what the validators accept. A rule no JSON Schema can state exactly is named in the
+description (``format: e164``: libphonenumber's validity for the country code)."""
+
+from __future__ import annotations
+
+from typing import Any, Final
+from zoneinfo import available_timezones
+
+E164_PATTERN: Final = r"^\+[1-9][0-9]{6,14}$"
+APNS_TOKEN_PATTERN: Final = r"^[0-9a-fA-F]{64,200}$"
+FCM_TOKEN_PATTERN: Final = r"^[A-Za-z0-9_:\-]{32,4096}$"
+TEMPLATE_ID_PATTERN: Final = r"^[a-z0-9][a-z0-9._-]{0,127}$"
+VARIABLE_NAME_PATTERN: Final = r"^[A-Za-z_][A-Za-z0-9_]{0,63}$"
+
+SPECIAL_USE_DOMAINS: Final = ("arpa", "invalid", "local", "localhost", "onion", "test")
+"""Domains no message can be delivered to (RFC 6761; email-validator refuses them)."""
+
+
+def _any_case(word: str) -> str:
+    return "".join(f"[{c.upper()}{c}]" for c in word)
+
+
+PHONE: Final[dict[str, Any]] = {
+    "type": "string", "format": "e164", "pattern": E164_PATTERN,
+    "description": "E.164 phone number that is valid for its country code (libphonenumber), "
+                   "e.g. +14155550123.",
+    "examples": ["+14155550123"]}
+EMAIL: Final[dict[str, Any]] = {
+    "type": "string", "format": "email", "maxLength": 254,
+    "not": {"pattern": "[@.](" + "|".join(map(_any_case, SPECIAL_USE_DOMAINS)) + r")\.?$"},
+    "description": "Email address (RFC 5321; normalised and matched case-insensitively); "
+                   "not at a special-use domain (`.test`, `.local`, `.invalid`, ...).",
+    "examples": ["ana@example.com"]}
+HTTP_URL: Final[dict[str, Any]] = {
+    "type": "string", "maxLength": 2083,
+    "pattern": r"^https?://([a-z0-9-]{1,63}\.)*[a-z]{2,63}(:[1-9][0-9]{0,3})?(/[A-Za-z0-9._~/-]*)?$",
+    "description": "An http or https URL (host names; the pattern is the part of URL syntax "
+                   "that is promised to be accepted).",
+    "examples": ["https://hooks.example.com/notiflow"]}
+
+
+WALL_TIME: Final[dict[str, Any]] = {
+    "type": "string", "pattern": r"^([01][0-9]|2[0-3]):[0-5][0-9](:[0-5][0-9](\.[0-9]{1,6})?)?$",
+    "description": "Local wall-clock time, without an offset (`HH:MM[:SS[.ffffff]]`).",
+    "examples": ["22:00"]}
+
+
+def zone(*also: str) -> dict[str, Any]:
+    """An IANA time zone this server knows (its tzdata), ``also`` values, or null."""
+    names = sorted(available_timezones())
+    return {"anyOf": [{"type": "string", "enum": [*also, *names]}, {"type": "null"}],
+            "description": "An IANA time zone, e.g. Europe/Paris.", "default": None}
+
+
+def wall_clock_window(schema: dict[str, Any]) -> None:
+    """``json_schema_extra`` of a local window: both ends wall-clock times."""
+    schema["properties"]["start"] = WALL_TIME
+    schema["properties"]["end"] = WALL_TIME
+
+
+def zoned(schema: dict[str, Any]) -> None:
+    """``json_schema_extra`` of a body with an optional ``timezone``."""
+    schema["properties"]["timezone"] = zone()
+
+
+MANIFEST_NAME: Final = r"\.(" + "|".join(map(_any_case, ("csv", "jsonl", "ndjson"))) + ")$"
+
+
+def campaign_rules(schema: dict[str, Any]) -> None:
+    """``json_schema_extra`` of a campaign: its zone, a manifest format that is named or
+    follows from the name, and ``mapping.platform`` exactly for push."""
+    zoned(schema)
+    schema["properties"]["tier"] = {"enum": ["P2", "P3"], "default": "P3",
+                                    "description": "Campaigns are P2 or P3."}
+    schema["allOf"] = [
+        {"anyOf": [{"required": ["format"], "properties": {"format": {"type": "string"}}},
+                   {"properties": {"manifest": {"pattern": MANIFEST_NAME}}}]},
+        {"oneOf": [
+            {"properties": {"channel": {"const": "PUSH"}, "mapping": {
+                "required": ["platform"], "properties": {"platform": {"type": "string"}}}}},
+            {"properties": {"channel": {"enum": ["SMS", "EMAIL"]}, "mapping": {
+                "properties": {"platform": {"type": "null"}}}}}]},
+    ]
+
+
+def recipient_address() -> dict[str, Any]:
+    """A recipient as one string (a ``{recipient}`` path segment): phone, email address or
+    ``<platform>:<device token>``."""
+    return {"anyOf": [PHONE, EMAIL,
+                      {"type": "string", "pattern": "^ios:" + APNS_TOKEN_PATTERN[1:]},
+                      {"type": "string", "pattern": "^(android|web):" + FCM_TOKEN_PATTERN[1:]}],
+            "description": "The address as in a send request, URL-encoded: an E.164 number, "
+                           "an email address or `<ios|android|web>:<device token>`."}
+
+
+def owner_address() -> dict[str, Any]:
+    """A device owner: a phone number or an email address."""
+    return {"anyOf": [PHONE, EMAIL],
+            "description": "The device's owner: an E.164 number or an email address."}
+
+
+def push_token_rule(schema: dict[str, Any]) -> None:
+    """``json_schema_extra`` of a push recipient: the token's shape follows the platform."""
+    schema["properties"]["device_token"]["pattern"] = FCM_TOKEN_PATTERN
+    schema["properties"]["device_token"]["description"] = (
+        "APNs token (ios: 64-200 hex digits) or FCM / web push token (32-4096 of "
+        "A-Z a-z 0-9 _ : -).")
+    schema["oneOf"] = [
+        {"properties": {"platform": {"const": "ios"},
+                        "device_token": {"pattern": APNS_TOKEN_PATTERN}}},
+        {"properties": {"platform": {"enum": ["android", "web"]}}},
+    ]
+
+
+def send_request_rules(schema: dict[str, Any]) -> None:
+    """``json_schema_extra`` of a send request: the recipient's form per channel (a phone
+    number for SMS, an address for EMAIL, ``{device_token, platform}`` for PUSH),
+    ``scheduled_at`` only for P2 and P3, and the variables' names and sizes."""
+    props = schema["properties"]
+    push = next(s for s in props["recipient"]["anyOf"] if "$ref" in s)
+    props["recipient"] = {"description": "Per channel: an E.164 number (SMS), an email "
+                                         "address (EMAIL), {device_token, platform} (PUSH).",
+                          "anyOf": [{"type": "string"}, push]}
+    props["variables"].update({
+        "maxProperties": 64, "propertyNames": {"pattern": VARIABLE_NAME_PATTERN},
+        "additionalProperties": {"anyOf": [
+            {"type": "string", "maxLength": 4096}, {"type": "number"}, {"type": "boolean"},
+            {"type": "null"}]},
+        "description": "Template variables: at most 64, strings up to 4,096 characters, "
+                       "16 KiB in all (names and values as text; the deployment's "
+                       "`max_variables_bytes` of JSON may be less: 422 "
+                       "`variables_too_large`)."})
+    props["status_webhook"] = {"anyOf": [HTTP_URL, {"type": "null"}],
+                               "description": "Receives a signed event at every status "
+                                              "change of the message."}
+    schema["allOf"] = [
+        {"oneOf": [
+            {"properties": {"channel": {"const": "SMS"}, "recipient": PHONE}},
+            {"properties": {"channel": {"const": "EMAIL"}, "recipient": EMAIL}},
+            {"properties": {"channel": {"const": "PUSH"}, "recipient": push}},
+        ]},
+        {"anyOf": [
+            {"properties": {"tier": {"enum": ["P2", "P3"]}}},
+            {"properties": {"scheduled_at": {"type": "null"}}},
+        ]},
+    ]
