@@ -147,7 +147,9 @@ async def _check_quota(store: CampaignStore, tenant: TenantConfig) -> None:
                          headers=location("the campaign"), links=CAMPAIGN_LINKS),
                **tenant_errors(
                    400, 403, 413, 421, 422, 429,
-                   r422="`invalid_body`; not stated by the schema: `rate_too_high`, "
+                   r422="`invalid_body` (also, not stated by the schema: a local `window` "
+                        "whose start and end are equal, `ends_at` not after `starts_at`); "
+                        "not stated by the schema: `rate_too_high`, "
                         "`quota_too_large`, `window_too_long`, `window_over`, "
                         "`channel_unavailable`, `unknown_template`, "
                         "`missing_template_variable`, `manifest_unreadable`.",

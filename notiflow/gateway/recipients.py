@@ -104,7 +104,8 @@ def _state_response(state: PreferenceState, key: str) -> Response:
 @router.put(
     "/v1/recipients/{recipient:path}/preferences", response_model=PreferencesView,
     responses={200: {"description": "The new state.", "links": PREFERENCE_LINKS},
-               **tenant_errors(400, 413, 422, r422=f"{INVALID_ADDRESS}, `invalid_body`.",
+               **tenant_errors(400, 404, 413, 422, r422=f"{INVALID_ADDRESS}, `invalid_body`.",
+                               r404="No route matches the path (e.g. an empty recipient).",
                                **STATE_ERRORS)},
     openapi_extra=json_body(PreferencesUpdate, "Replaces timezone, quiet hours and opt-outs.",
                             examples.PREFERENCES))

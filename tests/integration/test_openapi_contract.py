@@ -44,7 +44,7 @@ STATE_RULES = frozenset({
 })
 """The 422/400 reasons the document lists as rules the schema does not state."""
 NOT_STATED = ("scheduled_at must be before expires_at", "ends_at must be after starts_at",
-              "not a valid number for its country code")
+              "window start and end must differ", "not a valid number for its country code")
 """Schema failures the document names as beyond JSON Schema: rules between two fields,
 and libphonenumber's validity of a number for its country (``format: e164``; the coverage
 phase builds numbers from the pattern alone)."""
