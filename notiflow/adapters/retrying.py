@@ -3,7 +3,7 @@
 :func:`until_up` retries a call while it raises one of ``on`` (by default a Cassandra or
 Redis outage, never a bug), doubling the wait from ``first`` up to ``most`` seconds, and
 gives up after ``give_up_after`` by raising what the last attempt raised. ``sleep`` waits
-between attempts (tests pass a fake one).
+between attempts (tests pass a fake one). :func:`every` repeats a background round forever.
 """
 
 from __future__ import annotations
@@ -69,3 +69,19 @@ async def until_up(what: str, fn: Callable[[], Awaitable[T]], log: logging.Logge
         return await fn()
 
     return await retrying(attempt)
+
+
+async def every(what: str, interval_s: float, round_: Callable[[], Awaitable[int]],
+                log: logging.Logger) -> None:
+    """Run ``round_`` forever, ``interval_s`` apart: a round's count is logged when not
+    zero, its failure logged and the next round tries again (cancellation ends it)."""
+    while True:
+        try:
+            done = await round_()
+            if done:
+                log.info("%s: %d", what, done)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.warning("%s failed: %s: %s", what, type(exc).__name__, exc)
+        await asyncio.sleep(interval_s)

@@ -22,14 +22,13 @@ from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from typing import Any
 
-import uvicorn
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 
-from notiflow import telemetry, tuning
+from notiflow import tuning
 from notiflow.adapters.cassandra_store import aio, connect
 from notiflow.adapters.kafka_io import AsyncProducer, OutRecord
-from notiflow.gateway.app import GRACEFUL_SHUTDOWN_S, LOGGING
+from notiflow.gateway.app import logging_config, run_server
 from notiflow.gateway.runtime import api_producer_overrides
 from notiflow.settings import Settings
 
@@ -111,18 +110,6 @@ def build_app(settings: Settings) -> FastAPI:
 def serve(settings: Settings, port: int) -> None:
     """Serve the ceiling on ``api_host:port`` until SIGINT or SIGTERM (uvicorn as
     ``gateway.app.serve`` runs it)."""
-    log_config = telemetry.log_config(LOGGING, settings.log_format)
-    logging.config.dictConfig(log_config)
+    log_config = logging_config(settings)
     settings = settings.model_copy(update={"api_port": port})
-    config = uvicorn.Config(
-        build_app(settings),
-        host=settings.api_host,
-        port=port,
-        loop="uvloop",
-        http="httptools",
-        lifespan="on",
-        log_config=log_config,
-        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
-        server_header=False,
-    )
-    uvicorn.Server(config).run()
+    run_server(build_app(settings), settings, log_config)

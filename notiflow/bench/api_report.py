@@ -138,20 +138,10 @@ def api_plot(doc: dict[str, Any], path: Path) -> Path:
                  label=LABELS.get(name, name))
     lat.axhline(50, color="tab:red", linestyle="--", linewidth=1, label="P0 target at half "
                 "max: p99 50 ms")
-    lat.set_yscale("log")
-    lat.set_xscale("log")
-    lat.set_xlabel("offered messages/s")
-    lat.set_ylabel("latency from intended send, ms (p50 solid, p99 dotted)")
-    lat.grid(True, which="both", alpha=0.3)
-    lat.legend(fontsize="small")
     acc.plot([1, top], [1, top], color="black", linewidth=0.8, linestyle="--",
              label="accepted = offered")
-    acc.set_xscale("log")
-    acc.set_yscale("log")
-    acc.set_xlabel("offered messages/s")
-    acc.set_ylabel("accepted messages/s")
-    acc.grid(True, which="both", alpha=0.3)
-    acc.legend(fontsize="small")
+    _log_axes(lat, "latency from intended send, ms (p50 solid, p99 dotted)")
+    _log_axes(acc, "accepted messages/s")
     for axis in (lat.xaxis, acc.xaxis, acc.yaxis):
         axis.set_major_formatter(ScalarFormatter())
         axis.set_minor_formatter(NullFormatter())
@@ -161,3 +151,13 @@ def api_plot(doc: dict[str, Any], path: Path) -> Path:
     fig.savefig(rgba, format="png", dpi=110)
     plt.close(fig)
     return palette(rgba, path)
+
+
+def _log_axes(ax: Any, ylabel: str) -> None:
+    """Log-log axes against offered messages/s, with a grid and a legend."""
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("offered messages/s")
+    ax.set_ylabel(ylabel)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize="small")

@@ -176,7 +176,7 @@ def build_app(settings: Settings) -> FastAPI:
         if all(v == "ok" for v in checks.values()):
             return JSONResponse({"status": "ready", "checks": checks})
         window = runtime.window
-        if cassandra == "ok" and window.policy.max_messages > 0 and not window.full():
+        if cassandra == "ok" and not window.full():
             return JSONResponse({"status": "degraded", "checks": checks,
                                  "kafka_window": {"deferred": len(window),
                                                   "oldest_age_s": round(window.oldest_age(),
@@ -192,14 +192,26 @@ def serve(settings: Settings) -> None:
     """Run the API with uvicorn on ``api_host:api_port`` (logs to stdout) until SIGINT or
     SIGTERM; in-flight requests get :data:`GRACEFUL_SHUTDOWN_S` to finish. Logs in
     ``settings.log_format``; telemetry as ``settings.telemetry`` says."""
-    log_config = telemetry.log_config(LOGGING, settings.log_format)
-    logging.config.dictConfig(log_config)
+    log_config = logging_config(settings)
     lane = settings.api_lane
     telemetry.setup(settings, "api" if lane == "all" else f"api-{lane}", logs=False)
     tuning.set_nice(settings.lane_nice(lane))
     tuning.set_realtime(settings.lane_realtime(lane))
+    run_server(build_app(settings), settings, log_config)
+
+
+def logging_config(settings: Settings) -> dict[str, Any]:
+    """The API's logging configuration in ``settings.log_format``, applied."""
+    log_config = telemetry.log_config(LOGGING, settings.log_format)
+    logging.config.dictConfig(log_config)
+    return log_config
+
+
+def run_server(app: FastAPI, settings: Settings, log_config: dict[str, Any]) -> None:
+    """Serve ``app`` on ``api_host:api_port`` as the API runs (uvloop, httptools,
+    :data:`GRACEFUL_SHUTDOWN_S`) until SIGINT or SIGTERM."""
     config = uvicorn.Config(
-        build_app(settings),
+        app,
         host=settings.api_host,
         port=settings.api_port,
         loop="uvloop",

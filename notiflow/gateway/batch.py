@@ -94,7 +94,7 @@ async def _accept_item(rt: Runtime, tenant: TenantConfig, item: Any, trace: str 
     openapi_extra=json_body(BatchRequest, "Up to 1,000 send requests.", examples.BATCH,
                             refers_to=[BatchItem]))
 async def send_batch(request: Request, tenant: Tenant, rt: RuntimeDep,
-                     _trace: Traceparent = None) -> Response:
+                     trace: Traceparent = None) -> Response:
     """Accept up to :data:`MAX_ITEMS` send requests (``{"messages": [...]}``, each item a
     send request with an optional ``idempotency_key``); ``200 {"results": [...]}``."""
     with telemetry.span(names.API_BATCH, {names.ATTR_TENANT_ID: tenant.id}) as span:
@@ -107,7 +107,6 @@ async def send_batch(request: Request, tenant: Tenant, rt: RuntimeDep,
             raise unprocessable("batch_too_large", f"a batch holds at most {MAX_ITEMS} "
                                 f"messages, not {len(items)}", field="messages")
         sem = asyncio.Semaphore(CONCURRENCY)
-        trace = request.headers.get("traceparent")
         results = await asyncio.gather(*(_item(rt, tenant, item, trace, sem)
                                          for item in items))
         span.set_attribute(names.ATTR_BATCH_SIZE, len(items))

@@ -21,7 +21,7 @@ import logging
 from datetime import datetime
 from typing import Any
 
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, Response
 from opentelemetry import trace as trace_api
 from pydantic import ValidationError
 
@@ -118,8 +118,8 @@ async def _unschedule(rt: Runtime, message_id: str, scheduled_at: datetime | Non
                        "`already_sending`.",
         r503="`cancel_unavailable` (Redis), `kafka_unavailable` (the cancel stands; retry).")
 )
-async def cancel_message(message_id: MessageIdPath, request: Request, tenant: Tenant,
-                         rt: RuntimeDep, _trace: Traceparent = None) -> Response:
+async def cancel_message(message_id: MessageIdPath, tenant: Tenant,
+                         rt: RuntimeDep, trace: Traceparent = None) -> Response:
     """Cancel a message of the caller: 200 ``{message_id, status: "CANCELLED",
     cancelled_at}`` (also for a message already cancelled), else 404, 409 or 503."""
     with telemetry.span(names.API_REQUEST, {names.ATTR_TENANT_ID: tenant.id}):
@@ -139,8 +139,7 @@ async def cancel_message(message_id: MessageIdPath, request: Request, tenant: Te
                            "RETRY_PENDING message can be cancelled",
                            current_status=status.value)
         now = now_ms()
-        await cancel_row(rt, message_id, row, now, traceparent(request.headers.get(
-            "traceparent")))
+        await cancel_row(rt, message_id, row, now, traceparent(trace))
         return _answer(message_id, now)
 
 

@@ -30,6 +30,7 @@ from enum import Enum
 from typing import Any
 
 from notiflow.adapters.kafka_io import AsyncProducer, DeliveryFailed, OutRecord
+from notiflow.adapters.retrying import every
 from notiflow.schemas.enums import Tier
 from notiflow.settings import OutageWindow
 
@@ -167,9 +168,6 @@ class Publisher:
         p = self.window.policy
         return (p.p0_ack_wait if tier is Tier.P0 else p.ack_wait).total_seconds()
 
-    def _deferrable(self, d: Deferred) -> bool:
-        return d.tier is not Tier.P0 and self.window.policy.max_messages > 0
-
     async def publish(self, d: Deferred, undo: Conclude, *, deferrable: bool = True) -> Outcome:
         """``PUBLISHED`` once Kafka acknowledged ``d``; ``DEFERRED`` when the window took it
         (answer ``202``, leave the outbox row); raises :class:`DeliveryFailed` when it was
@@ -179,7 +177,7 @@ class Publisher:
         w = self.window
         if not deferrable:
             return await self._produce(d)
-        can_defer = self._deferrable(d)
+        can_defer = d.tier is not Tier.P0
         if can_defer and (w.down or w.blocked(d)) and not w.full():
             w.defer(d)
             return Outcome.DEFERRED
@@ -237,17 +235,8 @@ class Publisher:
     async def drain(self) -> None:
         """Forever: every probe interval, publish the deferred records once Kafka
         acknowledges (or probe it when nothing is deferred)."""
-        interval = self.window.policy.probe_interval.total_seconds()
-        while True:
-            await asyncio.sleep(interval)
-            try:
-                done = await self.drain_once()
-                if done:
-                    log.info("kafka window: published %d deferred records", done)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                log.warning("kafka window drain failed: %s: %s", type(exc).__name__, exc)
+        await every("kafka window drain, deferred records published",
+                    self.window.policy.probe_interval.total_seconds(), self.drain_once, log)
 
     async def drain_once(self) -> int:
         """Publish what is deferred, oldest first, the first one alone (the probe); returns

@@ -283,13 +283,13 @@ SEND_REFUSALS: Final = tenant_errors(
                **SEND_REFUSALS},
     openapi_extra=json_body(SendRequest, "One message.", examples.SEND))
 async def send_message(request: Request, tenant: Tenant, rt: RuntimeDep,
-                       _key: IdempotencyKey = None, _trace: Traceparent = None) -> Response:
+                       key: IdempotencyKey = None, trace: Traceparent = None) -> Response:
     """Accept a send request durably; 202 ``{message_id, status, accepted_at}``. Runs in a
     ``notiflow.api.request`` span; refusals are counted by reason."""
     labels = {"tenant": tenant.id, "channel": "", "tier": ""}
     with telemetry.span(names.API_REQUEST, {names.ATTR_TENANT_ID: tenant.id}) as span:
         try:
-            return await _send_message(request, tenant, rt, labels)
+            return await _send_message(request, tenant, rt, labels, key, trace)
         except ApiError as exc:
             count_refusal(exc, labels)
             if exc.status >= 500:
@@ -299,11 +299,11 @@ async def send_message(request: Request, tenant: Tenant, rt: RuntimeDep,
 
 
 async def _send_message(request: Request, tenant: TenantConfig, rt: Runtime,
-                        labels: dict[str, str]) -> Response:
-    key = idempotency_key(request.headers.get("idempotency-key"))
+                        labels: dict[str, str], key: str | None,
+                        trace: str | None) -> Response:
+    checked = idempotency_key(key)
     data = await read_json_object(request)
-    return await accept_request(rt, tenant, data, key, request.headers.get("traceparent"),
-                                labels)
+    return await accept_request(rt, tenant, data, checked, trace, labels)
 
 
 async def accept_request(rt: Runtime, tenant: TenantConfig, data: Any, key: str | None,

@@ -188,12 +188,13 @@ async def complete_acceptance(
     latency budget's ``api.write``, ``api.accept``, ``api.kafka_ack`` and ``api.settle``.
     """
     times = stages or StageTimes()
+    message_id, accepted_at = ids(record)
     store = rt.store()
     outbox = [store.outbox_write(slot, created_at, tenant_id, key)] if write_outbox else []
     now = datetime.now(UTC)
     row = scheduled_row(rt, record, topic, payload, trace, now)
     with times.timing(Stage.API_WRITE):
-        created = store.create_message(ids(record)[0], snapshot(record),
+        created = store.create_message(message_id, snapshot(record),
                                        initial_status(record), now, fresh=fresh, also=outbox)
         if row is None:
             await created
@@ -202,7 +203,7 @@ async def complete_acceptance(
     if row is not None:
         return await settle_published(store, tenant_id=tenant_id, key=key,
                                       created_at=created_at, record=record, slot=slot)
-    attrs = {names.ATTR_MESSAGE_ID: ids(record)[0], names.ATTR_TENANT_ID: tenant_id,
+    attrs = {names.ATTR_MESSAGE_ID: message_id, names.ATTR_TENANT_ID: tenant_id,
              names.ATTR_TIER: record.tier.value, names.ATTR_CHANNEL: record.channel.value,
              "messaging.system": "kafka", "messaging.destination.name": topic}
     parent = None if telemetry.current_traceparent() else trace
@@ -217,8 +218,8 @@ async def complete_acceptance(
 
     with telemetry.span(names.INGEST_PRODUCE, attrs, parent=parent) as span:
         header = telemetry.current_traceparent() or trace
-        times.add(Stage.API_ACCEPT, time.time() - ids(record)[1].timestamp())
-        entry = Deferred(ids(record)[0], record.tier, out_record(record, topic, payload, header),
+        times.add(Stage.API_ACCEPT, time.time() - accepted_at.timestamp())
+        entry = Deferred(message_id, record.tier, out_record(record, topic, payload, header),
                          settle, ordered=record.ordering_key is not None)
         with times.timing(Stage.API_KAFKA_ACK):
             outcome = await rt.publisher.publish(entry, undo, deferrable=deferrable)

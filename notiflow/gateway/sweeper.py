@@ -25,6 +25,7 @@ from notiflow.adapters.cassandra_store import (
     OutboxSlot,
     utc,
 )
+from notiflow.adapters.retrying import every
 from notiflow.gateway.outbox import MIN_SWEEP_AGE, PENDING, complete_acceptance, traceparent
 from notiflow.gateway.runtime import Runtime
 from notiflow.schemas.messages import IngestRecord
@@ -58,16 +59,7 @@ class OutboxSweeper:
 
     async def run(self) -> None:
         """Sweep forever; errors are logged and the next round tries again."""
-        while True:
-            try:
-                done = await self.sweep_once()
-                if done:
-                    log.info("outbox sweeper settled %d entries", done)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                log.warning("outbox sweep failed: %s: %s", type(exc).__name__, exc)
-            await asyncio.sleep(self.interval_s)
+        await every("outbox sweep, entries settled", self.interval_s, self.sweep_once, log)
 
     def last_bucket(self, now: datetime) -> int:
         """The newest bucket whose rows are all older than ``min_age`` plus one bucket of

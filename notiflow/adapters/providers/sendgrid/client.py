@@ -157,8 +157,10 @@ class SendGridEmail(HttpProvider[SendGridSettings]):
         """Send ``messages``, the :meth:`joinable` ones ``max_batch`` to a request, the
         others one by one; one result per message, in order."""
         results: list[SendResult | None] = [None] * len(messages)
-        together = [i for i, m in enumerate(messages) if self.joinable(m)]
-        alone = [i for i, m in enumerate(messages) if not self.joinable(m)]
+        together: list[int] = []
+        alone: list[int] = []
+        for i, m in enumerate(messages):
+            (together if self.joinable(m) else alone).append(i)
         chunks = [together[k:k + self.max_batch]
                   for k in range(0, len(together), self.max_batch)]
 
