@@ -666,6 +666,10 @@ class Settings(BaseSettings):
     fails every request it carried (each is undone and answered 503). ``bench api``, one
     pair of fresh-stack runs: CPU per batch item API 1.85 → 0.93 ms, Cassandra 1.74 → 0.73
     ms, batch 399 → 815 msg/s; single P3 API 3.26 → 2.48 ms (bench/README.md)."""
+    api_settle_interval: timedelta = timedelta(milliseconds=10)
+    """The API answers ``202`` once Kafka acknowledged; the settles (key ``ACCEPTED``, outbox
+    row removed) queued during this interval are written together, off the response path
+    (``gateway/settler.py``)."""
     redis_url: str = "redis://127.0.0.1:16379/0"
     redis_port: int = 16379
 

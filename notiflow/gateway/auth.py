@@ -18,7 +18,7 @@ BEARER = HTTPBearer(scheme_name="TenantToken", auto_error=False,
 """Declares the tenant token in the OpenAPI document; :func:`authenticate` checks it."""
 
 
-def get_runtime(request: Request) -> Runtime:
+async def get_runtime(request: Request) -> Runtime:
     runtime: Runtime = request.app.state.runtime
     return runtime
 
@@ -28,7 +28,7 @@ def _unauthorized(reason: str, message: str) -> ApiError:
                     headers={"WWW-Authenticate": "Bearer"})
 
 
-def authenticate(request: Request, rt: Annotated[Runtime, Depends(get_runtime)],
+async def authenticate(request: Request, rt: Annotated[Runtime, Depends(get_runtime)],
                  _bearer: Annotated[HTTPAuthorizationCredentials | None, Depends(BEARER)]
                  ) -> TenantConfig:
     """The tenant owning the ``Authorization: Bearer <token>``; ``401`` otherwise."""

@@ -130,9 +130,8 @@ def effective_expiry(settings: Settings, req: SendRequest, accepted_at: datetime
     return base + settings.tier_ttl(req.tier)
 
 
-def _accepted(body: str, trace: str, *, replayed: bool = False,
+def _accepted(body: str, message_id: str, trace: str, *, replayed: bool = False,
               stages: StageTimes | None = None) -> Response:
-    message_id = json.loads(body)["message_id"]
     headers = {"Location": f"/v1/messages/{message_id}", "traceparent": trace}
     if replayed:
         headers["Idempotent-Replayed"] = "true"
@@ -153,7 +152,12 @@ async def _resume(rt: Runtime, tenant_id: str, key: str, req_hash: str,
         raise ApiError(409, "idempotency_conflict", "request_mismatch",
                        "this Idempotency-Key was used with a different request")
     if existing.get("state") == ACCEPTED and existing.get("response"):
-        return _accepted(existing["response"], trace, replayed=True)
+        body = existing["response"]
+        return _accepted(body, existing.get("message_id") or json.loads(body)["message_id"],
+                         trace, replayed=True)
+    queued = rt.settler.pending(tenant_id, key)
+    if queued is not None:
+        return _accepted(queued, str(existing.get("message_id")), trace, replayed=True)
     payload, topic, created_at = existing.get("payload"), existing.get("topic"), utc(
         existing.get("created_at"))
     if not payload or not topic or created_at is None:
@@ -169,7 +173,7 @@ async def _resume(rt: Runtime, tenant_id: str, key: str, req_hash: str,
         raise kafka_unavailable(exc) from None
     except STORE_ERRORS as exc:
         raise store_unavailable(exc) from None
-    return _accepted(body, trace, replayed=True)
+    return _accepted(body, str(record.message_id), trace, replayed=True)
 
 
 async def accept(rt: Runtime, tenant: TenantConfig, req: SendRequest, key: str | None,
@@ -184,10 +188,9 @@ async def accept(rt: Runtime, tenant: TenantConfig, req: SendRequest, key: str |
     message_id = new_message_id()
     trace_api.get_current_span().set_attribute(names.ATTR_MESSAGE_ID, message_id)
     internal_key = key or f"{AUTO_KEY_PREFIX}{message_id}"
-    data = req.model_dump()
-    data.update(tenant_id=tenant.id, message_id=message_id, idempotency_key=key,
-                accepted_at=accepted_at, expires_at=expires_at)
-    record = IngestRecord.model_validate(data)
+    record = IngestRecord.stamped(req, tenant_id=tenant.id, message_id=message_id,
+                                  idempotency_key=key, accepted_at=accepted_at,
+                                  expires_at=expires_at)
     payload = record.model_dump_json(exclude_none=True)
     topic = rt.settings.ingest_topic(req.channel, req.tier)
     store = rt.store()
@@ -227,7 +230,7 @@ async def accept(rt: Runtime, tenant: TenantConfig, req: SendRequest, key: str |
     _ingested.add(1, {"tenant": tenant.id, "channel": req.channel.value,
                       "tier": req.tier.value, "source": "api"})
     times.record()
-    return _accepted(body, trace, stages=times)
+    return _accepted(body, message_id, trace, stages=times)
 
 
 def check_kafka_window(rt: Runtime, tier: Tier) -> None:

@@ -18,6 +18,7 @@ import re
 import secrets
 import time
 import zlib
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 
 from cassandra import OperationTimedOut
@@ -41,6 +42,7 @@ from notiflow.schemas.messages import Accepted, IngestRecord, MessageSnapshot
 from notiflow.schemas.scheduling import ScheduledRow
 from notiflow.settings import Settings
 from notiflow.stages import StageTimes
+from notiflow.stages import record as record_stage
 
 log = logging.getLogger("notiflow.gateway.outbox")
 
@@ -184,8 +186,9 @@ async def complete_acceptance(
     Kafka acknowledged it, or the Kafka-outage window deferred it (``deferrable``; the
     sweeper's call is not), the acceptance is durable: later bookkeeping failures are logged
     and left to the sweeper. The outbox row is at ``slot`` (written here unless
-    ``write_outbox`` is False: the sweeper's call, whose row exists). ``stages`` collects the
-    latency budget's ``api.write``, ``api.accept``, ``api.kafka_ack`` and ``api.settle``.
+    ``write_outbox`` is False: the sweeper's call, whose row exists). Once published, the
+    settle is queued on ``rt.settler`` (off the response path). ``stages`` collects the
+    latency budget's ``api.write``, ``api.accept`` and ``api.kafka_ack``.
     """
     times = stages or StageTimes()
     message_id, accepted_at = ids(record)
@@ -226,9 +229,25 @@ async def complete_acceptance(
         if outcome is Outcome.DEFERRED:
             span.set_attribute(names.ATTR_KAFKA_DEFERRED, True)
             return accepted_json(record)
-    with times.timing(Stage.API_SETTLE):
-        return await settle_published(store, tenant_id=tenant_id, key=key,
-                                      created_at=created_at, record=record, slot=slot)
+    response = accepted_json(record)
+    rt.settler.add(tenant_id, key, response, timed_settle(store, tenant_id=tenant_id, key=key,
+                                                          created_at=created_at,
+                                                          record=record, slot=slot))
+    return response
+
+
+def timed_settle(store: CassandraStore, *, tenant_id: str, key: str, created_at: datetime,
+                 record: IngestRecord, slot: OutboxSlot) -> Callable[[], Awaitable[None]]:
+    """:func:`settle_published` for the :class:`~notiflow.gateway.settler.Settler`, its time
+    from queued to written recorded as the ``api.settle`` stage."""
+    queued = time.monotonic()
+
+    async def settle() -> None:
+        await settle_published(store, tenant_id=tenant_id, key=key, created_at=created_at,
+                               record=record, slot=slot)
+        record_stage(record.tier.value, Stage.API_SETTLE, time.monotonic() - queued)
+
+    return settle
 
 
 async def settle_published(

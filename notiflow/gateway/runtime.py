@@ -35,6 +35,7 @@ from notiflow.adapters.scheduled_store import ScheduledStore
 from notiflow.gateway.admission import Admission
 from notiflow.gateway.errors import unavailable
 from notiflow.gateway.kafka_window import Publisher, Window
+from notiflow.gateway.settler import Settler
 from notiflow.settings import Settings
 
 log = logging.getLogger("notiflow.gateway")
@@ -84,6 +85,7 @@ class Runtime:
         self._tasks: set[asyncio.Task[None]] = set()
         self.window = Window(settings.kafka_window)
         self.publisher = Publisher(self.window, self.producer, self.spawn, self._kafka_up)
+        self.settler = Settler(settings.api_settle_interval.total_seconds())
         self._templates: OrderedDict[tuple[str, str, int], dict[str, Any]] = OrderedDict()
         self._closed = False
 
@@ -244,6 +246,7 @@ class Runtime:
     async def close(self) -> None:
         """Stop background tasks, flush the producer, close the Cassandra connection."""
         self._closed = True
+        await self.settler.close()
         tasks = list(self._tasks)
         for task in tasks:
             task.cancel()

@@ -205,6 +205,19 @@ class IngestRecord(SendRequest):
     """Set by the send flow on a record with an ``ordering_key``: ``{epoch}:{n}``, the record's
     place among its key's messages (``flows/ordering.py``); its retries keep it."""
 
+    @classmethod
+    def stamped(cls, req: SendRequest, *, tenant_id: str, message_id: str,
+                idempotency_key: str | None, accepted_at: datetime,
+                expires_at: datetime) -> IngestRecord:
+        """``req`` (validated already) with the API's stamps, not validated a second time:
+        equal to ``model_validate`` of the same fields whenever the stamps are valid (the
+        API mints ``message_id`` and ``accepted_at``; the tenant comes from its settings)."""
+        fields = dict(req)
+        fields.update(tenant_id=tenant_id, message_id=message_id,
+                      idempotency_key=idempotency_key, accepted_at=accepted_at,
+                      expires_at=expires_at)
+        return cls.model_construct(**fields)
+
     def request(self) -> SendRequest:
         return SendRequest.model_validate(
             self.model_dump(include=set(SendRequest.model_fields), mode="python")
