@@ -108,11 +108,19 @@ def api(
         help="all (default: settings.api_lane), priority (P0/P1 sends) or bulk (P2/P3 sends "
              "and provider webhooks, niced).")] = None,
     port: Annotated[int | None, typer.Option(help="Listen port (default: api_port).")] = None,
+    processes: Annotated[int | None, typer.Option(
+        min=1, max=64, help="Worker processes sharing the port, supervised (default: "
+        "api_processes, 1). One process uses about one core at most (the GIL).")] = None,
 ) -> None:
     """Messaging API and provider webhook receiver (uvicorn)."""
     from notiflow.gateway.app import serve
 
-    settings = _settings()
+    serve(api_settings(_settings(), lane, port, processes))
+
+
+def api_settings(settings: Settings, lane: str | None, port: int | None,
+                 processes: int | None) -> Settings:
+    """``settings`` with the options of ``notiflow api`` that were given."""
     update: dict[str, object] = {}
     if lane is not None:
         if lane not in ("all", "priority", "bulk"):
@@ -120,7 +128,9 @@ def api(
         update["api_lane"] = lane
     if port is not None:
         update["api_port"] = port
-    serve(settings.model_copy(update=update) if update else settings)
+    if processes is not None:
+        update["api_processes"] = processes
+    return settings.model_copy(update=update) if update else settings
 
 
 @app.command("fakes")

@@ -695,6 +695,10 @@ class Settings(BaseSettings):
     tiers (P0, P1), templates, recipients, reads; ``bulk``: sends of bulk-lane tiers (P2,
     P3), provider webhooks, the same reads, at the CPU niceness of the bulk lane's tiers.
     A send of the other lane's tier gets ``421 wrong_lane`` (docs/api.md, "Lanes")."""
+    api_processes: int = Field(1, ge=1, le=64)
+    """Worker processes of one ``notiflow api`` (``--processes``), sharing its socket under
+    a supervisor. One process runs Python on about one core at most (the GIL): on a host
+    with spare cores, one per core the API may use (docs/api.md, "Processes")."""
     fakes_host: str = "127.0.0.1"
     fakes_port: int = 18090
     flow_epoch_seconds: int = Field(5, ge=1)

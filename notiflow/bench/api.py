@@ -13,11 +13,14 @@ until a step accepts under ``min_share`` of what it offered or its p99 passes
 - ``single-p0``: ``POST /v1/messages`` of P0 OTPs to the priority lane (tenant ``acme``);
 - ``single-p3``: P3 marketing SMS to the bulk lane (tenant ``mkt``);
 - ``batch-p3``: ``POST /v1/messages:batch`` of ``batch_size`` P3 items to the bulk lane;
-- ``p0-half`` (after ``single-p0``): one step of P0 at half its maximum.
+- ``p0-half`` (after ``single-p0``): one step of P0 at half its maximum, once Cassandra's and
+  Kafka's CPU is back within 0.15 core of their share at rest (at most 90 s; the ascent
+  before it saturates the stack).
 
-Every step records the CPU seconds of each process — both API processes, the ceiling,
-Kafka, Cassandra, Redis, the object store, and the generator (``bench``, this process) — from
-the first measured request's due time to the last answer, per accepted message.
+Every step records the CPU seconds of each process — both API processes (each with its worker
+children: ``--api-processes``), the ceiling, Kafka, Cassandra, Redis, the object store, and
+the generator (``bench``, this process) — from the first measured request's due time to the
+last answer, per accepted message (:mod:`notiflow.bench.proc_cpu`).
 Provider rates are lifted (``UNBOUND_RATES``) so that P0's admission envelope does not refuse
 what the acceptance path could take.
 """
@@ -28,7 +31,6 @@ import asyncio
 import bisect
 import json
 import os
-import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
@@ -41,6 +43,7 @@ import psutil
 from notiflow.bench import openloop
 from notiflow.bench.api_requests import Target, session, sms_body
 from notiflow.bench.harness import UNBOUND_RATES, Phase
+from notiflow.bench.proc_cpu import at_rest, cpu_now, wait_quiet
 from notiflow.bench.workload import REGIONS, TENANT_BY_TIER, PhoneFactory
 from notiflow.devenv import free_port
 from notiflow.ops.stack import Stack
@@ -85,27 +88,6 @@ class Plan:
 
 QUICK = Plan(duration_s=2.0, warmup_s=0.5, steps=2, prewarm_s=0.0, idle_s=1.0)
 """A smoke run: two short steps per mode, no pre-warming."""
-
-
-def cpu_now(procs: Mapping[str, psutil.Process]) -> dict[str, float]:
-    """CPU seconds (user + system) of each process so far; gone processes are left out."""
-    out: dict[str, float] = {}
-    for name, proc in procs.items():
-        try:
-            t = proc.cpu_times()
-        except psutil.Error:
-            continue
-        out[name] = t.user + t.system
-    return out
-
-
-def at_rest(procs: Mapping[str, psutil.Process], seconds: float) -> dict[str, float]:
-    """Share of one core each process uses over ``seconds`` of no load."""
-    before = cpu_now(procs)
-    time.sleep(seconds)
-    after = cpu_now(procs)
-    return {name: round((after[name] - cpu) / seconds, 3) for name, cpu in before.items()
-            if name in after}
 
 
 def _scheduling(proc: psutil.Process) -> dict[str, Any]:
@@ -215,16 +197,29 @@ def _watch(phase: Phase) -> dict[str, psutil.Process]:
     return procs
 
 
+def _quiet(procs: Mapping[str, psutil.Process], rest: Mapping[str, float],
+           log: Callable[[str], None]) -> dict[str, Any]:
+    """Wait until Cassandra and Kafka are back near their CPU at rest (at most 90 s): the
+    ``single-p0`` ascent before ``p0-half`` saturates the stack, and ``p0-half`` measures
+    P0's tail at half load, not while Cassandra compacts what the ascent wrote."""
+    quiet = wait_quiet(lambda: cpu_now(procs), rest)
+    log(f"p0-half: waited {quiet['waited_s']:.0f} s for the stack to be quiet"
+        + (" (timed out)" if quiet["timed_out"] else "") + ": "
+        + ", ".join(f"{n} {v:.2f}" for n, v in quiet["cpu"].items()))
+    return quiet
+
+
 def _loop() -> asyncio.Runner:
     import uvloop
 
     return asyncio.Runner(loop_factory=uvloop.new_event_loop)
 
 
-def run(out: Path, *, plan: Plan, modes: list[str], log: Callable[[str], None]
-        ) -> dict[str, Any]:
-    """Every mode of ``modes`` (in :data:`MODES` order) and, after ``single-p0``, ``p0-half``;
-    the report document."""
+def run(out: Path, *, plan: Plan, modes: list[str], log: Callable[[str], None],
+        api_processes: int = 1) -> dict[str, Any]:
+    """Every mode of ``modes`` (in :data:`MODES` order) and, after ``single-p0``, ``p0-half``
+    (once the stack is quiet again, :func:`_p0_half`); the report document. Each API lane
+    runs ``api_processes`` worker processes (``notiflow api --processes``)."""
     unknown = set(modes) - set(MODES)
     if unknown:
         raise ValueError(f"unknown modes {sorted(unknown)}; known: {', '.join(MODES)}")
@@ -235,11 +230,13 @@ def run(out: Path, *, plan: Plan, modes: list[str], log: Callable[[str], None]
     ceiling_port = free_port()
     ceiling_url = f"http://127.0.0.1:{ceiling_port}"
     doc: dict[str, Any] = {"bench": "api", "run_id": run_id,
-                           "plan": asdict(plan), "modes": {}}
+                           "plan": asdict(plan), "api_processes": api_processes,
+                           "modes": {}}
     try:
-        phase.start("api", ["api", "--lane", "priority"], http=f"{phase.api}/healthz")
-        phase.start("api-bulk", ["api", "--lane", "bulk", "--port", str(phase.bulk_port)],
-                    http=f"{phase.bulk_api}/healthz")
+        workers = ["--processes", str(api_processes)]
+        phase.start("api", ["api", "--lane", "priority", *workers], http=f"{phase.api}/healthz")
+        phase.start("api-bulk", ["api", "--lane", "bulk", "--port", str(phase.bulk_port),
+                                 *workers], http=f"{phase.bulk_api}/healthz")
         phase.start("ceiling", ["bench", "api-ceiling", "--port", str(ceiling_port)],
                     http=f"{ceiling_url}/healthz")
         versions = phase.templates([TENANT_BY_TIER[Tier.P0], TENANT_BY_TIER[Tier.P3]])
@@ -262,10 +259,11 @@ def run(out: Path, *, plan: Plan, modes: list[str], log: Callable[[str], None]
                     targets[mode], f"{run_id}-{mode}", rates, plan, procs, log, mode))}
                 if mode == "single-p0" and doc["modes"][mode]["max_per_s"] > 0:
                     half = round(doc["modes"][mode]["max_per_s"] / 2, 1)
+                    quiet = _quiet(procs, doc.get("at_rest") or {}, log)
                     log(f"p0-half: P0 at half its maximum, {half:,.0f}/s")
-                    doc["modes"]["p0-half"] = {"server": "api", **runner.run(_run_mode(
-                        targets["p0-half"], f"{run_id}-p0-half", [half], plan, procs, log,
-                        "p0-half"))}
+                    half_run = runner.run(_run_mode(targets["p0-half"], f"{run_id}-p0-half",
+                                                    [half], plan, procs, log, "p0-half"))
+                    doc["modes"]["p0-half"] = {"server": "api", "quiet": quiet, **half_run}
         phase.check_alive()
     finally:
         phase.stop()

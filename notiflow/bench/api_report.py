@@ -67,7 +67,9 @@ def api_markdown(doc: dict[str, Any]) -> str:
            f"{plan['batch_size']} messages. Latency is from each request's intended send "
            "time to its answer (failures included); a mode's maximum is its best accepted/s. "
            "CPU: ms per accepted message, from the first measured request to the last "
-           "answer.", "", *_targets(doc.get("targets") or {}),
+           "answer (an API process with its worker processes).", "",
+           f"API processes per lane: {doc.get('api_processes', 1)} (`notiflow api "
+           "--processes`).", "", *_targets(doc.get("targets") or {}),
            "## Modes", "",
            "| mode | max accepted/s | stopped | at the max step: offered/s | p50 ms | p99 ms "
            "| CPU ms/msg: server | Cassandra | Kafka | Redis | platform | generator |",
@@ -94,6 +96,9 @@ def api_markdown(doc: dict[str, Any]) -> str:
                        f"{_v(s['p50_ms'])} | {_v(s['p99_ms'])} | {_v(s['max_ms'])} | "
                        f"{refused} | {s['capped']} | {_v(s['lag_p99_ms'])} | "
                        f"{_cpu_cells(s, m['server'])} |")
+    quiet = (modes.get("p0-half") or {}).get("quiet")
+    if quiet:
+        out += ["", _quiet_note(quiet)]
     rest = doc.get("at_rest") or {}
     if rest:
         out += ["", "At rest before the load (share of one core): " + ", ".join(
@@ -107,6 +112,15 @@ def api_markdown(doc: dict[str, Any]) -> str:
                 "priority lane, `api-bulk`: bulk lane, `ceiling`); platform: every process "
                 "but the generator."]
     return "\n".join([*out, ""])
+
+
+def _quiet_note(quiet: Mapping[str, Any]) -> str:
+    """The wait before ``p0-half`` for Cassandra and Kafka to be near their CPU at rest."""
+    cpu = ", ".join(f"{n} {v:.2f}" for n, v in (quiet.get("cpu") or {}).items()) or "-"
+    how = ("timed out: the stack was still busy" if quiet.get("timed_out")
+           else "then within 0.15 core of its share at rest")
+    return (f"Before P0 at half its maximum: waited {quiet['waited_s']:.0f} s for the stack "
+            f"to be quiet ({how}; share of one core over the last second: {cpu}).")
 
 
 def api_plot(doc: dict[str, Any], path: Path) -> Path:

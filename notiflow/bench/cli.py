@@ -233,6 +233,9 @@ def api(
         help="Stop a mode's ascent after a step whose p99 (ms) is above this.")] = None,
     prewarm: Annotated[float | None, typer.Option(
         help="Seconds of unmeasured single P3 load before the first mode.")] = None,
+    api_processes: Annotated[int, typer.Option(
+        min=1, max=64, help="Worker processes of each API lane (notiflow api --processes).")
+                             ] = 1,
     out: Out = Path("bench/results"),
 ) -> None:
     """The acceptance path (POST /v1/messages, single and batch, P0 and P3) under open-loop
@@ -253,7 +256,8 @@ def api(
     plan = replace(ab.QUICK if quick else ab.Plan(),
                    **{k: v for k, v in given.items() if v is not None})
     with _stack():
-        doc = ab.run(out, plan=plan, modes=mode or list(ab.MODES), log=_log)
+        doc = ab.run(out, plan=plan, modes=mode or list(ab.MODES), log=_log,
+                     api_processes=api_processes)
     md = api_markdown(doc)
     paths = write(out, "api", doc, md)
     paths.append(api_plot(doc, out / "api.png"))

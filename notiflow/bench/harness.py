@@ -29,6 +29,7 @@ from confluent_kafka import Producer
 from notiflow.adapters.kafka_io import producer_config
 from notiflow.bench import host
 from notiflow.bench.jvm import compiler_cpu_s
+from notiflow.bench.proc_cpu import tree_cpu_s
 from notiflow.bench.workload import (
     TEMPLATE_IDS,
     TEMPLATES,
@@ -119,16 +120,20 @@ class Sampler:
         self.sample()
 
     def sample(self) -> None:
+        """CPU of each watched process with its unwatched descendants (``tree_cpu_s``: an
+        API of several worker processes); memory of the process alone."""
         now = time.time()
-        for name, proc in list(self._procs.items()):
+        procs = list(self._procs.items())
+        skip = {proc.pid for _name, proc in procs}
+        for name, proc in procs:
             try:
                 with proc.oneshot():
-                    cpu = proc.cpu_times()
+                    cpu = tree_cpu_s(proc, skip)
                     rss = proc.memory_info().rss
             except psutil.Error:
                 continue
             jit = compiler_cpu_s(proc.pid) if name in self._jvms else None
-            self.samples[name].append(ProcSample(now, cpu.user + cpu.system, rss / 2**20,
+            self.samples[name].append(ProcSample(now, cpu, rss / 2**20,
                                                  jit or 0.0))
         machine = host.read(time.time())
         if machine is not None:

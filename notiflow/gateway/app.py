@@ -12,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import logging.config
+import os
+import sys
 import time
 from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
@@ -22,6 +24,8 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 from opentelemetry.metrics import CallbackOptions, Observation
 from pydantic import BaseModel
+from uvicorn.config import STARTUP_FAILURE
+from uvicorn.supervisors import Multiprocess
 
 from notiflow import names, telemetry, tuning
 from notiflow.adapters.dlq import watch_depth
@@ -41,7 +45,7 @@ from notiflow.gateway import (
 from notiflow.gateway.kafka_window import Window
 from notiflow.gateway.runtime import Runtime
 from notiflow.gateway.sweeper import OutboxSweeper
-from notiflow.settings import Settings
+from notiflow.settings import Settings, load_settings
 
 log = logging.getLogger("notiflow.gateway")
 
@@ -188,16 +192,59 @@ def build_app(settings: Settings) -> FastAPI:
     return app
 
 
+WORKER_APP = "notiflow.gateway.app:worker_app"
+"""The import string of :func:`worker_app`: uvicorn's worker processes are spawned (a fresh
+interpreter each) and import the app, they cannot inherit one."""
+
+
+def service(settings: Settings) -> str:
+    """The telemetry process name of an API process of ``settings.api_lane``."""
+    lane = settings.api_lane
+    return "api" if lane == "all" else f"api-{lane}"
+
+
 def serve(settings: Settings) -> None:
     """Run the API with uvicorn on ``api_host:api_port`` (logs to stdout) until SIGINT or
     SIGTERM; in-flight requests get :data:`GRACEFUL_SHUTDOWN_S` to finish. Logs in
-    ``settings.log_format``; telemetry as ``settings.telemetry`` says."""
+    ``settings.log_format``; telemetry as ``settings.telemetry`` says.
+
+    With ``api_processes`` above 1 this process binds the socket and supervises that many
+    worker processes sharing it (uvicorn's ``Multiprocess``: a dead worker is replaced,
+    SIGINT or SIGTERM stops every worker gracefully); each worker builds its settings from
+    the environment (:func:`worker_env` puts this process's lane, port and process count
+    there first) and sets itself up (:func:`worker_app`). The niceness and real-time class
+    set here are the workers' too: a child inherits both across ``fork`` and keeps them
+    across ``execve`` (Linux ``sched(7)``, ``setpriority(2)``), which is how
+    ``multiprocessing``'s spawn starts them, from this process's main thread."""
     log_config = logging_config(settings)
     lane = settings.api_lane
-    telemetry.setup(settings, "api" if lane == "all" else f"api-{lane}", logs=False)
+    if settings.api_processes == 1:
+        telemetry.setup(settings, service(settings), logs=False)
     tuning.set_nice(settings.lane_nice(lane))
     tuning.set_realtime(settings.lane_realtime(lane))
-    run_server(build_app(settings), settings, log_config)
+    if settings.api_processes == 1:
+        run_server(build_app(settings), settings, log_config)
+        return
+    os.environ.update(worker_env(settings))
+    run_server(WORKER_APP, settings, log_config, workers=settings.api_processes)
+
+
+def worker_env(settings: Settings) -> dict[str, str]:
+    """The ``NOTIFLOW_`` variables a worker needs for ``load_settings()`` to give it the
+    settings the command line gave this process (``notiflow api --lane/--port/--processes``
+    override the environment and the configuration file)."""
+    return {"NOTIFLOW_API_LANE": settings.api_lane,
+            "NOTIFLOW_API_PORT": str(settings.api_port),
+            "NOTIFLOW_API_PROCESSES": str(settings.api_processes)}
+
+
+def worker_app() -> FastAPI:
+    """The app of one worker process (uvicorn's factory, run in the worker): its settings
+    from the environment, the logging and telemetry :func:`serve` sets up for one process."""
+    settings = load_settings()
+    logging_config(settings)
+    telemetry.setup(settings, service(settings), logs=False)
+    return build_app(settings)
 
 
 def logging_config(settings: Settings) -> dict[str, Any]:
@@ -207,9 +254,13 @@ def logging_config(settings: Settings) -> dict[str, Any]:
     return log_config
 
 
-def run_server(app: FastAPI, settings: Settings, log_config: dict[str, Any]) -> None:
+def run_server(app: FastAPI | str, settings: Settings, log_config: dict[str, Any], *,
+               workers: int = 1) -> None:
     """Serve ``app`` on ``api_host:api_port`` as the API runs (uvloop, httptools,
-    :data:`GRACEFUL_SHUTDOWN_S`) until SIGINT or SIGTERM."""
+    :data:`GRACEFUL_SHUTDOWN_S`) until SIGINT or SIGTERM. ``workers`` above 1: ``app`` is
+    the import string of an app factory, served by that many supervised worker processes
+    sharing the socket this process binds; exits with uvicorn's startup-failure status
+    when a worker could not start (the supervisor then stops)."""
     config = uvicorn.Config(
         app,
         host=settings.api_host,
@@ -220,5 +271,15 @@ def run_server(app: FastAPI, settings: Settings, log_config: dict[str, Any]) -> 
         log_config=log_config,
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
         server_header=False,
+        workers=workers,
+        factory=workers > 1,
     )
-    uvicorn.Server(config).run()
+    if workers == 1:
+        uvicorn.Server(config).run()
+        return
+    if not isinstance(app, str):
+        raise TypeError("more than one worker needs the app as an import string")
+    supervisor = Multiprocess(config, sockets=[config.bind_socket()])
+    supervisor.run()
+    if any(p.exitcode == STARTUP_FAILURE for p in supervisor.processes):
+        sys.exit(STARTUP_FAILURE)
