@@ -8,6 +8,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from notiflow.bench.openloop import OUTSIDE
+
 STACK = ("cassandra", "kafka", "redis")
 LABELS = {"ceiling": "ceiling (1 Cassandra write + 1 Kafka produce)",
           "single-p0": "single P0 (priority lane)", "single-p3": "single P3 (bulk lane)",
@@ -96,6 +98,7 @@ def api_markdown(doc: dict[str, Any]) -> str:
                        f"{_v(s['p50_ms'])} | {_v(s['p99_ms'])} | {_v(s['max_ms'])} | "
                        f"{refused} | {s['capped']} | {_v(s['lag_p99_ms'])} | "
                        f"{_cpu_cells(s, m['server'])} |")
+    out += _slowest(modes)
     quiet = (modes.get("p0-half") or {}).get("quiet")
     if quiet:
         out += ["", _quiet_note(quiet)]
@@ -112,6 +115,27 @@ def api_markdown(doc: dict[str, Any]) -> str:
                 "priority lane, `api-bulk`: bulk lane, `ceiling`); platform: every process "
                 "but the generator."]
     return "\n".join([*out, ""])
+
+
+def _slowest(modes: Mapping[str, Any]) -> list[str]:
+    """Where the slowest 1 % of each single mode's steps waited (median ms per stage of the
+    server's ``Server-Timing``; ``outside``: the rest of the latency)."""
+    rows = [(name, s) for name, m in modes.items() for s in m["steps"] if s.get("slowest")]
+    if not rows:
+        return []
+    stages = [*sorted({n for _, s in rows for n in s["slowest"]} - {OUTSIDE}), OUTSIDE]
+    out = ["", "## Where the slowest 1 % waited", "",
+           "Median ms, over the requests at or above a step's p99, of each stage of the "
+           "server's own `Server-Timing` (`api.accept` spans admission, template, reserve "
+           "and write); `outside`: the latency minus `api.accept` and `api.kafka_ack` "
+           "(the HTTP server, the event loop, parsing and validation before acceptance, "
+           "the network and the generator).", "",
+           "| mode | offered/s | p99 ms | " + " | ".join(stages) + " |",
+           "|---|---|---|" + "---|" * len(stages)]
+    for name, s in rows:
+        cells = " | ".join(_v(s["slowest"].get(n)) for n in stages)
+        out.append(f"| {name} | {_v(s['offered_per_s'])} | {_v(s['p99_ms'])} | {cells} |")
+    return out
 
 
 def _quiet_note(quiet: Mapping[str, Any]) -> str:

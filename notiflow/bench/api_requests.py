@@ -66,7 +66,7 @@ class Target:
         async with self.client.post(self.url, data=self.encoded[i % len(self.encoded)],
                                     headers=headers) as r:
             await r.read()
-            return Answer.single(str(r.status))
+            return Answer.single(str(r.status), r.headers.get("Server-Timing"))
 
     async def _batch(self, i: int) -> Answer:
         n = len(self.bodies)

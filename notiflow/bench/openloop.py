@@ -11,6 +11,7 @@ reports the wait, not only the one request a closed-loop client would have had o
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import time
 from collections import Counter
@@ -29,16 +30,35 @@ class Answer:
     status: str
     accepted: int
     refused: Mapping[str, int] = field(default_factory=dict)
+    stages: Mapping[str, float] = field(default_factory=dict)
+    """The server's own latency budget in ms (its ``Server-Timing`` header), if any."""
 
     @classmethod
-    def single(cls, status: str) -> Answer:
+    def single(cls, status: str, server_timing: str | None = None) -> Answer:
         """The answer of a one-message request: accepted when ``202``."""
-        return cls(status, 1, {}) if status == "202" else cls(status, 0, {status: 1})
+        stages = parse_server_timing(server_timing)
+        if status == "202":
+            return cls(status, 1, {}, stages)
+        return cls(status, 0, {status: 1}, stages)
 
     @classmethod
     def failed(cls, status: str, messages: int) -> Answer:
         """A request none of whose ``messages`` was accepted, all for ``status``."""
         return cls(status, 0, {status: messages})
+
+
+def parse_server_timing(header: str | None) -> dict[str, float]:
+    """``{"api.reserve": 4.1, ...}`` from ``api.reserve;dur=4.1, ...``; entries without a
+    readable ``dur`` are left out."""
+    out: dict[str, float] = {}
+    for entry in (header or "").split(","):
+        name, _, params = entry.strip().partition(";")
+        for param in params.split(";"):
+            key, _, value = param.strip().partition("=")
+            if key == "dur" and name:
+                with contextlib.suppress(ValueError):
+                    out[name] = float(value)
+    return out
 
 
 Send = Callable[[int], Awaitable[Answer]]
@@ -143,7 +163,30 @@ def figures(run: Sequence[Sent], *, since: float, until: float, per_request: int
         "refused": dict(sorted(refused.items())),
         "lag_p99_ms": _round(percentile(lags, 99)),
         "lag_max_ms": _round(max(lags, default=None)),
+        "slowest": slowest_stages(measured),
     }
+
+
+OUTSIDE = "outside"
+"""In :func:`slowest_stages`: latency minus the server's ``api.accept`` and ``api.kafka_ack``
+(the request's wait for the generator, the network, the server's HTTP and event loop, its
+parsing, authentication and validation before ``accepted_at``)."""
+
+
+def slowest_stages(sent: Sequence[Sent]) -> dict[str, float]:
+    """Where the slowest 1 % (latency at or above the p99) of the requests that reported a
+    ``Server-Timing`` spent their time: the median ms of each stage and of :data:`OUTSIDE`;
+    empty when none reported one."""
+    timed = [s for s in sent if s.answer.stages]
+    bound = percentile([s.latency_ms for s in timed], 99)
+    if bound is None:
+        return {}
+    slow = [s for s in timed if s.latency_ms >= bound]
+    names = sorted({n for s in slow for n in s.answer.stages})
+    out = {n: percentile([s.answer.stages.get(n, 0.0) for s in slow], 50) for n in names}
+    out[OUTSIDE] = percentile([s.latency_ms - s.answer.stages.get("api.accept", 0.0)
+                               - s.answer.stages.get("api.kafka_ack", 0.0) for s in slow], 50)
+    return {n: round(v, 1) for n, v in out.items() if v is not None}
 
 
 def _round(v: float | None) -> float | None:

@@ -23,7 +23,9 @@ from notiflow.bench.openloop import (
     cpu_ms_per_message,
     figures,
     open_loop,
+    parse_server_timing,
     schedule,
+    slowest_stages,
     stop_reason,
 )
 
@@ -208,3 +210,22 @@ def test_answers_of_single_and_batch_requests() -> None:
     doc = {"results": [{"code": 202}, {"code": 202}, {"code": 429}]}
     assert batch_answer(doc, 3) == Answer("200", 2, {"429": 1})
     assert batch_answer({"results": [{"code": 202}]}, 3) == Answer("200", 1, {"missing": 2})
+
+
+def test_server_timing_parsed() -> None:
+    assert parse_server_timing("api.reserve;dur=4.1, api.write;dur=2.0") == {
+        "api.reserve": 4.1, "api.write": 2.0}
+    assert parse_server_timing("cache;desc=hit, db;dur=x, total;dur=7") == {"total": 7.0}
+    assert parse_server_timing(None) == {}
+
+
+def test_slowest_one_percent_by_stage() -> None:
+    fast = [Sent(i / 1000, i / 1000, i / 1000 + 0.005,
+                 Answer.single("202", "api.accept;dur=3, api.kafka_ack;dur=1"))
+            for i in range(100)]
+    slow = [Sent(1.0, 1.0, 1.18, Answer.single("202", "api.accept;dur=150, api.kafka_ack;dur=10")),
+            Sent(1.1, 1.1, 1.31, Answer.single("202", "api.accept;dur=170, api.kafka_ack;dur=20"))]
+    out = slowest_stages([*fast, *slow])
+    assert out["api.accept"] == 150.0 and out["api.kafka_ack"] == 10.0
+    assert out["outside"] == pytest.approx(20.0, abs=0.2)
+    assert slowest_stages([Sent(0, 0, 1, Answer.single("503"))]) == {}
