@@ -40,14 +40,17 @@ from typing import Any
 
 import psutil
 
+from notiflow.adapters.cassandra_store import connect
 from notiflow.bench import openloop
 from notiflow.bench.api_requests import Target, session, sms_body
+from notiflow.bench.cassandra_quiet import background
 from notiflow.bench.harness import UNBOUND_RATES, Phase
 from notiflow.bench.proc_cpu import at_rest, cpu_now, wait_quiet
 from notiflow.bench.workload import REGIONS, TENANT_BY_TIER, PhoneFactory
 from notiflow.devenv import free_port
 from notiflow.ops.stack import Stack
 from notiflow.schemas.enums import Channel, Tier
+from notiflow.settings import Settings
 
 MODES = ("ceiling", "single-p0", "single-p3", "batch-p3")
 SERVER = {"ceiling": "ceiling", "single-p0": "api", "single-p3": "api-bulk",
@@ -197,15 +200,21 @@ def _watch(phase: Phase) -> dict[str, psutil.Process]:
     return procs
 
 
-def _quiet(procs: Mapping[str, psutil.Process], rest: Mapping[str, float],
-           log: Callable[[str], None]) -> dict[str, Any]:
-    """Wait until Cassandra and Kafka are back near their CPU at rest (at most 90 s): the
-    ``single-p0`` ascent before ``p0-half`` saturates the stack, and ``p0-half`` measures
-    P0's tail at half load, not while Cassandra compacts what the ascent wrote."""
-    quiet = wait_quiet(lambda: cpu_now(procs), rest)
+def _quiet(settings: Settings, procs: Mapping[str, psutil.Process],
+           rest: Mapping[str, float], log: Callable[[str], None]) -> dict[str, Any]:
+    """Wait until Cassandra and Kafka are back near their CPU at rest and Cassandra runs no
+    compaction or flush (at most 90 s): the ``single-p0`` ascent before ``p0-half``
+    saturates the stack, and ``p0-half`` measures P0's tail at half load, not while
+    Cassandra compacts what the ascent wrote."""
+    cluster, session = connect(settings)
+    try:
+        quiet = wait_quiet(lambda: cpu_now(procs), rest, busy=lambda: background(session))
+    finally:
+        cluster.shutdown()
     log(f"p0-half: waited {quiet['waited_s']:.0f} s for the stack to be quiet"
         + (" (timed out)" if quiet["timed_out"] else "") + ": "
-        + ", ".join(f"{n} {v:.2f}" for n, v in quiet["cpu"].items()))
+        + ", ".join(f"{n} {v:.2f}" for n, v in quiet["cpu"].items())
+        + "".join(f"; {b}" for b in quiet["busy"]))
     return quiet
 
 
@@ -259,7 +268,7 @@ def run(out: Path, *, plan: Plan, modes: list[str], log: Callable[[str], None],
                     targets[mode], f"{run_id}-{mode}", rates, plan, procs, log, mode))}
                 if mode == "single-p0" and doc["modes"][mode]["max_per_s"] > 0:
                     half = round(doc["modes"][mode]["max_per_s"] / 2, 1)
-                    quiet = _quiet(procs, doc.get("at_rest") or {}, log)
+                    quiet = _quiet(phase.settings, procs, doc.get("at_rest") or {}, log)
                     log(f"p0-half: P0 at half its maximum, {half:,.0f}/s")
                     half_run = runner.run(_run_mode(targets["p0-half"], f"{run_id}-p0-half",
                                                     [half], plan, procs, log, "p0-half"))

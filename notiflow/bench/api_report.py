@@ -139,10 +139,14 @@ def _slowest(modes: Mapping[str, Any]) -> list[str]:
 
 
 def _quiet_note(quiet: Mapping[str, Any]) -> str:
-    """The wait before ``p0-half`` for Cassandra and Kafka to be near their CPU at rest."""
+    """The wait before ``p0-half`` for Cassandra and Kafka to be near their CPU at rest and
+    Cassandra's compactions and flushes to finish."""
     cpu = ", ".join(f"{n} {v:.2f}" for n, v in (quiet.get("cpu") or {}).items()) or "-"
-    how = ("timed out: the stack was still busy" if quiet.get("timed_out")
-           else "then within 0.15 core of its share at rest")
+    busy = "; ".join(quiet.get("busy") or [])
+    how = (f"timed out: the stack was still busy{f' ({busy})' if busy else ''}"
+           if quiet.get("timed_out")
+           else "then within 0.15 core of its share at rest, no Cassandra compaction or "
+                "flush under way")
     return (f"Before P0 at half its maximum: waited {quiet['waited_s']:.0f} s for the stack "
             f"to be quiet ({how}; share of one core over the last second: {cpu}).")
 

@@ -1,5 +1,7 @@
 """What Cassandra and the client spend per message on the reconciler's requests, one request
-per message against shared requests (``IN`` reads, multi-message unlogged batches).
+per message against shared requests (``IN`` reads, multi-message unlogged batches), and on
+the API's idempotency reservation (a lightweight transaction) against the same row written
+plainly.
 
 ``python -m notiflow.bench.cassandra_requests [N]`` needs the local stack up
 (``notiflow stack up``); it writes N messages per case with the reconciler's own statements
@@ -20,6 +22,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psutil
+from cassandra.query import BatchStatement, BatchType, PreparedStatement
 
 from notiflow.adapters.cassandra_store import (
     CassandraStore,
@@ -64,6 +67,13 @@ def accepted_writes(store: CassandraStore, mid: str, now: datetime) -> list[Writ
     return writes
 
 
+def unlogged(stmt: PreparedStatement, rows: Sequence[Sequence[Any]]) -> BatchStatement:
+    batch = BatchStatement(batch_type=BatchType.UNLOGGED)
+    for row in rows:
+        batch.add(stmt, row)
+    return batch
+
+
 async def main(n: int) -> None:
     settings = Settings()
     cluster, session = await asyncio.to_thread(connect, settings)
@@ -71,6 +81,10 @@ async def main(n: int) -> None:
     shared = CassandraStore(session, settings).coalesce(max_keys=GROUP, max_rows=8 * GROUP)
     update = session.prepare("UPDATE messages SET status = ?, updated_at = ? "
                              "WHERE message_id = ?")
+    plain_reserve = session.prepare(
+        "INSERT INTO idempotency (tenant_id, idempotency_key, request_hash, message_id, state, "
+        "topic, payload, created_at) VALUES (?, ?, ?, ?, 'PENDING', ?, ?, ?) USING TTL 3600")
+    payload = "x" * 600
     cassandra = cassandra_process()
     sem = asyncio.Semaphore(CONCURRENCY)
     now = datetime.now(UTC)
@@ -111,6 +125,12 @@ async def main(n: int) -> None:
     await case(f"{GROUP} messages' rows, one batch",
                lambda g: store.write_all([w for m in g for w in accepted_writes(store, m, now)]),
                groups(grouped))
+    await case("idempotency reservation, LWT (the API's, one per key)",
+               lambda m: store.reserve("bench", m, "h" * 64, m, "topic", payload, now), ids())
+    await case(f"the same row without IF NOT EXISTS, {GROUP} per batch",
+               lambda g: aio(session.execute_async(unlogged(plain_reserve, [
+                   ("bench", m, "h" * 64, m, "topic", payload, now) for m in g]))),
+               groups(ids()))
     await case("head read, existing row", store.head, single)
     await case("head reads, existing rows, IN", lambda g: asyncio.gather(
         *(shared.head(m) for m in g)), groups(grouped))

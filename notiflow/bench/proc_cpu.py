@@ -66,12 +66,15 @@ def at_rest(procs: Mapping[str, psutil.Process], seconds: float) -> dict[str, fl
 def wait_quiet(sample: Callable[[], Mapping[str, float]], rest: Mapping[str, float], *,
                names: Iterable[str] = QUIET, margin: float = 0.15, timeout_s: float = 90.0,
                interval_s: float = 1.0, clock: Callable[[], float] = time.monotonic,
-               sleep: Callable[[float], None] = time.sleep) -> dict[str, Any]:
+               sleep: Callable[[float], None] = time.sleep,
+               busy: Callable[[], list[str]] = list) -> dict[str, Any]:
     """Sample CPU seconds (``sample``, e.g. :func:`cpu_now` of the watched processes) every
     ``interval_s`` until each of ``names`` used at most its share at rest (``rest``; 0 when
-    not measured) plus ``margin`` of a core over the last interval, or ``timeout_s`` passed.
-    Names ``sample`` does not report are not waited for. Returns the seconds waited,
-    whether it timed out, and the last interval's shares."""
+    not measured) plus ``margin`` of a core over the last interval and ``busy`` (background
+    work still under way, e.g. :func:`~notiflow.bench.cassandra_quiet.background`) names
+    nothing, or ``timeout_s`` passed. Names ``sample`` does not report are not waited for.
+    Returns the seconds waited, whether it timed out, the last interval's shares and what
+    was still busy."""
     names = list(names)
     start = clock()
     before, t0 = sample(), start
@@ -84,7 +87,9 @@ def wait_quiet(sample: Callable[[], Mapping[str, float]], rest: Mapping[str, flo
                   if n in after and n in before}
         before, t0 = after, t1
         waited = round(t1 - start, 1)
-        if all(v <= rest.get(n, 0.0) + margin for n, v in shares.items()):
-            return {"waited_s": waited, "timed_out": False, "cpu": shares}
+        calm = all(v <= rest.get(n, 0.0) + margin for n, v in shares.items())
+        running = busy() if calm else []
+        if calm and not running:
+            return {"waited_s": waited, "timed_out": False, "cpu": shares, "busy": []}
         if t1 - start >= timeout_s:
-            return {"waited_s": waited, "timed_out": True, "cpu": shares}
+            return {"waited_s": waited, "timed_out": True, "cpu": shares, "busy": running}

@@ -222,11 +222,22 @@ def serve(settings: Settings) -> None:
         telemetry.setup(settings, service(settings), logs=False)
     tuning.set_nice(settings.lane_nice(lane))
     tuning.set_realtime(settings.lane_realtime(lane))
+    if starves_host(settings, os.cpu_count()):
+        log.warning("%d API processes in the real-time class on %s cores: busy, they leave "
+                    "no CPU to Cassandra and Kafka (docs/api.md, \"Processes\")",
+                    settings.api_processes, os.cpu_count())
     if settings.api_processes == 1:
         run_server(build_app(settings), settings, log_config)
         return
     os.environ.update(worker_env(settings))
     run_server(WORKER_APP, settings, log_config, workers=settings.api_processes)
+
+
+def starves_host(settings: Settings, cores: int | None) -> bool:
+    """Whether ``api_processes`` real-time processes (the lane's class) could take every core
+    of the host."""
+    return (settings.lane_realtime(settings.api_lane) > 0 and cores is not None
+            and settings.api_processes >= cores)
 
 
 def worker_env(settings: Settings) -> dict[str, str]:

@@ -98,3 +98,13 @@ def test_workers_get_the_command_line_through_the_environment(
 def test_the_worker_app_string_names_the_factory() -> None:
     module, _, attr = gateway.WORKER_APP.partition(":")
     assert module == gateway.__name__ and getattr(gateway, attr) is gateway.worker_app
+
+
+def test_real_time_processes_as_many_as_cores_are_flagged() -> None:
+    priority = Settings(api_lane="priority", api_processes=2)
+    assert priority.lane_realtime("priority") > 0
+    assert gateway.starves_host(priority, 2)
+    assert not gateway.starves_host(priority, 4)
+    assert not gateway.starves_host(priority.model_copy(update={"api_processes": 1}), 2)
+    assert not gateway.starves_host(Settings(api_lane="bulk", api_processes=2), 2)
+    assert not gateway.starves_host(priority, None)

@@ -95,8 +95,8 @@ def test_waits_until_cassandra_and_kafka_are_near_their_rest() -> None:
                               "api": lambda _t: 1.0})
     quiet = wait_quiet(sample, {"cassandra": 0.54, "kafka": 0.02}, clock=clock,
                        sleep=clock.sleep)
-    assert quiet == {"waited_s": 6.0, "timed_out": False, "cpu": {"cassandra": 0.6,
-                                                                  "kafka": 0.05}}
+    assert quiet == {"waited_s": 6.0, "timed_out": False, "busy": [],
+                     "cpu": {"cassandra": 0.6, "kafka": 0.05}}
     assert clock.slept == [1.0] * 6
 
 
@@ -113,7 +113,25 @@ def test_a_process_not_sampled_is_not_waited_for() -> None:
     clock = Clock()
     sample = _sampler(clock, {"cassandra": lambda _t: 0.1})
     quiet = wait_quiet(sample, {}, clock=clock, sleep=clock.sleep)
-    assert quiet == {"waited_s": 1.0, "timed_out": False, "cpu": {"cassandra": 0.1}}
+    assert quiet == {"waited_s": 1.0, "timed_out": False, "cpu": {"cassandra": 0.1},
+                     "busy": []}
+
+
+def test_waits_for_background_work_once_the_cpu_is_calm() -> None:
+    clock = Clock()
+    sample = _sampler(clock, {"cassandra": lambda _t: 0.1})
+    asked: list[float] = []
+
+    def busy() -> list[str]:
+        asked.append(clock.now)
+        return ["compaction of notiflow_bench.messages"] if clock.now < 104 else []
+
+    quiet = wait_quiet(sample, {}, clock=clock, sleep=clock.sleep, busy=busy)
+    assert quiet["waited_s"] == 4.0 and not quiet["timed_out"] and quiet["busy"] == []
+    assert asked == [101.0, 102.0, 103.0, 104.0]
+    stuck = wait_quiet(sample, {}, clock=clock, sleep=clock.sleep, timeout_s=3,
+                       busy=lambda: ["MemtableFlushWriter: 1 active, 0 pending"])
+    assert stuck["timed_out"] and stuck["busy"] == ["MemtableFlushWriter: 1 active, 0 pending"]
 
 
 def test_the_report_names_the_processes_and_the_wait() -> None:
