@@ -90,6 +90,15 @@ CASSANDRA_GC_PAUSE_MS = 50
 waits on Cassandra, and under the flood its young collections took up to 520 ms."""
 
 
+PAXOS_AUTO_REPAIRS_OFF = "-Dcassandra.disable_paxos_auto_repairs=true"
+"""The local stack is one node. Paxos v2 repairs every table's uncommitted rounds across its
+replicas every five minutes; with one replica there is nothing to reconcile (the next
+lightweight transaction or serial read of a partition finishes a round left uncommitted),
+yet after a load of idempotency LWTs the repair and its ``system.paxos`` flushes came right
+when P0 ran at half load (``bench/README.md``, "Acceptance", runs 8 and x1-x2). A
+multi-node cluster (``docker-compose.yml``, the Helm chart) keeps the repairs."""
+
+
 STW_THREADS = re.compile(r"^(GC Thread#\d+|VM Thread)$")
 """The JVM threads that do a stop-the-world pause: G1's parallel workers (all started at
 launch with ``-XX:-UseDynamicNumberOfGCThreads``) and the VM thread that runs safepoints."""
@@ -435,7 +444,7 @@ batch_size_warn_threshold: 32KiB
                 "-XX:+ExitOnOutOfMemoryError",
                 "-XX:+ParallelRefProcEnabled", "-XX:MaxTenuringThreshold=1",
                 f"-XX:MaxGCPauseMillis={CASSANDRA_GC_PAUSE_MS}", "-XX:+UseThreadPriorities",
-                "-XX:+PerfDisableSharedMem", "-ea", "-da:net.openhft...",
+                "-XX:+PerfDisableSharedMem", "-ea", "-da:net.openhft...", PAXOS_AUTO_REPAIRS_OFF,
                 "-Djava.net.preferIPv4Stack=true", "-Djdk.attach.allowAttachSelf=true",
                 *[f"--add-exports={e}=ALL-UNNAMED" for e in exports],
                 *[f"--add-opens={o}=ALL-UNNAMED" for o in opens],
