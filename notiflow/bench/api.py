@@ -13,9 +13,8 @@ until a step accepts under ``min_share`` of what it offered or its p99 passes
 - ``single-p0``: ``POST /v1/messages`` of P0 OTPs to the priority lane (tenant ``acme``);
 - ``single-p3``: P3 marketing SMS to the bulk lane (tenant ``mkt``);
 - ``batch-p3``: ``POST /v1/messages:batch`` of ``batch_size`` P3 items to the bulk lane;
-- ``p0-half`` (after ``single-p0``): one step of P0 at half its maximum, once Cassandra's and
-  Kafka's CPU is back within 0.15 core of their share at rest (at most 90 s; the ascent
-  before it saturates the stack).
+- ``p0-half`` (after ``single-p0``): one step of P0 at half its maximum, once the stack is
+  quiet again (:func:`_quiet`; the ascent before it saturates the stack).
 
 Every step records the CPU seconds of each process — both API processes (each with its worker
 children: ``--api-processes``), the ceiling, Kafka, Cassandra, Redis, the object store, and
@@ -227,7 +226,7 @@ def _loop() -> asyncio.Runner:
 def run(out: Path, *, plan: Plan, modes: list[str], log: Callable[[str], None],
         api_processes: int = 1) -> dict[str, Any]:
     """Every mode of ``modes`` (in :data:`MODES` order) and, after ``single-p0``, ``p0-half``
-    (once the stack is quiet again, :func:`_p0_half`); the report document. Each API lane
+    (once the stack is quiet again, :func:`_quiet`); the report document. Each API lane
     runs ``api_processes`` worker processes (``notiflow api --processes``)."""
     unknown = set(modes) - set(MODES)
     if unknown:

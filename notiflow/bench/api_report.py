@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from notiflow.bench.openloop import OUTSIDE
+from notiflow.bench.proc_cpu import QUIET_MARGIN
 
 STACK = ("cassandra", "kafka", "redis")
 LABELS = {"ceiling": "ceiling (1 Cassandra write + 1 Kafka produce)",
@@ -145,8 +146,8 @@ def _quiet_note(quiet: Mapping[str, Any]) -> str:
     busy = "; ".join(quiet.get("busy") or [])
     how = (f"timed out: the stack was still busy{f' ({busy})' if busy else ''}"
            if quiet.get("timed_out")
-           else "then within 0.15 core of its share at rest, no Cassandra compaction or "
-                "flush under way")
+           else f"then within {QUIET_MARGIN} core of its share at rest, no Cassandra "
+                "compaction or flush under way")
     return (f"Before P0 at half its maximum: waited {quiet['waited_s']:.0f} s for the stack "
             f"to be quiet ({how}; share of one core over the last second: {cpu}).")
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from notiflow.bench.stats import percentile
+from notiflow.names import Stage
 
 
 @dataclass(frozen=True)
@@ -184,8 +185,9 @@ def slowest_stages(sent: Sequence[Sent]) -> dict[str, float]:
     slow = [s for s in timed if s.latency_ms >= bound]
     names = sorted({n for s in slow for n in s.answer.stages})
     out = {n: percentile([s.answer.stages.get(n, 0.0) for s in slow], 50) for n in names}
-    out[OUTSIDE] = percentile([s.latency_ms - s.answer.stages.get("api.accept", 0.0)
-                               - s.answer.stages.get("api.kafka_ack", 0.0) for s in slow], 50)
+    handler = (Stage.API_ACCEPT.value, Stage.API_KAFKA_ACK.value)
+    out[OUTSIDE] = percentile([s.latency_ms - sum(s.answer.stages.get(n, 0.0) for n in handler)
+                               for s in slow], 50)
     return {n: round(v, 1) for n, v in out.items() if v is not None}
 
 

@@ -10,6 +10,8 @@ from typing import Any
 
 import psutil
 
+QUIET_MARGIN = 0.15
+"""Share of a core above its share at rest that :func:`wait_quiet` still counts as quiet."""
 QUIET = ("cassandra", "kafka")
 """The processes :func:`wait_quiet` waits for: what a saturating load leaves busy (compaction,
 log segments) after it ends."""
@@ -64,7 +66,7 @@ def at_rest(procs: Mapping[str, psutil.Process], seconds: float) -> dict[str, fl
 
 
 def wait_quiet(sample: Callable[[], Mapping[str, float]], rest: Mapping[str, float], *,
-               names: Iterable[str] = QUIET, margin: float = 0.15, timeout_s: float = 90.0,
+               names: Iterable[str] = QUIET, margin: float = QUIET_MARGIN, timeout_s: float = 90.0,
                interval_s: float = 1.0, clock: Callable[[], float] = time.monotonic,
                sleep: Callable[[float], None] = time.sleep,
                busy: Callable[[], list[str]] = list) -> dict[str, Any]:

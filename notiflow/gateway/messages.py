@@ -151,13 +151,11 @@ async def _resume(rt: Runtime, tenant_id: str, key: str, req_hash: str,
     if existing.get("request_hash") != req_hash:
         raise ApiError(409, "idempotency_conflict", "request_mismatch",
                        "this Idempotency-Key was used with a different request")
-    if existing.get("state") == ACCEPTED and existing.get("response"):
-        body = existing["response"]
-        return _accepted(body, existing.get("message_id") or json.loads(body)["message_id"],
-                         trace, replayed=True)
-    queued = rt.settler.pending(tenant_id, key)
-    if queued is not None:
-        return _accepted(queued, str(existing.get("message_id")), trace, replayed=True)
+    stored = existing.get("response") if existing.get("state") == ACCEPTED else None
+    answered = stored or rt.settler.pending(tenant_id, key)
+    if answered:
+        return _accepted(answered, existing.get("message_id")
+                         or json.loads(answered)["message_id"], trace, replayed=True)
     payload, topic, created_at = existing.get("payload"), existing.get("topic"), utc(
         existing.get("created_at"))
     if not payload or not topic or created_at is None:
