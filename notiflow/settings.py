@@ -670,6 +670,12 @@ class Settings(BaseSettings):
     """The API answers ``202`` once Kafka acknowledged; the settles (key ``ACCEPTED``, outbox
     row removed) queued during this interval are written together, off the response path
     (``gateway/settler.py``)."""
+    api_fence: bool = True
+    """A request with an ``Idempotency-Key`` takes the key's fence in Redis and writes its
+    reservation plainly; off (or Redis unavailable): a Cassandra lightweight transaction per
+    key, as before (``adapters/idempotency_fence.py``, docs/api.md "Idempotency")."""
+    api_fence_ttl: timedelta = timedelta(seconds=60)
+    """How long a fence outlives its ``SET``: longer than a reservation takes to be written."""
     redis_url: str = "redis://127.0.0.1:16379/0"
     redis_port: int = 16379
 

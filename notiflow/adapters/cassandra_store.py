@@ -289,6 +289,11 @@ class CassandraStore:
             "state, topic, payload, created_at) VALUES (?, ?, ?, ?, 'PENDING', ?, ?, ?) "
             f"IF NOT EXISTS USING TTL {self._idem_ttl}"
         )
+        self._stmts["reservation_put"] = session.prepare(
+            "INSERT INTO idempotency (tenant_id, idempotency_key, request_hash, message_id, "
+            "state, topic, payload, created_at) VALUES (?, ?, ?, ?, 'PENDING', ?, ?, ?) "
+            f"USING TTL {self._idem_ttl}"
+        )
         serial = session.prepare(_STATEMENTS["pref_get"])
         serial.consistency_level = ConsistencyLevel.LOCAL_SERIAL
         self._stmts["pref_get_serial"] = serial
@@ -321,6 +326,7 @@ class CassandraStore:
             "msg_head": keyed("msg_head", "message_id", "message_id, "),
             "receipt_get": keyed("receipt_get", "provider_event_id", "provider_event_id, "),
             "provider_index_get": keyed("provider_index_get", "provider_message_id"),
+            "idem_get": keyed("idem_get", "idempotency_key"),
         }
         self._coalescer = CassandraCoalescer(self.session, aio, max_keys=max_keys,
                                              max_rows=max_rows)
@@ -340,7 +346,19 @@ class CassandraStore:
             return Reservation(True, None)
         return Reservation(False, row)
 
+    @staticmethod
+    def reservation_write(tenant_id: str, key: str, request_hash: str, message_id: str,
+                          topic: str, payload: str, created_at: datetime) -> Write:
+        """The ``PENDING`` reservation of :meth:`reserve`, written plainly (no Paxos round),
+        for :meth:`write_all`: for a key whose requests something else serialises (an
+        idempotency fence, or a key nobody else can know)."""
+        return ("reservation_put",
+                (tenant_id, key, request_hash, message_id, topic, payload, created_at))
+
     async def get_reservation(self, tenant_id: str, key: str) -> dict[str, Any] | None:
+        """The key's reservation row (``IN`` reads of concurrent callers when coalescing)."""
+        if self._coalescer is not None:
+            return await self._coalescer.read(self._keyed["idem_get"], (tenant_id,), key)
         rows = await self._run("idem_get", (tenant_id, key))
         return rows[0] if rows else None
 

@@ -5,7 +5,10 @@ process of its own): what a durable acceptance cannot do without.
 :data:`TABLE` of the configured keyspace; the driver and connection settings of
 ``cassandra_store.connect``), produces it to Kafka once (topic :data:`TOPIC` under the
 prefix; the API's producer: acks=all, idempotent, ``api_producer_overrides``), awaits both in
-that order and answers ``202``. No authentication, validation, idempotency reservation,
+that order and answers ``202``. ``POST /v1/messages:batch`` does the same for each item of
+``{"messages": [...]}``: one row per item, the rows in unlogged batches of
+``cassandra_batch_rows`` written at once, one produce per item, all awaited, then ``200``
+with a ``202`` result per item. No authentication, validation, idempotency reservation,
 admission control, templates, outbox or settle write. The server stack is the API's: FastAPI
 under uvicorn with uvloop and httptools, the API's logging configuration (access log
 included) and collector settings (``tuning.settle``).
@@ -22,6 +25,7 @@ from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from typing import Any
 
+from cassandra.query import BatchStatement, BatchType
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 
@@ -99,6 +103,34 @@ def build_app(settings: Settings) -> FastAPI:
         return Response(json.dumps({"message_id": message_id, "status": "ACCEPTED",
                                     "accepted_at": now.isoformat()}),
                         status_code=202, media_type=JSON)
+
+    @app.post("/v1/messages:batch")
+    async def accept_batch(request: Request) -> Response:
+        try:
+            data = json.loads(await request.body())
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            return JSONResponse({"error": "malformed_json"}, status_code=400)
+        items = data.get("messages") if isinstance(data, dict) else None
+        if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
+            return JSONResponse({"error": "invalid_batch"}, status_code=422)
+        now = datetime.now(UTC)
+        rows = [(str(i.get("idempotency_key") or uuid.uuid4().hex),
+                 f"msg_{uuid.uuid4().hex}", json.dumps(i)) for i in items]
+        size = settings.cassandra_batch_rows
+        writes = []
+        for start in range(0, len(rows), size):
+            batch = BatchStatement(batch_type=BatchType.UNLOGGED)
+            for key, message_id, body in rows[start:start + size]:
+                batch.add(state["insert"], (key, message_id, body, now))
+            writes.append(aio(state["session"].execute_async(batch)))
+        await asyncio.gather(*writes)
+        await asyncio.gather(*(state["producer"].produce(
+            OutRecord(state["topic"], key.encode(), body.encode()))
+            for key, _, body in rows))
+        accepted_at = now.isoformat()
+        return Response(json.dumps({"results": [
+            {"code": 202, "message_id": m, "status": "ACCEPTED", "accepted_at": accepted_at}
+            for _, m, _ in rows]}), media_type=JSON)
 
     @app.get("/healthz")
     async def healthz() -> JSONResponse:

@@ -99,6 +99,12 @@ def unavailable(reason: str, message: str) -> ApiError:
                     headers={"Retry-After": str(RETRY_AFTER_S)})
 
 
+def idempotency_conflict() -> ApiError:
+    """409: the ``Idempotency-Key`` was used with another request."""
+    return ApiError(409, "idempotency_conflict", "request_mismatch",
+                    "this Idempotency-Key was used with a different request")
+
+
 def rate_limited(reason: str, message: str, wait_s: float) -> ApiError:
     """429 with ``Retry-After`` in whole seconds (rounded up, at least 1)."""
     return ApiError(429, "rate_limited", reason, message,

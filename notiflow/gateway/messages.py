@@ -32,6 +32,7 @@ from notiflow.gateway.errors import (
     STORE_ERRORS,
     ApiError,
     bad_request,
+    idempotency_conflict,
     invalid_body,
     kafka_unavailable,
     not_found,
@@ -58,6 +59,7 @@ from notiflow.gateway.outbox import (
     traceparent,
     undo_acceptance,
 )
+from notiflow.gateway.reservation import Claim, Taken, release, reserve
 from notiflow.gateway.runtime import Runtime, now_ms
 from notiflow.names import Stage
 from notiflow.redact import mask
@@ -149,8 +151,7 @@ async def _resume(rt: Runtime, tenant_id: str, key: str, req_hash: str,
     if existing.get("message_id"):
         span.set_attribute(names.ATTR_MESSAGE_ID, str(existing["message_id"]))
     if existing.get("request_hash") != req_hash:
-        raise ApiError(409, "idempotency_conflict", "request_mismatch",
-                       "this Idempotency-Key was used with a different request")
+        raise idempotency_conflict()
     stored = existing.get("response") if existing.get("state") == ACCEPTED else None
     answered = stored or rt.settler.pending(tenant_id, key)
     if answered:
@@ -177,7 +178,8 @@ async def _resume(rt: Runtime, tenant_id: str, key: str, req_hash: str,
 async def accept(rt: Runtime, tenant: TenantConfig, req: SendRequest, key: str | None,
                  req_hash: str, accepted_at: datetime, expires_at: datetime,
                  trace: str, stages: StageTimes | None = None) -> Response:
-    """Reserve the key, write outbox + message row, publish, mark accepted (202).
+    """Reserve the key (``reservation.py``), write outbox + message row, publish, mark
+    accepted (202).
 
     When the record is definitively not published, everything written is removed again
     and the client gets 503, so a retry with the same key starts afresh. ``stages``
@@ -192,25 +194,25 @@ async def accept(rt: Runtime, tenant: TenantConfig, req: SendRequest, key: str |
     payload = record.model_dump_json(exclude_none=True)
     topic = rt.settings.ingest_topic(req.channel, req.tier)
     store = rt.store()
+    claim = Claim(tenant.id, internal_key, req_hash, message_id, topic, payload, accepted_at)
     try:
         with times.timing(Stage.API_RESERVE):
-            reservation = await store.reserve(tenant.id, internal_key, req_hash, message_id,
-                                              topic, payload, accepted_at)
-        existing = reservation.existing
-        if not reservation.applied and not existing:
-            existing = await store.get_reservation(tenant.id, internal_key)
+            reserved = await reserve(store, rt.fence, claim, client_key=key is not None)
     except STORE_ERRORS as exc:
         raise store_unavailable(exc) from None
-    if not reservation.applied:
-        if not existing:
-            raise unavailable("acceptance_in_progress", "retry the request")
-        return await _resume(rt, tenant.id, internal_key, req_hash, existing, trace)
+    if isinstance(reserved, Taken):
+        return await _resume(rt, tenant.id, internal_key, req_hash, reserved.row, trace)
+
+    async def release_fence() -> None:
+        await release(rt.fence, tenant.id, internal_key, reserved.fence)
+
     slot = outbox_slot(tenant.id, internal_key, accepted_at)
     try:
         body = await complete_acceptance(rt, tenant_id=tenant.id, key=internal_key,
                                          created_at=accepted_at, record=record, topic=topic,
                                          payload=payload, trace=trace, slot=slot, fresh=True,
-                                         stages=times)
+                                         stages=times, also=reserved.writes,
+                                         release=release_fence)
     except Unconfirmed as exc:
         raise kafka_unavailable(exc) from None
     except _PUBLISH_ERRORS as exc:
@@ -218,6 +220,7 @@ async def accept(rt: Runtime, tenant: TenantConfig, req: SendRequest, key: str |
                                        created_at=accepted_at, record=record, slot=slot,
                                        scheduled=rt.scheduled())
         if undone:
+            await release_fence()
             if isinstance(exc, DeliveryFailed):
                 raise kafka_unavailable(exc) from None
             raise store_unavailable(exc) from None

@@ -18,7 +18,7 @@ import re
 import secrets
 import time
 import zlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime, timedelta
 
 from cassandra import OperationTimedOut
@@ -28,6 +28,7 @@ from notiflow.adapters.cassandra_store import (
     OUTBOX_SHARDS,
     CassandraStore,
     OutboxSlot,
+    Write,
     to_ms,
 )
 from notiflow.adapters.kafka_io import OutRecord, make_headers
@@ -178,6 +179,7 @@ async def complete_acceptance(
     rt: Runtime, *, tenant_id: str, key: str, created_at: datetime, record: IngestRecord,
     topic: str, payload: str, trace: str, slot: OutboxSlot, write_outbox: bool = True,
     fresh: bool = False, stages: StageTimes | None = None, deferrable: bool = True,
+    also: Sequence[Write] = (), release: Callable[[], Awaitable[None]] | None = None,
 ) -> str:
     """Steps (c)-(f) of acceptance for a reserved key; returns the ``202`` body.
 
@@ -188,17 +190,21 @@ async def complete_acceptance(
     and left to the sweeper. The outbox row is at ``slot`` (written here unless
     ``write_outbox`` is False: the sweeper's call, whose row exists). Once published, the
     settle is queued on ``rt.settler`` (off the response path). ``stages`` collects the
-    latency budget's ``api.write``, ``api.accept`` and ``api.kafka_ack``.
+    latency budget's ``api.write``, ``api.accept`` and ``api.kafka_ack``. ``also``: more
+    rows written with the message row (a reservation written plainly); ``release``: called
+    when a record Kafka did not take is undone (the key's fence).
     """
     times = stages or StageTimes()
     message_id, accepted_at = ids(record)
     store = rt.store()
-    outbox = [store.outbox_write(slot, created_at, tenant_id, key)] if write_outbox else []
+    writes = [*also]
+    if write_outbox:
+        writes.append(store.outbox_write(slot, created_at, tenant_id, key))
     now = datetime.now(UTC)
     row = scheduled_row(rt, record, topic, payload, trace, now)
     with times.timing(Stage.API_WRITE):
         created = store.create_message(message_id, snapshot(record),
-                                       initial_status(record), now, fresh=fresh, also=outbox)
+                                       initial_status(record), now, fresh=fresh, also=writes)
         if row is None:
             await created
         else:
@@ -216,8 +222,10 @@ async def complete_acceptance(
                                record=record, slot=slot)
 
     async def undo() -> None:
-        await undo_acceptance(store, tenant_id=tenant_id, key=key, created_at=created_at,
-                              record=record, slot=slot)
+        undone = await undo_acceptance(store, tenant_id=tenant_id, key=key,
+                                       created_at=created_at, record=record, slot=slot)
+        if undone and release is not None:
+            await release()
 
     with telemetry.span(names.INGEST_PRODUCE, attrs, parent=parent) as span:
         header = telemetry.current_traceparent() or trace

@@ -1,5 +1,5 @@
 """Per-process resources of the API: one Cassandra store, one Kafka producer, one Redis
-client for admission control.
+client for admission control and idempotency fences.
 
 Cassandra is connected lazily: one attempt at start-up, then retries in the background, so
 the process starts (``/healthz`` answers) while Cassandra is down and requests get ``503``
@@ -21,11 +21,12 @@ from cassandra import DriverException
 from cassandra.cluster import Cluster
 from confluent_kafka.admin import AdminClient
 
-from notiflow.adapters.admission import AdmissionStore
+from notiflow.adapters.admission import DOWN_BACKOFF_S, REDIS_TIMEOUT_S, AdmissionStore
 from notiflow.adapters.campaign_notices import NoticeStore
 from notiflow.adapters.campaign_store import CampaignStore
 from notiflow.adapters.campaign_tally import CampaignTally
 from notiflow.adapters.cassandra_store import CassandraStore, connect
+from notiflow.adapters.idempotency_fence import Fence
 from notiflow.adapters.kafka_io import AsyncProducer
 from notiflow.adapters.manifests import Manifests
 from notiflow.adapters.preferences import PreferenceStore
@@ -82,6 +83,7 @@ class Runtime:
         self._producer: AsyncProducer | None = None
         self._admin: AdminClient | None = None
         self._admission: Admission | None = None
+        self._fence: Fence | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self.window = Window(settings.kafka_window)
         self.publisher = Publisher(self.window, self.producer, self.spawn, self._kafka_up)
@@ -94,6 +96,10 @@ class Runtime:
         the background."""
         self._producer = AsyncProducer(self.settings, **api_producer_overrides())
         self._admission = Admission(self.settings, AdmissionStore.open(self.settings))
+        if self.settings.api_fence:
+            self._fence = Fence(self._admission.store.r, self.settings.topic_prefix,
+                                self.settings.api_fence_ttl, timeout_s=REDIS_TIMEOUT_S,
+                                down_backoff_s=DOWN_BACKOFF_S)
         self._admin = AdminClient({"bootstrap.servers": self.settings.kafka_bootstrap},
                                   logger=logging.getLogger("notiflow.kafka.admin"))
         try:
@@ -218,6 +224,11 @@ class Runtime:
         if self._admission is None:
             raise unavailable("admission_unavailable", "the API is not started")
         return self._admission
+
+    @property
+    def fence(self) -> Fence | None:
+        """Idempotency fences in Redis (None: off, every key reserved by transaction)."""
+        return self._fence
 
     async def check_cassandra(self) -> str:
         """``"ok"`` or a short reason."""

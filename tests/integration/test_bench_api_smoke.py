@@ -19,7 +19,8 @@ pytestmark = pytest.mark.integration
 
 def test_bench_api_smoke(stack: Settings, tmp_path: Path) -> None:
     doc = api.run(tmp_path, plan=api.QUICK, modes=list(api.MODES), log=print)
-    assert list(doc["modes"]) == ["ceiling", "single-p0", "p0-half", "single-p3", "batch-p3"]
+    assert list(doc["modes"]) == ["ceiling", "batch-ceiling", "single-p0", "p0-half",
+                                  "single-p3", "batch-p3"]
     for name, mode in doc["modes"].items():
         assert mode["server"] == api.SERVER[name]
         assert mode["max_per_s"] > 0 and mode["steps"], name
@@ -30,14 +31,15 @@ def test_bench_api_smoke(stack: Settings, tmp_path: Path) -> None:
             assert {"cassandra", "kafka", "redis", "bench"} <= step["cpu_ms_per_msg"].keys()
         first = mode["steps"][0]
         assert first["refused"] == {}, (name, first)
-    assert doc["modes"]["batch-p3"]["steps"][0]["statuses"] == {
-        "200": doc["modes"]["batch-p3"]["steps"][0]["requests"]}
+    for batch in ("batch-ceiling", "batch-p3"):
+        assert doc["modes"][batch]["steps"][0]["statuses"] == {
+            "200": doc["modes"][batch]["steps"][0]["requests"]}
     assert len(doc["modes"]["single-p0"]["steps"]) == api.QUICK.steps
     assert doc["modes"]["p0-half"]["steps"][0]["rate"] == pytest.approx(
         doc["modes"]["single-p0"]["max_per_s"] / 2, abs=0.1)
     targets = doc["targets"]
     assert targets["single_p0_over_ceiling"] > 0 and targets["batch_over_single_p3"] > 0
-    assert targets["p0_half_p99_ms"] > 0
+    assert targets["p0_half_p99_ms"] > 0 and targets["batch_ceiling_over_single_p3"] > 0
     assert doc["processes"]["api"] and "cassandra" in doc["at_rest"]
     md = api_markdown(doc)
     paths = write(tmp_path, "api", doc, md)

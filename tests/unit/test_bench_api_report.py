@@ -36,6 +36,7 @@ def _doc() -> dict[str, Any]:
 
     modes = {
         "ceiling": mode("ceiling", [_step(100, 100, 20), _step(200, 150, 900)], "accepted"),
+        "batch-ceiling": mode("ceiling", [_step(400, 400, 50), _step(800, 500, 1500)], "p99"),
         "single-p0": mode("api", [_step(20, 20, 30), _step(40, 30, 2000)], "p99"),
         "p0-half": mode("api", [_step(15, 15, 40)], None),
         "single-p3": mode("api-bulk", [_step(20, 20, 30), _step(40, 40, 60)], None),
@@ -50,9 +51,10 @@ def test_targets_from_the_modes_maxima() -> None:
     t = _doc()["targets"]
     assert t["single_p0_over_ceiling"] == 0.2 and t["single_p3_over_ceiling"] == 0.267
     assert t["batch_over_single_p3"] == 9.5
+    assert t["batch_over_batch_ceiling"] == 0.76 and t["batch_ceiling_over_single_p3"] == 12.5
     assert t["p0_half_rate"] == 15 and t["p0_half_p99_ms"] == 40 and t["p0_half_met"]
-    assert t["saturated"] == {"ceiling": True, "single-p0": True, "single-p3": False,
-                              "batch-p3": True}
+    assert t["saturated"] == {"ceiling": True, "batch-ceiling": True, "single-p0": True,
+                              "single-p3": False, "batch-p3": True}
     assert targets_met({})["single_p0_over_ceiling"] is None
 
 

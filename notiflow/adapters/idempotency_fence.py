@@ -1,0 +1,112 @@
+"""Idempotency fences in Redis: which request owns a tenant's ``Idempotency-Key`` while its
+acceptance is being written.
+
+A fence is ``{prefix}fence:{{tenant}}:{key}`` holding ``{request_hash}:{message_id}``, taken
+with ``SET NX GET PX`` (one command: the caller learns at once whether it owns the key, and
+if not, which request does) and expiring after ``ttl``. It arbitrates requests that arrive
+*together*; the ``idempotency`` row in Cassandra, written plainly once the fence is owned,
+answers every later one, so a fence only has to outlive the gap between its ``SET`` and that
+row's write (seconds at worst), not the key's 24-hour retention. The tenant is the key's
+hash tag, so a Redis Cluster keeps a tenant's fences in one slot (the release script touches
+one key).
+
+Calls go through the :class:`~notiflow.adapters.redis_pool.Coalescer` (the claims of one
+event-loop turn, e.g. a batch's items, share one pipeline), are bounded by ``timeout_s``,
+and after a failure Redis is not asked again for ``down_backoff_s``: calls raise
+:class:`FenceUnavailable` at once and the caller reserves the key with a Cassandra
+lightweight transaction instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, MutableMapping
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from notiflow.adapters.redis_pool import Coalescer
+
+RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+"""
+
+
+def release_model(store: MutableMapping[str, str], key: str, value: str) -> int:
+    """Python reference model of :data:`RELEASE`: delete ``key`` only while it holds
+    ``value``; 1 if deleted."""
+    if store.get(key) == value:
+        del store[key]
+        return 1
+    return 0
+
+
+class FenceUnavailable(RuntimeError):
+    """Redis did not answer (or failed recently): no fence could be taken."""
+
+
+@dataclass(frozen=True, slots=True)
+class Holder:
+    """The request holding a fence."""
+
+    request_hash: str
+    message_id: str
+
+    @property
+    def value(self) -> str:
+        return f"{self.request_hash}:{self.message_id}"
+
+    @classmethod
+    def parse(cls, value: str) -> Holder:
+        request_hash, _, message_id = value.partition(":")
+        return cls(request_hash, message_id)
+
+
+class Fence:
+    """Fences of one API process."""
+
+    def __init__(self, client: aioredis.Redis, prefix: str, ttl: timedelta, *,
+                 timeout_s: float, down_backoff_s: float,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.r = client
+        self.prefix = prefix
+        self.ttl_ms = max(1, int(ttl.total_seconds() * 1000))
+        self.timeout_s = timeout_s
+        self.down_backoff_s = down_backoff_s
+        self.clock = clock
+        self._batch = Coalescer(client)
+        self._release = client.register_script(RELEASE)
+        self._down_until = 0.0
+
+    def key(self, tenant_id: str, key: str) -> str:
+        return f"{self.prefix}fence:{{{tenant_id}}}:{key}"
+
+    async def _call(self, fn: Callable[[], Awaitable[Any]]) -> Any:
+        if self.clock() < self._down_until:
+            raise FenceUnavailable("redis failed recently")
+        try:
+            return await asyncio.wait_for(fn(), self.timeout_s)
+        except (RedisError, OSError, TimeoutError) as exc:
+            self._down_until = self.clock() + self.down_backoff_s
+            raise FenceUnavailable(f"redis: {type(exc).__name__}") from exc
+
+    async def claim(self, tenant_id: str, key: str, holder: Holder) -> Holder | None:
+        """Take the fence of ``(tenant_id, key)`` for ``holder``: None when taken, else the
+        holder that has it (and the fence is left as it was)."""
+        name = self.key(tenant_id, key)
+        previous = await self._call(lambda: self._batch.call(
+            lambda pipe: pipe.set(name, holder.value, nx=True, px=self.ttl_ms, get=True)))
+        return None if previous is None else Holder.parse(str(previous))
+
+    async def release(self, tenant_id: str, key: str, holder: Holder) -> bool:
+        """Drop the fence if ``holder`` still has it (compare and delete); True if dropped."""
+        name = self.key(tenant_id, key)
+        return bool(await self._call(
+            lambda: self._release(keys=[name], args=[holder.value])))
