@@ -9,6 +9,7 @@ environment or that file, never from code.
 from __future__ import annotations
 
 import os
+import re
 from datetime import time, timedelta
 from pathlib import Path
 from typing import Any, Literal
@@ -646,6 +647,11 @@ class Settings(BaseSettings):
 
     # infrastructure (loopback, non-default ports)
     kafka_bootstrap: str = "127.0.0.1:19092"
+    kafka_replication_factor: int = Field(1, ge=1, le=16)
+    """Replicas of each topic notiflow creates (3 on a cluster: one broker may die)."""
+    kafka_min_insync_replicas: int = Field(1, ge=1, le=16)
+    """Replicas holding a record before ``acks=all`` acknowledges it, per topic (2 of 3 on a
+    cluster); at most ``kafka_replication_factor``."""
     kafka_controller_port: int = 19093
     topic_prefix: str = ""
     ingest_partitions: int = Field(4, ge=1, le=256)
@@ -655,6 +661,10 @@ class Settings(BaseSettings):
     cassandra_storage_port: int = 17000
     cassandra_jmx_port: int = 17199
     cassandra_keyspace: str = Field("notiflow", pattern=r"^[a-z][a-z0-9_]{0,47}$")
+    cassandra_replication: dict[str, int] = Field(
+        default_factory=lambda: {"datacenter1": 1}, min_length=1)
+    """Replicas of the keyspace per data centre (``NetworkTopologyStrategy``), e.g.
+    ``{"dc1": 3, "dc2": 3}``; the local stack's one node is ``datacenter1``."""
     cassandra_read_keys: int = Field(32, ge=1, le=256)
     """Keys per ``IN`` read of the reconciler (adapters/cassandra_coalesce.py)."""
     cassandra_batch_rows: int = Field(64, ge=1, le=1000)
@@ -810,6 +820,12 @@ class Settings(BaseSettings):
         ids = [t.id for t in self.tenants]
         if len(ids) != len(set(ids)):
             raise ValueError("tenant ids must be unique")
+        if self.kafka_min_insync_replicas > self.kafka_replication_factor:
+            raise ValueError("kafka_min_insync_replicas exceeds kafka_replication_factor")
+        for dc, rf in self.cassandra_replication.items():
+            if not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", dc) or not 1 <= rf <= 16:
+                raise ValueError(f"cassandra_replication: {dc!r}: {rf} is not a data centre "
+                                 "name with 1-16 replicas")
         return self
 
     @classmethod

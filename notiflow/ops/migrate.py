@@ -7,6 +7,7 @@ A migration's checksum is stored with it; a file edited after it was applied is 
 from __future__ import annotations
 
 import hashlib
+import logging
 import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -15,6 +16,8 @@ from importlib import resources
 from cassandra.cluster import Session
 
 from notiflow.settings import Settings
+
+log = logging.getLogger("notiflow.ops.migrate")
 
 _NAME = re.compile(r"^(\d{4})_([a-z0-9_]+)\.cql$")
 
@@ -55,13 +58,43 @@ class MigrationError(RuntimeError):
     pass
 
 
+def replication(settings: Settings) -> dict[str, str]:
+    """The keyspace's replication map as Cassandra reports it
+    (``system_schema.keyspaces``): ``NetworkTopologyStrategy`` with
+    ``cassandra_replication``'s replicas per data centre."""
+    return {"class": "org.apache.cassandra.locator.NetworkTopologyStrategy",
+            **{dc: str(rf) for dc, rf in sorted(settings.cassandra_replication.items())}}
+
+
+def replication_cql(settings: Settings) -> str:
+    """``replication`` as a CQL map literal."""
+    pairs = ", ".join(f"'{dc}': {rf}" for dc, rf in sorted(settings.cassandra_replication.items()))
+    return "{'class': 'NetworkTopologyStrategy', " + pairs + "}"
+
+
+def check_replication(session: Session, settings: Settings) -> bool:
+    """Whether the keyspace is replicated as configured; logs the ``ALTER KEYSPACE`` to run
+    (then a full repair) when it is not. Changing an existing keyspace's replicas is left to
+    an operator: it moves data between nodes."""
+    ks = settings.cassandra_keyspace
+    row = session.execute("SELECT replication FROM system_schema.keyspaces "
+                          "WHERE keyspace_name = %s", (ks,)).one()
+    current = dict(row["replication"]) if row else {}
+    if current == replication(settings):
+        return True
+    log.warning("keyspace %s is replicated as %s, not as configured; run ALTER KEYSPACE %s "
+                "WITH replication = %s, then nodetool repair -full %s", ks, current, ks,
+                replication_cql(settings), ks)
+    return False
+
+
 def apply(session: Session, settings: Settings) -> list[Migration]:
-    """Create the keyspace if needed and apply the pending migrations; returns those applied."""
+    """Create the keyspace if needed (replicated as ``cassandra_replication`` says:
+    :func:`check_replication`) and apply the pending migrations; returns those applied."""
     ks = settings.cassandra_keyspace
     session.execute(
-        f"CREATE KEYSPACE IF NOT EXISTS {ks} WITH replication = "
-        "{'class': 'SimpleStrategy', 'replication_factor': 1}"
-    )
+        f"CREATE KEYSPACE IF NOT EXISTS {ks} WITH replication = {replication_cql(settings)}")
+    check_replication(session, settings)
     session.execute(
         f"CREATE TABLE IF NOT EXISTS {ks}.schema_migrations ("
         "version int PRIMARY KEY, name text, checksum text, applied_at timestamp)"

@@ -57,14 +57,19 @@ def topic_specs(settings: Settings) -> list[TopicSpec]:
 
 
 def ensure_topics(settings: Settings, timeout: float = 30.0) -> list[str]:
-    """Create missing topics; returns the names created."""
+    """Create missing topics with ``kafka_replication_factor`` replicas and
+    ``kafka_min_insync_replicas``; returns the names created. Existing topics keep theirs
+    (a replica count changes by partition reassignment, docs/operations.md)."""
     admin = AdminClient({"bootstrap.servers": settings.kafka_bootstrap})
     existing = set(admin.list_topics(timeout=timeout).topics)
     wanted = [s for s in topic_specs(settings) if s.name not in existing]
     if not wanted:
         return []
     futures = admin.create_topics(
-        [NewTopic(s.name, num_partitions=s.partitions, replication_factor=1, config=s.config)
+        [NewTopic(s.name, num_partitions=s.partitions,
+                  replication_factor=settings.kafka_replication_factor,
+                  config={**s.config,
+                          "min.insync.replicas": str(settings.kafka_min_insync_replicas)})
          for s in wanted],
         operation_timeout=timeout,
         request_timeout=timeout,
