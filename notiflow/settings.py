@@ -687,6 +687,8 @@ class Settings(BaseSettings):
     api_fence_ttl: timedelta = timedelta(seconds=60)
     """How long a fence outlives its ``SET``: longer than a reservation takes to be written."""
     redis_url: str = "redis://127.0.0.1:16379/0"
+    """``redis://host:port/db``, or ``redis+sentinel://h1:port,h2:port/service[/db]`` for the
+    primary Redis Sentinel names (docs/operations.md, "Replication and consistency")."""
     redis_port: int = 16379
 
     # local stack

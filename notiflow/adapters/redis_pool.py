@@ -7,15 +7,25 @@ has hundreds of sends in flight, each making Redis calls; under a campaign flood
 read as "Redis down" (pausing P3, and sending P0 without cluster dedup). A blocking pool makes
 a command wait for a free connection instead, bounded by ``timeout``, so only a Redis that is
 really slow or gone produces an error.
+
+A ``redis+sentinel://`` URL (:func:`sentinel_address`) gives the same client on the primary
+that Redis Sentinel names: every new connection asks the sentinels where the primary is, so
+after a failover the client's next connections reach the promoted replica (commands in flight
+on the old primary fail, and each caller's Redis-down policy handles them).
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 import redis.asyncio as aioredis
+from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
+
+SENTINEL_SCHEME = "redis+sentinel"
 
 MAX_CONNECTIONS = 64
 """Connections per client (per worker event loop); Redis answers each call in well under a
@@ -31,18 +41,66 @@ Redis that is really gone fails each connection within the socket timeout, freei
 the next waiter, so the long wait does not hide an outage."""
 
 
+@dataclass(frozen=True, slots=True)
+class SentinelAddress:
+    """Where Sentinel is asked for a primary: ``redis+sentinel://[:password@]host:port[,
+    host:port...]/service[/db]`` (the password is the primary's, not the sentinels')."""
+
+    sentinels: tuple[tuple[str, int], ...]
+    service: str
+    db: int = 0
+    password: str | None = None
+
+
+def sentinel_address(url: str) -> SentinelAddress | None:
+    """The :class:`SentinelAddress` of a ``redis+sentinel://`` URL, None for any other
+    scheme; ``ValueError`` for a sentinel URL without sentinels or service."""
+    parts = urlsplit(url)
+    if parts.scheme != SENTINEL_SCHEME:
+        return None
+    creds, _, hosts = parts.netloc.rpartition("@")
+    sentinels = []
+    for host in filter(None, hosts.split(",")):
+        name, _, port = host.rpartition(":")
+        if not name or not port.isdigit():
+            raise ValueError(f"sentinel {host!r} is not host:port")
+        sentinels.append((name, int(port)))
+    path = [p for p in parts.path.split("/") if p]
+    if not sentinels or not path or len(path) > 2 or (len(path) == 2 and not path[1].isdigit()):
+        raise ValueError("a sentinel URL is redis+sentinel://host:port[,host:port]/service[/db]")
+    password = unquote(creds.partition(":")[2]) if creds else None
+    return SentinelAddress(tuple(sentinels), path[0], int(path[1]) if len(path) == 2 else 0,
+                           password or None)
+
+
+class BlockingSentinelPool(SentinelConnectionPool, aioredis.BlockingConnectionPool):
+    """Sentinel's pool of connections to the current primary, waiting for a free connection
+    as :func:`redis_client`'s pool does."""
+
+
 def redis_client(url: str, *, timeout: float, connect_timeout: float | None = None,
                  max_connections: int = MAX_CONNECTIONS, pool_wait: float = POOL_WAIT_S,
                  **kwargs: Any) -> aioredis.Redis:
     """A client whose commands time out after ``timeout`` on the socket and wait up to
     ``pool_wait`` for a free connection (the API's admission, which must answer fast, waits
-    no longer than its ``timeout``). ``kwargs`` go to each connection (``retry``,
+    no longer than its ``timeout``). ``url``: ``redis://`` or ``redis+sentinel://``
+    (:func:`sentinel_address`). ``kwargs`` go to each connection (``retry``,
     ``health_check_interval``…); responses are decoded to ``str``."""
-    pool = aioredis.BlockingConnectionPool.from_url(
-        url, max_connections=max_connections, timeout=max(timeout, pool_wait),
-        socket_timeout=timeout,
-        socket_connect_timeout=connect_timeout if connect_timeout is not None else timeout,
-        decode_responses=True, **kwargs)
+    connect = connect_timeout if connect_timeout is not None else timeout
+    options: dict[str, Any] = {
+        "max_connections": max_connections, "timeout": max(timeout, pool_wait),
+        "socket_timeout": timeout, "socket_connect_timeout": connect,
+        "decode_responses": True, **kwargs}
+    address = sentinel_address(url)
+    if address is not None:
+        asked = {"socket_timeout": timeout, "socket_connect_timeout": connect}
+        sentinel = Sentinel(  # type: ignore[no-untyped-call]  # redis-py leaves it untyped
+            list(address.sentinels), sentinel_kwargs=asked)
+        client: aioredis.Redis = sentinel.master_for(
+            address.service, connection_pool_class=BlockingSentinelPool, db=address.db,
+            password=address.password, **options)
+        return client
+    pool = aioredis.BlockingConnectionPool.from_url(url, **options)
     return aioredis.Redis(connection_pool=pool)
 
 

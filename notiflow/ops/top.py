@@ -261,11 +261,10 @@ class TopCollector:
     async def open(self) -> None:
         """Assign every partition of ``notify.events`` at ``now - lookback`` (no commits) and
         open Redis. Raises when Kafka has no such topic."""
-        import redis.asyncio as aioredis
+        from notiflow.adapters.redis_pool import redis_client
 
         await asyncio.to_thread(self._open_consumer)
-        self._redis = aioredis.Redis.from_url(self.settings.redis_url, decode_responses=True,
-                                              socket_timeout=1.0, socket_connect_timeout=1.0)
+        self._redis = redis_client(self.settings.redis_url, timeout=1.0)
 
     def _open_consumer(self) -> None:
         from confluent_kafka import Consumer, TopicPartition
