@@ -10,6 +10,7 @@ child process every 30 s) deletes the store's committed tombstones
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import logging
 import os
 import signal
@@ -31,11 +32,16 @@ log = logging.getLogger(__name__)
 
 
 def ensure_recovery_dir(path: Path, partitions: int) -> None:
-    """Create the recovery partitions once; an existing store is reused as is."""
-    if path.exists() and any(path.glob("part-*.sqlite3")):
-        return
-    path.mkdir(parents=True, exist_ok=True)
-    init_db_dir(path, partitions)
+    """Create the recovery partitions once; an existing store is reused as is. The
+    processes of one cluster starting together on a host share the directory: a lock file
+    beside it lets exactly one of them create the partitions."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.parent / f".{path.name}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if path.exists() and any(path.glob("part-*.sqlite3")):
+            return
+        path.mkdir(parents=True, exist_ok=True)
+        init_db_dir(path, partitions)
 
 
 def _terminate(signum: int, frame: FrameType | None) -> None:
