@@ -393,6 +393,12 @@ DLQ_LIMIT_BREACHES = Metric(
     "consumers halted by their DLQ limit")
 """Counter {breach}: a consumer halted by its DLQ limit (add 0 per flow at start, so the first
 breach is a visible step); attributes flow."""
+DLQ_QUARANTINES = Metric(
+    "notiflow.dlq.quarantines", C, "{quarantine}", ("flow", "source"),
+    "sources quarantined for a burst of invalid records")
+"""Counter {quarantine}: a source (``tenant:<id>``, ``producer:<name>``, ``unattributed``)
+whose invalid records reached ``dlq.quarantine_after`` within a flow's window; attributes
+flow, source."""
 CLIENT_WEBHOOK_DELIVERIES = Metric(
     "notiflow.webhooks.deliveries", C, "{request}", ("outcome",),
     "client status webhook POSTs")
