@@ -923,10 +923,13 @@ class Settings(BaseSettings):
         return self.topic("notify.preferences")
 
     def tenant_by_token(self, token: str) -> TenantConfig | None:
+        """The tenant whose token this is (constant-time compare of the UTF-8 bytes: a header
+        with non-ASCII characters is a wrong token, not an error)."""
         import hmac
 
+        given = token.encode(errors="surrogateescape")
         for tenant in self.tenants:
-            if hmac.compare_digest(tenant.token.get_secret_value(), token):
+            if hmac.compare_digest(tenant.token.get_secret_value().encode(), given):
                 return tenant
         return None
 

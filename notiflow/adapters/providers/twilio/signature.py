@@ -29,7 +29,8 @@ def verify_signature(auth_token: str, url: str, params: Mapping[str, str],
     """True when ``header`` is the signature Twilio computes for this request (constant time)."""
     if not header:
         return False
-    return hmac.compare_digest(signature(auth_token, url, params), header)
+    return hmac.compare_digest(signature(auth_token, url, params).encode(),
+                               header.encode(errors="surrogateescape"))
 
 
 def signed_url(request_url: str, configured: str | None) -> str:
