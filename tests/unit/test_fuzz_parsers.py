@@ -1,9 +1,10 @@
 """Fuzzing every parser of untrusted input with hypothesis (``make fuzz``: 10,000 inputs each; the
-test command runs 1,000): ingest records
-(the send flow's parser) and the reconciler's events and receipts, each provider's webhook
-bodies and signature headers, SMTP DSNs. No input raises anything but the rejection the
-caller turns into a 4xx (``ValueError``, ``ValidationError``, ``WebhookRefused``), and every
-ingest rejection is a dead letter with a reason."""
+test command runs 1,000): ingest records (the send flow's parser) and the reconciler's events
+and receipts, each provider's webhook bodies and signature headers, SMTP DSNs, bearer tokens,
+campaign manifests (read in chunks split anywhere, then mapped to messages). No input raises
+anything but the rejection the caller turns into a 4xx (``ValueError``, ``ValidationError``,
+``WebhookRefused``) or a row rejection with a reason, and every ingest rejection is a dead
+letter with a reason."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import base64
 import contextlib
 import json
 import os
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, time, timedelta
 from typing import Any
 
 import orjson
@@ -35,9 +36,18 @@ from notiflow.adapters.providers.vonage import receipts as vonage_receipts
 from notiflow.adapters.providers.vonage import signature as vonage_signature
 from notiflow.adapters.providers.webhook import WebhookRefused
 from notiflow.fakes.smtp import build_dsn
+from notiflow.flows.manifest import (
+    CampaignSpec,
+    ManifestError,
+    Mapped,
+    Rejected,
+    RowReader,
+    map_row,
+)
 from notiflow.flows.model import Work
 from notiflow.flows.steps import IngestParser, parse_reconcile
-from notiflow.schemas.enums import Tier
+from notiflow.schemas.campaigns import ColumnMapping, LocalWindow
+from notiflow.schemas.enums import Category, Channel, Tier
 from notiflow.schemas.messages import DlqRecord, Receipt, StatusEvent
 from notiflow.settings import SendGridSettings, Settings, TwilioSettings, VonageSettings
 
@@ -246,3 +256,50 @@ def test_bearer_tokens_of_any_text_are_found_or_refused(token: str) -> None:
     """The API's authentication compares tokens as bytes: non-ASCII is a wrong token."""
     tenant = CONF.tenant_by_token(token)
     assert tenant is None or tenant.token.get_secret_value() == token
+
+
+MANIFEST_SPEC = CampaignSpec(
+    "mkt", "cmp_" + "c" * 32, Channel.SMS, Tier.P3, Category.MARKETING, "promo", 2,
+    ColumnMapping.model_validate({"recipient": "to", "variables": {"name": "n"},
+                                  "timezone": "tz"}),
+    NOW + timedelta(days=3), "Europe/Berlin", LocalWindow(start=time(10), end=time(20)))
+CSV_SEED = b'to,n,tz\n+14155552671,Ana,America/New_York\n"+4930123456",Bo,Europe/Berlin\n'
+JSONL_SEED = b'{"to": "+14155552671", "n": "Ana", "tz": "Asia/Tokyo"}\n{"to": 1, "n": null}\n'
+
+
+def manifest_bytes(seed: bytes) -> st.SearchStrategy[bytes]:
+    edits = st.lists(st.tuples(st.integers(0, len(seed)), st.integers(0, 20),
+                               st.binary(max_size=12)), max_size=6)
+
+    def apply(changes: list[tuple[int, int, bytes]]) -> bytes:
+        raw = seed
+        for at, cut, insert in changes:
+            raw = raw[:at] + insert + raw[at + cut:]
+        return raw
+
+    return st.one_of(st.binary(max_size=300), edits.map(apply))
+
+
+@FUZZ
+@given(data=st.data(), fmt=st.sampled_from(["csv", "jsonl"]),
+       cuts=st.lists(st.integers(0, 400), max_size=4))
+def test_campaign_manifests_read_and_map_any_bytes(data: st.DataObject, fmt: str,
+                                                   cuts: list[int]) -> None:
+    raw = data.draw(manifest_bytes(CSV_SEED if fmt == "csv" else JSONL_SEED))
+    reader = RowReader(fmt, max_row_bytes=120)  # type: ignore[arg-type]
+    rows = []
+    start = 0
+    try:
+        for cut in sorted(c for c in cuts if c <= len(raw)):
+            rows += reader.feed(raw[start:cut])
+            start = cut
+        rows += reader.feed(raw[start:])
+        rows += reader.finish()
+    except ManifestError as exc:  # the whole manifest refused: the campaign fails with it
+        assert exc.reason
+        return
+    for r in rows:
+        out = map_row(MANIFEST_SPEC, r, NOW)
+        assert isinstance(out, Mapped | Rejected)
+        if isinstance(out, Rejected):
+            assert out.reason
