@@ -49,7 +49,7 @@ class Trio:
 
     def __init__(self, workdir: Path) -> None:
         self.primary, self.replica, self.sentinel = free_port(), free_port(), free_port()
-        base = ["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+        base = ["--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(workdir)]
         self.procs = {
             "primary": _serve(["--port", str(self.primary), *base]),
             "replica": _serve(["--port", str(self.replica), *base,
