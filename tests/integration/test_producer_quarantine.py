@@ -57,7 +57,7 @@ def test_one_tenants_invalid_records_quarantine_it_without_halting_the_tier(
 
     def latencies(sent: dict[str, float]) -> list[float]:
         got = wait_for(lambda: (lambda r: r if set(sent) <= r.keys() else None)(
-            received_at(fakes, ids=set(sent))), timeout=120, what="acme's messages sent")
+            received_at(fakes)), timeout=120, what="acme's messages sent")
         return [got[m] - t for m, t in sent.items()]
 
     alone = latencies(paced(flood=False))
@@ -81,4 +81,5 @@ def test_one_tenants_invalid_records_quarantine_it_without_halting_the_tier(
            f"to provider p50/p99 alone {statistics.median(alone) * 1000:.0f}/"
            f"{p99(alone) * 1000:.0f} ms, during the flood "
            f"{statistics.median(flooded) * 1000:.0f}/{p99(flooded) * 1000:.0f} ms")
-    assert p99(flooded) <= max(2 * p99(alone), p99(alone) + 0.5)
+    assert statistics.median(flooded) <= 1.5 * statistics.median(alone) + 0.1
+    assert p99(flooded) <= max(2 * p99(alone), p99(alone) + 1.0)
