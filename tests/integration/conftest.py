@@ -19,6 +19,7 @@ from notiflow.devenv import free_port
 from notiflow.ops.procs import ManagedProcess, ProcessGroup
 from notiflow.schemas.enums import Tier
 from notiflow.settings import Settings
+from tests.helpers import SMS_PROVIDERS
 
 pytestmark = pytest.mark.integration
 
@@ -220,6 +221,19 @@ async def client(redis_url: str) -> AsyncIterator[aioredis.Redis]:
     c = aioredis.Redis.from_url(redis_url, decode_responses=True)
     yield c
     await c.aclose()
+
+
+@pytest.fixture
+def slow_provider(fakes: str) -> Iterator[None]:
+    """The SMS emulators answer after 250 ms for this test (a stream still in flight when a
+    flow is killed)."""
+    for provider in SMS_PROVIDERS:
+        httpx.post(f"{fakes}/_admin/{provider}/config",
+                   json={"latency_ms": 250}).raise_for_status()
+    yield
+    for provider in SMS_PROVIDERS:
+        httpx.post(f"{fakes}/_admin/{provider}/config",
+                   json={"latency_ms": 0}).raise_for_status()
 
 
 @pytest.fixture

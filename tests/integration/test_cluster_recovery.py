@@ -7,14 +7,12 @@ from __future__ import annotations
 
 from collections import Counter
 
-import httpx
 import pytest
 
 from notiflow.devenv import free_port
 from notiflow.ops.procs import ManagedProcess
 from notiflow.schemas.enums import Tier
 from tests.helpers import (
-    SMS_PROVIDERS,
     accepted_counts,
     emulator_records,
     produce,
@@ -25,17 +23,6 @@ from tests.integration.conftest import ready
 from tests.integration.test_pipeline import direct, ids_of
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-def slow_provider(fakes: str):
-    for provider in SMS_PROVIDERS:
-        httpx.post(f"{fakes}/_admin/{provider}/config",
-                   json={"latency_ms": 250}).raise_for_status()
-    yield
-    for provider in SMS_PROVIDERS:
-        httpx.post(f"{fakes}/_admin/{provider}/config",
-                   json={"latency_ms": 0}).raise_for_status()
 
 
 def test_a_two_process_tier_loses_nothing_when_one_process_is_killed(

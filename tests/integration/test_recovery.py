@@ -6,14 +6,12 @@ from __future__ import annotations
 import time
 from collections import Counter
 
-import httpx
 import pytest
 from cassandra.cluster import Session
 
 from notiflow.schemas.enums import Tier
 from notiflow.settings import Settings
 from tests.helpers import (
-    SMS_PROVIDERS,
     SUCCESS,
     accepted_counts,
     emulator_records,
@@ -25,17 +23,6 @@ from tests.helpers import (
 from tests.integration.test_pipeline import direct, ids_of
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-def slow_provider(fakes: str):
-    for provider in SMS_PROVIDERS:
-        httpx.post(f"{fakes}/_admin/{provider}/config",
-                   json={"latency_ms": 250}).raise_for_status()
-    yield
-    for provider in SMS_PROVIDERS:
-        httpx.post(f"{fakes}/_admin/{provider}/config",
-                   json={"latency_ms": 0}).raise_for_status()
 
 
 def test_restart_mid_stream_loses_nothing(stack: Settings, otp_template: dict[str, int],

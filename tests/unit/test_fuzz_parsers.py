@@ -203,19 +203,22 @@ SEED_DSN = build_dsn(sender="n@example.com", rcpt="kim@example.com",
                      original_headers=b"Message-ID: <msg_1.3@notiflow>\nX-Notiflow-Message-Id: "
                                       b"msg_1\nX-Notiflow-Attempt: 3\n",
                      queue_id="ABC123", envid="msg_1.3", diagnostic="smtp; 550 5.1.1 no")
-EDITS = st.lists(st.tuples(st.integers(0, len(SEED_DSN)), st.integers(0, 40),
-                           st.binary(max_size=12)), max_size=6)
+def edits_of(seed: bytes, cut: int = 40) -> st.SearchStrategy[bytes]:
+    """``seed`` with up to six stretches cut out and arbitrary bytes put in their place."""
+    changes = st.lists(st.tuples(st.integers(0, len(seed)), st.integers(0, cut),
+                                 st.binary(max_size=12)), max_size=6)
 
+    def apply(edits: list[tuple[int, int, bytes]]) -> bytes:
+        raw = seed
+        for at, drop, insert in edits:
+            raw = raw[:at] + insert + raw[at + drop:]
+        return raw
 
-def edited(edits: list[tuple[int, int, bytes]]) -> bytes:
-    raw = SEED_DSN
-    for at, cut, insert in edits:
-        raw = raw[:at] + insert + raw[at + cut:]
-    return raw
+    return changes.map(apply)
 
 
 @FUZZ
-@given(raw=st.one_of(st.binary(max_size=300), EDITS.map(edited)),
+@given(raw=st.one_of(st.binary(max_size=300), edits_of(SEED_DSN)),
        content_type=st.none() | st.sampled_from(
            ["multipart/report; report-type=delivery-status; boundary=x", "text/plain"]) | TEXT,
        authorization=st.none() | TEXT)
@@ -268,16 +271,7 @@ JSONL_SEED = b'{"to": "+14155552671", "n": "Ana", "tz": "Asia/Tokyo"}\n{"to": 1,
 
 
 def manifest_bytes(seed: bytes) -> st.SearchStrategy[bytes]:
-    edits = st.lists(st.tuples(st.integers(0, len(seed)), st.integers(0, 20),
-                               st.binary(max_size=12)), max_size=6)
-
-    def apply(changes: list[tuple[int, int, bytes]]) -> bytes:
-        raw = seed
-        for at, cut, insert in changes:
-            raw = raw[:at] + insert + raw[at + cut:]
-        return raw
-
-    return st.one_of(st.binary(max_size=300), edits.map(apply))
+    return st.one_of(st.binary(max_size=300), edits_of(seed, cut=20))
 
 
 @FUZZ
