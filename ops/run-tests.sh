@@ -25,4 +25,4 @@ echo "==> types (mypy)"
 echo "==> local stack"
 $NF stack up
 echo "==> tests"
-.venv/bin/python -m pytest -q -p no:cacheprovider "$@"
+.venv/bin/python -m pytest -q -p no:cacheprovider --durations=25 "$@"
