@@ -224,12 +224,13 @@ async def client(redis_url: str) -> AsyncIterator[aioredis.Redis]:
 
 
 @pytest.fixture
-def slow_provider(fakes: str) -> Iterator[None]:
-    """The SMS emulators answer after 250 ms for this test (a stream still in flight when a
-    flow is killed)."""
+def slow_provider(fakes: str, request: pytest.FixtureRequest) -> Iterator[None]:
+    """The SMS emulators answer after 250 ms (or the test's indirect parameter, in ms) for
+    this test (a stream still in flight when a flow is killed)."""
+    latency = getattr(request, "param", 250)
     for provider in SMS_PROVIDERS:
         httpx.post(f"{fakes}/_admin/{provider}/config",
-                   json={"latency_ms": 250}).raise_for_status()
+                   json={"latency_ms": latency}).raise_for_status()
     yield
     for provider in SMS_PROVIDERS:
         httpx.post(f"{fakes}/_admin/{provider}/config",

@@ -25,6 +25,7 @@ from tests.integration.test_pipeline import direct, ids_of
 pytestmark = pytest.mark.integration
 
 
+@pytest.mark.parametrize("slow_provider", [1000], indirect=True)
 def test_a_two_process_tier_loses_nothing_when_one_process_is_killed(
         isolated, otp_template: dict[str, int], fakes: str, slow_provider, capsys) -> None:
     iso = isolated("cluster-p2")
