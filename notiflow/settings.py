@@ -694,6 +694,11 @@ class Settings(BaseSettings):
     key, as before (``adapters/idempotency_fence.py``, docs/api.md "Idempotency")."""
     api_fence_ttl: timedelta = timedelta(seconds=60)
     """How long a fence outlives its ``SET``: longer than a reservation takes to be written."""
+    api_batch_concurrency: int = Field(128, ge=1)
+    """Batch items in acceptance at once in one API process, all batches together; the rest
+    wait their turn. Bounds the event loop's queue, so that Redis and Kafka timeouts measure
+    the stores, not the process's own backlog (per batch, concurrent batches filled the loop
+    until fence calls timed out and every key fell back to a lightweight transaction)."""
     redis_url: str = "redis://127.0.0.1:16379/0"
     """``redis://host:port/db``, or ``redis+sentinel://h1:port,h2:port/service[/db]`` for the
     primary Redis Sentinel names (docs/operations.md, "Replication and consistency")."""

@@ -20,6 +20,7 @@ lightweight transaction instead.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
@@ -30,6 +31,8 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from notiflow.adapters.redis_pool import Coalescer
+
+log = logging.getLogger("notiflow.adapters.idempotency_fence")
 
 RELEASE = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then
@@ -94,6 +97,9 @@ class Fence:
         try:
             return await asyncio.wait_for(fn(), self.timeout_s)
         except (RedisError, OSError, TimeoutError) as exc:
+            if self.clock() >= self._down_until:
+                log.warning("fences unavailable for %.1f s (%r); keys are reserved by "
+                            "transaction meanwhile", self.down_backoff_s, exc)
             self._down_until = self.clock() + self.down_backoff_s
             raise FenceUnavailable(f"redis: {type(exc).__name__}") from exc
 

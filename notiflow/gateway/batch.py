@@ -4,7 +4,8 @@ idempotency key and its own answer.
 Each item goes through the single request's whole acceptance
 (:func:`~notiflow.gateway.messages.accept_request`: validation, lane and tenant policy,
 admission, template, reservation, durable write, publish, settle); the items run
-concurrently, so a batch costs one round of each durable step, not one per message. The
+concurrently (at most ``api_batch_concurrency`` items of all batches at once in a process),
+so a batch costs one round of each durable step, not one per message. The
 answer is ``200`` with one result per item, in order: ``code`` (the status the single
 endpoint would have answered) and that answer's body — the ``202`` body (with ``replayed:
 true`` for a key seen before) or the error body (with ``retry_after`` where the single answer
@@ -36,9 +37,6 @@ log = logging.getLogger("notiflow.gateway.batch")
 router = APIRouter()
 
 MAX_BATCH_BYTES: Final = 8 * 1024 * 1024
-CONCURRENCY: Final = 128
-"""Items of one batch in acceptance at once (each holds a few Cassandra requests and one
-Kafka produce)."""
 JSON: Final = "application/json"
 
 
@@ -57,10 +55,10 @@ def _result(outcome: Response | ApiError | BaseException) -> dict[str, Any]:
             "message": "this message was not accepted; retry it with the same key"}
 
 
-async def _item(rt: Runtime, tenant: TenantConfig, item: Any, trace: str | None,
-                sem: asyncio.Semaphore) -> dict[str, Any]:
+async def _item(rt: Runtime, tenant: TenantConfig, item: Any,
+                trace: str | None) -> dict[str, Any]:
     labels = {"tenant": tenant.id, "channel": "", "tier": ""}
-    async with sem:
+    async with rt.batch_items:
         with telemetry.span(names.API_REQUEST, {names.ATTR_TENANT_ID: tenant.id}):
             return await _accept_item(rt, tenant, item, trace, labels)
 
@@ -106,9 +104,7 @@ async def send_batch(request: Request, tenant: Tenant, rt: RuntimeDep,
         if len(items) > MAX_ITEMS:
             raise unprocessable("batch_too_large", f"a batch holds at most {MAX_ITEMS} "
                                 f"messages, not {len(items)}", field="messages")
-        sem = asyncio.Semaphore(CONCURRENCY)
-        results = await asyncio.gather(*(_item(rt, tenant, item, trace, sem)
-                                         for item in items))
+        results = await asyncio.gather(*(_item(rt, tenant, item, trace) for item in items))
         span.set_attribute(names.ATTR_BATCH_SIZE, len(items))
         span.set_attribute(names.ATTR_BATCH_ACCEPTED,
                            sum(1 for r in results if r["code"] == 202))

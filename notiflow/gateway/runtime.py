@@ -88,6 +88,8 @@ class Runtime:
         self.window = Window(settings.kafka_window)
         self.publisher = Publisher(self.window, self.producer, self.spawn, self._kafka_up)
         self.settler = Settler(settings.api_settle_interval.total_seconds())
+        self.batch_items = asyncio.Semaphore(settings.api_batch_concurrency)
+        """Turns of batch items (``batch.py``) in this process."""
         self._templates: OrderedDict[tuple[str, str, int], dict[str, Any]] = OrderedDict()
         self._closed = False
 
