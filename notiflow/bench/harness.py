@@ -26,7 +26,7 @@ import httpx
 import psutil
 from confluent_kafka import Producer
 
-from notiflow.adapters.kafka_io import producer_config
+from notiflow.adapters.kafka_io import kafka_config, producer_config
 from notiflow.bench import host
 from notiflow.bench.jvm import compiler_cpu_s
 from notiflow.bench.proc_cpu import tree_cpu_s
@@ -302,7 +302,7 @@ class Phase:
 
         Stack(self.settings, log=lambda _m: None).init()
         wanted = {t.name for t in topic_specs(self.settings)}
-        admin = AdminClient({"bootstrap.servers": self.settings.kafka_bootstrap})
+        admin = AdminClient(kafka_config(self.settings))
         deadline = time.monotonic() + timeout
         while not wanted <= set(admin.list_topics(timeout=10).topics):
             if time.monotonic() > deadline:
