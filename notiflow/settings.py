@@ -3,7 +3,8 @@
 Every process builds exactly one frozen :class:`Settings` (env prefix ``NOTIFLOW_``, nested
 keys joined by ``__``, optional TOML file named by ``NOTIFLOW_CONFIG``) and passes it
 explicitly. Secrets (tenant tokens, provider credentials, the DLQ key) only ever come from the
-environment or that file, never from code.
+environment or that file, never from code; the transport secrets towards Kafka, Cassandra and
+Redis (``TRANSPORT_SECURITY``) from the environment only.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import os
 import re
 from datetime import time, timedelta
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
@@ -20,6 +21,7 @@ from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
+    SettingsError,
     TomlConfigSettingsSource,
 )
 
@@ -643,6 +645,158 @@ class ObjectStoreSettings(_Frozen):
     buffers, 250 MB of heap under a 256 MB limit: 6 % of a core)."""
 
 
+KafkaProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
+SaslMechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER"]
+
+
+class TlsFiles(_Frozen):
+    """TLS towards a store: whom to trust, the client's own certificate (mutual TLS), and
+    whether the server's certificate must name the host connected to. Paths are read by the
+    clients, not here."""
+
+    ca_file: Path | None = None
+    """PEM bundle of the CA(s) that signed the servers' certificates; None: the system's
+    trust store."""
+    cert_file: Path | None = None
+    """PEM client certificate for mutual TLS (with ``key_file``)."""
+    key_file: Path | None = None
+    """PEM private key of ``cert_file``."""
+    key_password: SecretStr | None = None
+    """Password of an encrypted ``key_file`` (environment only)."""
+    check_hostname: bool = True
+    """Whether the server's certificate must name the address connected to. Off, the chain
+    is still verified against ``ca_file``."""
+
+    @property
+    def tls_files(self) -> bool:
+        """Whether any TLS file or key password is configured."""
+        return any(v is not None for v in (self.ca_file, self.cert_file, self.key_file,
+                                           self.key_password))
+
+    @model_validator(mode="after")
+    def _key_pair(self) -> TlsFiles:
+        if (self.cert_file is None) != (self.key_file is None):
+            raise ValueError("cert_file and key_file go together")
+        if self.key_password is not None and self.key_file is None:
+            raise ValueError("key_password without key_file")
+        return self
+
+
+class KafkaSecurity(TlsFiles):
+    """Transport security of every Kafka client (librdkafka's ``security.protocol``, ``ssl.*``
+    and ``sasl.*``; ``adapters/kafka_io.py`` :func:`kafka_config`)."""
+
+    protocol: KafkaProtocol = "PLAINTEXT"
+    sasl_mechanism: SaslMechanism | None = None
+    """Required by the ``SASL_*`` protocols."""
+    sasl_username: str | None = None
+    """User of ``PLAIN`` and ``SCRAM-*``."""
+    sasl_password: SecretStr | None = None
+    """Password of ``PLAIN`` and ``SCRAM-*`` (environment only)."""
+    oauth_token_url: str | None = None
+    """``OAUTHBEARER``: the OIDC token endpoint librdkafka asks for a token (client
+    credentials grant)."""
+    oauth_client_id: str | None = None
+    oauth_client_secret: SecretStr | None = None
+    """``OAUTHBEARER`` client secret (environment only)."""
+    oauth_scope: str | None = None
+
+    @property
+    def tls(self) -> bool:
+        return self.protocol in ("SSL", "SASL_SSL")
+
+    @property
+    def sasl(self) -> bool:
+        return self.protocol.startswith("SASL_")
+
+    @model_validator(mode="after")
+    def _coherent(self) -> KafkaSecurity:
+        if self.tls_files and not self.tls:
+            raise ValueError(f"TLS files with protocol {self.protocol}: use SSL or SASL_SSL")
+        password = (self.sasl_username, self.sasl_password)
+        oauth = (self.oauth_token_url, self.oauth_client_id, self.oauth_client_secret)
+        given = [v for v in (self.sasl_mechanism, *password, *oauth, self.oauth_scope)
+                 if v is not None]
+        if not self.sasl:
+            if given:
+                raise ValueError(f"SASL settings with protocol {self.protocol}: use "
+                                 "SASL_SSL or SASL_PLAINTEXT")
+            return self
+        if self.sasl_mechanism is None:
+            raise ValueError(f"protocol {self.protocol} needs a sasl_mechanism")
+        needed, unused = (oauth, password) if self.sasl_mechanism == "OAUTHBEARER" else (
+            password, (*oauth, self.oauth_scope))
+        if any(v is None for v in needed) or any(v is not None for v in unused):
+            what = ("oauth_token_url, oauth_client_id and oauth_client_secret"
+                    if self.sasl_mechanism == "OAUTHBEARER" else
+                    "sasl_username and sasl_password")
+            raise ValueError(f"SASL {self.sasl_mechanism} takes {what} (and only those)")
+        return self
+
+
+class CassandraSecurity(TlsFiles):
+    """TLS and password authentication of the Cassandra driver (``ssl_context``,
+    ``PlainTextAuthProvider``; ``adapters/cassandra_store.py`` :func:`connect`)."""
+
+    tls: bool = False
+    """Connect with TLS (``client_encryption_options`` enabled on the nodes)."""
+    username: str | None = None
+    password: SecretStr | None = None
+    """The role's password (environment only)."""
+
+    @model_validator(mode="after")
+    def _coherent(self) -> CassandraSecurity:
+        if self.tls_files and not self.tls:
+            raise ValueError("Cassandra TLS files without tls = true")
+        if (self.username is None) != (self.password is None):
+            raise ValueError("Cassandra username and password go together")
+        return self
+
+
+class RedisSecurity(TlsFiles):
+    """TLS files and ACL credentials of every Redis client (``adapters/redis_pool.py``
+    :func:`redis_client`); TLS itself is chosen by the URL (``rediss://``,
+    ``rediss+sentinel://``)."""
+
+    username: str | None = None
+    """ACL user; None: the default user."""
+    password: SecretStr | None = None
+    """Password of ``username`` (or of the default user); environment only. A password in
+    ``redis_url`` wins."""
+
+    @model_validator(mode="after")
+    def _coherent(self) -> RedisSecurity:
+        if self.username is not None and self.password is None:
+            raise ValueError("Redis username without password")
+        return self
+
+
+TRANSPORT_SECURITY = ("kafka_security", "cassandra_security", "redis_security")
+"""Settings whose secrets come from the environment only (never from ``NOTIFLOW_CONFIG``)."""
+
+
+def _secret_fields(model: type[BaseModel]) -> frozenset[str]:
+    return frozenset(name for name, f in model.model_fields.items()
+                     if SecretStr in (f.annotation, *get_args(f.annotation)))
+
+
+class _ConfigFile(TomlConfigSettingsSource):
+    """The ``NOTIFLOW_CONFIG`` file; refuses transport secrets in it (environment only)."""
+
+    def __init__(self, settings_cls: type[BaseSettings], toml_file: Path) -> None:
+        super().__init__(settings_cls, toml_file=toml_file)
+        for section in TRANSPORT_SECURITY:
+            model = settings_cls.model_fields[section].annotation
+            given = self.toml_data.get(section)
+            if isinstance(given, dict) and isinstance(model, type) and issubclass(
+                    model, BaseModel):
+                found = sorted(_secret_fields(model) & given.keys())
+                if found:
+                    raise SettingsError(
+                        f"{toml_file}: {section}.{found[0]} is a secret: set it in the "
+                        f"environment (NOTIFLOW_{section.upper()}__{found[0].upper()})")
+
+
 class Settings(BaseSettings):
     """Runtime configuration shared by every notiflow process."""
 
@@ -660,6 +814,8 @@ class Settings(BaseSettings):
     kafka_min_insync_replicas: int = Field(1, ge=1, le=16)
     """Replicas holding a record before ``acks=all`` acknowledges it, per topic (2 of 3 on a
     cluster); at most ``kafka_replication_factor``."""
+    kafka_security: KafkaSecurity = KafkaSecurity()
+    """TLS and SASL of every Kafka client (docs/operations.md, "Transport security")."""
     kafka_controller_port: int = 19093
     topic_prefix: str = ""
     ingest_partitions: int = Field(4, ge=1, le=256)
@@ -673,6 +829,9 @@ class Settings(BaseSettings):
         default_factory=lambda: {"datacenter1": 1}, min_length=1)
     """Replicas of the keyspace per data centre (``NetworkTopologyStrategy``), e.g.
     ``{"dc1": 3, "dc2": 3}``; the local stack's one node is ``datacenter1``."""
+    cassandra_security: CassandraSecurity = CassandraSecurity()
+    """TLS and authentication of the Cassandra driver (docs/operations.md, "Transport
+    security")."""
     cassandra_read_keys: int = Field(32, ge=1, le=256)
     """Keys per ``IN`` read of the reconciler (adapters/cassandra_coalesce.py)."""
     cassandra_batch_rows: int = Field(64, ge=1, le=1000)
@@ -701,7 +860,11 @@ class Settings(BaseSettings):
     until fence calls timed out and every key fell back to a lightweight transaction)."""
     redis_url: str = "redis://127.0.0.1:16379/0"
     """``redis://host:port/db``, or ``redis+sentinel://h1:port,h2:port/service[/db]`` for the
-    primary Redis Sentinel names (docs/operations.md, "Replication and consistency")."""
+    primary Redis Sentinel names (docs/operations.md, "Replication and consistency");
+    ``rediss://`` and ``rediss+sentinel://`` for TLS."""
+    redis_security: RedisSecurity = RedisSecurity()
+    """TLS files and credentials of every Redis client (docs/operations.md, "Transport
+    security")."""
     redis_port: int = 16379
 
     # local stack
@@ -837,6 +1000,9 @@ class Settings(BaseSettings):
             raise ValueError("tenant ids must be unique")
         if self.kafka_min_insync_replicas > self.kafka_replication_factor:
             raise ValueError("kafka_min_insync_replicas exceeds kafka_replication_factor")
+        if self.redis_security.tls_files and not self.redis_url.startswith("rediss"):
+            raise ValueError("redis_security has TLS files but redis_url is not rediss:// "
+                             "or rediss+sentinel://")
         for dc, rf in self.cassandra_replication.items():
             if not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", dc) or not 1 <= rf <= 16:
                 raise ValueError(f"cassandra_replication: {dc!r}: {rf} is not a data centre "
@@ -855,7 +1021,7 @@ class Settings(BaseSettings):
         sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
         config_file = os.environ.get("NOTIFLOW_CONFIG")
         if config_file:
-            sources.append(TomlConfigSettingsSource(settings_cls, toml_file=Path(config_file)))
+            sources.append(_ConfigFile(settings_cls, Path(config_file)))
         return tuple(sources)
 
     # derived helpers -------------------------------------------------------------------

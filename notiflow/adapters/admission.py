@@ -133,7 +133,7 @@ class AdmissionStore:
 
     @classmethod
     def open(cls, settings: Settings) -> AdmissionStore:
-        client = redis_client(settings.redis_url, timeout=REDIS_TIMEOUT_S,
+        client = redis_client(settings, timeout=REDIS_TIMEOUT_S,
                               pool_wait=REDIS_TIMEOUT_S)
         return cls(client, settings.topic_prefix)
 

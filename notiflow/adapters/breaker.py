@@ -729,7 +729,7 @@ class BreakerStore:
         could count an outcome twice), so an unreachable Redis is noticed within
         ``timeout``. ``lane``: "" for the priority lane's breakers, ``bulk`` for the bulk
         lane's (``adapters/breaker_lanes.py``)."""
-        client = redis_client(settings.redis_url, timeout=timeout,
+        client = redis_client(settings, timeout=timeout,
                               retry=Retry(NoBackoff(), 0), health_check_interval=30)
         return cls(client, BreakerParams.from_settings(settings, lane), settings.topic_prefix,
                    lane=lane)

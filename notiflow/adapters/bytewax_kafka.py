@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -28,7 +28,7 @@ from notiflow.adapters.kafka_group import (
     GroupedPartition,
     WorkerConsumer,
 )
-from notiflow.adapters.kafka_io import OutRecord, SyncProducer
+from notiflow.adapters.kafka_io import OutRecord, SyncProducer, kafka_config
 from notiflow.names import Stage
 from notiflow.settings import Settings
 from notiflow.telemetry import meter
@@ -99,10 +99,11 @@ class GroupedKafkaSource(KafkaSource):
     tails and delivers consumer errors as items (``tail`` and ``raise_on_errors`` are not
     used)."""
 
-    def __init__(self, *args: Any, topic_prefix: str = "", wait: timedelta = DEFAULT_WAIT,
-                 idle: timedelta = timedelta(0), require: Sequence[str] = (),
-                 **kwargs: Any) -> None:
+    def __init__(self, *args: Any, admin_config: Mapping[str, Any], topic_prefix: str = "",
+                 wait: timedelta = DEFAULT_WAIT, idle: timedelta = timedelta(0),
+                 require: Sequence[str] = (), **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self._admin_config = admin_config
         self._prefix = topic_prefix
         self._wait = wait
         self._idle = idle
@@ -111,7 +112,7 @@ class GroupedKafkaSource(KafkaSource):
     def list_parts(self) -> list[str]:
         """Fail fast when Kafka or a topic is missing (checked when the flow runs, so
         building the flow opens nothing), then Bytewax's listing."""
-        check_topics(",".join(self._brokers), self._require)
+        check_topics(self._admin_config, self._require)
         return super().list_parts()
 
     def build_part(  # type: ignore[override]  # bytewax types it as its own partition class
@@ -128,7 +129,6 @@ class GroupedKafkaSource(KafkaSource):
             config: dict[str, Any] = {
                 "group.id": "BYTEWAX_IGNORED",
                 "enable.auto.commit": "false",
-                "bootstrap.servers": ",".join(self._brokers),
                 "enable.partition.eof": "false",
                 "statistics.interval.ms": 1000,
                 **self._add_config,
@@ -166,7 +166,9 @@ def kafka_source(settings: Settings, topics: list[str], batch_size: int,
     ``wait`` for a record; after finding none it polls again ``idle`` later (a second
     source of the same flow waits 0 and sets ``idle``: only one of a worker's sources should
     wait). Partitions report ``notiflow.consumer.lag``. ``require``: other topics the flow
-    needs (its sinks'), checked with the source's when the flow starts."""
+    needs (its sinks'), checked with the source's when the flow starts. Every client of the
+    source (Bytewax's listing, the workers' consumers) is configured by :func:`kafka_config`."""
+    client = kafka_config(settings, {"logger": logging.getLogger("notiflow.kafka")})
     return GroupedKafkaSource(
         [settings.kafka_bootstrap],
         topics,
@@ -174,9 +176,9 @@ def kafka_source(settings: Settings, topics: list[str], batch_size: int,
         starting_offset=OFFSET_BEGINNING,
         batch_size=batch_size,
         raise_on_errors=False,
-        add_config={"fetch.wait.max.ms": str(FETCH_WAIT_MS),
-                    "queued.max.messages.kbytes": "8192",
-                    "logger": logging.getLogger("notiflow.kafka")},
+        add_config={**client, "fetch.wait.max.ms": str(FETCH_WAIT_MS),
+                    "queued.max.messages.kbytes": "8192"},
+        admin_config=client,
         topic_prefix=settings.topic_prefix,
         wait=wait,
         idle=idle,
@@ -204,12 +206,13 @@ class PausableKafkaSource(FixedPartitionedSource[Any, Any]):
         return part
 
 
-def check_topics(bootstrap: str, topics: Sequence[str], timeout: float = 15.0) -> None:
-    """Fail fast (Bytewax's source would hang forever) when Kafka or a topic is missing."""
+def check_topics(config: Mapping[str, Any], topics: Sequence[str],
+                 timeout: float = 15.0) -> None:
+    """Fail fast (Bytewax's source would hang forever) when Kafka or a topic is missing;
+    ``config``: an admin client's :func:`kafka_config`."""
+    bootstrap = config.get("bootstrap.servers")
     try:
-        config: dict[str, Any] = {"bootstrap.servers": bootstrap,
-                                  "logger": logging.getLogger("notiflow.kafka")}
-        md = AdminClient(config).list_topics(timeout=timeout)
+        md = AdminClient(dict(config)).list_topics(timeout=timeout)
     except Exception as exc:
         raise SystemExit(f"Kafka at {bootstrap} is unreachable: {exc}. "
                          "Is the stack up (`notiflow stack up`)?") from exc

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import logging
+import ssl
 import zlib
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from datetime import UTC, date, datetime, time, timedelta
 from typing import Any
 
 from cassandra import ConsistencyLevel, InvalidRequest
+from cassandra.auth import PlainTextAuthProvider
 from cassandra.cluster import (
     EXEC_PROFILE_DEFAULT,
     Cluster,
@@ -37,7 +39,7 @@ from notiflow.schemas.enums import Status
 from notiflow.schemas.messages import AttemptRecord, MessageSnapshot
 from notiflow.schemas.preferences import OptOut, PreferenceState, QuietWindow, Suppression
 from notiflow.schemas.status import rank, write_offset_us
-from notiflow.settings import Settings
+from notiflow.settings import CassandraSecurity, Settings, TlsFiles
 
 log = logging.getLogger(__name__)
 
@@ -75,10 +77,38 @@ class StateContention(RuntimeError):
     """Too many concurrent writers on one recipient's state; the caller may retry."""
 
 
+def tls_context(security: TlsFiles) -> ssl.SSLContext:
+    """A client context verifying servers against ``ca_file`` (or the system's trust store),
+    presenting ``cert_file`` when set, checking hostnames when ``check_hostname``."""
+    ctx = ssl.create_default_context(
+        cafile=str(security.ca_file) if security.ca_file is not None else None)
+    ctx.check_hostname = security.check_hostname
+    if security.cert_file is not None and security.key_file is not None:
+        password = security.key_password.get_secret_value() if security.key_password else None
+        ctx.load_cert_chain(security.cert_file, security.key_file, password)
+    return ctx
+
+
+def cluster_security(security: CassandraSecurity) -> dict[str, Any]:
+    """``Cluster`` keyword arguments of ``security``: ``ssl_context`` (TLS) and
+    ``auth_provider`` (a ``PlainTextAuthProvider``); empty when neither is configured. With
+    ``check_hostname`` the driver checks each node's certificate against the node's address
+    (its ``rpc_address``, usually an IP)."""
+    options: dict[str, Any] = {}
+    if security.tls:
+        options["ssl_context"] = tls_context(security)
+    if security.username is not None and security.password is not None:
+        options["auth_provider"] = PlainTextAuthProvider(
+            username=security.username, password=security.password.get_secret_value())
+    return options
+
+
 def connect(
     settings: Settings, keyspace: str | None = "", connect_timeout: float = 5.0
 ) -> tuple[Cluster, Session]:
-    """Open a cluster connection; ``keyspace=""`` means the configured keyspace."""
+    """Open a cluster connection, with the transport security of
+    :func:`cluster_security`; ``keyspace=""`` means the configured keyspace. Every Cassandra
+    session of notiflow comes from here."""
     profile = ExecutionProfile(
         load_balancing_policy=DCAwareRoundRobinPolicy(local_dc="datacenter1"),
         retry_policy=RetryPolicy(),
@@ -94,6 +124,7 @@ def connect(
         connect_timeout=connect_timeout,
         control_connection_timeout=connect_timeout,
         protocol_version=5,
+        **cluster_security(settings.cassandra_security),
     )
     ks = settings.cassandra_keyspace if keyspace == "" else keyspace
     try:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from confluent_kafka import Consumer, Message, TopicPartition
 
-from notiflow.adapters.kafka_io import header
+from notiflow.adapters.kafka_io import header, kafka_config
 from notiflow.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -33,12 +33,11 @@ class DelayedIntake:
     """Reads ``notify.delayed`` in batches; :meth:`commit` records a batch as done."""
 
     def __init__(self, settings: Settings, group: str = GROUP) -> None:
-        self._consumer = Consumer({
-            "bootstrap.servers": settings.kafka_bootstrap,
+        self._consumer = Consumer(kafka_config(settings, {
             "group.id": f"{settings.topic_prefix}{group}",
             "enable.auto.commit": False, "auto.offset.reset": "earliest",
             "isolation.level": "read_committed",
-            "logger": logging.getLogger("notiflow.kafka.consumer")})
+            "logger": logging.getLogger("notiflow.kafka.consumer")}))
         self._consumer.subscribe([settings.delayed_topic])
 
     async def batch(self, most: int, wait: float) -> list[Delayed]:

@@ -46,6 +46,7 @@ from pydantic import ValidationError
 from notiflow import names
 from notiflow.adapters.cassandra_store import aio, connect, utc
 from notiflow.adapters.dlq_crypto import DlqCipher
+from notiflow.adapters.kafka_io import kafka_config
 from notiflow.schemas.enums import Channel, Status, Tier
 from notiflow.schemas.messages import DlqRecord
 from notiflow.schemas.status import rank
@@ -119,8 +120,7 @@ class ReadStats:
 
 
 def _consumer(settings: Settings) -> Consumer:
-    return Consumer({
-        "bootstrap.servers": settings.kafka_bootstrap,
+    return Consumer(kafka_config(settings, {
         "group.id": f"notiflow-dlq-{uuid.uuid4().hex}",
         "enable.auto.commit": False,
         "enable.auto.offset.store": False,
@@ -128,7 +128,7 @@ def _consumer(settings: Settings) -> Consumer:
         "enable.partition.eof": True,
         "queued.max.messages.kbytes": 16_384,
         "logger": logging.getLogger("notiflow.kafka.dlq-reader"),
-    })
+    }))
 
 
 def watermarks(settings: Settings, topics: Iterable[str],

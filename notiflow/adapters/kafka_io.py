@@ -4,6 +4,9 @@ Bytewax's stock ``KafkaSink`` drops failed deliveries; everything notiflow produ
 through :class:`AsyncProducer` (API and adapters) or :class:`SyncProducer` (the dataflows'
 ``ConfirmingSink``, ``adapters/bytewax_kafka.py``), both of which surface a failed delivery as
 an error instead of losing it.
+
+Every Kafka client of notiflow (producers, consumers, admin clients, the Bytewax sources)
+starts from :func:`kafka_config`, which carries the transport security of the settings.
 """
 
 from __future__ import annotations
@@ -11,13 +14,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
+from pydantic import SecretStr
 
-from notiflow.settings import Settings
+from notiflow.settings import KafkaSecurity, Settings
 
 log = logging.getLogger(__name__)
 
@@ -28,10 +32,51 @@ class DeliveryFailed(RuntimeError):
     """The broker did not acknowledge a record."""
 
 
+def security_config(security: KafkaSecurity) -> dict[str, str]:
+    """librdkafka's transport-security properties of ``security``: ``security.protocol``;
+    for TLS the CA, the client certificate and key, and the hostname check; for SASL the
+    mechanism and its credentials (``OAUTHBEARER``: librdkafka's own OIDC client-credentials
+    flow)."""
+    cfg: dict[str, str] = {"security.protocol": security.protocol}
+    if security.tls:
+        cfg["ssl.endpoint.identification.algorithm"] = (
+            "https" if security.check_hostname else "none")
+        cfg.update(_present({"ssl.ca.location": security.ca_file,
+                             "ssl.certificate.location": security.cert_file,
+                             "ssl.key.location": security.key_file,
+                             "ssl.key.password": security.key_password}))
+    if security.sasl and security.sasl_mechanism is not None:
+        cfg["sasl.mechanism"] = security.sasl_mechanism
+        if security.sasl_mechanism == "OAUTHBEARER":
+            cfg["sasl.oauthbearer.method"] = "oidc"
+            cfg.update(_present({
+                "sasl.oauthbearer.token.endpoint.url": security.oauth_token_url,
+                "sasl.oauthbearer.client.id": security.oauth_client_id,
+                "sasl.oauthbearer.client.secret": security.oauth_client_secret,
+                "sasl.oauthbearer.scope": security.oauth_scope}))
+        else:
+            cfg.update(_present({"sasl.username": security.sasl_username,
+                                 "sasl.password": security.sasl_password}))
+    return cfg
+
+
+def _present(values: Mapping[str, object]) -> dict[str, str]:
+    return {k: v.get_secret_value() if isinstance(v, SecretStr) else str(v)
+            for k, v in values.items() if v is not None}
+
+
+def kafka_config(settings: Settings, options: Mapping[str, Any] | None = None
+                 ) -> dict[str, Any]:
+    """The configuration every Kafka client of notiflow starts from: ``bootstrap.servers``
+    and :func:`security_config`, then ``options`` (the client's own properties)."""
+    return {"bootstrap.servers": settings.kafka_bootstrap,
+            **security_config(settings.kafka_security), **(options or {})}
+
+
 def producer_config(settings: Settings, **overrides: Any) -> dict[str, Any]:
+    """:func:`kafka_config` of an acks=all idempotent producer, then ``overrides``."""
     quiet = logging.getLogger("notiflow.kafka.producer")
-    cfg: dict[str, Any] = {
-        "bootstrap.servers": settings.kafka_bootstrap,
+    cfg = kafka_config(settings, {
         "acks": "all",
         "enable.idempotence": True,
         "max.in.flight.requests.per.connection": 5,
@@ -40,7 +85,7 @@ def producer_config(settings: Settings, **overrides: Any) -> dict[str, Any]:
         "partitioner": "murmur2_random",
         "delivery.timeout.ms": 30_000,
         "logger": quiet,
-    }
+    })
     cfg.update(overrides)
     return cfg
 

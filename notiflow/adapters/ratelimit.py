@@ -552,7 +552,7 @@ class CapacityStore:
     def open(cls, settings: Settings, timeout: float = 0.5) -> CapacityStore:
         """A store with its own Redis client: short timeouts and one immediate retry, so an
         unreachable Redis is noticed within about ``2 * timeout``."""
-        client = redis_client(settings.redis_url, timeout=timeout,
+        client = redis_client(settings, timeout=timeout,
                               retry=Retry(NoBackoff(), 1), health_check_interval=30)
         return cls(client, CapacityRules.from_settings(settings), settings.topic_prefix)
 

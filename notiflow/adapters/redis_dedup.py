@@ -107,7 +107,7 @@ class DedupStore:
 
     @classmethod
     def open(cls, settings: Settings, owner: str) -> DedupStore:
-        client = redis_client(settings.redis_url, timeout=5, connect_timeout=2,
+        client = redis_client(settings, timeout=5, connect_timeout=2,
                               health_check_interval=30)
         return cls(client, owner, settings.topic_prefix)
 

@@ -12,6 +12,11 @@ A ``redis+sentinel://`` URL (:func:`sentinel_address`) gives the same client on 
 that Redis Sentinel names: every new connection asks the sentinels where the primary is, so
 after a failover the client's next connections reach the promoted replica (commands in flight
 on the old primary fail, and each caller's Redis-down policy handles them).
+
+``rediss://`` and ``rediss+sentinel://`` URLs connect with TLS (to the sentinels and the
+primary alike), trusting and presenting the files of the settings' ``redis_security``
+(:func:`tls_options`); its credentials apply to every connection (:func:`auth_options`).
+Every Redis client of notiflow comes from :func:`redis_client`.
 """
 
 from __future__ import annotations
@@ -25,7 +30,10 @@ from urllib.parse import unquote, urlsplit
 import redis.asyncio as aioredis
 from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 
-SENTINEL_SCHEME = "redis+sentinel"
+from notiflow.settings import RedisSecurity, Settings
+
+SENTINEL_SCHEMES = {"redis+sentinel": False, "rediss+sentinel": True}
+"""Sentinel URL schemes, and whether each connects with TLS."""
 
 MAX_CONNECTIONS = 64
 """Connections per client (per worker event loop); Redis answers each call in well under a
@@ -50,13 +58,16 @@ class SentinelAddress:
     service: str
     db: int = 0
     password: str | None = None
+    tls: bool = False
+    """``rediss+sentinel://``: TLS to the sentinels and to the primary."""
 
 
 def sentinel_address(url: str) -> SentinelAddress | None:
-    """The :class:`SentinelAddress` of a ``redis+sentinel://`` URL, None for any other
-    scheme; ``ValueError`` for a sentinel URL without sentinels or service."""
+    """The :class:`SentinelAddress` of a ``redis+sentinel://`` or ``rediss+sentinel://``
+    URL, None for any other scheme; ``ValueError`` for a sentinel URL without sentinels or
+    service."""
     parts = urlsplit(url)
-    if parts.scheme != SENTINEL_SCHEME:
+    if parts.scheme not in SENTINEL_SCHEMES:
         return None
     creds, _, hosts = parts.netloc.rpartition("@")
     sentinels = []
@@ -70,7 +81,34 @@ def sentinel_address(url: str) -> SentinelAddress | None:
         raise ValueError("a sentinel URL is redis+sentinel://host:port[,host:port]/service[/db]")
     password = unquote(creds.partition(":")[2]) if creds else None
     return SentinelAddress(tuple(sentinels), path[0], int(path[1]) if len(path) == 2 else 0,
-                           password or None)
+                           password or None, SENTINEL_SCHEMES[parts.scheme])
+
+
+def uses_tls(url: str) -> bool:
+    """Whether ``url`` connects with TLS (``rediss://``, ``rediss+sentinel://``)."""
+    address = sentinel_address(url)
+    return address.tls if address is not None else urlsplit(url).scheme == "rediss"
+
+
+def tls_options(security: RedisSecurity) -> dict[str, Any]:
+    """redis-py's ``ssl_*`` connection arguments of ``security`` (for TLS connections only:
+    a plain connection refuses them)."""
+    options: dict[str, Any] = {"ssl_cert_reqs": "required",
+                               "ssl_check_hostname": security.check_hostname}
+    files = {"ssl_ca_certs": security.ca_file, "ssl_certfile": security.cert_file,
+             "ssl_keyfile": security.key_file}
+    options.update({k: str(v) for k, v in files.items() if v is not None})
+    if security.key_password is not None:
+        options["ssl_password"] = security.key_password.get_secret_value()
+    return options
+
+
+def auth_options(security: RedisSecurity) -> dict[str, Any]:
+    """redis-py's ``username``/``password`` arguments of ``security`` (empty when unset)."""
+    if security.password is None:
+        return {}
+    return {"username": security.username,
+            "password": security.password.get_secret_value()}
 
 
 class BlockingSentinelPool(SentinelConnectionPool, aioredis.BlockingConnectionPool):
@@ -78,27 +116,33 @@ class BlockingSentinelPool(SentinelConnectionPool, aioredis.BlockingConnectionPo
     as :func:`redis_client`'s pool does."""
 
 
-def redis_client(url: str, *, timeout: float, connect_timeout: float | None = None,
+def redis_client(settings: Settings, *, timeout: float, connect_timeout: float | None = None,
                  max_connections: int = MAX_CONNECTIONS, pool_wait: float = POOL_WAIT_S,
                  **kwargs: Any) -> aioredis.Redis:
-    """A client whose commands time out after ``timeout`` on the socket and wait up to
-    ``pool_wait`` for a free connection (the API's admission, which must answer fast, waits
-    no longer than its ``timeout``). ``url``: ``redis://`` or ``redis+sentinel://``
-    (:func:`sentinel_address`). ``kwargs`` go to each connection (``retry``,
+    """A client of ``settings.redis_url`` whose commands time out after ``timeout`` on the
+    socket and wait up to ``pool_wait`` for a free connection (the API's admission, which
+    must answer fast, waits no longer than its ``timeout``). The URL: ``redis[s]://`` or
+    ``redis[s]+sentinel://`` (:func:`sentinel_address`); ``settings.redis_security`` gives
+    its TLS files and credentials. ``kwargs`` go to each connection (``retry``,
     ``health_check_interval``…); responses are decoded to ``str``."""
+    url, security = settings.redis_url, settings.redis_security
     connect = connect_timeout if connect_timeout is not None else timeout
+    tls = tls_options(security) if uses_tls(url) else {}
     options: dict[str, Any] = {
         "max_connections": max_connections, "timeout": max(timeout, pool_wait),
         "socket_timeout": timeout, "socket_connect_timeout": connect,
-        "decode_responses": True, **kwargs}
+        "decode_responses": True, **auth_options(security), **tls, **kwargs}
     address = sentinel_address(url)
     if address is not None:
-        asked = {"socket_timeout": timeout, "socket_connect_timeout": connect}
+        asked = {"socket_timeout": timeout, "socket_connect_timeout": connect,
+                 **({"ssl": True, **tls} if address.tls else {})}
+        if address.password is not None:
+            options["password"] = address.password
         sentinel = Sentinel(  # type: ignore[no-untyped-call]  # redis-py leaves it untyped
             list(address.sentinels), sentinel_kwargs=asked)
         client: aioredis.Redis = sentinel.master_for(
             address.service, connection_pool_class=BlockingSentinelPool, db=address.db,
-            password=address.password, **options)
+            ssl=address.tls, **options)
         return client
     pool = aioredis.BlockingConnectionPool.from_url(url, **options)
     return aioredis.Redis(connection_pool=pool)

@@ -31,7 +31,7 @@ from fastapi.responses import JSONResponse
 
 from notiflow import tuning
 from notiflow.adapters.cassandra_store import aio, connect
-from notiflow.adapters.kafka_io import AsyncProducer, OutRecord
+from notiflow.adapters.kafka_io import AsyncProducer, OutRecord, kafka_config
 from notiflow.gateway.app import logging_config, run_server
 from notiflow.gateway.runtime import api_producer_overrides
 from notiflow.settings import Settings
@@ -49,7 +49,7 @@ def _create_topic(settings: Settings) -> str:
     from confluent_kafka.admin import AdminClient, NewTopic
 
     topic = settings.topic(TOPIC)
-    admin = AdminClient({"bootstrap.servers": settings.kafka_bootstrap})
+    admin = AdminClient(kafka_config(settings))
     if topic not in admin.list_topics(timeout=30).topics:
         for fut in admin.create_topics([NewTopic(topic, settings.ingest_partitions, 1)]
                                        ).values():

@@ -27,7 +27,7 @@ from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from notiflow.adapters.cassandra_store import aio, connect
-from notiflow.adapters.kafka_io import producer_config
+from notiflow.adapters.kafka_io import kafka_config, producer_config
 from notiflow.adapters.providers import open_providers
 from notiflow.adapters.providers.base import OutboundMessage, ProviderClient
 from notiflow.flows.routing import rank_routes
@@ -37,10 +37,10 @@ from notiflow.settings import Settings
 
 
 def _consumer(settings: Settings, topics: list[str]) -> Consumer:
-    consumer = Consumer({"bootstrap.servers": settings.kafka_bootstrap,
-                         "group.id": f"bench-{uuid.uuid4().hex}",
-                         "auto.offset.reset": "earliest", "enable.auto.commit": False,
-                         "fetch.wait.max.ms": 10, "queued.max.messages.kbytes": 8192})
+    consumer = Consumer(kafka_config(settings, {
+        "group.id": f"bench-{uuid.uuid4().hex}", "auto.offset.reset": "earliest",
+        "enable.auto.commit": False, "fetch.wait.max.ms": 10,
+        "queued.max.messages.kbytes": 8192}))
     consumer.subscribe(topics)
     return consumer
 
@@ -112,7 +112,7 @@ def passthrough(settings: Settings, tier: Tier, n: int) -> dict[str, Any]:
     policy = settings.policy(tier)
     topics = [settings.ingest_topic(c, tier) for c in Channel]
     target = settings.topic("bench.passthrough")
-    admin = AdminClient({"bootstrap.servers": settings.kafka_bootstrap})
+    admin = AdminClient(kafka_config(settings))
     for fut in admin.create_topics([NewTopic(target, settings.ingest_partitions, 1)]).values():
         fut.result(30)
     consumer = _consumer(settings, topics)

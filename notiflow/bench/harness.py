@@ -26,7 +26,7 @@ import httpx
 import psutil
 from confluent_kafka import Producer
 
-from notiflow.adapters.kafka_io import producer_config
+from notiflow.adapters.kafka_io import kafka_config, producer_config
 from notiflow.bench import host
 from notiflow.bench.jvm import compiler_cpu_s
 from notiflow.bench.proc_cpu import tree_cpu_s
@@ -239,23 +239,27 @@ def drop_keys(settings: Settings, batch: int = 1000) -> int:
     TTLs: left behind, a day of benchmark runs grew the stack's append-only file to 490 MB,
     whose rewrites (a fork writing every key) and key expiries then fell into later
     phases."""
-    import redis
-
     if not settings.topic_prefix:
         raise ValueError("no namespace: would delete every key")
-    client = redis.Redis.from_url(settings.redis_url, socket_timeout=30)
+    return asyncio.run(_drop_keys(settings, batch))
+
+
+async def _drop_keys(settings: Settings, batch: int) -> int:
+    from notiflow.adapters.redis_pool import redis_client
+
+    client = redis_client(settings, timeout=30)
     dropped = 0
     try:
-        keys: list[bytes] = []
-        for key in client.scan_iter(match=f"{settings.topic_prefix}*", count=batch):
+        keys: list[str] = []
+        async for key in client.scan_iter(match=f"{settings.topic_prefix}*", count=batch):
             keys.append(key)
             if len(keys) >= batch:
-                dropped += int(client.unlink(*keys))
+                dropped += int(await client.unlink(*keys))
                 keys = []
         if keys:
-            dropped += int(client.unlink(*keys))
+            dropped += int(await client.unlink(*keys))
     finally:
-        client.close()
+        await client.aclose()
     return dropped
 
 
@@ -302,7 +306,7 @@ class Phase:
 
         Stack(self.settings, log=lambda _m: None).init()
         wanted = {t.name for t in topic_specs(self.settings)}
-        admin = AdminClient({"bootstrap.servers": self.settings.kafka_bootstrap})
+        admin = AdminClient(kafka_config(self.settings))
         deadline = time.monotonic() + timeout
         while not wanted <= set(admin.list_topics(timeout=10).topics):
             if time.monotonic() > deadline:

@@ -26,6 +26,7 @@ from typing import Any
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
 from notiflow.adapters.cassandra_store import connect, to_ms
+from notiflow.adapters.kafka_io import kafka_config
 from notiflow.adapters.scheduled_store import ScheduledStore
 from notiflow.bench.harness import Phase
 from notiflow.schemas.enums import Channel, Tier
@@ -93,9 +94,8 @@ def read_back(settings: Settings, n: int, timeout: float) -> dict[str, list[floa
     """Kafka record times (epoch s) of every bench record on the P3 SMS ingest topic, per
     message id, reading until ``n`` distinct ids arrived or ``timeout`` passed."""
     topic = settings.ingest_topic(Channel.SMS, Tier.P3)
-    consumer = Consumer({"bootstrap.servers": settings.kafka_bootstrap,
-                         "group.id": f"bench-sched-{uuid.uuid4().hex}",
-                         "enable.auto.commit": False})
+    consumer = Consumer(kafka_config(settings, {"group.id": f"bench-sched-{uuid.uuid4().hex}",
+                                                "enable.auto.commit": False}))
     seen: dict[str, list[float]] = {}
     try:
         parts = consumer.list_topics(topic, timeout=10).topics[topic].partitions

@@ -135,7 +135,7 @@ class BulkYield:
         from notiflow.adapters.redis_pool import redis_client
 
         if self._client is None:
-            self._client = redis_client(self.settings.redis_url, timeout=0.5)
+            self._client = redis_client(self.settings, timeout=0.5)
         try:
             return await pressure.worst(self._client, self.settings.topic_prefix)
         except STORE_DOWN:
@@ -159,7 +159,7 @@ class Tally:
         if not any(mid.startswith(ID_PREFIX) for mid, _ in marks):
             return
         if self._tally is None:
-            self._tally = CampaignTally(redis_client(self.settings.redis_url, timeout=0.5),
+            self._tally = CampaignTally(redis_client(self.settings, timeout=0.5),
                                         self.settings.topic_prefix,
                                         self.settings.operational_ttl)
         try:

@@ -27,7 +27,7 @@ from notiflow.adapters.campaign_store import CampaignStore
 from notiflow.adapters.campaign_tally import CampaignTally
 from notiflow.adapters.cassandra_store import CassandraStore, connect
 from notiflow.adapters.idempotency_fence import Fence
-from notiflow.adapters.kafka_io import AsyncProducer
+from notiflow.adapters.kafka_io import AsyncProducer, kafka_config
 from notiflow.adapters.manifests import Manifests
 from notiflow.adapters.preferences import PreferenceStore
 from notiflow.adapters.retrying import OUTAGE, until_up
@@ -102,7 +102,7 @@ class Runtime:
             self._fence = Fence(self._admission.store.r, self.settings.topic_prefix,
                                 self.settings.api_fence_ttl, timeout_s=REDIS_TIMEOUT_S,
                                 down_backoff_s=DOWN_BACKOFF_S)
-        self._admin = AdminClient({"bootstrap.servers": self.settings.kafka_bootstrap},
+        self._admin = AdminClient(kafka_config(self.settings),
                                   logger=logging.getLogger("notiflow.kafka.admin"))
         try:
             await self._connect()

@@ -50,6 +50,7 @@ from notiflow.adapters.kafka_io import (
     DeliveryFailed,
     Headers,
     OutRecord,
+    kafka_config,
     make_headers,
 )
 from notiflow.flows.model import SourceRef
@@ -439,7 +440,7 @@ async def purge_before(actions: DlqActions, selector: str | None, before: dateti
               for t, p in sorted(ranges)]
     if dry_run or not result:
         return result
-    admin = AdminClient({"bootstrap.servers": settings.kafka_bootstrap})
+    admin = AdminClient(kafka_config(settings))
     futures = admin.delete_records([TopicPartition(t.topic, t.partition, t.cut)
                                     for t in result], request_timeout=timeout)
     for tp, fut in futures.items():

@@ -360,14 +360,15 @@ class Stack:
 
             from confluent_kafka.admin import AdminClient
 
+            from notiflow.adapters.kafka_io import kafka_config
+
             if not port_open(port):
                 return False
             quiet = logging.getLogger("notiflow.stack.kafka-probe")
             quiet.addHandler(logging.NullHandler())
             quiet.propagate = False
             try:
-                md = AdminClient({"bootstrap.servers": s.kafka_bootstrap,
-                                  "socket.timeout.ms": 2000}, logger=quiet
+                md = AdminClient(kafka_config(s, {"socket.timeout.ms": 2000}), logger=quiet
                                  ).list_topics(timeout=2)
             except Exception:
                 return False

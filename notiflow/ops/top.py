@@ -264,16 +264,18 @@ class TopCollector:
         from notiflow.adapters.redis_pool import redis_client
 
         await asyncio.to_thread(self._open_consumer)
-        self._redis = redis_client(self.settings.redis_url, timeout=1.0)
+        self._redis = redis_client(self.settings, timeout=1.0)
 
     def _open_consumer(self) -> None:
         from confluent_kafka import Consumer, TopicPartition
 
+        from notiflow.adapters.kafka_io import kafka_config
+
         topic = self.settings.events_topic
-        c = Consumer({"bootstrap.servers": self.settings.kafka_bootstrap,
-                      "group.id": self.group_id, "enable.auto.commit": False,
-                      "enable.auto.offset.store": False, "auto.offset.reset": "latest",
-                      "client.id": self.group_id})
+        c = Consumer(kafka_config(self.settings, {
+            "group.id": self.group_id, "enable.auto.commit": False,
+            "enable.auto.offset.store": False, "auto.offset.reset": "latest",
+            "client.id": self.group_id}))
         try:
             md = c.list_topics(topic, timeout=10)
             meta = md.topics.get(topic)

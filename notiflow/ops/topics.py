@@ -9,6 +9,7 @@ from typing import Any
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from notiflow.adapters.kafka_io import kafka_config
 from notiflow.schemas.enums import Channel, Tier
 from notiflow.settings import Settings
 
@@ -60,7 +61,7 @@ def ensure_topics(settings: Settings, timeout: float = 30.0) -> list[str]:
     """Create missing topics with ``kafka_replication_factor`` replicas and
     ``kafka_min_insync_replicas``; returns the names created. Existing topics keep theirs
     (a replica count changes by partition reassignment, docs/operations.md)."""
-    admin = AdminClient({"bootstrap.servers": settings.kafka_bootstrap})
+    admin = AdminClient(kafka_config(settings))
     existing = set(admin.list_topics(timeout=timeout).topics)
     wanted = [s for s in topic_specs(settings) if s.name not in existing]
     if not wanted:
@@ -101,7 +102,7 @@ def delete_topics(settings: Settings, prefix: str | None = None,
     prefix = settings.topic_prefix if prefix is None else prefix
     if not prefix:
         raise ValueError("refusing to delete every topic: give a non-empty prefix")
-    admin = AdminClient({"bootstrap.servers": settings.kafka_bootstrap})
+    admin = AdminClient(kafka_config(settings))
     names = sorted(t for t in admin.list_topics(timeout=timeout).topics if t.startswith(prefix))
     if not names:
         return []

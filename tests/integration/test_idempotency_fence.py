@@ -63,7 +63,7 @@ def test_claim_and_release_match_the_python_model(sync_redis: redis.Redis,
 
 @pytest.fixture
 async def fence(redis_url: str) -> AsyncIterator[Fence]:
-    client = redis_client(redis_url, timeout=0.25, pool_wait=0.25)
+    client = redis_client(Settings(redis_url=redis_url), timeout=0.25, pool_wait=0.25)
     yield Fence(client, f"{uuid.uuid4().hex}:", TTL, timeout_s=0.25, down_backoff_s=1.0)
     await client.aclose()
 
@@ -144,7 +144,8 @@ async def test_the_transaction_sees_what_a_fence_wrote_and_a_fence_what_it_wrote
 
 
 async def test_without_redis_the_key_is_reserved_by_transaction(store: CassandraStore) -> None:
-    client = redis_client(f"redis://127.0.0.1:{free_port()}/0", timeout=0.25, pool_wait=0.25)
+    client = redis_client(Settings(redis_url=f"redis://127.0.0.1:{free_port()}/0"),
+                          timeout=0.25, pool_wait=0.25)
     dead = Fence(client, "x:", TTL, timeout_s=0.25, down_backoff_s=1.0)
     try:
         c = claim(uuid.uuid4().hex)

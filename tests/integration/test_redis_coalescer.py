@@ -15,6 +15,7 @@ from redis.exceptions import ResponseError
 from notiflow.adapters.cancel_gate import Confirm
 from notiflow.adapters.redis_dedup import DedupStore
 from notiflow.adapters.redis_pool import Coalescer, redis_client
+from notiflow.settings import Settings
 from tests.integration.conftest import RedisServer
 
 
@@ -29,7 +30,7 @@ class CountingCoalescer(Coalescer):
 
 
 async def test_one_round_trip_per_loop_turn_and_replies_in_order(redis_url: str) -> None:
-    client = redis_client(redis_url, timeout=5)
+    client = redis_client(Settings(redis_url=redis_url), timeout=5)
     batch = CountingCoalescer(client)
     ns = uuid.uuid4().hex
     try:
@@ -44,7 +45,7 @@ async def test_one_round_trip_per_loop_turn_and_replies_in_order(redis_url: str)
 
 
 async def test_a_command_error_fails_only_its_caller(redis_url: str) -> None:
-    client = redis_client(redis_url, timeout=5)
+    client = redis_client(Settings(redis_url=redis_url), timeout=5)
     batch = Coalescer(client)
     key = f"{uuid.uuid4().hex}:list"
     try:
@@ -63,7 +64,7 @@ async def test_a_command_error_fails_only_its_caller(redis_url: str) -> None:
 async def test_lost_connection_fails_every_waiting_caller() -> None:
     server = RedisServer()
     server.start()
-    client = redis_client(server.url, timeout=1, connect_timeout=0.5)
+    client = redis_client(Settings(redis_url=server.url), timeout=1, connect_timeout=0.5)
     batch = Coalescer(client)
     try:
         assert await batch.call(lambda p: p.ping()) is True
@@ -80,7 +81,7 @@ async def test_dedup_confirm_and_finish_share_round_trips(redis_url: str) -> Non
     """Concurrent sends confirm and finish their leases through the coalescer; the lease
     semantics are unchanged (confirm LOST once another owner holds the lease), and the
     cancel gates of attempts that end RETRY_PENDING are cleared in the same round trip."""
-    client = redis_client(redis_url, timeout=5)
+    client = redis_client(Settings(redis_url=redis_url), timeout=5)
     ns = f"{uuid.uuid4().hex}:"
     ours, theirs = DedupStore(client, "us", ns), DedupStore(client, "them", ns)
     counting = ours.batch = CountingCoalescer(client)
@@ -111,14 +112,15 @@ async def test_waiting_for_a_free_connection_is_not_an_error(redis_url: str) -> 
     """Five commands queue for the one connection of a pool, each holding it 0.4 s: the last
     waits ~1.6 s, longer than the 1 s socket timeout, and still succeeds (a busy pool is not a
     Redis outage). The API's admission pool waits no longer than its timeout."""
-    client = redis_client(redis_url, timeout=1.0, max_connections=1)
+    client = redis_client(Settings(redis_url=redis_url), timeout=1.0, max_connections=1)
     key = f"{uuid.uuid4().hex}:empty"
     try:
         results = await asyncio.gather(*(client.blpop([key], timeout=0.4) for _ in range(5)))
         assert results == [None] * 5
     finally:
         await client.aclose()
-    strict = redis_client(redis_url, timeout=0.5, max_connections=1, pool_wait=0.5)
+    strict = redis_client(Settings(redis_url=redis_url), timeout=0.5, max_connections=1,
+                          pool_wait=0.5)
     try:
         results = await asyncio.gather(*(strict.blpop([key], timeout=0.4) for _ in range(5)),
                                        return_exceptions=True)

@@ -18,6 +18,7 @@ import redis
 from notiflow.adapters.idempotency_fence import Fence, Holder
 from notiflow.adapters.redis_pool import redis_client
 from notiflow.devenv import free_port
+from notiflow.settings import Settings
 
 pytestmark = pytest.mark.integration
 
@@ -100,7 +101,7 @@ def trio(tmp_path: Path) -> Iterator[Trio]:
 
 
 async def test_a_client_follows_a_failover_and_keeps_replicated_fences(trio: Trio) -> None:
-    client = redis_client(trio.url, timeout=0.5, pool_wait=0.5)
+    client = redis_client(Settings(redis_url=trio.url), timeout=0.5, pool_wait=0.5)
     fence = Fence(client, "t:", timedelta(minutes=5), timeout_s=0.5, down_backoff_s=0.0)
     holder = Holder("h1", "m1")
     try:
