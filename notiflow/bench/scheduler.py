@@ -138,7 +138,7 @@ def failover(out: Path, run_id: str, n: int, window: float,
         time.sleep(max(0.0, (start - datetime.now(UTC)).total_seconds() + window / 2))
         killed = time.time()
         procs[0].kill()
-        time.sleep(max(0.0, window / 2 + 10))
+        time.sleep(max(0.0, (start - datetime.now(UTC)).total_seconds() + window))
         seen = read_back(phase.settings, n, 120)
     finally:
         phase.stop()
@@ -158,7 +158,7 @@ def load(out: Path, run_id: str, n: int, rate: float,
         log(f"load: {n:,} rows due at {rate:,.0f}/s from {start:%H:%M:%S}")
         wrote = asyncio.run(write_rows(phase.settings, start, n, rate, log))
         end = start + timedelta(seconds=n / rate)
-        time.sleep(max(0.0, (end - datetime.now(UTC)).total_seconds() + 15))
+        time.sleep(max(0.0, (end - datetime.now(UTC)).total_seconds()))
         t1 = time.time()
         seen = read_back(phase.settings, n, 300)
         assert sched.proc is not None
