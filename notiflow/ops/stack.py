@@ -138,6 +138,21 @@ def gc_log(path: Path) -> str:
     return f"-Xlog:gc,safepoint:file={path}:time,uptimemillis:filecount=3,filesize=20m"
 
 
+def cassandra_tuning() -> dict[str, str]:
+    """The Cassandra settings of ``conf/cassandra-tuning.yaml`` (name → value as written)."""
+    text = (resources.files("notiflow.ops") / "conf" / "cassandra-tuning.yaml").read_text()
+    pairs = (line.partition(":") for line in text.splitlines()
+             if line.strip() and not line.lstrip().startswith("#"))
+    return {k.strip(): v.strip() for k, _, v in pairs}
+
+
+def cassandra_tuning_flags() -> list[str]:
+    """:func:`cassandra_tuning` as the JVM system properties Cassandra reads its settings
+    from (``cassandra.settings.<name>``), for the local stack and docker-compose alike."""
+    return ["-Dcassandra.config.allow_system_properties=true",
+            *(f"-Dcassandra.settings.{k}={v}" for k, v in cassandra_tuning().items())]
+
+
 def _java(settings: Settings) -> str:
     home = settings.java_home or (Path(os.environ["JAVA_HOME"]) if "JAVA_HOME" in os.environ
                                   else None)
@@ -404,19 +419,6 @@ data_file_directories: [{data}/data]
 commitlog_directory: {data}/commitlog
 saved_caches_directory: {data}/saved_caches
 hints_directory: {data}/hints
-commitlog_sync: periodic
-commitlog_sync_period: 10s
-auto_snapshot: false
-concurrent_compactors: 1
-concurrent_reads: 8
-concurrent_writes: 16
-concurrent_counter_writes: 4
-memtable_flush_writers: 1
-write_request_timeout: 5000ms
-read_request_timeout: 5000ms
-cas_contention_timeout: 2000ms
-paxos_variant: v2
-batch_size_warn_threshold: 32KiB
 """)
 
         def start() -> list[str]:
@@ -463,6 +465,7 @@ batch_size_warn_threshold: 32KiB
                 f"-Dcassandra.jmx.local.port={s.cassandra_jmx_port}",
                 "-Dcassandra.skip_wait_for_gossip_to_settle=0",
                 "-Dcassandra.unsafesystem=true",
+                *cassandra_tuning_flags(),
                 "-cp", f"{libs}/*", "org.apache.cassandra.service.CassandraDaemon",
             ]
 
