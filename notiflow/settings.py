@@ -829,6 +829,9 @@ class Settings(BaseSettings):
         default_factory=lambda: {"datacenter1": 1}, min_length=1)
     """Replicas of the keyspace per data centre (``NetworkTopologyStrategy``), e.g.
     ``{"dc1": 3, "dc2": 3}``; the local stack's one node is ``datacenter1``."""
+    cassandra_local_dc: str | None = None
+    """The data centre this process talks to (the driver's ``DCAwareRoundRobinPolicy``; LOCAL_*
+    consistency counts its replicas); None = the first of ``cassandra_replication``."""
     cassandra_security: CassandraSecurity = CassandraSecurity()
     """TLS and authentication of the Cassandra driver (docs/operations.md, "Transport
     security")."""
@@ -1007,7 +1010,17 @@ class Settings(BaseSettings):
             if not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", dc) or not 1 <= rf <= 16:
                 raise ValueError(f"cassandra_replication: {dc!r}: {rf} is not a data centre "
                                  "name with 1-16 replicas")
+        if self.cassandra_local_dc is not None and (
+                self.cassandra_local_dc not in self.cassandra_replication):
+            raise ValueError(f"cassandra_local_dc {self.cassandra_local_dc!r} is not a data "
+                             f"centre of cassandra_replication "
+                             f"({', '.join(self.cassandra_replication)})")
         return self
+
+    @property
+    def cassandra_dc(self) -> str:
+        """The driver's local data centre: ``cassandra_local_dc`` or the first replicated."""
+        return self.cassandra_local_dc or next(iter(self.cassandra_replication))
 
     @classmethod
     def settings_customise_sources(

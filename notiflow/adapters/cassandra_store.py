@@ -110,7 +110,7 @@ def connect(
     :func:`cluster_security`; ``keyspace=""`` means the configured keyspace. Every Cassandra
     session of notiflow comes from here."""
     profile = ExecutionProfile(
-        load_balancing_policy=DCAwareRoundRobinPolicy(local_dc="datacenter1"),
+        load_balancing_policy=DCAwareRoundRobinPolicy(local_dc=settings.cassandra_dc),
         retry_policy=RetryPolicy(),
         consistency_level=ConsistencyLevel.LOCAL_QUORUM,
         serial_consistency_level=ConsistencyLevel.LOCAL_SERIAL,

@@ -270,3 +270,12 @@ async def test_a_tls_sentinel_url_secures_sentinels_and_primary(pki: dict[str, P
     assert sentinel.connection_class is SSLConnection
     assert sentinel.connection_kwargs["ssl_certfile"] == str(pki["cert"])
     await client.aclose()
+
+
+def test_the_drivers_local_data_centre_is_configured_or_the_first_replicated() -> None:
+    assert Settings().cassandra_dc == "datacenter1"
+    two = {"cassandra_replication": {"eu": 3, "us": 3}}
+    assert Settings(**two).cassandra_dc == "eu"
+    assert Settings(**two, cassandra_local_dc="us").cassandra_dc == "us"
+    with pytest.raises(ValueError, match="not a data centre of cassandra_replication"):
+        Settings(**two, cassandra_local_dc="ap")
