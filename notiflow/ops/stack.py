@@ -22,6 +22,7 @@ import socket
 import subprocess
 import tempfile
 import time
+import tomllib
 import uuid
 from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
@@ -139,11 +140,9 @@ def gc_log(path: Path) -> str:
 
 
 def cassandra_tuning() -> dict[str, str]:
-    """The Cassandra settings of ``conf/cassandra-tuning.yaml`` (name → value as written)."""
-    text = (resources.files("notiflow.ops") / "conf" / "cassandra-tuning.yaml").read_text()
-    pairs = (line.partition(":") for line in text.splitlines()
-             if line.strip() and not line.lstrip().startswith("#"))
-    return {k.strip(): v.strip() for k, _, v in pairs}
+    """The Cassandra settings of ``conf/cassandra-tuning.toml`` (name → value as written)."""
+    text = (resources.files("notiflow.ops") / "conf" / "cassandra-tuning.toml").read_text()
+    return {k: str(v) for k, v in tomllib.loads(text).items()}
 
 
 def cassandra_tuning_flags() -> list[str]:

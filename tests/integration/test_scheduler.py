@@ -25,6 +25,7 @@ from notiflow.schemas.enums import Channel, Tier
 from notiflow.schemas.messages import IngestRecord, new_message_id
 from notiflow.schemas.scheduling import ScheduledRow
 from notiflow.settings import Settings
+from tests.helpers import read_topic
 
 pytestmark = pytest.mark.integration
 
@@ -72,33 +73,20 @@ def row(settings: Settings, board: ScheduledStore, due: datetime, *,
                         expires_at=record.expires_at)
 
 
-def published(settings: Settings, topic: str, ids: set[str], until: float, *,
-              absent: bool = False) -> dict[str, list[datetime]]:
+def published(settings: Settings, topic: str, ids: set[str], until: float
+              ) -> dict[str, list[datetime]]:
     """Producer timestamps of every record of ``topic`` whose message id is in ``ids``,
-    read until ``until`` (monotonic) passed and then, for at most 30 s more, until all were
-    seen or, with ``absent``, until the end of the topic as it stood at ``until``."""
+    read until all were seen and ``until`` (monotonic) passed."""
     consumer = Consumer({"bootstrap.servers": settings.kafka_bootstrap,
                          "group.id": f"test-scheduler-{uuid.uuid4().hex}",
                          "enable.auto.commit": False})
     seen: dict[str, list[datetime]] = {}
-    ends: dict[int, int] | None = None
-
-    def caught_up() -> bool:
-        assert ends is not None
-        return all(tp.offset >= ends[tp.partition] for tp in consumer.position(
-            [TopicPartition(topic, p) for p, hi in ends.items() if hi > 0]))
-
     try:
         parts = consumer.list_topics(topic, timeout=10).topics[topic].partitions
         consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in parts])
         deadline = until + 30
-        while time.monotonic() < deadline:
-            if time.monotonic() >= until:
-                if ends is None:
-                    ends = {p: consumer.get_watermark_offsets(
-                        TopicPartition(topic, p), timeout=10)[1] for p in parts}
-                if len(seen) == len(ids) or (absent and caught_up()):
-                    break
+        while time.monotonic() < deadline and (len(seen) < len(ids)
+                                               or time.monotonic() < until):
             msg = consumer.poll(0.5)
             if msg is None or msg.error():
                 continue
@@ -109,6 +97,15 @@ def published(settings: Settings, topic: str, ids: set[str], until: float, *,
     finally:
         consumer.close()
     return seen
+
+
+async def published_by(settings: Settings, topic: str, ids: set[str], after: float
+                       ) -> set[str]:
+    """Which of ``ids`` ``topic`` holds ``after`` seconds from now, read to its end then."""
+    await asyncio.sleep(after)
+    return await asyncio.to_thread(lambda: {
+        mid for m in read_topic(settings, topic, timeout=30)
+        if (mid := header(m.headers(), "message_id")) in ids})
 
 
 async def test_rows_are_published_on_time_across_a_scheduler_crash(
@@ -143,8 +140,7 @@ async def test_a_row_that_expired_while_waiting_becomes_an_expired_event(
     seen = await asyncio.to_thread(published, stack, stack.events_topic, {r.message_id},
                                    time.monotonic())
     assert r.message_id in seen
-    consumer_ids = await asyncio.to_thread(published, stack, r.topic, {r.message_id},
-                                           time.monotonic() + 2, absent=True)
+    consumer_ids = await published_by(stack, r.topic, {r.message_id}, 2)
     assert r.message_id not in consumer_ids
 
 
@@ -154,8 +150,7 @@ async def test_a_cancelled_row_is_never_published(
     r = row(stack, board, now + timedelta(seconds=3))
     await board.add(r, now)
     await board.unschedule(r.message_id, r.scheduled_at)
-    seen = await asyncio.to_thread(published, stack, r.topic, {r.message_id},
-                                   time.monotonic() + 6, absent=True)
+    seen = await published_by(stack, r.topic, {r.message_id}, 6)
     assert r.message_id not in seen
 
 
