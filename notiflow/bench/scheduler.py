@@ -159,8 +159,8 @@ def load(out: Path, run_id: str, n: int, rate: float,
         wrote = asyncio.run(write_rows(phase.settings, start, n, rate, log))
         end = start + timedelta(seconds=n / rate)
         time.sleep(max(0.0, (end - datetime.now(UTC)).total_seconds()))
-        t1 = time.time()
         seen = read_back(phase.settings, n, 300)
+        t1 = time.time()
         assert sched.proc is not None
     finally:
         phase.stop()
