@@ -92,7 +92,9 @@ async def test_a_trusted_client_with_its_certificate_is_served(tls_redis: TlsRed
 @pytest.mark.parametrize(("case", "reason"), [
     ("plain", "reset|closed|[Tt]imeout"),
     ("untrusted server", "CERTIFICATE_VERIFY_FAILED"),
-    ("no client certificate", "CERTIFICATE_REQUIRED"),
+    # TLS 1.3 finishes the client's handshake before the server checks for a certificate:
+    # the server's alert can lose the race with its closing the socket.
+    ("no client certificate", "CERTIFICATE_REQUIRED|reset by peer|closed"),
 ])
 async def test_other_connections_are_refused(tls_redis: TlsRedis, case: str,
                                              reason: str) -> None:
