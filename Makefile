@@ -1,7 +1,7 @@
 # The two self-bootstrapping entry points of a fresh clone:
 #   make demo   install everything, start the local stack and run `notiflow demo`
 #   make test   install everything, start the local stack and run the whole test suite
-.PHONY: demo test bootstrap lint fuzz stack-up stack-down clean
+.PHONY: demo test test-cluster bootstrap lint fuzz stack-up stack-down clean
 
 VENV := .venv
 
@@ -13,6 +13,11 @@ demo: bootstrap
 
 test: bootstrap
 	@ops/run-tests.sh
+
+# the integration tier on three Kafka brokers and three Cassandra nodes (127.0.0.1-3, RF 3),
+# in a stack directory of its own; stop the one-node stack first (same ports)
+test-cluster: bootstrap
+	@NOTIFLOW_STACK_DIR=.stack-cluster ops/run-tests.sh --nodes 3 tests/integration $(PYTEST_ARGS)
 
 lint: bootstrap
 	$(VENV)/bin/ruff check .

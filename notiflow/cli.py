@@ -45,21 +45,37 @@ def _settings() -> Settings:
         raise typer.Exit(2) from None
 
 
-def _stack_call(fn_name: str, **kwargs: object) -> None:
+def _stack_call(fn_name: str, nodes: int | None = None, **kwargs: object) -> None:
     from notiflow.ops.stack import Stack, StackError
 
-    stack = Stack(_settings(), log=lambda m: console.print(m, highlight=False))
     try:
+        stack = Stack(_settings(), log=lambda m: console.print(m, highlight=False), nodes=nodes)
         getattr(stack, fn_name)(**kwargs)
-    except StackError as exc:
+    except (StackError, ValueError) as exc:
         console.print(f"[red]error:[/red] {exc}", highlight=False)
         raise typer.Exit(1) from None
 
 
 @stack_app.command("up")
-def stack_up() -> None:
-    """Start Kafka, Cassandra and Redis (idempotent), create topics, apply migrations."""
-    _stack_call("up")
+def stack_up(nodes: Annotated[int | None, typer.Option(
+        min=1, max=5, help="Kafka brokers and Cassandra nodes, on 127.0.0.1-N (default: as "
+        "the stack directory's data was made, else 1). With 3: replication factor 3; then "
+        "`eval \"$(notiflow stack env)\"` points every process at all of them.")] = None,
+             ) -> None:
+    """Start Kafka, Cassandra, Redis and S3 (idempotent), create topics, apply migrations."""
+    _stack_call("up", nodes=nodes)
+
+
+@stack_app.command("env")
+def stack_env() -> None:
+    """Print the `export NOTIFLOW_...` lines with which processes use this stack (nothing
+    for a one-node stack, whose addresses are the defaults)."""
+    import shlex
+
+    from notiflow.ops.stack import Stack
+
+    for name, value in Stack(_settings()).client_env().items():
+        print(f"export {name}={shlex.quote(value)}")
 
 
 @stack_app.command("down")

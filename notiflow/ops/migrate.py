@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from importlib import resources
+from typing import Any, cast
 
 from cassandra.cluster import Session
 
@@ -88,17 +89,32 @@ def check_replication(session: Session, settings: Settings) -> bool:
     return False
 
 
+SCHEMA_AGREEMENT_S = 60.0
+
+
+def ddl(session: Session, statement: str) -> None:
+    """Run a schema change and wait until every live node has it (the driver waits 10 s by
+    default; nodes that joined a moment ago took longer, and a read of the new table then
+    failed with ``INCOMPATIBLE_SCHEMA``)."""
+    result = session.execute(statement, timeout=60)
+    if result.response_future.is_schema_agreed:
+        return
+    control: Any = cast(Any, session).cluster.control_connection
+    if not control.wait_for_schema_agreement(wait_time=SCHEMA_AGREEMENT_S):
+        raise MigrationError(f"nodes disagree on the schema {SCHEMA_AGREEMENT_S:.0f} s "
+                             f"after: {statement[:80]}")
+
+
 def apply(session: Session, settings: Settings) -> list[Migration]:
     """Create the keyspace if needed (replicated as ``cassandra_replication`` says:
     :func:`check_replication`) and apply the pending migrations; returns those applied."""
     ks = settings.cassandra_keyspace
-    session.execute(
+    ddl(session,
         f"CREATE KEYSPACE IF NOT EXISTS {ks} WITH replication = {replication_cql(settings)}")
     check_replication(session, settings)
-    session.execute(
+    ddl(session,
         f"CREATE TABLE IF NOT EXISTS {ks}.schema_migrations ("
-        "version int PRIMARY KEY, name text, checksum text, applied_at timestamp)"
-    )
+        "version int PRIMARY KEY, name text, checksum text, applied_at timestamp)")
     applied = {
         row["version"]: row["checksum"]
         for row in session.execute(f"SELECT version, checksum FROM {ks}.schema_migrations")
@@ -114,7 +130,7 @@ def apply(session: Session, settings: Settings) -> list[Migration]:
             continue
         session.set_keyspace(ks)
         for stmt in mig.statements(ttl):
-            session.execute(stmt, timeout=60)
+            ddl(session, stmt)
         session.execute(
             f"INSERT INTO {ks}.schema_migrations (version, name, checksum, applied_at) "
             "VALUES (%s, %s, %s, %s)",

@@ -1,6 +1,7 @@
-"""The local stack without Docker: Kafka (KRaft, one node) and Cassandra 5.0 as plain ``java``
-processes from Maven Central jars, Redis from Debian's ``redis-server``, and SeaweedFS's S3
-gateway (``weed``, built from the Go module proxy), all on loopback.
+"""The local stack without Docker: Kafka (KRaft) and Cassandra 5.0 as plain ``java`` processes
+from Maven Central jars, Redis from Debian's ``redis-server``, and SeaweedFS's S3 gateway
+(``weed``, built from the Go module proxy), all on loopback: one Kafka broker and one
+Cassandra node, or ``up(nodes=3)`` three of each on 127.0.0.1-3 (``ops/cluster.py``).
 
 ``up`` is idempotent and waits for health (Kafka metadata lists the broker, CQL answers,
 Redis PONGs, S3 answers a signed request), then creates every topic, applies the CQL
@@ -29,9 +30,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from notiflow import tuning
+from notiflow.ops import cluster
 from notiflow.settings import Settings
 
 START_TIMEOUT_S = 180.0
@@ -218,15 +220,40 @@ class Component:
     jvm: bool = False
     after_healthy: Callable[[], None] = lambda: None
     """Idempotent set-up once healthy (also when it was already running)."""
+    host: str = "127.0.0.1"
+    local_ports: tuple[int, ...] = ()
+    """Ports bound on 127.0.0.1 whatever ``host`` is (Cassandra's JMX)."""
+    wave: int = 0
+    """Components start wave by wave, each once the previous one is healthy (Cassandra's
+    seed before the nodes that join it)."""
 
 
 class Stack:
     """Start, stop and inspect the local Kafka, Cassandra, Redis and SeaweedFS."""
 
-    def __init__(self, settings: Settings, log: Callable[[str], None] = print) -> None:
-        self.s = settings
+    def __init__(self, settings: Settings, log: Callable[[str], None] = print,
+                 nodes: int | None = None) -> None:
         self.p = paths(settings)
+        self.nodes = cluster.check_nodes(nodes or self.recorded_nodes() or 1)
+        self.s = cluster.cluster_settings(settings, self.nodes)
         self.log = log
+
+    def _nodes_file(self) -> Path:
+        return self.p.conf / "nodes"
+
+    def recorded_nodes(self) -> int | None:
+        """The node count this stack directory's data was made with (None: no data yet)."""
+        try:
+            return int(self._nodes_file().read_text().strip())
+        except (OSError, ValueError):
+            return None
+
+    def client_env(self) -> dict[str, str]:
+        """The variables every process needs to use this stack (``notiflow stack env``)."""
+        return cluster.client_env(self.s, self.nodes)
+
+    def _name(self, kind: str, node: int) -> str:
+        return kind if self.nodes == 1 else f"{kind}-{node}"
 
     # ------------------------------------------------------------------ jars (Maven Central)
 
@@ -289,7 +316,9 @@ class Stack:
     # ------------------------------------------------------------------------ components
 
     def components(self) -> list[Component]:
-        return [self._redis(), self._kafka(), self._cassandra(), self._s3()]
+        nodes = range(1, self.nodes + 1)
+        return [self._redis(), *(self._kafka(i) for i in nodes),
+                *(self._cassandra(i) for i in nodes), self._s3()]
 
     def _redis(self) -> Component:
         s, p = self.s, self.p
@@ -315,41 +344,28 @@ class Stack:
 
         return Component("redis", s.redis_port, (), start, healthy)
 
-    def _kafka(self) -> Component:
+    def _kafka_cluster_id(self) -> str:
+        """The KRaft cluster id every broker of this stack is formatted with (made once)."""
+        path = self.p.conf / "kafka-cluster-id"
+        if not path.exists():
+            path.write_text(kafka_cluster_id())
+        return path.read_text().strip()
+
+    def _kafka(self, node: int = 1) -> Component:
         s, p = self.s, self.p
-        data = p.run / "kafka"
-        props = p.conf / "kafka.properties"
+        name = self._name("kafka", node)
+        data = p.run / name
+        props = p.conf / f"{name}.properties"
         libs = p.libs("kafka", s.kafka_version)
         log4j = resources.files("notiflow.ops") / "conf" / "kafka-log4j2.properties"
+        host = cluster.host(node)
 
         def prepare() -> None:
-            props.write_text("\n".join([
-                "process.roles=broker,controller",
-                "node.id=1",
-                f"controller.quorum.voters=1@127.0.0.1:{s.kafka_controller_port}",
-                f"listeners=PLAINTEXT://{s.kafka_bootstrap},"
-                f"CONTROLLER://127.0.0.1:{s.kafka_controller_port}",
-                f"advertised.listeners=PLAINTEXT://{s.kafka_bootstrap}",
-                "controller.listener.names=CONTROLLER",
-                "inter.broker.listener.name=PLAINTEXT",
-                "listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
-                f"log.dirs={data}",
-                "num.partitions=1",
-                "auto.create.topics.enable=false",
-                "offsets.topic.replication.factor=1",
-                "offsets.topic.num.partitions=1",
-                "transaction.state.log.replication.factor=1",
-                "transaction.state.log.min.isr=1",
-                "share.coordinator.state.topic.replication.factor=1",
-                "share.coordinator.state.topic.min.isr=1",
-                "group.initial.rebalance.delay.ms=0",
-                "min.insync.replicas=1",
-                "",
-            ]))
+            props.write_text(cluster.kafka_properties(s, node, self.nodes, data))
             if (data / "meta.properties").exists():
                 return
             data.mkdir(parents=True, exist_ok=True)
-            cluster_id = kafka_cluster_id()
+            cluster_id = self._kafka_cluster_id()
             fmt = subprocess.run(
                 [_java(s), f"-Dlog4j2.configurationFile=file:{log4j}", "-cp", f"{libs}/*",
                  "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(props),
@@ -363,7 +379,7 @@ class Stack:
         def start() -> list[str]:
             return [_java(s), f"-Xms{s.kafka_heap_mb}m", f"-Xmx{s.kafka_heap_mb}m",
                     "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20", "-XX:-UseDynamicNumberOfGCThreads",
-                    gc_log(p.logs / "kafka-gc.log"),
+                    gc_log(p.logs / f"{name}-gc.log"),
                     "-XX:InitiatingHeapOccupancyPercent=35", "-XX:+ExplicitGCInvokesConcurrent",
                     "-Djava.awt.headless=true", f"-Djava.io.tmpdir={p.tmp}",
                     f"-Dlog4j2.configurationFile=file:{log4j}",
@@ -376,44 +392,50 @@ class Stack:
 
             from notiflow.adapters.kafka_io import kafka_config
 
-            if not port_open(port):
+            if not port_open(port, host):
                 return False
             quiet = logging.getLogger("notiflow.stack.kafka-probe")
             quiet.addHandler(logging.NullHandler())
             quiet.propagate = False
+            probe = s.model_copy(update={"kafka_bootstrap": f"{host}:{port}"})
             try:
-                md = AdminClient(kafka_config(s, {"socket.timeout.ms": 2000}), logger=quiet
+                md = AdminClient(kafka_config(probe, {"socket.timeout.ms": 2000}), logger=quiet
                                  ).list_topics(timeout=2)
             except Exception:
                 return False
-            return 1 in md.brokers
+            return node in md.brokers
 
-        port = int(s.kafka_bootstrap.rsplit(":", 1)[1])
-        return Component("kafka", port, (s.kafka_controller_port,), start, healthy, prepare,
-                         jvm=True)
+        port = cluster.kafka_port(s)
+        return Component(name, port, (s.kafka_controller_port,), start, healthy, prepare,
+                         jvm=True, host=host)
 
-    def _cassandra(self) -> Component:
+    def _cassandra(self, node: int = 1) -> Component:
         s, p = self.s, self.p
-        data = p.run / "cassandra"
-        yaml = p.conf / "cassandra.yaml"
+        name = self._name("cassandra", node)
+        data = p.run / name
+        yaml = p.conf / f"{name}.yaml"
+        host = cluster.host(node)
+        logs = p.logs if self.nodes == 1 else p.logs / name
         libs = p.libs("cassandra", s.cassandra_version)
         logback = resources.files("notiflow.ops") / "conf" / "cassandra-logback.xml"
 
         def prepare() -> None:
             data.mkdir(parents=True, exist_ok=True)
+            logs.mkdir(parents=True, exist_ok=True)
             yaml.write_text(f"""cluster_name: 'notiflow'
 num_tokens: 1
-initial_token: 0
+initial_token: {cluster.initial_token(node, self.nodes)}
+auto_bootstrap: false
 partitioner: org.apache.cassandra.dht.Murmur3Partitioner
 endpoint_snitch: SimpleSnitch
-listen_address: 127.0.0.1
-rpc_address: 127.0.0.1
+listen_address: {host}
+rpc_address: {host}
 storage_port: {s.cassandra_storage_port}
 native_transport_port: {s.cassandra_port}
 start_native_transport: true
 seed_provider:
   - class_name: org.apache.cassandra.locator.SimpleSeedProvider
-    parameters: [{{seeds: "127.0.0.1"}}]
+    parameters: [{{seeds: "{cluster.host(1)}"}}]
 data_file_directories: [{data}/data]
 commitlog_directory: {data}/commitlog
 saved_caches_directory: {data}/saved_caches
@@ -442,11 +464,12 @@ hints_directory: {data}/hints
             heap = s.cassandra_heap_mb
             return [
                 _java(s), f"-Xms{heap}m", f"-Xmx{heap}m", "-Xss256k", "-XX:+UseG1GC",
-                "-XX:-UseDynamicNumberOfGCThreads", gc_log(p.logs / "cassandra-gc.log"),
+                "-XX:-UseDynamicNumberOfGCThreads", gc_log(p.logs / f"{name}-gc.log"),
                 "-XX:+ExitOnOutOfMemoryError",
                 "-XX:+ParallelRefProcEnabled", "-XX:MaxTenuringThreshold=1",
                 f"-XX:MaxGCPauseMillis={CASSANDRA_GC_PAUSE_MS}", "-XX:+UseThreadPriorities",
-                "-XX:+PerfDisableSharedMem", "-ea", "-da:net.openhft...", PAXOS_AUTO_REPAIRS_OFF,
+                "-XX:+PerfDisableSharedMem", "-ea", "-da:net.openhft...",
+                *([PAXOS_AUTO_REPAIRS_OFF] if self.nodes == 1 else []),
                 "-Djava.net.preferIPv4Stack=true", "-Djdk.attach.allowAttachSelf=true",
                 *[f"--add-exports={e}=ALL-UNNAMED" for e in exports],
                 *[f"--add-opens={o}=ALL-UNNAMED" for o in opens],
@@ -459,9 +482,9 @@ hints_directory: {data}/hints
                 "-Dcassandra-foreground=yes",
                 f"-Dcassandra.config=file://{yaml}",
                 f"-Dcassandra.storagedir={data}",
-                f"-Dcassandra.logdir={p.logs}",
+                f"-Dcassandra.logdir={logs}",
                 f"-Dlogback.configurationFile=file://{logback}",
-                f"-Dcassandra.jmx.local.port={s.cassandra_jmx_port}",
+                f"-Dcassandra.jmx.local.port={cluster.jmx_port(s, node)}",
                 "-Dcassandra.skip_wait_for_gossip_to_settle=0",
                 "-Dcassandra.unsafesystem=true",
                 *cassandra_tuning_flags(),
@@ -469,24 +492,48 @@ hints_directory: {data}/hints
             ]
 
         def healthy() -> bool:
-            if not port_open(s.cassandra_port):
+            if not port_open(s.cassandra_port, host):
                 return False
-            from notiflow.adapters.cassandra_store import connect
+            return self.cql_nodes_up((host,)) >= 1
 
-            try:
-                cluster, session = connect(s, keyspace=None, connect_timeout=3)
-            except Exception:
-                return False
-            try:
-                return session.execute("SELECT release_version FROM system.local").one() is not None
-            except Exception:
-                return False
-            finally:
-                cluster.shutdown()
+        def ring_complete() -> None:
+            if node == self.nodes > 1:
+                self._wait_ring()
 
-        return Component("cassandra", s.cassandra_port,
-                         (s.cassandra_storage_port, s.cassandra_jmx_port),
-                         start, healthy, prepare, jvm=True)
+        return Component(name, s.cassandra_port, (s.cassandra_storage_port,), start, healthy,
+                         prepare, jvm=True, after_healthy=ring_complete, host=host,
+                         local_ports=(cluster.jmx_port(s, node),), wave=int(node > 1))
+
+    def cql_nodes_up(self, hosts: tuple[str, ...]) -> int:
+        """How many of the ring's nodes the driver sees up through ``hosts`` (0 when CQL does
+        not answer there)."""
+        from notiflow.adapters.cassandra_store import connect
+
+        probe = self.s.model_copy(update={"cassandra_hosts": hosts})
+        try:
+            conn, session = connect(probe, keyspace=None, connect_timeout=3)
+        except Exception:
+            return 0
+        try:
+            if session.execute("SELECT release_version FROM system.local").one() is None:
+                return 0
+            known: list[Any] = cast(Any, conn).metadata.all_hosts()
+            return len([h for h in known if h.is_up])
+        except Exception:
+            return 0
+        finally:
+            conn.shutdown()
+
+    def _wait_ring(self) -> None:
+        """Until the driver sees every Cassandra node up."""
+        hosts = tuple(cluster.host(i) for i in range(1, self.nodes + 1))
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while (up := self.cql_nodes_up(hosts)) < self.nodes:
+            if time.monotonic() > deadline:
+                raise StackError(f"cassandra: {up} of {self.nodes} nodes up after "
+                                 f"{START_TIMEOUT_S:.0f}s")
+            time.sleep(1)
+        self.log(f"cassandra: ring of {self.nodes} nodes up")
 
     def s3_credentials(self) -> tuple[str, str]:
         """The access key id and secret the local S3 gateway accepts: the configured ones, else
@@ -609,32 +656,47 @@ hints_directory: {data}/hints
         return pid if _pid_alive(pid) else None
 
     def up(self, *, topics: bool = True, migrations: bool = True) -> None:
+        """Start what is not running, wave by wave, each wave once healthy; then topics,
+        migrations and the bucket. Refuses a node count other than the one this stack
+        directory's data was made with."""
+        recorded = self.recorded_nodes()
+        if recorded is not None and recorded != self.nodes:
+            raise StackError(
+                f"{self.p.root} holds a {recorded}-node stack, not {self.nodes}: `notiflow "
+                "stack down --wipe` first, or use another NOTIFLOW_STACK_DIR")
         self.p.make()
         self.fetch()
-        for c in self.components():
-            if self.pid(c) is not None:
-                self.log(f"{c.name}: already running (pid {self.pid(c)})")
-                continue
-            for port in (c.port, *c.extra_ports):
-                if port_open(port):
-                    raise StackError(
-                        f"{c.name}: port {port} is already in use by a process notiflow did "
-                        "not start; stop it or change the port setting"
-                    )
-            c.prepare()
-            cmd = c.start()
-            log_path = self.p.logs / f"{c.name}.log"
-            env = {**os.environ, **c.env} if c.env else None
-            with open(log_path, "ab") as log, open(os.devnull, "rb") as devnull:
-                proc = subprocess.Popen(cmd, stdin=devnull, stdout=log, stderr=subprocess.STDOUT,
-                                        start_new_session=True, cwd=self.p.root, env=env)
-            self._pidfile(c).write_text(str(proc.pid))
-            self.log(f"{c.name}: started (pid {proc.pid}), log {log_path}")
-        for c in self.components():
-            self._wait_healthy(c)
-            c.after_healthy()
+        self._nodes_file().write_text(str(self.nodes))
+        comps = self.components()
+        for wave in sorted({c.wave for c in comps}):
+            now = [c for c in comps if c.wave == wave]
+            for c in now:
+                self._start(c)
+            for c in now:
+                self._wait_healthy(c)
+                c.after_healthy()
         self._prioritise_collectors()
         self.init(topics=topics, migrations=migrations)
+
+    def _start(self, c: Component) -> None:
+        if self.pid(c) is not None:
+            self.log(f"{c.name}: already running (pid {self.pid(c)})")
+            return
+        wanted = [(c.host, port) for port in (c.port, *c.extra_ports)]
+        for host, port in [*wanted, *(("127.0.0.1", port) for port in c.local_ports)]:
+            if port_open(port, host):
+                raise StackError(f"{c.name}: port {port} is already in use on {host} by a "
+                                 "process notiflow did not start; stop it or change the port "
+                                 "setting")
+        c.prepare()
+        cmd = c.start()
+        log_path = self.p.logs / f"{c.name}.log"
+        env = {**os.environ, **c.env} if c.env else None
+        with open(log_path, "ab") as log, open(os.devnull, "rb") as devnull:
+            proc = subprocess.Popen(cmd, stdin=devnull, stdout=log, stderr=subprocess.STDOUT,
+                                    start_new_session=True, cwd=self.p.root, env=env)
+        self._pidfile(c).write_text(str(proc.pid))
+        self.log(f"{c.name}: started (pid {proc.pid}), log {log_path}")
 
     def init(self, *, topics: bool = True, migrations: bool = True) -> None:
         """Create the topics and apply the migrations (on any reachable stack)."""
@@ -678,7 +740,7 @@ hints_directory: {data}/hints
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
             if c.healthy():
-                self.log(f"{c.name}: healthy on 127.0.0.1:{c.port}")
+                self.log(f"{c.name}: healthy on {c.host}:{c.port}")
                 return
             if self.pid(c) is None:
                 raise StackError(f"{c.name} exited during start-up; last log lines:\n"
@@ -697,6 +759,8 @@ hints_directory: {data}/hints
             self._pidfile(c).unlink(missing_ok=True)
         if wipe:
             shutil.rmtree(self.p.run, ignore_errors=True)
+            for made in (self._nodes_file(), self.p.conf / "kafka-cluster-id"):
+                made.unlink(missing_ok=True)
             self.log("data wiped")
 
     def status(self) -> list[tuple[str, int | None, int, bool]]:

@@ -37,12 +37,15 @@ P2_MESSAGES = 1000
 
 
 def kill_kafka(settings: Settings) -> None:
+    """SIGKILL every broker (all three of a three-node stack: one alone is no outage)."""
     stack = Stack(settings, log=lambda _m: None)
-    kafka = next(c for c in stack.components() if c.name == "kafka")
-    pid = stack.pid(kafka)
-    assert pid is not None, "kafka is not running"
-    os.killpg(pid, signal.SIGKILL)
-    wait_for(lambda: stack.pid(kafka) is None, timeout=10, what="kafka gone")
+    brokers = [c for c in stack.components() if c.name.split("-")[0] == "kafka"]
+    for kafka in brokers:
+        pid = stack.pid(kafka)
+        assert pid is not None, f"{kafka.name} is not running"
+        os.killpg(pid, signal.SIGKILL)
+    wait_for(lambda: all(stack.pid(k) is None for k in brokers), timeout=10,
+             what="kafka gone")
 
 
 def restart_kafka(settings: Settings) -> None:

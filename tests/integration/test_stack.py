@@ -15,9 +15,28 @@ pytestmark = pytest.mark.integration
 
 
 def test_status_reports_every_component_healthy(stack: Settings) -> None:
-    status = Stack(stack, log=lambda _m: None).status()
-    assert [(name, healthy) for name, _pid, _port, healthy in status] == [
-        ("redis", True), ("kafka", True), ("cassandra", True), ("s3", True)]
+    local = Stack(stack, log=lambda _m: None)
+    status = local.status()
+    kinds = ["redis", *(["kafka"] * local.nodes), *(["cassandra"] * local.nodes), "s3"]
+    assert [(name.split("-")[0], healthy) for name, _pid, _port, healthy in status] == [
+        (kind, True) for kind in kinds]
+
+
+def test_topics_and_keyspace_have_the_configured_replicas(stack: Settings,
+                                                          cql: Session) -> None:
+    from confluent_kafka.admin import AdminClient
+
+    md = AdminClient({"bootstrap.servers": stack.kafka_bootstrap}).list_topics(timeout=10)
+    topic = md.topics[stack.ingest_topic("SMS", "P0")]
+    assert {len(p.replicas) for p in topic.partitions.values()} == {
+        stack.kafka_replication_factor}
+    assert len(md.brokers) >= stack.kafka_replication_factor
+    row = cql.execute("SELECT replication FROM system_schema.keyspaces WHERE keyspace_name = %s",
+                      (stack.cassandra_keyspace,)).one()
+    assert row is not None
+    replication = dict(row["replication"])
+    assert replication.pop("class").endswith("NetworkTopologyStrategy")
+    assert {dc: int(rf) for dc, rf in replication.items()} == stack.cassandra_replication
 
 
 def test_up_is_idempotent(stack: Settings) -> None:
@@ -89,7 +108,7 @@ def test_port_in_use_is_a_clear_error(stack: Settings, tmp_path) -> None:
         busy.listen()
         port = busy.getsockname()[1]
         other = stack.model_copy(update={"redis_port": port, "stack_dir": tmp_path})
-        with pytest.raises(StackError, match=f"port {port} is already in use"):
+        with pytest.raises(StackError, match=f"port {port} is already in use on 127.0.0.1"):
             Stack(other, log=lambda _m: None).up()
 
 

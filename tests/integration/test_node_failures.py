@@ -1,0 +1,162 @@
+"""Node failures on the three-node stack (issue 18, item 3; `make test-cluster`): while
+P1 and P3 messages are submitted through the API with P0 OTPs at 20/s beside them, one Kafka
+broker and one Cassandra node are SIGKILLed, then restarted. Every acknowledged message
+reaches a provider, no message's status goes backwards, P0's latency during the fault is
+reported, and both nodes rejoin. Skipped on the one-node stack of `make test`."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import signal
+import statistics
+import threading
+import time
+import uuid
+from collections import Counter
+from typing import Any
+
+import httpx
+import pytest
+from cassandra.cluster import Session
+
+from notiflow.ops import cluster
+from notiflow.ops.stack import Stack
+from notiflow.schemas.enums import Status
+from notiflow.schemas.status import rank
+from notiflow.settings import Settings
+from tests.helpers import SUCCESS, accepted_counts, received_at, report, statuses, wait_for
+from tests.integration.test_kafka_outage import body, submit
+
+pytestmark = [pytest.mark.integration, pytest.mark.disruptive]
+
+MESSAGES = 10_000
+P0_RATE = 20.0
+FAULT_S = 30.0
+VICTIM = 2
+"""The node killed of each kind: not the Cassandra seed, not the first bootstrap broker."""
+
+
+class P0Ticker(threading.Thread):
+    """POSTs one P0 OTP every ``1 / P0_RATE`` s until stopped; keeps (posted at, seconds to
+    the answer, status, message id)."""
+
+    def __init__(self, api: str, token: str, version: int) -> None:
+        super().__init__(daemon=True)
+        self.api, self.token, self.version = api, token, version
+        self.stopped = threading.Event()
+        self.sent: list[tuple[float, float, int, str | None]] = []
+
+    def run(self) -> None:
+        with httpx.Client(base_url=self.api, timeout=30) as client:
+            start = time.time()
+            i = 0
+            while not self.stopped.is_set():
+                due = start + i / P0_RATE
+                if (pause := due - time.time()) > 0:
+                    time.sleep(pause)
+                i += 1
+                r = client.post("/v1/messages", json=body("P0", self.version), headers={
+                    "Authorization": f"Bearer {self.token}",
+                    "Idempotency-Key": uuid.uuid4().hex})
+                mid = r.json().get("message_id") if r.status_code == 202 else None
+                self.sent.append((due, time.time() - due, r.status_code, mid))
+
+
+def kill(stack: Stack, name: str) -> None:
+    comp = next(c for c in stack.components() if c.name == name)
+    pid = stack.pid(comp)
+    assert pid is not None, f"{name} is not running"
+    os.killpg(pid, signal.SIGKILL)
+    wait_for(lambda: stack.pid(comp) is None, timeout=10, what=f"{name} gone")
+
+
+def regressions(cql: Session, ids: list[str]) -> list[str]:
+    """Messages whose applied status history ever moved to a lower rank."""
+    bad = []
+    for mid in ids:
+        ranks = [rank(Status(r["status"]), r["attempt"] or 0) for r in cql.execute(
+            "SELECT status, attempt, applied FROM message_events WHERE message_id = %s",
+            (mid,)) if r["applied"]]
+        if any(b < a for a, b in itertools.pairwise(ranks)):
+            bad.append(mid)
+    return bad
+
+
+def in_sync(settings: Settings) -> bool:
+    from confluent_kafka.admin import AdminClient
+
+    md = AdminClient({"bootstrap.servers": settings.kafka_bootstrap}).list_topics(timeout=10)
+    topic = md.topics[settings.ingest_topic("SMS", "P1")]
+    return all(len(p.isrs) == settings.kafka_replication_factor
+               for p in topic.partitions.values())
+
+
+def pct(values: list[float], p: int) -> float:
+    return statistics.quantiles(values, n=100, method="inclusive")[p - 1] if len(
+        values) > 1 else (values[0] if values else float("nan"))
+
+
+@pytest.mark.timeout(1500)
+def test_one_broker_and_one_cassandra_node_killed_lose_nothing(
+        stack: Settings, api: str, tokens: dict[str, str], otp_template: dict[str, int],
+        send_p0: Any, send_p1: Any, send_p3: Any, fakes: str, cql: Session,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    local = Stack(stack, log=lambda _m: None)
+    if local.nodes < 3:
+        pytest.skip("needs the three-node stack (`make test-cluster`)")
+    version, token = otp_template["acme"], tokens["acme"]
+    ticker = P0Ticker(api, token, version)
+    ticker.start()
+    bodies = [body("P1" if i % 2 else "P3", version) for i in range(MESSAGES)]
+    answers: list[tuple[str, httpx.Response, float]] = []
+    feeder = threading.Thread(target=lambda: answers.extend(
+        asyncio.run(submit(api, token, bodies, concurrency=16))), daemon=True)
+    feeder.start()
+    wait_for(lambda: len(accepted_counts(fakes)) >= 1000 or None, timeout=300, interval=1.0,
+             what="the run under way")
+
+    fault_start = time.time()
+    kill(local, f"kafka-{VICTIM}")
+    kill(local, f"cassandra-{VICTIM}")
+    time.sleep(FAULT_S)
+    Stack(stack, log=lambda _m: None).up()
+    fault_end = time.time()
+    feeder.join(timeout=900)
+    assert not feeder.is_alive(), "the submissions did not finish"
+    time.sleep(5)
+    ticker.stopped.set()
+    ticker.join(timeout=60)
+
+    wait_for(lambda: local.cql_nodes_up(tuple(cluster.host(i) for i in (1, 2, 3))) == 3 or None,
+             timeout=180, what="Cassandra's ring whole again")
+    wait_for(lambda: in_sync(stack) or None, timeout=180, what="every replica in sync")
+
+    codes = Counter(r.status_code for _, r, _ in answers)
+    accepted = [r.json()["message_id"] for _, r, _ in answers if r.status_code == 202]
+    p0_ids = [mid for _, _, code, mid in ticker.sent if code == 202 and mid]
+    ids = accepted + p0_ids
+    wait_for(lambda: (lambda st: st if set(st.values()) <= SUCCESS else None)(
+        statuses(cql, ids)), timeout=900, interval=5.0,
+        what="every acknowledged message provider-accepted")
+    counts = accepted_counts(fakes)
+    lost = [mid for mid in ids if counts.get(mid, 0) == 0]
+    duplicates = sum(counts[mid] - 1 for mid in ids if counts.get(mid, 0) > 1)
+    went_back = regressions(cql, ids)
+
+    during = [(due, secs, code, mid) for due, secs, code, mid in ticker.sent
+              if fault_start <= due <= fault_end]
+    got = received_at(fakes, ids={mid for _, _, _, mid in during if mid})
+    e2e = [got[mid] - due for due, _, _, mid in during if mid in got]
+    api_s = [secs for _, secs, code, _ in during if code == 202]
+    p0_codes = Counter(code for _, _, code, _ in ticker.sent)
+    report(capsys, f"node failures (kafka-{VICTIM} and cassandra-{VICTIM} SIGKILLed for "
+           f"{FAULT_S:.0f} s, then restarted): {len(accepted)} of {MESSAGES} P1/P3 answered "
+           f"202 ({dict(codes)}), P0 {dict(p0_codes)}; lost {len(lost)}, duplicate sends "
+           f"{duplicates}, status regressions {len(went_back)}; P0 during the fault: "
+           f"{len(during)} sent, API p99 {pct(api_s, 99) * 1000:.0f} ms, to the provider "
+           f"p50 {pct(e2e, 50) * 1000:.0f} ms / p99 {pct(e2e, 99) * 1000:.0f} ms")
+    assert not lost
+    assert not went_back
+    assert codes[202] >= MESSAGES * 0.99, codes
