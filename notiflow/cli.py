@@ -107,13 +107,13 @@ def stack_status() -> None:
     """Show each component's pid, port and health; exit 1 if any is down."""
     from notiflow.ops.stack import Stack
 
-    table = Table("component", "pid", "port", "state")
+    table = Table("component", "pid", "address", "state")
     ok = True
-    for name, pid, port, healthy in Stack(_settings()).status():
+    for name, pid, address, healthy in Stack(_settings()).status():
         ok &= healthy
         state = "[green]up[/green]" if healthy else ("[yellow]unhealthy[/yellow]" if pid
                                                      else "[red]down[/red]")
-        table.add_row(name, str(pid or "-"), str(port), state)
+        table.add_row(name, str(pid or "-"), address, state)
     console.print(table)
     raise typer.Exit(0 if ok else 1)
 

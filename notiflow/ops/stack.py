@@ -763,10 +763,10 @@ hints_directory: {data}/hints
                 made.unlink(missing_ok=True)
             self.log("data wiped")
 
-    def status(self) -> list[tuple[str, int | None, int, bool]]:
-        """(component, pid, port, healthy) for each component."""
-        return [(c.name, self.pid(c), c.port, self.pid(c) is not None and c.healthy())
-                for c in self.components()]
+    def status(self) -> list[tuple[str, int | None, str, bool]]:
+        """(component, pid, ``host:port``, healthy) for each component."""
+        return [(c.name, self.pid(c), f"{c.host}:{c.port}",
+                 self.pid(c) is not None and c.healthy()) for c in self.components()]
 
 
 def stop_process(pid: int, name: str, log: Callable[[str], None] = print,
