@@ -169,7 +169,8 @@ def test_one_broker_and_one_cassandra_node_killed_lose_nothing(
     report(capsys, f"node failures (kafka-{VICTIM} and cassandra-{VICTIM} SIGKILLed for "
            f"{FAULT_S:.0f} s, then restarted): {len(accepted)} of {MESSAGES} P1/P3 answered "
            f"202 ({dict(codes)}), P0 {dict(p0_codes)}; lost {len(lost)}, duplicate sends "
-           f"{duplicates}, status regressions {len(went_back)}; P0 during the fault: "
+           f"{duplicates}, status regressions {len(went_back)}; P0 during the fault "
+           f"({fault_end - fault_start:.0f} s from the kills to both nodes healthy again): "
            f"{len(during)} sent, API p99 {pct(api_s, 99) * 1000:.0f} ms, to the provider "
            f"p50 {pct(e2e, 50) * 1000:.0f} ms / p99 {pct(e2e, 99) * 1000:.0f} ms")
     assert not lost
