@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
 from typing import Any
 
-from cassandra import ConsistencyLevel, InvalidRequest
+from cassandra import ConsistencyLevel, InvalidRequest, WriteTimeout
 from cassandra.auth import PlainTextAuthProvider
 from cassandra.cluster import (
     EXEC_PROFILE_DEFAULT,
@@ -31,7 +31,7 @@ from cassandra.cluster import (
     ResponseFuture,
     Session,
 )
-from cassandra.policies import DCAwareRoundRobinPolicy, RetryPolicy
+from cassandra.policies import DCAwareRoundRobinPolicy, RetryPolicy, WriteType
 from cassandra.query import BatchStatement, BatchType, PreparedStatement, dict_factory
 
 from notiflow.adapters.cassandra_coalesce import CassandraCoalescer, KeyedRead
@@ -71,6 +71,13 @@ LIST_JOIN_CONCURRENCY = 64
 StateChange = Callable[[PreferenceState], PreferenceState | None]
 """Given the current state (version 0 when none is stored), the wanted state (its
 ``version`` and ``updated_at`` are set by the store), or None when nothing changes."""
+
+
+def _paxos_timeout(exc: WriteTimeout) -> None:
+    """Re-raise ``exc`` unless it is a Paxos round that timed out (``write_type`` CAS: the
+    outcome is unknown, and a later serial read settles it)."""
+    if exc.write_type != WriteType.CAS:
+        raise exc
 
 
 class StateContention(RuntimeError):
@@ -899,7 +906,11 @@ class CassandraStore:
         """Read-modify-write of one recipient's state: ``version + 1`` written with a
         lightweight transaction on the version read, re-read and retried on contention.
         Returns (the state now stored, whether this call wrote it); raises
-        :class:`StateContention` after :data:`MAX_STATE_RACES` lost races."""
+        :class:`StateContention` after :data:`MAX_STATE_RACES` lost races. A transaction
+        that timed out in Paxos (contention on a replicated partition; the outcome is
+        unknown) counts as a race, and so does a serial read that timed out: the next serial
+        read tells whether it was written. When it was, and another write came before that
+        read, the change is written once more (as a client's retry of a 503 would)."""
         stamp = to_ms(now or datetime.now(UTC))
         current = await self.get_state(tenant_id, recipient_hash)
         for _ in range(MAX_STATE_RACES):
@@ -911,15 +922,25 @@ class CassandraStore:
                 **wanted.model_dump(), "tenant_id": tenant_id, "recipient_hash": recipient_hash,
                 "version": base.version + 1, "updated_at": max(stamp, base.updated_at),
             })
-            if current is None:
-                rows = await self._run("pref_insert",
-                                       (tenant_id, recipient_hash, *state_columns(new)))
-            else:
-                rows = await self._run("pref_update", (
-                    *state_columns(new), tenant_id, recipient_hash, current.version))
+            try:
+                if current is None:
+                    rows = await self._run("pref_insert",
+                                           (tenant_id, recipient_hash, *state_columns(new)))
+                else:
+                    rows = await self._run("pref_update", (
+                        *state_columns(new), tenant_id, recipient_hash, current.version))
+            except WriteTimeout as exc:
+                _paxos_timeout(exc)
+                rows = []
             if rows and rows[0].get("[applied]"):
                 return new, True
-            current = await self.get_state(tenant_id, recipient_hash, serial=True)
+            try:
+                current = await self.get_state(tenant_id, recipient_hash, serial=True)
+            except WriteTimeout as exc:
+                _paxos_timeout(exc)
+                continue
+            if current is not None and current == new:
+                return new, True
         raise StateContention(f"state of {tenant_id}/{recipient_hash} keeps changing")
 
     async def suppress(self, tenant_id: str, recipient_hash: str, reason: Suppression,

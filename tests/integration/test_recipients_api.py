@@ -280,10 +280,15 @@ async def test_concurrent_updates_get_distinct_versions(
             c.put(prefs_url(phone), headers=auth("acme"), json={"timezone": z})
             for z in zones))
     assert [r.status_code for r in replies] == [200] * len(zones), [r.text for r in replies]
-    assert sorted(r.json()["version"] for r in replies) == [1, 2, 3, 4, 5]
+    versions = sorted(r.json()["version"] for r in replies)
+    # a write whose Paxos round timed out and was applied after all is written once more
+    # when another came between (adapters/cassandra_store.py, change_state): a gap, never
+    # a shared version
+    assert len(set(versions)) == 5 and versions[0] == 1, versions
     last = max(replies, key=lambda r: r.json()["version"]).json()
     row = stored_state(cql, "acme", recipient_hash("acme", phone))
-    assert row is not None and (row["version"], row["timezone"]) == (5, last["timezone"])
+    assert row is not None and (row["version"], row["timezone"]) == (versions[-1],
+                                                                     last["timezone"])
 
 
 # ----------------------------------------------------------------------------- devices
