@@ -15,9 +15,12 @@ test: bootstrap
 	@ops/run-tests.sh
 
 # the integration tier on three Kafka brokers and three Cassandra nodes (127.0.0.1-3, RF 3),
-# in a stack directory of its own; stop the one-node stack first (same ports)
+# in a stack directory of its own; stop the one-node stack first (same ports). The
+# benchmarks' smoke tests stay out: the benchmarks measure the one-node stack.
 test-cluster: bootstrap
-	@NOTIFLOW_STACK_DIR=.stack-cluster ops/run-tests.sh --nodes 3 tests/integration $(PYTEST_ARGS)
+	@NOTIFLOW_STACK_DIR=.stack-cluster ops/run-tests.sh --nodes 3 tests/integration \
+	  --ignore=tests/integration/test_bench_smoke.py \
+	  --ignore=tests/integration/test_bench_api_smoke.py $(PYTEST_ARGS)
 
 lint: bootstrap
 	$(VENV)/bin/ruff check .
