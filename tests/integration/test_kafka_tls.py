@@ -1,0 +1,146 @@
+"""Kafka over TLS with SASL through :func:`notiflow.adapters.kafka_io.producer_config`: a
+private broker (the stack's Kafka jars, KRaft, one node) whose client listener is
+``SASL_SSL`` with ``PLAIN`` users and a PEM key store from a throw-away ``trustme`` CA serves
+a producer and a consumer configured by ``kafka_security``; a wrong password, a client
+trusting another CA and a plaintext client are refused."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trustme
+from confluent_kafka import Consumer, KafkaException, Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+from cryptography.hazmat.primitives import serialization
+
+from notiflow.adapters.kafka_io import kafka_config, producer_config
+from notiflow.devenv import free_port
+from notiflow.ops.stack import Stack, _java, kafka_cluster_id, port_open
+from notiflow.settings import Settings
+
+pytestmark = pytest.mark.integration
+
+PASSWORD = uuid.uuid4().hex
+
+
+@dataclass(frozen=True)
+class TlsKafka:
+    port: int
+    ca: Path
+    stranger_ca: Path
+
+    def settings(self, **security: Any) -> Settings:
+        return Settings(kafka_bootstrap=f"127.0.0.1:{self.port}", kafka_security=security)
+
+    def good(self, **changes: Any) -> Settings:
+        return self.settings(**{"protocol": "SASL_SSL", "sasl_mechanism": "PLAIN",
+                                "sasl_username": "notiflow", "sasl_password": PASSWORD,
+                                "ca_file": self.ca, **changes})
+
+
+def properties(d: Path, port: int, inner: int, controller: int, keystore: Path) -> str:
+    jaas = ("org.apache.kafka.common.security.plain.PlainLoginModule required "
+            f'username="notiflow" password="{PASSWORD}" user_notiflow="{PASSWORD}";')
+    return "\n".join([
+        "process.roles=broker,controller", "node.id=1",
+        f"controller.quorum.voters=1@127.0.0.1:{controller}",
+        f"listeners=INNER://127.0.0.1:{inner},CLIENTS://127.0.0.1:{port},"
+        f"CONTROLLER://127.0.0.1:{controller}",
+        f"advertised.listeners=INNER://127.0.0.1:{inner},CLIENTS://127.0.0.1:{port}",
+        "listener.security.protocol.map=INNER:PLAINTEXT,CLIENTS:SASL_SSL,"
+        "CONTROLLER:PLAINTEXT",
+        "inter.broker.listener.name=INNER", "controller.listener.names=CONTROLLER",
+        "sasl.enabled.mechanisms=PLAIN",
+        f"listener.name.clients.plain.sasl.jaas.config={jaas}",
+        "ssl.keystore.type=PEM", f"ssl.keystore.location={keystore}",
+        f"log.dirs={d / 'data'}", "offsets.topic.replication.factor=1",
+        "transaction.state.log.replication.factor=1", "transaction.state.log.min.isr=1",
+        "share.coordinator.state.topic.replication.factor=1",
+        "share.coordinator.state.topic.min.isr=1", "auto.create.topics.enable=false", ""])
+
+
+@pytest.fixture(scope="module")
+def tls_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TlsKafka]:
+    d = tmp_path_factory.mktemp("kafka-tls")
+    ca, stranger = trustme.CA(), trustme.CA()
+    server = ca.issue_cert("127.0.0.1", "localhost")
+    keystore = d / "broker.pem"
+    key = serialization.load_pem_private_key(server.private_key_pem.bytes(), None)
+    pkcs8 = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                              serialization.NoEncryption())  # what Kafka's PEM store reads
+    keystore.write_bytes(pkcs8 + b"".join(b.bytes() for b in server.cert_chain_pems))
+    ca.cert_pem.write_to_path(str(d / "ca.pem"))
+    stranger.cert_pem.write_to_path(str(d / "stranger.pem"))
+    port, inner, controller = free_port(), free_port(), free_port()
+    props = d / "server.properties"
+    props.write_text(properties(d, port, inner, controller, keystore))
+    settings = Settings()
+    libs = Stack(settings, log=lambda _m: None).p.libs("kafka", settings.kafka_version)
+    log4j = resources.files("notiflow.ops") / "conf" / "kafka-log4j2.properties"
+    java = [_java(settings), f"-Dlog4j2.configurationFile=file:{log4j}", "-cp", f"{libs}/*"]
+    subprocess.run([*java, "kafka.tools.StorageTool", "format", "-t", kafka_cluster_id(),
+                    "-c", str(props)], check=True, capture_output=True)
+    with open(d / "broker.log", "wb") as log:
+        proc = subprocess.Popen([*java, "-Xmx256m", "kafka.Kafka", str(props)],
+                                stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 90
+        while not port_open(port):
+            assert proc.poll() is None, (d / "broker.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "the TLS broker never listened"
+            time.sleep(0.2)
+        yield TlsKafka(port, d / "ca.pem", d / "stranger.pem")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def test_a_sasl_ssl_client_produces_and_consumes(tls_kafka: TlsKafka) -> None:
+    settings = tls_kafka.good()
+    topic = f"tls-{uuid.uuid4().hex[:8]}"
+    admin = AdminClient(kafka_config(settings))
+    admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(timeout=30)
+    producer = Producer(producer_config(settings))
+    delivered: list[Any] = []
+    producer.produce(topic, b"over tls", on_delivery=lambda err, msg: delivered.append(err))
+    assert producer.flush(30) == 0 and delivered == [None]
+    consumer = Consumer(kafka_config(settings, {"group.id": topic,
+                                                "auto.offset.reset": "earliest"}))
+    try:
+        consumer.subscribe([topic])
+        deadline = time.monotonic() + 30
+        msg = None
+        while msg is None and time.monotonic() < deadline:
+            msg = consumer.poll(1.0)
+        assert msg is not None and msg.error() is None and msg.value() == b"over tls"
+    finally:
+        consumer.close()
+
+
+@pytest.mark.parametrize(("case", "reason"), [
+    ("wrong password", "Authentication failed"),
+    ("untrusted server", "certificate verify failed"),
+    ("plaintext", "brokers are down|Disconnected|transport failure"),
+])
+def test_other_clients_are_refused(tls_kafka: TlsKafka, case: str, reason: str) -> None:
+    settings = {
+        "wrong password": lambda: tls_kafka.good(sasl_password="not-" + PASSWORD),
+        "untrusted server": lambda: tls_kafka.good(ca_file=tls_kafka.stranger_ca),
+        "plaintext": lambda: tls_kafka.settings(),
+    }[case]()
+    errors: list[str] = []
+    admin = AdminClient(kafka_config(settings, {
+        "socket.timeout.ms": 3000, "error_cb": lambda err: errors.append(err.str())}))
+    with pytest.raises(KafkaException):
+        admin.list_topics(timeout=5)
+    admin.poll(0)
+    assert any(re.search(reason, e) for e in errors), errors
