@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 from notiflow.settings import Settings
 
@@ -53,33 +53,35 @@ def bootstrap(settings: Settings, nodes: int) -> str:
     return ",".join(f"{host(i)}:{port}" for i in range(1, check_nodes(nodes) + 1))
 
 
-def client_env(settings: Settings, nodes: int) -> dict[str, str]:
-    """The ``NOTIFLOW_*`` variables with which every process uses the ``nodes``-node stack
-    (empty for one node: the defaults are its shape)."""
+def _overrides(settings: Settings, nodes: int) -> dict[str, Any]:
+    """The settings a ``nodes``-node stack changes (none for one node: the defaults are its
+    shape)."""
     if check_nodes(nodes) == 1:
         return {}
     return {
-        "NOTIFLOW_KAFKA_BOOTSTRAP": bootstrap(settings, nodes),
-        "NOTIFLOW_KAFKA_REPLICATION_FACTOR": str(replicas(nodes)),
-        "NOTIFLOW_KAFKA_MIN_INSYNC_REPLICAS": str(min_insync(nodes)),
-        "NOTIFLOW_CASSANDRA_HOSTS": json.dumps([host(i) for i in range(1, nodes + 1)]),
-        "NOTIFLOW_CASSANDRA_REPLICATION": json.dumps({DATA_CENTRE: replicas(nodes)}),
-        "NOTIFLOW_CASSANDRA_LOCAL_DC": DATA_CENTRE,
-    }
-
-
-def cluster_settings(settings: Settings, nodes: int) -> Settings:
-    """``settings`` with the client side of :func:`client_env` applied."""
-    if check_nodes(nodes) == 1:
-        return settings
-    return settings.model_copy(update={
         "kafka_bootstrap": bootstrap(settings, nodes),
         "kafka_replication_factor": replicas(nodes),
         "kafka_min_insync_replicas": min_insync(nodes),
-        "cassandra_hosts": tuple(host(i) for i in range(1, nodes + 1)),
+        "cassandra_hosts": [host(i) for i in range(1, nodes + 1)],
         "cassandra_replication": {DATA_CENTRE: replicas(nodes)},
         "cassandra_local_dc": DATA_CENTRE,
-    })
+    }
+
+
+def client_env(settings: Settings, nodes: int) -> dict[str, str]:
+    """:func:`_overrides` as the ``NOTIFLOW_*`` variables with which every process uses the
+    ``nodes``-node stack."""
+    return {f"NOTIFLOW_{name.upper()}": value if isinstance(value, str) else json.dumps(value)
+            for name, value in _overrides(settings, nodes).items()}
+
+
+def cluster_settings(settings: Settings, nodes: int) -> Settings:
+    """``settings`` with :func:`_overrides` applied."""
+    changes = _overrides(settings, nodes)
+    if not changes:
+        return settings
+    return settings.model_copy(update={
+        **changes, "cassandra_hosts": tuple(changes["cassandra_hosts"])})
 
 
 def kafka_properties(settings: Settings, node: int, nodes: int, data: Path) -> str:

@@ -36,16 +36,22 @@ OUTAGE_S = 60.0
 P2_MESSAGES = 1000
 
 
+def kill(stack: Stack, names: list[str]) -> None:
+    """SIGKILL the stack's components ``names`` and wait until they are gone."""
+    comps = [c for c in stack.components() if c.name in names]
+    assert len(comps) == len(names), f"no such component among {names}"
+    for comp in comps:
+        pid = stack.pid(comp)
+        assert pid is not None, f"{comp.name} is not running"
+        os.killpg(pid, signal.SIGKILL)
+    wait_for(lambda: all(stack.pid(c) is None for c in comps), timeout=10,
+             what=f"{', '.join(names)} gone")
+
+
 def kill_kafka(settings: Settings) -> None:
     """SIGKILL every broker (all three of a three-node stack: one alone is no outage)."""
     stack = Stack(settings, log=lambda _m: None)
-    brokers = [c for c in stack.components() if c.name.split("-")[0] == "kafka"]
-    for kafka in brokers:
-        pid = stack.pid(kafka)
-        assert pid is not None, f"{kafka.name} is not running"
-        os.killpg(pid, signal.SIGKILL)
-    wait_for(lambda: all(stack.pid(k) is None for k in brokers), timeout=10,
-             what="kafka gone")
+    kill(stack, [c.name for c in stack.components() if c.name.split("-")[0] == "kafka"])
 
 
 def restart_kafka(settings: Settings) -> None:

@@ -24,6 +24,7 @@ from cryptography.hazmat.primitives import serialization
 
 from notiflow.adapters.kafka_io import kafka_config, producer_config
 from notiflow.devenv import free_port
+from notiflow.ops import cluster
 from notiflow.ops.stack import Stack, _java, kafka_cluster_id, port_open
 from notiflow.settings import Settings
 
@@ -48,24 +49,20 @@ class TlsKafka:
 
 
 def properties(d: Path, port: int, inner: int, controller: int, keystore: Path) -> str:
+    """The stack's broker properties (``ops/cluster.py``), with a plaintext listener for the
+    broker itself and a ``SASL_SSL`` one for clients (later keys win)."""
+    base = Settings(kafka_bootstrap=f"127.0.0.1:{inner}", kafka_controller_port=controller)
     jaas = ("org.apache.kafka.common.security.plain.PlainLoginModule required "
             f'username="notiflow" password="{PASSWORD}" user_notiflow="{PASSWORD}";')
-    return "\n".join([
-        "process.roles=broker,controller", "node.id=1",
-        f"controller.quorum.voters=1@127.0.0.1:{controller}",
-        f"listeners=INNER://127.0.0.1:{inner},CLIENTS://127.0.0.1:{port},"
+    return cluster.kafka_properties(base, 1, 1, d / "data") + "\n".join([
+        f"listeners=PLAINTEXT://127.0.0.1:{inner},CLIENTS://127.0.0.1:{port},"
         f"CONTROLLER://127.0.0.1:{controller}",
-        f"advertised.listeners=INNER://127.0.0.1:{inner},CLIENTS://127.0.0.1:{port}",
-        "listener.security.protocol.map=INNER:PLAINTEXT,CLIENTS:SASL_SSL,"
+        f"advertised.listeners=PLAINTEXT://127.0.0.1:{inner},CLIENTS://127.0.0.1:{port}",
+        "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CLIENTS:SASL_SSL,"
         "CONTROLLER:PLAINTEXT",
-        "inter.broker.listener.name=INNER", "controller.listener.names=CONTROLLER",
         "sasl.enabled.mechanisms=PLAIN",
         f"listener.name.clients.plain.sasl.jaas.config={jaas}",
-        "ssl.keystore.type=PEM", f"ssl.keystore.location={keystore}",
-        f"log.dirs={d / 'data'}", "offsets.topic.replication.factor=1",
-        "transaction.state.log.replication.factor=1", "transaction.state.log.min.isr=1",
-        "share.coordinator.state.topic.replication.factor=1",
-        "share.coordinator.state.topic.min.isr=1", "auto.create.topics.enable=false", ""])
+        "ssl.keystore.type=PEM", f"ssl.keystore.location={keystore}", ""])
 
 
 @pytest.fixture(scope="module")

@@ -8,9 +8,6 @@ rejoin. Skipped on the one-node stack of `make test`."""
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
-import statistics
 import threading
 import time
 import uuid
@@ -21,13 +18,14 @@ import httpx
 import pytest
 from cassandra.cluster import Session
 
+from notiflow.bench.stats import percentile
 from notiflow.ops import cluster
 from notiflow.ops.stack import Stack
 from notiflow.schemas.enums import Status
 from notiflow.schemas.status import rank
 from notiflow.settings import Settings
 from tests.helpers import SUCCESS, accepted_counts, received_at, report, statuses, wait_for
-from tests.integration.test_kafka_outage import body, submit
+from tests.integration.test_kafka_outage import body, kill, submit
 
 pytestmark = [pytest.mark.integration, pytest.mark.disruptive]
 
@@ -76,14 +74,6 @@ class P0Ticker(threading.Thread):
         self.sent.append((due, time.time() - due, r.status_code, mid))
 
 
-def kill(stack: Stack, name: str) -> None:
-    comp = next(c for c in stack.components() if c.name == name)
-    pid = stack.pid(comp)
-    assert pid is not None, f"{name} is not running"
-    os.killpg(pid, signal.SIGKILL)
-    wait_for(lambda: stack.pid(comp) is None, timeout=10, what=f"{name} gone")
-
-
 def regressions(cql: Session, ids: list[str]) -> list[str]:
     """Messages whose row holds a lower status than one of their recorded events: a status
     change acknowledged and then lost (whatever order the events' clocks put them in, the
@@ -109,8 +99,7 @@ def in_sync(settings: Settings) -> bool:
 
 
 def pct(values: list[float], p: int) -> float:
-    return statistics.quantiles(values, n=100, method="inclusive")[p - 1] if len(
-        values) > 1 else (values[0] if values else float("nan"))
+    return percentile(values, p) or float("nan")
 
 
 @pytest.mark.timeout(1500)
@@ -133,8 +122,7 @@ def test_one_broker_and_one_cassandra_node_killed_lose_nothing(
              what="the run under way")
 
     fault_start = time.time()
-    kill(local, f"kafka-{VICTIM}")
-    kill(local, f"cassandra-{VICTIM}")
+    kill(local, [f"kafka-{VICTIM}", f"cassandra-{VICTIM}"])
     time.sleep(FAULT_S)
     Stack(stack, log=lambda _m: None).up()
     fault_end = time.time()
