@@ -6,7 +6,7 @@ import asyncio
 import json
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
@@ -21,6 +21,9 @@ from notiflow.ops.top import top_command
 from notiflow.ops.webhooks_cli import flow_webhooks
 from notiflow.schemas.enums import Tier
 from notiflow.settings import Settings, load_settings
+
+if TYPE_CHECKING:
+    from notiflow.flows.runner import Membership
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 stack_app = typer.Typer(no_args_is_help=True,
@@ -42,6 +45,25 @@ def _settings() -> Settings:
         return load_settings()
     except Exception as exc:
         console.print(f"[red]invalid configuration:[/red] {exc}")
+        raise typer.Exit(2) from None
+
+
+PeersDns = Annotated[str | None, typer.Option(
+    help="Find -i and -a in DNS: this pod's StatefulSet ordinal and every member named "
+    "<set>-<i>.<this domain> (the set's headless service, e.g. send-p1.notiflow.svc); the "
+    "process restarts itself when the set is rescaled (docs/kubernetes.md).")]
+PeerPort = Annotated[int, typer.Option(help="The Bytewax port of every member (--peers-dns).")]
+
+
+def _membership(s: Settings, process_id: int | None, addresses: str | None,
+                peers_dns: str | None, peer_port: int) -> Membership:
+    from notiflow.adapters.cluster_peers import PeersError
+    from notiflow.flows.runner import membership
+
+    try:
+        return membership(s, process_id, addresses, peers_dns, peer_port)
+    except (PeersError, ValueError) as exc:
+        console.print(f"[red]error:[/red] {exc}", highlight=False)
         raise typer.Exit(2) from None
 
 
@@ -88,6 +110,20 @@ def stack_down(wipe: Annotated[bool, typer.Option(help="Delete all data too.")] 
 def stack_fetch() -> None:
     """Download the Kafka and Cassandra jars from Maven Central (cached)."""
     _stack_call("fetch")
+
+
+@stack_app.command("kube-tools")
+def stack_kube_tools() -> None:
+    """Build helm and kubeconform and write the Kubernetes and KEDA schemas that check the
+    Helm chart offline (cached; tests/unit/test_helm_chart.py)."""
+    from notiflow.ops.kube_tools import KubeToolsError, ensure
+
+    try:
+        t = ensure(_settings().cache_dir.expanduser(), log=console.print)
+    except KubeToolsError as exc:
+        console.print(f"[red]{exc}[/red]")
+        raise typer.Exit(1) from exc
+    console.print(f"helm {t.helm}\nkubeconform {t.kubeconform}\nschemas {t.schemas}")
 
 
 @stack_app.command("init")
@@ -172,6 +208,8 @@ def flow_send(
     process_id: Annotated[int | None, typer.Option("-i", "--process-id")] = None,
     addresses: Annotated[str | None, typer.Option("-a", "--addresses",
                                                   help="host:port;host:port")] = None,
+    peers_dns: PeersDns = None,
+    peer_port: PeerPort = 2101,
     recovery_dir: Annotated[Path | None, typer.Option()] = None,
 ) -> None:
     """Run the send dataflow of one tier (with Bytewax recovery), or the shared baseline."""
@@ -186,9 +224,9 @@ def flow_send(
         s = s.model_copy(update={"mode": "shared"})
     name = "send-shared" if tier is None else f"send-{tier.value.lower()}"
     policy = s.policy(tier) if tier is not None else None
-    workers = len(addresses.split(";")) if addresses else 1
-    run_flow(lambda: build_send_flow(s, tier, workers=workers), s, name, process_id=process_id,
-             addresses=addresses, recovery_dir=recovery_dir,
+    members = _membership(s, process_id, addresses, peers_dns, peer_port)
+    run_flow(lambda: build_send_flow(s, tier, workers=members.workers), s, name,
+             members=members, recovery_dir=recovery_dir,
              nice=policy.nice if policy else 0, realtime=policy.realtime if policy else 0,
              epoch=policy.epoch if policy else None)
 
@@ -197,6 +235,8 @@ def flow_send(
 def flow_reconcile(
     process_id: Annotated[int | None, typer.Option("-i", "--process-id")] = None,
     addresses: Annotated[str | None, typer.Option("-a", "--addresses")] = None,
+    peers_dns: PeersDns = None,
+    peer_port: PeerPort = 2101,
     recovery_dir: Annotated[Path | None, typer.Option()] = None,
 ) -> None:
     """Run the reconciliation dataflow (status events + receipts → Cassandra)."""
@@ -204,8 +244,9 @@ def flow_reconcile(
     from notiflow.flows.runner import run_flow
 
     s = _settings()
-    run_flow(lambda: build_reconcile_flow(s), s, "reconcile", process_id=process_id,
-             addresses=addresses, recovery_dir=recovery_dir, nice=s.reconcile_nice)
+    run_flow(lambda: build_reconcile_flow(s), s, "reconcile",
+             members=_membership(s, process_id, addresses, peers_dns, peer_port),
+             recovery_dir=recovery_dir, nice=s.reconcile_nice)
 
 
 @flow_app.command("scheduler")

@@ -910,6 +910,14 @@ class Settings(BaseSettings):
     bulk_yield: YieldRule = Field(default_factory=YieldRule)
     """How bulk work yields to P0's latency (docs/architecture.md, "Reservation")."""
     recovery_partitions: int = Field(4, ge=1)
+    """Partitions of a flow's recovery store, fixed when the store is created: the most
+    processes a flow's cluster can have."""
+    cluster_settle_seconds: float = Field(20.0, ge=0)
+    """A flow started with ``--peers-dns`` starts once its cluster's member count has held
+    this long (``adapters/cluster_peers.py``)."""
+    cluster_watch_seconds: float = Field(10.0, gt=0)
+    """How often a member found in DNS re-counts its cluster (a change seen twice in a row
+    restarts it)."""
     campaigns: CampaignRule = Field(default_factory=CampaignRule)
     """How campaigns expand and yield."""
     scheduling: SchedulingRule = Field(default_factory=SchedulingRule)

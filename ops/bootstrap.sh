@@ -2,8 +2,8 @@
 # Install everything notiflow needs on a fresh clone: system packages (Java 17, Maven,
 # redis-server, and promtool from Debian's prometheus package) when missing, the Python venv
 # with pinned dependencies, the Kafka and Cassandra jars from Maven Central and SeaweedFS's
-# weed built with Go from the Go module proxy (cached in ~/.cache/notiflow). Safe to run
-# repeatedly.
+# weed, helm and kubeconform built with Go from the Go module proxy (cached in
+# ~/.cache/notiflow). Safe to run repeatedly.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -72,3 +72,7 @@ if ! command -v go >/dev/null 2>&1 && [ -x /usr/local/go/bin/go ]; then
 fi
 say "fetching Kafka and Cassandra jars, building SeaweedFS (cached)"
 .venv/bin/notiflow stack fetch
+# helm, kubeconform and the Kubernetes/KEDA schemas that check the Helm chart offline
+# (tests/unit/test_helm_chart.py)
+say "building helm and kubeconform, writing the chart's schemas (cached)"
+.venv/bin/notiflow stack kube-tools

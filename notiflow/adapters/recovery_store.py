@@ -24,6 +24,7 @@ import sqlite3
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -52,6 +53,16 @@ def sweep(partition: Path, chunk: int = CHUNK) -> int:
                 return deleted
     finally:
         conn.close()
+
+
+def commit_age(recovery_dir: Path, now: float) -> float | None:
+    """Seconds since Bytewax last wrote any partition of the store (its files or their
+    write-ahead logs), ``None`` when it has no partition. Bytewax commits every epoch even
+    when no record arrives, so a running flow keeps this within about one epoch; a wedged
+    one (a worker stuck, a cluster waiting for a peer that never comes) lets it grow: the
+    flows' liveness probe (:func:`main` with ``--alive``)."""
+    stamps = [f.stat().st_mtime for f in recovery_dir.glob("part-*.sqlite3*")]
+    return max(0.0, now - max(stamps)) if stamps else None
 
 
 def sweep_all(recovery_dir: Path) -> int:
@@ -90,9 +101,20 @@ def start_janitor(recovery_dir: Path, every_s: float = SWEEP_EVERY_S) -> threadi
 
 
 def main(argv: list[str]) -> int:
-    """``python -m notiflow.adapters.recovery_store DIR``: one sweep; prints the count."""
+    """``python -m notiflow.adapters.recovery_store DIR``: one sweep; prints the count.
+    ``... DIR --alive SECONDS``: the flows' liveness probe, exit 0 while the store was
+    written within SECONDS (:func:`commit_age`), else 1; it imports no more than this
+    module, so a probe costs a few milliseconds of the flow's CPU."""
+    if len(argv) == 3 and argv[1] == "--alive":
+        age, limit = commit_age(Path(argv[0]), time.time()), float(argv[2])
+        if age is None:
+            print(f"no recovery partitions in {argv[0]}")
+            return 1
+        print(f"last commit {age:.1f} s ago (limit {limit:g} s)")
+        return 0 if age <= limit else 1
     if len(argv) != 1 or not Path(argv[0]).is_dir():
-        print("usage: python -m notiflow.adapters.recovery_store RECOVERY_DIR", file=sys.stderr)
+        print("usage: python -m notiflow.adapters.recovery_store RECOVERY_DIR "
+              "[--alive SECONDS]", file=sys.stderr)
         return 2
     print(sweep_all(Path(argv[0])))
     return 0

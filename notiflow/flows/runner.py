@@ -14,7 +14,9 @@ import fcntl
 import logging
 import os
 import signal
+import socket
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from types import FrameType
@@ -24,6 +26,13 @@ from bytewax.recovery import RecoveryConfig, init_db_dir
 from bytewax.run import cli_main
 
 from notiflow import telemetry, tuning
+from notiflow.adapters.cluster_peers import (
+    ClusterSpec,
+    dns_resolves,
+    settle_size,
+    spec_from_hostname,
+    watch_size,
+)
 from notiflow.adapters.recovery_store import start_janitor
 from notiflow.adapters.worker import close_all, start_all
 from notiflow.settings import Settings
@@ -44,13 +53,45 @@ def ensure_recovery_dir(path: Path, partitions: int) -> None:
         init_db_dir(path, partitions)
 
 
+@dataclass(frozen=True)
+class Membership:
+    """This process's place in its Bytewax cluster: ``-i`` and ``-a`` as given, or found in
+    DNS (``spec`` set: a StatefulSet member, whose size a watcher follows)."""
+
+    process_id: int | None = None
+    addresses: str | None = None
+    spec: ClusterSpec | None = None
+
+    @property
+    def workers(self) -> int:
+        return len(self.addresses.split(";")) if self.addresses else 1
+
+
+def membership(settings: Settings, process_id: int | None, addresses: str | None,
+               peers_dns: str | None, peer_port: int) -> Membership:
+    """``-i``/``-a`` as given, or, with ``peers_dns`` (the StatefulSet's headless service
+    domain), this pod's ordinal and every member that resolves once their count has held
+    (``adapters/cluster_peers.py``). At most ``recovery_partitions`` members."""
+    if peers_dns is None:
+        return Membership(process_id, addresses)
+    if process_id is not None or addresses:
+        raise ValueError("--peers-dns replaces -i/--process-id and -a/--addresses")
+    spec = spec_from_hostname(socket.gethostname(), peers_dns, peer_port,
+                              settings.recovery_partitions)
+    size = settle_size(spec, dns_resolves, settle=settings.cluster_settle_seconds,
+                       interval=settings.cluster_watch_seconds)
+    log.info("cluster %s: member %d of %d", spec.set_name, spec.ordinal, size)
+    return Membership(spec.ordinal, ";".join(spec.addresses(size)), spec)
+
+
 def _terminate(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt
 
 
 def run_flow(build: Callable[[], Dataflow], settings: Settings, name: str, *,
              process_id: int | None = None, addresses: str | None = None,
-             recovery_dir: Path | None = None, nice: int = 0, realtime: int = 0,
+             members: Membership | None = None, recovery_dir: Path | None = None,
+             nice: int = 0, realtime: int = 0,
              epoch: timedelta | None = None) -> None:
     """Build and run a flow until it is stopped (SIGTERM/SIGINT) or fails. ``nice`` lowers
     this process's CPU priority (lower tiers yield the CPU to higher ones); ``realtime``
@@ -67,6 +108,9 @@ def run_flow(build: Callable[[], Dataflow], settings: Settings, name: str, *,
     start_all()
     tuning.settle()
     janitor = start_janitor(rdir)
+    if members is not None and members.spec is not None:
+        watch_size(members.spec, members.workers, dns_resolves,
+                   interval=settings.cluster_watch_seconds, stop=janitor)
     signal.signal(signal.SIGTERM, _terminate)
     os.environ.setdefault("RUST_BACKTRACE", "0")
     epoch = epoch or timedelta(seconds=settings.flow_epoch_seconds)

@@ -17,23 +17,32 @@ def flow_webhooks(
     process_id: Annotated[int | None, typer.Option("-i", "--process-id")] = None,
     addresses: Annotated[str | None, typer.Option("-a", "--addresses",
                                                   help="host:port;host:port")] = None,
+    peers_dns: Annotated[str | None, typer.Option(
+        help="Find -i and -a in DNS (a StatefulSet's headless service domain; see "
+        "`notiflow flow send --help`).")] = None,
+    peer_port: Annotated[int, typer.Option(help="The Bytewax port of every member.")] = 2101,
     recovery_dir: Annotated[Path | None, typer.Option()] = None,
     receipts: Annotated[bool, typer.Option(
         help="Also announce the statuses of provider receipts (notify.receipts).")] = True,
 ) -> None:
     """Run the client webhook dataflow (status events → Standard Webhooks-signed POSTs to
     each message's status_webhook; exhausted ones → notify.dlq.webhooks), with recovery."""
+    from notiflow.adapters.cluster_peers import PeersError
     from notiflow.flows.client_webhooks import build_webhook_flow
-    from notiflow.flows.runner import run_flow
+    from notiflow.flows.runner import membership, run_flow
 
     try:
         s = load_settings()
     except Exception as exc:
         typer.echo(f"invalid configuration: {exc}", err=True)
         raise typer.Exit(2) from None
+    try:
+        members = membership(s, process_id, addresses, peers_dns, peer_port)
+    except (PeersError, ValueError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
     run_flow(lambda: build_webhook_flow(s, receipts=receipts), s, "webhooks",
-             process_id=process_id, addresses=addresses, recovery_dir=recovery_dir,
-             nice=s.reconcile_nice)
+             members=members, recovery_dir=recovery_dir, nice=s.reconcile_nice)
 
 
 def main() -> None:

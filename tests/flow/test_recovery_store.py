@@ -7,6 +7,7 @@ from __future__ import annotations
 import sqlite3
 import subprocess
 import sys
+import time
 from collections.abc import Iterable
 from datetime import timedelta
 from pathlib import Path
@@ -18,7 +19,7 @@ from bytewax.operators import StatefulLogic
 from bytewax.recovery import RecoveryConfig, init_db_dir
 from bytewax.testing import TestingSink, TestingSource, cluster_main, run_main
 
-from notiflow.adapters.recovery_store import start_janitor, sweep
+from notiflow.adapters.recovery_store import commit_age, start_janitor, sweep
 
 pytestmark = pytest.mark.flow
 
@@ -129,3 +130,63 @@ def test_sweep_without_a_commit_deletes_nothing(tmp_path: Path) -> None:
     assert sweep(part, chunk=1) == 1
     with sqlite3.connect(part) as c:
         assert sorted(c.execute("SELECT state_key FROM snaps").fetchall()) == [("k2",), ("k3",)]
+
+
+def test_an_idle_flow_still_commits_every_epoch(tmp_path: Path) -> None:
+    """The premise of ``notiflow flow alive``: with no record arriving, Bytewax still writes
+    its store at each epoch, so the store's age stays within a few epochs."""
+    script = tmp_path / "idle.py"
+    script.write_text(IDLE_FLOW)
+    store = tmp_path / "store"
+    store.mkdir()
+    init_db_dir(store, 2)
+    proc = subprocess.Popen([sys.executable, "-m", "bytewax.run", f"{script}:flow", "-r",
+                             str(store), "-s", "1", "-b", "0"], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        time.sleep(4)
+        ages = []
+        for _ in range(4):
+            time.sleep(1.5)
+            age = commit_age(store, time.time())
+            assert age is not None
+            ages.append(age)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert max(ages) < 3.5, ages
+    time.sleep(2)
+    assert (commit_age(store, time.time()) or 0) >= 2
+
+
+IDLE_FLOW = '''
+from datetime import datetime, timedelta, timezone
+
+import bytewax.operators as op
+from bytewax.connectors.stdio import StdOutSink
+from bytewax.dataflow import Dataflow
+from bytewax.inputs import FixedPartitionedSource, StatefulSourcePartition
+
+
+class Idle(StatefulSourcePartition):
+    def next_batch(self):
+        return []
+
+    def next_awake(self):
+        return datetime.now(timezone.utc) + timedelta(milliseconds=200)
+
+    def snapshot(self):
+        return None
+
+
+class Nothing(FixedPartitionedSource):
+    def list_parts(self):
+        return ["only"]
+
+    def build_part(self, step_id, for_part, resume_state):
+        return Idle()
+
+
+flow = Dataflow("idle")
+op.output("out", op.input("in", flow, Nothing()), StdOutSink())
+'''
