@@ -1,0 +1,80 @@
+"""A flow member found in DNS stops itself when its cluster is rescaled: the watcher thread
+of ``flows/runner.py`` runs beside a real Bytewax worker and its SIGTERM ends the flow at its
+epoch (Kubernetes then starts it with the new member list; docs/kubernetes.md). DNS is the
+one part replaced: the resolver sees a second member appear after two seconds."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.flow
+
+MEMBER = '''
+import sys, time
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import bytewax.operators as op
+from bytewax.connectors.stdio import StdOutSink
+from bytewax.dataflow import Dataflow
+from bytewax.inputs import FixedPartitionedSource, StatefulSourcePartition
+
+from notiflow.adapters.cluster_peers import ClusterSpec
+from notiflow.flows import runner
+from notiflow.settings import Settings
+
+
+class Idle(StatefulSourcePartition):
+    def next_batch(self):
+        return []
+
+    def next_awake(self):
+        return datetime.now(timezone.utc) + timedelta(milliseconds=100)
+
+    def snapshot(self):
+        return None
+
+
+class Nothing(FixedPartitionedSource):
+    def list_parts(self):
+        return ["only"]
+
+    def build_part(self, step_id, for_part, resume_state):
+        return Idle()
+
+
+def build():
+    flow = Dataflow("idle")
+    op.output("out", op.input("in", flow, Nothing()), StdOutSink())
+    return flow
+
+
+started = time.monotonic()
+runner.dns_resolves = lambda host: host.startswith("idle-0.") or (
+    host.startswith("idle-1.") and time.monotonic() - started > 2)
+spec = ClusterSpec("idle", 0, "idle.test.svc.cluster.local", 2101, 4)
+settings = Settings(stack_dir=Path(sys.argv[1]), cluster_watch_seconds=0.3,
+                    telemetry={"exporter": "off"})
+runner.run_flow(build, settings, "idle", members=runner.Membership(spec=spec),
+                epoch=timedelta(seconds=1))
+print("EXITED", round(time.monotonic() - started, 1), flush=True)
+'''
+
+
+def test_a_rescale_stops_the_running_member(tmp_path: Path) -> None:
+    script = tmp_path / "member.py"
+    script.write_text(MEMBER)
+    t0 = time.monotonic()
+    done = subprocess.run([sys.executable, str(script), str(tmp_path / "stack")],
+                          capture_output=True, text=True, timeout=60)
+    elapsed = time.monotonic() - t0
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "EXITED" in done.stdout
+    assert "rescaled from 1 to 2 members" in done.stdout + done.stderr
+    assert elapsed < 30
+    assert any((tmp_path / "stack" / "recovery" / "idle").glob("part-*.sqlite3"))
