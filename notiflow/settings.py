@@ -183,11 +183,52 @@ class QuietHours(_Frozen):
     end: time = time(8, 0)
 
 
+class JwtAuth(_Frozen):
+    """Callers authenticated by OAuth2 client-credentials access tokens (JWTs) that an
+    identity provider signs, verified against its JWKS (docs/api.md, "Authentication").
+    Off while ``jwks_url`` is unset."""
+
+    jwks_url: str | None = None
+    issuer: str | None = None
+    """The ``iss`` every token must carry (required once ``jwks_url`` is set)."""
+    audience: str | None = None
+    """The ``aud`` every token must name (required once ``jwks_url`` is set)."""
+    algorithms: tuple[Literal["RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256",
+                              "ES384", "ES512", "EdDSA"], ...] = ("RS256", "ES256")
+    """Asymmetric algorithms only: a shared-secret algorithm with a published key would let
+    anyone sign."""
+    scope: str | None = "notiflow.send"
+    """A scope the token's ``scope`` (space-separated) or ``scp`` (list) must contain; None:
+    no scope check."""
+    leeway: timedelta = timedelta(seconds=30)
+    """Clock skew allowed on ``exp``, ``nbf`` and ``iat``."""
+    tenant_claim: str = "tenant"
+    """The claim naming the tenant (one of ``NOTIFLOW_TENANTS``, whose limits apply)."""
+    tiers_claim: str = "tiers"
+    channels_claim: str = "channels"
+    templates_claim: str = "templates"
+    """Optional claims (lists) that narrow what the tenant may send for this token; a token
+    never widens its tenant's ``tiers``, ``channels`` or ``templates``."""
+    keys_ttl: timedelta = timedelta(minutes=10)
+    """How long fetched keys are used before the key set is fetched again."""
+    min_refetch: timedelta = timedelta(seconds=30)
+    """An unknown key id refetches the key set at most this often (rotation)."""
+    static_tokens: bool = True
+    """Whether the tenants' static tokens are still accepted beside JWTs (development)."""
+
+    @model_validator(mode="after")
+    def _complete(self) -> JwtAuth:
+        if self.jwks_url and not (self.issuer and self.audience):
+            raise ValueError("jwt.jwks_url needs jwt.issuer and jwt.audience")
+        return self
+
+
 class TenantConfig(_Frozen):
     """A calling service: its bearer token and what it may send."""
 
     id: str = Field(pattern=r"^[a-z0-9][a-z0-9_-]{0,62}$")
-    token: SecretStr
+    token: SecretStr | None = None
+    """The static bearer token (development; None: the tenant calls with JWTs only)."""
     tiers: frozenset[Tier] = frozenset(Tier)
     channels: frozenset[Channel] = frozenset(Channel)
     templates: frozenset[str] | None = None
@@ -734,6 +775,31 @@ class KafkaSecurity(TlsFiles):
         return self
 
 
+class ApiTls(_Frozen):
+    """HTTPS on the API, optionally with client certificates (mutual TLS). Off while
+    ``cert_file`` is unset. Client certificates are checked at the handshake only; who the
+    caller is still comes from its bearer token."""
+
+    cert_file: Path | None = None
+    """PEM certificate chain of the API (its leaf first)."""
+    key_file: Path | None = None
+    """PEM private key of ``cert_file`` (unencrypted: mount it from a secret)."""
+    client_ca_file: Path | None = None
+    """PEM bundle of the CA(s) whose client certificates are accepted."""
+    client_certs: Literal["none", "optional", "required"] = "none"
+    """Whether a client must present a certificate signed by ``client_ca_file``."""
+
+    @model_validator(mode="after")
+    def _coherent(self) -> ApiTls:
+        if (self.cert_file is None) != (self.key_file is None):
+            raise ValueError("api_tls.cert_file and api_tls.key_file go together")
+        if self.client_certs != "none" and (self.client_ca_file is None
+                                            or self.cert_file is None):
+            raise ValueError("api_tls.client_certs needs api_tls.cert_file and "
+                             "api_tls.client_ca_file")
+        return self
+
+
 class CassandraSecurity(TlsFiles):
     """TLS and password authentication of the Cassandra driver (``ssl_context``,
     ``PlainTextAuthProvider``; ``adapters/cassandra_store.py`` :func:`connect`)."""
@@ -887,6 +953,9 @@ class Settings(BaseSettings):
     # processes
     api_host: str = "127.0.0.1"
     api_port: int = 18080
+    api_tls: ApiTls = ApiTls()
+    """HTTPS and optional mutual TLS on the API (off: plain HTTP, e.g. behind a TLS
+    terminating load balancer)."""
     api_lane: Literal["all", "priority", "bulk"] = "all"
     """Which requests this API process serves: ``all``; ``priority``: sends of priority-lane
     tiers (P0, P1), templates, recipients, reads; ``bulk``: sends of bulk-lane tiers (P2,
@@ -962,6 +1031,8 @@ class Settings(BaseSettings):
 
     # tenants and providers
     tenants: tuple[TenantConfig, ...] = ()
+    jwt: JwtAuth = JwtAuth()
+    """OAuth2 client-credentials JWTs (off by default: static tokens)."""
     twilio: TwilioSettings = TwilioSettings()
     sendgrid: SendGridSettings = SendGridSettings()
     fcm: FcmSettings = FcmSettings()
@@ -1121,7 +1192,8 @@ class Settings(BaseSettings):
 
         given = token.encode(errors="surrogateescape")
         for tenant in self.tenants:
-            if hmac.compare_digest(tenant.token.get_secret_value().encode(), given):
+            if tenant.token is not None and hmac.compare_digest(
+                    tenant.token.get_secret_value().encode(), given):
                 return tenant
         return None
 

@@ -13,6 +13,7 @@ import asyncio
 import logging
 import logging.config
 import os
+import ssl
 import sys
 import time
 from collections.abc import AsyncIterator, Iterable
@@ -265,6 +266,18 @@ def logging_config(settings: Settings) -> dict[str, Any]:
     return log_config
 
 
+def tls_options(settings: Settings) -> dict[str, Any]:
+    """uvicorn's TLS options from ``settings.api_tls`` (none while it is off)."""
+    tls = settings.api_tls
+    if tls.cert_file is None:
+        return {}
+    reqs = {"none": ssl.CERT_NONE, "optional": ssl.CERT_OPTIONAL,
+            "required": ssl.CERT_REQUIRED}[tls.client_certs]
+    return {"ssl_certfile": str(tls.cert_file), "ssl_keyfile": str(tls.key_file),
+            "ssl_ca_certs": str(tls.client_ca_file) if tls.client_ca_file else None,
+            "ssl_cert_reqs": reqs}
+
+
 def run_server(app: FastAPI | str, settings: Settings, log_config: dict[str, Any], *,
                workers: int = 1) -> None:
     """Serve ``app`` on ``api_host:api_port`` as the API runs (uvloop, httptools,
@@ -284,6 +297,7 @@ def run_server(app: FastAPI | str, settings: Settings, log_config: dict[str, Any
         server_header=False,
         workers=workers,
         factory=workers > 1,
+        **tls_options(settings),
     )
     if workers == 1:
         uvicorn.Server(config).run()

@@ -8,13 +8,17 @@ from typing import Annotated, Any
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from notiflow.gateway.errors import ApiError, bad_request
+from notiflow.adapters.jwks import JwksUnavailable
+from notiflow.gateway import jwt_auth
+from notiflow.gateway.errors import ApiError, bad_request, unavailable
 from notiflow.gateway.runtime import Runtime
 from notiflow.settings import TenantConfig
 
 MAX_BODY_BYTES = 256 * 1024
 BEARER = HTTPBearer(scheme_name="TenantToken", auto_error=False,
-                    description="The tenant's token (`NOTIFLOW_TENANTS`).")
+                    description="The tenant's static token (`NOTIFLOW_TENANTS`), or an OAuth2 "
+                    "client-credentials access token (a JWT) from the identity provider "
+                    "`NOTIFLOW_JWT__*` names (docs/api.md, \"Authentication\").")
 """Declares the tenant token in the OpenAPI document; :func:`authenticate` checks it."""
 
 
@@ -39,7 +43,15 @@ async def authenticate(request: Request, rt: Annotated[Runtime, Depends(get_runt
     token = token.strip()
     if scheme.lower() != "bearer" or not token:
         raise _unauthorized("malformed_authorization", "expected Authorization: Bearer <token>")
-    tenant = rt.settings.tenant_by_token(token)
+    rule = rt.settings.jwt
+    if rule.jwks_url and jwt_auth.looks_like_jwt(token):
+        try:
+            claims = await jwt_auth.verify(token, rule, rt.signing_key)
+        except JwksUnavailable:
+            raise unavailable("identity_provider_unreachable",
+                              "the identity provider's keys could not be fetched") from None
+        return jwt_auth.principal(claims, rule, rt.settings.tenant)
+    tenant = rt.settings.tenant_by_token(token) if rule.static_tokens else None
     if tenant is None:
         raise _unauthorized("unknown_token", "the bearer token is not valid")
     return tenant

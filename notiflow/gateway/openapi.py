@@ -60,8 +60,11 @@ Traceparent = Annotated[str | None, Header(
 ERRORS: Final[Mapping[int, str]] = {
     400: "Bad request: `malformed_json`, `empty_body`, `invalid_idempotency_key`.",
     401: "No valid credentials (`missing_token`, `malformed_authorization`, "
-         "`unknown_token`).",
-    403: "Forbidden; `reason` says why.",
+         "`unknown_token`; for JWTs `malformed_token`, `unsupported_algorithm`, `missing_kid`, "
+         "`unknown_key`, `token_expired`, `token_not_yet_valid`, `wrong_audience`, "
+         "`wrong_issuer`, `missing_claim`, `invalid_claim`, `bad_signature`, "
+         "`invalid_token`).",
+    403: "Forbidden; `reason` says why (for a JWT: `insufficient_scope`, `unknown_tenant`).",
     404: "Unknown, or another tenant's: the body is exactly `{\"error\": \"not_found\"}`.",
     409: "Conflict with the stored state.",
     413: "The body is over the size limit (`body_too_large`).",
@@ -96,8 +99,9 @@ def errors(*codes: int, **reasons: str) -> Responses:
     return out
 
 
-TENANT_ERRORS: Final = (401, 503)
-"""Every tenant route: the token, and the store being unavailable."""
+TENANT_ERRORS: Final = (401, 403, 503)
+"""Every tenant route: the token (a JWT's scope or tenant: 403), and the store or the identity
+provider being unavailable."""
 
 
 def tenant_errors(*codes: int, **reasons: str) -> Responses:
@@ -105,7 +109,9 @@ def tenant_errors(*codes: int, **reasons: str) -> Responses:
     if 403 in codes:
         reasons.setdefault("r403", "The tenant may not use this tier, channel or template "
                                    "(`tier_not_allowed`, `channel_not_allowed`, "
-                                   "`template_not_allowed`).")
+                                   "`template_not_allowed`), or a JWT lacks the scope "
+                                   "(`insufficient_scope`) or names no configured tenant "
+                                   "(`unknown_tenant`).")
     return errors(*sorted({*codes, *TENANT_ERRORS}), **reasons)
 
 

@@ -17,6 +17,8 @@ from collections.abc import Coroutine
 from datetime import UTC, datetime
 from typing import Any
 
+import httpx
+import jwt
 from cassandra import DriverException
 from cassandra.cluster import Cluster
 from confluent_kafka.admin import AdminClient
@@ -27,6 +29,7 @@ from notiflow.adapters.campaign_store import CampaignStore
 from notiflow.adapters.campaign_tally import CampaignTally
 from notiflow.adapters.cassandra_store import CassandraStore, connect
 from notiflow.adapters.idempotency_fence import Fence
+from notiflow.adapters.jwks import JwksCache
 from notiflow.adapters.kafka_io import AsyncProducer, kafka_config
 from notiflow.adapters.manifests import Manifests
 from notiflow.adapters.preferences import PreferenceStore
@@ -91,7 +94,18 @@ class Runtime:
         self.batch_items = asyncio.Semaphore(settings.api_batch_concurrency)
         """Turns of batch items (``batch.py``) in this process."""
         self._templates: OrderedDict[tuple[str, str, int], dict[str, Any]] = OrderedDict()
+        self._jwks: JwksCache | None = None
         self._closed = False
+
+    async def signing_key(self, kid: str) -> jwt.PyJWK | None:
+        """The identity provider's key ``kid`` (``settings.jwt``; keys cached per process)."""
+        if self._jwks is None:
+            rule = self.settings.jwt
+            assert rule.jwks_url is not None, "JWT authentication is not configured"
+            self._jwks = JwksCache(rule.jwks_url, httpx.AsyncClient(timeout=5.0),
+                                   ttl=rule.keys_ttl.total_seconds(),
+                                   min_refetch=rule.min_refetch.total_seconds())
+        return await self._jwks.key(kid)
 
     async def start(self) -> None:
         """Create the producer and the Redis client, try Cassandra once, keep retrying in
@@ -273,4 +287,6 @@ class Runtime:
                 await self._admission.store.aclose()
         if self._cluster is not None:
             await asyncio.to_thread(self._cluster.shutdown)
+        if self._jwks is not None:
+            await self._jwks.aclose()
         self._store = None

@@ -279,3 +279,20 @@ def test_the_drivers_local_data_centre_is_configured_or_the_first_replicated() -
     assert Settings(**two, cassandra_local_dc="us").cassandra_dc == "us"
     with pytest.raises(ValueError, match="not a data centre of cassandra_replication"):
         Settings(**two, cassandra_local_dc="ap")
+
+
+def test_the_api_serves_https_and_mutual_tls_as_configured(tmp_path: Path) -> None:
+    from notiflow.gateway.app import tls_options
+    from notiflow.settings import ApiTls
+
+    assert tls_options(Settings()) == {}
+    cert, key, ca = tmp_path / "c.pem", tmp_path / "k.pem", tmp_path / "ca.pem"
+    plain = tls_options(Settings(api_tls=ApiTls(cert_file=cert, key_file=key)))
+    assert plain["ssl_certfile"] == str(cert) and plain["ssl_cert_reqs"] == ssl.CERT_NONE
+    mutual = tls_options(Settings(api_tls=ApiTls(cert_file=cert, key_file=key,
+                                                 client_ca_file=ca, client_certs="required")))
+    assert (mutual["ssl_ca_certs"], mutual["ssl_cert_reqs"]) == (str(ca), ssl.CERT_REQUIRED)
+    with pytest.raises(ValueError, match="go together"):
+        ApiTls(cert_file=cert)
+    with pytest.raises(ValueError, match="client_ca_file"):
+        ApiTls(cert_file=cert, key_file=key, client_certs="required")
