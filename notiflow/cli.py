@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from notiflow.bench.cli import bench_app
+from notiflow.ops.audit_cli import audit_command
 from notiflow.ops.campaigns_cli import campaigns_app
 from notiflow.ops.dlq_cli import dlq_app
 from notiflow.ops.messages_cli import messages_command
@@ -335,6 +336,7 @@ def schemas_export(
 
 
 app.command("messages")(messages_command)
+app.command("audit")(audit_command)
 app.command("top")(top_command)
 app.add_typer(bench_app, name="bench")
 

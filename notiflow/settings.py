@@ -953,6 +953,9 @@ class Settings(BaseSettings):
     # processes
     api_host: str = "127.0.0.1"
     api_port: int = 18080
+    audit_p0_interval: timedelta = timedelta(minutes=1)
+    """How often an API process writes its ``p0.use`` audit rows (P0 acceptances per tenant
+    since the last ones)."""
     api_tls: ApiTls = ApiTls()
     """HTTPS and optional mutual TLS on the API (off: plain HTTP, e.g. behind a TLS
     terminating load balancer)."""

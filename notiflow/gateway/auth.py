@@ -50,11 +50,21 @@ async def authenticate(request: Request, rt: Annotated[Runtime, Depends(get_runt
         except JwksUnavailable:
             raise unavailable("identity_provider_unreachable",
                               "the identity provider's keys could not be fetched") from None
-        return jwt_auth.principal(claims, rule, rt.settings.tenant)
+        principal = jwt_auth.principal(claims, rule, rt.settings.tenant)
+        subject = claims.get("sub") or claims.get("client_id") or claims.get("azp")
+        request.state.actor = f"jwt:{subject}" if isinstance(subject, str) else "jwt"
+        return principal
     tenant = rt.settings.tenant_by_token(token) if rule.static_tokens else None
     if tenant is None:
         raise _unauthorized("unknown_token", "the bearer token is not valid")
+    request.state.actor = f"token:{tenant.id}"
     return tenant
+
+
+def actor_of(request: Request) -> str:
+    """Who made an authenticated request, for the audit trail: ``jwt:<sub>`` (the OAuth2
+    client), or ``token:<tenant>`` for a static token."""
+    return str(getattr(request.state, "actor", "unknown"))
 
 
 Tenant = Annotated[TenantConfig, Depends(authenticate)]

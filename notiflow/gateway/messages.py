@@ -230,6 +230,8 @@ async def accept(rt: Runtime, tenant: TenantConfig, req: SendRequest, key: str |
               req.channel.value, req.tier.value, mask(req.recipient_key()))
     _ingested.add(1, {"tenant": tenant.id, "channel": req.channel.value,
                       "tier": req.tier.value, "source": "api"})
+    if req.tier is Tier.P0:
+        rt.auditor.count_p0(tenant.id)
     times.record()
     return _accepted(body, message_id, trace, stages=times)
 

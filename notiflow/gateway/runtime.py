@@ -24,6 +24,7 @@ from cassandra.cluster import Cluster
 from confluent_kafka.admin import AdminClient
 
 from notiflow.adapters.admission import DOWN_BACKOFF_S, REDIS_TIMEOUT_S, AdmissionStore
+from notiflow.adapters.audit import AuditLog
 from notiflow.adapters.campaign_notices import NoticeStore
 from notiflow.adapters.campaign_store import CampaignStore
 from notiflow.adapters.campaign_tally import CampaignTally
@@ -37,6 +38,7 @@ from notiflow.adapters.retrying import OUTAGE, until_up
 from notiflow.adapters.schedule_store import ScheduleStore
 from notiflow.adapters.scheduled_store import ScheduledStore
 from notiflow.gateway.admission import Admission
+from notiflow.gateway.auditor import Auditor
 from notiflow.gateway.errors import unavailable
 from notiflow.gateway.kafka_window import Publisher, Window
 from notiflow.gateway.settler import Settler
@@ -95,6 +97,7 @@ class Runtime:
         """Turns of batch items (``batch.py``) in this process."""
         self._templates: OrderedDict[tuple[str, str, int], dict[str, Any]] = OrderedDict()
         self._jwks: JwksCache | None = None
+        self.auditor = Auditor(settings)
         self._closed = False
 
     async def signing_key(self, kid: str) -> jwt.PyJWK | None:
@@ -118,6 +121,7 @@ class Runtime:
                                 down_backoff_s=DOWN_BACKOFF_S)
         self._admin = AdminClient(kafka_config(self.settings),
                                   logger=logging.getLogger("notiflow.kafka.admin"))
+        self.spawn(self.auditor.run(), "audit")
         try:
             await self._connect()
         except NOT_READY as exc:
@@ -145,6 +149,7 @@ class Runtime:
             schedules = await asyncio.to_thread(ScheduleStore, session, self.settings)
             campaigns = await asyncio.to_thread(CampaignStore, session, self.settings)
             notices = await asyncio.to_thread(NoticeStore, session)
+            audit_log = await asyncio.to_thread(AuditLog, session)
         except BaseException:
             await asyncio.to_thread(cluster.shutdown)
             raise
@@ -154,6 +159,7 @@ class Runtime:
         self._cluster, self._store = cluster, store
         self._scheduled, self._schedules = scheduled, schedules
         self._campaigns, self._notices = campaigns, notices
+        self.auditor.attach(audit_log)
         log.info("connected to cassandra keyspace %s", self.settings.cassandra_keyspace)
 
     async def _connect_loop(self) -> None:
@@ -274,6 +280,7 @@ class Runtime:
         """Stop background tasks, flush the producer, close the Cassandra connection."""
         self._closed = True
         await self.settler.close()
+        await self.auditor.close()
         tasks = list(self._tasks)
         for task in tasks:
             task.cancel()

@@ -10,15 +10,16 @@ content, which is then returned with ``200``.
 from __future__ import annotations
 
 import re
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Annotated, Any, Final
 
 from fastapi import APIRouter, Path, Request, Response
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from notiflow.adapters.cassandra_store import CassandraStore, utc
+from notiflow.audit import Action, AuditEvent
 from notiflow.gateway import examples
-from notiflow.gateway.auth import RuntimeDep, Tenant, read_json_object
+from notiflow.gateway.auth import RuntimeDep, Tenant, actor_of, read_json_object
 from notiflow.gateway.errors import (
     ApiError,
     forbidden,
@@ -28,7 +29,7 @@ from notiflow.gateway.errors import (
     unprocessable,
 )
 from notiflow.gateway.openapi import json_body, link, location, success, tenant_errors
-from notiflow.gateway.runtime import now_ms
+from notiflow.gateway.runtime import Runtime, now_ms
 from notiflow.schemas.enums import Channel
 from notiflow.schemas.formats import TEMPLATE_ID_PATTERN
 from notiflow.schemas.messages import TemplateCreate, TemplateVersion
@@ -82,11 +83,13 @@ def _same_content(row: dict[str, Any], values: dict[str, Any]) -> bool:
     return row.get("channel") == values["channel"] and row.get("checksum") == values["checksum"]
 
 
-async def _insert_next(store: CassandraStore, values: dict[str, Any]) -> Response:
+async def _insert_next(store: CassandraStore,
+                       values: dict[str, Any]) -> tuple[dict[str, Any], int]:
+    """The stored row and 201 (a new version) or 200 (the latest has this content)."""
     for _ in range(MAX_VERSION_RACES):
         latest = await store.latest_template(values["tenant_id"], values["template_id"])
         if latest is not None and _same_content(latest, values):
-            return _created(latest, 200)
+            return latest, 200
         candidate = {**values, "version": (int(latest["version"]) if latest else 0) + 1}
         if candidate["version"] > MAX_VERSION:
             raise ApiError(409, "conflict", "versions_exhausted",
@@ -94,7 +97,7 @@ async def _insert_next(store: CassandraStore, values: dict[str, Any]) -> Respons
                            f"{MAX_VERSION}; use another template id")
         applied, _ = await store.put_template(candidate)
         if applied:
-            return _created(candidate, 201)
+            return candidate, 201
     raise unavailable("template_version_contention",
                       "too many concurrent versions of this template; retry")
 
@@ -136,9 +139,13 @@ async def create_template(request: Request, tenant: Tenant, rt: RuntimeDep) -> R
     }
     store = rt.store()
     if tc.version is None:
-        return await _insert_next(store, values)
+        row, status = await _insert_next(store, values)
+        if status == 201:
+            _audit(rt, request, row)
+        return _created(row, status)
     applied, existing = await store.put_template(values)
     if applied:
+        _audit(rt, request, values)
         return _created(values, 201)
     if existing is None or not existing.get("checksum"):
         existing = await store.get_template(tenant.id, tc.template_id, tc.version)
@@ -147,6 +154,13 @@ async def create_template(request: Request, tenant: Tenant, rt: RuntimeDep) -> R
     raise ApiError(409, "template_version_immutable", "content_differs",
                    f"template {tc.template_id} version {tc.version} already exists with "
                    "different content")
+
+
+def _audit(rt: Runtime, request: Request, created: dict[str, Any]) -> None:
+    rt.auditor.record(AuditEvent(
+        datetime.now(UTC), Action.TEMPLATE_CREATE, actor_of(request), created["tenant_id"],
+        f"template:{created['template_id']}@{created['version']}",
+        {"channel": created["channel"], "checksum": created["checksum"]}))
 
 
 @router.get("/v1/templates/{template_id}/versions/{version}", response_model=TemplateView,
