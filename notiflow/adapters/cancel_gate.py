@@ -49,7 +49,7 @@ return 1
 
 CONFIRM = """
 local v = redis.call('GET', KEYS[1])
-if not v or string.sub(v, 1, string.len(ARGV[1])) ~= ARGV[1] then
+if v and string.sub(v, 1, string.len(ARGV[1])) ~= ARGV[1] then
   return 0
 end
 if redis.call('GET', KEYS[2]) == ARGV[4] then
@@ -64,7 +64,10 @@ return 1
 """
 """KEYS: lease, gate, and the campaign's gate for a campaign's message. ARGV: our pending
 prefix, our new pending value, lease TTL (ms), ``cancelled``, ``sending``. Returns a
-:class:`Confirm` value."""
+:class:`Confirm` value. A lease that is gone (Redis restarted without it, or it expired and
+nobody took it) is taken again: nobody else is sending, and refusing would leave the message
+unsent forever (found by ``notiflow chaos redis-kill``); a lease another sender holds, or
+one marked done, is lost."""
 
 CLEAR = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then
@@ -79,7 +82,8 @@ class Confirm(enum.IntEnum):
     """The answer of a confirm: whether this attempt may call the provider."""
 
     LOST = 0
-    """Another process took the lease over: it sends, this one does not."""
+    """Another process took the lease over or finished the message: it sends (or sent),
+    this one does not."""
     OURS = 1
     """Send: the lease is ours and the gate says ``sending``."""
     CANCELLED = 2
@@ -145,7 +149,7 @@ class GateModel:
     def confirm(self, lease: str, gate: str, prefix: str, value: str,
                 campaign: str | None = None) -> Confirm:
         v = self.kv.get(lease)
-        if v is None or not v.startswith(prefix):
+        if v is not None and not v.startswith(prefix):
             return Confirm.LOST
         if self.kv.get(gate) == CANCELLED:
             return Confirm.CANCELLED

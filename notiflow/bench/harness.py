@@ -428,7 +428,12 @@ class Phase:
 
     def first_accepts(self) -> dict[str, float]:
         """message_id → the emulator's receipt time of its first accepted request."""
-        first: dict[str, float] = {}
+        return {mid: min(times) for mid, times in self.accepted_sends().items()}
+
+    def accepted_sends(self) -> dict[str, list[float]]:
+        """message_id → the emulators' receipt times of every accepted request for it (more
+        than one: a duplicate send)."""
+        sends: dict[str, list[float]] = {}
         for p in PROVIDERS:
             r = self.admin.get(f"{self.fakes}/_admin/{p}/messages",
                                params={"fields": "received_at,message_id,outcome"}, timeout=120)
@@ -437,10 +442,8 @@ class Phase:
             for rec in r.json():
                 mid = rec.get("message_id")
                 if mid and rec.get("outcome") == "accepted":
-                    at = float(rec["received_at"])
-                    if at < first.get(mid, float("inf")):
-                        first[mid] = at
-        return first
+                    sends.setdefault(mid, []).append(float(rec["received_at"]))
+        return sends
 
 
 def _logged(path: Path, text: str) -> Callable[[], bool]:

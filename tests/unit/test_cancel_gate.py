@@ -47,7 +47,19 @@ def test_a_lost_lease_wins_over_the_gate() -> None:
     m = held(THEIRS)
     m.kv[GATE] = CANCELLED
     assert m.confirm(LEASE, GATE, OURS, f"{OURS}2") is Confirm.LOST
-    assert m.confirm("lease:other:1", GATE, OURS, f"{OURS}2") is Confirm.LOST
+    m.kv[LEASE] = 'done:{"status":"SENT"}'
+    assert m.confirm(LEASE, GATE, OURS, f"{OURS}2") is Confirm.LOST
+
+
+def test_a_vanished_lease_is_taken_again() -> None:
+    """Redis restarted without the lease (or it expired and nobody took it): nobody else
+    sends, so this sender does; a cancel still wins."""
+    m = GateModel()
+    assert m.confirm("lease:gone:1", GATE, OURS, f"{OURS}2") is Confirm.OURS
+    assert (m.kv["lease:gone:1"], m.kv[GATE]) == (f"{OURS}2", SENDING)
+    cancelled = GateModel()
+    cancelled.kv[GATE] = CANCELLED
+    assert cancelled.confirm("lease:gone:1", GATE, OURS, f"{OURS}2") is Confirm.CANCELLED
 
 
 def test_clear_removes_sending_only() -> None:

@@ -1,0 +1,363 @@
+"""``notiflow chaos``: fault injection against the local stack, one scenario at a time.
+
+Each scenario runs an isolated platform on the running stack (topic prefix, keyspace and
+ports of its own: ``bench/harness.py`` ``Phase``): the emulators, both API lanes, the
+reconciler, a scheduler and the P0 and P1 send flows. It submits ``messages`` P1 SMS through
+the API at ``rate``/s with P0 OTPs at ``p0_rate``/s beside them (open loop), injects its
+fault at a seeded random moment of the submission, undoes it ``hold`` seconds later, waits
+for every accepted message to reach a provider, and reports:
+
+- accepted: answered 202 (P1 and P0); refused: no 202 in the end (P1 requests are retried
+  with their key for 30 s, P0 OTPs three times in quick succession: an OTP late is useless);
+- terminal: accepted messages whose row is in a terminal status;
+- failed: terminal without a provider accepting them (FAILED or EXPIRED: they are in the
+  dead-letter queue, recoverable);
+- lost: accepted messages neither sent nor terminal once the run settled (must be 0);
+- duplicate sends: provider acceptances beyond the first of a message;
+- regressions: rows holding a lower status than one of their recorded events;
+- P0 p99 during the fault: accepted_at to the provider's first acceptance, of the OTPs
+  accepted from the fault's start to 10 s after it was undone;
+- recovered after: from undoing the fault until every message accepted before then (and
+  not failed) had reached a provider.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import signal
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+from cassandra.cluster import Session
+
+from notiflow.bench.harness import OtpStream, Phase, wait_until
+from notiflow.bench.stats import percentile
+from notiflow.bench.workload import REGIONS, TEMPLATE_IDS, TENANT_BY_TIER, PhoneFactory
+from notiflow.ops.stack import Stack
+from notiflow.schemas.enums import TERMINAL_STATUSES, Channel, Tier
+from notiflow.schemas.status import rank
+
+
+@dataclass
+class Run:
+    """What a fault acts on: the scenario's platform, and the times it records."""
+
+    phase: Phase
+    rng: random.Random
+    fault_at: float = 0.0
+    undone_at: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+    def process(self, name: str) -> Any:
+        return next(p for p in self.phase.group.procs if p.name == name)
+
+    def stack(self) -> Stack:
+        return Stack(self.phase.settings, log=lambda _m: None)
+
+
+Fault = Callable[[Run], None]
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    what: str
+    inject: Fault
+    undo: Fault
+    hold: float = 10.0
+
+
+def _kill_process(name: str) -> tuple[Fault, Fault]:
+    def inject(run: Run) -> None:
+        run.process(name).kill()
+
+    def undo(run: Run) -> None:
+        proc = run.process(name)
+        proc.start()
+        if name.startswith("api"):
+            port = run.phase.api_port if name == "api" else run.phase.bulk_port
+            proc.wait_http(f"http://127.0.0.1:{port}/healthz", timeout=120)
+    return inject, undo
+
+
+def _stack_signal(kind: str, sig: signal.Signals) -> Fault:
+    """``sig`` to every stack component of ``kind`` (all nodes); after a SIGKILL, returns
+    once they are gone."""
+    def act(run: Run) -> None:
+        stack = run.stack()
+        hit = [c for c in stack.components() if c.name.split("-")[0] == kind]
+        for comp in hit:
+            if pid := stack.pid(comp):
+                os.killpg(pid, sig)
+        if sig == signal.SIGKILL:
+            wait_until(lambda: all(stack.pid(c) is None for c in hit), timeout=20,
+                       interval=0.2)
+    return act
+
+
+def _stack_up(run: Run) -> None:
+    run.stack().up()
+
+
+def _provider(knobs: dict[str, Any]) -> Fault:
+    def act(run: Run) -> None:
+        for name in ("twilio", "vonage"):
+            r = run.phase.admin.post(f"{run.phase.fakes}/_admin/{name}/config", json=knobs)
+            r.raise_for_status()
+    return act
+
+
+_HEALTHY = {"outage": False, "error_rate_5xx": 0.0, "error_rate_429": 0.0,
+            "timeout_rate": 0.0}
+
+SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
+    Scenario("kill-send-p1", "SIGKILL the P1 send flow, start it again",
+             *_kill_process("send-p1"), hold=5),
+    Scenario("kill-send-p0", "SIGKILL the P0 send flow, start it again",
+             *_kill_process("send-p0"), hold=5),
+    Scenario("kill-api", "SIGKILL the priority-lane API, start it again",
+             *_kill_process("api"), hold=5),
+    Scenario("kill-reconciler", "SIGKILL the reconciler, start it again",
+             *_kill_process("reconcile"), hold=5),
+    Scenario("redis-kill", "SIGKILL Redis, `stack up` again",
+             _stack_signal("redis", signal.SIGKILL), _stack_up, hold=10),
+    Scenario("kafka-restart", "SIGKILL every Kafka broker, `stack up` again",
+             _stack_signal("kafka", signal.SIGKILL), _stack_up, hold=10),
+    Scenario("cassandra-pause", "SIGSTOP Cassandra for 10 s, then SIGCONT",
+             _stack_signal("cassandra", signal.SIGSTOP),
+             _stack_signal("cassandra", signal.SIGCONT), hold=10),
+    Scenario("provider-outage", "both SMS providers answer 503 for 30 s",
+             _provider({"outage": True}), _provider(_HEALTHY), hold=30),
+    Scenario("provider-429", "both SMS providers answer 429, Retry-After 2 s, to 60 %",
+             _provider({"error_rate_429": 0.6, "retry_after_s": 2.0}), _provider(_HEALTHY),
+             hold=20),
+    Scenario("provider-5xx", "both SMS providers fail 30 % of sends with 5xx",
+             _provider({"error_rate_5xx": 0.3}), _provider(_HEALTHY), hold=20),
+    Scenario("provider-hang", "10 % of sends accepted, then no answer for 30 s",
+             _provider({"timeout_rate": 0.1, "hang_s": 30.0}), _provider(_HEALTHY),
+             hold=20),
+)}
+
+
+RETRY_FOR_S = 30.0
+
+
+@dataclass
+class Report:
+    scenario: str
+    what: str
+    accepted: int
+    refused: int
+    terminal: int
+    failed: int
+    """Terminal without a provider ever accepting them (FAILED, EXPIRED...: in the DLQ)."""
+    lost: int
+    """Neither sent nor terminal once the run settled: what must never happen."""
+    duplicate_sends: int
+    regressions: int
+    p0_p99_fault_ms: float | None
+    p0_fault_samples: int
+    recovered_after_s: float | None
+    notes: list[str]
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+async def _submit(phase: Phase, version: int, count: int, rate: float, key: str,
+                  phones: PhoneFactory) -> tuple[dict[str, float], int]:
+    """``count`` P1 SMS at ``rate``/s, open loop; message_id → accepted_at, and the refused.
+    A request is retried with its key for ``RETRY_FOR_S`` after a dropped connection, a 429
+    or a 503 (as ``notiflow.client`` does); refused: any other answer, or none by then."""
+    accepted: dict[str, float] = {}
+    refused = 0
+    tenant = TENANT_BY_TIER[Tier.P1]
+    async with httpx.AsyncClient(base_url=phase.api, headers=phase.auth(tenant),
+                                 timeout=30) as client:
+        async def one(i: int) -> None:
+            nonlocal refused
+            body = {"channel": "SMS", "tier": "P1", "recipient": phones.take(),
+                    "template_id": TEMPLATE_IDS[Channel.SMS], "template_version": version,
+                    "variables": {"brand": "Notiflow", "headline": "order", "code": f"{i:06d}"}}
+            deadline = time.monotonic() + RETRY_FOR_S
+            while time.monotonic() < deadline:
+                try:
+                    r = await client.post("/v1/messages", json=body,
+                                          headers={"Idempotency-Key": f"{key}-{i}"})
+                except httpx.HTTPError:
+                    await asyncio.sleep(1.0)
+                    continue
+                if r.status_code == 202:
+                    doc = r.json()
+                    accepted[doc["message_id"]] = datetime.fromisoformat(
+                        doc["accepted_at"]).timestamp()
+                    return
+                if r.status_code in (429, 503):
+                    await asyncio.sleep(float(r.headers.get("Retry-After", "1")))
+                    continue
+                break
+            refused += 1
+
+        t0, tasks = time.monotonic(), []
+        for i in range(count):
+            tasks.append(asyncio.create_task(one(i)))
+            await asyncio.sleep(max(0.0, t0 + (i + 1) / rate - time.monotonic()))
+        await asyncio.gather(*tasks)
+    return accepted, refused
+
+
+def regressions(cql: Session, ids: list[str]) -> list[str]:
+    """Messages whose row holds a lower status than one of their recorded events: a status
+    change acknowledged and then lost (the row keeps the highest rank whatever order the
+    events' clocks give them)."""
+    events = cql.prepare("SELECT status FROM message_events WHERE message_id = ?")
+    rows = cql.prepare("SELECT status FROM messages WHERE message_id = ?")
+    bad = []
+    for mid in ids:
+        row = cql.execute(rows, (mid,)).one()
+        ranks = [rank(e["status"]) for e in cql.execute(events, (mid,))]
+        if row is not None and ranks and rank(row["status"]) < max(ranks):
+            bad.append(mid)
+    return bad
+
+
+def statuses(cql: Session, ids: list[str]) -> dict[str, str | None]:
+    """message_id → its row's status (None: no row)."""
+    stmt = cql.prepare("SELECT status FROM messages WHERE message_id = ?")
+    futures = {mid: cql.execute_async(stmt, (mid,)) for mid in ids}
+    out: dict[str, str | None] = {}
+    for mid, fut in futures.items():
+        row = fut.result().one()
+        out[mid] = row["status"] if row is not None else None
+    return out
+
+
+def settled(accepted: Iterable[str], sends: dict[str, list[float]],
+            status: dict[str, str | None]) -> bool:
+    """Whether every accepted message reached a provider or a terminal status."""
+    return all(m in sends or status.get(m) in TERMINAL for m in accepted)
+
+
+TERMINAL = frozenset(s.value for s in TERMINAL_STATUSES)
+
+
+def measure(scenario: Scenario, run: Run, p1: dict[str, float], p0: dict[str, float],
+            refused: int, sends: dict[str, list[float]], status: dict[str, str | None],
+            regressed: int) -> Report:
+    """The report of one run from what was accepted (message_id → accepted_at), what the
+    providers accepted, and what Cassandra holds (each message's status)."""
+    accepted = {**p1, **p0}
+    first = {mid: min(times) for mid, times in sends.items() if mid in accepted}
+    unsent = [m for m in accepted if m not in first]
+    failed = [m for m in unsent if status.get(m) in TERMINAL]
+    window = [mid for mid, at in p0.items() if run.fault_at <= at <= run.undone_at + 10]
+    latencies = [(first[m] - p0[m]) * 1000 for m in window if m in first]
+    undelivered = len(window) - len(latencies)
+    if undelivered:
+        run.notes.append(f"{undelivered} P0 of the fault window never reached a provider")
+    before = [m for m, at in accepted.items() if at <= run.undone_at and m not in failed]
+    p99 = percentile(latencies, 99)
+    caught_up = None
+    if before and all(m in first for m in before):
+        caught_up = max(0.0, max(first[m] for m in before) - run.undone_at)
+    return Report(
+        scenario=scenario.name, what=scenario.what, accepted=len(accepted), refused=refused,
+        terminal=sum(1 for m in accepted if status.get(m) in TERMINAL), failed=len(failed),
+        lost=len(unsent) - len(failed),
+        duplicate_sends=sum(len(t) - 1 for m, t in sends.items() if m in accepted),
+        regressions=regressed,
+        p0_p99_fault_ms=round(p99, 1) if p99 is not None else None,
+        p0_fault_samples=len(latencies), recovered_after_s=(
+            round(caught_up, 1) if caught_up is not None else None),
+        notes=run.notes)
+
+
+def run_scenario(scenario: Scenario, out: Path, *, messages: int, rate: float,
+                 p0_rate: float, seed: int, settle_timeout: float = 300.0,
+                 log: Callable[[str], None] = print) -> Report:
+    """Run one scenario on a platform of its own (stopped and its topics deleted after)."""
+    from notiflow.adapters.cassandra_store import connect
+
+    run_id = uuid.uuid4().hex[:6]
+    phase = Phase(f"chaos-{scenario.name}", out, run_id)
+    run = Run(phase, random.Random(seed))
+    try:
+        phase.prepare()
+        phase.start_platform()
+        phase.start_send(Tier.P0)
+        phase.start_send(Tier.P1)
+        versions = phase.templates({TENANT_BY_TIER[Tier.P0], TENANT_BY_TIER[Tier.P1]})
+        phones = PhoneFactory(REGIONS, datetime.now(UTC))
+        otps = OtpStream(phase, versions, p0_rate, PhoneFactory(REGIONS, datetime.now(UTC),
+                                                                start=500_000), f"p0-{run_id}")
+        duration = messages / rate
+        fault_after = duration * run.rng.uniform(0.2, 0.6)
+        result: dict[str, Any] = {}
+
+        def submit() -> None:
+            result["p1"] = asyncio.run(_submit(
+                phase, versions[(TENANT_BY_TIER[Tier.P1], Channel.SMS)], messages, rate,
+                f"p1-{run_id}", phones))
+
+        submitter = threading.Thread(target=submit, name="chaos-submit")
+        otps.start()
+        submitter.start()
+        time.sleep(fault_after)
+        log(f"{scenario.name}: injecting after {fault_after:.1f} s: {scenario.what}")
+        run.fault_at = time.time()
+        scenario.inject(run)
+        time.sleep(scenario.hold)
+        scenario.undo(run)
+        run.undone_at = time.time()
+        log(f"{scenario.name}: undone after {run.undone_at - run.fault_at:.1f} s")
+        submitter.join()
+        p0, p0_refused = otps.stop()
+        p1, p1_refused = result["p1"]
+        accepted = {**p1, **p0}
+        cluster, cql = connect(phase.settings)
+        try:
+            ids = list(accepted)
+            wait_until(lambda: settled(ids, phase.accepted_sends(), statuses(cql, ids)),
+                       timeout=settle_timeout, interval=2.0)
+            time.sleep(3)
+            report = measure(scenario, run, p1, p0, p1_refused + p0_refused,
+                             phase.accepted_sends(), statuses(cql, ids),
+                             len(regressions(cql, ids)))
+        finally:
+            cluster.shutdown()
+        return report
+    finally:
+        phase.stop()
+
+
+def table(reports: list[Report]) -> str:
+    """The reports as a Markdown table (docs/reliability.md)."""
+    head = ("| scenario | accepted | refused | terminal | failed | lost | duplicate sends | "
+            "regressions | P0 p99 during fault | recovered after |\n"
+            "|---|---|---|---|---|---|---|---|---|---|\n")
+    rows = []
+    for r in reports:
+        p99 = f"{r.p0_p99_fault_ms:,.0f} ms ({r.p0_fault_samples})" \
+            if r.p0_p99_fault_ms is not None else "—"
+        rec = f"{r.recovered_after_s} s" if r.recovered_after_s is not None else "not recovered"
+        rows.append(f"| {r.scenario} | {r.accepted} | {r.refused} | {r.terminal} | "
+                    f"{r.failed} | {r.lost} | "
+                    f"{r.duplicate_sends} | {r.regressions} | {p99} | {rec} |")
+    return head + "\n".join(rows) + "\n"
+
+
+def totals(reports: list[Report]) -> Counter[str]:
+    c: Counter[str] = Counter()
+    for r in reports:
+        c.update({"lost": r.lost, "regressions": r.regressions})
+    return c
