@@ -14,8 +14,6 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from notiflow.adapters.audit import AuditLog
-from notiflow.adapters.cassandra_store import connect
 from notiflow.audit import Action, AuditEvent
 from notiflow.ops.messages_cli import parse_since
 from notiflow.settings import Settings, load_settings
@@ -24,6 +22,9 @@ console = Console()
 
 
 async def collect(settings: Settings, since: datetime, until: datetime) -> list[AuditEvent]:
+    from notiflow.adapters.audit import AuditLog
+    from notiflow.adapters.cassandra_store import connect
+
     cluster, session = await asyncio.to_thread(connect, settings)
     try:
         audit_log = await asyncio.to_thread(AuditLog, session)

@@ -315,9 +315,11 @@ def run_scenario(scenario: Scenario, out: Path, *, messages: int, rate: float,
         time.sleep(fault_after)
         log(f"{scenario.name}: injecting after {fault_after:.1f} s: {scenario.what}")
         run.fault_at = time.time()
-        scenario.inject(run)
-        time.sleep(scenario.hold)
-        scenario.undo(run)
+        try:
+            scenario.inject(run)
+            time.sleep(scenario.hold)
+        finally:
+            scenario.undo(run)  # a paused Cassandra or a killed Redis is never left behind
         run.undone_at = time.time()
         log(f"{scenario.name}: undone after {run.undone_at - run.fault_at:.1f} s")
         submitter.join()
