@@ -97,7 +97,12 @@ def run_flow(build: Callable[[], Dataflow], settings: Settings, name: str, *,
     this process's CPU priority (lower tiers yield the CPU to higher ones); ``realtime``
     above 0 moves it to the real-time class (:func:`notiflow.tuning.set_realtime`). Logging and
     telemetry are set up first (``service.name`` ``notiflow-<name>``, e.g.
-    ``notiflow-send-p0``). ``epoch``: the Bytewax epoch (default ``flow_epoch_seconds``)."""
+    ``notiflow-send-p0``). ``epoch``: the Bytewax epoch (default ``flow_epoch_seconds``).
+    ``members`` (from :func:`membership`) replaces ``process_id`` and ``addresses``; found in
+    DNS, the process stops itself when its cluster is rescaled, to be started again with the
+    new list."""
+    if members is not None:
+        process_id, addresses = members.process_id, members.addresses
     tier = name.removeprefix("send-").upper() if name.startswith("send-p") else None
     telemetry.setup(settings, name, tier=tier, worker=process_id or 0)
     tuning.set_nice(nice)

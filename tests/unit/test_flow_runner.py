@@ -43,3 +43,17 @@ def test_a_tier_epoch_is_set_from_the_environment(monkeypatch: pytest.MonkeyPatc
     s = Settings()
     assert s.policy(Tier.P0).epoch == timedelta(seconds=12)
     assert s.policy(Tier.P1).epoch is None
+
+
+def test_a_cluster_member_runs_with_its_id_and_addresses(ran: list[dict[str, Any]],
+                                                         tmp_path: Path) -> None:
+    """``-i``/``-a`` reach Bytewax, given directly or through a membership (a member that
+    ran as a cluster of one over a shared store broke the store: ``exs`` rows clash)."""
+    s = Settings()
+    runner.run_flow(object, s, "send-p2", recovery_dir=tmp_path / "a",
+                    members=runner.membership(s, 1, "h0:1;h1:2", None, 2101))
+    runner.run_flow(object, s, "send-p2", recovery_dir=tmp_path / "b", process_id=0,
+                    addresses="h0:1;h1:2")
+    runner.run_flow(object, s, "send-p2", recovery_dir=tmp_path / "c")
+    assert [(c["process_id"], c["addresses"]) for c in ran] == [
+        (1, ["h0:1", "h1:2"]), (0, ["h0:1", "h1:2"]), (None, None)]
