@@ -11,7 +11,7 @@ may send with this token, never widen it. Every refusal is a ``401`` (who are yo
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import jwt
 
@@ -101,6 +101,21 @@ def _names(claims: dict[str, Any], claim: str) -> list[str] | None:
     return value
 
 
+E = TypeVar("E", Tier, Channel)
+
+
+def _members(claims: dict[str, Any], claim: str, kind: type[E]) -> frozenset[E] | None:
+    """The claim's list as members of ``kind``; 401 when it names one that does not exist."""
+    names = _names(claims, claim)
+    if names is None:
+        return None
+    unknown = set(names) - {m.value for m in kind}
+    if unknown:
+        raise unauthorized("invalid_claim", f"claim {claim!r} names unknown "
+                           f"{kind.__name__.lower()}s: {', '.join(sorted(unknown))}")
+    return frozenset(kind(n) for n in names)
+
+
 def principal(claims: dict[str, Any], rule: JwtAuth,
               tenant_of: Callable[[str], TenantConfig | None]) -> TenantConfig:
     """The tenant a verified token acts as, narrowed by its claims; 401/403 otherwise."""
@@ -116,20 +131,12 @@ def principal(claims: dict[str, Any], rule: JwtAuth,
     if tenant is None:
         raise forbidden("unknown_tenant", f"tenant {tenant_id!r} is not configured here")
     update: dict[str, Any] = {}
-    tiers = _names(claims, rule.tiers_claim)
+    tiers = _members(claims, rule.tiers_claim, Tier)
     if tiers is not None:
-        valid = {t.value for t in Tier}
-        if not set(tiers) <= valid:
-            raise unauthorized("invalid_claim", f"claim {rule.tiers_claim!r} names unknown "
-                               f"tiers: {', '.join(sorted(set(tiers) - valid))}")
-        update["tiers"] = tenant.tiers & {Tier(t) for t in tiers}
-    channels = _names(claims, rule.channels_claim)
+        update["tiers"] = tenant.tiers & tiers
+    channels = _members(claims, rule.channels_claim, Channel)
     if channels is not None:
-        valid = {c.value for c in Channel}
-        if not set(channels) <= valid:
-            raise unauthorized("invalid_claim", f"claim {rule.channels_claim!r} names unknown "
-                               f"channels: {', '.join(sorted(set(channels) - valid))}")
-        update["channels"] = tenant.channels & {Channel(c) for c in channels}
+        update["channels"] = tenant.channels & channels
     templates = _names(claims, rule.templates_claim)
     if templates is not None:
         update["templates"] = (frozenset(templates) if tenant.templates is None

@@ -44,7 +44,7 @@ from notiflow.bench.harness import OtpStream, Phase, wait_until
 from notiflow.bench.stats import percentile
 from notiflow.bench.workload import REGIONS, TEMPLATE_IDS, TENANT_BY_TIER, PhoneFactory
 from notiflow.ops.stack import Stack
-from notiflow.schemas.enums import TERMINAL_STATUSES, Channel, Tier
+from notiflow.schemas.enums import TERMINAL_STATUSES, Channel, Status, Tier
 from notiflow.schemas.status import rank
 
 
@@ -217,16 +217,17 @@ async def _submit(phase: Phase, version: int, count: int, rate: float, key: str,
 
 
 def regressions(cql: Session, ids: list[str]) -> list[str]:
-    """Messages whose row holds a lower status than one of their recorded events: a status
-    change acknowledged and then lost (the row keeps the highest rank whatever order the
-    events' clocks give them)."""
-    events = cql.prepare("SELECT status FROM message_events WHERE message_id = ?")
-    rows = cql.prepare("SELECT status FROM messages WHERE message_id = ?")
+    """Messages whose row holds a lower status rank than one of their recorded events (or no
+    row at all): a status change acknowledged and then lost (whatever order the events'
+    clocks put them in, the row keeps the highest rank)."""
+    rows = cql.prepare("SELECT status_rank FROM messages WHERE message_id = ?")
+    events = cql.prepare("SELECT status, attempt FROM message_events WHERE message_id = ?")
     bad = []
     for mid in ids:
         row = cql.execute(rows, (mid,)).one()
-        ranks = [rank(e["status"]) for e in cql.execute(events, (mid,))]
-        if row is not None and ranks and rank(row["status"]) < max(ranks):
+        ranks = [rank(Status(e["status"]), e["attempt"] or 0)
+                 for e in cql.execute(events, (mid,))]
+        if row is None or (ranks and row["status_rank"] < max(ranks)):
             bad.append(mid)
     return bad
 
@@ -329,8 +330,13 @@ def run_scenario(scenario: Scenario, out: Path, *, messages: int, rate: float,
         cluster, cql = connect(phase.settings)
         try:
             ids = list(accepted)
-            wait_until(lambda: settled(ids, phase.accepted_sends(), statuses(cql, ids)),
-                       timeout=settle_timeout, interval=2.0)
+
+            def done() -> bool:
+                sends = phase.accepted_sends()
+                unsent = [m for m in ids if m not in sends]
+                return settled(unsent, sends, statuses(cql, unsent))
+
+            wait_until(done, timeout=settle_timeout, interval=2.0)
             time.sleep(3)
             report = measure(scenario, run, p1, p0, p1_refused + p0_refused,
                              phase.accepted_sends(), statuses(cql, ids),

@@ -22,6 +22,7 @@ from bytewax.testing import TestingSink, TestingSource, cluster_main, run_main
 from notiflow.adapters.recovery_store import commit_age, start_janitor, sweep
 
 pytestmark = pytest.mark.flow
+REPO = Path(__file__).resolve().parents[2]
 
 
 class Count(StatefulLogic[str, tuple[str, int], int]):
@@ -135,14 +136,12 @@ def test_sweep_without_a_commit_deletes_nothing(tmp_path: Path) -> None:
 def test_an_idle_flow_still_commits_every_epoch(tmp_path: Path) -> None:
     """The premise of ``notiflow flow alive``: with no record arriving, Bytewax still writes
     its store at each epoch, so the store's age stays within a few epochs."""
-    script = tmp_path / "idle.py"
-    script.write_text(IDLE_FLOW)
     store = tmp_path / "store"
     store.mkdir()
     init_db_dir(store, 2)
-    proc = subprocess.Popen([sys.executable, "-m", "bytewax.run", f"{script}:flow", "-r",
-                             str(store), "-s", "1", "-b", "0"], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen([sys.executable, "-m", "bytewax.run", "tests.idle_flow:flow", "-r",
+                             str(store), "-s", "1", "-b", "0"], cwd=REPO,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         time.sleep(4)
         ages = []
@@ -158,35 +157,3 @@ def test_an_idle_flow_still_commits_every_epoch(tmp_path: Path) -> None:
     time.sleep(2)
     assert (commit_age(store, time.time()) or 0) >= 2
 
-
-IDLE_FLOW = '''
-from datetime import datetime, timedelta, timezone
-
-import bytewax.operators as op
-from bytewax.connectors.stdio import StdOutSink
-from bytewax.dataflow import Dataflow
-from bytewax.inputs import FixedPartitionedSource, StatefulSourcePartition
-
-
-class Idle(StatefulSourcePartition):
-    def next_batch(self):
-        return []
-
-    def next_awake(self):
-        return datetime.now(timezone.utc) + timedelta(milliseconds=200)
-
-    def snapshot(self):
-        return None
-
-
-class Nothing(FixedPartitionedSource):
-    def list_parts(self):
-        return ["only"]
-
-    def build_part(self, step_id, for_part, resume_state):
-        return Idle()
-
-
-flow = Dataflow("idle")
-op.output("out", op.input("in", flow, Nothing()), StdOutSink())
-'''

@@ -5,6 +5,7 @@ one part replaced: the resolver sees a second member appear after two seconds.""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -13,46 +14,17 @@ from pathlib import Path
 import pytest
 
 pytestmark = pytest.mark.flow
+REPO = Path(__file__).resolve().parents[2]
 
 MEMBER = '''
 import sys, time
-from datetime import datetime, timedelta, timezone
+from datetime import timedelta
 from pathlib import Path
-
-import bytewax.operators as op
-from bytewax.connectors.stdio import StdOutSink
-from bytewax.dataflow import Dataflow
-from bytewax.inputs import FixedPartitionedSource, StatefulSourcePartition
 
 from notiflow.adapters.cluster_peers import ClusterSpec
 from notiflow.flows import runner
 from notiflow.settings import Settings
-
-
-class Idle(StatefulSourcePartition):
-    def next_batch(self):
-        return []
-
-    def next_awake(self):
-        return datetime.now(timezone.utc) + timedelta(milliseconds=100)
-
-    def snapshot(self):
-        return None
-
-
-class Nothing(FixedPartitionedSource):
-    def list_parts(self):
-        return ["only"]
-
-    def build_part(self, step_id, for_part, resume_state):
-        return Idle()
-
-
-def build():
-    flow = Dataflow("idle")
-    op.output("out", op.input("in", flow, Nothing()), StdOutSink())
-    return flow
-
+from tests.idle_flow import build
 
 started = time.monotonic()
 runner.dns_resolves = lambda host: host.startswith("idle-0.") or (
@@ -71,7 +43,8 @@ def test_a_rescale_stops_the_running_member(tmp_path: Path) -> None:
     script.write_text(MEMBER)
     t0 = time.monotonic()
     done = subprocess.run([sys.executable, str(script), str(tmp_path / "stack")],
-                          capture_output=True, text=True, timeout=60)
+                          capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
     elapsed = time.monotonic() - t0
     assert done.returncode == 0, done.stderr[-3000:]
     assert "EXITED" in done.stdout

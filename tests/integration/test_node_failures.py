@@ -20,9 +20,8 @@ from cassandra.cluster import Session
 
 from notiflow.bench.stats import percentile
 from notiflow.ops import cluster
+from notiflow.ops.chaos import regressions
 from notiflow.ops.stack import Stack
-from notiflow.schemas.enums import Status
-from notiflow.schemas.status import rank
 from notiflow.settings import Settings
 from tests.helpers import SUCCESS, accepted_counts, received_at, report, statuses, wait_for
 from tests.integration.test_kafka_outage import body, kill, submit
@@ -72,21 +71,6 @@ class P0Ticker(threading.Thread):
             return
         mid = r.json().get("message_id") if r.status_code == 202 else None
         self.sent.append((due, time.time() - due, r.status_code, mid))
-
-
-def regressions(cql: Session, ids: list[str]) -> list[str]:
-    """Messages whose row holds a lower status than one of their recorded events: a status
-    change acknowledged and then lost (whatever order the events' clocks put them in, the
-    row keeps the highest rank)."""
-    bad = []
-    for mid in ids:
-        row = cql.execute("SELECT status_rank FROM messages WHERE message_id = %s",
-                          (mid,)).one()
-        events = [rank(Status(r["status"]), r["attempt"] or 0) for r in cql.execute(
-            "SELECT status, attempt FROM message_events WHERE message_id = %s", (mid,))]
-        if row is None or (events and row["status_rank"] < max(events)):
-            bad.append(mid)
-    return bad
 
 
 def in_sync(settings: Settings) -> bool:

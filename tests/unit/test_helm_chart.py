@@ -194,12 +194,13 @@ def test_a_secret_in_the_config_map_is_refused(kube: KubeTools) -> None:
 
 def test_every_configured_setting_exists(kube: KubeTools) -> None:
     """Settings ignores unknown variables, so a misspelt one would be silently lost."""
-    config = by_kind(docs(render(kube)), "ConfigMap")["nf-notiflow"]["data"]
+    manifests = docs(render(kube))
+    config = by_kind(manifests, "ConfigMap")["nf-notiflow"]["data"]
     fields = set(Settings.model_fields)
     for key in config:
         if key.startswith("NOTIFLOW_"):
             assert key.removeprefix("NOTIFLOW_").split("__")[0].lower() in fields, key
-    env = {e["name"] for w in by_kind(docs(render(kube)), "Deployment").values()
+    env = {e["name"] for w in by_kind(manifests, "Deployment").values()
            for c in containers(w) for e in c["env"]}
     for key in env:
         if key.startswith("NOTIFLOW_"):
