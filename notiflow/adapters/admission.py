@@ -28,7 +28,7 @@ from redis.exceptions import RedisError
 
 from notiflow.adapters.backlog import oldest_age
 from notiflow.adapters.pressure import worst
-from notiflow.adapters.redis_pool import redis_client
+from notiflow.adapters.redis_pool import reconnect_once, redis_client
 from notiflow.schemas.enums import Channel, Tier
 from notiflow.settings import Settings
 
@@ -133,8 +133,10 @@ class AdmissionStore:
 
     @classmethod
     def open(cls, settings: Settings) -> AdmissionStore:
+        """A store with its own client, which reconnects once on a closed connection (a
+        bucket script run twice spends a token twice: the error is on the safe side)."""
         client = redis_client(settings, timeout=REDIS_TIMEOUT_S,
-                              pool_wait=REDIS_TIMEOUT_S)
+                              pool_wait=REDIS_TIMEOUT_S, retry=reconnect_once())
         return cls(client, settings.topic_prefix)
 
     def tenant_key(self, tenant_id: str) -> str:

@@ -104,12 +104,15 @@ class Fence:
             raise FenceUnavailable(f"redis: {type(exc).__name__}") from exc
 
     async def claim(self, tenant_id: str, key: str, holder: Holder) -> Holder | None:
-        """Take the fence of ``(tenant_id, key)`` for ``holder``: None when taken, else the
-        holder that has it (and the fence is left as it was)."""
+        """Take the fence of ``(tenant_id, key)`` for ``holder``: None when taken (or
+        ``holder`` had it already: a claim resent after its reply was lost), else the holder
+        that has it (and the fence is left as it was)."""
         name = self.key(tenant_id, key)
         previous = await self._call(lambda: self._batch.call(
             lambda pipe: pipe.set(name, holder.value, nx=True, px=self.ttl_ms, get=True)))
-        return None if previous is None else Holder.parse(str(previous))
+        if previous is None or str(previous) == holder.value:
+            return None
+        return Holder.parse(str(previous))
 
     async def release(self, tenant_id: str, key: str, holder: Holder) -> bool:
         """Drop the fence if ``holder`` still has it (compare and delete); True if dropped."""

@@ -28,7 +28,10 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from notiflow.settings import RedisSecurity, Settings
 
@@ -109,6 +112,17 @@ def auth_options(security: RedisSecurity) -> dict[str, Any]:
         return {}
     return {"username": security.username,
             "password": security.password.get_secret_value()}
+
+
+def reconnect_once() -> Retry:
+    """A ``retry`` for :func:`redis_client`: a command that fails with a connection error
+    (not a timeout) is sent once more, at once, on a new connection. After a Redis restart
+    every pooled connection is closed on the server's side and fails its next command;
+    without this each one read as "Redis down" once (the API refused P2/P3 for a second at
+    a time until all of them had failed). The price: a command whose reply alone was lost
+    runs twice, so only callers whose commands tolerate that (or recognise their own
+    earlier write) use it."""
+    return Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,))
 
 
 class BlockingSentinelPool(SentinelConnectionPool, aioredis.BlockingConnectionPool):
