@@ -404,6 +404,12 @@ CLIENT_WEBHOOK_DELIVERIES = Metric(
     "client status webhook POSTs")
 """Counter {request}: client status webhook POSTs (outcome: delivered, failed, dead);
 attributes outcome."""
+SECRETS_RELOADS = Metric(
+    "notiflow.secrets.reloads", C, "{reload}", ("outcome",),
+    "changes of the secrets directory a process read")
+"""Counter {reload}: a change of ``NOTIFLOW_SECRETS_DIR`` seen by a process (outcome:
+applied, unchanged (nothing reloadable differed), invalid (did not load; the credentials in
+force stay)); attributes outcome."""
 CAMPAIGN_ROWS = Metric(
     "notiflow.campaign.rows", C, "{row}", ("campaign", "tenant", "outcome"),
     "manifest rows a campaign expander handled")

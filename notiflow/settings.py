@@ -19,6 +19,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
+    NestedSecretsSettingsSource,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
     SettingsError,
@@ -1065,6 +1066,25 @@ class Settings(BaseSettings):
 
     # secrets
     dlq_key: SecretStr | None = None
+    secrets_dir: Path | None = None
+    """A directory of files named like ``NOTIFLOW_*`` environment variables, one value each
+    (a mounted Kubernetes Secret), read as the environment is and winning over it. Set
+    through the environment (``NOTIFLOW_SECRETS_DIR``); a missing directory is an error.
+    Processes re-read it every ``secrets_poll`` and take changed tenants and provider
+    accounts without a restart (``notiflow/secrets.py``, docs/operations.md)."""
+    secrets_poll: timedelta = timedelta(seconds=10)
+    """How often a process looks for a change in ``secrets_dir``."""
+    secrets_rotation_window: timedelta = timedelta(hours=1)
+    """How long a replaced tenant token or provider webhook secret is still accepted after a
+    reload (old and new both valid); what the process itself signs or sends uses the new
+    one at once."""
+
+    @field_validator("secrets_poll")
+    @classmethod
+    def _positive_poll(cls, v: timedelta) -> timedelta:
+        if v <= timedelta(0):
+            raise ValueError("secrets_poll must be positive")
+        return v
 
     @field_validator("content_dedup_window")
     @classmethod
@@ -1114,6 +1134,11 @@ class Settings(BaseSettings):
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        secrets_dir = os.environ.get("NOTIFLOW_SECRETS_DIR")
+        if secrets_dir:
+            sources.insert(1, NestedSecretsSettingsSource(
+                file_secret_settings, secrets_dir=secrets_dir, secrets_dir_missing="error",
+                secrets_prefix="NOTIFLOW_", secrets_nested_delimiter="__"))
         config_file = os.environ.get("NOTIFLOW_CONFIG")
         if config_file:
             sources.append(_ConfigFile(settings_cls, Path(config_file)))

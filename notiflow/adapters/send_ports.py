@@ -10,7 +10,9 @@ loop when the flow runs, never when it is built.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
+import logging
 import os
 import socket
 import uuid
@@ -24,13 +26,19 @@ from notiflow.adapters.cassandra_store import CassandraStore, connect
 from notiflow.adapters.kafka_io import AsyncProducer
 from notiflow.adapters.ports import OpenSendPorts, SendPorts
 from notiflow.adapters.preferences import PreferenceStore
-from notiflow.adapters.providers import open_providers
+from notiflow.adapters.providers import open_provider, open_providers, provider_kinds
+from notiflow.adapters.providers.base import ProviderClient
 from notiflow.adapters.providers.batching import coalesced
+from notiflow.adapters.providers.swappable import Swappable
 from notiflow.adapters.ratelimit import CapacityLimiter
 from notiflow.adapters.redis_caps import CapStore
 from notiflow.adapters.redis_dedup import DedupStore
+from notiflow.adapters.secret_watch import watcher
 from notiflow.schemas.enums import Tier
+from notiflow.secrets import Keyring, Reload
 from notiflow.settings import Settings
+
+log = logging.getLogger("notiflow.send")
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,12 +77,23 @@ async def open_send_ports(settings: Settings, tier: Tier, owner: str,
     limiter = CapacityLimiter(settings, expected_workers=workers, store_timeout=redis_timeout)
     producer = AsyncProducer(settings)
     preferences = PreferenceStore(store, producer)
-    providers = coalesced(
-        await open_providers(settings, sorted(settings.enabled_providers()),
-                             timeout=policy.provider_timeout.total_seconds()),
-        policy.provider_batch, policy.provider_batch_linger)
+    timeout = policy.provider_timeout.total_seconds()
+    providers = {pid: Swappable(client, drain_s=2 * timeout + 5) for pid, client in coalesced(
+        await open_providers(settings, sorted(settings.enabled_providers()), timeout=timeout),
+        policy.provider_batch, policy.provider_batch_linger).items()}
+
+    async def reopen(change: Reload) -> None:
+        await reopen_providers(keyring.settings, change, providers, tier)
+
+    keyring = Keyring(settings)
+    watch = watcher(keyring, reopen)
+    watching = asyncio.get_running_loop().create_task(watch.run()) if watch else None
 
     async def close() -> None:
+        if watching is not None:
+            watching.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watching
         for p in providers.values():
             await p.aclose()
         await breakers.aclose()
@@ -88,6 +107,30 @@ async def open_send_ports(settings: Settings, tier: Tier, owner: str,
         preferences=preferences, breakers=breakers, quota=limiter,
         boards=RedisBoards(dedup.r, settings.topic_prefix, owner), providers=providers,
         close=close)
+
+
+async def reopen_providers(settings: Settings, change: Reload,
+                           providers: dict[str, Swappable], tier: Tier) -> None:
+    """Replace the client of every provider account whose section ``change`` applied with
+    one opened from ``settings``; an account that no longer opens keeps its client (logged).
+    An account enabled or renamed by the change waits for a restart (the router's candidates
+    are fixed at start)."""
+    policy = settings.policy(tier)
+    kinds = provider_kinds(settings)
+    for provider_id, slot in providers.items():
+        kind = kinds.get(provider_id)
+        if kind not in change.applied:
+            continue
+        try:
+            client: ProviderClient = await open_provider(
+                settings, provider_id, timeout=policy.provider_timeout)
+        except (ValueError, OSError) as exc:
+            log.error("%s: the reloaded credentials do not open (%s); keeping the previous "
+                      "ones", provider_id, exc)
+            continue
+        slot.swap(coalesced({provider_id: client}, policy.provider_batch,
+                            policy.provider_batch_linger)[provider_id])
+        log.info("%s: provider client reopened with the reloaded credentials", provider_id)
 
 
 def opener(settings: Settings, tier: Tier, owner: str, workers: int = 1) -> OpenSendPorts:

@@ -1,7 +1,7 @@
 """An API process's part of the audit trail (``notiflow/audit.py``): it records template
 versions created, counts P0 acceptances per tenant and writes one ``p0.use`` row per tenant
-and interval, and, once Cassandra is reached, records each piece of configuration that
-differs from the last one audited.
+and interval, and, once Cassandra is reached and after every credential reload, records
+each piece of configuration that differs from the last one audited.
 
 Events wait in memory until written: while Cassandra is unreachable they are kept (at most
 ``MAX_PENDING``, then the oldest are dropped with an error log) and written once it answers;
@@ -37,6 +37,7 @@ class Auditor:
         self._p0: Counter[str] = Counter()
         self._p0_since = clock()
         self._wake = asyncio.Event()
+        self._configured = False
 
     def record(self, event: AuditEvent) -> None:
         if len(self._pending) >= MAX_PENDING:
@@ -49,6 +50,13 @@ class Auditor:
     def count_p0(self, tenant_id: str) -> None:
         self._p0[tenant_id] += 1
 
+    def reconfigure(self, settings: Settings) -> None:
+        """The process reloaded its credentials: audit the configuration again (what
+        changed is recorded, e.g. ``credentials.rotated`` with the fields)."""
+        self.settings = settings
+        self._configured = False
+        self._wake.set()
+
     def attach(self, audit_log: AuditLog) -> None:
         """Cassandra is reached: write what waits, and audit the configuration once."""
         self._log = audit_log
@@ -58,15 +66,14 @@ class Auditor:
         """Until cancelled: write pending events as they come, and the P0 tallies every
         ``audit_p0_interval``."""
         interval = self.settings.audit_p0_interval.total_seconds()
-        configured = False
         while True:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout=min(interval, 5.0))
             self._wake.clear()
             if (self.clock() - self._p0_since).total_seconds() >= interval:
                 self.flush_p0()
-            if self._log is not None and not configured:
-                configured = await self._audit_configuration(self._log)
+            if self._log is not None and not self._configured:
+                self._configured = await self._audit_configuration(self._log)
             await self.drain()
 
     def flush_p0(self) -> None:

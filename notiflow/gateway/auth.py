@@ -54,7 +54,7 @@ async def authenticate(request: Request, rt: Annotated[Runtime, Depends(get_runt
         subject = claims.get("sub") or claims.get("client_id") or claims.get("azp")
         request.state.actor = f"jwt:{subject}" if isinstance(subject, str) else "jwt"
         return principal
-    tenant = rt.settings.tenant_by_token(token) if rule.static_tokens else None
+    tenant = rt.keyring.tenant_by_token(token) if rule.static_tokens else None
     if tenant is None:
         raise _unauthorized("unknown_token", "the bearer token is not valid")
     request.state.actor = f"token:{tenant.id}"

@@ -37,11 +37,13 @@ from notiflow.adapters.preferences import PreferenceStore
 from notiflow.adapters.retrying import OUTAGE, until_up
 from notiflow.adapters.schedule_store import ScheduleStore
 from notiflow.adapters.scheduled_store import ScheduledStore
+from notiflow.adapters.secret_watch import watcher
 from notiflow.gateway.admission import Admission
 from notiflow.gateway.auditor import Auditor
 from notiflow.gateway.errors import unavailable
 from notiflow.gateway.kafka_window import Publisher, Window
 from notiflow.gateway.settler import Settler
+from notiflow.secrets import Keyring, Reload
 from notiflow.settings import Settings
 
 log = logging.getLogger("notiflow.gateway")
@@ -76,7 +78,9 @@ class Runtime:
     process."""
 
     def __init__(self, settings: Settings) -> None:
-        self.settings = settings
+        self.keyring = Keyring(settings)
+        """The settings in force (tenants and provider accounts reload from
+        ``NOTIFLOW_SECRETS_DIR``) and the retired ones still valid for verification."""
         self._store: CassandraStore | None = None
         self._scheduled: ScheduledStore | None = None
         self._schedules: ScheduleStore | None = None
@@ -100,6 +104,13 @@ class Runtime:
         self.auditor = Auditor(settings)
         self._closed = False
 
+    @property
+    def settings(self) -> Settings:
+        return self.keyring.settings
+
+    async def _reloaded(self, change: Reload) -> None:
+        self.auditor.reconfigure(self.settings)
+
     async def signing_key(self, kid: str) -> jwt.PyJWK | None:
         """The identity provider's key ``kid`` (``settings.jwt``; keys cached per process)."""
         if self._jwks is None:
@@ -122,6 +133,9 @@ class Runtime:
         self._admin = AdminClient(kafka_config(self.settings),
                                   logger=logging.getLogger("notiflow.kafka.admin"))
         self.spawn(self.auditor.run(), "audit")
+        watch = watcher(self.keyring, self._reloaded)
+        if watch is not None:
+            self.spawn(watch.run(), "secrets")
         try:
             await self._connect()
         except NOT_READY as exc:

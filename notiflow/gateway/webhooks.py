@@ -29,9 +29,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
-from typing import Final
+from typing import Any, Final, TypeVar
 from urllib.parse import parse_qsl
 
 import orjson
@@ -70,6 +70,7 @@ from notiflow.gateway.webhook_openapi import (
 from notiflow.schemas.messages import Receipt
 
 log = logging.getLogger("notiflow.gateway.webhooks")
+T = TypeVar("T")
 router = APIRouter()
 _receipts = names.RECEIPTS.create(telemetry.meter())
 
@@ -144,6 +145,21 @@ def refused(exc: WebhookRefused) -> ApiError:
     return forbidden(exc.reason, exc.message)
 
 
+def verified(runtime: Runtime, section: str, check: Callable[[Any], T]) -> T:
+    """``check(config)`` with the provider account's settings ``section`` as configured now,
+    then as configured before a credential reload whose rotation window is still open
+    (``notiflow/secrets.py``): the first that does not refuse wins; otherwise ``403`` with
+    the current configuration's reason."""
+    first: WebhookRefused | None = None
+    for config in runtime.keyring.sections(section):
+        try:
+            return check(config)
+        except WebhookRefused as exc:
+            first = first or exc
+    assert first is not None
+    raise refused(first) from None
+
+
 def _problem(exc: Exception) -> str:
     if isinstance(exc, ValidationError):
         return "invalid " + ", ".join(".".join(str(p) for p in e["loc"])
@@ -163,12 +179,9 @@ async def twilio_status(request: Request, runtime: RuntimeDep) -> Response:
     settings = runtime.settings
     raw = await read_body(request, MAX_BODY)
     params = dict(parse_qsl(raw.decode(errors="replace"), keep_blank_values=True))
-    try:
-        twilio_signature.check_callback(
-            settings.twilio, str(request.url), params,
-            request.headers.get(twilio_signature.SIGNATURE_HEADER))
-    except WebhookRefused as exc:
-        raise refused(exc) from None
+    verified(runtime, "twilio", lambda config: twilio_signature.check_callback(
+        config, str(request.url), params,
+        request.headers.get(twilio_signature.SIGNATURE_HEADER)))
     query = dict(request.query_params)
     try:
         receipt = twilio_receipts.callback_receipt(params, query, settings.twilio.provider_id,
@@ -194,11 +207,8 @@ async def sendgrid_events(request: Request, runtime: RuntimeDep) -> JSONResponse
     and skipped (the answer counts them): a retry of the batch would not mend them."""
     settings = runtime.settings
     raw = await read_body(request, MAX_SENDGRID_BODY)
-    try:
-        sendgrid_signature.check_event_post(settings.sendgrid, settings.provider_webhook_max_age,
-                                            request.headers, raw, time.time())
-    except WebhookRefused as exc:
-        raise refused(exc) from None
+    verified(runtime, "sendgrid", lambda config: sendgrid_signature.check_event_post(
+        config, settings.provider_webhook_max_age, request.headers, raw, time.time()))
     try:
         events = orjson.loads(raw)
     except orjson.JSONDecodeError:
@@ -270,11 +280,8 @@ async def vonage_dlr(request: Request, runtime: RuntimeDep) -> JSONResponse:
     delivery receipt."""
     settings = runtime.settings
     params = await vonage_params(request)
-    try:
-        signed = vonage_signature.check_receipt(settings.vonage, settings.provider_webhook_max_age,
-                                                params, time.time())
-    except WebhookRefused as exc:
-        raise refused(exc) from None
+    signed = verified(runtime, "vonage", lambda config: vonage_signature.check_receipt(
+        config, settings.provider_webhook_max_age, params, time.time()))
     if not signed and settings.vonage.provider_id not in _unsigned_warned:
         _unsigned_warned.add(settings.vonage.provider_id)
         log.warning("vonage.signature_secret is not set: delivery receipts are taken unsigned")
@@ -304,11 +311,8 @@ async def smtp_dsn(request: Request, runtime: RuntimeDep) -> JSONResponse:
         raise ApiError(401, "unauthorized", "missing_token",
                        "Authorization: Bearer <DSN webhook secret> required",
                        headers={"WWW-Authenticate": "Bearer"})
-    try:
-        smtp_signature.check_bearer(settings.smtp.dsn_webhook_secret,
-                                    request.headers.get("authorization"))
-    except WebhookRefused as exc:
-        raise refused(exc) from None
+    verified(runtime, "smtp", lambda config: smtp_signature.check_bearer(
+        config.dsn_webhook_secret, request.headers.get("authorization")))
     raw = await read_body(request, MAX_DSN_BODY)
     try:
         report = smtp_receipts.parse_dsn(raw, request.headers.get("content-type"))

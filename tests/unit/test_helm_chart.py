@@ -222,3 +222,29 @@ def test_a_config_change_rolls_every_pod(kube: KubeTools) -> None:
 
     before, after = checksums(), checksums("config.NOTIFLOW_TOPIC_PREFIX=x.")
     assert len(before) == len(after) == 1 and before != after
+
+
+def test_the_secret_is_mounted_as_a_reloaded_directory_unless_told_otherwise(
+        kube: KubeTools) -> None:
+    def mounts(*sets: str) -> list[tuple[set[str], set[str], bool]]:
+        out = []
+        for kind in WORKLOADS:
+            for name, w in by_kind(docs(render(kube, *sets)), kind).items():
+                if "fakes" in name:
+                    continue
+                pod = w["spec"]["template"]["spec"]
+                secret_volumes = {v["name"] for v in pod["volumes"]
+                                  if v.get("secret", {}).get("secretName") == "notiflow-secrets"}
+                for c in containers(w):
+                    env = {e["name"]: e.get("value") for e in c["env"]}
+                    mounted = {m["mountPath"] for m in c["volumeMounts"]
+                               if m["name"] in secret_volumes and m.get("readOnly")}
+                    refs = {r["secretRef"]["name"] for r in c["envFrom"] if "secretRef" in r}
+                    out.append((mounted, refs, env.get("NOTIFLOW_SECRETS_DIR") in mounted))
+        return out
+
+    reloaded = mounts()
+    assert reloaded and all(m == {"/run/secrets/notiflow"} and not refs and named
+                            for m, refs, named in reloaded)
+    plain = mounts("secretReload=false")
+    assert all(not m and refs == {"notiflow-secrets"} and not named for m, refs, named in plain)

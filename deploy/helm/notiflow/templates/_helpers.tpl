@@ -53,8 +53,10 @@ app.kubernetes.io/component: {{ .component }}
 {{- define "notiflow.envFrom" -}}
 - configMapRef:
     name: {{ include "notiflow.fullname" . }}
+{{- if not .Values.secretReload }}
 - secretRef:
     name: {{ required "secretName: the Secret with NOTIFLOW_TENANTS, NOTIFLOW_DLQ_KEY and provider credentials" .Values.secretName }}
+{{- end }}
 {{- end -}}
 
 {{- define "notiflow.env" -}}
@@ -64,6 +66,10 @@ app.kubernetes.io/component: {{ .component }}
   valueFrom: {fieldRef: {fieldPath: metadata.namespace}}
 - name: NOTIFLOW_STACK_DIR
   value: /var/lib/notiflow
+{{- if .Values.secretReload }}
+- name: NOTIFLOW_SECRETS_DIR
+  value: /run/secrets/notiflow
+{{- end }}
 {{- with .Values.extraEnv }}
 {{ toYaml . }}
 {{- end }}
@@ -115,6 +121,11 @@ env:
   mountPath: /tmp
 - name: home
   mountPath: /var/lib/notiflow
+{{- if .Values.secretReload }}
+- name: secrets
+  mountPath: /run/secrets/notiflow
+  readOnly: true
+{{- end }}
 {{- with .Values.extraVolumeMounts }}
 {{ toYaml . }}
 {{- end }}
@@ -125,6 +136,12 @@ env:
   emptyDir: {}
 - name: home
   emptyDir: {}
+{{- if .Values.secretReload }}
+- name: secrets
+  secret:
+    secretName: {{ required "secretName: the Secret with NOTIFLOW_TENANTS, NOTIFLOW_DLQ_KEY and provider credentials" .Values.secretName }}
+    defaultMode: 0440
+{{- end }}
 {{- with .Values.extraVolumes }}
 {{ toYaml . }}
 {{- end }}
