@@ -2,10 +2,10 @@
 
 Audited (``docs/operations.md``, "Audit"): template versions created through the API, a
 tenant's policy as configured (tiers, channels, templates, limits, webhook secrets), each
-provider's credentials and the dead-letter key (by fingerprint: a truncated SHA-256 of the
-secret, never the secret), P0 acceptances per tenant (counted per minute and API process),
-and the dead-letter actions (``dlq_audit``: reveal, replay, purge). Nothing here reads a
-clock or a store."""
+provider's credentials, the ingest encryption keys and the dead-letter key (by fingerprint:
+a truncated SHA-256 of the secret, never the secret), P0 acceptances per tenant (counted per
+minute and API process), and the dead-letter actions (``dlq_audit``: reveal, replay, purge).
+Nothing here reads a clock or a store."""
 
 from __future__ import annotations
 
@@ -71,9 +71,11 @@ def _secrets(model: BaseModel) -> dict[str, str | None]:
 
 
 def credentials(settings: Settings) -> dict[str, dict[str, str | None]]:
-    """Every provider account's secrets and the dead-letter key, by fingerprint."""
+    """Every provider account's secrets, the ingest encryption keys and the dead-letter key,
+    by fingerprint."""
     providers = {name: _secrets(getattr(settings, name))
                  for name in ("twilio", "vonage", "sendgrid", "fcm", "apns", "smtp")}
+    providers["ingest"] = _secrets(settings.ingest_encryption)
     return {**{k: v for k, v in providers.items() if any(v.values())},
             "dlq": {"key": fingerprint(settings.dlq_key)}}
 

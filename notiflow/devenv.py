@@ -177,6 +177,8 @@ def dev_environment(*, api_port: int, fakes_port: int, time_scale: float = 1.0,
         "NOTIFLOW_TWILIO__AUTH_TOKEN": secrets.token_hex(16),
         "NOTIFLOW_TWILIO__STATUS_CALLBACK_URL": f"http://127.0.0.1:{hooks}/webhooks/twilio",
         "NOTIFLOW_DLQ_KEY": Fernet.generate_key().decode(),
+        "NOTIFLOW_INGEST_ENCRYPTION__KEYS": "dev1:" + base64.urlsafe_b64encode(
+            os.urandom(32)).rstrip(b"=").decode(),
         **object_store_credentials(stack_dir),
         "NOTIFLOW_TIME_SCALE": str(time_scale),
         "NOTIFLOW_FAKES_APNS_PORT": str(apns_port),

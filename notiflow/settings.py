@@ -302,6 +302,23 @@ class DlqRule(_Frozen):
     """A source batch that crashed the flow this often is dead-lettered on the next start."""
 
 
+class IngestEncryption(_Frozen):
+    """Envelope encryption of the recipient and variables of ingest records
+    (``adapters/envelope.py``): each process seals with a data key of its own, wrapped by the
+    first key-encryption key; every listed key opens."""
+
+    keys: SecretStr | None = None
+    """Key-encryption keys, ``kid:key`` separated by commas (``key``: 32 random bytes,
+    URL-safe base64). None: records travel in clear. Rotation: put the new key first, drop
+    the old one once no record sealed under it can still be read (the ingest topics'
+    retention and the longest schedule)."""
+    required: bool = False
+    """Dead-letter ingest records whose recipient and variables arrive in clear (an upstream
+    producer writing to the ingest topics without the key)."""
+    data_key_ttl: timedelta = timedelta(minutes=5)
+    """How long a process seals with one data key before drawing the next."""
+
+
 class TwilioSettings(_Frozen):
     """Twilio Messages API account; the base URL points at Twilio or at ``notiflow fakes``."""
 
@@ -1059,6 +1076,7 @@ class Settings(BaseSettings):
     Vonage); older posts are refused as replays. Wall-clock, not scaled by ``time_scale``."""
     client_webhooks: ClientWebhookRule = ClientWebhookRule()
     dlq: DlqRule = DlqRule()
+    ingest_encryption: IngestEncryption = IngestEncryption()
     telemetry: TelemetrySettings = TelemetrySettings()
     log_format: Literal["text", "json"] = "text"
     """Log lines: ``text`` for a terminal, ``json`` one event per line with trace and message

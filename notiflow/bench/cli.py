@@ -2,6 +2,7 @@
 benchmark on the local stack and write ``<out>/<name>.json``, ``<name>.md`` (and
 ``isolation.png``, ``scheduler.png``, ``campaign.png``, ``outbox.png``, ``api.png``). The
 stack is started if it is not running, and stopped again afterwards in that case.
+``notiflow bench envelope`` runs offline (``envelope.png``).
 ``notiflow bench summarize``: publish such a run's summary and its report into
 ``bench/figures/`` (offline)."""
 
@@ -209,6 +210,24 @@ def outbox(
     md = ob.outbox_markdown(doc)
     paths = write(out, "outbox", doc, md)
     paths.append(ob.outbox_plot(doc, out / "outbox.png"))
+    _show(paths, md)
+
+
+@bench_app.command("envelope")
+def envelope(
+    n: Annotated[int, typer.Option("-n", help="Workload records per round.")] = 20_000,
+    rounds: Annotated[int, typer.Option(help="Timed rounds (after one warm-up).")] = 7,
+    out: Out = Path("bench/results"),
+) -> None:
+    """CPU per message of sealing and opening the recipient and variables of ingest
+    records, next to the same records in clear (offline: no stack)."""
+    from notiflow.bench import envelope as ev
+    from notiflow.bench.report import write
+
+    doc = ev.run(n=n, rounds=rounds, log=_log)
+    md = ev.envelope_markdown(doc)
+    paths = write(out, "envelope", doc, md)
+    paths.append(ev.envelope_plot(doc, out / "envelope.png"))
     _show(paths, md)
 
 

@@ -40,6 +40,7 @@ from typing import Protocol
 from notiflow import names, telemetry
 from notiflow.adapters.campaign_notices import notice_of
 from notiflow.adapters.campaign_store import CampaignRow, Progress
+from notiflow.adapters.envelope import dump, envelope
 from notiflow.adapters.kafka_io import OutRecord, make_headers
 from notiflow.adapters.manifests import ManifestUnreadable
 from notiflow.flows.campaign_notices import NoticeBoard, Notifier
@@ -397,7 +398,7 @@ class Expander:
             record = out.record
             if out.due > now:
                 record = record.model_copy(update={"scheduled_at": out.due})
-            payload = record.model_dump_json(exclude_none=True)
+            payload = dump(record, envelope(self.settings))
             if out.due - now >= lead:
                 held.append(ScheduledRow.waiting(record, out.due, topic, payload,
                                                  self.settings.scheduling.bucket,

@@ -18,6 +18,7 @@ from datetime import datetime, timedelta
 from typing import Protocol
 
 from notiflow.adapters.cassandra_store import to_ms
+from notiflow.adapters.envelope import dump, envelope
 from notiflow.adapters.kafka_io import OutRecord, make_headers
 from notiflow.adapters.schedule_store import ScheduleRow
 from notiflow.flows.steps import snapshot_of
@@ -112,7 +113,7 @@ class Materializer:
         record = occurrence_record(self.settings, row, req, at, now)
         assert record.message_id is not None and record.scheduled_at is not None
         mid, due = record.message_id, record.scheduled_at
-        payload = record.model_dump_json(exclude_none=True)
+        payload = dump(record, envelope(self.settings))
         topic = self.settings.ingest_topic(record.channel, record.tier)
         await self.messages.create_message(mid, snapshot_of(record), Status.SCHEDULED, now)
         if due - now >= self.rule.min_lead:

@@ -41,6 +41,7 @@ from notiflow import names, telemetry
 from notiflow.adapters.cassandra_store import to_ms
 from notiflow.adapters.delayed_intake import Delayed
 from notiflow.adapters.dlq_crypto import DlqCipher
+from notiflow.adapters.envelope import Sealer, envelope, load
 from notiflow.adapters.kafka_io import OutRecord, make_headers
 from notiflow.adapters.scheduled_store import ShardLease
 from notiflow.flows.model import SourceRef, utcnow
@@ -120,18 +121,24 @@ class Released:
     skipped: int = 0
 
 
-def parsed(row: ScheduledRow) -> IngestRecord | None:
+def parsed(row: ScheduledRow, sealer: Sealer) -> IngestRecord | None:
     try:
-        return IngestRecord.model_validate_json(row.payload)
-    except ValidationError:
+        return load(row.payload, sealer)
+    except ValueError:
         return None
 
 
-def ingest_record(row: ScheduledRow) -> OutRecord:
+def _reason(exc: ValueError) -> str:
+    if isinstance(exc, ValidationError):
+        return str(exc.errors()[0]["msg"])
+    return str(exc)
+
+
+def ingest_record(row: ScheduledRow, sealer: Sealer) -> OutRecord:
     """The Kafka record of a due row: the accepted payload, keyed as the API keys it. A
     payload that no longer parses goes as it is: the send flow's parse step dead-letters it
     with the reason (errors are data; nothing accepted is dropped here)."""
-    record = parsed(row)
+    record = parsed(row, sealer)
     key = record.partition_key() if record is not None else row.message_id.encode()
     return OutRecord(topic=row.topic, key=key, value=row.payload.encode(),
                      headers=make_headers(row.message_id, row.tenant_id, row.tier,
@@ -295,12 +302,12 @@ class Scheduler:
 
     def _placed(self, d: Delayed, now: datetime) -> ScheduledRow | OutRecord:
         try:
-            record = IngestRecord.model_validate_json(d.value)
-        except ValidationError as exc:
+            record = load(d.value, envelope(self.settings))
+        except ValueError as exc:
             return self.encode(dead_letter(
                 raw=d.value, source=SourceRef(d.topic, d.partition, d.offset, d.timestamp_ms),
-                reason=f"delayed record does not parse: {exc.errors()[0]['msg']}",
-                error_class="ValidationError", category="invalid_data", tier=None,
+                reason=f"delayed record does not parse: {_reason(exc)}",
+                error_class=type(exc).__name__, category="invalid_data", tier=None,
                 cipher=self.cipher, now=now))
         topic = self.settings.ingest_topic(record.channel, record.tier)
         due = record.not_before
@@ -367,13 +374,15 @@ class Scheduler:
     async def _release(self, rows: list[ScheduledRow], now: datetime) -> tuple[int, int]:
         out: list[OutRecord] = []
         expired = 0
+        sealer = envelope(self.settings)
         for r in rows:
-            record = parsed(r) if r.expires_at is not None and r.expires_at <= now else None
+            record = (parsed(r, sealer) if r.expires_at is not None and r.expires_at <= now
+                      else None)
             if record is not None:
                 out.append(self.encode(expired_event(r, record, now)))
                 expired += 1
             else:
-                out.append(ingest_record(r))
+                out.append(ingest_record(r, sealer))
         await self.publish(out)
         released = self.clock()
         await self.board.mark_released(rows, released, self.owner)

@@ -17,6 +17,7 @@ from pydantic import ValidationError
 
 from notiflow import names
 from notiflow.adapters.dlq_crypto import DlqCipher
+from notiflow.adapters.envelope import EnvelopeError, dump, envelope
 from notiflow.adapters.kafka_io import OutRecord, header, make_headers
 from notiflow.flows.model import Out, Retry, SourcedReceipt, SourceRef, Work, utcnow
 from notiflow.redact import mask, recipient_hash
@@ -93,6 +94,7 @@ class IngestParser:
         self.cipher = cipher
         self.clock = clock
         self.enabled = settings.enabled_channels()
+        self.sealer = envelope(settings)
         self.topics = ({} if tier is None else
                        {settings.ingest_topic(c, tier): c for c in Channel})
 
@@ -119,6 +121,12 @@ class IngestParser:
         if version != 1:
             return self._dlq(raw, src, f"unknown schema_version {version!r}", "unknown_schema",
                              "invalid_data", now, msg.headers)
+        try:
+            doc = self.sealer.open(doc)
+        except EnvelopeError as exc:
+            return self._dlq(raw, src, f"sealed record: {exc}", "sealed", "invalid_data", now,
+                             msg.headers, tenant_id=doc.get("tenant_id") if isinstance(
+                                 doc.get("tenant_id"), str) else None)
         try:
             record = IngestRecord.model_validate(doc)
         except ValidationError as exc:
@@ -373,8 +381,7 @@ class Encoder:
             wait = r.not_before - self.clock() if r.not_before else None
             topic = (s.delayed_topic if wait is not None and wait >= s.scheduling.long_wait
                      else s.ingest_topic(r.channel, r.tier))
-            return OutRecord(topic, out.work.key,
-                             r.model_dump_json(exclude_none=True).encode(),
+            return OutRecord(topic, out.work.key, dump(r, envelope(s)).encode(),
                              list(out.work.headers) or make_headers(
                                  out.work.message_id, r.tenant_id, r.tier.value))
         if isinstance(out, Receipt):

@@ -24,6 +24,7 @@ from pydantic import ValidationError
 
 from notiflow import names, telemetry
 from notiflow.adapters.cassandra_store import utc
+from notiflow.adapters.envelope import dump, envelope, load
 from notiflow.adapters.kafka_io import DeliveryFailed
 from notiflow.gateway import examples
 from notiflow.gateway.auth import RuntimeDep, Tenant, read_json_object
@@ -162,7 +163,7 @@ async def _resume(rt: Runtime, tenant_id: str, key: str, req_hash: str,
     if not payload or not topic or created_at is None:
         raise unavailable("acceptance_in_progress", "an earlier request with this key is "
                           "still being accepted")
-    record = IngestRecord.model_validate_json(payload)
+    record = load(payload, envelope(rt.settings))
     try:
         body = await complete_acceptance(rt, tenant_id=tenant_id, key=key,
                                          created_at=created_at, record=record, topic=topic,
@@ -191,7 +192,7 @@ async def accept(rt: Runtime, tenant: TenantConfig, req: SendRequest, key: str |
     record = IngestRecord.stamped(req, tenant_id=tenant.id, message_id=message_id,
                                   idempotency_key=key, accepted_at=accepted_at,
                                   expires_at=expires_at)
-    payload = record.model_dump_json(exclude_none=True)
+    payload = dump(record, envelope(rt.settings))
     topic = rt.settings.ingest_topic(req.channel, req.tier)
     store = rt.store()
     claim = Claim(tenant.id, internal_key, req_hash, message_id, topic, payload, accepted_at)

@@ -16,8 +16,6 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from pydantic import ValidationError
-
 from notiflow.adapters.cassandra_store import (
     OUTBOX_READ_LIMIT,
     OUTBOX_SHARDS,
@@ -25,10 +23,10 @@ from notiflow.adapters.cassandra_store import (
     OutboxSlot,
     utc,
 )
+from notiflow.adapters.envelope import envelope, load
 from notiflow.adapters.retrying import every
 from notiflow.gateway.outbox import MIN_SWEEP_AGE, PENDING, complete_acceptance, traceparent
 from notiflow.gateway.runtime import Runtime
-from notiflow.schemas.messages import IngestRecord
 
 log = logging.getLogger("notiflow.gateway.outbox")
 
@@ -142,8 +140,8 @@ class OutboxSweeper:
         try:
             if not payload or not topic:
                 raise ValueError("reservation has no payload or topic")
-            record = IngestRecord.model_validate_json(payload)
-        except (ValidationError, ValueError) as exc:
+            record = load(payload, envelope(self.rt.settings))
+        except ValueError as exc:
             log.error("outbox entry %s/%s cannot be published (%s); parked in outbox_parked "
                       "for an operator", tenant_id, key, type(exc).__name__)
             await store.outbox_park(slot, created_at, tenant_id, key, type(exc).__name__, now)

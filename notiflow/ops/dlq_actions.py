@@ -13,6 +13,7 @@ outcome is not recorded yet or that is still in flight.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import secrets
 from collections.abc import Iterable, Mapping
@@ -45,6 +46,7 @@ from notiflow.adapters.dlq import (
     watermarks,
 )
 from notiflow.adapters.dlq_crypto import DlqCipher
+from notiflow.adapters.envelope import EnvelopeError, Sealer, dump, envelope, load
 from notiflow.adapters.kafka_io import (
     AsyncProducer,
     DeliveryFailed,
@@ -102,14 +104,20 @@ def redact(value: Any, key: str | None = None) -> Any:
     return value
 
 
-def payload_view(payload: bytes, reveal: bool) -> Any:
+def payload_view(payload: bytes, reveal: bool, sealer: Sealer | None = None) -> Any:
     """A decrypted payload for display: parsed JSON when it is JSON, else text; recipients
-    masked unless ``reveal``."""
+    masked unless ``reveal``. Revealed, a sealed ingest record is opened with ``sealer``
+    (left sealed when it does not open)."""
     try:
         doc: Any = orjson.loads(payload)
     except orjson.JSONDecodeError:
         doc = payload.decode(errors="replace")
-    return doc if reveal else redact(doc)
+    if not reveal:
+        return redact(doc)
+    if sealer is not None and isinstance(doc, dict):
+        with contextlib.suppress(EnvelopeError):
+            doc = sealer.open(doc)
+    return doc
 
 
 def new_traceparent() -> str:
@@ -180,10 +188,13 @@ def plan_replay(entry: DlqEntry, payload: bytes, settings: Settings, *, now: dat
                        "dead letters of ingest topics are replayed: inspect it with "
                        "`dlq show`, fix the cause, then purge it")
     try:
-        record = IngestRecord.model_validate_json(payload)
+        record = load(payload, envelope(settings))
     except ValidationError as exc:
         return Refusal(f"payload is not a valid ingest record ({validation_reason(exc)}): "
                        "the producer must send a corrected request; purge this one")
+    except ValueError as exc:
+        return Refusal(f"payload is not a valid ingest record ({exc}): the producer must "
+                       "send a corrected request; purge this one")
     if settings.tenant(record.tenant_id) is None:
         return Refusal(f"tenant {record.tenant_id!r} is not configured")
     if record.message_id is None and dl.message_id:
@@ -343,7 +354,7 @@ class DlqActions:
         assert self.producer is not None
         try:
             await self.producer.produce(OutRecord(
-                plan.topic, plan.key, plan.record.model_dump_json(exclude_none=True).encode(),
+                plan.topic, plan.key, dump(plan.record, envelope(self.settings)).encode(),
                 plan.headers))
         except DeliveryFailed as exc:
             if reopen:

@@ -38,6 +38,7 @@ from notiflow.adapters.dlq import (
     selector_of,
 )
 from notiflow.adapters.dlq_crypto import DlqCipher, DlqKeyMissing
+from notiflow.adapters.envelope import envelope
 from notiflow.adapters.kafka_io import AsyncProducer, DeliveryFailed
 from notiflow.ops.dlq_actions import (
     DlqActions,
@@ -294,7 +295,7 @@ def show_cmd(
             if reveal:
                 actions = DlqActions(settings, ls.ledger)
                 await actions.reveal(found.entry, actor or default_actor(), why or "")
-            doc["payload"] = payload_view(payload, reveal)
+            doc["payload"] = payload_view(payload, reveal, envelope(settings))
             if rendered is not None:
                 doc["rendered"] = payload_view(rendered, reveal)
             doc["revealed"] = reveal

@@ -12,6 +12,7 @@ import pytest
 from bytewax.connectors.kafka import KafkaSourceMessage
 from bytewax.testing import cluster_main, run_main
 
+from notiflow.adapters.envelope import envelope, load
 from notiflow.adapters.kafka_io import OutRecord
 from notiflow.adapters.worker import close_all
 from notiflow.schemas.enums import Tier
@@ -84,7 +85,7 @@ def decode(settings: Settings, out: list[OutRecord]) -> tuple[list[StatusEvent],
         elif r.topic.startswith(settings.topic("notify.dlq.")):
             dlq.append(DlqRecord.model_validate_json(r.value))
         else:
-            retries.append(IngestRecord.model_validate_json(r.value))
+            retries.append(load(r.value, envelope(settings)))
     return events, dlq, retries
 
 

@@ -19,6 +19,7 @@ from cassandra.cluster import Session
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, TopicPartition
 
 from notiflow.adapters.cassandra_store import CassandraStore, OutboxSlot, connect
+from notiflow.adapters.envelope import envelope, load
 from notiflow.adapters.kafka_io import header
 from notiflow.adapters.scheduled_store import ScheduledStore
 from notiflow.devenv import free_port
@@ -365,7 +366,9 @@ def test_ingest_record_on_topic(client: httpx.Client, auth: Callable[..., dict[s
     assert headers["schema_version"] == "1"
     assert TRACEPARENT.match(headers["traceparent"])
     value = json.loads(msg.value())
-    record = IngestRecord.model_validate(value)
+    assert "recipient" not in value and "variables" not in value and "sealed" in value
+    assert PHONE.encode() not in msg.value() and b"123456" not in msg.value()
+    record = load(msg.value(), envelope(settings))
     assert record.tenant_id == "acme"
     assert record.message_id == accepted["message_id"]
     assert record.idempotency_key == k
@@ -406,7 +409,8 @@ def test_scheduled_message(client: httpx.Client, auth: Callable[..., dict[str, s
     row = asyncio.run(scheduled_row(settings, message_id, due))
     assert row is not None and row.released_at is None
     assert row.topic == settings.ingest_topic(Channel.SMS, Tier.P3)
-    record = IngestRecord.model_validate_json(row.payload)
+    assert PHONE not in row.payload
+    record = load(row.payload, envelope(settings))
     assert record.expires_at == due + settings.tier_ttl(Tier.P3)
     with pytest.raises(AssertionError, match="not found"):
         find_record(settings, row.topic, message_id, timeout=2.0)
@@ -490,7 +494,7 @@ async def test_sweeper_publishes_a_crashed_acceptance(
     msg = await asyncio.to_thread(find_record, settings,
                                   settings.ingest_topic(Channel.SMS, Tier.P2),
                                   record.message_id)
-    assert IngestRecord.model_validate_json(msg.value()) == record
+    assert load(msg.value(), envelope(settings)) == record
     assert not await outbox_has(cql, "acme", k)
 
     replay = client.post("/v1/messages", headers=auth("acme", k), json=sms(tier="P2"))
@@ -518,7 +522,7 @@ async def test_retry_finishes_a_pending_acceptance(
     msg = await asyncio.to_thread(find_record, settings,
                                   settings.ingest_topic(Channel.SMS, Tier.P1),
                                   record.message_id)
-    assert IngestRecord.model_validate_json(msg.value()) == record
+    assert load(msg.value(), envelope(settings)) == record
     rec = await store.get_reservation("globex", k)
     assert rec is not None and rec["state"] == "ACCEPTED"
     assert json.loads(rec["response"]) == r.json()

@@ -24,6 +24,7 @@ from typer.testing import CliRunner, Result
 
 from notiflow.adapters.dlq import DepthMonitor, LedgerSession, dlq_depth, watermarks
 from notiflow.adapters.dlq_crypto import DlqCipher
+from notiflow.adapters.envelope import envelope
 from notiflow.adapters.kafka_io import OutRecord, header, make_headers, producer_config
 from notiflow.cli import app
 from notiflow.devenv import free_port
@@ -247,7 +248,8 @@ def test_replay_reenqueues_with_a_fresh_attempt_and_audit(dlq: Dlq, stack: Setti
     done = cli(*args)
     assert done.exit_code == 0, done.output
     [msg] = replayed(stack, topic, rec.dlq_id)
-    out = orjson.loads(msg.value())
+    assert PHONE.encode() not in msg.value()
+    out = envelope(stack).open(orjson.loads(msg.value()))
     assert out["message_id"] == mid and msg.key() == mid.encode()
     assert (out["attempt"], out["budget_base"]) == (5, 5)
     assert not {"not_before", "avoid_provider", "unknown_check"} & out.keys()

@@ -17,6 +17,7 @@ from cassandra.cluster import Session
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
 from notiflow.adapters.cassandra_store import to_ms
+from notiflow.adapters.envelope import envelope, load
 from notiflow.adapters.kafka_io import AsyncProducer, OutRecord, header, make_headers
 from notiflow.adapters.scheduled_store import ScheduledStore
 from notiflow.flows.scheduler import Scheduler
@@ -223,7 +224,7 @@ async def test_a_long_retry_waits_in_a_bucket_and_returns_when_due(
     now = datetime.now(UTC)
     due = now + timedelta(seconds=4)
     r = row(stack, board, now)
-    record = IngestRecord.model_validate_json(r.payload).model_copy(
+    record = load(r.payload, envelope(stack)).model_copy(
         update={"attempt": 3, "not_before": due, "scheduled_at": None})
     producer = AsyncProducer(stack)
     try:
@@ -242,7 +243,7 @@ async def test_a_long_retry_waits_in_a_bucket_and_returns_when_due(
     waiting = await stored()
     assert waiting is not None, "the delayed record never reached its bucket"
     assert waiting.released_at is None
-    assert IngestRecord.model_validate_json(waiting.payload).attempt == 3
+    assert load(waiting.payload, envelope(stack)).attempt == 3
     raw = board.session.execute(
         "SELECT payload FROM scheduled_work WHERE time_bucket = %s AND shard = %s "
         "AND scheduled_at = %s AND message_id = %s",

@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 from pydantic import SecretStr, ValidationError
 
 from notiflow.adapters.dlq_crypto import DlqCipher
+from notiflow.adapters.envelope import dump, envelope, new_key
 from notiflow.adapters.providers.sendgrid import receipts as sendgrid_receipts
 from notiflow.adapters.providers.sendgrid import signature as sendgrid_signature
 from notiflow.adapters.providers.smtp import receipts as smtp_receipts
@@ -48,8 +49,14 @@ from notiflow.flows.model import Work
 from notiflow.flows.steps import IngestParser, parse_reconcile
 from notiflow.schemas.campaigns import ColumnMapping, LocalWindow
 from notiflow.schemas.enums import Category, Channel, Tier
-from notiflow.schemas.messages import DlqRecord, Receipt, StatusEvent
-from notiflow.settings import SendGridSettings, Settings, TwilioSettings, VonageSettings
+from notiflow.schemas.messages import DlqRecord, IngestRecord, Receipt, StatusEvent
+from notiflow.settings import (
+    IngestEncryption,
+    SendGridSettings,
+    Settings,
+    TwilioSettings,
+    VonageSettings,
+)
 
 EXAMPLES = int(os.environ.get("NOTIFLOW_FUZZ_EXAMPLES", "1000"))
 """Inputs per parser: 1,000 in the test command, 10,000 or more with ``make fuzz``."""
@@ -110,6 +117,36 @@ def test_ingest_parser_never_raises_and_explains_each_refusal(
     if isinstance(out, DlqRecord):
         assert out.reason and out.category
         assert CIPHER.decrypt(out.payload_encrypted) == (value or b"")
+
+
+SEALING = CONF.model_copy(update={"ingest_encryption": IngestEncryption(
+    keys=new_key("k1"))})
+SEALED_PARSER = IngestParser(SEALING, Tier.P1, CIPHER, lambda: NOW)
+SEALED_VALID = orjson.loads(dump(IngestRecord.model_validate(
+    {k: v for k, v in VALID_INGEST.items() if k != "scheduled_at"}), envelope(SEALING)))
+
+
+def sealed_variants(sealed: str) -> st.SearchStrategy[str]:
+    """``sealed`` with one of its parts replaced, cut, or bits of it changed."""
+    parts = sealed.split(".")
+    return st.one_of(
+        st.integers(0, 3).flatmap(lambda i: TEXT.map(
+            lambda t: ".".join([*parts[:i], t, *parts[i + 1:]]))),
+        st.integers(0, len(sealed)).map(lambda n: sealed[:n]),
+        st.tuples(st.integers(0, len(sealed) - 1), st.sampled_from("AZaz09-_.=")).map(
+            lambda c: sealed[:c[0]] + c[1] + sealed[c[0] + 1:]))
+
+
+@FUZZ
+@given(doc=mutated(SEALED_VALID), sealed=sealed_variants(SEALED_VALID["sealed"]) | JSON)
+def test_sealed_records_never_raise_and_open_only_to_what_was_sealed(
+        doc: dict[str, Any], sealed: Any) -> None:
+    value = orjson.dumps({**doc, "sealed": sealed})
+    out = SEALED_PARSER(kmsg(value, [], "ingest.sms.p1"))
+    assert isinstance(out, Work | DlqRecord | StatusEvent)
+    if isinstance(out, Work):
+        assert out.record.recipient == VALID_INGEST["recipient"]
+        assert out.record.variables == VALID_INGEST["variables"]
 
 
 EVENT = {"event_id": "e1", "message_id": "msg_1", "tenant_id": "acme", "channel": "SMS",

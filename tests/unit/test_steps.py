@@ -12,11 +12,12 @@ from cryptography.fernet import Fernet
 from pydantic import ValidationError
 
 from notiflow.adapters.dlq_crypto import DlqCipher
+from notiflow.adapters.envelope import dump, envelope, new_key
 from notiflow.flows.model import Retry, SourceRef, Work
 from notiflow.flows.steps import Encoder, Hold, IngestParser, complete_record, retry_record
 from notiflow.schemas.enums import Status, Tier
 from notiflow.schemas.messages import DlqRecord, IngestRecord, StatusEvent
-from notiflow.settings import Settings
+from notiflow.settings import IngestEncryption, Settings
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 KEY = Fernet.generate_key()
@@ -162,3 +163,24 @@ def test_settings_from_environment(settings: Settings) -> None:
     assert settings.tenant_by_token("wrong") is None
     assert settings.ingest_topic("SMS", "P0") == "ingest.sms.p0"
     assert settings.dlq_topic(Tier.P3) == "notify.dlq.p3"
+
+
+def test_sealed_records_are_opened_and_bad_seals_dead_lettered(settings: Settings) -> None:
+    sealed = settings.model_copy(update={
+        "ingest_encryption": IngestEncryption(keys=new_key("k1"))})
+    record = IngestRecord.model_validate_json(body(message_id="msg_s"))
+    payload = dump(record, envelope(sealed)).encode()
+    assert b"+14155552671" not in payload and b"123456" not in payload
+    w = parse(sealed, kmsg(payload))
+    assert isinstance(w, Work)
+    assert (w.record.recipient, w.record.variables) == ("+14155552671", {"code": "123456"})
+    moved = orjson.loads(payload)
+    moved["tenant_id"] = "mkt"
+    out = parse(sealed, kmsg(orjson.dumps(moved)))
+    assert isinstance(out, DlqRecord) and out.error_class == "sealed"
+    assert "moved from another record" in out.reason and out.tenant_id == "mkt"
+    unkeyed = parse(settings, kmsg(payload))
+    assert isinstance(unkeyed, DlqRecord) and "no ingest key" in unkeyed.reason
+    retry = Encoder(sealed)(retry_record(w, 2, NOW + timedelta(seconds=3)))
+    assert b"+14155552671" not in retry.value
+    assert parse(sealed, kmsg(retry.value)).record.attempt == 2

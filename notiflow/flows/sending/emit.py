@@ -3,22 +3,28 @@ them and never calls the provider again) before they leave the step."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
+from notiflow.adapters.envelope import SEALED, EnvelopeError, Sealer, envelope
 from notiflow.flows.model import Out, Retry, Work
 from notiflow.flows.sending.context import SendContext
 from notiflow.schemas.enums import Status
 from notiflow.schemas.messages import AttemptRecord, DlqRecord, IngestRecord, StatusEvent
 
+log = logging.getLogger("notiflow.send")
+
 NEVER_DELIVERED = frozenset({Status.FAILED, Status.EXPIRED, Status.CANCELLED})
 """Endings that free the message's content fingerprint."""
 
 
-def lease_outcome(ev: StatusEvent, follow: Iterable[Out] = ()) -> dict[str, object]:
+def lease_outcome(ev: StatusEvent, follow: Iterable[Out] = (),
+                  sealer: Sealer | None = None) -> dict[str, object]:
     """What a finished lease records, so a replay can re-emit the outcome and what follows
-    it (the retry or check record, the dead letter) exactly as the first run emitted them."""
+    it (the retry or check record, sealed like an ingest record; the dead letter, whose
+    payload is encrypted) exactly as the first run emitted them."""
     done: dict[str, object] = {"status": ev.status.value, "reason": ev.reason}
     if ev.attempt_detail is not None:
         done["detail"] = ev.attempt_detail.model_dump(mode="json")
@@ -26,7 +32,8 @@ def lease_outcome(ev: StatusEvent, follow: Iterable[Out] = ()) -> dict[str, obje
         done["next_attempt_at"] = ev.next_attempt_at.isoformat()
     for out in follow:
         if isinstance(out, Retry):
-            done["retry"] = out.record.model_dump(mode="json", exclude_none=True)
+            retry = out.record.model_dump(mode="json", exclude_none=True)
+            done["retry"] = sealer.seal(retry) if sealer is not None else retry
         elif isinstance(out, DlqRecord):
             done["dlq"] = out.model_dump(mode="json", exclude_none=True)
     return done
@@ -40,7 +47,7 @@ async def finish(ctx: SendContext, w: Work, ev: StatusEvent, content_key: str | 
     while it waits). Returns ``[ev, *follow]``."""
     leases = ctx.ports.leases
     key = ctx.lease_key(w)
-    done = lease_outcome(ev, follow)
+    done = lease_outcome(ev, follow, envelope(ctx.settings))
     clear = [ctx.gate_key(w)] if ev.status is Status.RETRY_PENDING else []
     await ctx.redis(lambda: leases.finish([(key, done)], ctx.lease_ttl(w), clear), None)
     if content_key and ev.status in NEVER_DELIVERED:
@@ -71,8 +78,16 @@ def replayed(ctx: SendContext, w: Work, done: dict[str, Any], now: datetime) -> 
     outs: list[Out] = [ctx.event(
         w, Status(str(done["status"])), now, reason=done.get("reason"), detail=detail,
         next_attempt_at=datetime.fromisoformat(nxt) if nxt else None)]
-    if done.get("retry"):
-        outs.append(Retry(w, IngestRecord.model_validate(done["retry"])))
+    retry = done.get("retry")
+    if retry:
+        try:
+            if SEALED in retry:
+                retry = envelope(ctx.settings).open(retry)
+        except EnvelopeError as exc:
+            log.error("message %s: the retry recorded on its lease does not open (%s); the "
+                      "first run emitted it, not emitted again", w.message_id, exc)
+        else:
+            outs.append(Retry(w, IngestRecord.model_validate(retry)))
     if done.get("dlq"):
         outs.append(DlqRecord.model_validate(done["dlq"]))
     return outs
