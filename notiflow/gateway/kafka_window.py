@@ -206,7 +206,17 @@ class Publisher:
         return Outcome.PUBLISHED
 
     async def _produce(self, d: Deferred) -> Outcome:
-        return await self._settled(self.producer().produce(d.record))
+        """The sweeper's publish: a failed delivery marks Kafka down only when the broker
+        does not answer either (one record bound for a topic that is gone must not make
+        every process refuse P0)."""
+        try:
+            await self.producer().produce(d.record)
+        except DeliveryFailed as exc:
+            if not await self.probe():
+                self.window.mark_down(str(exc))
+            raise
+        self.window.mark_up()
+        return Outcome.PUBLISHED
 
     async def _settled(self, ack: Awaitable[Any]) -> Outcome:
         try:

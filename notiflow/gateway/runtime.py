@@ -56,6 +56,7 @@ NOT_READY: tuple[type[BaseException], ...] = (*OUTAGE, DriverException)
 """What Cassandra raises before it can serve the API: down, or its schema not there yet."""
 PROBE_TIMEOUT_S = 2.0
 TEMPLATE_CACHE_SIZE = 4096
+TOPICS_TTL_S = 30.0
 
 
 def api_producer_overrides() -> dict[str, Any]:
@@ -101,6 +102,7 @@ class Runtime:
         """Turns of batch items (``batch.py``) in this process."""
         self._templates: OrderedDict[tuple[str, str, int], dict[str, Any]] = OrderedDict()
         self._jwks: JwksCache | None = None
+        self._topics: tuple[float, frozenset[str]] | None = None
         self.auditor = Auditor(settings)
         self._closed = False
 
@@ -289,6 +291,21 @@ class Runtime:
 
     async def _kafka_up(self) -> bool:
         return await self.check_kafka() == "ok"
+
+    async def topic_exists(self, topic: str) -> bool | None:
+        """Whether the cluster has ``topic`` (its topic list is fetched at most every
+        :data:`TOPICS_TTL_S`); None when the broker does not answer."""
+        now = asyncio.get_running_loop().time()
+        if self._topics is None or now - self._topics[0] >= TOPICS_TTL_S:
+            admin = self._admin
+            if admin is None:
+                return None
+            try:
+                meta = await asyncio.to_thread(admin.list_topics, timeout=PROBE_TIMEOUT_S)
+            except Exception:
+                return None
+            self._topics = (now, frozenset(meta.topics))
+        return topic in self._topics[1]
 
     async def close(self) -> None:
         """Stop background tasks, flush the producer, close the Cassandra connection."""

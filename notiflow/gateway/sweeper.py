@@ -146,6 +146,11 @@ class OutboxSweeper:
                       "for an operator", tenant_id, key, type(exc).__name__)
             await store.outbox_park(slot, created_at, tenant_id, key, type(exc).__name__, now)
             return 1
+        if await self.rt.topic_exists(topic) is False:
+            log.error("outbox entry %s/%s is bound for topic %s, which does not exist; parked "
+                      "in outbox_parked for an operator", tenant_id, key, topic)
+            await store.outbox_park(slot, created_at, tenant_id, key, "unknown_topic", now)
+            return 1
         await complete_acceptance(
             self.rt, tenant_id=tenant_id, key=key, created_at=created_at, record=record,
             topic=topic, payload=payload, trace=traceparent(), slot=slot, write_outbox=False,

@@ -2,13 +2,15 @@
 
 Each scenario runs an isolated platform on the running stack (topic prefix, keyspace and
 ports of its own: ``bench/harness.py`` ``Phase``): the emulators, both API lanes, the
-reconciler, a scheduler and the P0 and P1 send flows. It submits ``messages`` P1 SMS through
-the API at ``rate``/s with P0 OTPs at ``p0_rate``/s beside them (open loop), injects its
+reconciler, a scheduler and the send flows of P0 and of the scenario's tier (P1, or P3 for the
+bulk lane's victims). It submits ``messages`` SMS of that tier through its API lane at
+``rate``/s with P0 OTPs at ``p0_rate``/s beside them (open loop), injects its
 fault at a seeded random moment of the submission, undoes it ``hold`` seconds later, waits
 for every accepted message to reach a provider, and reports:
 
-- accepted: answered 202 (P1 and P0); refused: no 202 in the end (P1 requests are retried
-  with their key for 30 s, P0 OTPs three times in quick succession: an OTP late is useless);
+- accepted: answered 202 (the stream and P0); refused: no 202 in the end (the stream's
+  requests are retried with their key for 30 s, P0 OTPs three times in quick succession: an
+  OTP late is useless);
 - terminal: accepted messages whose row is in a terminal status;
 - failed: terminal without a provider accepting them (FAILED or EXPIRED: they are in the
   dead-letter queue, recoverable);
@@ -42,7 +44,13 @@ from cassandra.cluster import Session
 
 from notiflow.bench.harness import OtpStream, Phase, wait_until
 from notiflow.bench.stats import percentile
-from notiflow.bench.workload import REGIONS, TEMPLATE_IDS, TENANT_BY_TIER, PhoneFactory
+from notiflow.bench.workload import (
+    CATEGORY_BY_TIER,
+    REGIONS,
+    TEMPLATE_IDS,
+    TENANT_BY_TIER,
+    PhoneFactory,
+)
 from notiflow.ops.stack import Stack
 from notiflow.schemas.enums import TERMINAL_STATUSES, Channel, Status, Tier
 from notiflow.schemas.status import rank
@@ -75,6 +83,8 @@ class Scenario:
     inject: Fault
     undo: Fault
     hold: float = 10.0
+    tier: Tier = Tier.P1
+    """The tier of the stream submitted beside P0's OTPs."""
 
 
 def _kill_process(name: str) -> tuple[Fault, Fault]:
@@ -129,6 +139,10 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              *_kill_process("api"), hold=5),
     Scenario("kill-reconciler", "SIGKILL the reconciler, start it again",
              *_kill_process("reconcile"), hold=5),
+    Scenario("kill-send-p3", "SIGKILL the P3 send flow under a P3 stream, start it again",
+             *_kill_process("send-p3"), hold=5, tier=Tier.P3),
+    Scenario("kill-api-bulk", "SIGKILL the bulk-lane API under a P3 stream, start it again",
+             *_kill_process("api-bulk"), hold=5, tier=Tier.P3),
     Scenario("redis-kill", "SIGKILL Redis, `stack up` again",
              _stack_signal("redis", signal.SIGKILL), _stack_up, hold=10),
     Scenario("kafka-restart", "SIGKILL every Kafka broker, `stack up` again",
@@ -174,19 +188,22 @@ class Report:
         return asdict(self)
 
 
-async def _submit(phase: Phase, version: int, count: int, rate: float, key: str,
+async def _submit(phase: Phase, tier: Tier, version: int, count: int, rate: float, key: str,
                   phones: PhoneFactory) -> tuple[dict[str, float], int]:
-    """``count`` P1 SMS at ``rate``/s, open loop; message_id → accepted_at, and the refused.
-    A request is retried with its key for ``RETRY_FOR_S`` after a dropped connection, a 429
-    or a 503 (as ``notiflow.client`` does); refused: any other answer, or none by then."""
+    """``count`` SMS of ``tier`` at ``rate``/s through its API lane, open loop; message_id →
+    accepted_at, and the refused. A request is retried with its key for ``RETRY_FOR_S``
+    after a dropped connection, a 429 or a 503 (as ``notiflow.client`` does); refused: any
+    other answer, or none by then."""
     accepted: dict[str, float] = {}
     refused = 0
-    tenant = TENANT_BY_TIER[Tier.P1]
-    async with httpx.AsyncClient(base_url=phase.api, headers=phase.auth(tenant),
+    tenant = TENANT_BY_TIER[tier]
+    base = phase.api if tier in (Tier.P0, Tier.P1) else phase.bulk_api
+    async with httpx.AsyncClient(base_url=base, headers=phase.auth(tenant),
                                  timeout=30) as client:
         async def one(i: int) -> None:
             nonlocal refused
-            body = {"channel": "SMS", "tier": "P1", "recipient": phones.take(),
+            body = {"channel": "SMS", "tier": tier.value, "recipient": phones.take(),
+                    "category": CATEGORY_BY_TIER[tier].value,
                     "template_id": TEMPLATE_IDS[Channel.SMS], "template_version": version,
                     "variables": {"brand": "Notiflow", "headline": "order", "code": f"{i:06d}"}}
             deadline = time.monotonic() + RETRY_FOR_S
@@ -252,12 +269,12 @@ def settled(accepted: Iterable[str], sends: dict[str, list[float]],
 TERMINAL = frozenset(s.value for s in TERMINAL_STATUSES)
 
 
-def measure(scenario: Scenario, run: Run, p1: dict[str, float], p0: dict[str, float],
+def measure(scenario: Scenario, run: Run, stream: dict[str, float], p0: dict[str, float],
             refused: int, sends: dict[str, list[float]], status: dict[str, str | None],
             regressed: int) -> Report:
     """The report of one run from what was accepted (message_id → accepted_at), what the
     providers accepted, and what Cassandra holds (each message's status)."""
-    accepted = {**p1, **p0}
+    accepted = {**stream, **p0}
     first = {mid: min(times) for mid, times in sends.items() if mid in accepted}
     unsent = [m for m in accepted if m not in first]
     failed = [m for m in unsent if status.get(m) in TERMINAL]
@@ -296,8 +313,8 @@ def run_scenario(scenario: Scenario, out: Path, *, messages: int, rate: float,
         phase.prepare()
         phase.start_platform()
         phase.start_send(Tier.P0)
-        phase.start_send(Tier.P1)
-        versions = phase.templates({TENANT_BY_TIER[Tier.P0], TENANT_BY_TIER[Tier.P1]})
+        phase.start_send(scenario.tier)
+        versions = phase.templates({TENANT_BY_TIER[Tier.P0], TENANT_BY_TIER[scenario.tier]})
         phones = PhoneFactory(REGIONS, datetime.now(UTC))
         otps = OtpStream(phase, versions, p0_rate, PhoneFactory(REGIONS, datetime.now(UTC),
                                                                 start=500_000), f"p0-{run_id}")
@@ -306,9 +323,9 @@ def run_scenario(scenario: Scenario, out: Path, *, messages: int, rate: float,
         result: dict[str, Any] = {}
 
         def submit() -> None:
-            result["p1"] = asyncio.run(_submit(
-                phase, versions[(TENANT_BY_TIER[Tier.P1], Channel.SMS)], messages, rate,
-                f"p1-{run_id}", phones))
+            result["stream"] = asyncio.run(_submit(
+                phase, scenario.tier, versions[(TENANT_BY_TIER[scenario.tier], Channel.SMS)],
+                messages, rate, f"{scenario.tier.value.lower()}-{run_id}", phones))
 
         submitter = threading.Thread(target=submit, name="chaos-submit")
         otps.start()
@@ -325,8 +342,8 @@ def run_scenario(scenario: Scenario, out: Path, *, messages: int, rate: float,
         log(f"{scenario.name}: undone after {run.undone_at - run.fault_at:.1f} s")
         submitter.join()
         p0, p0_refused = otps.stop()
-        p1, p1_refused = result["p1"]
-        accepted = {**p1, **p0}
+        stream, stream_refused = result["stream"]
+        accepted = {**stream, **p0}
         cluster, cql = connect(phase.settings)
         try:
             ids = list(accepted)
@@ -338,7 +355,7 @@ def run_scenario(scenario: Scenario, out: Path, *, messages: int, rate: float,
 
             wait_until(done, timeout=settle_timeout, interval=2.0)
             time.sleep(3)
-            report = measure(scenario, run, p1, p0, p1_refused + p0_refused,
+            report = measure(scenario, run, stream, p0, stream_refused + p0_refused,
                              phase.accepted_sends(), statuses(cql, ids),
                              len(regressions(cql, ids)))
         finally:

@@ -194,6 +194,19 @@ async def test_the_sweepers_call_never_defers() -> None:
     assert len(h.window) == 0 and not h.window.down
 
 
+async def test_a_sweeper_failure_marks_kafka_down_only_when_the_broker_is_silent() -> None:
+    h = Harness()
+    h.producer.mode = "fail"
+    h.kafka_answers = True
+    with pytest.raises(DeliveryFailed):
+        await h.publish("gone-topic", deferrable=False)
+    assert not h.window.down
+    h.kafka_answers = False
+    with pytest.raises(DeliveryFailed):
+        await h.publish("m1", deferrable=False)
+    assert h.window.down
+
+
 async def test_drain_publishes_oldest_first_once_kafka_acknowledges() -> None:
     h = Harness()
     h.producer.mode = "fail"

@@ -78,6 +78,9 @@ class Runtime:
     def store(self) -> Store:
         return self._store
 
+    async def topic_exists(self, topic: str) -> bool | None:
+        return {"t": True, "gone": False}.get(topic)
+
 
 @pytest.fixture
 def published(monkeypatch: pytest.MonkeyPatch) -> list[str]:
@@ -160,6 +163,19 @@ async def test_what_cannot_be_published_is_parked_and_the_cursor_moves_on(
     await s.sweep_once(NOW + timedelta(minutes=2))
     assert store.parked == [("acme", "broken", "ValueError")] and published == ["next"]
     assert store.cursors[3] == s.last_bucket(NOW + timedelta(minutes=2)) + 1
+
+
+async def test_an_entry_for_a_topic_that_is_gone_is_parked_not_retried(
+        published: list[str]) -> None:
+    store, s = await running()
+    at = NOW + timedelta(seconds=1)
+    store.add(slot_at(at), at, "acme", "orphan")
+    store.reservations[("acme", "orphan")]["topic"] = "gone"
+    store.add(slot_at(at), at, "acme", "unknown")
+    store.reservations[("acme", "unknown")]["topic"] = "unanswered"
+    await s.sweep_once(NOW + timedelta(minutes=2))
+    assert store.parked == [("acme", "orphan", "unknown_topic")]
+    assert published == ["unknown"]
 
 
 async def test_a_bucket_it_could_not_empty_holds_the_cursor(published: list[str]) -> None:
