@@ -57,6 +57,7 @@ NOT_READY: tuple[type[BaseException], ...] = (*OUTAGE, DriverException)
 PROBE_TIMEOUT_S = 2.0
 TEMPLATE_CACHE_SIZE = 4096
 TOPICS_TTL_S = 30.0
+TOPICS_RECHECK_S = 5.0
 
 
 def api_producer_overrides() -> dict[str, Any]:
@@ -293,10 +294,14 @@ class Runtime:
         return await self.check_kafka() == "ok"
 
     async def topic_exists(self, topic: str) -> bool | None:
-        """Whether the cluster has ``topic`` (its topic list is fetched at most every
-        :data:`TOPICS_TTL_S`); None when the broker does not answer."""
+        """Whether the cluster has ``topic``; None when the broker does not answer. The topic
+        list is kept for :data:`TOPICS_TTL_S`, and fetched again for a topic it lacks once it
+        is :data:`TOPICS_RECHECK_S` old (a topic created since)."""
         now = asyncio.get_running_loop().time()
-        if self._topics is None or now - self._topics[0] >= TOPICS_TTL_S:
+        cached = self._topics
+        if cached is not None and topic in cached[1] and now - cached[0] < TOPICS_TTL_S:
+            return True
+        if cached is None or now - cached[0] >= TOPICS_RECHECK_S:
             admin = self._admin
             if admin is None:
                 return None
@@ -304,8 +309,8 @@ class Runtime:
                 meta = await asyncio.to_thread(admin.list_topics, timeout=PROBE_TIMEOUT_S)
             except Exception:
                 return None
-            self._topics = (now, frozenset(meta.topics))
-        return topic in self._topics[1]
+            cached = self._topics = (now, frozenset(meta.topics))
+        return topic in cached[1]
 
     async def close(self) -> None:
         """Stop background tasks, flush the producer, close the Cassandra connection."""
