@@ -39,6 +39,7 @@ from notiflow.adapters.cancel_gate import Confirm
 from notiflow.adapters.dlq_crypto import DlqCipher
 from notiflow.adapters.ports import STORE_DOWN, OpenSendPorts
 from notiflow.adapters.pressure import REPORT_EVERY_S
+from notiflow.adapters.providers.base import Outcome
 from notiflow.adapters.worker import loop_thread, register
 from notiflow.flows.model import Out, Retry, Work
 from notiflow.flows.ordering import KeyOrder, OrderedState, Skip, order_key
@@ -49,6 +50,7 @@ from notiflow.flows.sending.batch import Batch, Prepared, attempt_key
 from notiflow.flows.sending.context import InfraUnavailable, SendContext
 from notiflow.flows.sending.emit import cancelled
 from notiflow.flows.sending.metrics import attempt_outcome, metrics
+from notiflow.flows.sending.route import last_resort_failed
 from notiflow.flows.steps import Clock
 from notiflow.flows.yielding import Slots, YieldWindow
 from notiflow.names import Stage
@@ -416,7 +418,11 @@ class Dispatcher:
                 return await cancelled(ctx, w, item.content_key)
             stages.record(tier, Stage.DISPATCH_SLOT, time.monotonic() - routed)
             result = await self.stages.call(ctx, w, provider, item.message, choice)
-            outs = await self.stages.classify(ctx, w, result, item.content_key, item.message)
+            if choice.last_resort and result.outcome is Outcome.TRANSIENT:
+                outs = await last_resort_failed(ctx, w, result)
+            else:
+                outs = await self.stages.classify(ctx, w, result, item.content_key,
+                                                  item.message)
             trace.get_current_span().set_attributes({
                 names.ATTR_PROVIDER: provider.provider_id,
                 names.ATTR_OUTCOME: attempt_outcome(result)})

@@ -104,6 +104,8 @@ class Choice:
     provider_id: str
     probe: bool
     admission: Any = None
+    last_resort: bool = False
+    """Chosen although every breaker refused (``TierPolicy.last_resort``)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,6 +1,7 @@
 """Send: one provider call inside its span, counted, timed, and told to the provider's
 breaker. A provider adapter that raises (a bug: adapters answer with a result) becomes a
-transient ``internal_error`` result that the breaker does not count."""
+transient ``internal_error`` result that the breaker does not count; nor does it count a
+last-resort send (its breaker had refused it: ``flows/sending/route.py``)."""
 
 from __future__ import annotations
 
@@ -44,7 +45,7 @@ class Call:
             elapsed = time.monotonic() - started
             metrics.provider_call(span, w, result, elapsed)
             stages.record(w.record.tier.value, Stage.PROVIDER, elapsed)
-        if not (result.reason or "").startswith("internal_error"):
+        if not choice.last_resort and not (result.reason or "").startswith("internal_error"):
             await ctx.ports.breakers.record(
                 provider.provider_id, result.outcome, result.reason,
                 time.monotonic() - started, choice.probe,

@@ -1,12 +1,15 @@
 """Route and quota: the provider accounts that can carry a message, ranked by the tier's
 policy (``flows/routing.py``), then the first one its breaker admits with a capacity token
 taken. No account serves the channel → DLQ (``channel_unavailable``); every breaker refuses
-→ the message waits (same attempt) until one may admit it, or expires."""
+→ the message waits (same attempt) until one may admit it, or expires; a tier with
+``last_resort`` (P0) is sent through the best-ranked account anyway, and waits only when
+that send fails transiently (:func:`last_resort_failed`)."""
 
 from __future__ import annotations
 
 from datetime import timedelta
 
+from notiflow.adapters.providers.base import SendResult
 from notiflow.flows.model import Out, Work
 from notiflow.flows.routing import Choice, Unavailable, rank_routes, reserve
 from notiflow.flows.sending.batch import Batch
@@ -50,10 +53,42 @@ class Quota:
                                tenant_rate=tenant.rate_limit if tenant else None)
         if isinstance(choice, Choice):
             return choice
+        if isinstance(choice, Unavailable) and ctx.settings.policy(w.record.tier).last_resort:
+            forced = await last_resort(ctx, w, tenant.rate_limit if tenant else None)
+            if forced is not None:
+                return forced
         return await all_unavailable(ctx, w, choice)
 
 
-async def all_unavailable(ctx: SendContext, w: Work, choice: Unavailable | None) -> list[Out]:
+async def last_resort(ctx: SendContext, w: Work, tenant_rate: float | None) -> Choice | None:
+    """The best-ranked account for a message every breaker refused, with its capacity token
+    taken; None when it has no token now (the message waits as any refused one does)."""
+    routes = candidates(ctx, w)
+    if not routes:
+        return None
+    provider_id = routes[0].provider_id
+    wait = await ctx.ports.quota.acquire(provider_id, w.record.tier, w.record.tenant_id,
+                                         tenant_rate)
+    return Choice(provider_id, False, last_resort=True) if wait is None else None
+
+
+async def last_resort_failed(ctx: SendContext, w: Work, result: SendResult) -> list[Out]:
+    """A last-resort send failed transiently: the message waits on the same attempt, as if
+    the breakers had refused it, for ``last_resort_wait`` or a quarter of its age, whichever
+    is longer (an outage is not hammered), or the provider's ``Retry-After``. Its lease and
+    the cancel gate's ``sending`` are freed."""
+    policy = ctx.settings.policy(w.record.tier)
+    age = (ctx.clock() - w.accepted_at).total_seconds()
+    wait = max(ctx.settings.scaled(policy.last_resort_wait).total_seconds(), age / 4,
+               result.retry_after_s or 0.0)
+    leases = ctx.ports.leases
+    await ctx.redis(lambda: leases.finish([], ctx.lease_ttl(w), [ctx.gate_key(w)]), None)
+    return await all_unavailable(ctx, w, Unavailable(wait, (result.provider_id,)),
+                                 reason=f"last_resort_failed:{result.reason or 'transient'}")
+
+
+async def all_unavailable(ctx: SendContext, w: Work, choice: Unavailable | None, *,
+                          reason: str = "all_providers_unavailable") -> list[Out]:
     """Every provider of the channel is refused by its breaker: no attempt is spent; the
     message waits (same attempt) until a breaker may admit it, or expires."""
     now = ctx.clock()
@@ -62,8 +97,6 @@ async def all_unavailable(ctx: SendContext, w: Work, choice: Unavailable | None)
     await release(ctx, w)
     assert w.record.expires_at is not None
     if due >= w.record.expires_at:
-        return await finish(ctx, w, ctx.event(
-            w, Status.EXPIRED, now, reason="all_providers_unavailable"))
-    return [ctx.event(w, Status.RETRY_PENDING, now, reason="all_providers_unavailable",
-                      next_attempt_at=due),
+        return await finish(ctx, w, ctx.event(w, Status.EXPIRED, now, reason=reason))
+    return [ctx.event(w, Status.RETRY_PENDING, now, reason=reason, next_attempt_at=due),
             retry_record(w, w.record.attempt, due)]
