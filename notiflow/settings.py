@@ -100,10 +100,11 @@ class TierPolicy(_Frozen):
     account anyway (a capacity token is still taken; the breaker is not told) instead of
     waiting for one to half-open; a transient failure then waits on the same attempt (no
     retry budget spent: ``last_resort_wait``, or a quarter of the message's age when longer,
-    or the provider's ``Retry-After``). For P0: breakers open within a second of a 5xx or
-    429 storm and stay open a minute, P0's whole TTL, while both accounts still accept most
-    sends (``notiflow chaos provider-5xx``: p99 60 s without it)."""
-    last_resort_wait: timedelta = timedelta(seconds=1)
+    or the provider's ``Retry-After``) and tries the other account first. For P0: breakers
+    open within a second of a 5xx or 429 storm and stay open a minute, P0's whole TTL, while
+    both accounts still accept most sends (``notiflow chaos provider-5xx``: p99 60 s
+    without it)."""
+    last_resort_wait: timedelta = timedelta(milliseconds=250)
     lane: Literal["priority", "bulk"] = "bulk"
     """Which side of the shared bottlenecks the tier is on: ``bulk`` work yields to
     ``priority`` work (its own circuit breakers, throttled when P0's budget is threatened;

@@ -92,4 +92,5 @@ def test_a_failed_last_resort_waits_on_the_same_attempt(open_breakers: Settings,
     assert ev.reason is not None and ev.reason.startswith("last_resort_failed:")
     [again] = retries
     assert again.attempt == 1 and again.not_before is not None
+    assert again.avoid_provider in SMS
     assert again.not_before - ev.occurred_at >= timedelta(milliseconds=100)

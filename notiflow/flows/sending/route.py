@@ -10,7 +10,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 from notiflow.adapters.providers.base import SendResult
-from notiflow.flows.model import Out, Work
+from notiflow.flows.model import Out, Retry, Work
 from notiflow.flows.routing import Choice, Unavailable, rank_routes, reserve
 from notiflow.flows.sending.batch import Batch
 from notiflow.flows.sending.context import SendContext
@@ -75,8 +75,8 @@ async def last_resort(ctx: SendContext, w: Work, tenant_rate: float | None) -> C
 async def last_resort_failed(ctx: SendContext, w: Work, result: SendResult) -> list[Out]:
     """A last-resort send failed transiently: the message waits on the same attempt, as if
     the breakers had refused it, for ``last_resort_wait`` or a quarter of its age, whichever
-    is longer (an outage is not hammered), or the provider's ``Retry-After``. Its lease and
-    the cancel gate's ``sending`` are freed."""
+    is longer (an outage is not hammered), or the provider's ``Retry-After``, and then tries
+    the other account first. Its lease and the cancel gate's ``sending`` are freed."""
     policy = ctx.settings.policy(w.record.tier)
     age = (ctx.clock() - w.accepted_at).total_seconds()
     wait = max(ctx.settings.scaled(policy.last_resort_wait).total_seconds(), age / 4,
@@ -84,13 +84,16 @@ async def last_resort_failed(ctx: SendContext, w: Work, result: SendResult) -> l
     leases = ctx.ports.leases
     await ctx.redis(lambda: leases.finish([], ctx.lease_ttl(w), [ctx.gate_key(w)]), None)
     return await all_unavailable(ctx, w, Unavailable(wait, (result.provider_id,)),
-                                 reason=f"last_resort_failed:{result.reason or 'transient'}")
+                                 reason=f"last_resort_failed:{result.reason or 'transient'}",
+                                 avoid=result.provider_id)
 
 
 async def all_unavailable(ctx: SendContext, w: Work, choice: Unavailable | None, *,
-                          reason: str = "all_providers_unavailable") -> list[Out]:
+                          reason: str = "all_providers_unavailable",
+                          avoid: str | None = None) -> list[Out]:
     """Every provider of the channel is refused by its breaker: no attempt is spent; the
-    message waits (same attempt) until a breaker may admit it, or expires."""
+    message waits (same attempt) until a breaker may admit it, or expires (``avoid``: the
+    account ranked last when it is tried again)."""
     now = ctx.clock()
     wait = timedelta(seconds=choice.retry_in if choice else 1.0)
     due = now + max(wait, timedelta(milliseconds=100))
@@ -98,5 +101,7 @@ async def all_unavailable(ctx: SendContext, w: Work, choice: Unavailable | None,
     assert w.record.expires_at is not None
     if due >= w.record.expires_at:
         return await finish(ctx, w, ctx.event(w, Status.EXPIRED, now, reason=reason))
-    return [ctx.event(w, Status.RETRY_PENDING, now, reason=reason, next_attempt_at=due),
-            retry_record(w, w.record.attempt, due)]
+    again = retry_record(w, w.record.attempt, due)
+    if avoid is not None:
+        again = Retry(w, again.record.model_copy(update={"avoid_provider": avoid}))
+    return [ctx.event(w, Status.RETRY_PENDING, now, reason=reason, next_attempt_at=due), again]
