@@ -47,8 +47,11 @@ def source_of(msg: KafkaSourceMessage[Any, Any]) -> SourceRef:
     return SourceRef(msg.topic or "", msg.partition or 0, msg.offset or 0, ts)
 
 
-def validation_reason(exc: ValidationError) -> str:
-    """A readable summary of a validation error without echoing the input (PII)."""
+def validation_reason(exc: ValueError) -> str:
+    """A readable summary of a validation error without echoing the input (PII); any other
+    ``ValueError`` (a JSON or envelope error) as its message."""
+    if not isinstance(exc, ValidationError):
+        return str(exc)
     parts = []
     for err in exc.errors(include_input=False, include_url=False)[:5]:
         loc = ".".join(str(x) for x in err["loc"]) or "body"
@@ -361,6 +364,7 @@ class Encoder:
 
     def __init__(self, settings: Settings, clock: Clock = utcnow) -> None:
         self.settings = settings
+        self.sealer = envelope(settings)
         self.clock = clock
 
     def __call__(self, out: Out) -> OutRecord:
@@ -381,7 +385,7 @@ class Encoder:
             wait = r.not_before - self.clock() if r.not_before else None
             topic = (s.delayed_topic if wait is not None and wait >= s.scheduling.long_wait
                      else s.ingest_topic(r.channel, r.tier))
-            return OutRecord(topic, out.work.key, dump(r, envelope(s)).encode(),
+            return OutRecord(topic, out.work.key, dump(r, self.sealer).encode(),
                              list(out.work.headers) or make_headers(
                                  out.work.message_id, r.tenant_id, r.tier.value))
         if isinstance(out, Receipt):

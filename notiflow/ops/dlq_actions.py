@@ -189,12 +189,9 @@ def plan_replay(entry: DlqEntry, payload: bytes, settings: Settings, *, now: dat
                        "`dlq show`, fix the cause, then purge it")
     try:
         record = load(payload, envelope(settings))
-    except ValidationError as exc:
+    except ValueError as exc:
         return Refusal(f"payload is not a valid ingest record ({validation_reason(exc)}): "
                        "the producer must send a corrected request; purge this one")
-    except ValueError as exc:
-        return Refusal(f"payload is not a valid ingest record ({exc}): the producer must "
-                       "send a corrected request; purge this one")
     if settings.tenant(record.tenant_id) is None:
         return Refusal(f"tenant {record.tenant_id!r} is not configured")
     if record.message_id is None and dl.message_id:

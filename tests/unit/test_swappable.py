@@ -37,12 +37,19 @@ class Held:
         self.closed = True
 
 
-async def test_in_flight_sends_finish_on_the_old_client_and_new_ones_use_the_new() -> None:
+async def swapped_mid_send(drain_s: float = 60.0
+                           ) -> tuple[Held, Held, Swappable, asyncio.Task[SendResult]]:
+    """A slot whose client was replaced while one send was in flight on it."""
     old, new = Held("old"), Held("new")
-    slot = Swappable(old)
+    slot = Swappable(old, drain_s=drain_s)
     pending = asyncio.create_task(slot.send(MESSAGE))
     await asyncio.sleep(0)
     slot.swap(new)
+    return old, new, slot, pending
+
+
+async def test_in_flight_sends_finish_on_the_old_client_and_new_ones_use_the_new() -> None:
+    old, new, slot, pending = await swapped_mid_send()
     new.release.set()
     assert (await slot.send(MESSAGE)).provider_message_id == "new"
     await asyncio.sleep(0.01)
@@ -56,11 +63,7 @@ async def test_in_flight_sends_finish_on_the_old_client_and_new_ones_use_the_new
 
 
 async def test_a_stuck_old_client_is_closed_after_its_drain_time() -> None:
-    old, new = Held("old"), Held("new")
-    slot = Swappable(old, drain_s=0.05)
-    pending = asyncio.create_task(slot.send(MESSAGE))
-    await asyncio.sleep(0)
-    slot.swap(new)
+    old, _new, slot, pending = await swapped_mid_send(drain_s=0.05)
     await asyncio.sleep(0.1)
     assert old.closed
     pending.cancel()
@@ -68,11 +71,7 @@ async def test_a_stuck_old_client_is_closed_after_its_drain_time() -> None:
 
 
 async def test_closing_closes_clients_still_draining() -> None:
-    old, new = Held("old"), Held("new")
-    slot = Swappable(old)
-    pending = asyncio.create_task(slot.send(MESSAGE))
-    await asyncio.sleep(0)
-    slot.swap(new)
+    old, new, slot, pending = await swapped_mid_send()
     await slot.aclose()
     assert old.closed and new.closed
     pending.cancel()
