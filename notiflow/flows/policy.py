@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -57,3 +58,33 @@ class RetryPolicy:
         if due >= expires_at:
             return RetryDecision(None, None, "expires_before_retry")
         return RetryDecision(attempt + 1, due, None)
+
+
+MAX_PROVIDER_WAITS = 8
+
+
+def provider_waits(waits: Mapping[str, datetime] | None, provider_id: str,
+                   retry_after: timedelta | None, now: datetime) -> dict[str, datetime] | None:
+    """A message's ``provider_waits`` after ``provider_id`` answered it with ``retry_after``
+    at ``now``: the waits still running, this account's ending at ``now + retry_after`` (or
+    later, if it had said so before); None when none is running."""
+    kept = {p: until for p, until in (waits or {}).items() if until > now}
+    if retry_after is not None and retry_after > timedelta(0):
+        kept[provider_id] = max(kept.get(provider_id, now), now + retry_after)
+    if len(kept) > MAX_PROVIDER_WAITS:
+        kept = dict(sorted(kept.items(), key=lambda kv: kv[1])[-MAX_PROVIDER_WAITS:])
+    return kept or None
+
+
+def held_for(waits: Mapping[str, datetime] | None, candidates: Iterable[str],
+             now: datetime) -> timedelta | None:
+    """How long ``Retry-After`` holds a message's next attempt: None when one of its
+    ``candidates`` (the accounts that can carry it) has no wait running; else until the
+    first of their waits ends."""
+    pending = []
+    for provider_id in candidates:
+        until = (waits or {}).get(provider_id)
+        if until is None or until <= now:
+            return None
+        pending.append(until - now)
+    return min(pending, default=None)

@@ -178,9 +178,9 @@ def plan_replay(entry: DlqEntry, payload: bytes, settings: Settings, *, now: dat
     record of a known tenant) are replayable. The new record keeps ``message_id`` and the
     request; ``attempt`` and ``budget_base`` become one more than the highest attempt in the
     record, the dead letter's attempts and ``seen_attempts``; ``not_before``,
-    ``avoid_provider`` and ``unknown_check`` are cleared. An expired message is refused
-    unless ``extend_ttl`` is given (new expiry: the later of the old one and now +
-    ``extend_ttl``)."""
+    ``avoid_provider``, ``provider_waits`` and ``unknown_check`` are cleared. An expired
+    message is refused unless ``extend_ttl`` is given (new expiry: the later of the old one
+    and now + ``extend_ttl``)."""
     dl = entry.record
     ingest = set(ingest_channels(settings)) | {settings.shared_topic}
     if dl.source_topic not in ingest:
@@ -212,7 +212,8 @@ def plan_replay(entry: DlqEntry, payload: bytes, settings: Settings, *, now: dat
     if attempt > MAX_ATTEMPT:
         return Refusal(f"attempt {attempt} would exceed the limit of {MAX_ATTEMPT}")
     doc = record.model_dump(mode="json", exclude_none=True,
-                            exclude={"not_before", "avoid_provider", "unknown_check"})
+                            exclude={"not_before", "avoid_provider", "provider_waits",
+                                     "unknown_check"})
     doc.update(attempt=attempt, budget_base=attempt, expires_at=expires.isoformat())
     try:
         fresh = IngestRecord.model_validate(doc)

@@ -51,6 +51,7 @@ MessageId = Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
 TenantId = Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9_-]{0,62}$")]
 TemplateId = Annotated[str, Field(pattern=TEMPLATE_ID_PATTERN)]
 IdempotencyKey = Annotated[str, Field(min_length=1, max_length=255, pattern=r"^[\x21-\x7e]+$")]
+ProviderKey = Annotated[str, Field(min_length=1, max_length=64)]
 
 
 def new_message_id() -> str:
@@ -194,6 +195,10 @@ class IngestRecord(SendRequest):
     not_before: AwareDatetime | None = None
     avoid_provider: str | None = Field(None, max_length=64)
     """The provider that failed the previous attempt (tried last by the router)."""
+    provider_waits: dict[ProviderKey, AwareDatetime] | None = Field(None, max_length=8)
+    """Accounts that answered this message with ``Retry-After``, and when that wait ends: the
+    router passes such an account over until then while another can carry the message, and
+    the retry is not held for the wait of an account it will not use."""
     unknown_check: int | None = Field(None, ge=1)
     """Set on a check record: decide whether attempt ``unknown_check``, whose outcome was
     ambiguous, was ever resolved by a receipt; FAILED (ambiguous) when not. Nothing is sent."""

@@ -124,13 +124,15 @@ def test_redact_masks_recipients_anywhere() -> None:
 
 def test_replay_plan_starts_a_fresh_budget(settings: Settings) -> None:
     e, raw = entry(settings, ingest(attempt=3, not_before=NOW.isoformat(),
-                                    avoid_provider="twilio", unknown_check=2),
+                                    avoid_provider="twilio", unknown_check=2,
+                                    provider_waits={"twilio": NOW.isoformat()}),
                    attempts=(3,))
     plan = plan_replay(e, raw, settings, now=NOW, seen_attempts=[4])
     assert isinstance(plan, ReplayPlan)
     r = plan.record
     assert (r.attempt, r.budget_base, plan.previous_attempt, plan.dead_attempt) == (5, 5, 4, 3)
     assert r.not_before is None and r.avoid_provider is None and r.unknown_check is None
+    assert r.provider_waits is None
     assert r.message_id == "msg_1" and r.recipient == "+14155552671"
     assert plan.topic == "x.ingest.sms.p1" and plan.key == b"msg_1"
     assert header(plan.headers, REPLAY_HEADER) == e.dlq_id

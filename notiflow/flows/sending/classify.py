@@ -1,7 +1,9 @@
 """Classify: what a provider's answer means for the message. Accepted → PROVIDER_ACCEPTED;
 permanent → FAILED; ambiguous on a tier that waits → UNKNOWN and a check record; otherwise
 the tier's retry policy: the next attempt (RETRY_PENDING, or UNKNOWN if ambiguous) or the
-end (FAILED / EXPIRED, with a dead letter when the failures were unexplained)."""
+end (FAILED / EXPIRED, with a dead letter when the failures were unexplained). An account's
+``Retry-After`` holds the next attempt only while no other account can carry the message
+(``provider_waits``): P0's alternate provider is tried at once."""
 
 from __future__ import annotations
 
@@ -13,10 +15,11 @@ import orjson
 
 from notiflow.adapters.providers.base import OutboundMessage, Outcome, SendResult
 from notiflow.flows.model import Out, Retry, Work
-from notiflow.flows.policy import RetryPolicy
+from notiflow.flows.policy import RetryPolicy, held_for, provider_waits
 from notiflow.flows.sending.context import SendContext
 from notiflow.flows.sending.emit import finish
 from notiflow.flows.sending.metrics import metrics
+from notiflow.flows.sending.route import candidates
 from notiflow.flows.steps import retry_record
 from notiflow.schemas.enums import Channel, Status, Tier
 from notiflow.schemas.messages import AttemptRecord, DlqRecord
@@ -106,13 +109,16 @@ class Classify:
                 w, Status.UNKNOWN, at, reason=result.reason, detail=detail,
                 next_attempt_at=check_at), follow=[Retry(w, check)])
         retry_after = timedelta(seconds=result.retry_after_s) if result.retry_after_s else None
+        waits = provider_waits(r.provider_waits, result.provider_id, retry_after, at)
+        hold = held_for(waits, (c.provider_id for c in candidates(ctx, w)), at)
         assert r.expires_at is not None
         decision = RetryPolicy.for_tier(ctx.settings, r.tier).after_failure(
-            r.attempt, at, r.expires_at, retry_after, ctx.rng, budget_base=r.budget_base or 1)
+            r.attempt, at, r.expires_at, hold, ctx.rng, budget_base=r.budget_base or 1)
         if decision.next_attempt is not None and decision.next_attempt_at is not None:
             metrics.retries.add(1, {"tier": r.tier.value, "channel": r.channel.value})
             nxt = retry_record(w, decision.next_attempt, decision.next_attempt_at)
-            nxt = Retry(w, nxt.record.model_copy(update={"avoid_provider": result.provider_id}))
+            nxt = Retry(w, nxt.record.model_copy(update={"avoid_provider": result.provider_id,
+                                                         "provider_waits": waits}))
             status = Status.UNKNOWN if result.outcome is Outcome.AMBIGUOUS else \
                 Status.RETRY_PENDING
             return await finish(ctx, w, ctx.event(

@@ -1,16 +1,20 @@
 """Route and quota: the provider accounts that can carry a message, ranked by the tier's
-policy (``flows/routing.py``), then the first one its breaker admits with a capacity token
-taken. No account serves the channel → DLQ (``channel_unavailable``); every breaker refuses
-→ the message waits (same attempt) until one may admit it, or expires; a tier with
-``last_resort`` (P0) is sent through the best-ranked account anyway, and waits only when
-that send fails transiently (:func:`last_resort_failed`)."""
+policy (``flows/routing.py``), less the accounts whose ``Retry-After`` for the message is
+still running (``provider_waits``: the message waits for the first to end when that is all
+of them), then the first one its breaker admits with a capacity token taken. No account
+serves the channel → DLQ (``channel_unavailable``); every breaker refuses → the message
+waits (same attempt) until one may admit it, or expires; a tier with ``last_resort`` (P0) is
+sent through the best-ranked account anyway, and waits only when that send fails
+transiently (:func:`last_resort_failed`)."""
 
 from __future__ import annotations
 
-from datetime import timedelta
+from collections.abc import Mapping, Sequence
+from datetime import datetime, timedelta
 
 from notiflow.adapters.providers.base import SendResult
 from notiflow.flows.model import Out, Retry, Work
+from notiflow.flows.policy import held_for
 from notiflow.flows.routing import Choice, Unavailable, rank_routes, reserve
 from notiflow.flows.sending.batch import Batch
 from notiflow.flows.sending.context import SendContext
@@ -48,22 +52,36 @@ class Quota:
     async def __call__(self, ctx: SendContext, w: Work) -> Choice | list[Out]:
         tenant = ctx.settings.tenant(w.record.tenant_id)
         ports = ctx.ports
-        choice = await reserve(candidates(ctx, w), ports.breakers, ports.quota, w.record.tier,
+        routes = candidates(ctx, w)
+        now = ctx.clock()
+        hold = held_for(w.record.provider_waits, (r.provider_id for r in routes), now)
+        if hold is not None:
+            return await all_unavailable(ctx, w, Unavailable(hold.total_seconds(), ()),
+                                         reason="provider_retry_after")
+        routes = [r for r in routes if not waiting(w.record.provider_waits, r.provider_id, now)]
+        choice = await reserve(routes, ports.breakers, ports.quota, w.record.tier,
                                tenant_id=w.record.tenant_id,
                                tenant_rate=tenant.rate_limit if tenant else None)
         if isinstance(choice, Choice):
             return choice
         if isinstance(choice, Unavailable) and ctx.settings.policy(w.record.tier).last_resort:
-            forced = await last_resort(ctx, w, tenant.rate_limit if tenant else None)
+            forced = await last_resort(ctx, w, routes, tenant.rate_limit if tenant else None)
             if forced is not None:
                 return forced
         return await all_unavailable(ctx, w, choice)
 
 
-async def last_resort(ctx: SendContext, w: Work, tenant_rate: float | None) -> Choice | None:
-    """The best-ranked account for a message every breaker refused, with its capacity token
-    taken; None when it has no token now (the message waits as any refused one does)."""
-    routes = candidates(ctx, w)
+def waiting(waits: Mapping[str, datetime] | None, provider_id: str, now: datetime) -> bool:
+    """Whether ``provider_id``'s ``Retry-After`` for this message is still running."""
+    until = (waits or {}).get(provider_id)
+    return until is not None and until > now
+
+
+async def last_resort(ctx: SendContext, w: Work, routes: Sequence[ProviderRoute],
+                      tenant_rate: float | None) -> Choice | None:
+    """The best-ranked of ``routes`` for a message every breaker refused, with its capacity
+    token taken; None when it has no token now (the message waits as any refused one
+    does)."""
     if not routes:
         return None
     provider_id = routes[0].provider_id
