@@ -683,7 +683,8 @@ class CapacityLimiter:
     exceed ``lease_fraction`` of the tier's capacity per second (of the tenant's rate when
     tenant-limited). While Redis is unreachable, ``redis_down`` of the tier decides: ``local``
     takes tokens from a local bucket at ``local_rate_fraction * S_t / expected_workers``,
-    ``pause`` returns ``pause_wait``; Redis is probed at most every ``probe_interval``.
+    ``pause`` returns ``pause_wait``; Redis is probed in the background at most every
+    ``probe_interval`` (no caller waits on it).
     """
 
     def __init__(self, source: Settings | DecisionSource, *, expected_workers: int = 1,
@@ -711,6 +712,7 @@ class CapacityLimiter:
         self._redis_ok = True
         self._next_probe = 0.0
         self._probing = False
+        self._probes: set[asyncio.Task[None]] = set()
         self.fill: dict[tuple[str, Tier], tuple[float, float]] = {}
         """(provider, tier) → (room left / provider rate, clock reading) of the last decision."""
         _limiters.add(self)
@@ -738,18 +740,18 @@ class CapacityLimiter:
             now = self.clock()
             if lease.blocked_until > now:
                 return lease.blocked_until - now
-            if not self._redis_ok and (self._probing or now < self._next_probe):
+            if not self._redis_ok:
+                if not self._probing and now >= self._next_probe:
+                    self._probe(provider_id, Request(tier, 1, key[2],
+                                                     tenant_rate if limited else None))
                 return self._fallback(rule, tier, key[2], tenant_rate, now)
             n = self._lease_size(lease, rule, tier, tenant_rate if limited else None)
             request = Request(tier, n, key[2], tenant_rate if limited else None)
-            self._probing = not self._redis_ok
             try:
                 decision = await self.store.request(provider_id, request)
             except DOWN_ERRORS as exc:
                 self._mark_down(exc, now)
                 return self._fallback(rule, tier, key[2], tenant_rate, self.clock())
-            finally:
-                self._probing = False
             self._mark_up()
             self.stats.round_trips += 1
             now = self.clock()
@@ -774,7 +776,29 @@ class CapacityLimiter:
             await asyncio.sleep(wait)
 
     async def aclose(self) -> None:
+        for task in list(self._probes):
+            task.cancel()
         await self.store.aclose()
+
+    def _probe(self, provider_id: str, request: Request) -> None:
+        """Ask Redis again in the background (one probe at a time; its token, if granted,
+        is not used): a caller never waits on a Redis that stopped answering, it takes the
+        fallback while the probe runs."""
+        self._probing = True
+
+        async def probe() -> None:
+            try:
+                await self.store.request(provider_id, request)
+            except DOWN_ERRORS as exc:
+                self._mark_down(exc, self.clock())
+            else:
+                self._mark_up()
+            finally:
+                self._probing = False
+
+        task = asyncio.get_running_loop().create_task(probe())
+        self._probes.add(task)
+        task.add_done_callback(self._probes.discard)
 
     def _from_lease(self, lease: _Lease) -> bool:
         if lease.tokens <= 0:

@@ -106,8 +106,10 @@ class DedupStore:
         self.batch = Coalescer(client)
 
     @classmethod
-    def open(cls, settings: Settings, owner: str) -> DedupStore:
-        client = redis_client(settings, timeout=5, connect_timeout=2,
+    def open(cls, settings: Settings, owner: str, timeout: float = 5.0) -> DedupStore:
+        """``timeout``: of each command on the socket (a send flow passes its tier's
+        ``redis_timeout``: a Redis that stops answering is noticed within P0's SLA)."""
+        client = redis_client(settings, timeout=timeout, connect_timeout=min(2.0, timeout),
                               health_check_interval=30)
         return cls(client, owner, settings.topic_prefix)
 

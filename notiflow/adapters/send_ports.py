@@ -73,7 +73,7 @@ async def open_send_ports(settings: Settings, tier: Tier, owner: str,
     cluster, session = await asyncio.to_thread(connect, settings)
     store = CassandraStore(session, settings)
     breakers = lane_breakers(settings, policy.lane, redis_timeout)
-    dedup = DedupStore.open(settings, owner)
+    dedup = DedupStore.open(settings, owner, redis_timeout)
     limiter = CapacityLimiter(settings, expected_workers=workers, store_timeout=redis_timeout)
     producer = AsyncProducer(settings)
     preferences = PreferenceStore(store, producer)

@@ -15,6 +15,7 @@ plus: the returned wait is exact (denied just before it, granted at it).
 
 from __future__ import annotations
 
+import asyncio
 import bisect
 import copy
 import heapq
@@ -375,10 +376,14 @@ class FlakyStore(ModelStore):
     def __init__(self, rules: CapacityRules, clock: FakeClock) -> None:
         super().__init__(rules, clock.us)
         self.down = False
+        self.hang = asyncio.Event()
+        """While clear after ``down``: requests wait, then time out (a black-holed Redis)."""
+        self.hang.set()
         self.calls: list[Request] = []
 
     async def request(self, provider_id: str, request: Request,
                       now_us: int | None = None) -> Decision:
+        await self.hang.wait()
         if self.down:
             raise RedisConnectionError("connection refused")
         self.calls.append(request)
@@ -460,9 +465,30 @@ async def test_redis_down_pause_tier_waits_then_recovers() -> None:
     store.down = False
     assert await limiter.acquire("tw", Tier.P3) == 0.5
     clock.t += 0.5
-    assert await limiter.acquire("tw", Tier.P3) is None
+    assert await limiter.acquire("tw", Tier.P3) == 0.5, "the probe runs in the background"
+    await asyncio.sleep(0)
     assert limiter.redis_ok
-    assert limiter.stats.paused == 2
+    assert await limiter.acquire("tw", Tier.P3) is None
+    assert limiter.stats.paused == 3
+
+
+async def test_no_caller_waits_on_a_black_holed_redis() -> None:
+    """Once Redis failed, callers take the local bucket at once: the probe that asks again
+    runs in the background, one at a time, however long it hangs."""
+    limiter, store, clock = limiter_for()
+    store.down = True
+    assert await limiter.acquire("tw", Tier.P0) is None
+    store.hang.clear()
+    for _ in range(20):
+        clock.t += 0.25
+        assert await asyncio.wait_for(limiter.acquire("tw", Tier.P0), 0.05) is None
+    assert len(limiter._probes) == 1 and not limiter.redis_ok
+    store.down = False
+    store.hang.set()
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    assert limiter.redis_ok and not limiter._probes
+    await limiter.aclose()
 
 
 async def test_tenant_limit_lease_is_small() -> None:

@@ -1,4 +1,4 @@
-"""Each tier's Redis calls (breakers, capacity limiter) time out after the tier's
+"""Each tier's Redis calls (breakers, capacity limiter, leases) time out after the tier's
 ``redis_timeout``: fast for the priority lane, which falls back to local limits, and long
 enough for the bulk lane's CPU-starved processes not to read a late event loop as an outage."""
 
@@ -11,6 +11,7 @@ import pytest
 
 from notiflow.adapters.breaker_lanes import BulkBreakers, lane_breakers
 from notiflow.adapters.ratelimit import CapacityLimiter
+from notiflow.adapters.redis_dedup import DedupStore
 from notiflow.schemas.enums import Tier
 from notiflow.settings import Settings, load_settings
 
@@ -34,6 +35,7 @@ def test_a_tiers_breakers_and_limiter_use_its_redis_timeout(settings: Settings,
               else [breakers.store])
     assert [_socket_timeout(s) for s in stores] == [timeout] * len(stores)
     assert _socket_timeout(CapacityLimiter(settings, store_timeout=timeout).store) == timeout
+    assert _socket_timeout(DedupStore.open(settings, "o", timeout)) == timeout
 
 
 def test_bulk_tiers_wait_longer_than_the_priority_lane(settings: Settings) -> None:

@@ -27,6 +27,10 @@ T = TypeVar("T")
 
 INFRA_RETRY_FOR = timedelta(seconds=60)
 REDIS_PAUSE_S = 0.5
+REDIS_RECHECK = timedelta(seconds=1)
+"""After a failed dedup call, a tier on ``local`` takes its fallback without asking Redis
+for this long, and then lets one call at a time ask again: a Redis that stops answering costs
+one call a second its ``redis_timeout``, not every call."""
 STALE_MARGIN = timedelta(seconds=2)
 
 
@@ -48,6 +52,9 @@ class SendContext:
     source: str
     workers: int = 1
     redis_ok: bool = True
+    redis_failed_at: datetime | None = None
+    redis_probing: bool = False
+    """A dedup call is asking a Redis that failed whether it is back (one at a time)."""
     crashes: dict[str, int] = field(default_factory=dict)
     p0_latencies: LatencyWindow = field(default_factory=LatencyWindow)
     local_caps: LocalCaps = field(init=False)
@@ -76,23 +83,33 @@ class SendContext:
 
     async def redis(self, fn: Callable[[], Awaitable[T]], fallback: T) -> T:
         """A dedup call. Redis down: tiers on ``local`` continue without cluster dedup
-        (``fallback``); tiers on ``pause`` wait until Redis answers again."""
+        (``fallback``; for :data:`REDIS_RECHECK` after a failure without asking); tiers on
+        ``pause`` wait until Redis answers again."""
+        local = self.policy.redis_down == "local"
         while True:
+            failed_at = self.redis_failed_at if local else None
+            if failed_at is not None and (self.redis_probing
+                                          or self.clock() - failed_at < REDIS_RECHECK):
+                return fallback
+            self.redis_probing = failed_at is not None
             try:
                 result = await fn()
             except STORE_DOWN as exc:
                 if self.redis_ok:
                     log.warning("redis unavailable (%s): %s", exc,
-                                "sending without cluster dedup" if self.policy.redis_down ==
-                                "local" else "pausing sends")
+                                "sending without cluster dedup" if local else "pausing sends")
                 self.redis_ok = False
-                if self.policy.redis_down == "local":
+                self.redis_failed_at = self.clock()
+                self.redis_probing = False
+                if local:
                     return fallback
                 await asyncio.sleep(REDIS_PAUSE_S)
                 continue
             if not self.redis_ok:
                 log.warning("redis is back")
             self.redis_ok = True
+            self.redis_failed_at = None
+            self.redis_probing = False
             return result
 
     async def infra(self, what: str, fn: Callable[[], Awaitable[T]]) -> T:
