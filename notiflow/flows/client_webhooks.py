@@ -83,6 +83,7 @@ from notiflow.flows.webhook_sender import (
 )
 from notiflow.schemas.enums import Status, Tier
 from notiflow.schemas.messages import AttemptRecord, DlqRecord, Receipt, StatusEvent
+from notiflow.secrets import Keyring
 from notiflow.settings import Settings
 from notiflow.telemetry import header_traceparent
 
@@ -295,10 +296,14 @@ class WebhookLogic(StatefulLogic[WebhookJob, DlqRecord, WebhookState]):
 
     def __init__(self, resume: WebhookState | None, *, sender: Sender, settings: Settings,
                  policy: WebhookPolicy, cipher: DlqCipher, clock: Clock = utcnow,
-                 rng: random.Random | None = None, eof_timeout: float = 60.0) -> None:
+                 rng: random.Random | None = None, eof_timeout: float = 60.0,
+                 keyring: Keyring | None = None) -> None:
+        """``keyring``: where the tenants' signing secrets in force are read (the process's,
+        reloaded from ``NOTIFLOW_SECRETS_DIR``); default: ``settings`` as they are."""
         self.st = resume or WebhookState()
         self.sender = sender
         self.settings = settings
+        self.keyring = keyring or Keyring(settings)
         self.policy = policy
         self.cipher = cipher
         self.clock = clock
@@ -397,7 +402,7 @@ class WebhookLogic(StatefulLogic[WebhookJob, DlqRecord, WebhookState]):
                     traceparent=getattr(job, "traceparent", None))
         if problem is None:
             try:
-                tenant_secrets(self.settings, tenant_id)
+                tenant_secrets(self.keyring.settings, tenant_id)
             except ValueError as exc:
                 problem = ("webhook_no_secret", str(exc))
         if problem is not None:
@@ -426,7 +431,7 @@ class WebhookLogic(StatefulLogic[WebhookJob, DlqRecord, WebhookState]):
 
     def _submit(self, p: Pending, now: datetime) -> list[DlqRecord]:
         try:
-            secrets = tenant_secrets(self.settings, p.tenant_id)
+            secrets = tenant_secrets(self.keyring.settings, p.tenant_id)
         except ValueError as exc:
             return self._finish(p, now, ("webhook_no_secret", "invalid_data", str(exc)))
         if p.deadline is None:
@@ -537,15 +542,19 @@ def build_webhook_flow(
     receipts: bool = True,
     rng: random.Random | None = None,
     eof_timeout: float = 60.0,
+    keyring: Keyring | None = None,
 ) -> Dataflow:
     """The client webhook dataflow over ``notify.events`` (and ``notify.receipts`` unless
     ``receipts`` is False); ``source``/``sink`` default to Kafka, ``sender`` to this
     process's :class:`WebhookDispatcher` (started when the flow runs); ``eof_timeout``: how
-    long a finite input (tests) keeps delivering after its end."""
+    long a finite input (tests) keeps delivering after its end; ``keyring``: the tenants'
+    signing secrets in force (default: ``settings``'s, reloaded by the dispatcher from
+    ``NOTIFLOW_SECRETS_DIR``)."""
     cipher = DlqCipher.from_settings(settings)
     policy = WebhookPolicy.from_settings(settings)
     topics = [settings.events_topic, *([settings.receipts_topic] if receipts else [])]
-    out = sender or WebhookDispatcher(settings)
+    keyring = keyring or Keyring(settings)
+    out = sender or WebhookDispatcher(settings, keyring=keyring)
     flow = Dataflow("client-webhooks")
     raw = op.input("events", flow, source or PausableKafkaSource(
         kafka_source(settings, topics, 500, require=[settings.webhooks_dlq_topic]),
@@ -556,7 +565,8 @@ def build_webhook_flow(
     dead = op.stateful("deliver", op.key_on("by-message", jobs, lambda j: j.message_id),
                        lambda resume: WebhookLogic(resume, sender=out, settings=settings,
                                                    policy=policy, cipher=cipher, clock=clock,
-                                                   rng=rng, eof_timeout=eof_timeout))
+                                                   rng=rng, eof_timeout=eof_timeout,
+                                                   keyring=keyring))
     guard_and_emit(op.key_rm("unkey", dead), guard=None, encode=DlqEncoder(settings),
                    sink=sink or ConfirmingSink(settings))
     return flow

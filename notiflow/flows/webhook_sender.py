@@ -16,7 +16,9 @@ from pydantic import SecretStr
 
 from notiflow import names, telemetry
 from notiflow.adapters.client_webhooks import AttemptResult, Verdict, WebhookClient
+from notiflow.adapters.secret_watch import watcher
 from notiflow.adapters.worker import loop_thread, register
+from notiflow.secrets import Keyring
 from notiflow.settings import Settings
 
 log = logging.getLogger("notiflow.flows.client_webhooks")
@@ -79,8 +81,13 @@ class WebhookDispatcher:
     ``concurrent.futures`` so the Bytewax worker never blocks on the network."""
 
     def __init__(self, settings: Settings,
-                 breakers: Callable[[], Any] | None = None) -> None:
+                 breakers: Callable[[], Any] | None = None, *,
+                 keyring: Keyring | None = None) -> None:
+        """``keyring``: reloaded from ``NOTIFLOW_SECRETS_DIR`` on this loop while it runs (the
+        tenants' signing secrets then take effect without a restart)."""
         self.settings = settings
+        self.keyring = keyring
+        self._watching: asyncio.Task[None] | None = None
         self.rule = settings.client_webhooks
         self._breaker_factory = breakers
         self._lock = threading.Lock()
@@ -104,6 +111,12 @@ class WebhookDispatcher:
                 self._loop = loop
             return self._loop
 
+    def ready(self, timeout: float = 30.0) -> None:
+        """Start, and return once the client, the breakers and the secrets watcher are
+        open."""
+        self.start()
+        self._opened.result(timeout)
+
     async def _open(self) -> None:
         from notiflow.adapters.breaker import CircuitBreakers
 
@@ -111,6 +124,9 @@ class WebhookDispatcher:
         self._breakers = (self._breaker_factory() if self._breaker_factory is not None
                           else CircuitBreakers(self.settings))
         self._sem = asyncio.Semaphore(self.rule.max_in_flight)
+        watch = watcher(self.keyring) if self.keyring is not None else None
+        if watch is not None:
+            self._watching = asyncio.get_running_loop().create_task(watch.run())
         log.info("webhook dispatcher ready (max %d in flight, %d per endpoint, timeout %ss)",
                  self.rule.max_in_flight, self.rule.max_per_endpoint,
                  self.rule.timeout.total_seconds())
@@ -191,6 +207,8 @@ class WebhookDispatcher:
             return
 
         async def shutdown() -> None:
+            if self._watching is not None:
+                self._watching.cancel()
             if self._client is not None:
                 await self._client.aclose()
             if self._breakers is not None:
