@@ -70,7 +70,7 @@ fi
 if ! command -v go >/dev/null 2>&1 && [ -x /usr/local/go/bin/go ]; then
   export PATH="$PATH:/usr/local/go/bin"
 fi
-say "fetching Kafka and Cassandra jars, building SeaweedFS (cached)"
+say "fetching Kafka and Cassandra jars, building SeaweedFS and toxiproxy (cached)"
 .venv/bin/notiflow stack fetch
 # helm, kubeconform and the Kubernetes/KEDA schemas that check the Helm chart offline
 # (tests/unit/test_helm_chart.py)

@@ -1,8 +1,8 @@
-"""A client's webhook endpoint for tests: an aiohttp server on a free loopback port (own
-thread and event loop) that verifies every Standard Webhooks signature (a request that fails
-verification is answered 401 and never counts as seen), records every request, and answers
-as a test-supplied behaviour says (status code, a hang, or refused connections for a
-while)."""
+"""A client's webhook endpoint for tests and ``notiflow chaos``: an aiohttp server on a free
+loopback port (own thread and event loop) that verifies every Standard Webhooks signature (a
+request that fails verification is answered 401 and never counts as seen), records every
+request, and answers as a caller-supplied behaviour says (status code, a hang, or refused
+connections for a while)."""
 
 from __future__ import annotations
 

@@ -3,9 +3,11 @@
 Each scenario runs an isolated platform on the running stack (topic prefix, keyspace and
 ports of its own: ``bench/harness.py`` ``Phase``): the emulators, both API lanes, the
 reconciler, a scheduler and the send flows of P0 and of the scenario's tier (P1, or P3 for the
-bulk lane's victims). It submits ``messages`` SMS of that tier through its API lane at
-``rate``/s with P0 OTPs at ``p0_rate``/s beside them (open loop), injects its
-fault at a seeded random moment of the submission, undoes it ``hold`` seconds later, waits
+bulk lane's victims), the client webhook flow with a verifying receiver when the stream
+asks for webhooks, and an expander when the stream is a campaign (``chaos_campaign.py``).
+It submits ``messages`` SMS of that tier through its API lane (or as one campaign's rows) at
+``rate``/s with P0 OTPs at ``p0_rate``/s beside them (open loop), injects its fault at a
+seeded random moment of the submission, undoes it ``hold`` seconds later, waits
 for every accepted message to reach a provider, and reports:
 
 - accepted: answered 202 (the stream and P0); refused: no 202 in the end (the stream's
@@ -14,7 +16,9 @@ for every accepted message to reach a provider, and reports:
 - terminal: accepted messages whose row is in a terminal status;
 - failed: terminal without a provider accepting them (FAILED or EXPIRED: they are in the
   dead-letter queue, recoverable);
-- lost: accepted messages neither sent nor terminal once the run settled (must be 0);
+- lost: accepted messages neither sent nor terminal once the run settled (must be 0); and,
+  for a stream that asks for status webhooks, sent messages whose ``PROVIDER_ACCEPTED``
+  webhook never reached the receiver (``lost_webhooks``, must be 0);
 - duplicate sends: provider acceptances beyond the first of a message;
 - regressions: rows holding a lower status than one of their recorded events;
 - P0 p99 during the fault: accepted_at to the provider's first acceptance, of the OTPs
@@ -38,12 +42,14 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 from cassandra.cluster import Session
 
 from notiflow.bench.harness import OtpStream, Phase, wait_until
 from notiflow.bench.stats import percentile
+from notiflow.bench.webhook_receiver import Receiver
 from notiflow.bench.workload import (
     CATEGORY_BY_TIER,
     REGIONS,
@@ -51,9 +57,12 @@ from notiflow.bench.workload import (
     TENANT_BY_TIER,
     PhoneFactory,
 )
+from notiflow.ops.chaos_campaign import campaign_stream
 from notiflow.ops.stack import Stack
+from notiflow.ops.toxiproxy import Toxiproxy
 from notiflow.schemas.enums import TERMINAL_STATUSES, Channel, Status, Tier
 from notiflow.schemas.status import rank
+from notiflow.settings import Settings
 
 
 @dataclass
@@ -65,9 +74,16 @@ class Run:
     fault_at: float = 0.0
     undone_at: float = 0.0
     notes: list[str] = field(default_factory=list)
+    toxiproxy: Toxiproxy | None = None
+    """The proxy between the platform and Redis, for the scenarios that go through one."""
 
     def process(self, name: str) -> Any:
         return next(p for p in self.phase.group.procs if p.name == name)
+
+    def proxy(self) -> Toxiproxy:
+        if self.toxiproxy is None:
+            raise RuntimeError("this scenario's platform reaches Redis directly")
+        return self.toxiproxy
 
     def stack(self) -> Stack:
         return Stack(self.phase.settings, log=lambda _m: None)
@@ -85,6 +101,14 @@ class Scenario:
     hold: float = 10.0
     tier: Tier = Tier.P1
     """The tier of the stream submitted beside P0's OTPs."""
+    webhooks: bool = False
+    """The stream asks for status webhooks (the client webhook flow runs, and a receiver
+    counts what it announces)."""
+    campaign: bool = False
+    """The stream is a campaign of the scenario's tier that an expander turns into messages
+    (``chaos_campaign.py``), not requests to the API."""
+    proxied: bool = False
+    """Every process of the platform reaches Redis through toxiproxy (``toxiproxy.py``)."""
 
 
 def _kill_process(name: str) -> tuple[Fault, Fault]:
@@ -115,13 +139,26 @@ def _stack_signal(kind: str, sig: signal.Signals) -> Fault:
     return act
 
 
+def _toxics(kind: str, streams: tuple[str, ...] = ("downstream",),
+            **attributes: int) -> tuple[Fault, Fault]:
+    """A toxiproxy toxic on the platform's path to Redis, on each of ``streams``."""
+    def inject(run: Run) -> None:
+        for stream in streams:
+            run.proxy().add(REDIS_PROXY, f"chaos-{stream}", kind, stream, **attributes)
+
+    def undo(run: Run) -> None:
+        for stream in streams:
+            run.proxy().remove(REDIS_PROXY, f"chaos-{stream}")
+    return inject, undo
+
+
 def _stack_up(run: Run) -> None:
     run.stack().up()
 
 
-def _provider(knobs: dict[str, Any]) -> Fault:
+def _provider(knobs: dict[str, Any], names: tuple[str, ...] = ("twilio", "vonage")) -> Fault:
     def act(run: Run) -> None:
-        for name in ("twilio", "vonage"):
+        for name in names:
             r = run.phase.admin.post(f"{run.phase.fakes}/_admin/{name}/config", json=knobs)
             r.raise_for_status()
     return act
@@ -143,6 +180,10 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              *_kill_process("send-p3"), hold=5, tier=Tier.P3),
     Scenario("kill-api-bulk", "SIGKILL the bulk-lane API under a P3 stream, start it again",
              *_kill_process("api-bulk"), hold=5, tier=Tier.P3),
+    Scenario("kill-webhooks", "SIGKILL the client webhook flow, start it again",
+             *_kill_process("webhooks"), hold=5, webhooks=True),
+    Scenario("kill-expander", "SIGKILL the campaign expander mid-campaign, start it again",
+             *_kill_process("expander"), hold=5, tier=Tier.P3, campaign=True),
     Scenario("redis-kill", "SIGKILL Redis, `stack up` again",
              _stack_signal("redis", signal.SIGKILL), _stack_up, hold=10),
     Scenario("kafka-restart", "SIGKILL every Kafka broker, `stack up` again",
@@ -150,11 +191,20 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("cassandra-pause", "SIGSTOP Cassandra for 10 s, then SIGCONT",
              _stack_signal("cassandra", signal.SIGSTOP),
              _stack_signal("cassandra", signal.SIGCONT), hold=10),
+    Scenario("redis-latency", "200 ms more on every answer from Redis (through toxiproxy)",
+             *_toxics("latency", latency=200), hold=20, proxied=True),
+    Scenario("redis-partition", "no byte between the platform and Redis either way "
+             "(through toxiproxy), connections left open", *_toxics(
+                 "timeout", ("upstream", "downstream"), timeout=0), hold=10, proxied=True),
     Scenario("provider-outage", "both SMS providers answer 503 for 30 s",
              _provider({"outage": True}), _provider(_HEALTHY), hold=30),
     Scenario("provider-429", "both SMS providers answer 429, Retry-After 2 s, to 60 %",
              _provider({"error_rate_429": 0.6, "retry_after_s": 2.0}), _provider(_HEALTHY),
              hold=20),
+    Scenario("provider-429-one", "the first-ranked SMS account answers every send 429, "
+             "Retry-After 2 s", _provider({"error_rate_429": 1.0, "retry_after_s": 2.0},
+                                          ("twilio",)),
+             _provider(_HEALTHY, ("twilio",)), hold=20),
     Scenario("provider-5xx", "both SMS providers fail 30 % of sends with 5xx",
              _provider({"error_rate_5xx": 0.3}), _provider(_HEALTHY), hold=20),
     Scenario("provider-hang", "10 % of sends accepted, then no answer for 30 s",
@@ -179,6 +229,11 @@ class Report:
     """Neither sent nor terminal once the run settled: what must never happen."""
     duplicate_sends: int
     regressions: int
+    lost_webhooks: int | None
+    """Stream messages a provider accepted whose current status was never announced to the
+    receiver (None: the scenario asks for no webhooks). Statuses are announced in order, and
+    one overtaken by a later status already announced is skipped: the client must learn the
+    latest."""
     p0_p99_fault_ms: float | None
     p0_fault_samples: int
     recovered_after_s: float | None
@@ -189,7 +244,8 @@ class Report:
 
 
 async def _submit(phase: Phase, tier: Tier, version: int, count: int, rate: float, key: str,
-                  phones: PhoneFactory) -> tuple[dict[str, float], int]:
+                  phones: PhoneFactory, webhook: str | None = None
+                  ) -> tuple[dict[str, float], int]:
     """``count`` SMS of ``tier`` at ``rate``/s through its API lane, open loop; message_id →
     accepted_at, and the refused. A request is retried with its key for ``RETRY_FOR_S``
     after a dropped connection, a 429 or a 503 (as ``notiflow.client`` does); refused: any
@@ -206,6 +262,8 @@ async def _submit(phase: Phase, tier: Tier, version: int, count: int, rate: floa
                     "category": CATEGORY_BY_TIER[tier].value,
                     "template_id": TEMPLATE_IDS[Channel.SMS], "template_version": version,
                     "variables": {"brand": "Notiflow", "headline": "order", "code": f"{i:06d}"}}
+            if webhook is not None:
+                body["status_webhook"] = webhook
             deadline = time.monotonic() + RETRY_FOR_S
             while time.monotonic() < deadline:
                 try:
@@ -271,11 +329,14 @@ TERMINAL = frozenset(s.value for s in TERMINAL_STATUSES)
 
 def measure(scenario: Scenario, run: Run, stream: dict[str, float], p0: dict[str, float],
             refused: int, sends: dict[str, list[float]], status: dict[str, str | None],
-            regressed: int) -> Report:
+            regressed: int, announced: dict[str, set[str]] | None = None) -> Report:
     """The report of one run from what was accepted (message_id → accepted_at), what the
-    providers accepted, and what Cassandra holds (each message's status)."""
+    providers accepted, what Cassandra holds (each message's status) and, when the stream
+    asked for webhooks, the statuses ``announced`` of each message."""
     accepted = {**stream, **p0}
     first = {mid: min(times) for mid, times in sends.items() if mid in accepted}
+    lost_webhooks = None if announced is None else len(unannounced(stream, first, status,
+                                                                   announced))
     unsent = [m for m in accepted if m not in first]
     failed = [m for m in unsent if status.get(m) in TERMINAL]
     window = [mid for mid, at in p0.items() if run.fault_at <= at <= run.undone_at + 10]
@@ -293,11 +354,16 @@ def measure(scenario: Scenario, run: Run, stream: dict[str, float], p0: dict[str
         terminal=sum(1 for m in accepted if status.get(m) in TERMINAL), failed=len(failed),
         lost=len(unsent) - len(failed),
         duplicate_sends=sum(len(t) - 1 for m, t in sends.items() if m in accepted),
-        regressions=regressed,
+        regressions=regressed, lost_webhooks=lost_webhooks,
         p0_p99_fault_ms=round(p99, 1) if p99 is not None else None,
         p0_fault_samples=len(latencies), recovered_after_s=(
             round(caught_up, 1) if caught_up is not None else None),
         notes=run.notes)
+
+
+CAMPAIGN_ENV = {"NOTIFLOW_CAMPAIGNS__BATCH": "50"}
+"""The expander's batch (and so its pace's burst): 50 rows, so that a campaign expands
+over the whole submission and the fault lands mid-expansion."""
 
 
 def run_scenario(scenario: Scenario, out: Path, *, messages: int, rate: float,
@@ -307,13 +373,25 @@ def run_scenario(scenario: Scenario, out: Path, *, messages: int, rate: float,
     from notiflow.adapters.cassandra_store import connect
 
     run_id = uuid.uuid4().hex[:6]
-    phase = Phase(f"chaos-{scenario.name}", out, run_id)
-    run = Run(phase, random.Random(seed))
+    proxy, env = _redis_proxy(out / "logs" / f"{run_id}-toxiproxy", log) \
+        if scenario.proxied else (None, {})
+    if scenario.campaign:
+        env.update(CAMPAIGN_ENV)
+    phase = Phase(f"chaos-{scenario.name}", out, run_id, extra_env=env)
+    run = Run(phase, random.Random(seed), toxiproxy=proxy)
+    receiver = _receiver(phase, scenario)
     try:
         phase.prepare()
         phase.start_platform()
         phase.start_send(Tier.P0)
         phase.start_send(scenario.tier)
+        if scenario.campaign:
+            phase.start("expander", ["flow", "expander", "--name", f"chaos-{run_id}"],
+                        ready="starting expander")
+        if receiver is not None:
+            receiver.__enter__()
+            phase.start("webhooks", ["flow", "webhooks", "--recovery-dir",
+                                     str(phase.recovery / "webhooks")], ready="starting")
         versions = phase.templates({TENANT_BY_TIER[Tier.P0], TENANT_BY_TIER[scenario.tier]})
         phones = PhoneFactory(REGIONS, datetime.now(UTC))
         otps = OtpStream(phase, versions, p0_rate, PhoneFactory(REGIONS, datetime.now(UTC),
@@ -323,9 +401,15 @@ def run_scenario(scenario: Scenario, out: Path, *, messages: int, rate: float,
         result: dict[str, Any] = {}
 
         def submit() -> None:
+            if scenario.campaign:
+                result["stream"] = campaign_stream(
+                    phase, versions[(TENANT_BY_TIER[scenario.tier], Channel.SMS)], messages,
+                    rate, finish_within=duration + settle_timeout)
+                return
             result["stream"] = asyncio.run(_submit(
                 phase, scenario.tier, versions[(TENANT_BY_TIER[scenario.tier], Channel.SMS)],
-                messages, rate, f"{scenario.tier.value.lower()}-{run_id}", phones))
+                messages, rate, f"{scenario.tier.value.lower()}-{run_id}", phones,
+                receiver.url() if receiver is not None else None))
 
         submitter = threading.Thread(target=submit, name="chaos-submit")
         otps.start()
@@ -355,14 +439,73 @@ def run_scenario(scenario: Scenario, out: Path, *, messages: int, rate: float,
 
             wait_until(done, timeout=settle_timeout, interval=2.0)
             time.sleep(3)
+            announced = None if receiver is None else _announced(
+                receiver, stream, phase.accepted_sends(), lambda ids: statuses(cql, ids))
             report = measure(scenario, run, stream, p0, stream_refused + p0_refused,
                              phase.accepted_sends(), statuses(cql, ids),
-                             len(regressions(cql, ids)))
+                             len(regressions(cql, ids)), announced)
         finally:
             cluster.shutdown()
         return report
     finally:
         phase.stop()
+        if receiver is not None:
+            receiver.__exit__(None, None, None)
+        if proxy is not None:
+            proxy.stop()
+
+
+REDIS_PROXY = "redis"
+
+
+def _redis_proxy(log_dir: Path, log: Callable[[str], None]) -> tuple[Toxiproxy, dict[str, str]]:
+    """A toxiproxy server with a proxy to the stack's Redis, and the environment that sends
+    the platform through it."""
+    base = Settings()
+    url = urlsplit(base.redis_url)
+    proxy = Toxiproxy.start(base.cache_dir.expanduser(), log_dir, log)
+    try:
+        listen = proxy.proxy(REDIS_PROXY, f"{url.hostname}:{url.port}")
+    except BaseException:
+        proxy.stop()
+        raise
+    return proxy, {"NOTIFLOW_REDIS_URL": url._replace(netloc=listen).geturl()}
+
+
+def _receiver(phase: Phase, scenario: Scenario) -> Receiver | None:
+    """The stream tenant's webhook endpoint, when the scenario asks for webhooks."""
+    if not scenario.webhooks:
+        return None
+    tenant = phase.settings.tenant(TENANT_BY_TIER[scenario.tier])
+    if tenant is None or not tenant.webhook_secrets:
+        raise RuntimeError(f"tenant {TENANT_BY_TIER[scenario.tier]} signs no webhooks")
+    return Receiver(tenant.webhook_secrets)
+
+
+ANNOUNCE_WAIT_S = 60.0
+
+
+def unannounced(stream: Iterable[str], sent: dict[str, Any], status: dict[str, str | None],
+                announced: dict[str, set[str]]) -> list[str]:
+    """Sent stream messages whose current status was never announced."""
+    return [m for m in stream if m in sent and status.get(m) not in announced.get(m, set())]
+
+
+def _announced(receiver: Receiver, stream: dict[str, float], sends: dict[str, list[float]],
+               read: Callable[[list[str]], dict[str, str | None]]) -> dict[str, set[str]]:
+    """message_id → the statuses announced to ``receiver``, once every sent stream message's
+    current status (``read`` from Cassandra) was, or ``ANNOUNCE_WAIT_S`` passed."""
+    sent = [m for m in stream if m in sends]
+
+    def arrived() -> dict[str, set[str]]:
+        out: dict[str, set[str]] = {}
+        for m, s in receiver.seen():
+            out.setdefault(m, set()).add(s)
+        return out
+
+    wait_until(lambda: not unannounced(sent, sends, read(sent), arrived()),
+               timeout=ANNOUNCE_WAIT_S, interval=2.0)
+    return arrived()
 
 
 def table(reports: list[Report]) -> str:
@@ -375,8 +518,10 @@ def table(reports: list[Report]) -> str:
         p99 = f"{r.p0_p99_fault_ms:,.0f} ms ({r.p0_fault_samples})" \
             if r.p0_p99_fault_ms is not None else "—"
         rec = f"{r.recovered_after_s} s" if r.recovered_after_s is not None else "not recovered"
+        lost = f"{r.lost}" if r.lost_webhooks is None else \
+            f"{r.lost} (webhooks {r.lost_webhooks})"
         rows.append(f"| {r.scenario} | {r.accepted} | {r.refused} | {r.terminal} | "
-                    f"{r.failed} | {r.lost} | "
+                    f"{r.failed} | {lost} | "
                     f"{r.duplicate_sends} | {r.regressions} | {p99} | {rec} |")
     return head + "\n".join(rows) + "\n"
 
@@ -384,5 +529,6 @@ def table(reports: list[Report]) -> str:
 def totals(reports: list[Report]) -> Counter[str]:
     c: Counter[str] = Counter()
     for r in reports:
-        c.update({"lost": r.lost, "regressions": r.regressions})
+        c.update({"lost": r.lost, "regressions": r.regressions,
+                  "lost_webhooks": r.lost_webhooks or 0})
     return c

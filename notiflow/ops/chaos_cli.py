@@ -26,7 +26,8 @@ def chaos_command(
 ) -> None:
     """Fault injection against the running local stack: per scenario, accepted, terminal,
     lost, duplicate provider sends, status regressions, P0 p99 during the fault and the time
-    to recover (docs/reliability.md). Exits 1 when a message was lost or regressed."""
+    to recover (docs/reliability.md). Exits 1 when a message or a status webhook was lost, or a
+    status regressed."""
     from notiflow.ops.chaos import SCENARIOS, run_scenario, table, totals
 
     if list_only:
@@ -51,4 +52,4 @@ def chaos_command(
     (out / f"chaos-{stamp}.md").write_text(table(reports))
     print(table(reports))
     bad = totals(reports)
-    raise typer.Exit(1 if bad["lost"] or bad["regressions"] else 0)
+    raise typer.Exit(1 if bad["lost"] or bad["regressions"] or bad["lost_webhooks"] else 0)

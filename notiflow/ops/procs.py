@@ -26,9 +26,12 @@ class ManagedProcess:
     """One ``notiflow ...`` child process."""
 
     def __init__(self, name: str, args: list[str], log_dir: Path,
-                 env: Mapping[str, str] | None = None) -> None:
+                 env: Mapping[str, str] | None = None, *,
+                 argv: list[str] | None = None) -> None:
+        """``argv``: run this command line instead of ``notiflow`` with ``args``."""
         self.name = name
         self.args = args
+        self.argv = argv
         self.log_path = log_dir / f"{name}.log"
         self.env = dict(env if env is not None else os.environ)
         self.proc: subprocess.Popen[bytes] | None = None
@@ -36,7 +39,7 @@ class ManagedProcess:
 
     @property
     def command(self) -> list[str]:
-        return [sys.executable, "-m", "notiflow.cli", *self.args]
+        return self.argv or [sys.executable, "-m", "notiflow.cli", *self.args]
 
     def start(self) -> ManagedProcess:
         with open(self.log_path, "ab") as log, open(os.devnull, "rb") as devnull:

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any, TypeVar, cast
 
 from notiflow import tuning
-from notiflow.ops import cluster
+from notiflow.ops import cluster, toxiproxy
 from notiflow.settings import Settings
 
 START_TIMEOUT_S = 180.0
@@ -258,8 +258,8 @@ class Stack:
     # ------------------------------------------------------------------ jars (Maven Central)
 
     def fetch(self) -> None:
-        """Download the Kafka and Cassandra jars and build ``weed`` once (cached in
-        ``cache_dir``)."""
+        """Download the Kafka and Cassandra jars and build ``weed`` and toxiproxy (the proxy
+        of ``notiflow chaos``'s network scenarios) once (cached in ``cache_dir``)."""
         for name, version in (("kafka", self.s.kafka_version),
                               ("cassandra", self.s.cassandra_version)):
             target = self.p.libs(name, version)
@@ -282,6 +282,7 @@ class Stack:
                                  f"{done.stderr[-2000:]}")
             (target / ".complete").write_text(version)
         self._build_weed()
+        toxiproxy.build(self.p.cache, self.log)
 
     def weed(self) -> Path:
         """Where the pinned ``weed`` binary lives once built."""

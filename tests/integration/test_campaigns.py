@@ -271,7 +271,7 @@ def test_state_changes_reach_the_campaign_webhook_signed(
     verifies every one."""
     from standardwebhooks.webhooks import Webhook
 
-    from tests.webhook_receiver import Receiver
+    from notiflow.bench.webhook_receiver import Receiver
 
     tenant = stack.tenant("mkt")
     assert tenant is not None and tenant.webhook_secrets

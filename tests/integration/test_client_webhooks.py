@@ -30,6 +30,7 @@ from notiflow.adapters.cassandra_store import CassandraStore, connect
 from notiflow.adapters.client_webhooks import signed_headers
 from notiflow.adapters.dlq_crypto import DlqCipher
 from notiflow.adapters.kafka_io import OutRecord
+from notiflow.bench.webhook_receiver import Hit, Receiver
 from notiflow.devenv import webhook_secret
 from notiflow.ops.procs import ManagedProcess, ProcessGroup
 from notiflow.schemas.enums import Status
@@ -37,7 +38,6 @@ from notiflow.schemas.messages import DlqRecord, MessageSnapshot, Receipt
 from notiflow.settings import Settings
 from tests.helpers import produce, read_topic, wait_for
 from tests.integration.conftest import ready
-from tests.webhook_receiver import Hit, Receiver
 
 pytestmark = pytest.mark.integration
 

@@ -20,13 +20,13 @@ import pytest
 from cassandra.cluster import Session
 
 from notiflow import names
+from notiflow.bench.webhook_receiver import Receiver
 from notiflow.devenv import free_port
 from notiflow.schemas.enums import Tier
 from notiflow.settings import Settings
 from tests.helpers import message_row, wait_for
 from tests.integration.conftest import Isolated, ready
 from tests.otlp_receiver import OtlpReceiver, ReceivedSpan
-from tests.webhook_receiver import Receiver
 
 pytestmark = pytest.mark.integration
 

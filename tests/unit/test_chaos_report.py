@@ -40,9 +40,26 @@ def test_a_lost_message_and_an_undelivered_otp_are_counted() -> None:
     assert (report.terminal, report.failed, report.lost, report.regressions) == (2, 1, 2, 1)
     assert report.recovered_after_s is None and report.p0_p99_fault_ms is None
     assert report.notes == ["1 P0 of the fault window never reached a provider"]
-    assert totals([report]) == {"lost": 2, "regressions": 1}
+    assert totals([report]) == {"lost": 2, "regressions": 1, "lost_webhooks": 0}
     assert ("| provider-outage | 4 | 0 | 2 | 1 | 2 | 0 | 1 | — | not recovered |"
             in table([report]))
+
+
+def test_a_sent_message_whose_status_was_never_announced_is_a_lost_webhook() -> None:
+    """``b`` is DELIVERED but only its PROVIDER_ACCEPTED was announced; ``c`` was never sent
+    and P0 asks for no webhooks."""
+    p1, p0 = {"a": T, "b": T + 1, "c": T + 2}, {"o1": T + 5}
+    status = dict.fromkeys([*p1, *p0], "DELIVERED") | {"c": "FAILED"}
+    sends = {"a": [T + 1], "b": [T + 2], "o1": [T + 5.1]}
+    announced = {"a": {"PROVIDER_ACCEPTED", "DELIVERED"}, "b": {"PROVIDER_ACCEPTED"},
+                 "o1": set()}
+    report = measure(SCENARIOS["kill-webhooks"], run(T + 4, T + 10), p1, p0, 0, sends,
+                     status, 0, announced=announced)
+    assert (report.lost, report.lost_webhooks) == (0, 1)
+    assert totals([report])["lost_webhooks"] == 1
+    assert "| kill-webhooks | 4 | 0 | 4 | 1 | 0 (webhooks 1) |" in table([report])
+    assert measure(SCENARIOS["kill-send-p1"], run(T + 4, T + 10), p1, p0, 0, sends,
+                   status, 0).lost_webhooks is None
 
 
 def test_a_failed_message_does_not_hold_up_recovery() -> None:

@@ -3,6 +3,7 @@ exported histograms (quantiles, per-stage budget, stall intervals) and of JVM pa
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -52,7 +53,7 @@ def counts_of(samples: list[float]) -> list[int]:
 def test_quantile_lies_in_the_bucket_of_the_exact_quantile(samples: list[float],
                                                            q: float) -> None:
     got = quantile(BOUNDS, counts_of(samples), q)
-    exact = sorted(samples)[max(0, min(len(samples) - 1, int(q * len(samples) + 0.999) - 1))]
+    exact = sorted(samples)[max(0, min(len(samples) - 1, math.ceil(q * len(samples)) - 1))]
     i = next((k for k, b in enumerate(BOUNDS) if exact <= b), len(BOUNDS) - 1)
     lo = 0.0 if i == 0 else BOUNDS[i - 1]
     assert lo - 1e-9 <= got <= BOUNDS[i] + 1e-9
