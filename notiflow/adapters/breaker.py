@@ -100,6 +100,7 @@ from redis.backoff import NoBackoff
 
 from notiflow.adapters.providers.base import Outcome, SendResult
 from notiflow.adapters.ratelimit import DOWN_ERRORS
+from notiflow.adapters.redis_health import RedisHealth
 from notiflow.adapters.redis_pool import redis_client
 from notiflow.settings import BreakerRule, Settings
 
@@ -845,9 +846,11 @@ class CircuitBreakers:
                  flush_interval: float = 0.1, retry_interval: float = 0.5,
                  max_batch: int = 512, event_queue: int = 1000,
                  clock_us: Callable[[], int] | None = None, lane: str = "",
-                 store_timeout: float = 0.5) -> None:
+                 store_timeout: float = 0.5, health: RedisHealth | None = None) -> None:
         """``source``: the settings (opens its own :class:`BreakerStore` of ``lane`` whose
-        Redis calls time out after ``store_timeout`` seconds), or a store."""
+        Redis calls time out after ``store_timeout`` seconds), or a store. ``health``: the
+        process's shared view of Redis (while it says down, decide locally without
+        asking)."""
         if (cache_ttl < 0 or flush_interval < 0 or retry_interval <= 0 or max_batch < 1
                 or event_queue < 1):
             raise ValueError("bad breaker parameters")
@@ -869,6 +872,7 @@ class CircuitBreakers:
         self._redis_ok = True
         self._retry_at = 0
         self._probe: asyncio.Future[None] | None = None
+        self.health = health
 
     @property
     def redis_ok(self) -> bool:
@@ -1091,17 +1095,19 @@ class CircuitBreakers:
 
     async def _run(self, provider_id: str, e: _Entry, ops: list[Op]) -> StepResult:
         now = self._clock()
-        if self._redis_ok:
+        if self._redis_ok and not (self.health is not None and self.health.down):
             try:
                 result = await self.store.run(provider_id, ops, now if self._driven else None)
             except DOWN_ERRORS as exc:
                 self._mark_down(exc, self._clock())
             else:
+                if self.health is not None:
+                    self.health.answered()
                 self.stats.round_trips += 1
                 self.stats.ops += len(ops)
                 self._adopt(provider_id, e, result, shared=True)
                 return result
-        elif self._probe is None and now >= self._retry_at:
+        elif not self._redis_ok and self._probe is None and now >= self._retry_at:
             self._probe = asyncio.ensure_future(self._probe_redis(provider_id, e))
         if e.local is None:
             e.local = self._seed(e.snap)
@@ -1122,6 +1128,8 @@ class CircuitBreakers:
         else:
             log.warning("circuit breakers: Redis reachable again; shared state resumes")
             self._redis_ok = True
+            if self.health is not None:
+                self.health.answered()
             self.stats.round_trips += 1
             self._adopt(provider_id, e, result, shared=True)
         finally:
@@ -1176,6 +1184,8 @@ class CircuitBreakers:
                         "until it returns", exc)
         self._redis_ok = False
         self._retry_at = now + self._retry_us
+        if self.health is not None:
+            self.health.failed()
 
 
 def _at(at_us: int) -> datetime:

@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 from notiflow.adapters.breaker import Admission, CircuitBreakers, State, StateChange
 from notiflow.adapters.providers.base import Outcome
+from notiflow.adapters.redis_health import RedisHealth
 from notiflow.settings import Settings
 
 BULK = "bulk"
@@ -33,11 +34,13 @@ class BulkBreakers:
         self.priority = priority
 
     @classmethod
-    def open(cls, settings: Settings, store_timeout: float = 0.5) -> BulkBreakers:
+    def open(cls, settings: Settings, store_timeout: float = 0.5,
+             health: RedisHealth | None = None) -> BulkBreakers:
         """Both lanes' breakers, read by a bulk process whose Redis calls time out after
         ``store_timeout`` seconds."""
-        return cls(CircuitBreakers(settings, lane=BULK, store_timeout=store_timeout),
-                   CircuitBreakers(settings, store_timeout=store_timeout))
+        return cls(CircuitBreakers(settings, lane=BULK, store_timeout=store_timeout,
+                                   health=health),
+                   CircuitBreakers(settings, store_timeout=store_timeout, health=health))
 
     @property
     def redis_ok(self) -> bool:
@@ -80,9 +83,10 @@ class BulkBreakers:
         await self.priority.aclose()
 
 
-def lane_breakers(settings: Settings, lane: str, store_timeout: float = 0.5
-                  ) -> CircuitBreakers | BulkBreakers:
+def lane_breakers(settings: Settings, lane: str, store_timeout: float = 0.5,
+                  health: RedisHealth | None = None) -> CircuitBreakers | BulkBreakers:
     """The breakers of a process whose tier is on ``lane`` (Redis calls time out after
-    ``store_timeout`` seconds, the tier's ``redis_timeout``)."""
-    return (BulkBreakers.open(settings, store_timeout) if lane == BULK
-            else CircuitBreakers(settings, store_timeout=store_timeout))
+    ``store_timeout`` seconds, the tier's ``redis_timeout``; ``health``: the process's shared
+    view of Redis)."""
+    return (BulkBreakers.open(settings, store_timeout, health) if lane == BULK
+            else CircuitBreakers(settings, store_timeout=store_timeout, health=health))

@@ -25,6 +25,7 @@ from notiflow.adapters.breaker import Admission, State, StateChange
 from notiflow.adapters.cancel_gate import Confirm
 from notiflow.adapters.providers.base import Outcome, ProviderClient
 from notiflow.adapters.redis_dedup import LeaseState
+from notiflow.adapters.redis_health import RedisHealth
 from notiflow.schemas.enums import Tier
 from notiflow.schemas.preferences import PreferenceState, Suppression
 
@@ -180,6 +181,8 @@ class SendPorts:
     providers: Mapping[str, ProviderClient]
     close: Callable[[], Awaitable[None]]
     """Releases every client (the providers' too)."""
+    health: RedisHealth | None = None
+    """The process's shared view of Redis (``adapters/redis_health.py``)."""
 
 
 OpenSendPorts = Callable[[], Awaitable[SendPorts]]

@@ -89,6 +89,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from notiflow import names
+from notiflow.adapters.redis_health import RedisHealth
 from notiflow.adapters.redis_pool import redis_client
 from notiflow.schemas.enums import Tier
 from notiflow.settings import Settings
@@ -691,9 +692,11 @@ class CapacityLimiter:
                  lease_ttl: float = 0.25, lease_fraction: float = 0.1,
                  pause_wait: float = 0.5, probe_interval: float = 0.5,
                  clock: Callable[[], float] = time.monotonic,
-                 store_timeout: float = 0.5) -> None:
+                 store_timeout: float = 0.5, health: RedisHealth | None = None) -> None:
         """``source``: the settings (the limiter opens its own :class:`CapacityStore`, whose
-        Redis calls time out after ``store_timeout`` seconds), or a store."""
+        Redis calls time out after ``store_timeout`` seconds), or a store. ``health``: the
+        process's shared view of Redis (while it says down, take the fallback without
+        asking)."""
         if expected_workers < 1 or lease_ttl <= 0 or not 0 < lease_fraction <= 1:
             raise ValueError("bad limiter parameters")
         store = (CapacityStore.open(source, store_timeout) if isinstance(source, Settings)
@@ -713,6 +716,7 @@ class CapacityLimiter:
         self._next_probe = 0.0
         self._probing = False
         self._probes: set[asyncio.Task[None]] = set()
+        self.health = health
         self.fill: dict[tuple[str, Tier], tuple[float, float]] = {}
         """(provider, tier) → (room left / provider rate, clock reading) of the last decision."""
         _limiters.add(self)
@@ -740,8 +744,8 @@ class CapacityLimiter:
             now = self.clock()
             if lease.blocked_until > now:
                 return lease.blocked_until - now
-            if not self._redis_ok:
-                if not self._probing and now >= self._next_probe:
+            if not self._redis_ok or (self.health is not None and self.health.down):
+                if not self._redis_ok and not self._probing and now >= self._next_probe:
                     self._probe(provider_id, Request(tier, 1, key[2],
                                                      tenant_rate if limited else None))
                 return self._fallback(rule, tier, key[2], tenant_rate, now)
@@ -830,8 +834,12 @@ class CapacityLimiter:
                         "redis_down policy", exc)
         self._redis_ok = False
         self._next_probe = now + self.probe_interval
+        if self.health is not None:
+            self.health.failed()
 
     def _mark_up(self) -> None:
+        if self.health is not None:
+            self.health.answered()
         if not self._redis_ok:
             log.warning("capacity limiter: Redis reachable again; cluster limits resume")
             self._redis_ok = True

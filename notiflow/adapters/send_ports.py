@@ -33,6 +33,7 @@ from notiflow.adapters.providers.swappable import Swappable
 from notiflow.adapters.ratelimit import CapacityLimiter
 from notiflow.adapters.redis_caps import CapStore
 from notiflow.adapters.redis_dedup import DedupStore
+from notiflow.adapters.redis_health import RedisHealth
 from notiflow.adapters.secret_watch import watcher
 from notiflow.schemas.enums import Tier
 from notiflow.secrets import Keyring, Reload
@@ -72,9 +73,11 @@ async def open_send_ports(settings: Settings, tier: Tier, owner: str,
     redis_timeout = policy.redis_timeout.total_seconds()
     cluster, session = await asyncio.to_thread(connect, settings)
     store = CassandraStore(session, settings)
-    breakers = lane_breakers(settings, policy.lane, redis_timeout)
+    health = RedisHealth()
+    breakers = lane_breakers(settings, policy.lane, redis_timeout, health)
     dedup = DedupStore.open(settings, owner, redis_timeout)
-    limiter = CapacityLimiter(settings, expected_workers=workers, store_timeout=redis_timeout)
+    limiter = CapacityLimiter(settings, expected_workers=workers, store_timeout=redis_timeout,
+                              health=health)
     producer = AsyncProducer(settings)
     preferences = PreferenceStore(store, producer)
     timeout = policy.provider_timeout.total_seconds()
@@ -106,7 +109,7 @@ async def open_send_ports(settings: Settings, tier: Tier, owner: str,
         leases=dedup, caps=CapStore(dedup.r, dedup.ns), messages=store,
         preferences=preferences, breakers=breakers, quota=limiter,
         boards=RedisBoards(dedup.r, settings.topic_prefix, owner), providers=providers,
-        close=close)
+        close=close, health=health)
 
 
 async def reopen_providers(settings: Settings, change: Reload,

@@ -22,6 +22,7 @@ import heapq
 import logging
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 from hypothesis import event, given, settings
@@ -390,7 +391,7 @@ class FlakyStore(ModelStore):
         return await super().request(provider_id, request, now_us)
 
 
-def limiter_for(rate: float = 1000.0, **kwargs: float) -> tuple[CapacityLimiter, FlakyStore,
+def limiter_for(rate: float = 1000.0, **kwargs: Any) -> tuple[CapacityLimiter, FlakyStore,
                                                                   FakeClock]:
     clock = FakeClock()
     store = FlakyStore(CapacityRules.from_settings(Settings(provider_rates={"tw": rate})),

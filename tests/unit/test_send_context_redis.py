@@ -9,6 +9,7 @@ import asyncio
 import random
 from datetime import UTC, datetime, timedelta
 
+import pytest
 from cryptography.fernet import Fernet
 from redis.exceptions import TimeoutError as RedisTimeout
 
@@ -84,3 +85,28 @@ def test_one_call_at_a_time_asks_a_failed_redis_again() -> None:
         return await probing, other, await ctx.redis(hangs, "fallback")
 
     assert asyncio.run(scenario()) == ("answer", "fallback", "answer")
+
+
+def test_a_probe_that_raises_something_else_does_not_stop_later_probes() -> None:
+    settings = Settings()
+    clock = Clock()
+    ctx = SendContext(settings, Tier.P0, settings.policy(Tier.P0),
+                      DlqCipher(Fernet.generate_key()), clock, random.Random(1), "send.p0")
+
+    async def fails() -> str:
+        raise RedisTimeout("Timeout reading from socket")
+
+    async def bug() -> str:
+        raise KeyError("a bug in the call")
+
+    async def answers() -> str:
+        return "answer"
+
+    async def scenario() -> str:
+        await ctx.redis(fails, "fallback")
+        clock.now += REDIS_RECHECK
+        with pytest.raises(KeyError):
+            await ctx.redis(bug, "fallback")
+        return await ctx.redis(answers, "fallback")
+
+    assert asyncio.run(scenario()) == "answer"

@@ -83,15 +83,20 @@ class SendContext:
 
     async def redis(self, fn: Callable[[], Awaitable[T]], fallback: T) -> T:
         """A dedup call. Redis down: tiers on ``local`` continue without cluster dedup
-        (``fallback``; for :data:`REDIS_RECHECK` after a failure without asking); tiers on
-        ``pause`` wait until Redis answers again."""
+        (``fallback``; without asking while the ports' shared ``health`` says down, and for
+        :data:`REDIS_RECHECK` after a failure of their own); tiers on ``pause`` wait until
+        Redis answers again."""
         local = self.policy.redis_down == "local"
+        health = self._ports.health if self._ports is not None else None
         while True:
+            if local and health is not None and health.down:
+                return fallback
             failed_at = self.redis_failed_at if local else None
             if failed_at is not None and (self.redis_probing
                                           or self.clock() - failed_at < REDIS_RECHECK):
                 return fallback
-            self.redis_probing = failed_at is not None
+            probing = failed_at is not None
+            self.redis_probing = self.redis_probing or probing
             try:
                 result = await fn()
             except STORE_DOWN as exc:
@@ -100,16 +105,21 @@ class SendContext:
                                 "sending without cluster dedup" if local else "pausing sends")
                 self.redis_ok = False
                 self.redis_failed_at = self.clock()
-                self.redis_probing = False
+                if health is not None:
+                    health.failed()
                 if local:
                     return fallback
                 await asyncio.sleep(REDIS_PAUSE_S)
                 continue
+            finally:
+                if probing:
+                    self.redis_probing = False
             if not self.redis_ok:
                 log.warning("redis is back")
             self.redis_ok = True
             self.redis_failed_at = None
-            self.redis_probing = False
+            if health is not None:
+                health.answered()
             return result
 
     async def infra(self, what: str, fn: Callable[[], Awaitable[T]]) -> T:
