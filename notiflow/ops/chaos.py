@@ -17,8 +17,8 @@ for every accepted message to reach a provider, and reports:
 - failed: terminal without a provider accepting them (FAILED or EXPIRED: they are in the
   dead-letter queue, recoverable);
 - lost: accepted messages neither sent nor terminal once the run settled (must be 0); and,
-  for a stream that asks for status webhooks, sent messages whose ``PROVIDER_ACCEPTED``
-  webhook never reached the receiver (``lost_webhooks``, must be 0);
+  for a stream that asks for status webhooks, sent messages whose current status was never
+  announced to the receiver (``lost_webhooks``, must be 0);
 - duplicate sends: provider acceptances beyond the first of a message;
 - regressions: rows holding a lower status than one of their recorded events;
 - P0 p99 during the fault: accepted_at to the provider's first acceptance, of the OTPs
