@@ -76,15 +76,18 @@ def provider_waits(waits: Mapping[str, datetime] | None, provider_id: str,
     return kept or None
 
 
+def waiting(waits: Mapping[str, datetime] | None, provider_id: str, now: datetime) -> bool:
+    """Whether ``provider_id``'s ``Retry-After`` for this message is still running."""
+    until = (waits or {}).get(provider_id)
+    return until is not None and until > now
+
+
 def held_for(waits: Mapping[str, datetime] | None, candidates: Iterable[str],
              now: datetime) -> timedelta | None:
     """How long ``Retry-After`` holds a message's next attempt: None when one of its
     ``candidates`` (the accounts that can carry it) has no wait running; else until the
     first of their waits ends."""
-    pending = []
-    for provider_id in candidates:
-        until = (waits or {}).get(provider_id)
-        if until is None or until <= now:
-            return None
-        pending.append(until - now)
-    return min(pending, default=None)
+    ids = list(candidates)
+    if not ids or not all(waiting(waits, p, now) for p in ids):
+        return None
+    return min((waits or {})[p] for p in ids) - now

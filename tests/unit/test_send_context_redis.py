@@ -57,7 +57,7 @@ def test_a_local_tier_stops_asking_a_failed_redis_for_a_while() -> None:
 
     assert asyncio.run(scenario()) == ["fallback", "fallback", "fallback", "fallback",
                                        "answer", "answer"]
-    assert len(calls) == 4 and ctx.redis_ok and ctx.redis_failed_at is None
+    assert len(calls) == 4 and ctx.redis_ok and not ctx.redis_health.down
 
 
 def test_one_call_at_a_time_asks_a_failed_redis_again() -> None:

@@ -14,6 +14,7 @@ from typing import TypeVar
 from notiflow.adapters.dlq_crypto import DlqCipher
 from notiflow.adapters.ports import STORE_DOWN, SendPorts
 from notiflow.adapters.pressure import LatencyWindow
+from notiflow.adapters.redis_health import HOLD_S, RedisHealth
 from notiflow.adapters.retrying import OUTAGE, until_up
 from notiflow.flows.caps import LocalCaps
 from notiflow.flows.model import Work
@@ -27,10 +28,10 @@ T = TypeVar("T")
 
 INFRA_RETRY_FOR = timedelta(seconds=60)
 REDIS_PAUSE_S = 0.5
-REDIS_RECHECK = timedelta(seconds=1)
-"""After a failed dedup call, a tier on ``local`` takes its fallback without asking Redis
-for this long, and then lets one call at a time ask again: a Redis that stops answering costs
-one call a second its ``redis_timeout``, not every call."""
+REDIS_RECHECK = timedelta(seconds=HOLD_S)
+"""After a failed Redis call (:class:`RedisHealth` down), a tier on ``local`` takes its
+fallback without asking for this long, and then lets one dedup call at a time ask again: a
+Redis that stops answering costs one call a second its ``redis_timeout``, not every call."""
 STALE_MARGIN = timedelta(seconds=2)
 
 
@@ -52,16 +53,26 @@ class SendContext:
     source: str
     workers: int = 1
     redis_ok: bool = True
-    redis_failed_at: datetime | None = None
     redis_probing: bool = False
     """A dedup call is asking a Redis that failed whether it is back (one at a time)."""
     crashes: dict[str, int] = field(default_factory=dict)
     p0_latencies: LatencyWindow = field(default_factory=LatencyWindow)
     local_caps: LocalCaps = field(init=False)
+    own_health: RedisHealth = field(init=False)
     _ports: SendPorts | None = None
 
     def __post_init__(self) -> None:
         self.local_caps = LocalCaps(share=self.workers)
+        self.own_health = RedisHealth(REDIS_RECHECK.total_seconds(),
+                                      clock=lambda: self.clock().timestamp())
+
+    @property
+    def redis_health(self) -> RedisHealth:
+        """The ports' shared view of Redis (``adapters/redis_health.py``), else this
+        context's own (ports without one)."""
+        ports = self._ports
+        return ports.health if ports is not None and ports.health is not None \
+            else self.own_health
 
     def attach(self, ports: SendPorts) -> None:
         self._ports = ports
@@ -83,19 +94,14 @@ class SendContext:
 
     async def redis(self, fn: Callable[[], Awaitable[T]], fallback: T) -> T:
         """A dedup call. Redis down: tiers on ``local`` continue without cluster dedup
-        (``fallback``; without asking while the ports' shared ``health`` says down, and for
-        :data:`REDIS_RECHECK` after a failure of their own); tiers on ``pause`` wait until
-        Redis answers again."""
+        (``fallback``, without asking while :attr:`redis_health` says down); tiers on
+        ``pause`` wait until Redis answers again."""
         local = self.policy.redis_down == "local"
-        health = self._ports.health if self._ports is not None else None
+        health = self.redis_health
         while True:
-            if local and health is not None and health.down:
+            if local and (health.down or (self.redis_probing and not self.redis_ok)):
                 return fallback
-            failed_at = self.redis_failed_at if local else None
-            if failed_at is not None and (self.redis_probing
-                                          or self.clock() - failed_at < REDIS_RECHECK):
-                return fallback
-            probing = failed_at is not None
+            probing = local and not self.redis_ok
             self.redis_probing = self.redis_probing or probing
             try:
                 result = await fn()
@@ -104,9 +110,7 @@ class SendContext:
                     log.warning("redis unavailable (%s): %s", exc,
                                 "sending without cluster dedup" if local else "pausing sends")
                 self.redis_ok = False
-                self.redis_failed_at = self.clock()
-                if health is not None:
-                    health.failed()
+                health.failed()
                 if local:
                     return fallback
                 await asyncio.sleep(REDIS_PAUSE_S)
@@ -117,9 +121,7 @@ class SendContext:
             if not self.redis_ok:
                 log.warning("redis is back")
             self.redis_ok = True
-            self.redis_failed_at = None
-            if health is not None:
-                health.answered()
+            health.answered()
             return result
 
     async def infra(self, what: str, fn: Callable[[], Awaitable[T]]) -> T:

@@ -9,12 +9,12 @@ transiently (:func:`last_resort_failed`)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from datetime import datetime, timedelta
+from collections.abc import Sequence
+from datetime import timedelta
 
 from notiflow.adapters.providers.base import SendResult
 from notiflow.flows.model import Out, Retry, Work
-from notiflow.flows.policy import held_for
+from notiflow.flows.policy import held_for, waiting
 from notiflow.flows.routing import Choice, Unavailable, rank_routes, reserve
 from notiflow.flows.sending.batch import Batch
 from notiflow.flows.sending.context import SendContext
@@ -69,12 +69,6 @@ class Quota:
             if forced is not None:
                 return forced
         return await all_unavailable(ctx, w, choice)
-
-
-def waiting(waits: Mapping[str, datetime] | None, provider_id: str, now: datetime) -> bool:
-    """Whether ``provider_id``'s ``Retry-After`` for this message is still running."""
-    until = (waits or {}).get(provider_id)
-    return until is not None and until > now
 
 
 async def last_resort(ctx: SendContext, w: Work, routes: Sequence[ProviderRoute],
