@@ -21,7 +21,8 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
 DEV_TENANTS: dict[str, dict[str, object]] = {
-    "acme": {"tiers": ["P0", "P1", "P2", "P3"]},
+    "acme": {"tiers": ["P0", "P1", "P2", "P3"],
+             "senders": ["ACME", "+14155550100", "@acme.example"]},
     "globex": {"tiers": ["P0", "P1", "P2", "P3"]},
     "mkt": {"tiers": ["P2", "P3"]},
     "promo": {"tiers": ["P3"], "max_active_campaigns": 2, "max_campaign_recipients": 100_000},

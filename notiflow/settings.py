@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterable
 from datetime import time, timedelta
 from pathlib import Path
 from typing import Any, Literal, get_args
@@ -219,8 +220,9 @@ class JwtAuth(_Frozen):
     tiers_claim: str = "tiers"
     channels_claim: str = "channels"
     templates_claim: str = "templates"
+    senders_claim: str = "senders"
     """Optional claims (lists) that narrow what the tenant may send for this token; a token
-    never widens its tenant's ``tiers``, ``channels`` or ``templates``."""
+    never widens its tenant's ``tiers``, ``channels``, ``templates`` or ``senders``."""
     keys_ttl: timedelta = timedelta(minutes=10)
     """How long fetched keys are used before the key set is fetched again."""
     min_refetch: timedelta = timedelta(seconds=30)
@@ -233,6 +235,34 @@ class JwtAuth(_Frozen):
         if self.jwks_url and not (self.issuer and self.audience):
             raise ValueError("jwt.jwks_url needs jwt.issuer and jwt.audience")
         return self
+
+
+def _sender_entry(entry: str) -> str:
+    return entry.lower() if "@" in entry else entry
+
+
+def sender_matches(entries: frozenset[str], sender: str) -> bool:
+    """Whether ``entries`` (normalised by :func:`normalised_senders`) name ``sender``: an SMS
+    number, short code or alphanumeric id exactly, an email address in any case, or any
+    address at a domain listed as ``@domain``."""
+    if sender in entries:
+        return True
+    if "@" not in sender:
+        return False
+    address = sender.lower()
+    return address in entries or "@" + address.rsplit("@", 1)[1] in entries
+
+
+def normalised_senders(entries: Iterable[str]) -> frozenset[str]:
+    """Sender entries with email addresses and ``@domain`` entries in lower case."""
+    return frozenset(_sender_entry(e) for e in entries)
+
+
+def narrowed_senders(tenant: frozenset[str], token: frozenset[str]) -> frozenset[str]:
+    """The entries naming exactly the senders both lists allow (a token's claim narrowing
+    its tenant's ``senders``)."""
+    return (frozenset(e for e in token if sender_matches(tenant, e))
+            | frozenset(e for e in tenant if sender_matches(token, e)))
 
 
 class TenantConfig(_Frozen):
@@ -270,8 +300,22 @@ class TenantConfig(_Frozen):
     """Standard Webhooks signing secrets (``whsec_`` + base64) for the tenant's status
     webhooks; every listed secret signs (rotation: add the new one, then drop the old)."""
 
+    senders: frozenset[str] = frozenset()
+    """Senders the tenant's messages may name (``sender``): SMS numbers, short codes and
+    alphanumeric ids exactly, email addresses in any case, ``@domain`` for every address at a
+    domain. Empty: only the provider accounts' own senders."""
+
+    @field_validator("senders")
+    @classmethod
+    def _normalised_senders(cls, v: frozenset[str]) -> frozenset[str]:
+        return normalised_senders(v)
+
     def allows_template(self, template_id: str) -> bool:
         return self.templates is None or template_id in self.templates
+
+    def allows_sender(self, sender: str | None) -> bool:
+        """No sender (the account's own), or one of :attr:`senders`."""
+        return sender is None or sender_matches(self.senders, sender)
 
 
 class ClientWebhookRule(_Frozen):

@@ -130,11 +130,13 @@ class SmtpRecord(MessageRecord):
     subject: str | None = None
     smtp_message_id: str | None = None
     """The ``Message-ID`` header."""
+    header_from: str | None = None
+    """The ``From`` header (who the reader sees; ``from`` is where bounces go)."""
 
     def as_json(self) -> dict[str, Any]:
         return {**MessageRecord.as_json(self), "stage": self.stage, "enhanced": self.enhanced,
                 "reply": self.reply, "subject": self.subject,
-                "smtp_message_id": self.smtp_message_id}
+                "smtp_message_id": self.smtp_message_id, "header_from": self.header_from}
 
 
 @dataclass(slots=True)
@@ -390,19 +392,20 @@ class SmtpEmulator(Emulator[SmtpKnobs]):
                 txn: _Transaction | None = None, mail: EmailMessage | None = None,
                 body: str | None = None, sid: str | None = None, hang: bool = False) -> None:
         message_id, attempt = _correlation(txn.envid if txn else None)
-        subject = smtp_message_id = None
+        subject = smtp_message_id = header_from = None
         if mail is not None:
             message_id = str(mail.get(MESSAGE_ID_HEADER, "")) or message_id
             attempt_text = str(mail.get(ATTEMPT_HEADER, ""))
             attempt = int(attempt_text) if attempt_text.isdigit() else attempt
             subject = str(mail["Subject"]) if mail["Subject"] is not None else None
             smtp_message_id = str(mail["Message-ID"]) if mail["Message-ID"] else None
+            header_from = str(mail["From"]) if mail["From"] else None
         enhanced = _ENHANCED.match(reply)
         self.messages.add(SmtpRecord(
             time.time(), outcome, int(reply[:3]), None, sid, message_id, attempt,
             txn.rcpt if txn else None, txn.mail_from if txn else None, body, hang,
             stage=stage, enhanced=enhanced.group(1) if enhanced else None, reply=reply,
-            subject=subject, smtp_message_id=smtp_message_id))
+            subject=subject, smtp_message_id=smtp_message_id, header_from=header_from))
 
     @staticmethod
     def _close_soon(server: SMTP) -> None:

@@ -275,7 +275,8 @@ class Expander:
             tenant_id=row.tenant_id, campaign_id=row.campaign_id, channel=req.channel,
             tier=req.tier, category=req.category, template_id=req.template_id,
             template_version=req.template_version, mapping=req.mapping, ends_at=row.ends_at,
-            default_zone=req.timezone or self._tenant_zone(row.tenant_id), window=req.window)
+            default_zone=req.timezone or self._tenant_zone(row.tenant_id), window=req.window,
+            sender=req.sender)
         pace = Pace(campaign_rate(self.settings, row), self.rule.batch)
         pending: list[ManifestRow] = []
         chunks = self.manifests.chunks(req.manifest, p.bytes_read, p.manifest_bytes)

@@ -200,7 +200,8 @@ class RowReader:
 @dataclass(frozen=True, slots=True)
 class CampaignSpec:
     """What every row of one campaign shares. ``default_zone``: the zone of a row whose own
-    is unknown; ``window``: local hours a row may be sent in (None: any time)."""
+    is unknown; ``window``: local hours a row may be sent in (None: any time); ``sender``:
+    who every message comes from (None: the provider accounts' own)."""
 
     tenant_id: str
     campaign_id: str
@@ -213,6 +214,7 @@ class CampaignSpec:
     ends_at: datetime
     default_zone: str
     window: LocalWindow | None = None
+    sender: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -281,7 +283,7 @@ def map_row(spec: CampaignSpec, row: ManifestRow, now: datetime) -> Mapped | Rej
             "channel": spec.channel, "tier": spec.tier, "recipient": recipient,
             "template_id": spec.template_id, "template_version": spec.template_version,
             "variables": variables, "category": spec.category, "expires_at": spec.ends_at,
-            "tenant_id": spec.tenant_id,
+            "tenant_id": spec.tenant_id, "sender": spec.sender,
             "message_id": row_message_id(spec.campaign_id, row.number), "accepted_at": now})
     except ValidationError as exc:
         return Rejected(row.number, _reason(exc, (address, *variables.values())))

@@ -162,6 +162,9 @@ class IngestParser:
         if not tenant.allows_template(record.template_id):
             return status_event(work, Status.FAILED, now, self._source,
                                 reason="template_not_allowed")
+        if not tenant.allows_sender(record.sender):
+            return status_event(work, Status.FAILED, now, self._source,
+                                reason="sender_not_allowed")
         if record.channel not in self.enabled:
             return self._dlq(raw, src, f"no provider configured for {record.channel}",
                              "channel_unavailable", "unavailable", now, msg.headers,

@@ -30,6 +30,9 @@ class Addressed(Protocol):
     @property
     def template_version(self) -> int: ...
 
+    @property
+    def sender(self) -> str | None: ...
+
 
 def check_lane(settings: Settings, req: Addressed) -> None:
     """421 when this process serves the other lane (``settings.api_lane``)."""
@@ -41,8 +44,8 @@ def check_lane(settings: Settings, req: Addressed) -> None:
 
 
 def check_sender(settings: Settings, tenant: TenantConfig, req: Addressed) -> None:
-    """403 for a tier, channel or template the tenant may not use; 422 for a channel without
-    a configured provider."""
+    """403 for a tier, channel, template or sender the tenant may not use; 422 for a channel
+    without a configured provider."""
     if req.tier not in tenant.tiers:
         allowed = ", ".join(sorted(t.value for t in tenant.tiers))
         raise forbidden("tier_not_allowed",
@@ -54,6 +57,9 @@ def check_sender(settings: Settings, tenant: TenantConfig, req: Addressed) -> No
     if not tenant.allows_template(req.template_id):
         raise forbidden("template_not_allowed",
                         f"tenant {tenant.id} may not use template {req.template_id}")
+    if not tenant.allows_sender(req.sender):
+        raise forbidden("sender_not_allowed",
+                        f"tenant {tenant.id} may not send as {req.sender!r}")
     if req.channel not in settings.enabled_channels():
         raise unprocessable("channel_unavailable",
                             f"channel {req.channel.value} has no configured provider")

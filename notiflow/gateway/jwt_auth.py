@@ -4,9 +4,9 @@ A token is accepted when its signature verifies with the identity provider's key
 its ``kid`` (``adapters/jwks.py``), its algorithm is one ``settings.jwt.algorithms`` allows,
 it is within its ``nbf``/``exp`` (with ``leeway``), and it names the configured issuer and
 audience and carries the scope. Its tenant claim must name a configured tenant, whose limits
-and policies apply; the optional tier, channel and template claims narrow what that tenant
-may send with this token, never widen it. Every refusal is a ``401`` (who are you?) or a
-``403`` (not that) with a reason."""
+and policies apply; the optional tier, channel, template and sender claims narrow what that
+tenant may send with this token, never widen it. Every refusal is a ``401`` (who are you?)
+or a ``403`` (not that) with a reason."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import jwt
 
 from notiflow.gateway.errors import ApiError, forbidden
 from notiflow.schemas.enums import Channel, Tier
-from notiflow.settings import JwtAuth, TenantConfig
+from notiflow.settings import JwtAuth, TenantConfig, narrowed_senders, normalised_senders
 
 KeyLookup = Callable[[str], Awaitable[jwt.PyJWK | None]]
 """The signing key of a key id, ``None`` when the provider does not publish it."""
@@ -141,4 +141,7 @@ def principal(claims: dict[str, Any], rule: JwtAuth,
     if templates is not None:
         update["templates"] = (frozenset(templates) if tenant.templates is None
                                else tenant.templates & set(templates))
+    senders = _names(claims, rule.senders_claim)
+    if senders is not None:
+        update["senders"] = narrowed_senders(tenant.senders, normalised_senders(senders))
     return tenant.model_copy(update=update) if update else tenant

@@ -89,8 +89,12 @@ _PUBLISH_ERRORS: tuple[type[Exception], ...] = (DeliveryFailed, *STORE_ERRORS)
 
 def request_hash(req: SendRequest) -> str:
     """SHA-256 of the validated request as canonical JSON (sorted keys); excludes everything
-    the API adds (message id, acceptance time, default expiry)."""
-    canonical = json.dumps(req.model_dump(mode="json"), sort_keys=True,
+    the API adds (message id, acceptance time, default expiry), and ``sender`` when unset (a
+    key reserved before senders existed keeps its hash)."""
+    fields = req.model_dump(mode="json")
+    if fields.get("sender") is None:
+        fields.pop("sender", None)
+    canonical = json.dumps(fields, sort_keys=True,
                            separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(canonical.encode()).hexdigest()
 

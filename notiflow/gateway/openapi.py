@@ -107,9 +107,10 @@ provider being unavailable."""
 def tenant_errors(*codes: int, **reasons: str) -> Responses:
     """:func:`errors` with 401 and 503, which every tenant route can answer."""
     if 403 in codes:
-        reasons.setdefault("r403", "The tenant may not use this tier, channel or template "
-                                   "(`tier_not_allowed`, `channel_not_allowed`, "
-                                   "`template_not_allowed`), or a JWT lacks the scope "
+        reasons.setdefault("r403", "The tenant may not use this tier, channel, template or "
+                                   "sender (`tier_not_allowed`, `channel_not_allowed`, "
+                                   "`template_not_allowed`, `sender_not_allowed`), or a JWT "
+                                   "lacks the scope "
                                    "(`insufficient_scope`) or names no configured tenant "
                                    "(`unknown_tenant`).")
     return errors(*sorted({*codes, *TENANT_ERRORS}), **reasons)

@@ -13,6 +13,10 @@ APNS_TOKEN_PATTERN: Final = r"^[0-9a-fA-F]{64,200}$"
 FCM_TOKEN_PATTERN: Final = r"^[A-Za-z0-9_:\-]{32,4096}$"
 TEMPLATE_ID_PATTERN: Final = r"^[a-z0-9][a-z0-9._-]{0,127}$"
 VARIABLE_NAME_PATTERN: Final = r"^[A-Za-z_][A-Za-z0-9_]{0,63}$"
+SHORT_CODE_PATTERN: Final = r"^[0-9]{3,8}$"
+ALPHANUMERIC_SENDER_PATTERN: Final = r"^[A-Za-z0-9 ]*[A-Za-z][A-Za-z0-9 ]*$"
+"""An alphanumeric SMS sender id: letters, digits and spaces, at least one letter (at most
+11 characters, ``maxLength``)."""
 
 SPECIAL_USE_DOMAINS: Final = ("arpa", "invalid", "local", "localhost", "onion", "test")
 """Domains no message can be delivered to (RFC 6761; email-validator refuses them)."""
@@ -33,6 +37,20 @@ EMAIL: Final[dict[str, Any]] = {
     "description": "Email address (RFC 5321; normalised and matched case-insensitively); "
                    "not at a special-use domain (`.test`, `.local`, `.invalid`, ...).",
     "examples": ["ana@example.com"]}
+SMS_SENDER: Final[dict[str, Any]] = {
+    "anyOf": [PHONE,
+              {"type": "string", "pattern": SHORT_CODE_PATTERN,
+               "description": "A short code (3-8 digits)."},
+              {"type": "string", "pattern": ALPHANUMERIC_SENDER_PATTERN, "maxLength": 11,
+               "description": "An alphanumeric sender id (1-11 letters, digits and spaces, "
+                              "at least one letter)."}],
+    "description": "What an SMS comes from: an E.164 number, a short code or an alphanumeric "
+                   "sender id."}
+SENDER_DESCRIPTION: Final = (
+    "Who the message comes from, one of the senders the tenant may use (403 "
+    "`sender_not_allowed` otherwise): for SMS an E.164 number, a short code or an "
+    "alphanumeric sender id; for EMAIL the From address. Not for PUSH. Omitted: the provider "
+    "account's own sender.")
 HTTP_URL: Final[dict[str, Any]] = {
     "type": "string", "maxLength": 2083,
     "pattern": r"^https?://([a-z0-9-]{1,63}\.)*[a-z]{2,63}(:[1-9][0-9]{0,3})?(/[A-Za-z0-9._~/-]*)?$",
@@ -68,20 +86,35 @@ def zoned(schema: dict[str, Any]) -> None:
 MANIFEST_NAME: Final = r"\.(" + "|".join(map(_any_case, ("csv", "jsonl", "ndjson"))) + ")$"
 
 
+def _or_null(rule: dict[str, Any]) -> dict[str, Any]:
+    return {"anyOf": [rule, {"type": "null"}]}
+
+
+def sender_property() -> dict[str, Any]:
+    """The ``sender`` of a send request or a campaign (its form follows the channel)."""
+    return {"anyOf": [{"type": "string", "maxLength": 254}, {"type": "null"}],
+            "default": None, "description": SENDER_DESCRIPTION}
+
+
 def campaign_rules(schema: dict[str, Any]) -> None:
     """``json_schema_extra`` of a campaign: its zone, a manifest format that is named or
-    follows from the name, and ``mapping.platform`` exactly for push."""
+    follows from the name, ``mapping.platform`` exactly for push, and the sender's form per
+    channel."""
     zoned(schema)
+    schema["properties"]["sender"] = sender_property()
     schema["properties"]["tier"] = {"enum": ["P2", "P3"], "default": "P3",
                                     "description": "Campaigns are P2 or P3."}
     schema["allOf"] = [
         {"anyOf": [{"required": ["format"], "properties": {"format": {"type": "string"}}},
                    {"properties": {"manifest": {"pattern": MANIFEST_NAME}}}]},
         {"oneOf": [
-            {"properties": {"channel": {"const": "PUSH"}, "mapping": {
-                "required": ["platform"], "properties": {"platform": {"type": "string"}}}}},
-            {"properties": {"channel": {"enum": ["SMS", "EMAIL"]}, "mapping": {
-                "properties": {"platform": {"type": "null"}}}}}]},
+            {"properties": {"channel": {"const": "PUSH"}, "sender": {"type": "null"},
+                            "mapping": {"required": ["platform"],
+                                        "properties": {"platform": {"type": "string"}}}}},
+            {"properties": {"channel": {"const": "SMS"}, "sender": _or_null(SMS_SENDER),
+                            "mapping": {"properties": {"platform": {"type": "null"}}}}},
+            {"properties": {"channel": {"const": "EMAIL"}, "sender": _or_null(EMAIL),
+                            "mapping": {"properties": {"platform": {"type": "null"}}}}}]},
     ]
 
 
@@ -135,11 +168,15 @@ def send_request_rules(schema: dict[str, Any]) -> None:
     props["status_webhook"] = {"anyOf": [HTTP_URL, {"type": "null"}],
                                "description": "Receives a signed event at every status "
                                               "change of the message."}
+    props["sender"] = sender_property()
     schema["allOf"] = [
         {"oneOf": [
-            {"properties": {"channel": {"const": "SMS"}, "recipient": PHONE}},
-            {"properties": {"channel": {"const": "EMAIL"}, "recipient": EMAIL}},
-            {"properties": {"channel": {"const": "PUSH"}, "recipient": push}},
+            {"properties": {"channel": {"const": "SMS"}, "recipient": PHONE,
+                            "sender": _or_null(SMS_SENDER)}},
+            {"properties": {"channel": {"const": "EMAIL"}, "recipient": EMAIL,
+                            "sender": _or_null(EMAIL)}},
+            {"properties": {"channel": {"const": "PUSH"}, "recipient": push,
+                            "sender": {"type": "null"}}},
         ]},
         {"anyOf": [
             {"properties": {"tier": {"enum": ["P2", "P3"]}}},

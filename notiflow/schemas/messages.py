@@ -28,9 +28,11 @@ from pydantic import (
 
 from notiflow.schemas.enums import Category, Channel, PushPlatform, Status, Tier
 from notiflow.schemas.formats import (
+    ALPHANUMERIC_SENDER_PATTERN,
     APNS_TOKEN_PATTERN,
     E164_PATTERN,
     FCM_TOKEN_PATTERN,
+    SHORT_CODE_PATTERN,
     TEMPLATE_ID_PATTERN,
     VARIABLE_NAME_PATTERN,
     push_token_rule,
@@ -46,6 +48,9 @@ _VARIABLE_NAME = re.compile(VARIABLE_NAME_PATTERN)
 _APNS_TOKEN = re.compile(APNS_TOKEN_PATTERN)
 _FCM_TOKEN = re.compile(FCM_TOKEN_PATTERN)
 _E164 = re.compile(E164_PATTERN)
+_SHORT_CODE = re.compile(SHORT_CODE_PATTERN)
+_ALPHANUMERIC_SENDER = re.compile(ALPHANUMERIC_SENDER_PATTERN)
+MAX_ALPHANUMERIC_SENDER = 11
 
 MessageId = Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
 TenantId = Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9_-]{0,62}$")]
@@ -80,6 +85,26 @@ def _email(value: str) -> str:
         return validate_email(value, check_deliverability=False).normalized
     except EmailNotValidError as exc:
         raise ValueError(f"invalid email address: {exc}") from None
+
+
+def sender_for(channel: Channel | None, value: str | None) -> str | None:
+    """``value`` as a sender of ``channel`` (an email address normalised); ``ValueError``
+    for a form the channel does not take (SMS: E.164 number, short code or alphanumeric id
+    of at most 11 characters; EMAIL: an address; PUSH: none)."""
+    if value is None:
+        return None
+    if channel is Channel.SMS:
+        if value.startswith("+"):
+            return _e164(value)
+        if _SHORT_CODE.fullmatch(value) or (
+                len(value) <= MAX_ALPHANUMERIC_SENDER and _ALPHANUMERIC_SENDER.fullmatch(value)):
+            return value
+        raise ValueError("an SMS sender is an E.164 number, a short code (3-8 digits) or an "
+                         "alphanumeric id (at most 11 letters, digits and spaces, one letter "
+                         "at least)")
+    if channel is Channel.EMAIL:
+        return _email(value)
+    raise ValueError(f"{channel.value if channel else 'this channel'} messages have no sender")
 
 
 PhoneNumber = Annotated[str, AfterValidator(_e164)]
@@ -126,6 +151,14 @@ class SendRequest(Wire):
     scheduled_at: AwareDatetime | None = None
     ordering_key: str | None = Field(None, min_length=1, max_length=256)
     status_webhook: HttpUrl | None = None
+    sender: str | None = Field(None, max_length=254)
+    """Who the message comes from (:func:`sender_for`); None: the provider account's own."""
+
+    @field_validator("sender")
+    @classmethod
+    def _sender_matches_channel(cls, v: str | None, info: ValidationInfo) -> str | None:
+        channel = info.data.get("channel")
+        return v if channel is None else sender_for(channel, v)
 
     @field_validator("variables")
     @classmethod

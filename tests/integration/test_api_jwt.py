@@ -98,6 +98,13 @@ def test_jwt_callers_send_as_their_tenant_within_their_claims(
     p0 = post(narrow, "P0")
     assert (p0.status_code, p0.json()["reason"]) == (403, "tier_not_allowed")
 
+    as_acme = idp.token(senders=["ACME"])
+    for sender, status in (("ACME", 202), ("+14155550100", 403)):
+        r = httpx.post(f"{base}/v1/messages", json={**sms("P1", version), "sender": sender},
+                       timeout=15, headers={"Authorization": f"Bearer {as_acme}"})
+        assert r.status_code == status, (sender, r.text)
+    assert r.json()["reason"] == "sender_not_allowed"
+
     expired = post(idp.token(exp=int(time.time()) - 600))
     assert (expired.status_code, expired.json()["reason"]) == (401, "token_expired")
     assert expired.headers["WWW-Authenticate"].startswith("Bearer error=")

@@ -197,3 +197,48 @@ def test_status_never_regresses_with_shuffled_events(stack: Settings, reconciler
     r = httpx.get(f"{api}/v1/messages/{mid}",
                   headers={"Authorization": f"Bearer {tokens['globex']}"})
     assert r.status_code == 404
+
+
+def test_a_tenants_sender_is_what_the_recipient_sees(
+        api: str, tokens: dict[str, str], otp_template: dict[str, int], send_p1: ManagedProcess,
+        cql: Session, fakes: str) -> None:
+    headers = {"Authorization": f"Bearer {tokens['acme']}"}
+    r = httpx.post(f"{api}/v1/templates", headers=headers, json={
+        "template_id": f"sender-{uuid.uuid4().hex[:8]}", "channel": "EMAIL", "version": 1,
+        "subject": "Receipt", "body": "Thanks"})
+    assert r.status_code in (200, 201), r.text
+    sms = {"channel": "SMS", "tier": "P1", "recipient": "+14155552671", "template_id": "otp",
+           "template_version": otp_template["acme"], "variables": {"code": "111222"}}
+    email = {"channel": "EMAIL", "tier": "P1", "recipient": "ana@example.com",
+             "template_id": r.json()["template_id"], "template_version": 1}
+    sent = {}
+    for sender, body in (("ACME", sms), ("Billing@ACME.example", email)):
+        r = httpx.post(f"{api}/v1/messages", headers={**headers, "Idempotency-Key":
+                                                      uuid.uuid4().hex},
+                       json={**body, "sender": sender})
+        assert r.status_code == 202, r.text
+        sent[r.json()["message_id"]] = body["channel"]
+    refused = httpx.post(f"{api}/v1/messages", headers=headers,
+                         json={**sms, "sender": "EVILBANK"})
+    assert (refused.status_code, refused.json()["reason"]) == (403, "sender_not_allowed")
+    wait_for(lambda: all((message_row(cql, m) or {}).get("status") in SUCCESS for m in sent),
+             what="provider acceptance")
+    for mid, channel in sent.items():
+        providers = ("twilio", "vonage") if channel == "SMS" else ("sendgrid", "smtp")
+        [rec] = [r for r in emulator_records(fakes, mid, providers) if r["outcome"] == "accepted"]
+        seen = rec.get("header_from") or rec["from"]
+        assert seen == ("ACME" if channel == "SMS" else "Billing@acme.example"), rec
+
+
+def test_a_sender_the_tenant_may_not_use_fails_on_the_ingest_path(
+        stack: Settings, otp_template: dict[str, int], send_p1: ManagedProcess,
+        cql: Session, fakes: str) -> None:
+    ids = ids_of(stack, Tier.P1, produce(stack, [
+        direct(stack, Tier.P1, otp_template["acme"], sender="EVILBANK"),
+        direct(stack, Tier.P1, otp_template["acme"], sender="+14155550100")]))
+    done = wait_for(lambda: terminal(cql, ids), what="terminal status")
+    assert done == {ids[0]: "FAILED", ids[1]: "PROVIDER_ACCEPTED"}
+    assert message_row(cql, ids[0])["reason"] == "sender_not_allowed"
+    assert not emulator_records(fakes, ids[0])
+    [rec] = [r for r in emulator_records(fakes, ids[1]) if r["outcome"] == "accepted"]
+    assert rec["from"] in ("+14155550100", "14155550100")

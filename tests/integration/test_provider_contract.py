@@ -135,6 +135,9 @@ class Harness:
     """False when the protocol has no HTTP status errors (SMTP: no ``error_rate_5xx``)."""
     recorded_to: Callable[[Recipient], str] | None = None
     """What the emulator records as ``to`` (default :func:`recipient_text`)."""
+    sender: tuple[str, str, str] | None = None
+    """A message's own sender: what the message names, the record field the emulator shows
+    the recipient's view of it in, and how it shows it; None when the channel has none."""
 
     def recorded(self, recipient: Recipient) -> str:
         return (self.recorded_to or recipient_text)(recipient)
@@ -203,6 +206,7 @@ def _twilio_secret(settings: Settings) -> str:
 
 TWILIO = Harness(
     name="twilio",
+    sender=("+14155550111", "from", "+14155550111"),
     admin="twilio",
     channel=Channel.SMS,
     recipients={"ok": "+14155550100", "invalid": "+15005550001",
@@ -245,6 +249,7 @@ async def _sendgrid_unauthorized(settings: Settings) -> httpx.Response:
 
 SENDGRID = Harness(
     name="sendgrid",
+    sender=("billing@acme.example", "from", "billing@acme.example"),
     admin="sendgrid",
     channel=Channel.EMAIL,
     recipients={"ok": "ada@example.com", "invalid": "nobody@invalid.example.com",
@@ -391,6 +396,7 @@ async def _vonage_unauthorized(settings: Settings) -> httpx.Response:
 
 VONAGE = Harness(
     name="vonage",
+    sender=("+14155550111", "from", "14155550111"),
     admin="vonage",
     channel=Channel.SMS,
     recipients={"ok": "+14155550100", "invalid": "+0123", "unroutable": "+447700900006",
@@ -470,6 +476,7 @@ async def _smtp_unauthorized(settings: Settings) -> SmtpAnswer:
 
 SMTP = Harness(
     name="smtp",
+    sender=("billing@acme.example", "header_from", "billing@acme.example"),
     admin="smtp",
     channel=Channel.EMAIL,
     recipients={"ok": "ada@example.com", "bounce": "nobody@bounce.example.com",
@@ -676,13 +683,14 @@ async def adapter(harness: Harness, provider_settings: Settings,
 
 def message(harness: Harness, scenario: str = "ok", body: str = "Your code is 123456", *,
             attempt: int = 1, message_id: str | None = None, tier: Tier = Tier.P0,
-            recipient: Recipient | None = None,
-            subject: str | None = "Your code") -> OutboundMessage:
+            recipient: Recipient | None = None, subject: str | None = "Your code",
+            sender: str | None = None) -> OutboundMessage:
     return OutboundMessage(
         message_id=message_id or uuid.uuid4().hex, attempt=attempt, tenant_id="acme",
         channel=harness.channel, tier=tier,
         recipient=recipient if recipient is not None else harness.recipients[scenario],
-        body=body, subject=subject if harness.channel is not Channel.SMS else None)
+        body=body, subject=subject if harness.channel is not Channel.SMS else None,
+        sender=sender)
 
 
 async def send_once(harness: Harness, settings: Settings, msg: OutboundMessage, *,
@@ -715,6 +723,21 @@ async def test_accepted(harness: Harness, adapter: TimedClient, emulator: Emulat
     assert record["sid"] == result.provider_message_id
     assert (record["attempt"], record["to"], record["body"]) == (
         2, harness.recorded(msg.recipient), msg.body)
+
+
+@pytest.mark.parametrize("harness", [h for h in HARNESSES if h.sender], ids=_ids)
+async def test_a_messages_own_sender_is_what_the_recipient_sees(
+        harness: Harness, adapter: TimedClient, emulator: Emulator) -> None:
+    assert harness.sender is not None
+    named, field, shown = harness.sender
+    own = message(harness)
+    msg = message(harness, sender=named)
+    for m in (own, msg):
+        assert_result(await adapter.send(m), Outcome.ACCEPTED, None)
+    [record] = await emulator.records(msg.message_id)
+    assert record[field] == shown
+    [default] = await emulator.records(own.message_id)
+    assert default[field] not in (None, shown)
 
 
 @pytest.mark.parametrize(("harness", "rejection"), REJECTIONS, ids=_ids)

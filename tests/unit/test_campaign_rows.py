@@ -61,6 +61,12 @@ def rejected(s: CampaignSpec, r: ManifestRow, now: datetime = NOW) -> str:
 # -- records ------------------------------------------------------------------------------
 
 
+def test_every_row_carries_the_campaigns_sender() -> None:
+    assert mapped(spec(), row(to="+14155550100")).record.sender is None
+    named = dataclasses.replace(spec(), sender="ACME")
+    assert mapped(named, row(to="+14155550100")).record.sender == "ACME"
+
+
 def test_an_sms_row_becomes_its_message() -> None:
     out = mapped(spec(), row(to=" +14155550100 "))
     r = out.record

@@ -22,7 +22,7 @@ from notiflow.settings import IngestEncryption, Settings
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 KEY = Fernet.generate_key()
 TENANTS = json.dumps([
-    {"id": "acme", "token": "t-acme"},
+    {"id": "acme", "token": "t-acme", "senders": ["ACME"]},
     {"id": "mkt", "token": "t-mkt", "tiers": ["P2", "P3"]},
 ])
 
@@ -88,6 +88,14 @@ def test_tier_not_allowed_is_a_failed_event(settings: Settings) -> None:
                 Tier.P0)
     assert isinstance(out, StatusEvent)
     assert out.status is Status.FAILED and out.reason == "tier_not_allowed"
+
+
+def test_a_sender_the_tenant_may_not_use_is_a_failed_event(settings: Settings) -> None:
+    out = parse(settings, kmsg(body(sender="BANK")))
+    assert isinstance(out, StatusEvent)
+    assert out.status is Status.FAILED and out.reason == "sender_not_allowed"
+    ok = parse(settings, kmsg(body(sender="ACME")))
+    assert isinstance(ok, Work) and ok.record.sender == "ACME"
 
 
 def test_channel_without_provider_goes_to_dlq(settings: Settings) -> None:

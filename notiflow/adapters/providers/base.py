@@ -42,6 +42,9 @@ class OutboundMessage:
     recipient: str | PushRecipient
     body: str
     subject: str | None = None
+    sender: str | None = None
+    """Who the message comes from (an SMS number or id, an email address); None: the
+    account's configured sender."""
 
     @property
     def idempotency_key(self) -> str:

@@ -41,7 +41,7 @@ def rendered(w: Work, template: dict[str, Any] | None) -> OutboundMessage | str 
         return RenderFailure(str(exc))
     return OutboundMessage(message_id=w.message_id, attempt=r.attempt, tenant_id=r.tenant_id,
                            channel=r.channel, tier=r.tier, recipient=r.recipient, body=body,
-                           subject=subject)
+                           subject=subject, sender=r.sender)
 
 
 class Render:

@@ -95,7 +95,7 @@ class SendGridEmail(HttpProvider[SendGridSettings]):
         message has none: SendGrid then rejects it as invalid content)."""
         body: dict[str, Any] = {
             "personalizations": [{"to": [{"email": str(message.recipient)}]}],
-            "from": self._from,
+            "from": self._from_of(message),
             "content": [{"type": "text/plain", "value": message.body}],
             "custom_args": {"message_id": message.message_id,
                             "attempt": str(message.attempt)},
@@ -105,6 +105,10 @@ class SendGridEmail(HttpProvider[SendGridSettings]):
         if message.subject is not None:
             body["subject"] = message.subject
         return body
+
+    def _from_of(self, message: OutboundMessage) -> dict[str, str]:
+        """The message's own sender (an address alone), else the account's."""
+        return {"email": message.sender} if message.sender else self._from
 
     def _encode(self, message: OutboundMessage) -> bytes:
         return orjson.dumps(self.payload(message))
@@ -139,7 +143,7 @@ class SendGridEmail(HttpProvider[SendGridSettings]):
 
     def batch_payload(self, messages: Sequence[OutboundMessage],
                       traceparents: Sequence[str | None]) -> dict[str, Any]:
-        """One Mail Send body for several :meth:`joinable` messages."""
+        """One Mail Send body for several :meth:`joinable` messages of one sender."""
         personalizations = []
         for m, trace in zip(messages, traceparents, strict=True):
             args = {"message_id": m.message_id, "attempt": str(m.attempt)}
@@ -149,20 +153,23 @@ class SendGridEmail(HttpProvider[SendGridSettings]):
                                      "subject": m.subject,
                                      "substitutions": {BODY_TAG: m.body},
                                      "custom_args": args})
-        return {"personalizations": personalizations, "from": self._from,
+        return {"personalizations": personalizations, "from": self._from_of(messages[0]),
                 "content": [{"type": "text/plain", "value": BODY_TAG}]}
 
     async def send_batch(self, messages: Sequence[OutboundMessage],
                          traceparents: Sequence[str | None]) -> list[SendResult]:
-        """Send ``messages``, the :meth:`joinable` ones ``max_batch`` to a request, the
-        others one by one; one result per message, in order."""
+        """Send ``messages``, the :meth:`joinable` ones of one sender ``max_batch`` to a
+        request, the others one by one; one result per message, in order."""
         results: list[SendResult | None] = [None] * len(messages)
-        together: list[int] = []
+        together: dict[str | None, list[int]] = {}
         alone: list[int] = []
         for i, m in enumerate(messages):
-            (together if self.joinable(m) else alone).append(i)
-        chunks = [together[k:k + self.max_batch]
-                  for k in range(0, len(together), self.max_batch)]
+            if self.joinable(m):
+                together.setdefault(m.sender, []).append(i)
+            else:
+                alone.append(i)
+        chunks = [group[k:k + self.max_batch] for group in together.values()
+                  for k in range(0, len(group), self.max_batch)]
 
         async def one(i: int) -> None:
             results[i] = await self.send(messages[i])

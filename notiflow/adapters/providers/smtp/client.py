@@ -3,7 +3,9 @@ AUTH (CRAM-MD5, PLAIN or LOGIN, in that order among the mechanisms the server of
 
 Each message is one transaction on a pooled connection: ``MAIL FROM:<from_email>`` (with
 ``ENVID={message_id}.{attempt}`` when the server offers DSN), ``RCPT TO:<recipient>``,
-``DATA`` and the MIME message of :mod:`~notiflow.adapters.providers.smtp.message`. A ``250``
+``DATA`` and the MIME message of :mod:`~notiflow.adapters.providers.smtp.message` (its
+``From`` header the message's ``sender`` when it names one: bounces still come to
+``from_email``). A ``250``
 after the end-of-data terminator is the acceptance; ``provider_message_id`` is the queue id
 the reply names (``queued as ...``), else the Message-ID.
 
@@ -162,7 +164,8 @@ class SmtpEmail(ProviderBase):
             return self._result(Rule(_P, "invalid_recipient"), message, started,
                                 error_code="address")
         try:
-            mail = build_message(message, sender=self._config.from_email, now=started)
+            mail = build_message(message, sender=message.sender or self._config.from_email,
+                                 now=started)
         except (ValueError, TypeError) as exc:
             return self._result(Rule(_P, "invalid_content"), message, started,
                                 error_code=type(exc).__name__)

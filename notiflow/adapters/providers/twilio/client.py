@@ -85,7 +85,8 @@ class TwilioSms(HttpProvider[TwilioSettings]):
 
     def form(self, message: OutboundMessage) -> dict[str, str]:
         """The form fields Twilio receives for ``message``."""
-        fields = {"To": str(message.recipient), "From": self._config.from_number,
+        fields = {"To": str(message.recipient),
+                  "From": message.sender or self._config.from_number,
                   "Body": message.body}
         if self._callback:
             fields["StatusCallback"] = status_callback(self._callback, message.message_id,

@@ -80,7 +80,7 @@ class VonageSms(HttpProvider[VonageSettings]):
     def form(self, message: OutboundMessage) -> dict[str, str]:
         """The form fields Vonage receives for ``message`` (credentials included)."""
         text = message.body
-        fields = {**self._credentials, "from": self._config.from_name,
+        fields = {**self._credentials, "from": self._sender(message),
                   "to": e164_digits(str(message.recipient)), "text": text,
                   "type": "text" if is_gsm7(text) else "unicode",
                   "client-ref": client_ref(message.message_id, message.attempt)}
@@ -88,6 +88,14 @@ class VonageSms(HttpProvider[VonageSettings]):
             fields["callback"] = self._callback
             fields["status-report-req"] = "1"
         return fields
+
+    def _sender(self, message: OutboundMessage) -> str:
+        """The message's sender (a number without its ``+``, as Vonage takes it), else the
+        account's ``from_name`` (empty when unset: Vonage refuses the request)."""
+        sender = message.sender
+        if sender is None:
+            return self._config.from_name or ""
+        return e164_digits(sender) if sender.startswith("+") else sender
 
     def _encode(self, message: OutboundMessage) -> bytes:
         return urlencode(self.form(message)).encode()
