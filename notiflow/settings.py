@@ -125,7 +125,7 @@ DEFAULT_TIERS: dict[Tier, TierPolicy] = {
         epoch=timedelta(seconds=30),
         max_in_flight=128,
         provider_timeout=timedelta(seconds=2),
-        redis_timeout=timedelta(seconds=0.5),
+        redis_timeout=timedelta(milliseconds=150),
         store_concurrency=64,
         redis_down="local",
         nice=-5,
@@ -848,6 +848,21 @@ class KafkaSecurity(TlsFiles):
         return self
 
 
+class ApiRedisTimeout(_Frozen):
+    """How long the API waits for Redis (admission, idempotency fences), per lane, before it
+    takes Redis for down (a second of fallbacks: local admission for P0/P1, 503 for P2/P3,
+    fences by transaction)."""
+
+    all: timedelta = timedelta(milliseconds=250)
+    priority: timedelta = timedelta(milliseconds=150)
+    """P0 asks Redis twice before Kafka (admission, fence): a Redis slower than this is
+    down for P0's purposes (its SLA is 1 s)."""
+    bulk: timedelta = timedelta(milliseconds=250)
+
+    def of(self, lane: str) -> timedelta:
+        return {"priority": self.priority, "bulk": self.bulk}.get(lane, self.all)
+
+
 class ApiTls(_Frozen):
     """HTTPS on the API, optionally with client certificates (mutual TLS). Off while
     ``cert_file`` is unset. Client certificates are checked at the handshake only; who the
@@ -993,6 +1008,7 @@ class Settings(BaseSettings):
     """A request with an ``Idempotency-Key`` takes the key's fence in Redis and writes its
     reservation plainly; off (or Redis unavailable): a Cassandra lightweight transaction per
     key, as before (``adapters/idempotency_fence.py``, docs/api.md "Idempotency")."""
+    api_redis_timeout: ApiRedisTimeout = ApiRedisTimeout()
     api_fence_ttl: timedelta = timedelta(seconds=60)
     """How long a fence outlives its ``SET``: longer than a reservation takes to be written."""
     api_batch_concurrency: int = Field(128, ge=1)

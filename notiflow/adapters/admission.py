@@ -9,9 +9,12 @@ refills nothing. A key expires once its bucket would be full again (a missing ke
 bucket). This is a simpler limiter than the send-capacity limiter of ``adapters/ratelimit.py``:
 no tier borrowing, no leases, one token per request.
 
-Every call is bounded by a short timeout; after a failure Redis is not asked again for
-:data:`DOWN_BACKOFF_S` and calls raise :class:`AdmissionUnavailable` at once, so an outage
-costs a request no latency. The caller decides whether to fail open or closed.
+Every call is bounded by a short timeout (``Settings.api_redis_timeout``: shorter for the
+priority lane); after a failure Redis is not asked again for :data:`DOWN_BACKOFF_S` and calls
+raise :class:`AdmissionUnavailable` at once, so an outage costs a request no latency. The
+process's idempotency fences share that knowledge (one
+:class:`~notiflow.adapters.redis_health.RedisHealth`). The caller decides whether to fail
+open or closed.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from redis.exceptions import RedisError
 
 from notiflow.adapters.backlog import oldest_age
 from notiflow.adapters.pressure import worst
+from notiflow.adapters.redis_health import RedisHealth
 from notiflow.adapters.redis_pool import reconnect_once, redis_client
 from notiflow.schemas.enums import Channel, Tier
 from notiflow.settings import Settings
@@ -117,15 +121,15 @@ class AdmissionStore:
     def __init__(self, client: aioredis.Redis, prefix: str, *,
                  timeout_s: float = REDIS_TIMEOUT_S, down_backoff_s: float = DOWN_BACKOFF_S,
                  backlog_cache_s: float = BACKLOG_CACHE_S,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 health: RedisHealth | None = None) -> None:
         self.r = client
         self.prefix = prefix
         self.timeout_s = timeout_s
-        self.down_backoff_s = down_backoff_s
         self.backlog_cache_s = backlog_cache_s
         self.clock = clock
+        self.health = health or RedisHealth(down_backoff_s, clock)
         self._take = client.register_script(_TAKE)
-        self._down_until = 0.0
         self._backlog: dict[Tier, tuple[float, float | None]] = {}
         self._backlog_locks: dict[Tier, asyncio.Lock] = {}
         self._pressure: tuple[float, float | None] = (-PRESSURE_CACHE_S, None)
@@ -134,10 +138,12 @@ class AdmissionStore:
     @classmethod
     def open(cls, settings: Settings) -> AdmissionStore:
         """A store with its own client, which reconnects once on a closed connection (a
-        bucket script run twice spends a token twice: the error is on the safe side)."""
-        client = redis_client(settings, timeout=REDIS_TIMEOUT_S,
-                              pool_wait=REDIS_TIMEOUT_S, retry=reconnect_once())
-        return cls(client, settings.topic_prefix)
+        bucket script run twice spends a token twice: the error is on the safe side), its
+        calls bounded by the lane's ``api_redis_timeout``."""
+        timeout = settings.api_redis_timeout.of(settings.api_lane).total_seconds()
+        client = redis_client(settings, timeout=timeout, pool_wait=timeout,
+                              retry=reconnect_once())
+        return cls(client, settings.topic_prefix, timeout_s=timeout)
 
     def tenant_key(self, tenant_id: str) -> str:
         return f"{self.prefix}admission:tenant:{tenant_id}"
@@ -146,13 +152,15 @@ class AdmissionStore:
         return f"{self.prefix}admission:p0:{Channel(channel).value}"
 
     async def _call(self, fn: Callable[[], Any]) -> Any:
-        if self.clock() < self._down_until:
+        if self.health.down:
             raise AdmissionUnavailable("redis failed recently")
         try:
-            return await asyncio.wait_for(fn(), self.timeout_s)
+            answer = await asyncio.wait_for(fn(), self.timeout_s)
         except (RedisError, OSError, TimeoutError) as exc:
-            self._down_until = self.clock() + self.down_backoff_s
+            self.health.failed()
             raise AdmissionUnavailable(f"redis: {type(exc).__name__}") from exc
+        self.health.answered()
+        return answer
 
     async def take(self, buckets: Sequence[Bucket], cost: float = 1.0) -> Verdict:
         """Take ``cost`` tokens from every bucket, or from none (atomic)."""

@@ -12,7 +12,8 @@ one key).
 
 Calls go through the :class:`~notiflow.adapters.redis_pool.Coalescer` (the claims of one
 event-loop turn, e.g. a batch's items, share one pipeline), are bounded by ``timeout_s``,
-and after a failure Redis is not asked again for ``down_backoff_s``: calls raise
+and after a failure Redis is not asked again for ``down_backoff_s`` (or as long as the
+``health`` shared with the process's admission store says so): calls raise
 :class:`FenceUnavailable` at once and the caller reserves the key with a Cassandra
 lightweight transaction instead.
 """
@@ -30,6 +31,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
+from notiflow.adapters.redis_health import RedisHealth
 from notiflow.adapters.redis_pool import Coalescer
 
 log = logging.getLogger("notiflow.adapters.idempotency_fence")
@@ -77,31 +79,33 @@ class Fence:
 
     def __init__(self, client: aioredis.Redis, prefix: str, ttl: timedelta, *,
                  timeout_s: float, down_backoff_s: float,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 health: RedisHealth | None = None) -> None:
         self.r = client
         self.prefix = prefix
         self.ttl_ms = max(1, int(ttl.total_seconds() * 1000))
         self.timeout_s = timeout_s
-        self.down_backoff_s = down_backoff_s
         self.clock = clock
+        self.health = health or RedisHealth(down_backoff_s, clock)
         self._batch = Coalescer(client)
         self._release = client.register_script(RELEASE)
-        self._down_until = 0.0
 
     def key(self, tenant_id: str, key: str) -> str:
         return f"{self.prefix}fence:{{{tenant_id}}}:{key}"
 
     async def _call(self, fn: Callable[[], Awaitable[Any]]) -> Any:
-        if self.clock() < self._down_until:
+        if self.health.down:
             raise FenceUnavailable("redis failed recently")
         try:
-            return await asyncio.wait_for(fn(), self.timeout_s)
+            answer = await asyncio.wait_for(fn(), self.timeout_s)
         except (RedisError, OSError, TimeoutError) as exc:
-            if self.clock() >= self._down_until:
+            if not self.health.down:
                 log.warning("fences unavailable for %.1f s (%r); keys are reserved by "
-                            "transaction meanwhile", self.down_backoff_s, exc)
-            self._down_until = self.clock() + self.down_backoff_s
+                            "transaction meanwhile", self.health.hold_s, exc)
+            self.health.failed()
             raise FenceUnavailable(f"redis: {type(exc).__name__}") from exc
+        self.health.answered()
+        return answer
 
     async def claim(self, tenant_id: str, key: str, holder: Holder) -> Holder | None:
         """Take the fence of ``(tenant_id, key)`` for ``holder``: None when taken (or

@@ -23,7 +23,7 @@ from cassandra import DriverException
 from cassandra.cluster import Cluster
 from confluent_kafka.admin import AdminClient
 
-from notiflow.adapters.admission import DOWN_BACKOFF_S, REDIS_TIMEOUT_S, AdmissionStore
+from notiflow.adapters.admission import DOWN_BACKOFF_S, AdmissionStore
 from notiflow.adapters.audit import AuditLog
 from notiflow.adapters.campaign_notices import NoticeStore
 from notiflow.adapters.campaign_store import CampaignStore
@@ -130,9 +130,10 @@ class Runtime:
         self._producer = AsyncProducer(self.settings, **api_producer_overrides())
         self._admission = Admission(self.settings, AdmissionStore.open(self.settings))
         if self.settings.api_fence:
-            self._fence = Fence(self._admission.store.r, self.settings.topic_prefix,
-                                self.settings.api_fence_ttl, timeout_s=REDIS_TIMEOUT_S,
-                                down_backoff_s=DOWN_BACKOFF_S)
+            store = self._admission.store
+            self._fence = Fence(store.r, self.settings.topic_prefix,
+                                self.settings.api_fence_ttl, timeout_s=store.timeout_s,
+                                down_backoff_s=DOWN_BACKOFF_S, health=store.health)
         self._admin = AdminClient(kafka_config(self.settings),
                                   logger=logging.getLogger("notiflow.kafka.admin"))
         self.spawn(self.auditor.run(), "audit")
