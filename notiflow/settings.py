@@ -971,6 +971,11 @@ class Settings(BaseSettings):
     kafka_security: KafkaSecurity = KafkaSecurity()
     """TLS and SASL of every Kafka client (docs/operations.md, "Transport security")."""
     kafka_controller_port: int = 19093
+    kafka_proxied_port: int = 19094
+    """A third listener of the local stack's brokers, which advertises ``kafka_proxy_port``:
+    a client that bootstraps there keeps every connection on that proxy (``notiflow chaos``
+    puts toxiproxy on it; nothing listens there otherwise)."""
+    kafka_proxy_port: int = 19095
     topic_prefix: str = ""
     ingest_partitions: int = Field(4, ge=1, le=256)
     events_partitions: int = Field(4, ge=1, le=256)

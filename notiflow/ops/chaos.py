@@ -30,6 +30,7 @@ for every accepted message to reach a provider, and reports:
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import random
 import signal
@@ -39,9 +40,9 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
 import httpx
@@ -75,14 +76,14 @@ class Run:
     undone_at: float = 0.0
     notes: list[str] = field(default_factory=list)
     toxiproxy: Toxiproxy | None = None
-    """The proxy between the platform and Redis, for the scenarios that go through one."""
+    """The proxy between the platform and a store, for the scenarios that go through one."""
 
     def process(self, name: str) -> Any:
         return next(p for p in self.phase.group.procs if p.name == name)
 
     def proxy(self) -> Toxiproxy:
         if self.toxiproxy is None:
-            raise RuntimeError("this scenario's platform reaches Redis directly")
+            raise RuntimeError("this scenario's platform reaches its stores directly")
         return self.toxiproxy
 
     def stack(self) -> Stack:
@@ -107,8 +108,12 @@ class Scenario:
     campaign: bool = False
     """The stream is a campaign of the scenario's tier that an expander turns into messages
     (``chaos_campaign.py``), not requests to the API."""
-    proxied: bool = False
-    """Every process of the platform reaches Redis through toxiproxy (``toxiproxy.py``)."""
+    scheduled_in: float = 0.0
+    """Seconds after its submission each stream message is scheduled for (P2/P3: it waits
+    in Cassandra until the scheduler publishes it); 0: sent at once."""
+    proxied: Literal["redis", "kafka", "cassandra"] | None = None
+    """The store every process of the platform reaches through toxiproxy
+    (``toxiproxy.py``)."""
 
 
 def _kill_process(name: str) -> tuple[Fault, Fault]:
@@ -141,14 +146,19 @@ def _stack_signal(kind: str, sig: signal.Signals) -> Fault:
 
 def _toxics(kind: str, streams: tuple[str, ...] = ("downstream",),
             **attributes: int) -> tuple[Fault, Fault]:
-    """A toxiproxy toxic on the platform's path to Redis, on each of ``streams``."""
+    """A toxiproxy toxic on each of the platform's proxied paths (to Redis, or to every
+    broker), on each of ``streams``."""
     def inject(run: Run) -> None:
-        for stream in streams:
-            run.proxy().add(REDIS_PROXY, f"chaos-{stream}", kind, stream, **attributes)
+        proxy = run.proxy()
+        for name in proxy.names():
+            for stream in streams:
+                proxy.add(name, f"chaos-{stream}", kind, stream, **attributes)
 
     def undo(run: Run) -> None:
-        for stream in streams:
-            run.proxy().remove(REDIS_PROXY, f"chaos-{stream}")
+        proxy = run.proxy()
+        for name in proxy.names():
+            for stream in streams:
+                proxy.remove(name, f"chaos-{stream}")
     return inject, undo
 
 
@@ -176,8 +186,13 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              *_kill_process("api"), hold=5),
     Scenario("kill-reconciler", "SIGKILL the reconciler, start it again",
              *_kill_process("reconcile"), hold=5),
+    Scenario("kill-send-p2", "SIGKILL the P2 send flow under a P2 stream, start it again",
+             *_kill_process("send-p2"), hold=5, tier=Tier.P2),
     Scenario("kill-send-p3", "SIGKILL the P3 send flow under a P3 stream, start it again",
              *_kill_process("send-p3"), hold=5, tier=Tier.P3),
+    Scenario("kill-scheduler", "SIGKILL the scheduler under a P2 stream scheduled 5 s ahead, "
+             "start it again", *_kill_process("scheduler"), hold=5, tier=Tier.P2,
+             scheduled_in=5.0),
     Scenario("kill-api-bulk", "SIGKILL the bulk-lane API under a P3 stream, start it again",
              *_kill_process("api-bulk"), hold=5, tier=Tier.P3),
     Scenario("kill-webhooks", "SIGKILL the client webhook flow, start it again",
@@ -191,11 +206,26 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("cassandra-pause", "SIGSTOP Cassandra for 10 s, then SIGCONT",
              _stack_signal("cassandra", signal.SIGSTOP),
              _stack_signal("cassandra", signal.SIGCONT), hold=10),
+    Scenario("cassandra-restart", "SIGKILL every Cassandra node, `stack up` again",
+             _stack_signal("cassandra", signal.SIGKILL), _stack_up, hold=10),
+    Scenario("cassandra-latency", "20 ms more on every answer from Cassandra (through "
+             "toxiproxy)", *_toxics("latency", latency=20), hold=20, proxied="cassandra"),
+    Scenario("cassandra-partition", "no byte between the platform and Cassandra either way "
+             "(through toxiproxy), connections left open", *_toxics(
+                 "timeout", ("upstream", "downstream"), timeout=0), hold=10,
+             proxied="cassandra"),
     Scenario("redis-latency", "200 ms more on every answer from Redis (through toxiproxy)",
-             *_toxics("latency", latency=200), hold=20, proxied=True),
+             *_toxics("latency", latency=200), hold=20, proxied="redis"),
     Scenario("redis-partition", "no byte between the platform and Redis either way "
              "(through toxiproxy), connections left open", *_toxics(
-                 "timeout", ("upstream", "downstream"), timeout=0), hold=10, proxied=True),
+                 "timeout", ("upstream", "downstream"), timeout=0), hold=10,
+             proxied="redis"),
+    Scenario("kafka-latency", "100 ms more on every answer from Kafka (through toxiproxy)",
+             *_toxics("latency", latency=100), hold=20, proxied="kafka"),
+    Scenario("kafka-partition", "no byte between the platform and Kafka either way "
+             "(through toxiproxy), connections left open", *_toxics(
+                 "timeout", ("upstream", "downstream"), timeout=0), hold=10,
+             proxied="kafka"),
     Scenario("provider-outage", "both SMS providers answer 503 for 30 s",
              _provider({"outage": True}), _provider(_HEALTHY), hold=30),
     Scenario("provider-429", "both SMS providers answer 429, Retry-After 2 s, to 60 %",
@@ -244,9 +274,10 @@ class Report:
 
 
 async def _submit(phase: Phase, tier: Tier, version: int, count: int, rate: float, key: str,
-                  phones: PhoneFactory, webhook: str | None = None
+                  phones: PhoneFactory, webhook: str | None = None, scheduled_in: float = 0.0,
                   ) -> tuple[dict[str, float], int]:
-    """``count`` SMS of ``tier`` at ``rate``/s through its API lane, open loop; message_id →
+    """``count`` SMS of ``tier`` at ``rate``/s through its API lane, open loop (each
+    scheduled ``scheduled_in`` seconds ahead when that is not 0); message_id →
     accepted_at, and the refused. A request is retried with its key for ``RETRY_FOR_S``
     after a dropped connection, a 429 or a 503 (as ``notiflow.client`` does); refused: any
     other answer, or none by then."""
@@ -264,6 +295,9 @@ async def _submit(phase: Phase, tier: Tier, version: int, count: int, rate: floa
                     "variables": {"brand": "Notiflow", "headline": "order", "code": f"{i:06d}"}}
             if webhook is not None:
                 body["status_webhook"] = webhook
+            if scheduled_in:
+                due = datetime.now(UTC) + timedelta(seconds=scheduled_in)
+                body["scheduled_at"] = due.isoformat()
             deadline = time.monotonic() + RETRY_FOR_S
             while time.monotonic() < deadline:
                 try:
@@ -319,9 +353,13 @@ def statuses(cql: Session, ids: list[str]) -> dict[str, str | None]:
 
 
 def settled(accepted: Iterable[str], sends: dict[str, list[float]],
-            status: dict[str, str | None]) -> bool:
-    """Whether every accepted message reached a provider or a terminal status."""
-    return all(m in sends or status.get(m) in TERMINAL for m in accepted)
+            status: dict[str, str | None], *, recorded: bool = False) -> bool:
+    """Whether every accepted message reached a provider or a terminal status; with
+    ``recorded``, also whether Cassandra holds a terminal status for every one a provider
+    accepted (the reconciler caught up: a store that came back late is measured after it
+    did, not while its writes are still being retried)."""
+    return all(status.get(m) in TERMINAL if recorded or m not in sends else True
+               for m in accepted)
 
 
 TERMINAL = frozenset(s.value for s in TERMINAL_STATUSES)
@@ -373,7 +411,7 @@ def run_scenario(scenario: Scenario, out: Path, *, messages: int, rate: float,
     from notiflow.adapters.cassandra_store import connect
 
     run_id = uuid.uuid4().hex[:6]
-    proxy, env = _redis_proxy(out / "logs" / f"{run_id}-toxiproxy", log) \
+    proxy, env = _proxied(scenario.proxied, out / "logs" / f"{run_id}-toxiproxy", log) \
         if scenario.proxied else (None, {})
     if scenario.campaign:
         env.update(CAMPAIGN_ENV)
@@ -409,7 +447,7 @@ def run_scenario(scenario: Scenario, out: Path, *, messages: int, rate: float,
             result["stream"] = asyncio.run(_submit(
                 phase, scenario.tier, versions[(TENANT_BY_TIER[scenario.tier], Channel.SMS)],
                 messages, rate, f"{scenario.tier.value.lower()}-{run_id}", phones,
-                receiver.url() if receiver is not None else None))
+                receiver.url() if receiver is not None else None, scenario.scheduled_in))
 
         submitter = threading.Thread(target=submit, name="chaos-submit")
         otps.start()
@@ -434,10 +472,10 @@ def run_scenario(scenario: Scenario, out: Path, *, messages: int, rate: float,
 
             def done() -> bool:
                 sends = phase.accepted_sends()
-                unsent = [m for m in ids if m not in sends]
-                return settled(unsent, sends, statuses(cql, unsent))
+                return settled(ids, sends, statuses(cql, ids), recorded=True)
 
-            wait_until(done, timeout=settle_timeout, interval=2.0)
+            if not wait_until(done, timeout=settle_timeout, interval=2.0):
+                run.notes.append(f"not settled within {settle_timeout:.0f} s")
             time.sleep(3)
             announced = None if receiver is None else _announced(
                 receiver, stream, phase.accepted_sends(), lambda ids: statuses(cql, ids))
@@ -455,21 +493,34 @@ def run_scenario(scenario: Scenario, out: Path, *, messages: int, rate: float,
             proxy.stop()
 
 
-REDIS_PROXY = "redis"
-
-
-def _redis_proxy(log_dir: Path, log: Callable[[str], None]) -> tuple[Toxiproxy, dict[str, str]]:
-    """A toxiproxy server with a proxy to the stack's Redis, and the environment that sends
-    the platform through it."""
+def _proxied(store: str, log_dir: Path,
+             log: Callable[[str], None]) -> tuple[Toxiproxy, dict[str, str]]:
+    """A toxiproxy server with proxies to the stack's ``store`` (Redis, or each broker's
+    proxied listener on the port it advertises there), and the environment that sends the
+    platform through them."""
     base = Settings()
-    url = urlsplit(base.redis_url)
     proxy = Toxiproxy.start(base.cache_dir.expanduser(), log_dir, log)
     try:
-        listen = proxy.proxy(REDIS_PROXY, f"{url.hostname}:{url.port}")
+        if store == "redis":
+            url = urlsplit(base.redis_url)
+            listen = proxy.proxy("redis", f"{url.hostname}:{url.port}")
+            return proxy, {"NOTIFLOW_REDIS_URL": url._replace(netloc=listen).geturl()}
+        if store == "cassandra":
+            if len(base.cassandra_hosts) != 1:
+                raise RuntimeError("the Cassandra proxy scenarios need a one-node stack: the "
+                                   "driver learns other nodes' addresses from system.peers")
+            host, port = proxy.proxy("cassandra", f"{base.cassandra_hosts[0]}:"
+                                                  f"{base.cassandra_port}").rsplit(":", 1)
+            return proxy, {"NOTIFLOW_CASSANDRA_HOSTS": json.dumps([host]),
+                           "NOTIFLOW_CASSANDRA_PORT": port}
+        hosts = [hp.rsplit(":", 1)[0] for hp in base.kafka_bootstrap.split(",")]
+        listens = [proxy.proxy(f"kafka-{i}", f"{h}:{base.kafka_proxied_port}",
+                               listen=f"{h}:{base.kafka_proxy_port}")
+                   for i, h in enumerate(hosts, 1)]
+        return proxy, {"NOTIFLOW_KAFKA_BOOTSTRAP": ",".join(listens)}
     except BaseException:
         proxy.stop()
         raise
-    return proxy, {"NOTIFLOW_REDIS_URL": url._replace(netloc=listen).geturl()}
 
 
 def _receiver(phase: Phase, scenario: Scenario) -> Receiver | None:

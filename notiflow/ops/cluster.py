@@ -3,7 +3,9 @@
 Node *i* (1-based) of an *n*-node stack listens on loopback address ``127.0.0.i`` with the
 ports of the settings (Kafka ``kafka_bootstrap``'s port and ``kafka_controller_port``,
 Cassandra ``cassandra_port`` and ``cassandra_storage_port``); only JMX, which Cassandra binds
-to ``127.0.0.1`` whatever its listen address, takes ``cassandra_jmx_port + i - 1``. Every
+to ``127.0.0.1`` whatever its listen address, takes ``cassandra_jmx_port + i - 1``. A broker
+also listens on ``kafka_proxied_port`` and advertises ``kafka_proxy_port`` there, where
+``notiflow chaos`` puts a proxy between the platform and the brokers. Every
 broker is also a KRaft controller (a quorum of *n* voters); Cassandra node 1 is the seed.
 One node is the stack notiflow always had; three give every topic and the keyspace three
 replicas, ``min.insync.replicas`` 2 and ``LOCAL_QUORUM`` of 2, so that one broker and one
@@ -89,15 +91,19 @@ def kafka_properties(settings: Settings, node: int, nodes: int, data: Path) -> s
     port, controller = kafka_port(settings), settings.kafka_controller_port
     voters = ",".join(f"{i}@{host(i)}:{controller}" for i in range(1, check_nodes(nodes) + 1))
     rf, isr = replicas(nodes), min_insync(nodes)
+    proxied = f"PROXIED://{host(node)}:{settings.kafka_proxied_port}"
     return "\n".join([
         "process.roles=broker,controller",
         f"node.id={node}",
         f"controller.quorum.voters={voters}",
-        f"listeners=PLAINTEXT://{host(node)}:{port},CONTROLLER://{host(node)}:{controller}",
-        f"advertised.listeners=PLAINTEXT://{host(node)}:{port}",
+        f"listeners=PLAINTEXT://{host(node)}:{port},CONTROLLER://{host(node)}:{controller},"
+        f"{proxied}",
+        f"advertised.listeners=PLAINTEXT://{host(node)}:{port},"
+        f"PROXIED://{host(node)}:{settings.kafka_proxy_port}",
         "controller.listener.names=CONTROLLER",
         "inter.broker.listener.name=PLAINTEXT",
-        "listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+        "listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,"
+        "PROXIED:PLAINTEXT",
         f"log.dirs={data}",
         "num.partitions=1",
         "auto.create.topics.enable=false",

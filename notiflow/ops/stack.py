@@ -487,7 +487,6 @@ hints_directory: {data}/hints
                 f"-Dlogback.configurationFile=file://{logback}",
                 f"-Dcassandra.jmx.local.port={cluster.jmx_port(s, node)}",
                 "-Dcassandra.skip_wait_for_gossip_to_settle=0",
-                "-Dcassandra.unsafesystem=true",
                 *cassandra_tuning_flags(),
                 "-cp", f"{libs}/*", "org.apache.cassandra.service.CassandraDaemon",
             ]

@@ -79,13 +79,17 @@ class Toxiproxy:
             raise ToxiproxyError(f"{method} {path}: {r.status_code} {r.text[:300]}")
         return r.json() if r.content else None
 
-    def proxy(self, name: str, upstream: str) -> str:
-        """A proxy to ``upstream`` (``host:port``) on a free loopback port; its
-        ``host:port``."""
-        listen = f"127.0.0.1:{free_port()}"
+    def proxy(self, name: str, upstream: str, listen: str | None = None) -> str:
+        """A proxy to ``upstream`` (``host:port``) on ``listen`` (default: a free loopback
+        port); its ``host:port``."""
+        listen = listen or f"127.0.0.1:{free_port()}"
         self._call("POST", "/proxies", {"name": name, "listen": listen, "upstream": upstream,
                                         "enabled": True})
         return listen
+
+    def names(self) -> list[str]:
+        """The proxies this server runs."""
+        return sorted(self._call("GET", "/proxies"))
 
     def add(self, proxy: str, toxic: str, kind: str, stream: str = "downstream",
             **attributes: int) -> None:

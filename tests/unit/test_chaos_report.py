@@ -77,6 +77,22 @@ def test_every_scenario_can_be_undone() -> None:
     assert isinstance(Report.__dataclass_fields__, dict)
 
 
+def test_every_process_kind_and_store_has_its_faults() -> None:
+    """Issue 19's list: each process kind SIGKILLed, each store killed or paused and reached
+    through a proxy (latency and a partition)."""
+    kinds = ("api", "api-bulk", "send-p0", "send-p1", "send-p2", "send-p3", "reconciler",
+             "webhooks", "scheduler", "expander")
+    stores = ("redis-kill", "kafka-restart", "cassandra-pause", "cassandra-restart",
+              *(f"{s}-{f}" for s in ("redis", "kafka", "cassandra")
+                for f in ("latency", "partition")))
+    missing = ({f"kill-{k}" for k in kinds} | set(stores)) - set(SCENARIOS)
+    assert not missing, sorted(missing)
+
+
 def test_a_run_settles_when_every_message_is_sent_or_terminal() -> None:
     assert settled(["a", "b"], {"a": [T]}, {"a": "PROCESSING", "b": "EXPIRED"})
     assert not settled(["a", "b"], {"a": [T]}, {"b": "RETRY_PENDING"})
+    sent_not_recorded = {"a": "PROCESSING", "b": "EXPIRED"}
+    assert settled(["a", "b"], {"a": [T]}, sent_not_recorded)
+    assert not settled(["a", "b"], {"a": [T]}, sent_not_recorded, recorded=True)
+    assert settled(["a", "b"], {"a": [T]}, {"a": "DELIVERED", "b": "EXPIRED"}, recorded=True)

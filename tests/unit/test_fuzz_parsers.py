@@ -66,7 +66,8 @@ NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 KEY = Fernet.generate_key()
 CIPHER = DlqCipher(KEY)
 CONF = Settings(dlq_key=KEY.decode(), tenants=json.loads(
-    '[{"id": "acme", "token": "t-acme"}, {"id": "mkt", "token": "t-mkt", "tiers": ["P3"]}]'),
+    '[{"id": "acme", "token": "t-acme", "senders": ["ACME"]}, '
+    '{"id": "mkt", "token": "t-mkt", "tiers": ["P3"]}]'),
     topic_prefix="", twilio=TwilioSettings(auth_token=SecretStr("secret")))
 PARSER = IngestParser(CONF, Tier.P1, CIPHER, lambda: NOW)
 
@@ -80,7 +81,7 @@ VALID_INGEST: dict[str, Any] = {
     "channel": "SMS", "tier": "P1", "recipient": "+14155552671", "template_id": "otp",
     "template_version": 1, "tenant_id": "acme", "variables": {"code": "123456"},
     "category": "account", "expires_at": "2026-03-02T12:00:00Z", "ordering_key": "k",
-    "scheduled_at": "2026-03-01T12:00:05Z", "schema_version": 1}
+    "scheduled_at": "2026-03-01T12:00:05Z", "schema_version": 1, "sender": "ACME"}
 TEXT = st.text(max_size=40)
 
 

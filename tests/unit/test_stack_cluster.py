@@ -56,8 +56,10 @@ def test_every_broker_votes_and_listens_on_its_own_address(settings: Settings) -
         assert p["controller.quorum.voters"] == (
             "1@127.0.0.1:19093,2@127.0.0.2:19093,3@127.0.0.3:19093")
         assert p["listeners"] == (f"PLAINTEXT://127.0.0.{node}:19092,"
-                                  f"CONTROLLER://127.0.0.{node}:19093")
-        assert p["advertised.listeners"] == f"PLAINTEXT://127.0.0.{node}:19092"
+                                  f"CONTROLLER://127.0.0.{node}:19093,"
+                                  f"PROXIED://127.0.0.{node}:19094")
+        assert p["advertised.listeners"] == (f"PLAINTEXT://127.0.0.{node}:19092,"
+                                             f"PROXIED://127.0.0.{node}:19095")
         assert (p["offsets.topic.replication.factor"], p["transaction.state.log.min.isr"],
                 p["min.insync.replicas"]) == ("3", "2", "2")
 
