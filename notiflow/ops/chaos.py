@@ -2,13 +2,15 @@
 
 Each scenario runs an isolated platform on the running stack (topic prefix, keyspace and
 ports of its own: ``bench/harness.py`` ``Phase``): the emulators, both API lanes, the
-reconciler, a scheduler and the send flows of P0 and of the scenario's tier (P1, or P3 for the
-bulk lane's victims), the client webhook flow with a verifying receiver when the stream
-asks for webhooks, and an expander when the stream is a campaign (``chaos_campaign.py``).
+reconciler, a scheduler and the send flows of P0 and of the scenario's tier (P1, or P2/P3 for
+the bulk lane's victims), the client webhook flow with a verifying receiver when the stream
+asks for webhooks, an expander when the stream is a campaign (``chaos_campaign.py``), and
+toxiproxy in front of Redis, the brokers or Cassandra for the proxy scenarios.
 It submits ``messages`` SMS of that tier through its API lane (or as one campaign's rows) at
 ``rate``/s with P0 OTPs at ``p0_rate``/s beside them (open loop), injects its fault at a
 seeded random moment of the submission, undoes it ``hold`` seconds later, waits
-for every accepted message to reach a provider, and reports:
+for every accepted message to reach a provider and Cassandra to hold its terminal status
+(at most ``settle_timeout``), and reports:
 
 - accepted: answered 202 (the stream and P0); refused: no 202 in the end (the stream's
   requests are retried with their key for 30 s, P0 OTPs three times in quick succession: an
@@ -146,8 +148,8 @@ def _stack_signal(kind: str, sig: signal.Signals) -> Fault:
 
 def _toxics(kind: str, streams: tuple[str, ...] = ("downstream",),
             **attributes: int) -> tuple[Fault, Fault]:
-    """A toxiproxy toxic on each of the platform's proxied paths (to Redis, or to every
-    broker), on each of ``streams``."""
+    """A toxiproxy toxic on each of the platform's proxied paths (to Redis, to each broker
+    or to Cassandra), on each of ``streams``."""
     def inject(run: Run) -> None:
         proxy = run.proxy()
         for name in proxy.names():
