@@ -22,16 +22,15 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import redis.asyncio as aioredis
-from redis.exceptions import RedisError
 
 from notiflow.adapters.backlog import oldest_age
 from notiflow.adapters.pressure import worst
-from notiflow.adapters.redis_health import RedisHealth
+from notiflow.adapters.redis_health import RedisHealth, RedisUnreachable
 from notiflow.adapters.redis_pool import reconnect_once, redis_client
 from notiflow.schemas.enums import Channel, Tier
 from notiflow.settings import Settings
@@ -151,16 +150,11 @@ class AdmissionStore:
     def p0_key(self, channel: Channel) -> str:
         return f"{self.prefix}admission:p0:{Channel(channel).value}"
 
-    async def _call(self, fn: Callable[[], Any]) -> Any:
-        if self.health.down:
-            raise AdmissionUnavailable("redis failed recently")
+    async def _call(self, fn: Callable[[], Awaitable[Any]]) -> Any:
         try:
-            answer = await asyncio.wait_for(fn(), self.timeout_s)
-        except (RedisError, OSError, TimeoutError) as exc:
-            self.health.failed()
-            raise AdmissionUnavailable(f"redis: {type(exc).__name__}") from exc
-        self.health.answered()
-        return answer
+            return await self.health.ask(fn, self.timeout_s)
+        except RedisUnreachable as exc:
+            raise AdmissionUnavailable(str(exc)) from exc
 
     async def take(self, buckets: Sequence[Bucket], cost: float = 1.0) -> Verdict:
         """Take ``cost`` tokens from every bucket, or from none (atomic)."""

@@ -849,8 +849,8 @@ class CircuitBreakers:
                  store_timeout: float = 0.5, health: RedisHealth | None = None) -> None:
         """``source``: the settings (opens its own :class:`BreakerStore` of ``lane`` whose
         Redis calls time out after ``store_timeout`` seconds), or a store. ``health``: the
-        process's shared view of Redis (while it says down, decide locally without
-        asking)."""
+        process's shared view of Redis (default: one of its own); while it says down,
+        decide locally without asking."""
         if (cache_ttl < 0 or flush_interval < 0 or retry_interval <= 0 or max_batch < 1
                 or event_queue < 1):
             raise ValueError("bad breaker parameters")
@@ -872,7 +872,7 @@ class CircuitBreakers:
         self._redis_ok = True
         self._retry_at = 0
         self._probe: asyncio.Future[None] | None = None
-        self.health = health
+        self.health = health or RedisHealth()
 
     @property
     def redis_ok(self) -> bool:
@@ -1095,14 +1095,13 @@ class CircuitBreakers:
 
     async def _run(self, provider_id: str, e: _Entry, ops: list[Op]) -> StepResult:
         now = self._clock()
-        if self._redis_ok and not (self.health is not None and self.health.down):
+        if self._redis_ok and not self.health.down:
             try:
                 result = await self.store.run(provider_id, ops, now if self._driven else None)
             except DOWN_ERRORS as exc:
                 self._mark_down(exc, self._clock())
             else:
-                if self.health is not None:
-                    self.health.answered()
+                self.health.answered()
                 self.stats.round_trips += 1
                 self.stats.ops += len(ops)
                 self._adopt(provider_id, e, result, shared=True)
@@ -1128,8 +1127,7 @@ class CircuitBreakers:
         else:
             log.warning("circuit breakers: Redis reachable again; shared state resumes")
             self._redis_ok = True
-            if self.health is not None:
-                self.health.answered()
+            self.health.answered()
             self.stats.round_trips += 1
             self._adopt(provider_id, e, result, shared=True)
         finally:
@@ -1184,8 +1182,7 @@ class CircuitBreakers:
                         "until it returns", exc)
         self._redis_ok = False
         self._retry_at = now + self._retry_us
-        if self.health is not None:
-            self.health.failed()
+        self.health.failed()
 
 
 def _at(at_us: int) -> datetime:

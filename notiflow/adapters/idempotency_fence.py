@@ -20,7 +20,6 @@ lightweight transaction instead.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
@@ -29,9 +28,8 @@ from datetime import timedelta
 from typing import Any
 
 import redis.asyncio as aioredis
-from redis.exceptions import RedisError
 
-from notiflow.adapters.redis_health import RedisHealth
+from notiflow.adapters.redis_health import RedisHealth, RedisUnreachable
 from notiflow.adapters.redis_pool import Coalescer
 
 log = logging.getLogger("notiflow.adapters.idempotency_fence")
@@ -94,18 +92,13 @@ class Fence:
         return f"{self.prefix}fence:{{{tenant_id}}}:{key}"
 
     async def _call(self, fn: Callable[[], Awaitable[Any]]) -> Any:
-        if self.health.down:
-            raise FenceUnavailable("redis failed recently")
         try:
-            answer = await asyncio.wait_for(fn(), self.timeout_s)
-        except (RedisError, OSError, TimeoutError) as exc:
-            if not self.health.down:
+            return await self.health.ask(fn, self.timeout_s)
+        except RedisUnreachable as exc:
+            if exc.fresh:
                 log.warning("fences unavailable for %.1f s (%r); keys are reserved by "
-                            "transaction meanwhile", self.health.hold_s, exc)
-            self.health.failed()
-            raise FenceUnavailable(f"redis: {type(exc).__name__}") from exc
-        self.health.answered()
-        return answer
+                            "transaction meanwhile", self.health.hold_s, exc.__cause__)
+            raise FenceUnavailable(str(exc)) from exc
 
     async def claim(self, tenant_id: str, key: str, holder: Holder) -> Holder | None:
         """Take the fence of ``(tenant_id, key)`` for ``holder``: None when taken (or

@@ -695,8 +695,8 @@ class CapacityLimiter:
                  store_timeout: float = 0.5, health: RedisHealth | None = None) -> None:
         """``source``: the settings (the limiter opens its own :class:`CapacityStore`, whose
         Redis calls time out after ``store_timeout`` seconds), or a store. ``health``: the
-        process's shared view of Redis (while it says down, take the fallback without
-        asking)."""
+        process's shared view of Redis (default: one of its own); while it says down,
+        take the fallback without asking."""
         if expected_workers < 1 or lease_ttl <= 0 or not 0 < lease_fraction <= 1:
             raise ValueError("bad limiter parameters")
         store = (CapacityStore.open(source, store_timeout) if isinstance(source, Settings)
@@ -716,7 +716,7 @@ class CapacityLimiter:
         self._next_probe = 0.0
         self._probing = False
         self._probes: set[asyncio.Task[None]] = set()
-        self.health = health
+        self.health = health or RedisHealth(clock=clock)
         self.fill: dict[tuple[str, Tier], tuple[float, float]] = {}
         """(provider, tier) → (room left / provider rate, clock reading) of the last decision."""
         _limiters.add(self)
@@ -744,7 +744,7 @@ class CapacityLimiter:
             now = self.clock()
             if lease.blocked_until > now:
                 return lease.blocked_until - now
-            if not self._redis_ok or (self.health is not None and self.health.down):
+            if not self._redis_ok or self.health.down:
                 if not self._redis_ok and not self._probing and now >= self._next_probe:
                     self._probe(provider_id, Request(tier, 1, key[2],
                                                      tenant_rate if limited else None))
@@ -834,12 +834,10 @@ class CapacityLimiter:
                         "redis_down policy", exc)
         self._redis_ok = False
         self._next_probe = now + self.probe_interval
-        if self.health is not None:
-            self.health.failed()
+        self.health.failed()
 
     def _mark_up(self) -> None:
-        if self.health is not None:
-            self.health.answered()
+        self.health.answered()
         if not self._redis_ok:
             log.warning("capacity limiter: Redis reachable again; cluster limits resume")
             self._redis_ok = True

@@ -6,15 +6,30 @@ black hole: no refused connection, only silence), each used to find out on its o
 timeout after another, while the message in hand waited for all of them. Shared, the first
 client to time out marks Redis down for ``hold_s``; the others take their fallbacks at once
 until then, and after it the next call of any client asks Redis again. An answer from
-Redis clears the mark.
+Redis clears the mark. :meth:`RedisHealth.ask` is that rule around one call, for clients
+with nothing else to decide (the API's admission store and idempotency fences).
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+from redis.exceptions import RedisError
 
 HOLD_S = 1.0
+T = TypeVar("T")
+
+
+class RedisUnreachable(Exception):
+    """Redis failed this call, or another one less than ``hold_s`` ago. ``fresh``: this
+    call found it (Redis was not marked down before)."""
+
+    def __init__(self, reason: str, *, fresh: bool) -> None:
+        super().__init__(reason)
+        self.fresh = fresh
 
 
 class RedisHealth:
@@ -36,3 +51,17 @@ class RedisHealth:
 
     def answered(self) -> None:
         self._until = float("-inf")
+
+    async def ask(self, call: Callable[[], Awaitable[T]], timeout_s: float) -> T:
+        """``call``'s answer within ``timeout_s``; :class:`RedisUnreachable` at once while
+        down, or when it fails or times out (which marks Redis down)."""
+        if self.down:
+            raise RedisUnreachable("redis failed recently", fresh=False)
+        try:
+            answer = await asyncio.wait_for(call(), timeout_s)
+        except (RedisError, OSError, TimeoutError) as exc:
+            fresh = not self.down
+            self.failed()
+            raise RedisUnreachable(f"redis: {type(exc).__name__}", fresh=fresh) from exc
+        self.answered()
+        return answer

@@ -21,7 +21,6 @@ from pydantic import (
     ConfigDict,
     Field,
     HttpUrl,
-    ValidationInfo,
     WithJsonSchema,
     field_validator,
     model_validator,
@@ -29,7 +28,7 @@ from pydantic import (
 
 from notiflow.schemas.enums import Category, Channel, Tier
 from notiflow.schemas.formats import HTTP_URL, campaign_rules, wall_clock_window
-from notiflow.schemas.messages import TemplateId, Wire, sender_for
+from notiflow.schemas.messages import ChannelSender, TemplateId, Wire
 
 CampaignState = Literal["scheduled", "running", "paused", "cancelled", "completed", "failed"]
 LIVE_STATES: frozenset[str] = frozenset({"scheduled", "running", "paused"})
@@ -197,14 +196,8 @@ class CampaignRequest(Wire):
                        WithJsonSchema({"anyOf": [HTTP_URL, {"type": "null"}]})] = None
     """Where each state change of the campaign is POSTed (``campaign.state``, signed like
     status webhooks with the tenant's secrets)."""
-    sender: str | None = Field(None, max_length=254)
+    sender: ChannelSender = None
     """Who every message of the campaign comes from (as a send request's ``sender``)."""
-
-    @field_validator("sender")
-    @classmethod
-    def _sender_matches_channel(cls, v: str | None, info: ValidationInfo) -> str | None:
-        channel = info.data.get("channel")
-        return v if channel is None else sender_for(channel, v)
 
     @field_validator("timezone")
     @classmethod

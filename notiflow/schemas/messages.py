@@ -107,6 +107,15 @@ def sender_for(channel: Channel | None, value: str | None) -> str | None:
     raise ValueError(f"{channel.value if channel else 'this channel'} messages have no sender")
 
 
+def _sender_of_channel(value: str | None, info: ValidationInfo) -> str | None:
+    channel = info.data.get("channel")
+    return value if channel is None else sender_for(channel, value)
+
+
+ChannelSender = Annotated[Annotated[str, Field(max_length=254)] | None,
+                          AfterValidator(_sender_of_channel)]
+"""A model's ``sender``: :func:`sender_for` the model's ``channel`` (a field declared before
+it; left alone when the channel itself failed)."""
 PhoneNumber = Annotated[str, AfterValidator(_e164)]
 EmailAddress = Annotated[str, Field(max_length=254), AfterValidator(_email)]
 
@@ -151,14 +160,8 @@ class SendRequest(Wire):
     scheduled_at: AwareDatetime | None = None
     ordering_key: str | None = Field(None, min_length=1, max_length=256)
     status_webhook: HttpUrl | None = None
-    sender: str | None = Field(None, max_length=254)
+    sender: ChannelSender = None
     """Who the message comes from (:func:`sender_for`); None: the provider account's own."""
-
-    @field_validator("sender")
-    @classmethod
-    def _sender_matches_channel(cls, v: str | None, info: ValidationInfo) -> str | None:
-        channel = info.data.get("channel")
-        return v if channel is None else sender_for(channel, v)
 
     @field_validator("variables")
     @classmethod
