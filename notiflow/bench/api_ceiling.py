@@ -10,8 +10,9 @@ that order and answers ``202``. ``POST /v1/messages:batch`` does the same for ea
 ``cassandra_batch_rows`` written at once, one produce per item, all awaited, then ``200``
 with a ``202`` result per item. No authentication, validation, idempotency reservation,
 admission control, templates, outbox or settle write. The server stack is the API's: FastAPI
-under uvicorn with uvloop and httptools, the API's logging configuration (access log
-included) and collector settings (``tuning.settle``).
+under uvicorn with uvloop and httptools, ``POST /v1/messages`` served directly as the API
+serves it (``gateway/direct.py``), the API's logging configuration (access log included) and
+collector settings (``tuning.settle``).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from notiflow import tuning
 from notiflow.adapters.cassandra_store import aio, connect
 from notiflow.adapters.kafka_io import AsyncProducer, OutRecord, kafka_config
 from notiflow.gateway.app import logging_config, run_server
+from notiflow.gateway.direct import serve_directly
 from notiflow.gateway.runtime import api_producer_overrides
 from notiflow.settings import Settings
 
@@ -85,7 +87,6 @@ def build_app(settings: Settings) -> FastAPI:
 
     app = FastAPI(title="notiflow acceptance ceiling", lifespan=lifespan)
 
-    @app.post("/v1/messages", status_code=202)
     async def accept(request: Request) -> Response:
         raw = await request.body()
         try:
@@ -103,6 +104,8 @@ def build_app(settings: Settings) -> FastAPI:
         return Response(json.dumps({"message_id": message_id, "status": "ACCEPTED",
                                     "accepted_at": now.isoformat()}),
                         status_code=202, media_type=JSON)
+
+    serve_directly(app, "/v1/messages", accept)
 
     @app.post("/v1/messages:batch")
     async def accept_batch(request: Request) -> Response:

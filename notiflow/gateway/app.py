@@ -34,6 +34,7 @@ from notiflow.gateway import (
     batch,
     campaigns,
     cancel,
+    direct,
     errors,
     message_list,
     messages,
@@ -155,6 +156,7 @@ def build_app(settings: Settings) -> FastAPI:
     errors.install(app)
     app.include_router(batch.router)
     app.include_router(messages.router)
+    direct.serve_directly(app, "/v1/messages", messages.send_message_directly)
     app.include_router(cancel.router)
     app.include_router(message_list.router)
     app.include_router(templates.router)

@@ -29,6 +29,7 @@ from notiflow.adapters.kafka_io import DeliveryFailed
 from notiflow.gateway import examples
 from notiflow.gateway.auth import RuntimeDep, Tenant, read_json_object
 from notiflow.gateway.checks import check_lane, check_sender, check_template
+from notiflow.gateway.direct import runtime_of, tenant_of
 from notiflow.gateway.errors import (
     STORE_ERRORS,
     ApiError,
@@ -307,6 +308,17 @@ async def send_message(request: Request, tenant: Tenant, rt: RuntimeDep,
                 span.set_status(StatusCode.ERROR, exc.reason or exc.error)
             refused = exc
     raise refused
+
+
+async def send_message_directly(request: Request) -> Response:
+    """:func:`send_message` for :func:`~notiflow.gateway.direct.serve_directly`: the same
+    tenant, ``Idempotency-Key`` and ``traceparent``, found without FastAPI's dependency
+    solving."""
+    rt = runtime_of(request)
+    tenant = await tenant_of(request, rt)
+    headers = request.headers
+    return await send_message(request, tenant, rt, headers.get("idempotency-key"),
+                              headers.get("traceparent"))
 
 
 async def _send_message(request: Request, tenant: TenantConfig, rt: Runtime,
