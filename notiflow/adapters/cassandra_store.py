@@ -972,10 +972,26 @@ class CassandraStore:
         return rows[0] if rows else None
 
     async def activate_device(self, tenant_id: str, owner_hash: str, device_token: str,
-                              platform: str, now: datetime) -> None:
-        """Register or reactivate a device token of a recipient (``active = true``)."""
-        await self._run("device_activate",
-                        (platform, now, tenant_id, owner_hash, device_token))
+                              platform: str, now: datetime, token_hash: str) -> None:
+        """Register or reactivate a device token of a recipient (``active = true``) and
+        record the recipient as an owner of ``token_hash`` (the token's recipient hash)."""
+        await self.write_all([
+            ("device_activate", (platform, now, tenant_id, owner_hash, device_token)),
+            ("device_owner_put", (tenant_id, token_hash, owner_hash, device_token, platform,
+                                  now)),
+        ])
+
+    async def deactivate_token(self, tenant_id: str, token_hash: str, reason: str,
+                               now: datetime) -> int:
+        """``active = false`` with ``reason`` on every owner's row of the token whose
+        recipient hash is ``token_hash``; returns how many rows (owners registered before
+        migration 0012 are not known)."""
+        owners = await self._run("device_owners_get", (tenant_id, token_hash))
+        await self.write_all([
+            ("device_deactivate", (reason, now, tenant_id, row["recipient_id"],
+                                   row["device_token"]))
+            for row in owners])
+        return len(owners)
 
     async def deactivate_device(self, tenant_id: str, owner_hash: str, device_token: str,
                                 reason: str, now: datetime) -> None:
@@ -1070,6 +1086,10 @@ _STATEMENTS: dict[str, str] = {
     "AND device_token = ?",
     "device_deactivate": "UPDATE device_tokens SET active = false, deactivated_reason = ?, "
     "updated_at = ? WHERE tenant_id = ? AND recipient_id = ? AND device_token = ?",
+    "device_owner_put": "INSERT INTO device_owners (tenant_id, token_hash, recipient_id, "
+    "device_token, platform, registered_at) VALUES (?, ?, ?, ?, ?, ?)",
+    "device_owners_get": "SELECT recipient_id, device_token FROM device_owners "
+    "WHERE tenant_id = ? AND token_hash = ?",
     "tenant_day_page": "SELECT created_at, message_id FROM messages_by_tenant_day "
     "WHERE tenant_id = ? AND day = ? AND created_at >= ? LIMIT ?",
     "tenant_day_ties": "SELECT created_at, message_id FROM messages_by_tenant_day "

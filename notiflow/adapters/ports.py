@@ -126,6 +126,8 @@ class Preferences(Protocol):
     async def suppress(self, tenant_id: str, recipient_hash: str,
                        reason: Suppression) -> Any: ...
 
+    async def deactivate_token(self, tenant_id: str, token_hash: str, reason: str) -> Any: ...
+
 
 class Breakers(Protocol):
     """Circuit breakers per provider account (``breaker.CircuitBreakers`` or the bulk

@@ -99,6 +99,20 @@ class PreferenceStore:
         await self.publish(state)
         return state
 
+    async def deactivate_token(self, tenant_id: str, token_hash: str, reason: str,
+                               now: datetime | None = None) -> PreferenceState:
+        """A push service says the token is dead: suppress it (``token_deactivated``), then
+        mark every registered owner's row of it inactive with ``reason``. Returns the
+        suppressed state; a failure after the suppression is logged (the suppression alone
+        already stops the next message)."""
+        state = await self.suppress(tenant_id, token_hash, "token_deactivated", now)
+        try:
+            await self.store.deactivate_token(tenant_id, token_hash, reason,
+                                              now or state.updated_at)
+        except Exception as exc:
+            log.warning("token suppressed, its device rows not marked inactive: %r", exc)
+        return state
+
     async def unsuppress(self, tenant_id: str, recipient_hash: str,
                          now: datetime | None = None) -> PreferenceState | None:
         """Clear a suppression; returns the stored state (None when there is none) after it

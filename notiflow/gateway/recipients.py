@@ -16,7 +16,7 @@ from typing import Annotated, Final, TypeVar
 from fastapi import APIRouter, Path, Request, Response
 from pydantic import ValidationError
 
-from notiflow.adapters.cassandra_store import StateContention
+from notiflow.adapters.cassandra_store import StateContention, utc
 from notiflow.gateway import examples
 from notiflow.gateway.auth import RuntimeDep, Tenant, read_json_object
 from notiflow.gateway.errors import ApiError, invalid_body, not_found, unavailable
@@ -52,7 +52,9 @@ STATE_ERRORS: Final = dict(r503="`preferences_contention`, `kafka_unavailable` (
                                 "is stored; retry to publish it).")
 PREFERENCE_LINKS: Final = {"GetPreferences": link(
     "get_preferences", "The state just written.", recipient="$request.path.recipient")}
-DEVICE_LINKS: Final = {"DeleteDevice": link(
+DEVICE_LINKS: Final = {"GetDevice": link(
+    "get_device", "The device just registered.", recipient="$request.path.recipient",
+    token="$request.path.token"), "DeleteDevice": link(
     "delete_device", "Deactivate the token again.", recipient="$request.path.recipient",
     token="$request.path.token")}
 
@@ -155,9 +157,10 @@ async def put_device(recipient: Owner, token: Token, request: Request, tenant: T
     push = token_key(reg.platform, token)
     now = now_ms()
     prefs = rt.preferences()
+    push_hash = recipient_hash(tenant.id, push)
     await rt.store().activate_device(tenant.id, recipient_hash(tenant.id, owner), token,
-                                     reg.platform.value, now)
-    state = await _changed(prefs.unsuppress(tenant.id, recipient_hash(tenant.id, push), now))
+                                     reg.platform.value, now, push_hash)
+    state = await _changed(prefs.unsuppress(tenant.id, push_hash, now))
     view = DeviceView(recipient=mask(owner), device_token=mask(push), platform=reg.platform,
                       active=True, updated_at=now,
                       suppressed=state.suppressed if state else None)
@@ -187,3 +190,26 @@ async def delete_device(recipient: Owner, token: str, tenant: Tenant,
     if row.get("active") is not False or row.get("deactivated_reason") != DELETED_BY_CLIENT:
         await store.deactivate_device(tenant.id, owner_hash, token, DELETED_BY_CLIENT, now)
     return Response(status_code=204)
+
+
+@router.get(
+    "/v1/recipients/{recipient:path}/devices/{token}", response_model=DeviceView,
+    responses=tenant_errors(404, 422, r404="A token never registered for this recipient.",
+                            r422=f"{INVALID_ADDRESS}."))
+async def get_device(recipient: Owner, token: str, tenant: Tenant, rt: RuntimeDep) -> Response:
+    """A registered device token: ``active`` false once the client deleted it
+    (``deactivated_reason`` ``deleted_by_client``) or its push service said it is dead
+    (``<provider>:unregistered``), and the token's suppression."""
+    owner = owner_key(recipient)
+    row = await rt.store().get_device(tenant.id, recipient_hash(tenant.id, owner), token)
+    if row is None or not row.get("platform"):
+        raise not_found()
+    platform = PushPlatform(row["platform"])
+    push = f"{platform.value}:{token}"
+    state = await rt.store().get_state(tenant.id, recipient_hash(tenant.id, push))
+    view = DeviceView(recipient=mask(owner), device_token=mask(push), platform=platform,
+                      active=row.get("active") is not False,
+                      deactivated_reason=row.get("deactivated_reason"),
+                      updated_at=utc(row.get("updated_at")) or now_ms(),
+                      suppressed=state.suppressed if state else None)
+    return Response(view.model_dump_json(), media_type=JSON)

@@ -167,7 +167,7 @@ class DeviceRegistration(Wire):
 
 
 class DeviceView(Wire):
-    """Body of a successful ``PUT /v1/recipients/{recipient}/devices/{token}``."""
+    """Body of a successful ``PUT`` or ``GET /v1/recipients/{recipient}/devices/{token}``."""
 
     recipient: str
     device_token: str

@@ -88,7 +88,7 @@ class Classify:
         at = result.completed_at
         r = w.record
         if result.deactivate_recipient:
-            await self._suppress(ctx, w, result.reason or "deactivated")
+            await self._suppress(ctx, w, result)
         if result.outcome is Outcome.ACCEPTED:
             latency = max(0.0, (at - w.accepted_at).total_seconds())
             metrics.accept_to_provider.record(latency, {
@@ -130,11 +130,19 @@ class Classify:
         return await finish(ctx, w, ctx.event(w, status, at, reason=decision.give_up,
                                               detail=detail), content_key, follow=dead)
 
-    async def _suppress(self, ctx: SendContext, w: Work, reason: str) -> None:
-        """The provider says the address or token is dead: suppress it for later messages."""
+    async def _suppress(self, ctx: SendContext, w: Work, result: SendResult) -> None:
+        """The provider says the address or token is dead: suppress it for later messages;
+        a dead push token's registered devices are also marked inactive
+        (``<provider>:<reason>``)."""
+        reason = result.reason or "deactivated"
+        suppression = suppression_of(reason, w.record.channel)
+        tenant = w.record.tenant_id
         try:
-            await ctx.ports.preferences.suppress(w.record.tenant_id, w.recipient_hash,
-                                                 suppression_of(reason, w.record.channel))
+            if suppression == "token_deactivated":
+                await ctx.ports.preferences.deactivate_token(
+                    tenant, w.recipient_hash, f"{result.provider_id}:{reason}")
+            else:
+                await ctx.ports.preferences.suppress(tenant, w.recipient_hash, suppression)
         except Exception as exc:
             log.warning("could not record suppression for %s: %r", w.message_id, exc)
 
