@@ -74,7 +74,7 @@ def credentials(settings: Settings) -> dict[str, dict[str, str | None]]:
     """Every provider account's secrets, the ingest encryption keys and the dead-letter key,
     by fingerprint."""
     providers = {name: _secrets(getattr(settings, name))
-                 for name in ("twilio", "vonage", "sendgrid", "fcm", "apns", "smtp")}
+                 for name in ("twilio", "vonage", "sendgrid", "ses", "fcm", "apns", "smtp")}
     providers["ingest"] = _secrets(settings.ingest_encryption)
     return {**{k: v for k, v in providers.items() if any(v.values())},
             "dlq": {"key": fingerprint(settings.dlq_key)}}

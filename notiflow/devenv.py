@@ -72,7 +72,9 @@ def provider_credentials(*, api_port: int, fakes_port: int,
     """Fresh SendGrid, FCM and APNs dev credentials, pointed at ``notiflow fakes``: a random API
     key, an ECDSA P-256 Event Webhook key pair, an FCM service account with a new RSA key, and
     an APNs team id, key id and EC P-256 signing key (the emulators derive the public keys
-    from the same variables). The APNs emulator's TLS files come from :func:`apns_tls_files`."""
+    from the same variables). The APNs emulator's TLS files come from :func:`apns_tls_files`.
+    Also the key pair the SES emulator accepts; SES itself stays off (``ses.access_key_id``
+    unset), so the email routes are those of SendGrid and SMTP."""
     fakes = f"http://127.0.0.1:{fakes_port}"
     webhook_key = ec.generate_private_key(ec.SECP256R1())
     webhook_public = webhook_key.public_key().public_bytes(
@@ -86,6 +88,10 @@ def provider_credentials(*, api_port: int, fakes_port: int,
         "NOTIFLOW_SENDGRID__EVENT_WEBHOOK_URL": f"http://127.0.0.1:{api_port}/webhooks/sendgrid",
         "NOTIFLOW_SENDGRID__EVENT_WEBHOOK_PUBLIC_KEY": base64.b64encode(webhook_public).decode(),
         "NOTIFLOW_SENDGRID__EVENT_WEBHOOK_SIGNING_KEY": _pem(webhook_key),
+        "NOTIFLOW_SES__ENDPOINT_URL": f"{fakes}/ses",
+        "NOTIFLOW_FAKES_SES_ACCESS_KEY_ID": "AKIA" + "".join(
+            secrets.choice(string.ascii_uppercase + string.digits) for _ in range(16)),
+        "NOTIFLOW_FAKES_SES_SECRET_ACCESS_KEY": secrets.token_urlsafe(30),
         "NOTIFLOW_FCM__BASE_URL": f"{fakes}/fcm",
         "NOTIFLOW_FCM__TOKEN_URI": f"{fakes}/fcm/token",
         "NOTIFLOW_FCM__PROJECT_ID": project,

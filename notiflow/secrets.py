@@ -19,7 +19,7 @@ from typing import Any, Final
 
 from notiflow.settings import Settings, TenantConfig
 
-RELOADABLE: Final = ("tenants", "twilio", "vonage", "sendgrid", "smtp", "fcm", "apns")
+RELOADABLE: Final = ("tenants", "twilio", "vonage", "sendgrid", "ses", "smtp", "fcm", "apns")
 """Settings fields a running process takes from a reload: each tenant's token, policy and
 webhook secrets, and each provider account's credentials and parameters."""
 

@@ -409,6 +409,24 @@ class SendGridSettings(_Frozen):
     (``provider_batch``); SendGrid's own limit is 1,000."""
 
 
+class SesSettings(_Frozen):
+    """Amazon SES v2 (``SendEmail``) with an IAM access key; requests are signed with AWS
+    Signature Version 4 (botocore). ``endpoint_url`` is ``https://email.<region>.amazonaws.com``
+    or ``notiflow fakes``. SES is an email route once the key is configured."""
+
+    provider_id: str = "ses"
+    endpoint_url: str = "http://127.0.0.1:18090/ses"
+    region: str = "us-east-1"
+    access_key_id: str | None = None
+    secret_access_key: SecretStr | None = None
+    session_token: SecretStr | None = None
+    """Temporary credentials (an assumed role) carry one."""
+    from_email: str = "notifications@example.com"
+    """A verified identity (address or domain) of the account."""
+    configuration_set: str | None = None
+    """The configuration set whose event destination publishes delivery events (SNS)."""
+
+
 class FcmSettings(_Frozen):
     """Firebase Cloud Messaging HTTP v1 with a service account; ``base_url`` points at
     ``https://fcm.googleapis.com`` and ``token_uri`` at ``https://oauth2.googleapis.com/token``,
@@ -500,6 +518,7 @@ DEFAULT_ROUTES: tuple[ProviderRoute, ...] = (
     ProviderRoute(provider_id="vonage", channel=Channel.SMS, cost=0.8, reliability=0.99),
     ProviderRoute(provider_id="sendgrid", channel=Channel.EMAIL, cost=1.0, reliability=0.995),
     ProviderRoute(provider_id="smtp", channel=Channel.EMAIL, cost=0.4, reliability=0.98),
+    ProviderRoute(provider_id="ses", channel=Channel.EMAIL, cost=0.3, reliability=0.99),
     ProviderRoute(provider_id="fcm", channel=Channel.PUSH, reliability=0.995,
                   platforms=frozenset({PushPlatform.ANDROID, PushPlatform.WEB})),
     ProviderRoute(provider_id="apns", channel=Channel.PUSH, reliability=0.995,
@@ -1108,7 +1127,8 @@ class Settings(BaseSettings):
     baseline only)."""
     provider_rates: dict[str, float] = Field(
         default_factory=lambda: {"twilio": 1000.0, "vonage": 500.0, "sendgrid": 1000.0,
-                                 "smtp": 200.0, "fcm": 10_000.0, "apns": 10_000.0})
+                                 "smtp": 200.0, "ses": 200.0, "fcm": 10_000.0,
+                                 "apns": 10_000.0})
     """Contracted requests/s per provider account."""
     tier_shares: dict[Tier, float] = Field(default_factory=lambda: dict(DEFAULT_SHARES))
     p0_emergency_rate: float = Field(0.0, ge=0)
@@ -1132,6 +1152,7 @@ class Settings(BaseSettings):
     """OAuth2 client-credentials JWTs (off by default: static tokens)."""
     twilio: TwilioSettings = TwilioSettings()
     sendgrid: SendGridSettings = SendGridSettings()
+    ses: SesSettings = SesSettings()
     fcm: FcmSettings = FcmSettings()
     vonage: VonageSettings = VonageSettings()
     smtp: SmtpSettings = SmtpSettings()
@@ -1140,6 +1161,9 @@ class Settings(BaseSettings):
     breaker: BreakerRule = BreakerRule()
     """Circuit breakers per provider account (``notiflow.adapters.breaker``)."""
     fakes_smtp_port: int = 18025
+    fakes_ses_access_key_id: str | None = None
+    fakes_ses_secret_access_key: SecretStr | None = None
+    """The key pair the SES emulator accepts (besides ``ses``'s own, when configured)."""
     fakes_apns_port: int = 18443
     fakes_apns_cert_file: Path | None = None
     """PEM certificate chain of the APNs emulator's TLS listener (a throw-away test CA's;
@@ -1336,6 +1360,8 @@ class Settings(BaseSettings):
             enabled.add(self.sendgrid.provider_id)
         if self.smtp.username is not None and present(self.smtp.password):
             enabled.add(self.smtp.provider_id)
+        if self.ses.access_key_id and present(self.ses.secret_access_key):
+            enabled.add(self.ses.provider_id)
         if self.fcm.client_email and present(self.fcm.private_key):
             enabled.add(self.fcm.provider_id)
         if self.apns.team_id and self.apns.key_id and present(self.apns.private_key):

@@ -43,7 +43,7 @@ from notiflow.ops.stack import Stack
 from notiflow.schemas.enums import Channel, Tier
 from notiflow.settings import Settings
 
-PROVIDERS = ("twilio", "vonage", "sendgrid", "smtp", "fcm", "apns")
+PROVIDERS = ("twilio", "vonage", "sendgrid", "ses", "smtp", "fcm", "apns")
 KEYSPACE = "notiflow_bench"
 EMULATOR_REALTIME = 1
 """The emulators' real-time priority in benchmarks. A provider runs on someone else's

@@ -21,6 +21,7 @@ from aiohttp import web
 from notiflow.fakes.apns import ApnsEmulator
 from notiflow.fakes.fcm import FcmEmulator
 from notiflow.fakes.sendgrid import SendGridEmulator
+from notiflow.fakes.ses import SesEmulator
 from notiflow.fakes.smtp import SmtpEmulator
 from notiflow.fakes.twilio import TwilioEmulator
 from notiflow.fakes.vonage import VonageEmulator
@@ -30,6 +31,7 @@ log = logging.getLogger(__name__)
 
 TWILIO = web.AppKey("twilio", TwilioEmulator)
 SENDGRID = web.AppKey("sendgrid", SendGridEmulator)
+SES = web.AppKey("ses", SesEmulator)
 FCM = web.AppKey("fcm", FcmEmulator)
 VONAGE = web.AppKey("vonage", VonageEmulator)
 SMTP = web.AppKey("smtp", SmtpEmulator)
@@ -43,6 +45,7 @@ async def _health(_request: web.Request) -> web.Response:
 async def _reset(request: web.Request) -> web.Response:
     request.app[TWILIO].reset()
     request.app[SENDGRID].reset()
+    request.app[SES].reset()
     request.app[FCM].reset()
     request.app[VONAGE].reset()
     request.app[SMTP].reset()
@@ -60,6 +63,9 @@ def build_app(settings: Settings) -> web.Application:
     sendgrid = SendGridEmulator(settings)
     app[SENDGRID] = sendgrid
     app.add_routes(sendgrid.routes())
+    ses = SesEmulator(settings)
+    app[SES] = ses
+    app.add_routes(ses.routes())
     fcm = FcmEmulator(settings)
     app[FCM] = fcm
     app.add_routes(fcm.routes())

@@ -13,12 +13,12 @@ from collections.abc import Iterable, Mapping
 from datetime import timedelta
 from typing import Final
 
-from notiflow.adapters.providers import apns, fcm, sendgrid, smtp, twilio, vonage
+from notiflow.adapters.providers import apns, fcm, sendgrid, ses, smtp, twilio, vonage
 from notiflow.adapters.providers.base import ProviderClient, ProviderSpec
 from notiflow.settings import Settings
 
 PROVIDERS: Final[Mapping[str, ProviderSpec]] = {spec.name: spec for spec in (
-    twilio.SPEC, vonage.SPEC, sendgrid.SPEC, smtp.SPEC, fcm.SPEC, apns.SPEC)}
+    twilio.SPEC, vonage.SPEC, sendgrid.SPEC, ses.SPEC, smtp.SPEC, fcm.SPEC, apns.SPEC)}
 """Settings section (= provider package) → its spec."""
 
 
