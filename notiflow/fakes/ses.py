@@ -213,10 +213,11 @@ class SesEmulator(Emulator[SesKnobs]):
                               "ServiceUnavailable", "Internal failure")
             _check(payload, from_, to, subject, body)
         except Refused as refused:
-            outcome = {403: "unauthorized", 429: "rate_limited", 503: "outage"}.get(
-                refused.status, "server_error" if refused.status >= 500 else "invalid")
-            if refused.status == 503 and not knobs.outage:
-                outcome = "server_error"
+            if refused.status >= 500:
+                outcome = "outage" if knobs.outage else "server_error"
+            else:
+                outcome = {403: "unauthorized", 429: "rate_limited"}.get(refused.status,
+                                                                         "invalid")
             record(outcome, refused.status, error=refused.kind)
             return refused.response()
         message_id = f"0100{secrets.token_hex(12)}-{secrets.token_hex(4)}-000000"

@@ -4,7 +4,8 @@ FastAPI resolves a route's dependencies and header parameters on every request; 
 that took a tenth of the priority API's CPU (a py-spy profile at 400 P0 acceptances/s,
 ``bench/README.md``, "Acceptance"). A route listed here is also served by a plain Starlette
 :class:`~starlette.routing.Route` placed ahead of FastAPI's: the request reaches ``endpoint``
-directly, which finds the runtime and the tenant itself (:func:`tenant_of`).
+directly, which finds the runtime (``auth.get_runtime``) and the tenant (:func:`tenant_of`)
+itself.
 
 Contract: the FastAPI route stays (its signature, responses and body are what the OpenAPI
 document states) and is never called for the path and methods served directly; ``endpoint``
@@ -24,12 +25,6 @@ from notiflow.gateway.runtime import Runtime
 from notiflow.settings import TenantConfig
 
 Endpoint = Callable[[Request], Awaitable[Response]]
-
-
-def runtime_of(request: Request) -> Runtime:
-    """The process's runtime (``app.state.runtime``)."""
-    runtime: Runtime = request.app.state.runtime
-    return runtime
 
 
 async def tenant_of(request: Request, rt: Runtime) -> TenantConfig:

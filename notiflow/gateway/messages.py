@@ -27,9 +27,9 @@ from notiflow.adapters.cassandra_store import utc
 from notiflow.adapters.envelope import dump, envelope, load
 from notiflow.adapters.kafka_io import DeliveryFailed
 from notiflow.gateway import examples
-from notiflow.gateway.auth import RuntimeDep, Tenant, read_json_object
+from notiflow.gateway.auth import RuntimeDep, Tenant, get_runtime, read_json_object
 from notiflow.gateway.checks import check_lane, check_sender, check_template
-from notiflow.gateway.direct import runtime_of, tenant_of
+from notiflow.gateway.direct import tenant_of
 from notiflow.gateway.errors import (
     STORE_ERRORS,
     ApiError,
@@ -314,7 +314,7 @@ async def send_message_directly(request: Request) -> Response:
     """:func:`send_message` for :func:`~notiflow.gateway.direct.serve_directly`: the same
     tenant, ``Idempotency-Key`` and ``traceparent``, found without FastAPI's dependency
     solving."""
-    rt = runtime_of(request)
+    rt = await get_runtime(request)
     tenant = await tenant_of(request, rt)
     headers = request.headers
     return await send_message(request, tenant, rt, headers.get("idempotency-key"),

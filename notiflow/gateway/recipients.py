@@ -11,7 +11,8 @@ it. See ``docs/api.md``.
 from __future__ import annotations
 
 from collections.abc import Awaitable
-from typing import Annotated, Final, TypeVar
+from dataclasses import dataclass
+from typing import Annotated, Any, Final, TypeVar
 
 from fastapi import APIRouter, Path, Request, Response
 from pydantic import ValidationError
@@ -21,7 +22,7 @@ from notiflow.gateway import examples
 from notiflow.gateway.auth import RuntimeDep, Tenant, read_json_object
 from notiflow.gateway.errors import ApiError, invalid_body, not_found, unavailable
 from notiflow.gateway.openapi import json_body, link, tenant_errors
-from notiflow.gateway.runtime import now_ms
+from notiflow.gateway.runtime import Runtime, now_ms
 from notiflow.redact import mask, recipient_hash
 from notiflow.schemas.enums import PushPlatform
 from notiflow.schemas.formats import FCM_TOKEN_PATTERN, owner_address, recipient_address
@@ -33,6 +34,7 @@ from notiflow.schemas.preferences import (
     PreferencesView,
     address_key,
 )
+from notiflow.settings import TenantConfig
 
 router = APIRouter()
 T = TypeVar("T")
@@ -167,6 +169,31 @@ async def put_device(recipient: Owner, token: Token, request: Request, tenant: T
     return Response(view.model_dump_json(), media_type=JSON)
 
 
+@dataclass(frozen=True, slots=True)
+class Registered:
+    """A device token registered for an owner: its ``device_tokens`` row and the keys the
+    owner's and the token's own state go by."""
+
+    owner: str
+    owner_hash: str
+    row: dict[str, Any]
+    platform: PushPlatform
+    push: str
+    """``<platform>:<token>``."""
+
+
+async def registered(rt: Runtime, tenant: TenantConfig, recipient: str,
+                     token: str) -> Registered:
+    """The owner's registration of ``token``; ``404`` when it was never registered."""
+    owner = owner_key(recipient)
+    owner_hash = recipient_hash(tenant.id, owner)
+    row = await rt.store().get_device(tenant.id, owner_hash, token)
+    if row is None or not row.get("platform"):
+        raise not_found()
+    platform = PushPlatform(row["platform"])
+    return Registered(owner, owner_hash, row, platform, f"{platform.value}:{token}")
+
+
 @router.delete(
     "/v1/recipients/{recipient:path}/devices/{token}", status_code=204,
     responses={204: {"description": "Deactivated (also when it already was)."},
@@ -176,19 +203,14 @@ async def delete_device(recipient: Owner, token: str, tenant: Tenant,
     """Deactivate a registered device token (reason ``deleted_by_client``) and suppress
     the token (``token_deactivated``); idempotent. ``204``; ``404`` for a token never
     registered for this recipient."""
-    owner = owner_key(recipient)
-    owner_hash = recipient_hash(tenant.id, owner)
-    store = rt.store()
-    prefs = rt.preferences()
-    row = await store.get_device(tenant.id, owner_hash, token)
-    if row is None or not row.get("platform"):
-        raise not_found()
-    platform = PushPlatform(row["platform"])
+    device = await registered(rt, tenant, recipient, token)
     now = now_ms()
-    push_hash = recipient_hash(tenant.id, f"{platform.value}:{token}")
-    await _changed(prefs.suppress(tenant.id, push_hash, "token_deactivated", now))
+    await _changed(rt.preferences().suppress(tenant.id, recipient_hash(tenant.id, device.push),
+                                             "token_deactivated", now))
+    row = device.row
     if row.get("active") is not False or row.get("deactivated_reason") != DELETED_BY_CLIENT:
-        await store.deactivate_device(tenant.id, owner_hash, token, DELETED_BY_CLIENT, now)
+        await rt.store().deactivate_device(tenant.id, device.owner_hash, token,
+                                           DELETED_BY_CLIENT, now)
     return Response(status_code=204)
 
 
@@ -200,15 +222,11 @@ async def get_device(recipient: Owner, token: str, tenant: Tenant, rt: RuntimeDe
     """A registered device token: ``active`` false once the client deleted it
     (``deactivated_reason`` ``deleted_by_client``) or its push service said it is dead
     (``<provider>:unregistered``), and the token's suppression."""
-    owner = owner_key(recipient)
-    row = await rt.store().get_device(tenant.id, recipient_hash(tenant.id, owner), token)
-    if row is None or not row.get("platform"):
-        raise not_found()
-    platform = PushPlatform(row["platform"])
-    push = f"{platform.value}:{token}"
-    state = await rt.store().get_state(tenant.id, recipient_hash(tenant.id, push))
-    view = DeviceView(recipient=mask(owner), device_token=mask(push), platform=platform,
-                      active=row.get("active") is not False,
+    device = await registered(rt, tenant, recipient, token)
+    row = device.row
+    state = await rt.store().get_state(tenant.id, recipient_hash(tenant.id, device.push))
+    view = DeviceView(recipient=mask(device.owner), device_token=mask(device.push),
+                      platform=device.platform, active=row.get("active") is not False,
                       deactivated_reason=row.get("deactivated_reason"),
                       updated_at=utc(row.get("updated_at")) or now_ms(),
                       suppressed=state.suppressed if state else None)

@@ -288,7 +288,8 @@ class HttpProvider(ProviderBase, Generic[C]):
 
     Subclasses set ``name`` (= their settings section) and ``_url``, and give :meth:`_headers`
     (the account's request headers), :meth:`_encode` (the request body) and :meth:`_classify`
-    (the :class:`SendResult` of an answer); :meth:`send` posts one string-addressed message
+    (the :class:`SendResult` of an answer), and may give :meth:`_request_headers` (a
+    signature per request, SES); :meth:`send` posts one string-addressed message
     and classifies transport failures through :data:`TRANSPORT_ERRORS`. Fully custom senders
     (FCM) use :meth:`_post` directly.
     """
@@ -357,6 +358,11 @@ class HttpProvider(ProviderBase, Generic[C]):
         """The result of the provider's answer to ``message``."""
         raise NotImplementedError
 
+    def _request_headers(self, body: bytes) -> Mapping[str, str] | None:
+        """Headers of one request beyond the session's (a per-request signature of
+        ``body``); None by default."""
+        return None
+
     async def send(self, message: OutboundMessage, *,
                    timeout: float | timedelta | None = None) -> SendResult:
         """Send one message; ``timeout`` overrides the one given to ``open``."""
@@ -364,7 +370,9 @@ class HttpProvider(ProviderBase, Generic[C]):
         if not isinstance(message.recipient, str):
             return self._result(INVALID_RECIPIENT, message, started)
         limits = self._limits(timeout)
-        answer = await self._post(self._url, self._encode(message), limits, message, started)
+        body = self._encode(message)
+        answer = await self._post(self._url, body, limits, message, started,
+                                  headers=self._request_headers(body))
         if isinstance(answer, SendResult):
             return answer
         return self._classify(answer, message, started)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any, Final
 
 import aiohttp
@@ -114,19 +114,9 @@ class SesEmail(HttpProvider[SesSettings]):
     def _encode(self, message: OutboundMessage) -> bytes:
         return orjson.dumps(self.payload(message))
 
-    async def send(self, message: OutboundMessage, *,
-                   timeout: float | timedelta | None = None) -> SendResult:
-        """Send one message, signed for this moment; ``timeout`` overrides ``open``'s."""
-        started = self._clock()
-        if not isinstance(message.recipient, str):
-            return await super().send(message, timeout=timeout)
-        body = self._encode(message)
-        headers = signed_headers(self._credentials, self._config.region, str(self._url), body)
-        answer = await self._post(self._url, body, self._limits(timeout), message, started,
-                                  headers=headers)
-        if isinstance(answer, SendResult):
-            return answer
-        return self._classify(answer, message, started)
+    def _request_headers(self, body: bytes) -> dict[str, str]:
+        """The SigV4 signature of this request, for this moment."""
+        return signed_headers(self._credentials, self._config.region, str(self._url), body)
 
     def _classify(self, answer: HttpAnswer, message: OutboundMessage,
                   started: datetime) -> SendResult:
