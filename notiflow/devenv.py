@@ -20,6 +20,8 @@ from cryptography.fernet import Fernet
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
+SES_TOPIC = "arn:aws:sns:us-east-1:000000000000:notiflow-ses-events"
+"""The SNS topic of SES events in the development environment (the SES emulator's)."""
 DEV_TENANTS: dict[str, dict[str, object]] = {
     "acme": {"tiers": ["P0", "P1", "P2", "P3"],
              "senders": ["ACME", "+14155550100", "@acme.example"]},
@@ -74,7 +76,9 @@ def provider_credentials(*, api_port: int, fakes_port: int,
     an APNs team id, key id and EC P-256 signing key (the emulators derive the public keys
     from the same variables). The APNs emulator's TLS files come from :func:`apns_tls_files`.
     Also the key pair the SES emulator accepts; SES itself stays off (``ses.access_key_id``
-    unset), so the email routes are those of SendGrid and SMTP."""
+    unset), so the email routes are those of SendGrid and SMTP. The SES emulator's SNS topic
+    delivers to the API's ``/webhooks/ses``, which takes certificates from the emulator's
+    loopback host over HTTP."""
     fakes = f"http://127.0.0.1:{fakes_port}"
     webhook_key = ec.generate_private_key(ec.SECP256R1())
     webhook_public = webhook_key.public_key().public_bytes(
@@ -92,6 +96,10 @@ def provider_credentials(*, api_port: int, fakes_port: int,
         "NOTIFLOW_FAKES_SES_ACCESS_KEY_ID": "AKIA" + "".join(
             secrets.choice(string.ascii_uppercase + string.digits) for _ in range(16)),
         "NOTIFLOW_FAKES_SES_SECRET_ACCESS_KEY": secrets.token_urlsafe(30),
+        "NOTIFLOW_SES__SNS_TOPIC_ARNS": f'["{SES_TOPIC}"]',
+        "NOTIFLOW_SES__SNS_HOST_PATTERN": r"127\.0\.0\.1",
+        "NOTIFLOW_SES__SNS_REQUIRE_HTTPS": "false",
+        "NOTIFLOW_FAKES_SES_SNS_ENDPOINT_URL": f"http://127.0.0.1:{api_port}/webhooks/ses",
         "NOTIFLOW_FCM__BASE_URL": f"{fakes}/fcm",
         "NOTIFLOW_FCM__TOKEN_URI": f"{fakes}/fcm/token",
         "NOTIFLOW_FCM__PROJECT_ID": project,

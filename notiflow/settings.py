@@ -425,6 +425,16 @@ class SesSettings(_Frozen):
     """A verified identity (address or domain) of the account."""
     configuration_set: str | None = None
     """The configuration set whose event destination publishes delivery events (SNS)."""
+    sns_topic_arns: tuple[str, ...] = ()
+    """The SNS topics whose deliveries ``POST /webhooks/ses`` takes (SES events); none:
+    every post is refused."""
+    sns_host_pattern: str = r"sns\.[a-z0-9-]+\.amazonaws\.com(\.cn)?"
+    """Hosts a ``SigningCertURL`` or ``SubscribeURL`` may name (a regular expression the
+    whole host must match): SNS's public endpoints."""
+    sns_require_https: bool = True
+    """Off only for the emulator on loopback."""
+    sns_cert_ttl: timedelta = timedelta(hours=24)
+    """How long a fetched signing certificate is used before it is fetched again."""
 
 
 class FcmSettings(_Frozen):
@@ -1164,6 +1174,9 @@ class Settings(BaseSettings):
     fakes_ses_access_key_id: str | None = None
     fakes_ses_secret_access_key: SecretStr | None = None
     """The key pair the SES emulator accepts (besides ``ses``'s own, when configured)."""
+    fakes_ses_sns_endpoint_url: str | None = None
+    """Where the SES emulator's SNS topic delivers SES events (the API's ``/webhooks/ses``);
+    unset: it publishes none."""
     fakes_apns_port: int = 18443
     fakes_apns_cert_file: Path | None = None
     """PEM certificate chain of the APNs emulator's TLS listener (a throw-away test CA's;

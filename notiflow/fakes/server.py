@@ -82,6 +82,7 @@ def build_app(settings: Settings) -> web.Application:
     app.router.add_post("/_admin/reset", _reset)
     app.cleanup_ctx.append(twilio.lifecycle)
     app.cleanup_ctx.append(sendgrid.lifecycle)
+    app.cleanup_ctx.append(ses.lifecycle)
     app.cleanup_ctx.append(vonage.lifecycle)
     app.cleanup_ctx.append(smtp.lifecycle)
     app.cleanup_ctx.append(apns.lifecycle)

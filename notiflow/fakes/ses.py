@@ -15,6 +15,14 @@ recipient included: test infrastructure only.
 Magic addresses (emulator only): a recipient without ``@domain`` is ``BadRequestException``;
 one at ``reject.example.com`` is ``MessageRejected``; a sender at ``unverified.example.com``
 is ``MessageRejected`` "Email address is not verified".
+
+Events: with an SNS endpoint (knob ``sns_endpoint_url``, default
+``fakes_ses_sns_endpoint_url``), every accepted message publishes SES's event-publishing
+events through an SNS topic (``fakes/sns.py``, the first of ``ses.sns_topic_arns``): ``Send``,
+then after ``event_delay_ms`` ``Delivery``, or a ``Bounce`` (``Permanent`` 5.1.1 for
+``bounce.example.com`` and a ``bounce_rate`` share, ``Transient`` 4.2.2 for
+``transient.example.com``); ``complaint.example.com`` gets a ``Complaint`` after its
+``Delivery``. The message's ``EmailTags`` come back as ``mail.tags``.
 """
 
 from __future__ import annotations
@@ -27,13 +35,14 @@ import secrets
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 import orjson
 from aiohttp import web
 from botocore.auth import SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
+from pydantic import Field
 
 from notiflow.adapters.providers.ses.client import (
     ERROR_TYPE_HEADER,
@@ -41,6 +50,7 @@ from notiflow.adapters.providers.ses.client import (
     SERVICE,
 )
 from notiflow.fakes.common import ACCEPTED, CommonKnobs, Emulator, MessageRecord, json_response
+from notiflow.fakes.sns import SnsTopic, iso
 from notiflow.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -48,13 +58,27 @@ log = logging.getLogger(__name__)
 PREFIX: Final = "/ses"
 REJECT_DOMAINS: Final = frozenset({"reject.example.com"})
 UNVERIFIED_DOMAINS: Final = frozenset({"unverified.example.com"})
+BOUNCE_DOMAINS: Final = frozenset({"bounce.example.com"})
+TRANSIENT_DOMAINS: Final = frozenset({"transient.example.com"})
+COMPLAINT_DOMAINS: Final = frozenset({"complaint.example.com"})
+DEFAULT_TOPIC: Final = "arn:aws:sns:{region}:000000000000:notiflow-ses-events"
+ACCOUNT: Final = "000000000000"
 MAX_SKEW: Final = timedelta(minutes=5)
 _AUTH = re.compile(r"AWS4-HMAC-SHA256 Credential=([^/]+)/(\d{8})/([^/]+)/([^/]+)/aws4_request,"
                    r"\s*SignedHeaders=([a-z0-9;-]+),\s*Signature=([0-9a-f]{64})$")
 
 
 class SesKnobs(CommonKnobs):
-    """Runtime behaviour of the SES emulator (the common knobs)."""
+    """Runtime behaviour of the SES emulator."""
+
+    sns_endpoint_url: str | None = None
+    """Where SES events go (an SNS HTTP subscription); None = the configured one."""
+    event_delay_ms: float = Field(50.0, ge=0)
+    """Delay of the final event (``Delivery`` / ``Bounce``) after the send."""
+    bounce_rate: float = Field(0.0, ge=0, le=1)
+    """Share of accepted messages whose final event is a permanent bounce."""
+    signature_version: Literal["1", "2"] = "1"
+    """How the SNS topic signs (SHA-1 or SHA-256)."""
 
 
 @dataclass(slots=True)
@@ -166,7 +190,13 @@ class SesEmulator(Emulator[SesKnobs]):
     """State and handlers of the SES emulator."""
 
     def __init__(self, settings: Settings) -> None:
-        super().__init__("ses", SesKnobs)
+        config = settings.ses
+        topic = (config.sns_topic_arns[0] if config.sns_topic_arns
+                 else DEFAULT_TOPIC.format(region=config.region))
+        self.topic = SnsTopic(topic, config.endpoint_url, PREFIX)
+        super().__init__("ses", SesKnobs, callbacks=self.topic.dispatcher)
+        self._default_endpoint = settings.fakes_ses_sns_endpoint_url
+        self._configuration_set = config.configuration_set
         self._keys: dict[str, str] = {}
         for key_id, secret in ((settings.ses.access_key_id, settings.ses.secret_access_key),
                                (settings.fakes_ses_access_key_id,
@@ -178,7 +208,62 @@ class SesEmulator(Emulator[SesKnobs]):
                         "request will get 403")
 
     def routes(self) -> list[web.RouteDef]:
-        return [web.post(PREFIX + SEND_EMAIL_PATH, self.send_email), *self.admin_routes()]
+        return [web.post(PREFIX + SEND_EMAIL_PATH, self.send_email), *self.topic.routes(),
+                web.get("/_admin/ses/sns", self.topic.list_posts), *self.admin_routes()]
+
+    def reset(self) -> None:
+        super().reset()
+        self.topic.reset()
+        self.knobs_changed()
+
+    def knobs_changed(self) -> None:
+        self.topic.signature_version = self.knobs.signature_version
+
+    def extra_stats(self) -> dict[str, Any]:
+        return {"sns": self.topic.stats()}
+
+    def _publish_events(self, knobs: SesKnobs, url: str, message_id: str, from_: str,
+                        to: str, tags: dict[str, str]) -> None:
+        """SES's events of one accepted message, through the SNS topic."""
+        sent_at = datetime.now(UTC)
+        mail = {"timestamp": iso(sent_at), "source": from_, "sendingAccountId": ACCOUNT,
+                "messageId": message_id, "destination": [to], "headersTruncated": False,
+                "tags": {**{k: [v] for k, v in tags.items()},
+                         **({"ses:configuration-set": [self._configuration_set]}
+                            if self._configuration_set else {})}}
+        delay = knobs.event_delay_ms / 1000
+        final_at = sent_at + timedelta(seconds=delay)
+        domain = to.rpartition("@")[2].lower()
+        now = time.monotonic()
+        events: list[tuple[float, dict[str, Any]]] = [
+            (now, {"eventType": "Send", "mail": mail, "send": {}})]
+        if domain in BOUNCE_DOMAINS or domain in TRANSIENT_DOMAINS or self.draw(
+                knobs.bounce_rate):
+            permanent = domain not in TRANSIENT_DOMAINS
+            events.append((now + delay, {"eventType": "Bounce", "mail": mail, "bounce": {
+                "bounceType": "Permanent" if permanent else "Transient",
+                "bounceSubType": "General" if permanent else "MailboxFull",
+                "bouncedRecipients": [{
+                    "emailAddress": to, "action": "failed",
+                    "status": "5.1.1" if permanent else "4.2.2",
+                    "diagnosticCode": "smtp; 550 5.1.1 user unknown" if permanent
+                    else "smtp; 452 4.2.2 mailbox full"}],
+                "timestamp": iso(final_at), "feedbackId": f"{secrets.token_hex(16)}-000000",
+                "reportingMTA": "dsn; a1-2.smtp-out.amazonses.com"}}))
+        else:
+            events.append((now + delay, {"eventType": "Delivery", "mail": mail, "delivery": {
+                "timestamp": iso(final_at), "processingTimeMillis": int(delay * 1000),
+                "recipients": [to], "smtpResponse": "250 2.6.0 Message received",
+                "reportingMTA": "a1-2.smtp-out.amazonses.com"}}))
+            if domain in COMPLAINT_DOMAINS:
+                events.append((now + 2 * delay, {"eventType": "Complaint", "mail": mail,
+                                                 "complaint": {
+                    "complainedRecipients": [{"emailAddress": to}],
+                    "timestamp": iso(final_at + timedelta(seconds=delay)),
+                    "feedbackId": f"{secrets.token_hex(16)}-000000",
+                    "complaintFeedbackType": "abuse"}}))
+        for due, event in events:
+            self.topic.publish(due, url, orjson.dumps(event).decode())
 
     async def send_email(self, request: web.Request) -> web.Response:
         received_at = time.time()
@@ -223,6 +308,9 @@ class SesEmulator(Emulator[SesKnobs]):
         message_id = f"0100{secrets.token_hex(12)}-{secrets.token_hex(4)}-000000"
         hang = self.draw(knobs.timeout_rate)
         record(ACCEPTED, 200, sid=message_id, hang=hang)
+        url = knobs.sns_endpoint_url or self._default_endpoint
+        if url and from_ and to:
+            self._publish_events(knobs, url, message_id, from_, to, tags)
         if hang:
             await asyncio.sleep(knobs.hang_s)
         return json_response(orjson.dumps({"MessageId": message_id}), 200)

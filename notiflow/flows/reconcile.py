@@ -72,7 +72,8 @@ on a recipient's state, the preference topic's broker not acknowledging a suppre
 PARK_FIRST_WAIT = timedelta(seconds=5)
 PARK_MAX_WAIT = timedelta(minutes=1)
 HARD_BOUNCES = {"bounce": "hard_bounce", "unsubscribe": "unsubscribed",
-                "group_unsubscribe": "unsubscribed", "spamreport": "complaint"}
+                "group_unsubscribe": "unsubscribed", "spamreport": "complaint",
+                "complaint": "complaint"}
 
 
 def suppression_for(r: Receipt) -> str | None:

@@ -41,6 +41,7 @@ from notiflow.gateway import (
     openapi,
     recipients,
     schedules,
+    ses_webhook,
     templates,
     webhooks,
 )
@@ -165,6 +166,7 @@ def build_app(settings: Settings) -> FastAPI:
     app.include_router(campaigns.router)
     if settings.api_lane != "priority":
         app.include_router(webhooks.router)
+        app.include_router(ses_webhook.router)
 
     @app.get("/healthz", response_model=Health)
     async def healthz() -> JSONResponse:

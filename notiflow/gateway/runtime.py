@@ -34,6 +34,7 @@ from notiflow.adapters.jwks import JwksCache
 from notiflow.adapters.kafka_io import AsyncProducer, kafka_config
 from notiflow.adapters.manifests import Manifests
 from notiflow.adapters.preferences import PreferenceStore
+from notiflow.adapters.providers.ses.sns_http import SnsCertificates
 from notiflow.adapters.retrying import OUTAGE, until_up
 from notiflow.adapters.schedule_store import ScheduleStore
 from notiflow.adapters.scheduled_store import ScheduledStore
@@ -103,6 +104,7 @@ class Runtime:
         """Turns of batch items (``batch.py``) in this process."""
         self._templates: OrderedDict[tuple[str, str, int], dict[str, Any]] = OrderedDict()
         self._jwks: JwksCache | None = None
+        self._sns: SnsCertificates | None = None
         self._topics: tuple[float, frozenset[str]] | None = None
         self.auditor = Auditor(settings)
         self._closed = False
@@ -123,6 +125,14 @@ class Runtime:
                                    ttl=rule.keys_ttl.total_seconds(),
                                    min_refetch=rule.min_refetch.total_seconds())
         return await self._jwks.key(kid)
+
+    def sns(self) -> SnsCertificates:
+        """SNS signing certificates (cached per process) and subscription confirmations."""
+        if self._sns is None:
+            self._sns = SnsCertificates(
+                httpx.AsyncClient(timeout=5.0, follow_redirects=False),
+                ttl=self.settings.ses.sns_cert_ttl.total_seconds())
+        return self._sns
 
     async def start(self) -> None:
         """Create the producer and the Redis client, try Cassandra once, keep retrying in
@@ -333,4 +343,6 @@ class Runtime:
             await asyncio.to_thread(self._cluster.shutdown)
         if self._jwks is not None:
             await self._jwks.aclose()
+        if self._sns is not None:
+            await self._sns.aclose()
         self._store = None

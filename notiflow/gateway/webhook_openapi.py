@@ -24,6 +24,12 @@ VONAGE_SIGNATURE: Final = APIKeyQuery(
     description="SHA-256 HMAC of the other parameters with the signature secret (in the "
                 "query, form or JSON body); receipts are taken unsigned only when no secret is "
                 "configured.")
+SNS_SIGNATURE: Final = APIKeyHeader(
+    name="x-amz-sns-message-type", scheme_name="SnsSignature", auto_error=False,
+    description="SNS signs the body itself: `Signature` (RSA, SHA-1 for `SignatureVersion` 1, "
+                "SHA-256 for 2) over the message's fields, checked with the key of the "
+                "certificate at `SigningCertURL`, which must be on an SNS host; the message "
+                "must come from a configured topic. The header names the message type.")
 DSN_SECRET: Final = HTTPBearer(
     scheme_name="DsnWebhookSecret", auto_error=False,
     description="`smtp.dsn_webhook_secret` (the relay's mail pipe cannot sign).")
@@ -37,6 +43,14 @@ class SendgridAnswer(BaseModel):
 
 class VonageAnswer(BaseModel):
     receipts: int
+
+
+class SesAnswer(BaseModel):
+    receipts: int
+    malformed: int
+    ignored: int
+    confirmed: bool
+    """A ``SubscriptionConfirmation`` was confirmed."""
 
 
 class DsnAnswer(BaseModel):
@@ -57,17 +71,33 @@ SENDGRID_BODY: Final = raw_body("An Event Webhook batch.", {"application/json": 
 VONAGE_BODY: Final = {"requestBody": {**raw_body("A delivery receipt (or in the query).", {
     _FORM: {"schema": _FLAT}, "application/json": {"schema": _FLAT}})["requestBody"],
     "required": False}}
+_SNS_COMMON: Final = ("Type", "MessageId", "TopicArn", "Message", "Timestamp",
+                      "SignatureVersion", "Signature", "SigningCertURL")
+_SNS_FIELDS: Final[dict[str, Any]] = {
+    **{name: {"type": "string"} for name in _SNS_COMMON},
+    "SignatureVersion": {"type": "string", "enum": ["1", "2"]},
+    "Subject": {"type": "string"}, "Token": {"type": "string"},
+    "SubscribeURL": {"type": "string"}, "UnsubscribeURL": {"type": "string"}}
+SES_BODY: Final = raw_body(
+    "An SNS HTTP delivery: a notification whose `Message` is an SES event (JSON text), or "
+    "a subscription (un)confirmation. SNS labels it `text/plain`; it is read as JSON "
+    "whatever its content type.", {"application/json": {"schema": {"oneOf": [
+        {"type": "object", "required": list(_SNS_COMMON), "properties": {
+            **_SNS_FIELDS, "Type": {"const": "Notification"}}},
+        {"type": "object", "required": [*_SNS_COMMON, "Token", "SubscribeURL"],
+         "properties": {**_SNS_FIELDS, "Type": {"enum": ["SubscriptionConfirmation",
+                                                         "UnsubscribeConfirmation"]}}}]}}})
 DSN_BODY: Final = raw_body("An RFC 3464 delivery status notification, raw.", {
     "message/rfc822": {"schema": {"type": "string"}},
     "multipart/report": {"schema": {"type": "string"}}})
 
 _REFUSED: Final = ("`invalid_signature`, `missing_signature`, `stale_timestamp`, "
                    "`signature_not_configured`, `wrong_account`, `invalid_token`, "
-                   "`webhook_not_configured`: nothing was written.")
+                   "`webhook_not_configured`, `untrusted_url`: nothing was written.")
 _PUBLISH: Final = "`kafka_unavailable`: the provider retries the whole post."
 
 
 def webhook_errors(*codes: int, **reasons: str) -> Responses:
     """The errors of a webhook receiver: 403 for an unsigned or forged post, 503 when
     Kafka does not confirm the receipts, and ``codes``."""
-    return errors(*sorted({*codes, 403, 503}), r403=_REFUSED, r503=_PUBLISH, **reasons)
+    return errors(*sorted({*codes, 403, 503}), **{"r403": _REFUSED, "r503": _PUBLISH, **reasons})

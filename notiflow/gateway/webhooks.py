@@ -6,7 +6,9 @@
 - ``GET`` / ``POST /webhooks/vonage``: Vonage delivery receipts, ``sig`` with the signature
   secret;
 - ``POST /webhooks/smtp-dsn``: SMTP bounces (RFC 3464 DSNs) from the relay's mail pipe,
-  ``Authorization: Bearer <smtp.dsn_webhook_secret>``.
+  ``Authorization: Bearer <smtp.dsn_webhook_secret>``;
+- ``POST /webhooks/ses``: SES events through SNS, in ``ses_webhook.py`` (it uses this
+  module's :func:`read_body`, :func:`publish` and :func:`refused`).
 
 Every receiver keeps one contract: a forged, unsigned or stale post is refused with ``403``
 and nothing is written; a genuine one is normalised into receipts, each produced to

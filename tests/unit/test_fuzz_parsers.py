@@ -20,7 +20,7 @@ import pytest
 from bytewax.connectors.kafka import KafkaSourceMessage
 from cryptography.fernet import Fernet
 from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import SecretStr, ValidationError
@@ -29,6 +29,8 @@ from notiflow.adapters.dlq_crypto import DlqCipher
 from notiflow.adapters.envelope import dump, envelope, new_key
 from notiflow.adapters.providers.sendgrid import receipts as sendgrid_receipts
 from notiflow.adapters.providers.sendgrid import signature as sendgrid_signature
+from notiflow.adapters.providers.ses import receipts as ses_receipts
+from notiflow.adapters.providers.ses import sns
 from notiflow.adapters.providers.smtp import receipts as smtp_receipts
 from notiflow.adapters.providers.smtp import signature as smtp_signature
 from notiflow.adapters.providers.twilio import receipts as twilio_receipts
@@ -217,6 +219,43 @@ def test_sendgrid_events_and_signatures(event: Any, headers: dict[str, str],
     assert receipt is None or isinstance(receipt, Receipt)
 
 
+SNS_KEY = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+SES_EVENT: dict[str, Any] = {
+    "eventType": "Bounce",
+    "mail": {"timestamp": "2026-03-01T12:00:00.000Z", "messageId": "0100abc-000000",
+             "tags": {"message_id": ["msg_1"], "attempt": ["1"]}},
+    "bounce": {"bounceType": "Permanent", "timestamp": "2026-03-01T12:00:01.000Z",
+               "bouncedRecipients": [{"status": "5.1.1"}]}}
+SNS_DOC: dict[str, Any] = {
+    "Type": "Notification", "MessageId": "m-1", "TopicArn": "arn:aws:sns:us-east-1:1:t",
+    "Message": orjson.dumps(SES_EVENT).decode(), "Timestamp": "2026-03-01T12:00:00.000Z",
+    "SigningCertURL": "https://sns.us-east-1.amazonaws.com/c.pem", "SignatureVersion": "1"}
+SNS_DOC["Signature"] = sns.sign(SNS_DOC, SNS_KEY)
+
+
+@FUZZ
+@given(doc=st.one_of(JSON, mutated(SNS_DOC)), event=st.one_of(JSON, mutated(SES_EVENT)),
+       url=TEXT | st.sampled_from(["https://sns.us-east-1.amazonaws.com/c.pem",
+                                   "https://sns.x.amazonaws.com@e/c.pem", "https://[::1/x"]))
+def test_sns_messages_and_ses_events(doc: Any, event: Any, url: str) -> None:
+    with contextlib.suppress(WebhookRefused):
+        sns.check_url(url, r"sns\.[a-z0-9-]+\.amazonaws\.com", pem=True)
+    try:
+        msg = sns.parse_envelope(doc)
+    except ValueError:
+        msg = None
+    if msg is not None:
+        with contextlib.suppress(WebhookRefused):
+            sns.check_topic(msg, ("arn:aws:sns:us-east-1:1:t",))
+            sns.verify(msg, SNS_KEY.public_key())
+    try:
+        receipt = ses_receipts.event_receipt(ses_receipts.decode(orjson.dumps(event).decode()),
+                                             "ses", "m-1", NOW)
+    except (ValueError, ValidationError):
+        return
+    assert receipt is None or isinstance(receipt, Receipt)
+
+
 VONAGE_KEYS = ["messageId", "status", "err-code", "msisdn", "to", "api-key", "scts",
                "message-timestamp", "sig", "timestamp", "nonce", "client-ref", "price"]
 VONAGE_VALUES = ["delivered", "failed", "rejected", "expired", "accepted", "buffered", "0",
@@ -279,6 +318,9 @@ def test_the_seeds_are_accepted() -> None:
                                   "ingest.sms.p1")), Work)
     assert smtp_receipts.dsn_receipts(smtp_receipts.parse_dsn(SEED_DSN), "smtp", NOW)
     assert sendgrid_receipts.event_receipt(SENDGRID_EVENT, "sendgrid", NOW) is not None
+    sns.verify(sns.parse_envelope(SNS_DOC), SNS_KEY.public_key())
+    assert ses_receipts.event_receipt(ses_receipts.decode(SNS_DOC["Message"]), "ses", "m-1",
+                                      NOW) is not None
 
 
 @pytest.mark.parametrize("status", TWILIO_STATUS)

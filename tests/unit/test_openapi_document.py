@@ -15,7 +15,7 @@ from notiflow.settings import Settings
 ERROR_REF = "#/components/schemas/ErrorBody"
 WEBHOOK_SCHEMES = {"/webhooks/twilio": "TwilioSignature", "/webhooks/sendgrid":
                    "SendGridSignature", "/webhooks/vonage": "VonageSignature",
-                   "/webhooks/smtp-dsn": "DsnWebhookSecret"}
+                   "/webhooks/smtp-dsn": "DsnWebhookSecret", "/webhooks/ses": "SnsSignature"}
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,160 @@
+"""Amazon SNS HTTP(S) deliveries: the message envelope, its signature and where its signing
+certificate may come from (pure; the certificate is fetched by ``sns_http.py``).
+
+SNS signs the canonical string of a message's fields (``Message``, ``MessageId``,
+``Subject`` when present, ``SubscribeURL`` and ``Token`` for (un)subscription confirmations,
+``Timestamp``, ``TopicArn``, ``Type``, each as ``name\\nvalue\\n``) with RSA PKCS#1 v1.5:
+SHA-1 for ``SignatureVersion`` 1, SHA-256 for 2. The certificate is trusted for where it
+lives, not for its chain: ``SigningCertURL`` (and ``SubscribeURL``) must be HTTPS on a host
+of SNS (``sns.<region>.amazonaws.com``), a ``.pem`` file with no user info.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import re
+from dataclasses import dataclass
+from typing import Any, Final
+from urllib.parse import parse_qs, urlsplit
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric import padding, rsa
+
+from notiflow.adapters.providers.webhook import WebhookRefused
+
+NOTIFICATION: Final = "Notification"
+SUBSCRIPTION_CONFIRMATION: Final = "SubscriptionConfirmation"
+UNSUBSCRIBE_CONFIRMATION: Final = "UnsubscribeConfirmation"
+TYPE_HEADER: Final = "x-amz-sns-message-type"
+
+
+_SIGNED_FIELDS: Final = {
+    NOTIFICATION: ("Message", "MessageId", "Subject", "Timestamp", "TopicArn", "Type"),
+    SUBSCRIPTION_CONFIRMATION: ("Message", "MessageId", "SubscribeURL", "Timestamp", "Token",
+                                "TopicArn", "Type"),
+    UNSUBSCRIBE_CONFIRMATION: ("Message", "MessageId", "SubscribeURL", "Timestamp", "Token",
+                               "TopicArn", "Type"),
+}
+HASHES: Final[dict[str, type[hashes.HashAlgorithm]]] = {"1": hashes.SHA1, "2": hashes.SHA256}
+"""``SignatureVersion`` → the digest signed."""
+
+
+@dataclass(frozen=True, slots=True)
+class SnsMessage:
+    """One SNS delivery as posted (the body's JSON object, its strings kept as sent)."""
+
+    fields: dict[str, str]
+
+    @property
+    def type(self) -> str:
+        return self.fields["Type"]
+
+    @property
+    def message_id(self) -> str:
+        return self.fields["MessageId"]
+
+    @property
+    def topic_arn(self) -> str:
+        return self.fields["TopicArn"]
+
+    @property
+    def message(self) -> str:
+        return self.fields["Message"]
+
+    @property
+    def signing_cert_url(self) -> str:
+        return self.fields["SigningCertURL"]
+
+    @property
+    def subscribe_url(self) -> str | None:
+        return self.fields.get("SubscribeURL")
+
+
+def parse_envelope(doc: Any) -> SnsMessage:
+    """The SNS message of a decoded body; ``ValueError`` when it is not one (a field its
+    type signs, or the signature's, missing or not a string)."""
+    if not isinstance(doc, dict):
+        raise ValueError("the body is not a JSON object")
+    kind = doc.get("Type")
+    if not isinstance(kind, str) or kind not in _SIGNED_FIELDS:
+        raise ValueError(f"unknown SNS message type {kind!r}")
+    required = [f for f in _SIGNED_FIELDS[kind] if f != "Subject"]
+    required += ["Signature", "SignatureVersion", "SigningCertURL"]
+    missing = [f for f in required if not isinstance(doc.get(f), str)]
+    if missing:
+        raise ValueError(f"{kind} without {', '.join(missing)}")
+    return SnsMessage({k: v for k, v in doc.items() if isinstance(k, str) and isinstance(v, str)})
+
+
+def string_to_sign(msg: SnsMessage) -> bytes:
+    """The canonical text SNS signs for ``msg``'s type (absent optional fields left out)."""
+    parts = [f"{name}\n{msg.fields[name]}\n" for name in _SIGNED_FIELDS[msg.type]
+             if name in msg.fields]
+    return "".join(parts).encode()
+
+
+def check_url(url: str, host_pattern: str, *, require_https: bool = True,
+              pem: bool = False) -> None:
+    """:class:`WebhookRefused` unless ``url`` is on a host ``host_pattern`` matches whole
+    (HTTPS unless ``require_https`` is false, no user info; a ``.pem`` path if ``pem``)."""
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+        _ = parts.port
+    except ValueError:
+        raise WebhookRefused("untrusted_url", "the URL does not parse") from None
+    schemes = ("https",) if require_https else ("https", "http")
+    if (parts.scheme not in schemes or parts.username is not None
+            or parts.password is not None or not re.fullmatch(host_pattern, host)):
+        raise WebhookRefused("untrusted_url", f"{parts.scheme}://{host} is not an SNS "
+                                              f"endpoint")
+    if pem and not parts.path.endswith(".pem"):
+        raise WebhookRefused("untrusted_url", "the signing certificate URL is not a .pem file")
+
+
+def check_subscribe_url(msg: SnsMessage, host_pattern: str, *,
+                        require_https: bool = True) -> str:
+    """The ``SubscribeURL`` of a confirmation, checked like the certificate's URL and naming
+    ``Action=ConfirmSubscription`` for the message's topic."""
+    url = msg.subscribe_url
+    if url is None:
+        raise WebhookRefused("untrusted_url", "no SubscribeURL")
+    check_url(url, host_pattern, require_https=require_https)
+    query = parse_qs(urlsplit(url).query)
+    if query.get("Action") != ["ConfirmSubscription"] or query.get("TopicArn") != [
+            msg.topic_arn]:
+        raise WebhookRefused("untrusted_url", "SubscribeURL does not confirm this topic")
+    return url
+
+
+def check_topic(msg: SnsMessage, topic_arns: tuple[str, ...]) -> None:
+    """:class:`WebhookRefused` unless the message is from one of the configured topics."""
+    if not topic_arns:
+        raise WebhookRefused("webhook_not_configured", "no SNS topic is configured "
+                                                       "(ses.sns_topic_arns)")
+    if msg.topic_arn not in topic_arns:
+        raise WebhookRefused("wrong_account", "the message is from a topic not configured")
+
+
+def verify(msg: SnsMessage, key: rsa.RSAPublicKey) -> None:
+    """:class:`WebhookRefused` unless ``msg``'s ``Signature`` is ``key``'s over
+    :func:`string_to_sign` with its version's digest."""
+    digest = HASHES.get(msg.fields["SignatureVersion"])
+    if digest is None:
+        raise WebhookRefused("invalid_signature", "unsupported SignatureVersion "
+                                                  f"{msg.fields['SignatureVersion']!r}")
+    try:
+        signature = base64.b64decode(msg.fields["Signature"], validate=True)
+        key.verify(signature, string_to_sign(msg), padding.PKCS1v15(), digest())
+    except (InvalidSignature, binascii.Error, ValueError):
+        raise WebhookRefused("invalid_signature", "the SNS signature does not verify") from None
+
+
+def sign(fields: dict[str, str], key: rsa.RSAPrivateKey, version: str = "1") -> str:
+    """The base64 ``Signature`` of a message with these fields (what SNS computes; the
+    emulator and tests sign with it)."""
+    msg = SnsMessage({**fields, "SignatureVersion": version})
+    return base64.b64encode(key.sign(string_to_sign(msg), padding.PKCS1v15(),
+                                     HASHES[version]())).decode()
