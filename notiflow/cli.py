@@ -13,11 +13,13 @@ from rich.console import Console
 from rich.table import Table
 
 from notiflow.bench.cli import bench_app
+from notiflow.ops.archive_cli import archive_app
 from notiflow.ops.audit_cli import audit_command
 from notiflow.ops.campaigns_cli import campaigns_app
 from notiflow.ops.chaos_cli import chaos_command
 from notiflow.ops.dlq_cli import dlq_app
 from notiflow.ops.messages_cli import messages_command
+from notiflow.ops.report_cli import report_command
 from notiflow.ops.schedules import schedules_app
 from notiflow.ops.top import top_command
 from notiflow.ops.webhooks_cli import flow_webhooks
@@ -38,6 +40,8 @@ app.add_typer(schemas_app, name="schemas")
 app.add_typer(dlq_app, name="dlq")
 app.add_typer(schedules_app, name="schedules")
 app.add_typer(campaigns_app, name="campaigns")
+app.add_typer(archive_app, name="archive")
+app.command("report")(report_command)
 flow_app.command("webhooks")(flow_webhooks)
 console = Console(width=None if sys.stdout.isatty() else 120)
 
@@ -92,8 +96,8 @@ def stack_up(nodes: Annotated[int | None, typer.Option(
 
 @stack_app.command("env")
 def stack_env() -> None:
-    """Print the `export NOTIFLOW_...` lines with which processes use this stack (nothing
-    for a one-node stack, whose addresses are the defaults)."""
+    """Print the `export NOTIFLOW_...` lines with which processes use this stack (for a
+    one-node stack, whose addresses are the defaults, only the S3 key pair)."""
     import shlex
 
     from notiflow.ops.stack import Stack

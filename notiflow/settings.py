@@ -729,6 +729,21 @@ class BreakerRule(_Frozen):
         return self
 
 
+class ArchiveSettings(_Frozen):
+    """The history archive (``notiflow/archive.py``, ``notiflow archive``) and what ``notiflow
+    report`` reads."""
+
+    uri: str = "s3://notiflow/archive"
+    """Where the archive lives: ``s3://bucket/prefix`` or ``file:///abs/dir``."""
+    settle: timedelta = timedelta(days=2)
+    """How old a day must be before it is archived: its retries, receipts and expiries are
+    done (and it is still well inside ``operational_ttl``)."""
+    slice: int = Field(5000, ge=1, le=100_000)
+    """Messages read and encoded at a time (a Parquet row group each)."""
+    concurrency: int = Field(64, ge=1, le=1024)
+    """Cassandra reads in flight."""
+
+
 class TelemetrySettings(_Frozen):
     """OpenTelemetry export of traces and metrics (``notiflow.telemetry``); off by default."""
 
@@ -1120,6 +1135,7 @@ class Settings(BaseSettings):
     kafka_window: OutageWindow = Field(default_factory=OutageWindow)
     """What the API accepts while Kafka does not acknowledge."""
     object_store: ObjectStoreSettings = Field(default_factory=ObjectStoreSettings)
+    archive: ArchiveSettings = Field(default_factory=ArchiveSettings)
     """How ``s3://`` URIs are reached; the local stack's SeaweedFS (docs/operations.md)."""
 
     # policy

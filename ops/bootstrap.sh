@@ -62,7 +62,7 @@ if [ ! -x .venv/bin/python ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; th
   say "creating .venv and installing pinned Python dependencies"
   [ -x .venv/bin/python ] || "$PY" -m venv .venv
   .venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip==25.3
-  .venv/bin/python -m pip install -q --disable-pip-version-check -c constraints.txt -e ".[dev,bench]"
+  .venv/bin/python -m pip install -q --disable-pip-version-check -c constraints.txt -e ".[dev,bench,analytics]"
   echo "$want" > "$stamp"
 fi
 

@@ -249,8 +249,15 @@ class Stack:
             return None
 
     def client_env(self) -> dict[str, str]:
-        """The variables every process needs to use this stack (``notiflow stack env``)."""
-        return cluster.client_env(self.s, self.nodes)
+        """The variables every process needs to use this stack (``notiflow stack env``): the
+        cluster's shape and, unless configured, the S3 key pair its gateway takes."""
+        from notiflow.devenv import object_store_credentials
+
+        env = cluster.client_env(self.s, self.nodes)
+        generated = self.p.root / "conf" / "s3-credentials.json"
+        if self.s.object_store.access_key_id is None and generated.exists():
+            env.update(object_store_credentials(self.p.root))
+        return env
 
     def _name(self, kind: str, node: int) -> str:
         return kind if self.nodes == 1 else f"{kind}-{node}"

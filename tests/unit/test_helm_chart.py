@@ -156,6 +156,18 @@ def test_each_flow_is_a_bytewax_cluster_found_under_its_headless_service(
         assert any(mnt["mountPath"] == store for mnt in c["volumeMounts"])
 
 
+def test_the_history_archive_runs_daily_with_the_platform_configuration(
+        kube: KubeTools) -> None:
+    [job] = by_kind(docs(render(kube)), "CronJob").values()
+    assert job["spec"]["schedule"] == "17 3 * * *"
+    assert job["spec"]["concurrencyPolicy"] == "Forbid"
+    [c] = job["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"]
+    assert c["args"] == ["archive", "run"]
+    assert {"configMapRef": {"name": "nf-notiflow"}} in c["envFrom"]
+    assert {e["name"] for e in c["env"]} >= {"NOTIFLOW_SECRETS_DIR"}
+    assert "CronJob" not in {d["kind"] for d in docs(render(kube, "archive.enabled=false"))}
+
+
 def test_keda_scales_the_bulk_flows_on_lag_and_age_and_leaves_p0_alone(
         kube: KubeTools) -> None:
     m = docs(render(kube))

@@ -98,6 +98,18 @@ def test_a_one_node_stack_keeps_its_names(settings: Settings) -> None:
         "redis", "kafka", "cassandra", "s3"]
 
 
+def test_stack_env_names_the_generated_s3_key_pair(settings: Settings) -> None:
+    assert "NOTIFLOW_OBJECT_STORE__ACCESS_KEY_ID" not in Stack(settings).client_env()
+    from notiflow.devenv import object_store_credentials
+
+    made = object_store_credentials(settings.stack_dir)
+    env = Stack(settings).client_env()
+    assert env["NOTIFLOW_OBJECT_STORE__ACCESS_KEY_ID"] == made[
+        "NOTIFLOW_OBJECT_STORE__ACCESS_KEY_ID"]
+    assert env["NOTIFLOW_OBJECT_STORE__SECRET_ACCESS_KEY"] == made[
+        "NOTIFLOW_OBJECT_STORE__SECRET_ACCESS_KEY"]
+
+
 def test_the_data_remembers_its_node_count(settings: Settings) -> None:
     conf = settings.stack_dir / "conf"
     conf.mkdir(parents=True)

@@ -1,0 +1,163 @@
+"""``notiflow archive``: copy each day's history to Parquet in object storage before the
+operational tables' TTL removes it (layout: ``notiflow/archive.py``).
+
+``run`` archives every (day, tenant) that is due and has no manifest yet: by default the days
+from ``operational_ttl`` ago to ``archive.settle`` ago, so a daily run (a cron job, the Helm
+chart's ``archive`` CronJob) archives each day once, and a run after an outage of a few days
+catches up while the rows are still there. ``--day`` and ``--force`` archive a given day
+again (files are overwritten, the manifest last). ``status`` lists the manifests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, date, datetime
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from notiflow.archive import (
+    DATASETS,
+    DatasetFile,
+    data_key,
+    due_days,
+    manifest,
+    manifest_key,
+    records,
+)
+from notiflow.settings import Settings, load_settings
+
+if TYPE_CHECKING:
+    from notiflow.adapters.archive_reader import ArchiveReader
+    from notiflow.adapters.object_store import ObjectStore
+
+console = Console()
+archive_app = typer.Typer(no_args_is_help=True, help=__doc__)
+
+
+@dataclass(frozen=True, slots=True)
+class Archived:
+    day: date
+    tenant_id: str
+    rows: dict[str, int]
+    skipped: bool = False
+
+
+def _join(prefix: str, key: str) -> str:
+    return f"{prefix.rstrip('/')}/{key}" if prefix else key
+
+
+async def archive_day(reader: ArchiveReader, store: ObjectStore, prefix: str,
+                      tenant_id: str, day: date, slice_size: int, now: datetime) -> Archived:
+    """Write one (day, tenant): the four datasets, then the manifest."""
+    ids = await asyncio.to_thread(reader.message_ids, tenant_id, day)
+    files = {name: DatasetFile(name) for name in DATASETS}
+    for start in range(0, len(ids), slice_size):
+        rows = await asyncio.to_thread(reader.rows, tenant_id, day,
+                                       ids[start:start + slice_size])
+        for name, recs in records(rows).items():
+            files[name].add(recs)
+    written: dict[str, tuple[str, bytes, int]] = {}
+    for name, f in files.items():
+        key = data_key(name, day, tenant_id)
+        data = f.close()
+        await store.put(_join(prefix, key), data)
+        written[name] = (key, data, f.rows)
+    doc = manifest(day, tenant_id, written, now)
+    await store.put(_join(prefix, manifest_key(day, tenant_id)), json.dumps(doc).encode())
+    return Archived(day, tenant_id, {name: f.rows for name, f in files.items()})
+
+
+async def run_archive(settings: Settings, days: Sequence[date], tenants: Sequence[str], *,
+                      force: bool = False) -> list[Archived]:
+    """Archive each (day, tenant) without a manifest (every one with ``force``)."""
+    from notiflow.adapters.archive_reader import ArchiveReader
+    from notiflow.adapters.cassandra_store import connect
+    from notiflow.adapters.object_store import ObjectNotFound, ObjectStore
+
+    store, prefix = ObjectStore.open(settings.archive.uri, settings.object_store)
+    cluster, session = await asyncio.to_thread(connect, settings)
+    try:
+        reader = await asyncio.to_thread(ArchiveReader, session,
+                                         concurrency=settings.archive.concurrency)
+        done: list[Archived] = []
+        for day in days:
+            for tenant_id in tenants:
+                if not force:
+                    try:
+                        await store.head(_join(prefix, manifest_key(day, tenant_id)))
+                        done.append(Archived(day, tenant_id, {}, skipped=True))
+                        continue
+                    except ObjectNotFound:
+                        pass
+                done.append(await archive_day(reader, store, prefix, tenant_id, day,
+                                              settings.archive.slice, datetime.now(UTC)))
+        return done
+    finally:
+        await asyncio.to_thread(cluster.shutdown)
+
+
+async def manifests(settings: Settings) -> list[dict[str, Any]]:
+    """Every manifest of the archive, oldest day first."""
+    from notiflow.adapters.object_store import ObjectStore
+
+    store, prefix = ObjectStore.open(settings.archive.uri, settings.object_store)
+    keys = sorted(await store.list(_join(prefix, "v1/_manifests")))
+    docs = []
+    for key in keys:
+        info = await store.head(key)
+        docs.append(json.loads(await store.read(key, 0, info.size)))
+    return docs
+
+
+def _days(given: list[str] | None, settings: Settings) -> list[date]:
+    if given:
+        try:
+            return [date.fromisoformat(d) for d in given]
+        except ValueError as exc:
+            console.print(f"[red]--day:[/red] {exc}")
+            raise typer.Exit(2) from None
+    return due_days(datetime.now(UTC).date(), settings.operational_ttl,
+                    settings.archive.settle)
+
+
+@archive_app.command("run")
+def run_command(
+    day: Annotated[list[str] | None, typer.Option(
+        help="Archive this day (YYYY-MM-DD, UTC); repeat for several. Default: every due "
+             "day.")] = None,
+    tenant: Annotated[list[str] | None, typer.Option(
+        help="Only this tenant; repeat for several. Default: every configured tenant.")
+    ] = None,
+    force: Annotated[bool, typer.Option(help="Archive again days that have a manifest.")
+                     ] = False,
+) -> None:
+    """Archive what is due; prints one line per (day, tenant)."""
+    settings = load_settings()
+    tenants = tenant or [t.id for t in settings.tenants]
+    done = asyncio.run(run_archive(settings, _days(day, settings), tenants, force=force))
+    table = Table("day", "tenant", *DATASETS)
+    for a in done:
+        table.add_row(a.day.isoformat(), a.tenant_id,
+                      *(("archived before" if a.skipped else str(a.rows[n])) for n in DATASETS))
+    console.print(table)
+    console.print(f"{sum(not a.skipped for a in done)} archived, "
+                  f"{sum(a.skipped for a in done)} had a manifest, under "
+                  f"{settings.archive.uri}")
+
+
+@archive_app.command("status")
+def status_command() -> None:
+    """The archived (day, tenant)s with their rows per dataset."""
+    settings = load_settings()
+    docs = asyncio.run(manifests(settings))
+    table = Table("day", "tenant", *DATASETS, "written at")
+    for doc in docs:
+        table.add_row(doc["day"], doc["tenant_id"],
+                      *(str(doc["files"][n]["rows"]) for n in DATASETS), doc["written_at"])
+    console.print(table)
