@@ -738,7 +738,7 @@ class ArchiveSettings(_Frozen):
     settle: timedelta = timedelta(days=2)
     """How old a day must be before it is archived: its retries, receipts and expiries are
     done (and it is still well inside ``operational_ttl``)."""
-    slice: int = Field(5000, ge=1, le=100_000)
+    slice: int = Field(2000, ge=1, le=100_000)
     """Messages read and encoded at a time (a Parquet row group each)."""
     concurrency: int = Field(64, ge=1, le=1024)
     """Cassandra reads in flight."""

@@ -1,7 +1,7 @@
 """Reading one (day, tenant) of history from the operational tables for the archive
 (``notiflow/archive.py``): the day's message ids from ``messages_by_tenant_day`` (every page),
-then, a slice of them at a time, each message's row, events and attempts, ``concurrency``
-requests at a time.
+then, a slice of them at a time, the rows, events and attempts of
+:data:`KEYS_PER_READ` messages per read, as many reads in flight as the caller says.
 
 Blocking (the driver's synchronous API): callers run it in a thread.
 """
@@ -18,18 +18,20 @@ from cassandra.concurrent import execute_concurrent_with_args
 from notiflow.archive import DayRows
 
 PAGE: Final = 5000
+KEYS_PER_READ: Final = 50
+"""Messages named in one read (``message_id IN ...``): a request per message cost the
+driver's I/O thread more than decoding the rows (``bench/README.md``, "Archive")."""
 _CQL: Final = {
     "ids": "SELECT message_id FROM messages_by_tenant_day WHERE tenant_id = ? AND day = ?",
-    "message": "SELECT * FROM messages WHERE message_id = ?",
-    "events": "SELECT * FROM message_events WHERE message_id = ?",
-    "attempts": "SELECT * FROM attempts WHERE message_id = ?",
+    "message": "SELECT * FROM messages WHERE message_id IN ?",
+    "events": "SELECT * FROM message_events WHERE message_id IN ?",
+    "attempts": "SELECT * FROM attempts WHERE message_id IN ?",
 }
 
 
 class ArchiveReader:
-    def __init__(self, session: Session, *, concurrency: int = 64) -> None:
+    def __init__(self, session: Session) -> None:
         self.session = session
-        self.concurrency = concurrency
         self._stmts = {name: session.prepare(cql) for name, cql in _CQL.items()}
         self._stmts["ids"].fetch_size = PAGE
 
@@ -38,16 +40,23 @@ class ArchiveReader:
         rows = self.session.execute(self._stmts["ids"], (tenant_id, day))
         return list(dict.fromkeys(str(r["message_id"]) for r in rows))
 
-    def _each(self, name: str, ids: Sequence[str]) -> dict[str, list[dict[str, Any]]]:
+    def _each(self, name: str, ids: Sequence[str],
+              concurrency: int) -> dict[str, list[dict[str, Any]]]:
+        """``name``'s rows of each message in ``ids``, by message id (every page)."""
+        groups = [(list(ids[i:i + KEYS_PER_READ]),) for i in range(0, len(ids), KEYS_PER_READ)]
         results = execute_concurrent_with_args(
-            self.session, self._stmts[name], [(mid,) for mid in ids],
-            concurrency=self.concurrency, raise_on_first_error=True)
-        return {mid: list(result.result_or_exc) for mid, result in zip(ids, results, strict=True)
-                if result.success}
+            self.session, self._stmts[name], groups, concurrency=concurrency,
+            raise_on_first_error=True)
+        found: dict[str, list[dict[str, Any]]] = {mid: [] for mid in ids}
+        for result in results:
+            for row in result.result_or_exc:
+                found[row["message_id"]].append(row)
+        return found
 
-    def rows(self, tenant_id: str, day: date, ids: Sequence[str]) -> DayRows:
-        """Messages ``ids`` of the (day, tenant) with their events and attempts (a message
-        whose row has expired is left out)."""
-        messages = [rows[0] for rows in self._each("message", ids).values() if rows]
-        return DayRows(day, tenant_id, messages, self._each("events", ids),
-                       self._each("attempts", ids))
+    def rows(self, tenant_id: str, day: date, ids: Sequence[str],
+             concurrency: int) -> DayRows:
+        """Messages ``ids`` of the (day, tenant) with their events and attempts, at most
+        ``concurrency`` reads in flight (a message whose row has expired is left out)."""
+        messages = [rows[0] for rows in self._each("message", ids, concurrency).values() if rows]
+        return DayRows(day, tenant_id, messages, self._each("events", ids, concurrency),
+                       self._each("attempts", ids, concurrency))

@@ -15,12 +15,13 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, Protocol
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
+from notiflow.adapters.admission import AdmissionUnavailable
 from notiflow.archive import (
     DATASETS,
     DatasetFile,
@@ -30,6 +31,8 @@ from notiflow.archive import (
     manifest_key,
     records,
 )
+from notiflow.flows.yielding import YieldWindow
+from notiflow.schemas.enums import Tier
 from notiflow.settings import Settings, load_settings
 
 if TYPE_CHECKING:
@@ -52,14 +55,48 @@ def _join(prefix: str, key: str) -> str:
     return f"{prefix.rstrip('/')}/{key}" if prefix else key
 
 
+class P0Signal(Protocol):
+    async def p0_worst(self) -> float | None: ...
+
+
+class Yielding:
+    """How many reads the archive may have in flight for its next slice: the bulk lane's
+    AIMD window (``flows/yielding.py``) on P0's latency signal, up to
+    ``archive.concurrency``; while the window is shut, it waits a tick at a time for the
+    signal to fall. No signal (no P0 traffic, or Redis unreachable) counts as calm."""
+
+    def __init__(self, settings: Settings, signals: P0Signal | None) -> None:
+        self.window = YieldWindow(settings.bulk_yield,
+                                  settings.policy(Tier.P0).sla.total_seconds(),
+                                  settings.archive.concurrency)
+        self.tick_s = settings.bulk_yield.tick.total_seconds()
+        self.signals = signals
+        self.waited_s = 0.0
+
+    async def _worst(self) -> float | None:
+        if self.signals is None:
+            return None
+        try:
+            return await self.signals.p0_worst()
+        except AdmissionUnavailable:
+            return None
+
+    async def concurrency(self) -> int:
+        while (limit := self.window.step(await self._worst())) == 0:
+            await asyncio.sleep(self.tick_s)
+            self.waited_s += self.tick_s
+        return limit
+
+
 async def archive_day(reader: ArchiveReader, store: ObjectStore, prefix: str,
-                      tenant_id: str, day: date, slice_size: int, now: datetime) -> Archived:
+                      tenant_id: str, day: date, slice_size: int, now: datetime,
+                      gate: Yielding) -> Archived:
     """Write one (day, tenant): the four datasets, then the manifest."""
     ids = await asyncio.to_thread(reader.message_ids, tenant_id, day)
     files = {name: DatasetFile(name) for name in DATASETS}
     for start in range(0, len(ids), slice_size):
         rows = await asyncio.to_thread(reader.rows, tenant_id, day,
-                                       ids[start:start + slice_size])
+                                       ids[start:start + slice_size], await gate.concurrency())
         for name, recs in records(rows).items():
             files[name].add(recs)
     written: dict[str, tuple[str, bytes, int]] = {}
@@ -76,15 +113,17 @@ async def archive_day(reader: ArchiveReader, store: ObjectStore, prefix: str,
 async def run_archive(settings: Settings, days: Sequence[date], tenants: Sequence[str], *,
                       force: bool = False) -> list[Archived]:
     """Archive each (day, tenant) without a manifest (every one with ``force``)."""
+    from notiflow.adapters.admission import AdmissionStore
     from notiflow.adapters.archive_reader import ArchiveReader
     from notiflow.adapters.cassandra_store import connect
     from notiflow.adapters.object_store import ObjectNotFound, ObjectStore
 
     store, prefix = ObjectStore.open(settings.archive.uri, settings.object_store)
+    signals = AdmissionStore.open(settings)
+    gate = Yielding(settings, signals)
     cluster, session = await asyncio.to_thread(connect, settings)
     try:
-        reader = await asyncio.to_thread(ArchiveReader, session,
-                                         concurrency=settings.archive.concurrency)
+        reader = await asyncio.to_thread(ArchiveReader, session)
         done: list[Archived] = []
         for day in days:
             for tenant_id in tenants:
@@ -96,9 +135,10 @@ async def run_archive(settings: Settings, days: Sequence[date], tenants: Sequenc
                     except ObjectNotFound:
                         pass
                 done.append(await archive_day(reader, store, prefix, tenant_id, day,
-                                              settings.archive.slice, datetime.now(UTC)))
+                                              settings.archive.slice, datetime.now(UTC), gate))
         return done
     finally:
+        await signals.aclose()
         await asyncio.to_thread(cluster.shutdown)
 
 

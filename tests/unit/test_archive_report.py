@@ -4,6 +4,7 @@ campaign, whose sections are checked against figures computed here."""
 
 from __future__ import annotations
 
+import asyncio
 import statistics
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
@@ -216,3 +217,36 @@ def test_plots_are_written(results: dict[str, list[dict[str, Any]]], tmp_path: P
     written = report.plot(results, tmp_path)
     assert {p.name for p in written} == {"latency.png", "errors.png", "funnel.png"}
     assert all(p.stat().st_size > 5000 and p.read_bytes()[:4] == b"\x89PNG" for p in written)
+
+
+class Signal:
+    def __init__(self, values: list[float | None]) -> None:
+        self.values = values
+        self.asked = 0
+
+    async def p0_worst(self) -> float | None:
+        self.asked += 1
+        if len(self.values) > 1:
+            return self.values.pop(0)
+        return self.values[0]
+
+
+def test_the_archive_reads_yield_to_p0_by_its_signal() -> None:
+    """Calm: the window grows from its slow start; P0 slow (above 0.35 of its 1 s SLA): halved
+    at once, shut after a few slices, and the next slice waits, a tick at a time, until the
+    signal falls."""
+    from notiflow.ops.archive_cli import Yielding
+    from notiflow.settings import Settings, YieldRule
+
+    settings = Settings(bulk_yield=YieldRule(tick=timedelta(milliseconds=1)))
+    signal = Signal([None, 0.1, 0.1, 0.9, 0.9, 0.9, 0.9, 0.9, 0.9, 0.9, 0.9, 0.05])
+
+    async def run() -> tuple[list[int], float]:
+        gate = Yielding(settings, signal)
+        return [await gate.concurrency() for _ in range(8)], gate.waited_s
+
+    limits, waited = asyncio.run(run())
+    assert limits == [9, 12, 16, 8, 4, 2, 1, 3]
+    assert waited == pytest.approx(0.004) and signal.asked == 12
+    calm = Yielding(settings, None)
+    assert asyncio.run(calm.concurrency()) > 0
