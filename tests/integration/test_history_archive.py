@@ -166,3 +166,34 @@ def test_a_sent_message_is_in_its_days_archive(
     assert mine["provider_accepted_at"] is not None and mine["provider_id"]
     attempts = asyncio.run(read_part(archived, doc, "attempts")).to_pylist()
     assert [a["outcome"] for a in attempts if a["message_id"] == mid] == ["accepted"]
+
+
+def test_the_archive_waits_while_p0_is_slow(archived: Settings, cql: Session) -> None:
+    """P0's latency signal in Redis above its threshold: the archive's read window halves
+    slice by slice until it is shut, and the archive waits; once the reports stop (stale
+    after 2 s), it finishes."""
+    import redis.asyncio as aioredis
+
+    from notiflow.adapters import pressure
+
+    tenant = f"arch{uuid.uuid4().hex[:8]}"
+    seed(cql, tenant)
+
+    async def run() -> tuple[bool, Any]:
+        client = aioredis.Redis.from_url(archived.redis_url)
+        reporter = f"test-{uuid.uuid4().hex[:6]}"
+        try:
+            await pressure.report(client, archived.topic_prefix, reporter, 0.9)
+            task = asyncio.create_task(run_archive(archived, [DAY], [tenant], force=True))
+            for _ in range(8):
+                await asyncio.sleep(0.5)
+                await pressure.report(client, archived.topic_prefix, reporter, 0.9)
+            held = not task.done()
+            await client.hdel(pressure.pressure_key(archived.topic_prefix), reporter)
+            return held, await asyncio.wait_for(task, 60)
+        finally:
+            await client.aclose()
+
+    held, done = asyncio.run(run())
+    assert held
+    assert done[0].rows["messages"] == 23
