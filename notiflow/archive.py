@@ -16,8 +16,8 @@ phone numbers, the country of its calling code; not the masked address.
 from __future__ import annotations
 
 import hashlib
-import io
-from collections.abc import Mapping, Sequence
+import tempfile
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from typing import Any, Final
@@ -166,14 +166,20 @@ def records(rows: DayRows) -> dict[str, list[dict[str, Any]]]:
     return out
 
 
+SPILL_BYTES: Final = 64 * 1024 * 1024
+"""A dataset file stays in memory up to this size, then moves to a temporary file."""
+
+
 class DatasetFile:
-    """One dataset's Parquet file being written in memory, a row group per :meth:`add`
-    (zstd)."""
+    """One dataset's Parquet file being written, a row group per :meth:`add` (zstd), in
+    memory up to :data:`SPILL_BYTES` and in a temporary file beyond."""
 
     def __init__(self, dataset: str) -> None:
         self.dataset, self.rows = dataset, 0
-        self._sink = io.BytesIO()
+        self._sink = tempfile.SpooledTemporaryFile(max_size=SPILL_BYTES)  # noqa: SIM115
         self._writer = pq.ParquetWriter(self._sink, SCHEMAS[dataset], compression="zstd")
+        self.size = 0
+        self.sha256 = ""
 
     def add(self, rows: Sequence[Mapping[str, Any]]) -> None:
         if rows:
@@ -181,17 +187,34 @@ class DatasetFile:
                                                           schema=SCHEMAS[self.dataset]))
             self.rows += len(rows)
 
-    def close(self) -> bytes:
-        """The whole file (a file with no rows still has the schema)."""
+    def finish(self) -> None:
+        """Close the Parquet file (one with no rows still has the schema); sets
+        :attr:`size` and :attr:`sha256`."""
         self._writer.close()
-        return self._sink.getvalue()
+        digest = hashlib.sha256()
+        self._sink.seek(0)
+        for chunk in iter(lambda: self._sink.read(CHUNK_BYTES), b""):
+            digest.update(chunk)
+            self.size += len(chunk)
+        self.sha256 = digest.hexdigest()
+
+    def chunks(self) -> Iterator[bytes]:
+        """The finished file, from its start, :data:`CHUNK_BYTES` at a time."""
+        self._sink.seek(0)
+        yield from iter(lambda: self._sink.read(CHUNK_BYTES), b"")
+
+    def close(self) -> None:
+        self._sink.close()
 
 
-def manifest(day: date, tenant_id: str, files: Mapping[str, tuple[str, bytes, int]],
+CHUNK_BYTES: Final = 8 * 1024 * 1024
+
+
+def manifest(day: date, tenant_id: str, files: Mapping[str, tuple[str, DatasetFile]],
              written_at: datetime) -> dict[str, Any]:
-    """The manifest of an archived (day, tenant): ``files`` is dataset → (key, bytes, rows)."""
+    """The manifest of an archived (day, tenant): ``files`` is dataset → (key, its finished
+    file)."""
     return {"version": VERSION, "day": day.isoformat(), "tenant_id": tenant_id,
             "written_at": written_at.astimezone(UTC).isoformat(),
-            "files": {name: {"key": key, "bytes": len(data), "rows": n,
-                             "sha256": hashlib.sha256(data).hexdigest()}
-                      for name, (key, data, n) in files.items()}}
+            "files": {name: {"key": key, "bytes": f.size, "rows": f.rows, "sha256": f.sha256}
+                      for name, (key, f) in files.items()}}

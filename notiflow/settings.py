@@ -741,7 +741,7 @@ class ArchiveSettings(_Frozen):
     slice: int = Field(2000, ge=1, le=100_000)
     """Messages read and encoded at a time (a Parquet row group each)."""
     concurrency: int = Field(64, ge=1, le=1024)
-    """Cassandra reads in flight."""
+    """Most Cassandra reads in flight (P0's latency signal narrows it, ``bulk_yield``)."""
 
 
 class TelemetrySettings(_Frozen):
@@ -1135,8 +1135,9 @@ class Settings(BaseSettings):
     kafka_window: OutageWindow = Field(default_factory=OutageWindow)
     """What the API accepts while Kafka does not acknowledge."""
     object_store: ObjectStoreSettings = Field(default_factory=ObjectStoreSettings)
-    archive: ArchiveSettings = Field(default_factory=ArchiveSettings)
     """How ``s3://`` URIs are reached; the local stack's SeaweedFS (docs/operations.md)."""
+    archive: ArchiveSettings = Field(default_factory=ArchiveSettings)
+    """The history archive (docs/operations.md, "History archive")."""
 
     # policy
     tiers: dict[Tier, TierPolicy] = Field(default_factory=lambda: dict(DEFAULT_TIERS))

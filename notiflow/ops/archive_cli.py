@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from typing import TYPE_CHECKING, Annotated, Any, Protocol
@@ -88,6 +88,11 @@ class Yielding:
         return limit
 
 
+async def _async_chunks(f: DatasetFile) -> AsyncIterator[bytes]:
+    for chunk in f.chunks():
+        yield chunk
+
+
 async def archive_day(reader: ArchiveReader, store: ObjectStore, prefix: str,
                       tenant_id: str, day: date, slice_size: int, now: datetime,
                       gate: Yielding) -> Archived:
@@ -99,12 +104,16 @@ async def archive_day(reader: ArchiveReader, store: ObjectStore, prefix: str,
                                        ids[start:start + slice_size], await gate.concurrency())
         for name, recs in records(rows).items():
             files[name].add(recs)
-    written: dict[str, tuple[str, bytes, int]] = {}
-    for name, f in files.items():
-        key = data_key(name, day, tenant_id)
-        data = f.close()
-        await store.put(_join(prefix, key), data)
-        written[name] = (key, data, f.rows)
+    written: dict[str, tuple[str, DatasetFile]] = {}
+    try:
+        for name, f in files.items():
+            key = data_key(name, day, tenant_id)
+            f.finish()
+            await store.put(_join(prefix, key), _async_chunks(f))
+            written[name] = (key, f)
+    finally:
+        for f in files.values():
+            f.close()
     doc = manifest(day, tenant_id, written, now)
     await store.put(_join(prefix, manifest_key(day, tenant_id)), json.dumps(doc).encode())
     return Archived(day, tenant_id, {name: f.rows for name, f in files.items()})

@@ -98,7 +98,7 @@ async def fetch(store: ObjectStore, prefix: str, manifests: Sequence[Mapping[str
                 since: date, until: date, tenants: Sequence[str] | None,
                 root: Path) -> Fetched:
     """Copy the Parquet files of every manifest in ``[since, until]`` (of ``tenants``, all if
-    None) under ``root``, keeping their keys."""
+    None) under ``root``, keeping their keys (streamed: a chunk at a time in memory)."""
     parts = []
     for doc in manifests:
         if not since.isoformat() <= doc["day"] <= until.isoformat():
@@ -107,10 +107,11 @@ async def fetch(store: ObjectStore, prefix: str, manifests: Sequence[Mapping[str
             continue
         for f in doc["files"].values():
             key = f"{prefix.rstrip('/')}/{f['key']}" if prefix else f["key"]
-            data = await store.read(key, 0, f["bytes"]) if f["bytes"] else b""
             path = root / f["key"]
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(data)
+            with path.open("wb") as out:
+                async for chunk in store.stream(key):
+                    out.write(chunk)
         parts.append((doc["day"], doc["tenant_id"]))
     return Fetched(root, tuple(parts))
 

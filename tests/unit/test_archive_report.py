@@ -5,6 +5,7 @@ campaign, whose sections are checked against figures computed here."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import statistics
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
@@ -114,26 +115,39 @@ def test_due_days_stay_inside_the_ttl() -> None:
     assert (days[0], days[-1], len(days)) == (date(2026, 11, 7), date(2026, 12, 4), 28)
 
 
-def test_files_read_back_and_the_manifest_names_them(tmp_path: Path) -> None:
+def encoded(f: archive.DatasetFile) -> bytes:
+    f.finish()
+    data = b"".join(f.chunks())
+    f.close()
+    return data
+
+
+def test_files_read_back_and_the_manifest_names_them(tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(archive, "SPILL_BYTES", 4096)
+    monkeypatch.setattr(archive, "CHUNK_BYTES", 1000)
     recs = archive.records(day_rows())
     files = {}
     for name in archive.DATASETS:
         f = archive.DatasetFile(name)
         f.add(recs[name][:50])
         f.add(recs[name][50:])
-        data = f.close()
+        f.finish()
+        data = b"".join(f.chunks())
+        assert len(data) == f.size and hashlib.sha256(data).hexdigest() == f.sha256
         path = tmp_path / name
         path.write_bytes(data)
         table = pq.read_table(path)
         assert table.schema.equals(archive.SCHEMAS[name])
         assert table.num_rows == f.rows == len(recs[name])
-        files[name] = (archive.data_key(name, DAY, "acme"), data, f.rows)
-    empty = archive.DatasetFile("events")
-    assert pq.read_table(pa_buffer(empty.close())).num_rows == 0
+        assert pq.ParquetFile(path).num_row_groups == 2
+        files[name] = (archive.data_key(name, DAY, "acme"), f)
+    assert pq.read_table(pa_buffer(encoded(archive.DatasetFile("events")))).num_rows == 0
     doc = archive.manifest(DAY, "acme", files, T0)
     assert doc["files"]["messages"]["key"] == ("v1/messages/day=2026-11-20/tenant=acme/"
                                                "part-0.parquet")
     assert doc["files"]["messages"]["rows"] == 115
+    assert doc["files"]["events"]["bytes"] == files["events"][1].size
     assert archive.manifest_key(DAY, "acme") == "v1/_manifests/day=2026-11-20/tenant=acme.json"
 
 
@@ -152,7 +166,7 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
         f.add(recs[name])
         path = root / archive.data_key(name, DAY, "acme")
         path.parent.mkdir(parents=True)
-        path.write_bytes(f.close())
+        path.write_bytes(encoded(f))
     return root
 
 
