@@ -16,6 +16,7 @@ phone numbers, the country of its calling code; not the masked address.
 from __future__ import annotations
 
 import hashlib
+import re
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -72,6 +73,16 @@ def data_key(dataset: str, day: date, tenant_id: str) -> str:
 
 def manifest_key(day: date, tenant_id: str) -> str:
     return f"{VERSION}/_manifests/day={day.isoformat()}/tenant={tenant_id}.json"
+
+
+_MANIFEST = re.compile(rf"(?:^|/){VERSION}/_manifests/"
+                       r"day=(\d{4}-\d{2}-\d{2})/tenant=(.+)\.json$")
+
+
+def manifest_of(key: str) -> tuple[date, str] | None:
+    """The (day, tenant) a manifest key names (under any prefix); None for another key."""
+    m = _MANIFEST.search(key)
+    return (date.fromisoformat(m.group(1)), m.group(2)) if m else None
 
 
 def due_days(today: date, ttl: timedelta, settle: timedelta) -> list[date]:

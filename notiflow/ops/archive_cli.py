@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from typing import TYPE_CHECKING, Annotated, Any, Protocol
@@ -29,6 +29,7 @@ from notiflow.archive import (
     due_days,
     manifest,
     manifest_key,
+    manifest_of,
     records,
 )
 from notiflow.flows.yielding import YieldWindow
@@ -125,9 +126,10 @@ async def run_archive(settings: Settings, days: Sequence[date], tenants: Sequenc
     from notiflow.adapters.admission import AdmissionStore
     from notiflow.adapters.archive_reader import ArchiveReader
     from notiflow.adapters.cassandra_store import connect
-    from notiflow.adapters.object_store import ObjectNotFound, ObjectStore
+    from notiflow.adapters.object_store import ObjectStore
 
     store, prefix = ObjectStore.open(settings.archive.uri, settings.object_store)
+    archived = set() if force else set(await manifest_keys(store, prefix))
     signals = AdmissionStore.open(settings)
     gate = Yielding(settings, signals)
     cluster, session = await asyncio.to_thread(connect, settings)
@@ -136,13 +138,9 @@ async def run_archive(settings: Settings, days: Sequence[date], tenants: Sequenc
         done: list[Archived] = []
         for day in days:
             for tenant_id in tenants:
-                if not force:
-                    try:
-                        await store.head(_join(prefix, manifest_key(day, tenant_id)))
-                        done.append(Archived(day, tenant_id, {}, skipped=True))
-                        continue
-                    except ObjectNotFound:
-                        pass
+                if (day, tenant_id) in archived:
+                    done.append(Archived(day, tenant_id, {}, skipped=True))
+                    continue
                 done.append(await archive_day(reader, store, prefix, tenant_id, day,
                                               settings.archive.slice, datetime.now(UTC), gate))
         return done
@@ -151,16 +149,25 @@ async def run_archive(settings: Settings, days: Sequence[date], tenants: Sequenc
         await asyncio.to_thread(cluster.shutdown)
 
 
-async def manifests(settings: Settings) -> list[dict[str, Any]]:
-    """Every manifest of the archive, oldest day first."""
+async def manifest_keys(store: ObjectStore, prefix: str) -> dict[tuple[date, str], str]:
+    """(day, tenant) → manifest key, for every manifest of the archive (one listing)."""
+    keys = await store.list(_join(prefix, "v1/_manifests"))
+    return {part: key for key in keys if (part := manifest_of(key)) is not None}
+
+
+async def manifests(settings: Settings,
+                    keep: Callable[[date, str], bool] = lambda _d, _t: True,
+                    ) -> list[dict[str, Any]]:
+    """The manifests of the (day, tenant)s ``keep`` accepts, oldest day first (those others
+    are never read)."""
     from notiflow.adapters.object_store import ObjectStore
 
     store, prefix = ObjectStore.open(settings.archive.uri, settings.object_store)
-    keys = sorted(await store.list(_join(prefix, "v1/_manifests")))
+    found = await manifest_keys(store, prefix)
     docs = []
-    for key in keys:
-        info = await store.head(key)
-        docs.append(json.loads(await store.read(key, 0, info.size)))
+    for part in sorted(found):
+        if keep(*part):
+            docs.append(json.loads(b"".join([c async for c in store.stream(found[part])])))
     return docs
 
 

@@ -15,7 +15,6 @@ import json
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import date
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
@@ -46,6 +45,11 @@ class Engine(Protocol):
     def query(self, sql: str) -> list[dict[str, Any]]: ...
 
 
+def sources(root: Path, reader: str) -> dict[str, str]:
+    """Each dataset's reader expression: ``reader`` around the glob of its Parquet files."""
+    return {d: reader.format(f"{root}/{VERSION}/{d}/**/*.parquet") for d in DATASETS}
+
+
 class Chdb:
     """chDB (in-process ClickHouse) over a directory of fetched Parquet files."""
 
@@ -58,8 +62,7 @@ class Chdb:
     def query(self, sql: str) -> list[dict[str, Any]]:
         import chdb
 
-        text = sql.format(**{d: f"file('{self.root}/{VERSION}/{d}/**/*.parquet', Parquet)"
-                             for d in DATASETS})
+        text = sql.format(**sources(self.root, "file('{}', Parquet)"))
         out = chdb.query(text, "JSONEachRow")
         return [json.loads(line) for line in out.bytes().decode().splitlines() if line.strip()]
 
@@ -76,8 +79,7 @@ class Duckdb:
     def query(self, sql: str) -> list[dict[str, Any]]:
         import duckdb
 
-        text = sql.format(**{d: f"read_parquet('{self.root}/{VERSION}/{d}/**/*.parquet')"
-                             for d in DATASETS})
+        text = sql.format(**sources(self.root, "read_parquet('{}')"))
         with duckdb.connect() as con:
             rel = con.sql(text)
             return [dict(zip(rel.columns, row, strict=True)) for row in rel.fetchall()]
@@ -95,16 +97,11 @@ class Fetched:
 
 
 async def fetch(store: ObjectStore, prefix: str, manifests: Sequence[Mapping[str, Any]],
-                since: date, until: date, tenants: Sequence[str] | None,
                 root: Path) -> Fetched:
-    """Copy the Parquet files of every manifest in ``[since, until]`` (of ``tenants``, all if
-    None) under ``root``, keeping their keys (streamed: a chunk at a time in memory)."""
+    """Copy the Parquet files ``manifests`` name under ``root``, keeping their keys
+    (streamed: a chunk at a time in memory)."""
     parts = []
     for doc in manifests:
-        if not since.isoformat() <= doc["day"] <= until.isoformat():
-            continue
-        if tenants is not None and doc["tenant_id"] not in tenants:
-            continue
         for f in doc["files"].values():
             key = f"{prefix.rstrip('/')}/{f['key']}" if prefix else f["key"]
             path = root / f["key"]

@@ -38,8 +38,9 @@ async def build(settings: Settings, since: date, until: date, tenants: list[str]
     from notiflow.adapters.object_store import ObjectStore
 
     store, prefix = ObjectStore.open(settings.archive.uri, settings.object_store)
-    fetched = await report.fetch(store, prefix, await manifests(settings), since, until,
-                                 tenants, root)
+    docs = await manifests(settings, lambda day, tenant: since <= day <= until and (
+        tenants is None or tenant in tenants))
+    fetched = await report.fetch(store, prefix, docs, root)
     if not fetched.parts:
         return fetched, {}
     results = await asyncio.to_thread(report.run, report.ENGINES[engine](root))

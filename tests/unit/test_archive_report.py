@@ -149,6 +149,8 @@ def test_files_read_back_and_the_manifest_names_them(tmp_path: Path,
     assert doc["files"]["messages"]["rows"] == 115
     assert doc["files"]["events"]["bytes"] == files["events"][1].size
     assert archive.manifest_key(DAY, "acme") == "v1/_manifests/day=2026-11-20/tenant=acme.json"
+    assert archive.manifest_of("archive/" + archive.manifest_key(DAY, "acme")) == (DAY, "acme")
+    assert archive.manifest_of(doc["files"]["messages"]["key"]) is None
 
 
 def pa_buffer(data: bytes) -> Any:

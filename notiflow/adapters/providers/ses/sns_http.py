@@ -64,14 +64,19 @@ class SnsCertificates:
             return None
         return entry[1]
 
-    async def _fetch(self, url: str) -> rsa.RSAPublicKey:
-        self.fetches += 1
+    async def _get(self, url: str, what: str) -> httpx.Response:
+        """SNS's ``200`` answer to a GET of ``url``; :class:`SnsUnreachable` otherwise."""
         try:
             resp = await self._http.get(url)
         except httpx.HTTPError as exc:
-            raise SnsUnreachable(f"signing certificate: {type(exc).__name__}") from None
+            raise SnsUnreachable(f"{what}: {type(exc).__name__}") from None
         if resp.status_code != 200:
-            raise SnsUnreachable(f"signing certificate: HTTP {resp.status_code}")
+            raise SnsUnreachable(f"{what}: HTTP {resp.status_code}")
+        return resp
+
+    async def _fetch(self, url: str) -> rsa.RSAPublicKey:
+        self.fetches += 1
+        resp = await self._get(url, "signing certificate")
         if len(resp.content) > MAX_CERT_BYTES:
             raise WebhookRefused("invalid_signature", "the signing certificate is too large")
         try:
@@ -87,12 +92,7 @@ class SnsCertificates:
     async def confirm(self, subscribe_url: str) -> None:
         """Visit a checked ``SubscribeURL`` (SNS's ``ConfirmSubscription``);
         :class:`SnsUnreachable` unless SNS answers ``200``."""
-        try:
-            resp = await self._http.get(subscribe_url)
-        except httpx.HTTPError as exc:
-            raise SnsUnreachable(f"subscription confirmation: {type(exc).__name__}") from None
-        if resp.status_code != 200:
-            raise SnsUnreachable(f"subscription confirmation: HTTP {resp.status_code}")
+        await self._get(subscribe_url, "subscription confirmation")
 
     async def aclose(self) -> None:
         await self._http.aclose()
