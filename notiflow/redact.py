@@ -12,7 +12,12 @@ def recipient_hash(tenant_id: str, recipient_key: str) -> str:
 
 
 def mask(recipient_key: str) -> str:
-    """Human-readable but redacted form: ``+4179*****67``, ``j***@example.com``, ``ios:ab12…9f``."""
+    """Human-readable but redacted form: ``+4179*****67``, ``j***@example.com``, ``ios:ab12…9f``,
+    ``https://hooks.slack.com/…`` (a webhook URL is a credential: only its origin shows)."""
+    if "://" in recipient_key:
+        scheme, _, rest = recipient_key.partition("://")
+        host = rest.split("/", 1)[0].split("?", 1)[0].rpartition("@")[2]
+        return f"{scheme}://{host}/…"
     if "@" in recipient_key:
         local, _, domain = recipient_key.partition("@")
         return f"{local[:1]}***@{domain}"

@@ -14,10 +14,18 @@ import re
 from collections.abc import Iterable
 from datetime import time, timedelta
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Annotated, Any, Literal, get_args
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import (
     BaseSettings,
     NestedSecretsSettingsSource,
@@ -27,6 +35,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from notiflow.chat_hooks import parse_prefix
 from notiflow.schemas.enums import Category, Channel, PushPlatform, Tier
 
 
@@ -508,6 +517,53 @@ class ApnsSettings(_Frozen):
     """Extra CA certificate to trust (the emulator's test CA); None = system trust."""
 
 
+class PaceRule(_Frozen):
+    """How fast one chat webhook may be posted to (``adapters/webhook_pace.py``): ``rate``
+    posts per second with bursts of ``burst``. A post the pace would put later waits, as
+    ``RETRY_PENDING`` ``webhook_paced``, for the slot it is given."""
+
+    rate: float = Field(gt=0)
+    burst: int = Field(1, ge=1, le=1000)
+
+
+def _webhook_prefixes(prefixes: tuple[str, ...]) -> tuple[str, ...]:
+    for p in prefixes:
+        parse_prefix(p)
+    return prefixes
+
+
+WebhookPrefixes = Annotated[tuple[str, ...], AfterValidator(_webhook_prefixes)]
+"""``scheme://host[:port]/path`` prefixes a chat provider posts to (:mod:`notiflow.chat_hooks`)."""
+
+
+class SlackSettings(_Frozen):
+    """Slack incoming webhooks: a message's recipient is the webhook URL (which is the
+    credential), so the provider has no account secret; it serves the URLs under
+    ``webhook_prefixes`` and nothing else."""
+
+    provider_id: str = "slack"
+    enabled: bool = True
+    webhook_prefixes: WebhookPrefixes = ("https://hooks.slack.com/services/",)
+    pace: PaceRule = PaceRule(rate=1.0, burst=1)
+    """Slack allows one post per second per webhook, with short bursts it does not promise."""
+
+
+class TeamsSettings(_Frozen):
+    """Microsoft Teams incoming webhooks: Workflows (Power Automate) webhooks answer ``202``
+    and the retired Office 365 connectors ``200`` ``1``; the recipient is the URL."""
+
+    provider_id: str = "teams"
+    enabled: bool = True
+    webhook_prefixes: WebhookPrefixes = (
+        "https://*.webhook.office.com/webhookb2/",
+        "https://*.logic.azure.com/workflows/",
+        "https://*.environment.api.powerplatform.com/powerautomate/automations/direct/",
+    )
+    pace: PaceRule = PaceRule(rate=2.0, burst=4)
+    """Teams connectors take 4 posts in a second and 60 in 30 seconds per webhook; its longer
+    windows (100 an hour) answer ``429``, which the message then waits out."""
+
+
 class ProviderRoute(_Frozen):
     """What the provider router knows about one provider account."""
 
@@ -533,6 +589,8 @@ DEFAULT_ROUTES: tuple[ProviderRoute, ...] = (
                   platforms=frozenset({PushPlatform.ANDROID, PushPlatform.WEB})),
     ProviderRoute(provider_id="apns", channel=Channel.PUSH, reliability=0.995,
                   platforms=frozenset({PushPlatform.IOS})),
+    ProviderRoute(provider_id="slack", channel=Channel.CHAT, reliability=0.995),
+    ProviderRoute(provider_id="teams", channel=Channel.CHAT, reliability=0.99),
 )
 
 
@@ -1155,7 +1213,7 @@ class Settings(BaseSettings):
     provider_rates: dict[str, float] = Field(
         default_factory=lambda: {"twilio": 1000.0, "vonage": 500.0, "sendgrid": 1000.0,
                                  "smtp": 200.0, "ses": 200.0, "fcm": 10_000.0,
-                                 "apns": 10_000.0})
+                                 "apns": 10_000.0, "slack": 500.0, "teams": 500.0})
     """Contracted requests/s per provider account."""
     tier_shares: dict[Tier, float] = Field(default_factory=lambda: dict(DEFAULT_SHARES))
     p0_emergency_rate: float = Field(0.0, ge=0)
@@ -1184,6 +1242,8 @@ class Settings(BaseSettings):
     vonage: VonageSettings = VonageSettings()
     smtp: SmtpSettings = SmtpSettings()
     apns: ApnsSettings = ApnsSettings()
+    slack: SlackSettings = SlackSettings()
+    teams: TeamsSettings = TeamsSettings()
     routes: tuple[ProviderRoute, ...] = DEFAULT_ROUTES
     breaker: BreakerRule = BreakerRule()
     """Circuit breakers per provider account (``notiflow.adapters.breaker``)."""
@@ -1396,7 +1456,21 @@ class Settings(BaseSettings):
             enabled.add(self.fcm.provider_id)
         if self.apns.team_id and self.apns.key_id and present(self.apns.private_key):
             enabled.add(self.apns.provider_id)
+        for chat in (self.slack, self.teams):
+            if chat.enabled and chat.webhook_prefixes:
+                enabled.add(chat.provider_id)
         return frozenset(enabled)
+
+    def webhook_prefixes(self) -> dict[str, tuple[str, ...]]:
+        """Chat provider id → the webhook URL prefixes it serves."""
+        return {c.provider_id: c.webhook_prefixes for c in (self.slack, self.teams)}
+
+    def pace(self, provider_id: str) -> PaceRule | None:
+        """The per-webhook pace of a chat provider; None for every other provider."""
+        for chat in (self.slack, self.teams):
+            if chat.provider_id == provider_id:
+                return chat.pace
+        return None
 
     def enabled_channels(self) -> frozenset[Channel]:
         """Channels with at least one configured provider; others are refused at admission."""

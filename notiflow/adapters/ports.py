@@ -26,6 +26,7 @@ from notiflow.adapters.cancel_gate import Confirm
 from notiflow.adapters.providers.base import Outcome, ProviderClient
 from notiflow.adapters.redis_dedup import LeaseState
 from notiflow.adapters.redis_health import RedisHealth
+from notiflow.adapters.webhook_pace import Pace
 from notiflow.schemas.enums import Tier
 from notiflow.schemas.preferences import PreferenceState, Suppression
 
@@ -185,6 +186,9 @@ class SendPorts:
     """Releases every client (the providers' too)."""
     health: RedisHealth | None = None
     """The process's shared view of Redis (``adapters/redis_health.py``)."""
+    pace: Pace | None = None
+    """Per-webhook slots of the chat providers (``adapters/webhook_pace.py``); None: chat
+    posts are not paced (their ``429`` still is)."""
 
 
 OpenSendPorts = Callable[[], Awaitable[SendPorts]]

@@ -35,6 +35,7 @@ from notiflow.adapters.redis_caps import CapStore
 from notiflow.adapters.redis_dedup import DedupStore
 from notiflow.adapters.redis_health import RedisHealth
 from notiflow.adapters.secret_watch import watcher
+from notiflow.adapters.webhook_pace import WebhookPace
 from notiflow.schemas.enums import Tier
 from notiflow.secrets import Keyring, Reload
 from notiflow.settings import Settings
@@ -79,6 +80,7 @@ async def open_send_ports(settings: Settings, tier: Tier, owner: str,
     limiter = CapacityLimiter(settings, expected_workers=workers, store_timeout=redis_timeout,
                               health=health)
     producer = AsyncProducer(settings)
+    pace = WebhookPace.open(settings, redis_timeout)
     preferences = PreferenceStore(store, producer)
     timeout = policy.provider_timeout.total_seconds()
     providers = {pid: Swappable(client, drain_s=2 * timeout + 5) for pid, client in coalesced(
@@ -102,6 +104,7 @@ async def open_send_ports(settings: Settings, tier: Tier, owner: str,
         await breakers.aclose()
         await dedup.aclose()
         await limiter.aclose()
+        await pace.aclose()
         producer.close()
         cluster.shutdown()
 
@@ -109,7 +112,7 @@ async def open_send_ports(settings: Settings, tier: Tier, owner: str,
         leases=dedup, caps=CapStore(dedup.r, dedup.ns), messages=store,
         preferences=preferences, breakers=breakers, quota=limiter,
         boards=RedisBoards(dedup.r, settings.topic_prefix, owner), providers=providers,
-        close=close, health=health)
+        close=close, health=health, pace=pace)
 
 
 async def reopen_providers(settings: Settings, change: Reload,

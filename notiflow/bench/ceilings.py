@@ -49,7 +49,8 @@ def _pick(settings: Settings, tier: Tier, out: OutboundMessage) -> str:
     """The provider the platform's router ranks first for this message with every provider
     healthy (the same policy ranking; no breakers, weights or failover)."""
     ranked = rank_routes(settings.routes, tier=tier, channel=out.channel,
-                         recipient=out.recipient, enabled=settings.enabled_providers())
+                         recipient=out.recipient, enabled=settings.enabled_providers(),
+                         prefixes=settings.webhook_prefixes())
     return ranked[0].provider_id
 
 

@@ -1,12 +1,12 @@
 """``notiflow fakes``: the provider emulators on one loopback HTTP server.
 
 Routes: each emulator under its provider prefix (``/twilio/...``, ``/sendgrid/...``,
-``/fcm/...``, ``/vonage/...``), its admin API under ``/_admin/{provider}/...``, plus ``GET
-/_admin/health`` and ``POST /_admin/reset`` (every emulator: records, pending callbacks, issued
-tokens and knobs). The SMTP emulator listens on ``fakes_smtp_port`` while this app runs, and
-keeps its admin API here. APNs is HTTP/2-only: its emulator listens on its own TLS port
-(``fakes_apns_port``) while this app runs, and keeps its admin API here. See
-``docs/providers.md``.
+``/fcm/...``, ``/vonage/...``, ``/slack/...``, ``/teams/...``), its admin API under
+``/_admin/{provider}/...``, plus ``GET /_admin/health`` and ``POST /_admin/reset`` (every
+emulator: records, pending callbacks, issued tokens and knobs). The SMTP emulator listens on
+``fakes_smtp_port`` while this app runs, and keeps its admin API here. APNs is HTTP/2-only:
+its emulator listens on its own TLS port (``fakes_apns_port``) while this app runs, and keeps
+its admin API here. See ``docs/providers.md``.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import uvloop
 from aiohttp import web
 
 from notiflow.fakes.apns import ApnsEmulator
+from notiflow.fakes.chat import SlackEmulator, TeamsEmulator
 from notiflow.fakes.fcm import FcmEmulator
 from notiflow.fakes.sendgrid import SendGridEmulator
 from notiflow.fakes.ses import SesEmulator
@@ -36,6 +37,8 @@ FCM = web.AppKey("fcm", FcmEmulator)
 VONAGE = web.AppKey("vonage", VonageEmulator)
 SMTP = web.AppKey("smtp", SmtpEmulator)
 APNS = web.AppKey("apns", ApnsEmulator)
+SLACK = web.AppKey("slack", SlackEmulator)
+TEAMS = web.AppKey("teams", TeamsEmulator)
 
 
 async def _health(_request: web.Request) -> web.Response:
@@ -50,6 +53,8 @@ async def _reset(request: web.Request) -> web.Response:
     request.app[VONAGE].reset()
     request.app[SMTP].reset()
     request.app[APNS].reset()
+    request.app[SLACK].reset()
+    request.app[TEAMS].reset()
     return web.json_response({"reset": True})
 
 
@@ -78,6 +83,12 @@ def build_app(settings: Settings) -> web.Application:
     apns = ApnsEmulator(settings)
     app[APNS] = apns
     app.add_routes(apns.routes())
+    slack = SlackEmulator()
+    app[SLACK] = slack
+    app.add_routes(slack.routes())
+    teams = TeamsEmulator()
+    app[TEAMS] = teams
+    app.add_routes(teams.routes())
     app.router.add_get("/_admin/health", _health)
     app.router.add_post("/_admin/reset", _reset)
     app.cleanup_ctx.append(twilio.lifecycle)

@@ -27,6 +27,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from notiflow.chat_hooks import served
 from notiflow.schemas.enums import Channel, Tier
 from notiflow.schemas.messages import PushRecipient
 from notiflow.settings import ProviderRoute
@@ -47,9 +48,15 @@ def calling_code(number: str) -> str:
         return ""
 
 
-def serves(route: ProviderRoute, channel: Channel, recipient: str | PushRecipient) -> bool:
+def serves(route: ProviderRoute, channel: Channel, recipient: str | PushRecipient,
+           prefixes: Mapping[str, tuple[str, ...]] | None = None) -> bool:
+    """Whether ``route`` can carry a message to ``recipient``; a chat route only to a webhook
+    URL under one of its provider's ``prefixes`` (:mod:`notiflow.chat_hooks`)."""
     if route.channel is not channel:
         return False
+    if channel is Channel.CHAT:
+        return isinstance(recipient, str) and served(
+            recipient, (prefixes or {}).get(route.provider_id, ()))
     if isinstance(recipient, PushRecipient):
         return not route.platforms or recipient.platform in route.platforms
     if route.countries and channel is Channel.SMS:
@@ -66,11 +73,13 @@ class Ranked:
 def rank_routes(routes: Iterable[ProviderRoute], *, tier: Tier, channel: Channel,
                 recipient: str | PushRecipient, enabled: frozenset[str],
                 weight: Callable[[str], float] = lambda _p: 1.0,
-                avoid: str | None = None) -> list[ProviderRoute]:
-    """Candidate routes for one attempt, best first."""
+                avoid: str | None = None,
+                prefixes: Mapping[str, tuple[str, ...]] | None = None) -> list[ProviderRoute]:
+    """Candidate routes for one attempt, best first (``prefixes``: the chat providers'
+    webhook prefixes, :meth:`~notiflow.settings.Settings.webhook_prefixes`)."""
     ranked: list[Ranked] = []
     for r in routes:
-        if r.provider_id not in enabled or not serves(r, channel, recipient):
+        if r.provider_id not in enabled or not serves(r, channel, recipient, prefixes):
             continue
         w = min(1.0, max(1e-3, weight(r.provider_id)))
         reliability = r.reliability * w

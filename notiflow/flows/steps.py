@@ -347,7 +347,8 @@ names.RETRY_OLDEST_AGE.create(meter(), callbacks=[observe_retry_oldest])
 
 
 def retry_record(work: Work, next_attempt: int, not_before: datetime) -> Retry:
-    rec = work.record.model_copy(update={"attempt": next_attempt, "not_before": not_before})
+    rec = work.record.model_copy(update={"attempt": next_attempt, "not_before": not_before,
+                                         "paced_until": None})
     return Retry(work, rec)
 
 

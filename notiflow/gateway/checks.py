@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Protocol
 
+from notiflow.chat_hooks import served
 from notiflow.gateway.errors import ApiError, forbidden, unprocessable
 from notiflow.gateway.runtime import Runtime
 from notiflow.schemas.enums import Channel, Tier
@@ -63,6 +64,20 @@ def check_sender(settings: Settings, tenant: TenantConfig, req: Addressed) -> No
     if req.channel not in settings.enabled_channels():
         raise unprocessable("channel_unavailable",
                             f"channel {req.channel.value} has no configured provider")
+
+
+def check_webhook(settings: Settings, channel: Channel, recipient: object) -> None:
+    """422 ``recipient_not_served`` for a chat recipient no enabled chat provider posts to
+    (the platform calls no URL outside its providers' webhook prefixes)."""
+    if channel is not Channel.CHAT or not isinstance(recipient, str):
+        return
+    enabled = settings.enabled_providers()
+    prefixes = [p for provider, ps in settings.webhook_prefixes().items() if provider in enabled
+                for p in ps]
+    if not served(recipient, prefixes):
+        raise unprocessable("recipient_not_served",
+                            "no chat provider of this deployment posts to that webhook URL; "
+                            f"it must start with one of: {', '.join(prefixes) or '(none)'}")
 
 
 async def check_template(rt: Runtime, tenant: TenantConfig, req: Addressed,

@@ -7,6 +7,8 @@ class Channel(StrEnum):
     SMS = "SMS"
     EMAIL = "EMAIL"
     PUSH = "PUSH"
+    CHAT = "CHAT"
+    """A team chat's incoming webhook (Slack, Microsoft Teams); the recipient is its URL."""
 
 
 class Tier(StrEnum):

@@ -8,6 +8,8 @@ from __future__ import annotations
 from typing import Any, Final
 from zoneinfo import available_timezones
 
+from notiflow.chat_hooks import WEBHOOK_URL_PATTERN
+
 E164_PATTERN: Final = r"^\+[1-9][0-9]{6,14}$"
 APNS_TOKEN_PATTERN: Final = r"^[0-9a-fA-F]{64,200}$"
 FCM_TOKEN_PATTERN: Final = r"^[A-Za-z0-9_:\-]{32,4096}$"
@@ -57,6 +59,15 @@ HTTP_URL: Final[dict[str, Any]] = {
     "description": "An http or https URL (host names; the pattern is the part of URL syntax "
                    "that is promised to be accepted).",
     "examples": ["https://hooks.example.com/notiflow"]}
+
+WEBHOOK_URL: Final[dict[str, Any]] = {
+    "type": "string", "maxLength": 2048, "pattern": WEBHOOK_URL_PATTERN,
+    "description": "A Slack or Microsoft Teams incoming-webhook URL under one of the "
+                   "prefixes a chat provider of the deployment serves (422 "
+                   "`recipient_not_served` otherwise). Beyond the pattern: host labels of "
+                   "letters, digits and inner hyphens, a port up to 65535, and a path without "
+                   "dot segments, encoded slashes or dots, or control characters.",
+    "examples": ["https://hooks.slack.com/services/T000/B000/XXXX"]}
 
 
 WALL_TIME: Final[dict[str, Any]] = {
@@ -154,7 +165,8 @@ def send_request_rules(schema: dict[str, Any]) -> None:
     props = schema["properties"]
     push = next(s for s in props["recipient"]["anyOf"] if "$ref" in s)
     props["recipient"] = {"description": "Per channel: an E.164 number (SMS), an email "
-                                         "address (EMAIL), {device_token, platform} (PUSH).",
+                                         "address (EMAIL), {device_token, platform} (PUSH), "
+                                         "an incoming-webhook URL (CHAT).",
                           "anyOf": [{"type": "string"}, push]}
     props["variables"].update({
         "maxProperties": 64, "propertyNames": {"pattern": VARIABLE_NAME_PATTERN},
@@ -176,6 +188,8 @@ def send_request_rules(schema: dict[str, Any]) -> None:
             {"properties": {"channel": {"const": "EMAIL"}, "recipient": EMAIL,
                             "sender": _or_null(EMAIL)}},
             {"properties": {"channel": {"const": "PUSH"}, "recipient": push,
+                            "sender": {"type": "null"}}},
+            {"properties": {"channel": {"const": "CHAT"}, "recipient": WEBHOOK_URL,
                             "sender": {"type": "null"}}},
         ]},
         {"anyOf": [

@@ -26,6 +26,7 @@ from pydantic import (
     model_validator,
 )
 
+from notiflow.chat_hooks import webhook_url
 from notiflow.schemas.enums import Category, Channel, PushPlatform, Status, Tier
 from notiflow.schemas.formats import (
     ALPHANUMERIC_SENDER_PATTERN,
@@ -85,6 +86,11 @@ def _email(value: str) -> str:
         return validate_email(value, check_deliverability=False).normalized
     except EmailNotValidError as exc:
         raise ValueError(f"invalid email address: {exc}") from None
+
+
+def _webhook(value: str) -> str:
+    webhook_url(value)
+    return value
 
 
 def sender_for(channel: Channel | None, value: str | None) -> str | None:
@@ -188,12 +194,14 @@ class SendRequest(Wire):
                 raise ValueError("PUSH recipient must be {device_token, platform}")
             return r
         if isinstance(r, PushRecipient):
-            raise ValueError(f"{channel.value if channel else 'SMS/EMAIL'} recipient must be "
-                             "a string")
+            raise ValueError(f"{channel.value if channel else 'SMS/EMAIL/CHAT'} recipient "
+                             "must be a string")
         if channel is Channel.SMS:
             return _e164(r)
         if channel is Channel.EMAIL:
             return _email(r)
+        if channel is Channel.CHAT:
+            return _webhook(r)
         return r
 
     @model_validator(mode="after")
@@ -235,6 +243,9 @@ class IngestRecord(SendRequest):
     """Accounts that answered this message with ``Retry-After``, and when that wait ends: the
     router passes such an account over until then while another can carry the message, and
     the retry is not held for the wait of an account it will not use."""
+    paced_until: AwareDatetime | None = None
+    """Set by the send flow on a chat message its webhook's pace put later: it holds the slot
+    from then on, and its send at or after that time takes no other."""
     unknown_check: int | None = Field(None, ge=1)
     """Set on a check record: decide whether attempt ``unknown_check``, whose outcome was
     ambiguous, was ever resolved by a receipt; FAILED (ambiguous) when not. Nothing is sent."""

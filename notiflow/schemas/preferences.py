@@ -84,7 +84,8 @@ class PreferencesUpdate(Wire):
         return v
 
 
-Suppression = Literal["token_deactivated", "hard_bounce", "unsubscribed", "complaint"]
+Suppression = Literal["token_deactivated", "hard_bounce", "unsubscribed", "complaint",
+                      "webhook_revoked"]
 
 
 class PreferenceState(Wire):

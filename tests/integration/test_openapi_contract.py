@@ -33,7 +33,8 @@ MAX_EXAMPLES = 40
 
 TEMPLATES = [
     ("contract-sms", "SMS", "hello"), ("contract-email", "EMAIL", "hello"),
-    ("contract-push", "PUSH", "hello"), ("otp", "SMS", "Your code is {{ code }}"),
+    ("contract-push", "PUSH", "hello"), ("contract-chat", "CHAT", "hello"),
+    ("otp", "SMS", "Your code is {{ code }}"),
     ("weekly-digest", "EMAIL", "Hi {{ name }}"), ("order-shipped", "PUSH", "{{ order }}"),
     ("winter", "SMS", "Hi {{ name }}"),
 ]
@@ -46,13 +47,16 @@ STATE_RULES = frozenset({
     "template_syntax_error", "invalid_schedule", "invalid_device_token", "rate_too_high",
     "quota_too_large", "window_too_long", "window_over", "manifest_unreadable", "not_a_dsn",
     "uncorrelated_dsn", "unknown_callback", "unknown_receipt", "invalid_batch",
+    "recipient_not_served",
 })
 """The 422/400 reasons the document lists as rules the schema does not state."""
 NOT_STATED = ("scheduled_at must be before expires_at", "ends_at must be after starts_at",
-              "window start and end must differ", "not a valid number for its country code")
+              "window start and end must differ", "not a valid number for its country code",
+              "a webhook URL")
 """Schema failures the document names as beyond JSON Schema: rules between two fields,
-and libphonenumber's validity of a number for its country (``format: e164``; the coverage
-phase builds numbers from the pattern alone)."""
+libphonenumber's validity of a number for its country (``format: e164``; the coverage
+phase builds numbers from the pattern alone), and a webhook URL's rules beyond its pattern
+(host labels, port range, dot segments, encoded slashes: ``chat_hooks.webhook_url``)."""
 
 
 def _phone_numbers() -> list[str]:

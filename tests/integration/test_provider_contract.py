@@ -42,7 +42,9 @@ from notiflow.adapters.providers.fcm.client import FcmPush
 from notiflow.adapters.providers.fcm.tokens import AccessTokens, ServiceAccount
 from notiflow.adapters.providers.sendgrid.client import SendGridEmail
 from notiflow.adapters.providers.ses.client import SesEmail
+from notiflow.adapters.providers.slack.client import SlackWebhook
 from notiflow.adapters.providers.smtp.client import SmtpEmail
+from notiflow.adapters.providers.teams.client import TeamsWebhook
 from notiflow.adapters.providers.twilio.client import TwilioSms
 from notiflow.adapters.providers.twilio.signature import signature
 from notiflow.adapters.providers.vonage.client import VonageSms
@@ -139,6 +141,10 @@ class Harness:
     sender: tuple[str, str, str] | None = None
     """A message's own sender: what the message names, the record field the emulator shows
     the recipient's view of it in, and how it shows it; None when the channel has none."""
+    credentials: bool = True
+    """False when the provider has no account secret (a chat webhook: the URL is it)."""
+    rebase: Callable[[Recipient, str], Recipient] | None = None
+    """The recipient at another origin, for a provider whose recipient is the URL it calls."""
 
     def recorded(self, recipient: Recipient) -> str:
         return (self.recorded_to or recipient_text)(recipient)
@@ -550,7 +556,83 @@ SMTP = Harness(
     http=False,
 )
 
-HARNESSES = [TWILIO, SENDGRID, SES, FCM, APNS, VONAGE, SMTP]
+# Slack and Teams (chat webhooks: the recipient is the URL, there is no account secret) ----------
+
+
+class WebhookUrls(Mapping[str, str]):
+    """Scenario → webhook URL at the emulator under this session's ``{section}``'s first
+    prefix (read when a test asks: the fakes' port is the session's)."""
+
+    def __init__(self, section: str, paths: Mapping[str, str]) -> None:
+        self.section, self.paths = section, paths
+
+    prefixes: dict[str, str] = {}
+
+    def __getitem__(self, scenario: str) -> str:
+        if self.section not in self.prefixes:
+            self.prefixes[self.section] = getattr(Settings(), self.section).webhook_prefixes[0]
+        return self.prefixes[self.section] + self.paths[scenario]
+
+    def __iter__(self) -> Any:
+        return iter(self.paths)
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+
+def chat_configure(section: str, path: str) -> Callable[[Settings, Overrides], Settings]:
+    """``base_url`` moves the section's prefix to another origin; nothing else applies."""
+
+    def configure(settings: Settings, overrides: Overrides) -> Settings:
+        if "base_url" not in overrides:
+            return settings
+        config = getattr(settings, section).model_copy(
+            update={"webhook_prefixes": (f"{overrides['base_url']}{path}",)})
+        return settings.model_copy(update={section: config})
+
+    return configure
+
+
+def rebase(recipient: Recipient, base: str) -> Recipient:
+    """``recipient`` (a webhook URL) at another origin, same path."""
+    assert isinstance(recipient, str)
+    return base + urlsplit(recipient).path
+
+
+async def _no_credentials(settings: Settings) -> httpx.Response:
+    raise AssertionError("a chat webhook has no account credentials")
+
+
+CHAT_COMMON: dict[str, Any] = dict(
+    channel=Channel.CHAT, unauthorized=_no_credentials, unauthorized_body={},
+    wrong_secret=lambda: "", auth_rule=(Outcome.PERMANENT, "invalid_recipient"),
+    unauthorized_records=(), empty_body_rule=None, credentials=False, rebase=rebase)
+
+SLACK = Harness(
+    name="slack", admin="slack",
+    recipients=WebhookUrls("slack", {
+        "ok": "T0001/B0001/okToken", "revoked": "T0001/B0002/revokedToken",
+        "gone": "T0001/B0003/goneToken", "archived": "T0001/B0004/archivedToken",
+        "prohibited": "T0001/B0005/prohibitedToken"}),
+    rejections=(Rejection("revoked", "invalid_recipient", deactivate=True),
+                Rejection("gone", "invalid_recipient", deactivate=True),
+                Rejection("archived", "invalid_recipient", deactivate=True),
+                Rejection("prohibited", "forbidden")),
+    configure=chat_configure("slack", "/slack/services/"), open=opener(SlackWebhook),
+    provider_message_id=re.compile(r"[0-9a-f]{32}:[0-9]+"), **CHAT_COMMON)
+
+TEAMS = Harness(
+    name="teams", admin="teams",
+    recipients=WebhookUrls("teams", {
+        "ok": "a1b2/triggers/manual/paths/invoke?api-version=1&sig=okSig",
+        "gone": "a1b2/triggers/manual/paths/goneFlow",
+        "unauthorized": "a1b2/triggers/manual/paths/unauthorizedFlow"}),
+    rejections=(Rejection("gone", "invalid_recipient", deactivate=True),
+                Rejection("unauthorized", "invalid_recipient", deactivate=True)),
+    configure=chat_configure("teams", "/teams/workflows/"), open=opener(TeamsWebhook),
+    provider_message_id=re.compile(r"[0-9a-f]{32}:[0-9]+"), **CHAT_COMMON)
+
+HARNESSES = [TWILIO, SENDGRID, SES, FCM, APNS, VONAGE, SMTP, SLACK, TEAMS]
 HTTP_HARNESSES = [h for h in HARNESSES if h.http]
 CALLBACK_HARNESSES = [h for h in HARNESSES if h.callbacks is not None]
 REJECTIONS = [(h, r) for h in HARNESSES for r in h.rejections]
@@ -813,6 +895,7 @@ async def test_empty_body(harness: Harness, adapter: TimedClient, emulator: Emul
         assert_result(result, *harness.empty_body_rule)
 
 
+@pytest.mark.parametrize("harness", [h for h in HARNESSES if h.credentials], ids=_ids)
 async def test_wrong_credentials(harness: Harness, provider_settings: Settings,
                                  emulator: Emulator) -> None:
     raw = await harness.unauthorized(provider_settings)
@@ -891,8 +974,11 @@ async def test_per_call_timeout_override(harness: Harness, provider_settings: Se
 
 async def test_connection_refused_is_transient(harness: Harness, provider_settings: Settings,
                                                emulator: Emulator) -> None:
-    dead = harness.configure(provider_settings, {"base_url": f"http://127.0.0.1:{free_port()}"})
-    result = await send_once(harness, dead, message(harness), timeout=2.0)
+    base = f"http://127.0.0.1:{free_port()}"
+    dead = harness.configure(provider_settings, {"base_url": base})
+    msg = message(harness) if harness.rebase is None else message(
+        harness, recipient=harness.rebase(harness.recipients["ok"], base))
+    result = await send_once(harness, dead, msg, timeout=2.0)
     assert_result(result, Outcome.TRANSIENT, "connect_error")
     assert (await emulator.stats())["received"] == 0
 

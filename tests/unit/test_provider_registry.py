@@ -17,7 +17,9 @@ from notiflow.adapters.providers import (
     provider_kinds,
 )
 from notiflow.adapters.providers.sendgrid.client import SendGridEmail
+from notiflow.adapters.providers.slack.client import SlackWebhook
 from notiflow.adapters.providers.smtp.client import SmtpEmail
+from notiflow.adapters.providers.teams.client import TeamsWebhook
 from notiflow.adapters.providers.twilio.client import TwilioSms
 from notiflow.adapters.providers.vonage.client import VonageSms
 from notiflow.schemas.enums import Channel
@@ -42,7 +44,8 @@ def _settings(**kw: object) -> Settings:
 
 
 def test_every_settings_section_has_an_opener() -> None:
-    assert set(OPENERS) == {"twilio", "vonage", "sendgrid", "ses", "smtp", "fcm", "apns"}
+    assert set(OPENERS) == {"twilio", "vonage", "sendgrid", "ses", "smtp", "fcm", "apns",
+                            "slack", "teams"}
     assert provider_kinds(Settings()) == {k: k for k in OPENERS}
 
 
@@ -64,6 +67,8 @@ def test_duplicate_provider_ids_are_refused() -> None:
     ("vonage", VonageSms, Channel.SMS),
     ("sendgrid", SendGridEmail, Channel.EMAIL),
     ("smtp", SmtpEmail, Channel.EMAIL),
+    ("slack", SlackWebhook, Channel.CHAT),
+    ("teams", TeamsWebhook, Channel.CHAT),
 ])
 async def test_open_provider(provider_id: str, kind: type, channel: Channel) -> None:
     client = await open_provider(_settings(), provider_id, timeout=1.5)
@@ -103,5 +108,4 @@ def test_registry_holds_each_package_spec_once() -> None:
     with_receipts = {name for name, spec in OPENERS.items() if spec.receipts is not None}
     with_checks = {name for name, spec in OPENERS.items() if spec.verify is not None}
     assert with_receipts == with_checks == {"twilio", "vonage", "sendgrid", "smtp"}
-    assert {spec.channel for spec in OPENERS.values()} == {Channel.SMS, Channel.EMAIL,
-                                                            Channel.PUSH}
+    assert {spec.channel for spec in OPENERS.values()} == set(Channel)

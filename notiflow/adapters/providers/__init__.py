@@ -13,12 +13,23 @@ from collections.abc import Iterable, Mapping
 from datetime import timedelta
 from typing import Final
 
-from notiflow.adapters.providers import apns, fcm, sendgrid, ses, smtp, twilio, vonage
+from notiflow.adapters.providers import (
+    apns,
+    fcm,
+    sendgrid,
+    ses,
+    slack,
+    smtp,
+    teams,
+    twilio,
+    vonage,
+)
 from notiflow.adapters.providers.base import ProviderClient, ProviderSpec
 from notiflow.settings import Settings
 
 PROVIDERS: Final[Mapping[str, ProviderSpec]] = {spec.name: spec for spec in (
-    twilio.SPEC, vonage.SPEC, sendgrid.SPEC, ses.SPEC, smtp.SPEC, fcm.SPEC, apns.SPEC)}
+    twilio.SPEC, vonage.SPEC, sendgrid.SPEC, ses.SPEC, smtp.SPEC, fcm.SPEC, apns.SPEC,
+    slack.SPEC, teams.SPEC)}
 """Settings section (= provider package) → its spec."""
 
 

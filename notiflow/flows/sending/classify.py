@@ -74,6 +74,8 @@ def suppression_of(reason: str, channel: Channel) -> Suppression:
     """What a provider's "this address is dead" answer suppresses the recipient for."""
     if reason == "unsubscribed":
         return "unsubscribed"
+    if channel is Channel.CHAT:
+        return "webhook_revoked"
     return "token_deactivated" if channel is Channel.PUSH else "hard_bounce"
 
 

@@ -59,9 +59,11 @@ class SendContext:
     p0_latencies: LatencyWindow = field(default_factory=LatencyWindow)
     local_caps: LocalCaps = field(init=False)
     own_health: RedisHealth = field(init=False)
+    webhook_prefixes: dict[str, tuple[str, ...]] = field(init=False)
     _ports: SendPorts | None = None
 
     def __post_init__(self) -> None:
+        self.webhook_prefixes = self.settings.webhook_prefixes()
         self.local_caps = LocalCaps(share=self.workers)
         self.own_health = RedisHealth(REDIS_RECHECK.total_seconds(),
                                       clock=lambda: self.clock().timestamp())

@@ -20,7 +20,7 @@ from notiflow.flows.sending.batch import Batch
 from notiflow.flows.sending.context import SendContext
 from notiflow.flows.sending.emit import finish, release
 from notiflow.flows.steps import retry_record
-from notiflow.schemas.enums import Status
+from notiflow.schemas.enums import Channel, Status
 from notiflow.settings import ProviderRoute
 
 
@@ -30,7 +30,8 @@ def candidates(ctx: SendContext, w: Work) -> list[ProviderRoute]:
     ports = ctx.ports
     return rank_routes(ctx.settings.routes, tier=w.record.tier, channel=w.record.channel,
                        recipient=w.record.recipient, enabled=frozenset(ports.providers),
-                       weight=ports.breakers.weight, avoid=w.record.avoid_provider)
+                       weight=ports.breakers.weight, avoid=w.record.avoid_provider,
+                       prefixes=ctx.webhook_prefixes)
 
 
 class Routable:
@@ -39,8 +40,11 @@ class Routable:
     async def __call__(self, batch: Batch, ctx: SendContext) -> None:
         for w in batch.live:
             if not candidates(ctx, w):
+                chat = w.record.channel is Channel.CHAT
                 batch.decide(w, [ctx.dead_letter(
-                    w, f"no provider for {w.record.channel}", "channel_unavailable",
+                    w, "no chat provider posts to this webhook URL" if chat
+                    else f"no provider for {w.record.channel}",
+                    "recipient_not_served" if chat else "channel_unavailable",
                     "unavailable", batch.now)])
                 await release(ctx, w)
 
@@ -63,12 +67,31 @@ class Quota:
                                tenant_id=w.record.tenant_id,
                                tenant_rate=tenant.rate_limit if tenant else None)
         if isinstance(choice, Choice):
-            return choice
+            return await paced(ctx, w, choice)
         if isinstance(choice, Unavailable) and ctx.settings.policy(w.record.tier).last_resort:
             forced = await last_resort(ctx, w, routes, tenant.rate_limit if tenant else None)
             if forced is not None:
-                return forced
+                return await paced(ctx, w, forced)
         return await all_unavailable(ctx, w, choice)
+
+
+async def paced(ctx: SendContext, w: Work, choice: Choice) -> Choice | list[Out]:
+    """``choice``, unless its provider paces each webhook (chat) and this message's slot is
+    later: then it waits for the slot (``RETRY_PENDING`` ``webhook_paced``, same attempt),
+    holding it. A message back at its held slot takes no other; Redis down: not paced."""
+    rule = ctx.settings.pace(choice.provider_id)
+    pace = ctx.ports.pace
+    r = w.record
+    recipient = r.recipient
+    if rule is None or pace is None or not isinstance(recipient, str):
+        return choice
+    if r.paced_until is not None and ctx.clock() >= r.paced_until:
+        return choice
+    slot = await ctx.redis(lambda: pace.reserve(choice.provider_id, recipient, rule), None)
+    if slot is None or slot.wait_us <= 0:
+        return choice
+    return await all_unavailable(ctx, w, Unavailable(slot.wait, (choice.provider_id,)),
+                                 reason="webhook_paced", hold_slot=slot.reserved)
 
 
 async def last_resort(ctx: SendContext, w: Work, routes: Sequence[ProviderRoute],
@@ -102,10 +125,11 @@ async def last_resort_failed(ctx: SendContext, w: Work, result: SendResult) -> l
 
 async def all_unavailable(ctx: SendContext, w: Work, choice: Unavailable | None, *,
                           reason: str = "all_providers_unavailable",
-                          avoid: str | None = None) -> list[Out]:
+                          avoid: str | None = None, hold_slot: bool = False) -> list[Out]:
     """Every provider of the channel is refused by its breaker: no attempt is spent; the
     message waits (same attempt) until a breaker may admit it, or expires (``avoid``: the
-    account ranked last when it is tried again)."""
+    account ranked last when it is tried again; ``hold_slot``: it holds its webhook's slot
+    from when it is due, :func:`paced`)."""
     now = ctx.clock()
     wait = timedelta(seconds=choice.retry_in if choice else 1.0)
     due = now + max(wait, timedelta(milliseconds=100))
@@ -116,4 +140,6 @@ async def all_unavailable(ctx: SendContext, w: Work, choice: Unavailable | None,
     again = retry_record(w, w.record.attempt, due)
     if avoid is not None:
         again = Retry(w, again.record.model_copy(update={"avoid_provider": avoid}))
+    if hold_slot:
+        again = Retry(w, again.record.model_copy(update={"paced_until": due}))
     return [ctx.event(w, Status.RETRY_PENDING, now, reason=reason, next_attempt_at=due), again]
