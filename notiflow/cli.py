@@ -191,6 +191,20 @@ def api_settings(settings: Settings, lane: str | None, port: int | None,
     return settings.model_copy(update=update) if update else settings
 
 
+@app.command("inbox")
+def inbox(
+    port: Annotated[int | None, typer.Option(help="Listen port (default: inbox.port).")] = None,
+) -> None:
+    """The in-app inbox's live server: WebSocket, server-sent events, GET /v1/inbox."""
+    from notiflow.inbox.server import serve
+
+    settings = _settings()
+    if port is not None:
+        settings = settings.model_copy(update={
+            "inbox": settings.inbox.model_copy(update={"port": port})})
+    serve(settings)
+
+
 @app.command("fakes")
 def fakes(
     realtime: Annotated[int, typer.Option(

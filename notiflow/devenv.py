@@ -184,7 +184,8 @@ def dev_environment(*, api_port: int, fakes_port: int, time_scale: float = 1.0,
     tls_dir = tls_dir if tls_dir is not None else Path(tempfile.mkdtemp(prefix="notiflow-tls-"))
     tokens = {tid: f"nf_{tid}_{secrets.token_urlsafe(24)}" for tid in DEV_TENANTS}
     tenants: list[dict[str, object]] = [
-        {"id": tid, "token": tokens[tid], "webhook_secrets": [webhook_secret()], **cfg}
+        {"id": tid, "token": tokens[tid], "webhook_secrets": [webhook_secret()],
+         "inbox_keys": [secrets.token_urlsafe(32)], **cfg}
         for tid, cfg in DEV_TENANTS.items()]
     env = {
         "NOTIFLOW_TENANTS": json.dumps(tenants),

@@ -305,6 +305,10 @@ class TenantConfig(_Frozen):
         except (ZoneInfoNotFoundError, ValueError, OSError) as exc:
             raise ValueError(f"unknown time zone {v!r}") from exc
         return v
+    inbox_keys: tuple[SecretStr, ...] = ()
+    """HS256 keys the tenant's backend signs its users' inbox tokens with (``docs/inbox.md``);
+    every listed key verifies (rotation: add the new one, then drop the old). None: the
+    tenant's users cannot open their inbox."""
     webhook_secrets: tuple[SecretStr, ...] = ()
     """Standard Webhooks signing secrets (``whsec_`` + base64) for the tenant's status
     webhooks; every listed secret signs (rotation: add the new one, then drop the old)."""
@@ -564,6 +568,36 @@ class TeamsSettings(_Frozen):
     windows (100 an hour) answer ``429``, which the message then waits out."""
 
 
+class InboxSettings(_Frozen):
+    """The in-app channel (``docs/inbox.md``): messages to ``inapp:<user id>`` are stored in
+    the user's inbox (Cassandra) by the send flow and pushed live by ``notiflow inbox`` to the
+    user's open apps (WebSocket, or server-sent events), which authenticate with a user token
+    signed by their tenant (``TenantConfig.inbox_keys``)."""
+
+    provider_id: str = "inbox"
+    enabled: bool = True
+    host: str = "127.0.0.1"
+    port: int = Field(18110, ge=1, le=65535)
+    """Where ``notiflow inbox`` listens."""
+    retention: timedelta = timedelta(days=30)
+    """How long an inbox item is kept (Cassandra TTL)."""
+    page_size: int = Field(50, ge=1, le=500)
+    """Items per page of ``GET /v1/inbox`` unless ``limit`` asks for fewer or more."""
+    max_page: int = Field(200, ge=1, le=1000)
+    token_audience: str = "notiflow-inbox"
+    """The ``aud`` every user token must name."""
+    max_token_lifetime: timedelta = timedelta(hours=24)
+    """Longest ``exp - iat`` a user token may have."""
+    token_leeway: timedelta = timedelta(seconds=30)
+    max_connections_per_user: int = Field(10, ge=1, le=1000)
+    """Live connections of one user (a new one beyond closes the oldest)."""
+    send_queue: int = Field(256, ge=1, le=100_000)
+    """Frames waiting for a slow client before its connection is closed (it reconnects and
+    catches up from the inbox)."""
+    heartbeat: timedelta = timedelta(seconds=25)
+    """Ping (WebSocket) or comment (SSE) interval, so proxies keep idle connections."""
+
+
 class ProviderRoute(_Frozen):
     """What the provider router knows about one provider account."""
 
@@ -591,6 +625,7 @@ DEFAULT_ROUTES: tuple[ProviderRoute, ...] = (
                   platforms=frozenset({PushPlatform.IOS})),
     ProviderRoute(provider_id="slack", channel=Channel.CHAT, reliability=0.995),
     ProviderRoute(provider_id="teams", channel=Channel.CHAT, reliability=0.99),
+    ProviderRoute(provider_id="inbox", channel=Channel.INAPP, cost=0.0, reliability=0.999),
 )
 
 
@@ -1213,7 +1248,8 @@ class Settings(BaseSettings):
     provider_rates: dict[str, float] = Field(
         default_factory=lambda: {"twilio": 1000.0, "vonage": 500.0, "sendgrid": 1000.0,
                                  "smtp": 200.0, "ses": 200.0, "fcm": 10_000.0,
-                                 "apns": 10_000.0, "slack": 500.0, "teams": 500.0})
+                                 "apns": 10_000.0, "slack": 500.0, "teams": 500.0,
+                                 "inbox": 5000.0})
     """Contracted requests/s per provider account."""
     tier_shares: dict[Tier, float] = Field(default_factory=lambda: dict(DEFAULT_SHARES))
     p0_emergency_rate: float = Field(0.0, ge=0)
@@ -1244,6 +1280,7 @@ class Settings(BaseSettings):
     apns: ApnsSettings = ApnsSettings()
     slack: SlackSettings = SlackSettings()
     teams: TeamsSettings = TeamsSettings()
+    inbox: InboxSettings = InboxSettings()
     routes: tuple[ProviderRoute, ...] = DEFAULT_ROUTES
     breaker: BreakerRule = BreakerRule()
     """Circuit breakers per provider account (``notiflow.adapters.breaker``)."""
@@ -1459,6 +1496,8 @@ class Settings(BaseSettings):
         for chat in (self.slack, self.teams):
             if chat.enabled and chat.webhook_prefixes:
                 enabled.add(chat.provider_id)
+        if self.inbox.enabled:
+            enabled.add(self.inbox.provider_id)
         return frozenset(enabled)
 
     def webhook_prefixes(self) -> dict[str, tuple[str, ...]]:

@@ -40,6 +40,7 @@ def test_env() -> dict[str, str]:
             "NOTIFLOW_CASSANDRA_KEYSPACE": f"nf_test_{RUN_ID}",
             "NOTIFLOW_STACK_DIR": os.environ.get("NOTIFLOW_STACK_DIR", str(ROOT / ".stack")),
             "NOTIFLOW_FLOW_EPOCH_SECONDS": "1",
+            "NOTIFLOW_INBOX__PORT": str(free_port()),
             "NOTIFLOW_DEFAULT_QUIET_HOURS": '{"start": "00:00", "end": "00:00"}',
         },
     )
@@ -103,6 +104,15 @@ def fakes(stack: Settings, processes: ProcessGroup, log_dir: Path) -> str:
     base = f"http://127.0.0.1:{stack.fakes_port}"
     processes.add(ManagedProcess("fakes", ["fakes"], log_dir)).start().wait_http(
         f"{base}/_admin/health")
+    return base
+
+
+@pytest.fixture(scope="session")
+def inbox(stack: Settings, processes: ProcessGroup, log_dir: Path) -> str:
+    """``notiflow inbox``; returns its base URL."""
+    base = f"http://127.0.0.1:{stack.inbox.port}"
+    processes.add(ManagedProcess("inbox", ["inbox"], log_dir)).start().wait_http(
+        f"{base}/healthz")
     return base
 
 

@@ -66,9 +66,16 @@ def check_sender(settings: Settings, tenant: TenantConfig, req: Addressed) -> No
                             f"channel {req.channel.value} has no configured provider")
 
 
-def check_webhook(settings: Settings, channel: Channel, recipient: object) -> None:
+def check_recipient(settings: Settings, tenant: TenantConfig, channel: Channel,
+                    recipient: object) -> None:
     """422 ``recipient_not_served`` for a chat recipient no enabled chat provider posts to
-    (the platform calls no URL outside its providers' webhook prefixes)."""
+    (the platform calls no URL outside its providers' webhook prefixes); 422
+    ``inbox_not_configured`` for an in-app message of a tenant whose users cannot open their
+    inbox (no ``inbox_keys``)."""
+    if channel is Channel.INAPP and not tenant.inbox_keys:
+        raise unprocessable("inbox_not_configured",
+                            f"tenant {tenant.id} has no inbox_keys: its users could not open "
+                            "their inbox")
     if channel is not Channel.CHAT or not isinstance(recipient, str):
         return
     enabled = settings.enabled_providers()

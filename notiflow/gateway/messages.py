@@ -28,7 +28,12 @@ from notiflow.adapters.envelope import dump, envelope, load
 from notiflow.adapters.kafka_io import DeliveryFailed
 from notiflow.gateway import examples
 from notiflow.gateway.auth import RuntimeDep, Tenant, get_runtime, read_json_object
-from notiflow.gateway.checks import check_lane, check_sender, check_template, check_webhook
+from notiflow.gateway.checks import (
+    check_lane,
+    check_recipient,
+    check_sender,
+    check_template,
+)
 from notiflow.gateway.direct import tenant_of
 from notiflow.gateway.errors import (
     STORE_ERRORS,
@@ -112,10 +117,11 @@ def idempotency_key(value: str | None) -> str | None:
 
 def check_policy(settings: Settings, tenant: TenantConfig, req: SendRequest) -> None:
     """:func:`~notiflow.gateway.checks.check_sender`, then 422 for a chat webhook no provider
-    serves (:func:`~notiflow.gateway.checks.check_webhook`) and for variables over the size
+    serves or an inbox nobody can open (:func:`~notiflow.gateway.checks.check_recipient`) and
+    for variables over the size
     limit."""
     check_sender(settings, tenant, req)
-    check_webhook(settings, req.channel, req.recipient)
+    check_recipient(settings, tenant, req.channel, req.recipient)
     size = len(json.dumps(req.variables, separators=(",", ":")).encode())
     if size > settings.max_variables_bytes:
         raise unprocessable("variables_too_large",
@@ -278,6 +284,7 @@ SEND_REFUSALS: Final = tenant_errors(
     r409="`idempotency_conflict` / `request_mismatch`: the key was used with another body.",
     r422="Not stated by the schema: `channel_unavailable` (no provider configured), "
          "`recipient_not_served` (a CHAT webhook URL no chat provider posts to), "
+         "`inbox_not_configured` (INAPP for a tenant without `inbox_keys`), "
          "`variables_too_large`, `expired` (`expires_at` not in the future), "
          "`scheduled_too_far` (beyond 30 days), `unknown_template` (no such version of this "
          "channel for the tenant), `missing_template_variable` (with `variables`), "

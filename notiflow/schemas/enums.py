@@ -9,6 +9,8 @@ class Channel(StrEnum):
     PUSH = "PUSH"
     CHAT = "CHAT"
     """A team chat's incoming webhook (Slack, Microsoft Teams); the recipient is its URL."""
+    INAPP = "INAPP"
+    """A user's in-app inbox (``inapp:<user id>``), pushed live to the user's open apps."""
 
 
 class Tier(StrEnum):

@@ -16,6 +16,8 @@ FCM_TOKEN_PATTERN: Final = r"^[A-Za-z0-9_:\-]{32,4096}$"
 TEMPLATE_ID_PATTERN: Final = r"^[a-z0-9][a-z0-9._-]{0,127}$"
 VARIABLE_NAME_PATTERN: Final = r"^[A-Za-z_][A-Za-z0-9_]{0,63}$"
 SHORT_CODE_PATTERN: Final = r"^[0-9]{3,8}$"
+INAPP_PATTERN: Final = r"^inapp:[A-Za-z0-9._@+:-]{1,128}$"
+"""An in-app recipient: ``inapp:`` and the tenant's id of the user (1-128 characters)."""
 ALPHANUMERIC_SENDER_PATTERN: Final = r"^[A-Za-z0-9 ]*[A-Za-z][A-Za-z0-9 ]*$"
 """An alphanumeric SMS sender id: letters, digits and spaces, at least one letter (at most
 11 characters, ``maxLength``)."""
@@ -60,6 +62,11 @@ HTTP_URL: Final[dict[str, Any]] = {
                    "that is promised to be accepted).",
     "examples": ["https://hooks.example.com/notiflow"]}
 
+INAPP: Final[dict[str, Any]] = {
+    "type": "string", "pattern": INAPP_PATTERN,
+    "description": "`inapp:` and the tenant's own id of the user whose inbox gets the message "
+                   "(letters, digits and `._@+:-`, 1-128 characters).",
+    "examples": ["inapp:user-42"]}
 WEBHOOK_URL: Final[dict[str, Any]] = {
     "type": "string", "maxLength": 2048, "pattern": WEBHOOK_URL_PATTERN,
     "description": "A Slack or Microsoft Teams incoming-webhook URL under one of the "
@@ -166,7 +173,8 @@ def send_request_rules(schema: dict[str, Any]) -> None:
     push = next(s for s in props["recipient"]["anyOf"] if "$ref" in s)
     props["recipient"] = {"description": "Per channel: an E.164 number (SMS), an email "
                                          "address (EMAIL), {device_token, platform} (PUSH), "
-                                         "an incoming-webhook URL (CHAT).",
+                                         "an incoming-webhook URL (CHAT), "
+                                         "inapp:<user id> (INAPP).",
                           "anyOf": [{"type": "string"}, push]}
     props["variables"].update({
         "maxProperties": 64, "propertyNames": {"pattern": VARIABLE_NAME_PATTERN},
@@ -190,6 +198,8 @@ def send_request_rules(schema: dict[str, Any]) -> None:
             {"properties": {"channel": {"const": "PUSH"}, "recipient": push,
                             "sender": {"type": "null"}}},
             {"properties": {"channel": {"const": "CHAT"}, "recipient": WEBHOOK_URL,
+                            "sender": {"type": "null"}}},
+            {"properties": {"channel": {"const": "INAPP"}, "recipient": INAPP,
                             "sender": {"type": "null"}}},
         ]},
         {"anyOf": [

@@ -33,6 +33,7 @@ from notiflow.schemas.formats import (
     APNS_TOKEN_PATTERN,
     E164_PATTERN,
     FCM_TOKEN_PATTERN,
+    INAPP_PATTERN,
     SHORT_CODE_PATTERN,
     TEMPLATE_ID_PATTERN,
     VARIABLE_NAME_PATTERN,
@@ -50,6 +51,7 @@ _APNS_TOKEN = re.compile(APNS_TOKEN_PATTERN)
 _FCM_TOKEN = re.compile(FCM_TOKEN_PATTERN)
 _E164 = re.compile(E164_PATTERN)
 _SHORT_CODE = re.compile(SHORT_CODE_PATTERN)
+_INAPP = re.compile(INAPP_PATTERN)
 _ALPHANUMERIC_SENDER = re.compile(ALPHANUMERIC_SENDER_PATTERN)
 MAX_ALPHANUMERIC_SENDER = 11
 
@@ -91,6 +93,18 @@ def _email(value: str) -> str:
 def _webhook(value: str) -> str:
     webhook_url(value)
     return value
+
+
+def _inapp(value: str) -> str:
+    if not _INAPP.fullmatch(value):
+        raise ValueError("an INAPP recipient is inapp:<user id> (letters, digits and ._@+:-, "
+                         "1-128 characters)")
+    return value
+
+
+def inapp_user(recipient: str) -> str:
+    """The user id of an ``inapp:<user id>`` recipient."""
+    return recipient.removeprefix("inapp:")
 
 
 def sender_for(channel: Channel | None, value: str | None) -> str | None:
@@ -194,7 +208,7 @@ class SendRequest(Wire):
                 raise ValueError("PUSH recipient must be {device_token, platform}")
             return r
         if isinstance(r, PushRecipient):
-            raise ValueError(f"{channel.value if channel else 'SMS/EMAIL/CHAT'} recipient "
+            raise ValueError(f"{channel.value if channel else 'SMS/EMAIL/CHAT/INAPP'} recipient "
                              "must be a string")
         if channel is Channel.SMS:
             return _e164(r)
@@ -202,6 +216,8 @@ class SendRequest(Wire):
             return _email(r)
         if channel is Channel.CHAT:
             return _webhook(r)
+        if channel is Channel.INAPP:
+            return _inapp(r)
         return r
 
     @model_validator(mode="after")

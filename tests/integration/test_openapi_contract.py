@@ -34,6 +34,7 @@ MAX_EXAMPLES = 40
 TEMPLATES = [
     ("contract-sms", "SMS", "hello"), ("contract-email", "EMAIL", "hello"),
     ("contract-push", "PUSH", "hello"), ("contract-chat", "CHAT", "hello"),
+    ("contract-inapp", "INAPP", "hello"),
     ("otp", "SMS", "Your code is {{ code }}"),
     ("weekly-digest", "EMAIL", "Hi {{ name }}"), ("order-shipped", "PUSH", "{{ order }}"),
     ("winter", "SMS", "Hi {{ name }}"),
@@ -47,7 +48,7 @@ STATE_RULES = frozenset({
     "template_syntax_error", "invalid_schedule", "invalid_device_token", "rate_too_high",
     "quota_too_large", "window_too_long", "window_over", "manifest_unreadable", "not_a_dsn",
     "uncorrelated_dsn", "unknown_callback", "unknown_receipt", "invalid_batch",
-    "recipient_not_served",
+    "recipient_not_served", "inbox_not_configured",
 })
 """The 422/400 reasons the document lists as rules the schema does not state."""
 NOT_STATED = ("scheduled_at must be before expires_at", "ends_at must be after starts_at",

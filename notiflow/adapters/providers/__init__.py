@@ -16,6 +16,7 @@ from typing import Final
 from notiflow.adapters.providers import (
     apns,
     fcm,
+    inbox,
     sendgrid,
     ses,
     slack,
@@ -29,7 +30,7 @@ from notiflow.settings import Settings
 
 PROVIDERS: Final[Mapping[str, ProviderSpec]] = {spec.name: spec for spec in (
     twilio.SPEC, vonage.SPEC, sendgrid.SPEC, ses.SPEC, smtp.SPEC, fcm.SPEC, apns.SPEC,
-    slack.SPEC, teams.SPEC)}
+    slack.SPEC, teams.SPEC, inbox.SPEC)}
 """Settings section (= provider package) → its spec."""
 
 

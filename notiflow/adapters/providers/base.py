@@ -45,6 +45,9 @@ class OutboundMessage:
     sender: str | None = None
     """Who the message comes from (an SMS number or id, an email address); None: the
     account's configured sender."""
+    accepted_at: datetime | None = None
+    """When the platform accepted the message (an inbox item's time)."""
+    category: str | None = None
 
     @property
     def idempotency_key(self) -> str:

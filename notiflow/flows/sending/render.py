@@ -48,7 +48,8 @@ def rendered(w: Work, template: dict[str, Any] | None,
         return RenderFailure(str(exc))
     return OutboundMessage(message_id=w.message_id, attempt=r.attempt, tenant_id=r.tenant_id,
                            channel=r.channel, tier=r.tier, recipient=r.recipient, body=body,
-                           subject=subject, sender=r.sender)
+                           subject=subject, sender=r.sender, accepted_at=w.accepted_at,
+                           category=r.category.value)
 
 
 def escaping(ctx: SendContext, w: Work) -> Callable[[str], str] | None:

@@ -1,0 +1,337 @@
+"""``notiflow inbox``: a user's in-app inbox over HTTP, live over WebSocket or server-sent
+events (``docs/inbox.md``).
+
+Every route takes a user token (``inbox/tokens.py``) as ``Authorization: Bearer`` or, where a
+browser cannot set headers (WebSocket, ``EventSource``), as ``?access_token=``:
+
+- ``GET /v1/inbox?limit=&cursor=&include_archived=``: the user's items, newest first, and
+  ``next_cursor`` while there are older ones.
+- ``POST /v1/inbox/{message_id}/state`` ``{"state": "seen" | "read" | "archived"}``: moves the
+  item forward (never back; the answer is the item as it then is). The user's other live
+  connections get a ``state`` event; a first ``seen`` reports the message DELIVERED and a
+  first ``read`` OPENED (receipts to ``notify.receipts``).
+- ``GET /v1/inbox/ws``: a WebSocket; the server sends ``item`` and ``state`` events, the
+  client may send ``{"type": "mark", "id", "state"}``. ``?since=<cursor>`` first replays the
+  items after it.
+- ``GET /v1/inbox/events``: the same events as ``text/event-stream`` (each ``id`` a cursor,
+  so ``Last-Event-ID`` replays what a reconnecting client missed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from typing import Any, Final
+
+import orjson
+import uvloop
+from aiohttp import WSMsgType, web
+from redis.exceptions import RedisError
+
+from notiflow.adapters.cassandra_store import connect
+from notiflow.adapters.inbox_store import (
+    Cursor,
+    InboxFeed,
+    InboxItem,
+    InboxStore,
+    channel_key,
+    channel_pattern,
+)
+from notiflow.adapters.kafka_io import AsyncProducer, OutRecord, make_headers
+from notiflow.inbox.hub import Connection, Hub, listen
+from notiflow.inbox.states import InboxState
+from notiflow.inbox.tokens import TokenRefused, User, verify
+from notiflow.schemas.enums import Status
+from notiflow.schemas.messages import Receipt
+from notiflow.settings import Settings
+
+log = logging.getLogger(__name__)
+
+RECEIPT_OF: Final = {InboxState.SEEN: Status.DELIVERED, InboxState.READ: Status.OPENED}
+"""The receipt a first move into a state reports."""
+REPLAY_LIMIT: Final = 200
+SETTINGS: Final = web.AppKey("settings", Settings)
+SERVER: Final = web.AppKey("server", object)
+
+
+def _json(status: int, doc: Any, headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(status=status, body=orjson.dumps(doc),
+                        content_type="application/json", headers=headers)
+
+
+def refusal(status: int, error: str, reason: str) -> web.HTTPException:
+    body = orjson.dumps({"error": error, "reason": reason})
+    kinds: dict[int, type[web.HTTPException]] = {
+        400: web.HTTPBadRequest, 401: web.HTTPUnauthorized, 404: web.HTTPNotFound,
+        422: web.HTTPUnprocessableEntity}
+    return kinds[status](body=body, content_type="application/json")
+
+
+class InboxServer:
+    """The routes and what they share: the store, the feed, the hub, the receipts producer."""
+
+    def __init__(self, settings: Settings, store: InboxStore, feed: InboxFeed,
+                 producer: AsyncProducer | None) -> None:
+        self.settings = settings
+        self.store = store
+        self.feed = feed
+        self.producer = producer
+        self.hub = Hub(settings.inbox.max_connections_per_user)
+
+    def routes(self) -> list[web.RouteDef]:
+        return [web.get("/healthz", self.health), web.get("/v1/inbox", self.list_items),
+                web.post("/v1/inbox/{message_id}/state", self.set_state),
+                web.get("/v1/inbox/ws", self.websocket),
+                web.get("/v1/inbox/events", self.events)]
+
+    def user(self, request: web.Request) -> User:
+        auth = request.headers.get("Authorization", "")
+        token = auth.removeprefix("Bearer ").strip() if auth.startswith("Bearer ") \
+            else request.query.get("access_token", "")
+        if not token:
+            raise refusal(401, "unauthorized", "missing_token")
+        try:
+            return verify(token, self.settings)
+        except TokenRefused as exc:
+            raise refusal(401, "unauthorized", exc.reason) from None
+
+    async def health(self, _request: web.Request) -> web.Response:
+        return _json(200, {"status": "ok", "connections": self.hub.connections})
+
+    async def list_items(self, request: web.Request) -> web.Response:
+        user = self.user(request)
+        inbox = self.settings.inbox
+        try:
+            limit = int(request.query.get("limit", inbox.page_size))
+            before = Cursor.parse(request.query["cursor"]) if "cursor" in request.query \
+                else None
+        except ValueError:
+            raise refusal(400, "bad_request", "invalid_paging") from None
+        if not 1 <= limit <= inbox.max_page:
+            raise refusal(400, "bad_request", "invalid_paging")
+        archived = request.query.get("include_archived", "false").lower() == "true"
+        items: list[InboxItem] = []
+        more = True
+        for _ in range(5):
+            page = await self.store.page(user.tenant_id, user.user_id, before, limit + 1)
+            more = len(page) > limit
+            page = page[:limit] if more else page
+            if page:
+                before = page[-1].cursor
+            items.extend(i for i in page if archived or i.state is not InboxState.ARCHIVED)
+            if len(items) >= limit or not more:
+                break
+        items = items[:limit]
+        next_cursor = items[-1].cursor.text() if items and more else None
+        return _json(200, {"items": [i.view() for i in items], "next_cursor": next_cursor})
+
+    async def set_state(self, request: web.Request) -> web.Response:
+        user = self.user(request)
+        try:
+            doc = orjson.loads(await request.read())
+            state = InboxState(doc["state"]) if isinstance(doc, dict) else None
+        except (orjson.JSONDecodeError, KeyError, ValueError):
+            state = None
+        if state is None or state is InboxState.NEW:
+            raise refusal(422, "validation_failed", "invalid_state")
+        item = await self.mark(user, request.match_info["message_id"], state)
+        if item is None:
+            raise refusal(404, "not_found", "unknown_item")
+        return _json(200, item.view())
+
+    async def mark(self, user: User, message_id: str, state: InboxState) -> InboxItem | None:
+        """Move an item forward; tell the user's other connections and report receipts."""
+        before = await self.store.get(user.tenant_id, user.user_id, message_id)
+        if before is None:
+            return None
+        after = await self.store.mark(user.tenant_id, user.user_id, message_id, state,
+                                      datetime.now(UTC))
+        if after is None or after.state is before.state:
+            return after
+        with contextlib.suppress(RedisError, OSError):
+            await self.feed.publish(user.tenant_id, user.user_id, {
+                "type": "state", "id": message_id, "state": after.state.value})
+        await self.receipts(before, after)
+        return after
+
+    async def receipts(self, before: InboxItem, after: InboxItem) -> None:
+        if self.producer is None:
+            return
+        for state, status in RECEIPT_OF.items():
+            column = {InboxState.SEEN: "seen_at", InboxState.READ: "read_at"}[state]
+            at = after.times()[column]
+            if before.times()[column] is not None or at is None:
+                continue
+            receipt = Receipt(provider_id=self.settings.inbox.provider_id,
+                              provider_event_id=f"{after.message_id}:{state.value}",
+                              provider_message_id=after.message_id, status=status,
+                              occurred_at=at, raw_status=state.value,
+                              message_id=after.message_id, attempt=after.attempt)
+            await self.producer.produce(OutRecord(
+                self.settings.receipts_topic, after.message_id.encode(),
+                receipt.model_dump_json(exclude_none=True).encode(),
+                make_headers(after.message_id, after.tenant_id, after.tier)))
+
+    async def replay(self, user: User, since: str | None, conn: Connection) -> None:
+        """Queue the items after ``since`` (a cursor), then a ``gap`` event when there were
+        more than :data:`REPLAY_LIMIT` (the client pages for the rest)."""
+        if not since:
+            return
+        try:
+            after = Cursor.parse(since)
+        except ValueError:
+            raise refusal(400, "bad_request", "invalid_cursor") from None
+        items, gap = await self.store.since(user.tenant_id, user.user_id, after, REPLAY_LIMIT)
+        for item in items:
+            conn.offer(orjson.dumps({"type": "item", "item": item.view()}))
+        if gap:
+            conn.offer(orjson.dumps({"type": "gap"}))
+
+    async def websocket(self, request: web.Request) -> web.StreamResponse:
+        user = self.user(request)
+        ws = web.WebSocketResponse(heartbeat=self.settings.inbox.heartbeat.total_seconds(),
+                                   max_msg_size=64 * 1024)
+        await ws.prepare(request)
+        conn = Connection(channel_key(self.settings.topic_prefix, user.tenant_id, user.user_id),
+                          self.settings.inbox.send_queue,
+                          lambda frame: ws.send_str(frame.decode()))
+        self.hub.join(conn)
+        pump = asyncio.create_task(conn.pump())
+        try:
+            await self.replay(user, request.query.get("since"), conn)
+            async for msg in ws:
+                if conn.closed.is_set():
+                    break
+                if msg.type is WSMsgType.TEXT:
+                    await self.on_client_frame(user, conn, msg.data)
+        finally:
+            self.hub.leave(conn)
+            conn.close()
+            pump.cancel()
+            with contextlib.suppress(asyncio.CancelledError, ConnectionError):
+                await pump
+            await ws.close()
+        return ws
+
+    async def on_client_frame(self, user: User, conn: Connection, text: str) -> None:
+        try:
+            doc = orjson.loads(text)
+            if not isinstance(doc, dict) or doc.get("type") != "mark":
+                raise ValueError("unknown frame")
+            state = InboxState(doc["state"])
+            item = await self.mark(user, str(doc["id"]), state)
+        except (orjson.JSONDecodeError, KeyError, ValueError):
+            conn.offer(orjson.dumps({"type": "error", "reason": "invalid_frame"}))
+            return
+        if item is None:
+            conn.offer(orjson.dumps({"type": "error", "reason": "unknown_item",
+                                     "id": str(doc["id"])}))
+        else:
+            conn.offer(orjson.dumps({"type": "state", "id": item.message_id,
+                                     "state": item.state.value}))
+
+    async def events(self, request: web.Request) -> web.StreamResponse:
+        user = self.user(request)
+        response = web.StreamResponse(headers={
+            "Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+            "X-Accel-Buffering": "no"})
+        await response.prepare(request)
+
+        async def write(frame: bytes) -> None:
+            await response.write(sse(frame))
+
+        conn = Connection(channel_key(self.settings.topic_prefix, user.tenant_id, user.user_id),
+                          self.settings.inbox.send_queue, write)
+        self.hub.join(conn)
+        since = request.headers.get("Last-Event-ID") or request.query.get("since")
+        beat = self.settings.inbox.heartbeat.total_seconds()
+        pump = asyncio.create_task(conn.pump())
+        try:
+            await response.write(b": connected\n\n")
+            await self.replay(user, since, conn)
+            while not pump.done():
+                await asyncio.wait([pump], timeout=beat)
+                if not pump.done():
+                    await response.write(b": ping\n\n")
+        except ConnectionError:
+            pass
+        finally:
+            self.hub.leave(conn)
+            conn.close()
+            pump.cancel()
+            with contextlib.suppress(asyncio.CancelledError, ConnectionError):
+                await pump
+        return response
+
+
+def sse(frame: bytes) -> bytes:
+    """One event of ``text/event-stream``: the event's type, its cursor as ``id`` (items),
+    and the JSON as ``data``."""
+    doc = orjson.loads(frame)
+    head = f"event: {doc.get('type', 'message')}\n"
+    if doc.get("type") == "item":
+        head = f"id: {doc['item']['cursor']}\n" + head
+    return head.encode() + b"data: " + frame + b"\n\n"
+
+
+async def build(settings: Settings) -> tuple[web.Application, InboxServer]:
+    """The application with its store, feed, receipts producer and subscription (opened
+    here, closed with the app)."""
+    cluster, session = await asyncio.to_thread(connect, settings)
+    feed = InboxFeed.open(settings)
+    server = InboxServer(settings, InboxStore(session, settings), feed, AsyncProducer(settings))
+    app = web.Application(client_max_size=64 * 1024)
+    app[SETTINGS] = settings
+    app[SERVER] = server
+    app.add_routes(server.routes())
+
+    async def lifecycle(_app: web.Application) -> AsyncIterator[None]:
+        pubsub = feed.r.pubsub(ignore_subscribe_messages=True)
+        task = asyncio.create_task(listen(pubsub, channel_pattern(settings.topic_prefix),
+                                          server.hub))
+        yield
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await pubsub.aclose()
+        await feed.aclose()
+        if server.producer is not None:
+            server.producer.close()
+        await asyncio.to_thread(cluster.shutdown)
+
+    app.cleanup_ctx.append(lifecycle)
+    return app, server
+
+
+async def run(settings: Settings, stop: asyncio.Event) -> None:
+    app, _server = await build(settings)
+    runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=2.0)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, settings.inbox.host, settings.inbox.port, backlog=4096,
+                           reuse_address=True)
+        await site.start()
+        log.info("inbox listening on http://%s:%d", settings.inbox.host, settings.inbox.port)
+        await stop.wait()
+    finally:
+        await runner.cleanup()
+
+
+def serve(settings: Settings) -> None:
+    """Run until SIGTERM or SIGINT."""
+    logging.basicConfig(level=logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await run(settings, stop)
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(main())
