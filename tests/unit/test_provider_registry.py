@@ -45,7 +45,7 @@ def _settings(**kw: object) -> Settings:
 
 def test_every_settings_section_has_an_opener() -> None:
     assert set(OPENERS) == {"twilio", "vonage", "sendgrid", "ses", "smtp", "fcm", "apns",
-                            "slack", "teams"}
+                            "slack", "teams", "inbox"}
     assert provider_kinds(Settings()) == {k: k for k in OPENERS}
 
 
