@@ -377,6 +377,24 @@ GC_PAUSE = Metric(
 """Histogram s: one collection of generation 1 or 2, or of generation 0 when it took over
 5 ms (younger ones are too many and too short to record); attributes generation."""
 
+# --- in-app inbox (notiflow inbox) -------------------------------------------------------------
+
+INBOX_CONNECTIONS = Metric(
+    "notiflow.inbox.connections", G, "{connection}", ("transport",),
+    "live inbox connections of this notiflow inbox process")
+"""Gauge {connection}: WebSocket and event-stream connections open in this process (transport
+ws or sse); attributes transport."""
+INBOX_FRAMES = Metric(
+    "notiflow.inbox.frames", C, "{frame}", ("process",),
+    "inbox events handed to live connections")
+"""Counter {frame}: events from Redis queued for a live connection (process: inbox);
+attributes process."""
+INBOX_OVERFLOWS = Metric(
+    "notiflow.inbox.overflows", C, "{connection}", ("process",),
+    "inbox connections closed for falling send_queue frames behind")
+"""Counter {connection}: connections closed because the client fell ``send_queue`` frames
+behind, to catch up on reconnect (process: inbox); attributes process."""
+
 # --- dead letters and client webhooks ---------------------------------------------------------
 
 DLQ_DEPTH = Metric(

@@ -27,8 +27,9 @@ class Connection:
     """One live client: frames queued by the hub, written by :meth:`pump`."""
 
     def __init__(self, channel: str, queue_size: int,
-                 write: Callable[[bytes], Awaitable[None]]) -> None:
+                 write: Callable[[bytes], Awaitable[None]], transport: str = "ws") -> None:
         self.channel = channel
+        self.transport = transport
         self.queue: asyncio.Queue[bytes | None] = asyncio.Queue(queue_size)
         self.closed = asyncio.Event()
         self.overflowed = False
@@ -60,12 +61,14 @@ class Connection:
 
 
 class Hub:
-    """Connections by inbox channel."""
+    """Connections by inbox channel; ``delivered`` counts frames queued, ``overflowed`` the
+    connections closed for falling behind."""
 
     def __init__(self, max_per_user: int) -> None:
         self.max_per_user = max_per_user
         self.by_channel: defaultdict[str, list[Connection]] = defaultdict(list)
         self.delivered = 0
+        self.overflowed = 0
 
     def join(self, conn: Connection) -> None:
         conns = self.by_channel[conn.channel]
@@ -74,6 +77,7 @@ class Hub:
             conns.pop(0).close()
 
     def leave(self, conn: Connection) -> None:
+        self.overflowed += conn.overflowed
         conns = self.by_channel.get(conn.channel)
         if conns is None:
             return
@@ -85,6 +89,13 @@ class Hub:
     @property
     def connections(self) -> int:
         return sum(len(c) for c in self.by_channel.values())
+
+    def by_transport(self) -> dict[str, int]:
+        counts: dict[str, int] = {"ws": 0, "sse": 0}
+        for conns in self.by_channel.values():
+            for c in conns:
+                counts[c.transport] = counts.get(c.transport, 0) + 1
+        return counts
 
     def dispatch(self, channel: str, frame: bytes) -> int:
         """Hand ``frame`` to every connection of ``channel``; how many got it."""

@@ -23,15 +23,17 @@ import asyncio
 import contextlib
 import logging
 import signal
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from datetime import UTC, datetime
 from typing import Any, Final
 
 import orjson
 import uvloop
 from aiohttp import WSMsgType, web
+from opentelemetry.metrics import CallbackOptions, Observation
 from redis.exceptions import RedisError
 
+from notiflow import names, telemetry
 from notiflow.adapters.cassandra_store import connect
 from notiflow.adapters.inbox_store import (
     Cursor,
@@ -81,6 +83,22 @@ class InboxServer:
         self.feed = feed
         self.producer = producer
         self.hub = Hub(settings.inbox.max_connections_per_user)
+        meter = telemetry.meter()
+        names.INBOX_CONNECTIONS.create(meter, callbacks=[self._observe])
+        self._frames = names.INBOX_FRAMES.create(meter)
+        self._overflows = names.INBOX_OVERFLOWS.create(meter)
+        self._counted = (0, 0)
+
+    def _observe(self, _options: CallbackOptions) -> Iterable[Observation]:
+        """The connections gauge, and the hub's frames and overflows since the last
+        collection added to their counters (the hub itself knows nothing of telemetry)."""
+        hub = self.hub
+        frames, overflows = self._counted
+        self._frames.add(hub.delivered - frames, {"process": "inbox"})
+        self._overflows.add(hub.overflowed - overflows, {"process": "inbox"})
+        self._counted = (hub.delivered, hub.overflowed)
+        for transport, n in hub.by_transport().items():
+            yield Observation(n, {"transport": transport})
 
     def routes(self) -> list[web.RouteDef]:
         return [web.get("/healthz", self.health), web.get("/v1/inbox", self.list_items),
@@ -245,7 +263,7 @@ class InboxServer:
             await response.write(sse(frame))
 
         conn = Connection(channel_key(self.settings.topic_prefix, user.tenant_id, user.user_id),
-                          self.settings.inbox.send_queue, write)
+                          self.settings.inbox.send_queue, write, "sse")
         self.hub.join(conn)
         since = request.headers.get("Last-Event-ID") or request.query.get("since")
         beat = self.settings.inbox.heartbeat.total_seconds()
@@ -323,8 +341,7 @@ async def run(settings: Settings, stop: asyncio.Event) -> None:
 
 def serve(settings: Settings) -> None:
     """Run until SIGTERM or SIGINT."""
-    logging.basicConfig(level=logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    telemetry.setup(settings, "inbox")
 
     async def main() -> None:
         stop = asyncio.Event()
