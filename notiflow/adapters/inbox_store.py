@@ -184,22 +184,22 @@ class InboxStore:
         return [self._item(r) for r in reversed(rows[:limit])], gap
 
     async def mark(self, tenant_id: str, user_id: str, message_id: str, target: InboxState,
-                   now: datetime) -> InboxItem | None:
-        """Move the item forward to ``target`` (never back); the item after it, or None when
-        the user has no such item."""
+                   now: datetime) -> tuple[InboxItem, InboxItem] | None:
+        """Move the item forward to ``target`` (never back): the item before and after, or
+        None when the user has no such item."""
         item = await self.get(tenant_id, user_id, message_id)
         if item is None:
             return None
         columns = marks(target, item.times(), millis(now))
         if not columns:
-            return item
+            return item, item
         names = sorted(columns)
         await self._run(self._marks[frozenset(names)], (
             self._ttl(item.created_at, now), *(columns[c] for c in names), tenant_id, user_id,
             item.created_at, message_id))
-        return replace(item, seen_at=columns.get("seen_at", item.seen_at),
-                       read_at=columns.get("read_at", item.read_at),
-                       archived_at=columns.get("archived_at", item.archived_at))
+        return item, replace(item, seen_at=columns.get("seen_at", item.seen_at),
+                             read_at=columns.get("read_at", item.read_at),
+                             archived_at=columns.get("archived_at", item.archived_at))
 
 
 def channel_key(namespace: str, tenant_id: str, user_id: str) -> str:

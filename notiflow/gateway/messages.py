@@ -118,8 +118,7 @@ def idempotency_key(value: str | None) -> str | None:
 def check_policy(settings: Settings, tenant: TenantConfig, req: SendRequest) -> None:
     """:func:`~notiflow.gateway.checks.check_sender`, then 422 for a chat webhook no provider
     serves or an inbox nobody can open (:func:`~notiflow.gateway.checks.check_recipient`) and
-    for variables over the size
-    limit."""
+    for variables over the size limit."""
     check_sender(settings, tenant, req)
     check_recipient(settings, tenant, req.channel, req.recipient)
     size = len(json.dumps(req.variables, separators=(",", ":")).encode())

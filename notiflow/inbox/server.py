@@ -163,12 +163,12 @@ class InboxServer:
 
     async def mark(self, user: User, message_id: str, state: InboxState) -> InboxItem | None:
         """Move an item forward; tell the user's other connections and report receipts."""
-        before = await self.store.get(user.tenant_id, user.user_id, message_id)
-        if before is None:
-            return None
-        after = await self.store.mark(user.tenant_id, user.user_id, message_id, state,
+        moved = await self.store.mark(user.tenant_id, user.user_id, message_id, state,
                                       datetime.now(UTC))
-        if after is None or after.state is before.state:
+        if moved is None:
+            return None
+        before, after = moved
+        if after.state is before.state:
             return after
         with contextlib.suppress(RedisError, OSError):
             await self.feed.publish(user.tenant_id, user.user_id, {
@@ -194,15 +194,21 @@ class InboxServer:
                 receipt.model_dump_json(exclude_none=True).encode(),
                 make_headers(after.message_id, after.tenant_id, after.tier)))
 
-    async def replay(self, user: User, since: str | None, conn: Connection) -> None:
-        """Queue the items after ``since`` (a cursor), then a ``gap`` event when there were
-        more than :data:`REPLAY_LIMIT` (the client pages for the rest)."""
-        if not since:
-            return
+    @staticmethod
+    def since(value: str | None) -> Cursor | None:
+        """The cursor a client resumes from; 400 ``invalid_cursor`` (before any upgrade)."""
+        if not value:
+            return None
         try:
-            after = Cursor.parse(since)
+            return Cursor.parse(value)
         except ValueError:
             raise refusal(400, "bad_request", "invalid_cursor") from None
+
+    async def replay(self, user: User, after: Cursor | None, conn: Connection) -> None:
+        """Queue the items after ``after``, then a ``gap`` event when there were more than
+        :data:`REPLAY_LIMIT` (the client pages for the rest)."""
+        if after is None:
+            return
         items, gap = await self.store.since(user.tenant_id, user.user_id, after, REPLAY_LIMIT)
         for item in items:
             conn.offer(orjson.dumps({"type": "item", "item": item.view()}))
@@ -211,6 +217,7 @@ class InboxServer:
 
     async def websocket(self, request: web.Request) -> web.StreamResponse:
         user = self.user(request)
+        after = self.since(request.query.get("since"))
         ws = web.WebSocketResponse(heartbeat=self.settings.inbox.heartbeat.total_seconds(),
                                    max_msg_size=64 * 1024)
         await ws.prepare(request)
@@ -219,19 +226,19 @@ class InboxServer:
                           lambda frame: ws.send_str(frame.decode()))
         self.hub.join(conn)
         pump = asyncio.create_task(conn.pump())
+        closer = asyncio.create_task(_close_when_done(conn, ws))
         try:
-            await self.replay(user, request.query.get("since"), conn)
+            await self.replay(user, after, conn)
             async for msg in ws:
-                if conn.closed.is_set():
-                    break
                 if msg.type is WSMsgType.TEXT:
                     await self.on_client_frame(user, conn, msg.data)
         finally:
             self.hub.leave(conn)
             conn.close()
-            pump.cancel()
-            with contextlib.suppress(asyncio.CancelledError, ConnectionError):
-                await pump
+            for task in (pump, closer):
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, ConnectionError):
+                    await task
             await ws.close()
         return ws
 
@@ -254,6 +261,7 @@ class InboxServer:
 
     async def events(self, request: web.Request) -> web.StreamResponse:
         user = self.user(request)
+        after = self.since(request.headers.get("Last-Event-ID") or request.query.get("since"))
         response = web.StreamResponse(headers={
             "Content-Type": "text/event-stream", "Cache-Control": "no-cache",
             "X-Accel-Buffering": "no"})
@@ -265,12 +273,11 @@ class InboxServer:
         conn = Connection(channel_key(self.settings.topic_prefix, user.tenant_id, user.user_id),
                           self.settings.inbox.send_queue, write, "sse")
         self.hub.join(conn)
-        since = request.headers.get("Last-Event-ID") or request.query.get("since")
         beat = self.settings.inbox.heartbeat.total_seconds()
         pump = asyncio.create_task(conn.pump())
         try:
             await response.write(b": connected\n\n")
-            await self.replay(user, since, conn)
+            await self.replay(user, after, conn)
             while not pump.done():
                 await asyncio.wait([pump], timeout=beat)
                 if not pump.done():
@@ -284,6 +291,14 @@ class InboxServer:
             with contextlib.suppress(asyncio.CancelledError, ConnectionError):
                 await pump
         return response
+
+
+async def _close_when_done(conn: Connection, ws: web.WebSocketResponse) -> None:
+    """Close the socket once the hub closed its connection (a newer device over the limit,
+    or a client too far behind): the client reconnects and catches up."""
+    await conn.closed.wait()
+    await ws.close(code=4000 if conn.overflowed else 4001,
+                   message=b"behind" if conn.overflowed else b"replaced")
 
 
 def sse(frame: bytes) -> bytes:

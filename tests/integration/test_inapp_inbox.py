@@ -223,3 +223,21 @@ async def test_only_a_token_its_tenant_signed_opens_an_inbox(
     globex = httpx.get(f"{inbox}/v1/inbox", headers={
         "Authorization": f"Bearer {token(settings, user, tenant='globex')}"}).json()
     assert globex["items"] == []
+
+
+async def test_a_users_connection_beyond_the_limit_closes_the_oldest(
+        inbox: str, settings: Settings) -> None:
+    user = f"user-{uuid.uuid4().hex[:8]}"
+    url = f"{inbox}/v1/inbox/ws"
+    limit = settings.inbox.max_connections_per_user
+    async with aiohttp.ClientSession() as http:
+        sockets = [await http.ws_connect(url, params={"access_token": token(settings, user)})
+                   for _ in range(limit + 1)]
+        closing = await asyncio.wait_for(sockets[0].receive(), 10)
+        assert (closing.type, closing.data) == (aiohttp.WSMsgType.CLOSE, 4001)
+        assert not sockets[-1].closed
+        bad = await http.get(url, params={"access_token": token(settings, user),
+                                          "since": "nope"})
+        assert (bad.status, (await bad.json())["reason"]) == (400, "invalid_cursor")
+        for ws in sockets:
+            await ws.close()
