@@ -2,7 +2,7 @@
 
 Recipe (``build_send_flow``)::
 
-    ingest.{sms,email,push}.{tier}        Kafka, offsets in Bytewax recovery; one consumer per
+    ingest.{channel}.{tier}               Kafka, offsets in Bytewax recovery; one consumer per
                                           worker, waiting up to poll_wait for a record; a
                                           channel whose dispatcher is full pauses its own
                                           partitions

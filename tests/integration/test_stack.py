@@ -8,6 +8,7 @@ from cassandra.cluster import Session
 from notiflow.ops.migrate import Migration, MigrationError, apply, available
 from notiflow.ops.stack import Stack
 from notiflow.ops.topics import delete_topics, ensure_topics, topic_specs
+from notiflow.schemas.enums import Channel
 from notiflow.settings import Settings
 from tests.helpers import read_topic
 
@@ -51,7 +52,7 @@ def test_every_design_topic_exists(stack: Settings) -> None:
 
     md = AdminClient({"bootstrap.servers": stack.kafka_bootstrap}).list_topics(timeout=10)
     names = {s.name for s in topic_specs(stack)}
-    assert len(names) == 12 + 1 + 4 + 6
+    assert len(names) == 4 * len(Channel) + 1 + 4 + 6
     assert names <= set(md.topics)
     assert len(md.topics[stack.ingest_topic("SMS", "P0")].partitions) == stack.ingest_partitions
     list(read_topic(stack, stack.preferences_topic, timeout=2))
