@@ -96,14 +96,20 @@ def parse_prefix(text: str) -> Prefix:
     return Prefix(url.scheme, host, wildcard, _port(url), url.path)
 
 
+@lru_cache(maxsize=4096)
+def _split(value: str) -> SplitResult | None:
+    """``value`` split once per process (routing, rendering and the adapter each ask)."""
+    try:
+        return webhook_url(value)
+    except ValueError:
+        return None
+
+
 def served(value: str, prefixes: Iterable[str]) -> bool:
     """Whether the webhook URL ``value`` starts with one of ``prefixes`` (False for a value
     that is no webhook URL)."""
-    try:
-        url = webhook_url(value)
-    except ValueError:
-        return False
-    return any(parse_prefix(p).matches(url) for p in prefixes)
+    url = _split(value)
+    return url is not None and any(parse_prefix(p).matches(url) for p in prefixes)
 
 
 def slack_escaped(text: str) -> str:

@@ -101,7 +101,7 @@ from redis.backoff import NoBackoff
 from notiflow.adapters.providers.base import Outcome, SendResult
 from notiflow.adapters.ratelimit import DOWN_ERRORS
 from notiflow.adapters.redis_health import RedisHealth
-from notiflow.adapters.redis_pool import redis_client
+from notiflow.adapters.redis_pool import LUA_NOW_US, redis_client
 from notiflow.settings import BreakerRule, Settings
 
 log = logging.getLogger(__name__)
@@ -493,15 +493,8 @@ def effective_state(snap: Snapshot, at_us: int) -> State:
 
 # Redis -----------------------------------------------------------------------------------
 
-STEP_LUA = """
+STEP_LUA = LUA_NOW_US + """
 local key = KEYS[1]
-local now
-if ARGV[1] == '' then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-else
-  now = tonumber(ARGV[1])
-end
 local W, B, N = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local FT, EBP, MINC = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
 local QBP, MINL, OPENUS = tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10])

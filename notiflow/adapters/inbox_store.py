@@ -22,7 +22,7 @@ import redis.asyncio as aioredis
 from cassandra.cluster import Session
 from cassandra.query import PreparedStatement
 
-from notiflow.adapters.cassandra_store import aio, utc
+from notiflow.adapters.cassandra_store import aio, to_ms, utc
 from notiflow.adapters.dlq_crypto import DlqCipher
 from notiflow.adapters.redis_pool import redis_client
 from notiflow.inbox.states import InboxState, marks, state_of
@@ -51,11 +51,6 @@ _MARK: Final = {frozenset(cols): "UPDATE inbox_items USING TTL ? SET " + ", ".jo
     {"seen_at"}, {"read_at"}, {"archived_at"}, {"seen_at", "read_at"},
     {"seen_at", "archived_at"}, {"read_at", "archived_at"},
     {"seen_at", "read_at", "archived_at"})}
-
-
-def millis(at: datetime) -> datetime:
-    """``at`` truncated to the millisecond (Cassandra's ``timestamp``)."""
-    return at.replace(microsecond=at.microsecond // 1000 * 1000)
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,7 +185,7 @@ class InboxStore:
         item = await self.get(tenant_id, user_id, message_id)
         if item is None:
             return None
-        columns = marks(target, item.times(), millis(now))
+        columns = marks(target, item.times(), to_ms(now))
         if not columns:
             return item, item
         names = sorted(columns)

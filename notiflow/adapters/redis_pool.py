@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 from urllib.parse import unquote, urlsplit
 
 import redis.asyncio as aioredis
@@ -37,6 +37,18 @@ from notiflow.settings import RedisSecurity, Settings
 
 SENTINEL_SCHEMES = {"redis+sentinel": False, "rediss+sentinel": True}
 """Sentinel URL schemes, and whether each connects with TLS."""
+
+LUA_NOW_US: Final = """
+local now
+if ARGV[1] == '' then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+else
+  now = tonumber(ARGV[1])
+end
+"""
+"""The first lines of a script that decides on Redis's clock: ``now`` in µs from ``TIME``, or
+``ARGV[1]`` when a test gives the time."""
 
 MAX_CONNECTIONS = 64
 """Connections per client (per worker event loop); Redis answers each call in well under a

@@ -23,13 +23,12 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Final, Protocol
 
 import redis.asyncio as aioredis
 
-from notiflow.adapters.redis_pool import redis_client
+from notiflow.adapters.redis_pool import LUA_NOW_US, redis_client
 from notiflow.settings import PaceRule, Settings
 
 HORIZON_S: Final = 3600.0
@@ -68,14 +67,7 @@ def decide(tat_us: int | None, now_us: int, rule: PaceRule,
     return tat + t, Slot(wait, True)
 
 
-RESERVE_LUA: Final = """
-local now
-if ARGV[1] == '' then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-else
-  now = tonumber(ARGV[1])
-end
+RESERVE_LUA: Final = LUA_NOW_US + """
 local t = tonumber(ARGV[2])
 local tau = (tonumber(ARGV[3]) - 1) * t
 local horizon = tonumber(ARGV[4])
@@ -131,21 +123,3 @@ class WebhookPace:
     async def aclose(self) -> None:
         await self.r.aclose()
 
-
-@dataclass
-class ModelPace:
-    """:func:`decide` over an in-memory table, on an injected clock (flow tests)."""
-
-    clock_us: Callable[[], int]
-    tats: dict[str, int] = field(default_factory=dict)
-
-    async def reserve(self, provider_id: str, webhook: str, rule: PaceRule) -> Slot:
-        now = self.clock_us()
-        key = webhook_key("", provider_id, webhook)
-        tat, slot = decide(self.tats.get(key), now, rule)
-        if tat is not None:
-            self.tats[key] = tat
-        return slot
-
-    async def aclose(self) -> None:
-        return None

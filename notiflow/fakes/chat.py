@@ -104,13 +104,6 @@ class ChatEmulator(Emulator[ChatKnobs]):
 
         return record
 
-    async def hang(self) -> bool:
-        """Accepted, then answered only after ``hang_s`` (drawn by ``timeout_rate``)."""
-        if self.draw(self.knobs.timeout_rate):
-            await asyncio.sleep(self.knobs.hang_s)
-            return True
-        return False
-
 
 class SlackEmulator(ChatEmulator):
     """Slack's incoming webhooks."""

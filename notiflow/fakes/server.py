@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import signal
 
-import uvloop
 from aiohttp import web
 
 from notiflow.fakes.apns import ApnsEmulator
@@ -26,6 +24,7 @@ from notiflow.fakes.ses import SesEmulator
 from notiflow.fakes.smtp import SmtpEmulator
 from notiflow.fakes.twilio import TwilioEmulator
 from notiflow.fakes.vonage import VonageEmulator
+from notiflow.ops.procs import serve_until_signalled
 from notiflow.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -121,13 +120,4 @@ def serve(settings: Settings) -> None:
     """Run the emulators until SIGTERM or SIGINT; return after a clean shutdown."""
     logging.basicConfig(level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-
-    async def main() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        await run(settings, stop)
-
-    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        runner.run(main())
+    serve_until_signalled(lambda stop: run(settings, stop))

@@ -102,7 +102,7 @@ class Hub:
         conns = self.by_channel.get(channel)
         if not conns:
             return 0
-        for conn in list(conns):
+        for conn in conns:
             conn.offer(frame)
         self.delivered += len(conns)
         return len(conns)

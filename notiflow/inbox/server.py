@@ -22,13 +22,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import signal
 from collections.abc import AsyncIterator, Iterable
 from datetime import UTC, datetime
 from typing import Any, Final
 
 import orjson
-import uvloop
 from aiohttp import WSMsgType, web
 from opentelemetry.metrics import CallbackOptions, Observation
 from redis.exceptions import RedisError
@@ -45,8 +43,9 @@ from notiflow.adapters.inbox_store import (
 )
 from notiflow.adapters.kafka_io import AsyncProducer, OutRecord, make_headers
 from notiflow.inbox.hub import Connection, Hub, listen
-from notiflow.inbox.states import InboxState
+from notiflow.inbox.states import COLUMNS, InboxState
 from notiflow.inbox.tokens import TokenRefused, User, verify
+from notiflow.ops.procs import serve_until_signalled
 from notiflow.schemas.enums import Status
 from notiflow.schemas.messages import Receipt
 from notiflow.settings import Settings
@@ -56,21 +55,18 @@ log = logging.getLogger(__name__)
 RECEIPT_OF: Final = {InboxState.SEEN: Status.DELIVERED, InboxState.READ: Status.OPENED}
 """The receipt a first move into a state reports."""
 REPLAY_LIMIT: Final = 200
-SETTINGS: Final = web.AppKey("settings", Settings)
-SERVER: Final = web.AppKey("server", object)
+REFUSALS: Final[dict[int, type[web.HTTPException]]] = {
+    400: web.HTTPBadRequest, 401: web.HTTPUnauthorized, 404: web.HTTPNotFound,
+    422: web.HTTPUnprocessableEntity}
 
 
-def _json(status: int, doc: Any, headers: dict[str, str] | None = None) -> web.Response:
-    return web.Response(status=status, body=orjson.dumps(doc),
-                        content_type="application/json", headers=headers)
+def _json(status: int, doc: Any) -> web.Response:
+    return web.Response(status=status, body=orjson.dumps(doc), content_type="application/json")
 
 
 def refusal(status: int, error: str, reason: str) -> web.HTTPException:
-    body = orjson.dumps({"error": error, "reason": reason})
-    kinds: dict[int, type[web.HTTPException]] = {
-        400: web.HTTPBadRequest, 401: web.HTTPUnauthorized, 404: web.HTTPNotFound,
-        422: web.HTTPUnprocessableEntity}
-    return kinds[status](body=body, content_type="application/json")
+    return REFUSALS[status](body=orjson.dumps({"error": error, "reason": reason}),
+                            content_type="application/json")
 
 
 class InboxServer:
@@ -180,7 +176,7 @@ class InboxServer:
         if self.producer is None:
             return
         for state, status in RECEIPT_OF.items():
-            column = {InboxState.SEEN: "seen_at", InboxState.READ: "read_at"}[state]
+            column = COLUMNS[state]
             at = after.times()[column]
             if before.times()[column] is not None or at is None:
                 continue
@@ -311,15 +307,13 @@ def sse(frame: bytes) -> bytes:
     return head.encode() + b"data: " + frame + b"\n\n"
 
 
-async def build(settings: Settings) -> tuple[web.Application, InboxServer]:
+async def build(settings: Settings) -> web.Application:
     """The application with its store, feed, receipts producer and subscription (opened
     here, closed with the app)."""
     cluster, session = await asyncio.to_thread(connect, settings)
     feed = InboxFeed.open(settings)
     server = InboxServer(settings, InboxStore(session, settings), feed, AsyncProducer(settings))
     app = web.Application(client_max_size=64 * 1024)
-    app[SETTINGS] = settings
-    app[SERVER] = server
     app.add_routes(server.routes())
 
     async def lifecycle(_app: web.Application) -> AsyncIterator[None]:
@@ -337,11 +331,11 @@ async def build(settings: Settings) -> tuple[web.Application, InboxServer]:
         await asyncio.to_thread(cluster.shutdown)
 
     app.cleanup_ctx.append(lifecycle)
-    return app, server
+    return app
 
 
 async def run(settings: Settings, stop: asyncio.Event) -> None:
-    app, _server = await build(settings)
+    app = await build(settings)
     runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=2.0)
     await runner.setup()
     try:
@@ -357,13 +351,4 @@ async def run(settings: Settings, stop: asyncio.Event) -> None:
 def serve(settings: Settings) -> None:
     """Run until SIGTERM or SIGINT."""
     telemetry.setup(settings, "inbox")
-
-    async def main() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        await run(settings, stop)
-
-    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        runner.run(main())
+    serve_until_signalled(lambda stop: run(settings, stop))

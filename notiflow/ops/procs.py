@@ -1,4 +1,5 @@
-"""Child processes of notiflow (API, fakes, flows) for the demo and the test suite.
+"""Child processes of notiflow (API, fakes, flows) for the demo and the test suite, and how a
+plain asyncio server process runs until it is told to stop (:func:`serve_until_signalled`).
 
 Each child writes to its own log file (never to the parent's stdout), runs in its own process
 group, and is stopped when the owner exits.
@@ -6,13 +7,14 @@ group, and is stopped when the owner exits.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 
 import httpx
@@ -20,6 +22,22 @@ import httpx
 
 class ProcessFailed(RuntimeError):
     pass
+
+
+def serve_until_signalled(run: Callable[[asyncio.Event], Awaitable[None]]) -> None:
+    """Run ``run(stop)`` on a uvloop loop; SIGTERM or SIGINT sets ``stop``, and this returns
+    once ``run`` has shut down cleanly."""
+    import uvloop
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await run(stop)
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(main())
 
 
 class ManagedProcess:

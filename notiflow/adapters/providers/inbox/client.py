@@ -18,8 +18,8 @@ from datetime import datetime, timedelta
 from cassandra.cluster import Cluster
 from redis.exceptions import RedisError
 
-from notiflow.adapters.cassandra_store import connect
-from notiflow.adapters.inbox_store import InboxFeed, InboxItem, InboxStore, millis
+from notiflow.adapters.cassandra_store import connect, to_ms
+from notiflow.adapters.inbox_store import InboxFeed, InboxItem, InboxStore
 from notiflow.adapters.ports import CASSANDRA_DOWN
 from notiflow.adapters.providers.base import OutboundMessage, Outcome, SendResult
 from notiflow.adapters.providers.common import seconds, utcnow
@@ -65,7 +65,7 @@ class InboxDelivery:
         if not isinstance(recipient, str) or not recipient.startswith("inapp:"):
             return self._result(Outcome.PERMANENT, started, reason="invalid_recipient")
         item = InboxItem(message.tenant_id, inapp_user(recipient), message.message_id,
-                         millis(message.accepted_at or started), message.tier.value,
+                         to_ms(message.accepted_at or started), message.tier.value,
                          message.category or "", message.attempt, message.subject,
                          message.body)
         limit = self._timeout if timeout is None else seconds(timeout)
