@@ -116,3 +116,25 @@ def slack_escaped(text: str) -> str:
     """``text`` with Slack's three control characters escaped (``&``, ``<``, ``>``): a template
     variable then shows as written and cannot mention ``@channel`` or disguise a link."""
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+_TEAMS_MARKUP: Final = re.compile(
+    r"(?P<char>[\\`*_\[\]~<>&])|^(?P<lead>[ \t]*)(?:(?P<num>\d+)(?P<dot>[.)])|(?P<mark>[#+=-]))",
+    re.MULTILINE)
+
+
+def _teams_sub(m: re.Match[str]) -> str:
+    if m["char"] is not None:
+        return "\\" + m["char"]
+    if m["num"] is not None:
+        return f"{m['lead']}{m['num']}\\{m['dot']}"
+    return f"{m['lead']}\\{m['mark']}"
+
+
+def teams_escaped(text: str) -> str:
+    """``text`` shown as written in an Adaptive Card ``TextBlock`` (Teams' Markdown): its
+    emphasis, code, link and strike-through characters, the ``<`` of an ``<at>`` mention or
+    an autolink, ``&`` entities, and the markers a line may start with (headings, lists,
+    quotes, rules) are backslash-escaped, so a template variable cannot mention, style or
+    disguise a link."""
+    return _TEAMS_MARKUP.sub(_teams_sub, text)
