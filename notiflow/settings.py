@@ -370,6 +370,60 @@ class DlqRule(_Frozen):
     """A source batch that crashed the flow this often is dead-lettered on the next start."""
 
 
+class RenderLimits(_Frozen):
+    """The budget of one template render (docs/api.md, "Templates"); a render over any of
+    them fails (``render_error``) instead of running on."""
+
+    cpu_time: timedelta = Field(timedelta(milliseconds=50), gt=timedelta(0))
+    """CPU time of the rendering thread per render (subject and body together)."""
+    max_output: int = Field(256 * 1024, ge=1024, le=64 * 1024 * 1024)
+    """Characters of a rendered subject or body, and of any string or sequence a template
+    builds; everything its expressions output, at every macro level, may total four times
+    this."""
+    max_int_bits: int = Field(4096, ge=64, le=1 << 20)
+    """Bits of any integer a template computes."""
+    max_range: int = Field(10_000, ge=1, le=1_000_000)
+    """Items of one ``range()``."""
+    max_iterations: int = Field(100_000, ge=1)
+    """Loop iterations per render, all loops together."""
+    max_depth: int = Field(20, ge=1, le=100)
+    """Nested calls (macros, ``caller()``, recursive loops)."""
+
+
+NEVER_URGENT: frozenset[Category] = frozenset({Category.MARKETING})
+"""Categories no configuration may allow at P0 or P1."""
+
+
+class CategoryTiers(_Frozen):
+    """Which tiers each message category may use, for every tenant: a category not listed
+    may use any tier its tenant may. Marketing is never P0 or P1 (it would skip quiet hours
+    and marketing caps and take the urgent lanes); configuration may narrow, never widen
+    that."""
+
+    allowed: dict[Category, frozenset[Tier]] = Field(
+        default_factory=lambda: {Category.MARKETING: frozenset({Tier.P2, Tier.P3})})
+
+    @model_validator(mode="after")
+    def _never_urgent(self) -> CategoryTiers:
+        for category in NEVER_URGENT:
+            urgent = self.tiers(category) & {Tier.P0, Tier.P1}
+            if urgent:
+                raise ValueError(f"category_tiers: {category.value} may not use "
+                                 f"{', '.join(sorted(t.value for t in urgent))}")
+        return self
+
+    def tiers(self, category: Category) -> frozenset[Tier]:
+        """The tiers ``category`` may use: as listed, else P2 and P3 for a category in
+        :data:`NEVER_URGENT`, else every tier."""
+        listed = self.allowed.get(category)
+        if listed is not None:
+            return listed
+        return frozenset({Tier.P2, Tier.P3} if category in NEVER_URGENT else Tier)
+
+    def allows(self, category: Category, tier: Tier) -> bool:
+        return tier in self.tiers(category)
+
+
 class IngestEncryption(_Frozen):
     """Envelope encryption of the recipient and variables of ingest records
     (``adapters/envelope.py``): each process seals with a data key of its own, wrapped by the
@@ -1302,8 +1356,15 @@ class Settings(BaseSettings):
     """Oldest (and furthest future) signed timestamp a provider webhook may carry (SendGrid,
     Vonage); older posts are refused as replays. Wall-clock, not scaled by ``time_scale``."""
     client_webhooks: ClientWebhookRule = ClientWebhookRule()
+    egress: EgressSettings = EgressSettings()
+    """Where tenant-supplied URLs may lead (docs/webhooks.md, "Allowed URLs")."""
     dlq: DlqRule = DlqRule()
+    render_limits: RenderLimits = RenderLimits()
+    """The budget of every template render (``NOTIFLOW_RENDER_LIMITS__CPU_TIME`` ...)."""
+    category_tiers: CategoryTiers = CategoryTiers()
+    """Tiers each message category may use (``NOTIFLOW_CATEGORY_TIERS__ALLOWED``, JSON)."""
     ingest_encryption: IngestEncryption = IngestEncryption()
+    ingest_binding: IngestBinding = IngestBinding()
     telemetry: TelemetrySettings = TelemetrySettings()
     log_format: Literal["text", "json"] = "text"
     """Log lines: ``text`` for a terminal, ``json`` one event per line with trace and message

@@ -344,12 +344,16 @@ class Dispatcher:
 
     async def _batch(self, works: list[Work], futures: list[Future], submitted: float) -> None:
         started = time.time()
+        opened = self.ctx.opened is not None
         try:
-            if self.ctx.opened is None:
+            if not opened:
                 await asyncio.wrap_future(self._opened)
+                opened = True
             batch = await self.prepare(works)
         except Exception as exc:
             log.exception("send preparation failed")
+            if opened:
+                await count_crashes(self.ctx, works, exc)
             for w, fut in zip(works, futures, strict=True):
                 self._resolve(w, fut, exc)
             return

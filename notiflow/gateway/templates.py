@@ -9,6 +9,8 @@ content, which is then returned with ``200``.
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import re
 from datetime import UTC, datetime
 from typing import Annotated, Any, Final
@@ -33,12 +35,16 @@ from notiflow.gateway.runtime import Runtime, now_ms
 from notiflow.schemas.enums import Channel
 from notiflow.schemas.formats import TEMPLATE_ID_PATTERN
 from notiflow.schemas.messages import TemplateCreate, TemplateVersion
-from notiflow.templating import TemplateSyntaxError, analyse
+from notiflow.templating import TemplateInfo, TemplateRefused, TemplateSyntaxError, check
 
 router = APIRouter()
 TEMPLATE_ID: Final = re.compile(TEMPLATE_ID_PATTERN)
 
 MAX_VERSION_RACES = 8
+CHECK_THREADS = 2
+_checks = concurrent.futures.ThreadPoolExecutor(CHECK_THREADS,
+                                                thread_name_prefix="template-check")
+"""Template checks run here, off the event loop; beyond these threads they queue."""
 MAX_VERSION: Final = 1_000_000
 JSON = "application/json"
 
@@ -112,7 +118,9 @@ async def _insert_next(store: CassandraStore,
             400, 403, 409, 413, 422,
             r409="`template_version_immutable` / `content_differs`; `conflict` / "
                  "`versions_exhausted` (the next version would pass 1,000,000).",
-            r422="Not stated by the schema: `template_syntax_error` (with `field`, `line`).",
+            r422="Not stated by the schema: `template_syntax_error` (with `field`, `line`); "
+                 "`template_refused` (with `field`): the sandbox refuses it whatever its "
+                 "variables (a literal over the render budget, nesting too deep).",
             r503="`template_version_contention` (concurrent versions; retry).")},
     openapi_extra=json_body(TemplateCreate, "One immutable template version.",
                             examples.TEMPLATE))
@@ -126,11 +134,7 @@ async def create_template(request: Request, tenant: Tenant, rt: RuntimeDep) -> R
     if not tenant.allows_template(tc.template_id):
         raise forbidden("template_not_allowed",
                         f"tenant {tenant.id} may not use template {tc.template_id}")
-    try:
-        info = analyse(tc.subject, tc.body)
-    except TemplateSyntaxError as exc:
-        raise unprocessable("template_syntax_error", str(exc), field=exc.field,
-                            line=exc.lineno) from None
+    info = await _checked(rt, tc)
     values: dict[str, Any] = {
         "tenant_id": tenant.id, "template_id": tc.template_id, "version": tc.version,
         "channel": tc.channel.value, "subject": tc.subject, "body": tc.body,
@@ -154,6 +158,18 @@ async def create_template(request: Request, tenant: Tenant, rt: RuntimeDep) -> R
     raise ApiError(409, "template_version_immutable", "content_differs",
                    f"template {tc.template_id} version {tc.version} already exists with "
                    "different content")
+
+
+async def _checked(rt: Runtime, tc: TemplateCreate) -> TemplateInfo:
+    """The template's analysis and test compile, off the event loop; 422 when refused."""
+    try:
+        return await asyncio.get_running_loop().run_in_executor(
+            _checks, check, tc.subject, tc.body, rt.settings.render_limits)
+    except TemplateSyntaxError as exc:
+        raise unprocessable("template_syntax_error", str(exc), field=exc.field,
+                            line=exc.lineno) from None
+    except TemplateRefused as exc:
+        raise unprocessable("template_refused", str(exc), field=exc.field) from None
 
 
 def _audit(rt: Runtime, request: Request, created: dict[str, Any]) -> None:

@@ -14,7 +14,7 @@ from notiflow.adapters.ports import STORE_DOWN
 from notiflow.adapters.redis_dedup import LeaseState
 from notiflow.flows.model import Work
 from notiflow.flows.sending.batch import Batch
-from notiflow.flows.sending.context import SendContext
+from notiflow.flows.sending.context import InfraUnavailable, SendContext
 from notiflow.flows.sending.emit import release, replayed
 from notiflow.flows.steps import retry_record
 from notiflow.schemas.enums import Status
@@ -125,3 +125,23 @@ async def count_crash(ctx: SendContext, w: Work) -> None:
         await release(ctx, w)
     except STORE_DOWN as exc:
         log.warning("crash of %s not counted: %r", crash_field(w), exc)
+
+
+def counts_as_crash(exc: BaseException) -> bool:
+    """Whether a send step stopped by ``exc`` counts against its records (toward
+    :class:`CrashLoop`): anything but an outage of the infrastructure (which no record
+    causes, and which a restart does not repeat for ever)."""
+    return not isinstance(exc, (InfraUnavailable, *STORE_DOWN))
+
+
+async def count_crashes(ctx: SendContext, works: list[Work], exc: BaseException) -> None:
+    """The preparing stages failed on ``works`` with ``exc``: count the crash against each
+    of them (:func:`count_crash`) unless ``exc`` is an outage, so a poison record is
+    dead-lettered on the next start instead of crash-looping the flow."""
+    if not counts_as_crash(exc):
+        return
+    counted = await asyncio.gather(*(count_crash(ctx, w) for w in works),
+                                   return_exceptions=True)
+    for w, outcome in zip(works, counted, strict=True):
+        if isinstance(outcome, Exception):
+            log.error("crash of %s not counted: %r", crash_field(w), outcome)
