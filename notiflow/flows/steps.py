@@ -165,6 +165,11 @@ class IngestParser:
         if not tenant.allows_sender(record.sender):
             return status_event(work, Status.FAILED, now, self._source,
                                 reason="sender_not_allowed")
+        if not self.settings.category_tiers.allows(record.category, record.tier):
+            return self._dlq(raw, src, f"category {record.category.value} may not be sent at "
+                             f"tier {record.tier.value}", "category_tier_not_allowed",
+                             "invalid_data", now, msg.headers, message_id=record.message_id,
+                             tenant_id=record.tenant_id, tier=record.tier)
         if record.channel not in self.enabled:
             return self._dlq(raw, src, f"no provider configured for {record.channel}",
                              "channel_unavailable", "unavailable", now, msg.headers,

@@ -8,10 +8,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Protocol
 
-from notiflow.chat_hooks import served
 from notiflow.gateway.errors import ApiError, forbidden, unprocessable
 from notiflow.gateway.runtime import Runtime
-from notiflow.schemas.enums import Channel, Tier
+from notiflow.recipient_checks import recipient_problem
+from notiflow.schemas.enums import Category, Channel, Tier
 from notiflow.settings import Settings, TenantConfig
 from notiflow.templating import missing_variables
 
@@ -24,6 +24,9 @@ class Addressed(Protocol):
 
     @property
     def channel(self) -> Channel: ...
+
+    @property
+    def category(self) -> Category: ...
 
     @property
     def template_id(self) -> str: ...
@@ -45,8 +48,9 @@ def check_lane(settings: Settings, req: Addressed) -> None:
 
 
 def check_sender(settings: Settings, tenant: TenantConfig, req: Addressed) -> None:
-    """403 for a tier, channel, template or sender the tenant may not use; 422 for a channel
-    without a configured provider."""
+    """403 for a tier, channel, template or sender the tenant may not use; 422 for a category
+    its tier may not carry (:func:`check_category`) and for a channel without a configured
+    provider."""
     if req.tier not in tenant.tiers:
         allowed = ", ".join(sorted(t.value for t in tenant.tiers))
         raise forbidden("tier_not_allowed",
@@ -61,30 +65,32 @@ def check_sender(settings: Settings, tenant: TenantConfig, req: Addressed) -> No
     if not tenant.allows_sender(req.sender):
         raise forbidden("sender_not_allowed",
                         f"tenant {tenant.id} may not send as {req.sender!r}")
+    check_category(settings, req)
     if req.channel not in settings.enabled_channels():
         raise unprocessable("channel_unavailable",
                             f"channel {req.channel.value} has no configured provider")
 
 
+def check_category(settings: Settings, req: Addressed) -> None:
+    """422 ``category_tier_not_allowed`` for a category its tier may not carry
+    (``settings.category_tiers``: marketing is never P0 or P1)."""
+    allowed = settings.category_tiers.tiers(req.category)
+    if req.tier not in allowed:
+        raise unprocessable("category_tier_not_allowed",
+                            f"category {req.category.value} may not be sent at tier "
+                            f"{req.tier.value} (allowed: "
+                            f"{', '.join(sorted(t.value for t in allowed)) or 'none'})",
+                            field="tier")
+
+
 def check_recipient(settings: Settings, tenant: TenantConfig, channel: Channel,
                     recipient: object) -> None:
-    """422 ``recipient_not_served`` for a chat recipient no enabled chat provider posts to
-    (the platform calls no URL outside its providers' webhook prefixes); 422
-    ``inbox_not_configured`` for an in-app message of a tenant whose users cannot open their
-    inbox (no ``inbox_keys``)."""
-    if channel is Channel.INAPP and not tenant.inbox_keys:
-        raise unprocessable("inbox_not_configured",
-                            f"tenant {tenant.id} has no inbox_keys: its users could not open "
-                            "their inbox")
-    if channel is not Channel.CHAT or not isinstance(recipient, str):
-        return
-    enabled = settings.enabled_providers()
-    prefixes = [p for provider, ps in settings.webhook_prefixes().items() if provider in enabled
-                for p in ps]
-    if not served(recipient, prefixes):
-        raise unprocessable("recipient_not_served",
-                            "no chat provider of this deployment posts to that webhook URL; "
-                            f"it must start with one of: {', '.join(prefixes) or '(none)'}")
+    """422 with the code of :func:`~notiflow.recipient_checks.recipient_problem`
+    (``recipient_not_served``, ``inbox_not_configured``) for a recipient the platform cannot
+    serve; campaign rows pass the same check in the expander."""
+    problem = recipient_problem(settings, tenant, channel, recipient)
+    if problem is not None:
+        raise unprocessable(problem.code, problem.message)
 
 
 async def check_template(rt: Runtime, tenant: TenantConfig, req: Addressed,

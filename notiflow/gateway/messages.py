@@ -282,9 +282,13 @@ SEND_REFUSALS: Final = tenant_errors(
     400, 403, 409, 413, 421, 422, 429,
     r409="`idempotency_conflict` / `request_mismatch`: the key was used with another body.",
     r422="Not stated by the schema: `channel_unavailable` (no provider configured), "
+         "`category_tier_not_allowed` (a category its tier may not carry: marketing is never "
+         "P0 or P1), "
          "`recipient_not_served` (a CHAT webhook URL no chat provider posts to), "
          "`inbox_not_configured` (INAPP for a tenant without `inbox_keys`), "
-         "`variables_too_large`, `expired` (`expires_at` not in the future), "
+         "`variables_too_large`, `webhook_url_not_allowed` (a `status_webhook` that is not "
+         "https or does not resolve to public addresses only), "
+         "`expired` (`expires_at` not in the future), "
          "`scheduled_too_far` (beyond 30 days), `unknown_template` (no such version of this "
          "channel for the tenant), `missing_template_variable` (with `variables`), "
          "`invalid_body` when `scheduled_at` is not before `expires_at`.",

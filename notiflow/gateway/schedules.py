@@ -113,8 +113,10 @@ async def resolve_zone(rt: Runtime, tenant: TenantConfig, req: ScheduleRequest) 
                    r422="`invalid_body`; not stated by the schema: `invalid_schedule` (with "
                         "`field`: a malformed cron or RRULE, an unknown zone, a schedule that "
                         "never fires or fires too often), `channel_unavailable`, "
+                        "`category_tier_not_allowed`, "
                         "`recipient_not_served`, `inbox_not_configured`, "
-                        "`variables_too_large`, `unknown_template`, "
+                        "`variables_too_large`, `webhook_url_not_allowed`, "
+                        "`unknown_template`, "
                         "`missing_template_variable`.")},
     openapi_extra=json_body(ScheduleRequest, "A message repeated on a cron expression or an "
                                              "RRULE.", examples.SCHEDULE))

@@ -160,8 +160,10 @@ class SendContext:
 
     def dead_letter(self, w: Work, reason: str, error_class: str, category: str,
                     now: datetime, attempts: Iterable[AttemptRecord] = ()) -> DlqRecord:
-        """The DLQ record of ``w`` (its original bytes, encrypted)."""
+        """The DLQ record of ``w`` (its original bytes, encrypted), with a ``channel``
+        header (who a dead letter is charged to may depend on it, ``flows/guard.py``)."""
+        channel = ("channel", w.record.channel.value.encode())
         return dead_letter(raw=w.raw, source=w.source, reason=reason, error_class=error_class,
                            category=category, tier=w.record.tier, cipher=self.cipher, now=now,
                            message_id=w.message_id, tenant_id=w.record.tenant_id,
-                           headers=w.headers, attempts=tuple(attempts))
+                           headers=(*w.headers, channel), attempts=tuple(attempts))
