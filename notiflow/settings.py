@@ -807,6 +807,12 @@ class CampaignRule(_Frozen):
     file_root: Path | None = None
     """Directory ``file://`` manifests must lie in (embedded, single-machine use); None:
     only ``s3://`` manifests are accepted, so a tenant cannot name a file of the server."""
+    manifest_bucket: str | None = None
+    """The bucket tenants' ``s3://`` manifests are in; None: ``object_store.bucket``."""
+    manifest_prefix: str = Field("tenants", pattern=r"^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*$")
+    """A tenant's manifests are the objects under ``<manifest_prefix>/<tenant id>/`` of
+    ``manifest_bucket`` (or of ``file_root``); a campaign naming any other object is refused
+    before it is read (``adapters/manifests.py``)."""
 
 
 class BreakerRule(_Frozen):

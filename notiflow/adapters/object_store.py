@@ -104,6 +104,12 @@ def _split(uri: str) -> tuple[str, str, str]:
     return scheme, bucket, key
 
 
+def split_uri(uri: str) -> tuple[str, str, str]:
+    """``(scheme, bucket, key)`` of an object URI (bucket ``""`` for ``file://``; a local key
+    is the absolute path without its first ``/``); ValueError as :func:`validate_uri`."""
+    return _split(uri)
+
+
 def validate_uri(uri: str, file_root: str | Path | None = None) -> str:
     """Return ``uri`` if it names an object this module can address, else raise ValueError
     saying why (an API answers 422 with it). With ``file_root``, a ``file://`` URI must lie

@@ -80,10 +80,12 @@ def channel_env(channel: Channel, provider_batch: int | None) -> dict[str, str]:
     return env
 
 
-def upload(phase: Phase, data: bytes) -> str:
+def upload(phase: Phase, data: bytes, tenant: str = TENANT) -> str:
+    """Put ``data`` under ``tenant``'s manifest prefix; its URI."""
+    from notiflow.adapters.manifests import tenant_location
     from notiflow.adapters.object_store import ObjectStore
 
-    uri = f"s3://{phase.settings.object_store.bucket}/bench/{uuid.uuid4().hex}.csv"
+    uri = f"{tenant_location(phase.settings, tenant)}bench/{uuid.uuid4().hex}.csv"
     store, key = ObjectStore.open(uri, phase.settings.object_store)
     asyncio.run(store.put(key, data))
     return uri

@@ -42,7 +42,7 @@ from notiflow.adapters.campaign_notices import notice_of
 from notiflow.adapters.campaign_store import CampaignRow, Progress
 from notiflow.adapters.envelope import dump, envelope
 from notiflow.adapters.kafka_io import OutRecord, make_headers
-from notiflow.adapters.manifests import ManifestUnreadable
+from notiflow.adapters.manifests import ManifestNotAllowed, ManifestUnreadable
 from notiflow.flows.campaign_notices import NoticeBoard, Notifier
 from notiflow.flows.manifest import (
     CampaignSpec,
@@ -91,9 +91,9 @@ class Board(Protocol):
 class Manifests(Protocol):
     """Read access to manifests (``adapters/object_store.py``)."""
 
-    async def size(self, uri: str) -> int: ...
+    async def size(self, uri: str, tenant_id: str) -> int: ...
 
-    def chunks(self, uri: str, start: int,
+    def chunks(self, uri: str, tenant_id: str, start: int,
                size: int | None = None) -> AsyncIterator[bytes]: ...
 
 
@@ -251,6 +251,12 @@ class Expander:
             if outcome == "stopped":
                 await self.board.release(row, self.owner, self.clock())
             return outcome
+        except ManifestNotAllowed as exc:
+            log.warning("expander %s: campaign %s of tenant %s names a manifest outside the "
+                        "tenant's prefix; it fails unread", self.owner, row.campaign_id,
+                        row.tenant_id)
+            await self._finish(row, row.progress, "failed", f"manifest_not_allowed: {exc.reason}")
+            return "failed"
         except (ManifestError, ManifestUnreadable) as exc:
             await self._finish(row, row.progress, "failed", f"manifest: {exc.reason}")
             return "failed"
@@ -268,7 +274,8 @@ class Expander:
         req = row.request
         p = row.progress
         if p.manifest_bytes is None:
-            p = replace(p, manifest_bytes=await self.manifests.size(req.manifest))
+            p = replace(p, manifest_bytes=await self.manifests.size(req.manifest,
+                                                                     row.tenant_id))
         reader = RowReader(format_of(req.manifest, req.format), start_offset=p.bytes_read,
                            next_row=p.next_row, header=p.header)
         spec = CampaignSpec(
@@ -279,7 +286,8 @@ class Expander:
             sender=req.sender)
         pace = Pace(campaign_rate(self.settings, row), self.rule.batch)
         pending: list[ManifestRow] = []
-        chunks = self.manifests.chunks(req.manifest, p.bytes_read, p.manifest_bytes)
+        chunks = self.manifests.chunks(req.manifest, row.tenant_id, p.bytes_read,
+                                       p.manifest_bytes)
         async for chunk in chunks:
             pending.extend(reader.feed(chunk))
             while len(pending) >= self.rule.batch:

@@ -3,9 +3,13 @@
 (tenant-scoped; bulk lane).
 
 Creating checks, in order: JSON and schema (422 ``details``) → lane (421) → tenant policy
-(403: tier, channel, template) → rate and window bounds (422) → the template (422
-``unknown_template``; every variable it declares must be mapped to a column) → the manifest
-(422 ``manifest_unreadable``: missing, or a scheme the deployment does not serve) → the
+(403: tier, channel, template) → rate bounds (422) → the ``webhook`` (422
+``webhook_url_not_allowed``: not https, or not public addresses only) → window bounds (422)
+→ the manifest's place (422
+``manifest_not_allowed`` unless it lies under the tenant's own prefix, decided from the URI
+alone: nothing is asked of the store) → the template (422 ``unknown_template``; every
+variable it declares must be mapped to a column) → the manifest (422
+``manifest_unreadable``: missing, or a scheme the deployment does not serve) → the
 tenant's campaign quotas (422 ``quota_too_large`` above ``max_campaign_recipients``; 429
 ``campaign_quota`` with ``Retry-After`` at ``max_active_campaigns``) → the bulk tier's health
 (429 ``backlog`` / ``priority_pressure`` with ``Retry-After``: a campaign started into a
@@ -36,10 +40,11 @@ from notiflow.adapters.campaign_store import (
     Progress,
 )
 from notiflow.adapters.cancel_gate import GATE_DOWN, CancelGate
-from notiflow.adapters.manifests import ManifestUnreadable
+from notiflow.adapters.manifests import ManifestNotAllowed, ManifestUnreadable, tenant_refusal
 from notiflow.gateway import examples
 from notiflow.gateway.auth import RuntimeDep, Tenant, read_json_object
 from notiflow.gateway.checks import check_lane, check_sender, check_template
+from notiflow.gateway.egress_check import check_webhook_url
 from notiflow.gateway.errors import (
     ApiError,
     invalid_body,
@@ -150,8 +155,10 @@ async def _check_quota(store: CampaignStore, tenant: TenantConfig) -> None:
                    r422="`invalid_body` (also, not stated by the schema: a local `window` "
                         "whose start and end are equal, `ends_at` not after `starts_at`); "
                         "not stated by the schema: `rate_too_high`, "
-                        "`quota_too_large`, `window_too_long`, `window_over`, "
-                        "`channel_unavailable`, `unknown_template`, "
+                        "`quota_too_large`, `webhook_url_not_allowed`, `window_too_long`, "
+                        "`window_over`, "
+                        "`channel_unavailable`, `category_tier_not_allowed`, "
+                        "`manifest_not_allowed`, `unknown_template`, "
                         "`missing_template_variable`, `manifest_unreadable`.",
                    r429="`campaign_quota`, `backlog`, `priority_pressure`.")},
     openapi_extra=json_body(CampaignRequest, "One template to every row of a manifest.",
@@ -167,6 +174,7 @@ async def create_campaign(request: Request, tenant: Tenant, rt: RuntimeDep) -> R
     check_lane(settings, req)
     check_sender(settings, tenant, req)
     _check_limits(settings, tenant, req)
+    await check_webhook_url(rt, req.webhook, "webhook")
     now = now_ms()
     starts = max(req.starts_at or now, now)
     ends = req.ends_at or starts + settings.campaigns.default_duration
@@ -175,9 +183,13 @@ async def create_campaign(request: Request, tenant: Tenant, rt: RuntimeDep) -> R
                             f"{settings.campaigns.max_duration}", field="ends_at")
     if ends <= now:
         raise unprocessable("window_over", "ends_at is in the past", field="ends_at")
+    if (refusal := tenant_refusal(settings, tenant.id, req.manifest)) is not None:
+        raise unprocessable("manifest_not_allowed", refusal, field="manifest")
     await check_template(rt, tenant, req, req.mapping.variables, how="mapped to a column")
     try:
-        size = await rt.manifests().size(req.manifest)
+        size = await rt.manifests().size(req.manifest, tenant.id)
+    except ManifestNotAllowed as exc:
+        raise unprocessable("manifest_not_allowed", exc.reason, field="manifest") from None
     except ManifestUnreadable as exc:
         raise unprocessable("manifest_unreadable", exc.reason, field="manifest") from None
     store = rt.campaigns()

@@ -39,7 +39,7 @@ SCHEDULE: Final = {"weekdays": {
 CAMPAIGN: Final = {"winter": {
     "name": "winter sale", "channel": "SMS", "tier": "P3", "category": "marketing",
     "template_id": "winter", "template_version": 1,
-    "manifest": "s3://notiflow/manifests/winter.csv",
+    "manifest": "s3://notiflow/tenants/mkt/winter.csv",
     "mapping": {"recipient": "phone", "variables": {"name": "first_name"}},
     "window": {"start": "10:00", "end": "20:00"}, "timezone": "Europe/Berlin",
     "max_rate": 500}}

@@ -106,8 +106,8 @@ def _pairs(values: list[str], what: str) -> dict[str, str]:
 @campaigns_app.command("create")
 def create(
     name: Annotated[str, typer.Option(help="Campaign name.")],
-    manifest: Annotated[str, typer.Option(help="s3://bucket/key or file:///path (.csv or "
-                                               ".jsonl).")],
+    manifest: Annotated[str, typer.Option(help="s3://bucket/tenants/<tenant>/key (.csv or "
+                                               ".jsonl), as `upload` printed it.")],
     template: Annotated[str, typer.Option(help="Template id.")],
     version: Annotated[int, typer.Option(help="Template version.")],
     channel: Annotated[str, typer.Option(help="sms, email or push.")],
@@ -209,15 +209,35 @@ def cancel(campaign_id: str, api: Api = None, token: Token = None) -> None:
     _steer("cancel", campaign_id, api, token)
 
 
+def upload_target(settings: Settings, tenant: str, path: Path, to: str | None) -> str:
+    """Where ``upload`` puts ``path`` for ``tenant``: ``to``, or the tenant's prefix plus
+    the file's name; ValueError when ``to`` is not the tenant's (a campaign could not name
+    it)."""
+    from notiflow.adapters.manifests import tenant_location, tenant_refusal
+
+    target = to or tenant_location(settings, tenant) + path.name
+    if (refusal := tenant_refusal(settings, tenant, target)) is not None:
+        raise ValueError(refusal)
+    return target
+
+
 @campaigns_app.command("upload")
-def upload(path: Path, to: Annotated[str, typer.Option(help="Target URI, e.g. "
-                                                           "s3://notiflow/manifests/x.csv.")]
-           ) -> None:
-    """Put a local manifest into the object store (what a marketing tool would do)."""
+def upload(path: Path,
+           tenant: Annotated[str, typer.Option(help="The tenant whose manifest it is.")],
+           to: Annotated[str | None, typer.Option(
+               help="Target URI under the tenant's prefix (default: "
+                    "s3://<bucket>/tenants/<tenant>/<file name>).")] = None) -> None:
+    """Put a local manifest under the tenant's prefix of the object store (what a marketing
+    tool would do) and print the URI a campaign names."""
     from notiflow.adapters.object_store import ObjectStore
 
     settings: Settings = load_settings()
-    store, key = ObjectStore.open(to, settings.object_store)
+    try:
+        target = upload_target(settings, tenant, path, to)
+    except ValueError as exc:
+        console.print(f"[red]{exc}[/red]")
+        raise typer.Exit(2) from None
+    store, key = ObjectStore.open(target, settings.object_store)
     size = os.path.getsize(path)
     asyncio.run(store.put(key, path.read_bytes()))
-    console.print(f"uploaded {size:,} bytes to {to}")
+    console.print(f"uploaded {size:,} bytes to {target}")

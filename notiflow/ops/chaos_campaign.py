@@ -31,8 +31,8 @@ def campaign_stream(phase: Phase, version: int, count: int, rate: float,
     every row → when the row was due at ``rate`` (its "acceptance"), and the rows the
     expander rejected."""
     phones = PhoneFactory(REGIONS, datetime.now(UTC), start=FIRST_PHONE)
-    uri = upload(phase, manifest(count, phones))
     tenant = TENANT_BY_TIER[Tier.P3]
+    uri = upload(phase, manifest(count, phones), tenant)
     with httpx.Client(base_url=phase.bulk_api, headers=phase.auth(tenant), timeout=30) as c:
         r = c.post("/v1/campaigns", json={
             "name": "chaos", "channel": Channel.SMS.value,

@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
+from notiflow.adapters.manifests import tenant_location
 from notiflow.adapters.object_store import ObjectStore
 from notiflow.ops.procs import ManagedProcess, ProcessGroup
 from notiflow.schemas.campaigns import parse_row_message_id
@@ -36,8 +37,8 @@ def manifest(n: int, bad_every: int = 0, offset: int = 0) -> bytes:
     return ("\n".join(lines) + "\n").encode()
 
 
-def put(settings: Settings, data: bytes) -> str:
-    uri = f"s3://{settings.object_store.bucket}/tests/{uuid.uuid4().hex}.csv"
+def put(settings: Settings, data: bytes, tenant: str = "mkt") -> str:
+    uri = f"{tenant_location(settings, tenant)}tests/{uuid.uuid4().hex}.csv"
     store, key = ObjectStore.open(uri, settings.object_store)
     asyncio.run(store.put(key, data))
     return uri
@@ -194,7 +195,8 @@ def test_admission_refuses_what_the_tenant_may_not_run(
     r = promo.post("/v1/templates", json={"template_id": "winter", "channel": "SMS",
                                           "body": TEMPLATE})
     assert r.status_code in (200, 201), r.text
-    uri = put(stack, manifest(10))
+    uri = put(stack, manifest(10), "promo")
+    own = put(stack, manifest(10))
     later = "2030-01-01T10:00:00Z"
     body = {"starts_at": later, "ends_at": "2030-01-02T10:00:00Z"}
     first = [create(promo, uri, **body)["campaign_id"] for _ in range(2)]
@@ -214,17 +216,23 @@ def test_admission_refuses_what_the_tenant_may_not_run(
     assert create(promo, uri, **body)["state"] == "scheduled"
     missing = mkt.post("/v1/campaigns", json={
         "name": "x", "channel": "SMS", "template_id": "winter", "template_version": 1,
-        "manifest": f"s3://{stack.object_store.bucket}/nope.csv",
+        "manifest": f"{tenant_location(stack, 'mkt')}nope.csv",
         "mapping": {"recipient": "phone", "variables": {"name": "first_name"}}})
     assert missing.status_code == 422 and missing.json()["reason"] == "manifest_unreadable"
+    for foreign in (uri, f"{tenant_location(stack, 'promo')}nope.csv"):
+        theirs = mkt.post("/v1/campaigns", json={
+            "name": "x", "channel": "SMS", "template_id": "winter", "template_version": 1,
+            "manifest": foreign,
+            "mapping": {"recipient": "phone", "variables": {"name": "first_name"}}})
+        assert theirs.status_code == 422 and theirs.json()["reason"] == "manifest_not_allowed"
     unmapped = mkt.post("/v1/campaigns", json={
         "name": "x", "channel": "SMS", "template_id": "winter", "template_version": 1,
-        "manifest": uri, "mapping": {"recipient": "phone"}})
+        "manifest": own, "mapping": {"recipient": "phone"}})
     assert unmapped.status_code == 422
     assert unmapped.json()["reason"] == "missing_template_variable"
     p0 = mkt.post("/v1/campaigns", json={
         "name": "x", "channel": "SMS", "tier": "P0", "template_id": "winter",
-        "template_version": 1, "manifest": uri,
+        "template_version": 1, "manifest": own,
         "mapping": {"recipient": "phone", "variables": {"name": "first_name"}}})
     assert p0.status_code == 422
 
@@ -238,10 +246,13 @@ def test_cli_uploads_creates_follows_and_summarises(
 
     path = tmp_path / "small.csv"
     path.write_bytes(manifest(50, bad_every=25, offset=300_000))
-    uri = f"s3://{stack.object_store.bucket}/tests/{uuid.uuid4().hex}.csv"
+    uri = f"{tenant_location(stack, 'mkt')}tests/{uuid.uuid4().hex}.csv"
     env = {**os.environ, "NOTIFLOW_TOKEN": tokens["mkt"], "COLUMNS": "250"}
     cli = [sys.executable, "-m", "notiflow.cli", "campaigns"]
-    up = subprocess.run([*cli, "upload", str(path), "--to", uri], env=env,
+    foreign = subprocess.run([*cli, "upload", str(path), "--tenant", "promo", "--to", uri],
+                             env=env, capture_output=True, text=True, timeout=60)
+    assert foreign.returncode == 2, foreign.stdout
+    up = subprocess.run([*cli, "upload", str(path), "--tenant", "mkt", "--to", uri], env=env,
                         capture_output=True, text=True, timeout=60)
     assert up.returncode == 0, up.stderr
     made = subprocess.run([*cli, "create", "--name", "cli sale", "--manifest", uri,

@@ -46,9 +46,10 @@ STATE_RULES = frozenset({
     "unknown_template", "missing_template_variable", "channel_unavailable",
     "variables_too_large", "expired", "scheduled_too_far", "invalid_since", "invalid_cursor",
     "template_syntax_error", "invalid_schedule", "invalid_device_token", "rate_too_high",
-    "quota_too_large", "window_too_long", "window_over", "manifest_unreadable", "not_a_dsn",
+    "quota_too_large", "window_too_long", "window_over", "manifest_unreadable",
+    "manifest_not_allowed", "not_a_dsn",
     "uncorrelated_dsn", "unknown_callback", "unknown_receipt", "invalid_batch",
-    "recipient_not_served", "inbox_not_configured",
+    "recipient_not_served", "inbox_not_configured", "category_tier_not_allowed",
 })
 """The 422/400 reasons the document lists as rules the schema does not state."""
 NOT_STATED = ("scheduled_at must be before expires_at", "ends_at must be after starts_at",
