@@ -29,6 +29,12 @@ DEV_TENANTS: dict[str, dict[str, object]] = {
     "mkt": {"tiers": ["P2", "P3"]},
     "promo": {"tiers": ["P3"], "max_active_campaigns": 2, "max_campaign_recipients": 100_000},
 }
+LOOPBACK_EGRESS: dict[str, str] = {
+    "NOTIFLOW_EGRESS__ALLOW_HTTP": "true",
+    "NOTIFLOW_EGRESS__ALLOW_NETWORKS": '["127.0.0.0/8", "::1/128"]',
+}
+"""Tenant webhooks may reach the loopback receivers and emulators over http (development and
+tests only; the defaults allow neither)."""
 
 
 def free_port() -> int:
@@ -206,6 +212,7 @@ def dev_environment(*, api_port: int, fakes_port: int, time_scale: float = 1.0,
         **vonage_smtp_credentials(fakes_port=fakes_port),
         "NOTIFLOW_VONAGE__STATUS_CALLBACK_URL": f"http://127.0.0.1:{hooks}/webhooks/vonage",
         "NOTIFLOW_SMTP__DSN_WEBHOOK_URL": f"http://127.0.0.1:{hooks}/webhooks/smtp-dsn",
+        **LOOPBACK_EGRESS,
     }
     env.update(extra or {})
     return env, tokens

@@ -9,12 +9,17 @@ Redis (``TRANSPORT_SECURITY``) from the environment only.
 
 from __future__ import annotations
 
+import base64
+import binascii
+import ipaddress
 import os
 import re
 from collections.abc import Iterable
 from datetime import time, timedelta
+from ipaddress import IPv4Network, IPv6Network
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
+from urllib.parse import urlsplit
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import (
@@ -346,6 +351,30 @@ class ClientWebhookRule(_Frozen):
     slot of ``max_in_flight``."""
     statuses: frozenset[str] = frozenset()
     """Statuses that trigger a webhook; empty = every status change."""
+
+
+class EgressSettings(_Frozen):
+    """Where tenant-supplied URLs (status webhooks, campaign webhooks) may lead
+    (``notiflow/egress.py``): public unicast addresses over ``https`` only, unless allowed
+    here. The cloud metadata addresses are refused whatever these say."""
+
+    allow_http: bool = False
+    """Accept ``http://`` URLs (the development environment of ``notiflow.devenv``)."""
+    allow_networks: tuple[IPv4Network | IPv6Network, ...] = ()
+    """Addresses accepted although not public (``["127.0.0.0/8"]`` for the emulators)."""
+    allow_hosts: tuple[str, ...] = ()
+    """Host names whose resolved addresses are accepted although not public (an in-cluster
+    receiver, by its exact name)."""
+    resolve_timeout: timedelta = timedelta(seconds=2)
+    """Longest wait for one name's addresses; a name that does not resolve within it is
+    refused (422 at acceptance, a retried attempt at send time)."""
+    resolvers: int = Field(8, ge=1, le=64)
+    """Threads per process that resolve tenant host names (apart from the loop's own)."""
+
+    @field_validator("allow_hosts")
+    @classmethod
+    def _lower_hosts(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(h.strip().lower().rstrip(".") for h in v if h.strip())
 
 
 class DlqRule(_Frozen):

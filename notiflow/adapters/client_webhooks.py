@@ -15,6 +15,11 @@ asked us to stop (no further attempt of this webhook); any other answer, a redir
 timeout or a connection error → retried on the schedule (Standard Webhooks / Svix: every
 non-``2xx`` is a failure). ``Retry-After`` (seconds or an HTTP date) is returned so the
 scheduler can wait longer than the schedule.
+
+Before any connection the URL is vetted (``adapters/egress.py``): a URL the egress rules
+refuse ends the webhook (:attr:`Verdict.REFUSED`) without a connection attempt; a host that
+does not resolve is a failed attempt (``dns_error``); the connection goes to the vetted
+addresses only.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ import aiohttp
 import orjson
 from pydantic import SecretStr
 
+from notiflow.adapters.egress import Denied, EgressGuard, Vetted, pinned, pinned_connector
 from notiflow.adapters.providers.base import Outcome
 from notiflow.schemas.enums import Status
 from notiflow.schemas.status import rank
@@ -169,8 +175,9 @@ def webhook_id(message_id: str, status: Status | str, attempt: int = 0) -> str:
 
 
 def endpoint_id(url: str) -> str:
-    """``scheme://host:port`` of an http(s) URL: the unit of the circuit breaker (the path,
-    query and credentials are left out). Raises ``ValueError`` for anything else."""
+    """``scheme://host:port`` of an http(s) URL: with the tenant, the unit of the circuit
+    breaker (``flows/webhook_sender.py``; the path, query and credentials are left out).
+    Raises ``ValueError`` for anything else."""
     parts = urlsplit(url)
     scheme = parts.scheme.lower()
     if scheme not in ("http", "https") or not parts.hostname:
@@ -202,6 +209,8 @@ class Verdict(StrEnum):
     """Any other answer, a timeout or a connection error: next step of the schedule."""
     GONE = "gone"
     """``410 Gone``: the receiver does not want this webhook; no further attempt."""
+    REFUSED = "refused"
+    """The egress rules refuse the URL: no connection was attempted, none will be."""
 
 
 def classify(status_code: int) -> Verdict:
@@ -236,7 +245,7 @@ class AttemptResult:
     verdict: Verdict
     reason: str
     """``http_<code>``, ``timeout``, ``connect_error``, ``connection_error:<Class>``,
-    ``internal_error:<Class>``."""
+    ``internal_error:<Class>``, ``dns_error``, ``url_not_allowed:<kind>``."""
     started_at: datetime
     completed_at: datetime
     status_code: int | None = None
@@ -260,23 +269,32 @@ class AttemptResult:
         return Outcome.PERMANENT, self.reason
 
 
-class WebhookClient:
-    """POSTs signed webhooks over one aiohttp session (open it on the loop that uses it);
-    :meth:`post` never raises. Redirects are not followed (a ``3xx`` is a failure)."""
+def unreachable(denied: Denied, at: datetime) -> AttemptResult:
+    """The result of an attempt that did not connect because ``egress`` denied its URL:
+    refused for good, or retried when its host did not resolve."""
+    if denied.reason == "unresolvable":
+        return AttemptResult(Verdict.RETRY, "dns_error", at, at)
+    return AttemptResult(Verdict.REFUSED, f"url_not_allowed:{denied.kind}", at, at)
 
-    def __init__(self, timeout: timedelta, max_connections: int = 64) -> None:
+
+class WebhookClient:
+    """POSTs signed webhooks over one aiohttp session (open it on the loop that uses it) to
+    URLs ``egress`` vetted, at the addresses it vetted; :meth:`post` never raises. Redirects
+    are not followed (a ``3xx`` is a failure); no proxy from the environment is used."""
+
+    def __init__(self, timeout: timedelta, max_connections: int = 64, *,
+                 egress: EgressGuard) -> None:
         self.timeout = aiohttp.ClientTimeout(total=timeout.total_seconds())
         self.max_connections = max_connections
+        self.egress = egress
         self._session: aiohttp.ClientSession | None = None
 
     async def open(self) -> WebhookClient:
         if self._session is None:
             self._session = aiohttp.ClientSession(
-                timeout=self.timeout,
-                connector=aiohttp.TCPConnector(limit=self.max_connections,
-                                               enable_cleanup_closed=True),
+                timeout=self.timeout, connector=pinned_connector(self.max_connections),
                 headers={"user-agent": USER_AGENT, "content-type": "application/json"},
-                auto_decompress=False)
+                auto_decompress=False, trust_env=False)
         return self
 
     async def aclose(self) -> None:
@@ -284,18 +302,32 @@ class WebhookClient:
             await self._session.close()
             self._session = None
 
-    async def post(self, url: str, msg_id: str, body: bytes,
+    async def vet(self, url: str) -> Vetted | AttemptResult:
+        """``url`` vetted for :meth:`post`, or the result of an attempt that cannot
+        connect (:func:`unreachable`)."""
+        verdict = await self.egress.vet(url)
+        if isinstance(verdict, Denied):
+            return unreachable(verdict, datetime.now(UTC))
+        return verdict
+
+    async def post(self, url: str | Vetted, msg_id: str, body: bytes,
                    secrets: Sequence[Secret]) -> AttemptResult:
-        """One attempt, signed with every secret at the current time."""
-        session = (await self.open())._session
-        assert session is not None
+        """One attempt, signed with every secret at the current time, to a URL vetted now
+        (a ``str``) or already (:meth:`vet`)."""
         started = datetime.now(UTC)
         try:
+            target = await self.vet(url) if isinstance(url, str) else url
+            if isinstance(target, AttemptResult):
+                return target
+            session = (await self.open())._session
+            assert session is not None
             headers = signed_headers(secrets, msg_id, int(time.time()), body)
-            async with session.post(url, data=body, headers=headers,
-                                    allow_redirects=False) as resp:
-                code = resp.status
-                after = retry_after(resp.headers.get("retry-after"), datetime.now(UTC))
+            with pinned(target):
+                async with session.post(target.url, data=body, headers=headers,
+                                        allow_redirects=False) as resp:
+                    code = resp.status
+                    after = retry_after(resp.headers.get("retry-after"),
+                                        datetime.now(UTC))
         except TimeoutError:
             return AttemptResult(Verdict.RETRY, "timeout", started, datetime.now(UTC))
         except aiohttp.ClientConnectorError:

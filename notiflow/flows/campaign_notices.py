@@ -5,8 +5,9 @@ webhooks' retry schedule (``client_webhooks.schedule``, scaled), at least once: 
 
 Per tick: read the due notices, claim each attempt (a lightweight transaction on its due
 time: two expanders never make the same attempt), POST, then delete it (``2xx``), give it up
-(``410 Gone``, the schedule exhausted, or a tenant without a secret; kept for operators until
-its TTL, logged) or reschedule it (any other answer, or ``Retry-After`` when later).
+(``410 Gone``, a URL the egress rules refuse, the schedule exhausted, or a tenant without a
+secret; kept for operators until its TTL, logged) or reschedule it (any other answer, or
+``Retry-After`` when later).
 """
 
 from __future__ import annotations
@@ -82,7 +83,7 @@ class Notifier:
         if result.verdict is Verdict.DELIVERED:
             await self.board.done(n)
             return
-        if result.verdict is Verdict.GONE or tries >= len(self.schedule):
+        if result.verdict in (Verdict.GONE, Verdict.REFUSED) or tries >= len(self.schedule):
             await self.board.give_up(n, tries, now, result.reason)
             log.warning("campaign notice %s given up after %d attempts (%s)", n.webhook_id,
                         tries, result.reason)

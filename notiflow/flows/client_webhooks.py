@@ -67,6 +67,7 @@ from notiflow.adapters.client_webhooks import (
 )
 from notiflow.adapters.dlq_crypto import DlqCipher
 from notiflow.adapters.kafka_io import OutRecord, make_headers
+from notiflow.egress import Refusal, check_url
 from notiflow.flows.model import SourceRef, utcnow
 from notiflow.flows.steps import Clock, RawMessage, source_of
 from notiflow.flows.toolbox import guard_and_emit
@@ -396,6 +397,10 @@ class WebhookLogic(StatefulLogic[WebhookJob, DlqRecord, WebhookState]):
             endpoint = endpoint_id(url)
         except ValueError as exc:
             endpoint, problem = "invalid", ("webhook_invalid_url", str(exc))
+        else:
+            refusal = check_url(url, self.settings.egress)
+            if isinstance(refusal, Refusal):
+                problem = ("webhook_url_not_allowed", refusal.detail)
         p = Pending(webhook_id(job.message_id, job.status, job.attempt), job.status, r, url,
                     endpoint, tenant_id, job.message_id, body, job.source, job.tier,
                     due_at=now + self.policy.delays[0],
@@ -462,6 +467,9 @@ class WebhookLogic(StatefulLogic[WebhookJob, DlqRecord, WebhookState]):
             wait = max(timedelta(seconds=res.retry_in), MIN_WAIT)
             p.due_at = now + wait * (1 + self.policy.jitter * self.rng.random())
             return []
+        if res.verdict is Verdict.REFUSED:
+            return self._finish(p, now, ("webhook_url_not_allowed", "invalid_data",
+                                         f"the egress rules refuse the URL ({res.reason})"))
         p.tries += 1
         p.attempts.append(AttemptRecord(
             attempt_no=p.tries, provider_id=p.endpoint, outcome=OUTCOME[res.verdict],

@@ -431,6 +431,7 @@ async def serve(settings: Settings, owner: str, stop: asyncio.Event) -> None:
     from notiflow.adapters.campaign_store import CampaignStore
     from notiflow.adapters.cassandra_store import connect
     from notiflow.adapters.client_webhooks import WebhookClient
+    from notiflow.adapters.egress import EgressGuard
     from notiflow.adapters.kafka_io import AsyncProducer
     from notiflow.adapters.manifests import Manifests as ObjectManifests
     from notiflow.adapters.scheduled_store import ScheduledStore
@@ -438,7 +439,8 @@ async def serve(settings: Settings, owner: str, stop: asyncio.Event) -> None:
     cluster, session = await asyncio.to_thread(connect, settings)
     producer = AsyncProducer(settings)
     signals = AdmissionStore.open(settings)
-    client = WebhookClient(settings.client_webhooks.timeout)
+    client = WebhookClient(settings.client_webhooks.timeout,
+                           egress=EgressGuard(settings.egress))
 
     async def publish(records: Sequence[OutRecord]) -> None:
         await asyncio.gather(*(producer.produce(r) for r in records))

@@ -1,5 +1,5 @@
 """Sending: the POSTs of one process on its own event loop, bounded overall and per
-endpoint, each asked of and told to the endpoint's circuit breaker."""
+tenant endpoint, each asked of and told to the tenant endpoint's circuit breaker."""
 
 from __future__ import annotations
 
@@ -9,13 +9,14 @@ import logging
 import threading
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from pydantic import SecretStr
 
 from notiflow import names, telemetry
 from notiflow.adapters.client_webhooks import AttemptResult, Verdict, WebhookClient
+from notiflow.adapters.egress import EgressGuard
 from notiflow.adapters.secret_watch import watcher
 from notiflow.adapters.worker import loop_thread, register
 from notiflow.secrets import Keyring
@@ -27,17 +28,22 @@ SATURATION = 4
 """The source pauses while more than ``SATURATION * max_in_flight`` POSTs wait for a slot
 or run (those queued behind their own endpoint's limit do not count)."""
 BREAKER_PREFIX = "webhook:"
-"""Breaker ids of client endpoints (``webhook:https://host:443``), apart from providers'."""
+"""Breaker ids of client endpoints (``webhook:<tenant>:https://host:443``), apart from
+providers'."""
 
 
 AttemptOutcome = Literal["accepted", "transient", "permanent", "ambiguous"]
 OUTCOME: dict[Verdict, AttemptOutcome] = {
-    Verdict.DELIVERED: "accepted", Verdict.RETRY: "transient", Verdict.GONE: "permanent"}
+    Verdict.DELIVERED: "accepted", Verdict.RETRY: "transient", Verdict.GONE: "permanent",
+    Verdict.REFUSED: "permanent"}
 """An attempt's outcome, as attempts are recorded and spans say."""
 
 
-def breaker_id(endpoint: str) -> str:
-    return f"{BREAKER_PREFIX}{endpoint}"
+def breaker_id(tenant_id: str, endpoint: str) -> str:
+    """The circuit breaker of ``tenant_id``'s ``endpoint``: one per tenant and endpoint, so a
+    tenant's failing receiver never opens the breaker of another tenant's receiver on the
+    same host (a shared webhook service, one host for all its customers)."""
+    return f"{BREAKER_PREFIX}{tenant_id}:{endpoint}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +59,13 @@ class Request:
     """Trace context of the status change (the POST's span continues it)."""
     attributes: dict[str, Any] | None = None
     """Attributes of the ``notiflow.client_webhook`` span (ids and status, never content)."""
+    tenant_id: str = field(kw_only=True)
+    """Whose endpoint: its breaker and concurrency bound are the tenant's own."""
+
+    @property
+    def unit(self) -> str:
+        """What the breaker and the per-endpoint bound are keyed by (:func:`breaker_id`)."""
+        return breaker_id(self.tenant_id, self.endpoint)
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,9 +88,9 @@ class Sender(Protocol):
 
 class WebhookDispatcher:
     """Makes every POST of this process on one background event loop: one aiohttp session,
-    at most ``max_in_flight`` requests at once and ``max_per_endpoint`` per endpoint, the
-    endpoint's circuit breaker (shared through Redis, like the providers') asked before and
-    told after each request. Thread-safe :meth:`submit`; results arrive as
+    at most ``max_in_flight`` requests at once and ``max_per_endpoint`` per tenant endpoint,
+    the tenant endpoint's circuit breaker (shared through Redis, like the providers') asked
+    before and told after each request. Thread-safe :meth:`submit`; results arrive as
     ``concurrent.futures`` so the Bytewax worker never blocks on the network."""
 
     def __init__(self, settings: Settings,
@@ -120,7 +133,8 @@ class WebhookDispatcher:
     async def _open(self) -> None:
         from notiflow.adapters.breaker import CircuitBreakers
 
-        self._client = await WebhookClient(self.rule.timeout, self.rule.max_in_flight).open()
+        self._client = await WebhookClient(self.rule.timeout, self.rule.max_in_flight,
+                                           egress=EgressGuard(self.settings.egress)).open()
         self._breakers = (self._breaker_factory() if self._breaker_factory is not None
                           else CircuitBreakers(self.settings))
         self._sem = asyncio.Semaphore(self.rule.max_in_flight)
@@ -141,11 +155,12 @@ class WebhookDispatcher:
         return fut
 
     async def _deliver(self, req: Request, fut: concurrent.futures.Future[Result]) -> None:
-        endpoint_sem = self._endpoints.get(req.endpoint)
+        unit = req.unit
+        endpoint_sem = self._endpoints.get(unit)
         if endpoint_sem is None:
-            endpoint_sem = self._endpoints[req.endpoint] = asyncio.Semaphore(
+            endpoint_sem = self._endpoints[unit] = asyncio.Semaphore(
                 self.rule.max_per_endpoint)
-        self._users[req.endpoint] += 1
+        self._users[unit] += 1
         try:
             if self._sem is None:
                 await asyncio.wrap_future(self._opened)
@@ -163,41 +178,46 @@ class WebhookDispatcher:
             if not fut.done():
                 fut.set_exception(exc)
         finally:
-            self._users[req.endpoint] -= 1
-            if self._users[req.endpoint] <= 0:
-                del self._users[req.endpoint]
-                self._endpoints.pop(req.endpoint, None)
+            self._users[unit] -= 1
+            if self._users[unit] <= 0:
+                del self._users[unit]
+                self._endpoints.pop(unit, None)
 
     async def _attempt(self, req: Request) -> Result:
+        """Vet the URL (a refused or unresolvable one never reaches the breaker nor the
+        network), ask the breaker, POST to the vetted addresses, tell the breaker."""
         assert self._client is not None
-        admission = await self._admit(req.endpoint)
+        target = await self._client.vet(req.url)
+        if isinstance(target, AttemptResult):
+            return target
+        admission = await self._admit(req.unit)
         if admission is not None and not admission.admitted:
             return Refused(admission.retry_in)
         with telemetry.span(names.CLIENT_WEBHOOK, req.attributes,
                             parent=req.traceparent) as span:
-            result = await self._client.post(req.url, req.webhook_id, req.body, req.secrets)
+            result = await self._client.post(target, req.webhook_id, req.body, req.secrets)
             if span.is_recording():
                 span.set_attribute(names.ATTR_OUTCOME, OUTCOME[result.verdict])
                 if result.status_code is not None:
                     span.set_attribute("http.response.status_code", result.status_code)
-        await self._record(req.endpoint, result, admission)
+        await self._record(req.unit, result, admission)
         return result
 
-    async def _admit(self, endpoint: str) -> Any:
+    async def _admit(self, unit: str) -> Any:
         try:
-            return await self._breakers.allow(breaker_id(endpoint))
+            return await self._breakers.allow(unit)
         except Exception as exc:
-            log.warning("webhook breaker of %s unavailable (%r); sending", endpoint, exc)
+            log.warning("webhook breaker of %s unavailable (%r); sending", unit, exc)
             return None
 
-    async def _record(self, endpoint: str, result: AttemptResult, admission: Any) -> None:
+    async def _record(self, unit: str, result: AttemptResult, admission: Any) -> None:
         outcome, reason = result.breaker_outcome()
         try:
-            await self._breakers.record(breaker_id(endpoint), outcome, reason,
+            await self._breakers.record(unit, outcome, reason,
                                         result.latency_s, bool(admission and admission.probe),
                                         episode=admission.episode if admission else None)
         except Exception as exc:
-            log.warning("webhook breaker of %s: outcome not recorded (%r)", endpoint, exc)
+            log.warning("webhook breaker of %s: outcome not recorded (%r)", unit, exc)
 
     def close(self) -> None:
         """Stop the loop and close the session and breakers (POSTs in flight are abandoned:

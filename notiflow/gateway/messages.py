@@ -35,6 +35,7 @@ from notiflow.gateway.checks import (
     check_template,
 )
 from notiflow.gateway.direct import tenant_of
+from notiflow.gateway.egress_check import check_webhook_url
 from notiflow.gateway.errors import (
     STORE_ERRORS,
     ApiError,
@@ -356,6 +357,7 @@ async def accept_request(rt: Runtime, tenant: TenantConfig, data: Any, key: str 
     trace_api.get_current_span().set_attributes(
         {names.ATTR_TIER: req.tier.value, names.ATTR_CHANNEL: req.channel.value})
     check_policy(rt.settings, tenant, req)
+    await check_webhook_url(rt, req.status_webhook, "status_webhook")
     trace = traceparent(incoming_trace)
     req_hash = request_hash(req)
     accepted_at = now_ms()

@@ -29,6 +29,7 @@ from notiflow.adapters.campaign_notices import NoticeStore
 from notiflow.adapters.campaign_store import CampaignStore
 from notiflow.adapters.campaign_tally import CampaignTally
 from notiflow.adapters.cassandra_store import CassandraStore, connect
+from notiflow.adapters.egress import EgressGuard
 from notiflow.adapters.idempotency_fence import Fence
 from notiflow.adapters.jwks import JwksCache
 from notiflow.adapters.kafka_io import AsyncProducer, kafka_config
@@ -107,6 +108,8 @@ class Runtime:
         self._sns: SnsCertificates | None = None
         self._topics: tuple[float, frozenset[str]] | None = None
         self.auditor = Auditor(settings)
+        self.egress = EgressGuard(settings.egress)
+        """Vets tenant-supplied URLs at acceptance (``gateway/egress_check.py``)."""
         self._closed = False
 
     @property

@@ -28,6 +28,7 @@ from notiflow.gateway import examples
 from notiflow.gateway.auth import RuntimeDep, Tenant, read_json_object
 from notiflow.gateway.cancel import cancel_if_pending
 from notiflow.gateway.checks import check_lane, check_template
+from notiflow.gateway.egress_check import check_webhook_url
 from notiflow.gateway.errors import invalid_body, not_found, unprocessable
 from notiflow.gateway.messages import check_policy
 from notiflow.gateway.openapi import json_body, link, location, success, tenant_errors
@@ -130,6 +131,7 @@ async def create_schedule(request: Request, tenant: Tenant, rt: RuntimeDep) -> R
     msg = req.message
     check_lane(rt.settings, msg)
     check_policy(rt.settings, tenant, msg)
+    await check_webhook_url(rt, msg.status_webhook, "message.status_webhook")
     await check_template(rt, tenant, msg, msg.variables)
     now = now_ms()
     zone = await resolve_zone(rt, tenant, req)

@@ -209,10 +209,10 @@ def test_open_breaker_waits_without_spending_the_schedule(stack: Settings) -> No
             breakers = CircuitBreakers(s)
             try:
                 for _ in range(5):
-                    state = await breakers.record(breaker_id(endpoint), Outcome.TRANSIENT,
-                                                  "http_500", 0.01)
+                    state = await breakers.record(breaker_id("acme", endpoint),
+                                                  Outcome.TRANSIENT, "http_500", 0.01)
                 assert state is State.OPEN
-                snap = breakers.snapshot(breaker_id(endpoint))
+                snap = breakers.snapshot(breaker_id("acme", endpoint))
                 assert snap is not None
                 return snap.until_us / 1_000_000
             finally:

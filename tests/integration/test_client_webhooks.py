@@ -289,3 +289,41 @@ def test_an_api_message_announces_each_status_change(
         assert rx.first_deliveries(mid) == EVENT_STATUSES
         assert all(h.valid for h in rx.hits)
         assert "+1415" not in str([h.body for h in rx.hits])
+
+
+def test_urls_the_egress_rules_refuse_are_dead_lettered_without_a_connection(
+        ns: Namespace, flow: ManagedProcess) -> None:
+    """Events written straight to Kafka (never seen by the API) whose ``status_webhook`` leads
+    to a metadata, private or IPv4-mapped address end in the DLQ as
+    ``webhook_url_not_allowed``, charged to the tenant; a loopback receiver (allowed in the
+    dev environment) beside them still gets its webhook."""
+    refused = {f"msg_cwh_egress_{i}_{uuid.uuid4().hex}": url for i, url in enumerate((
+        "http://169.254.169.254/latest/meta-data/iam/security-credentials/",
+        "http://10.0.0.1:9/hook", "http://[::ffff:a9fe:a9fe]/",
+        "https://metadata.google.internal/computeMetadata/v1/"))}
+    with Receiver([ns.new, ns.old]) as rx:
+        fine = f"msg_cwh_egress_ok_{uuid.uuid4().hex}"
+        produce(ns.settings, [event(ns, mid, "DELIVERED", url) for mid, url in refused.items()]
+                + [event(ns, fine, "DELIVERED", rx.url("/fine"))])
+
+        def all_dead() -> list[DlqRecord] | None:
+            found = dead_letters(ns, set(refused))
+            return found if {d.message_id for d in found} == set(refused) else None
+
+        found = wait_for(all_dead, timeout=90, what="four dead letters")
+        wait_for(lambda: (fine, "DELIVERED") in rx.seen(), timeout=60, what="the fine one")
+    assert {(d.error_class, d.category, d.tenant_id) for d in found} == {
+        ("webhook_url_not_allowed", "invalid_data", "acme")}
+    assert all(d.attempts == () for d in found)
+
+
+def test_the_api_refuses_a_metadata_status_webhook(
+        stack: Settings, api: str, tokens: dict[str, str]) -> None:
+    r = httpx.post(f"{api}/v1/messages", headers={"Authorization": f"Bearer {tokens['acme']}"},
+                   json={"channel": "SMS", "tier": "P1", "recipient": "+14155552671",
+                         "template_id": "otp", "template_version": 1,
+                         "variables": {"code": "1"},
+                         "status_webhook": "http://169.254.169.254/latest/meta-data"})
+    assert r.status_code == 422, r.text
+    assert (r.json()["reason"], r.json()["field"]) == ("webhook_url_not_allowed",
+                                                       "status_webhook")

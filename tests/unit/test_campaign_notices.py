@@ -80,7 +80,7 @@ def answers(*codes: int, retry_after: float | None = None):  # type: ignore[no-u
 
 
 def settings(secret: bool = True) -> Settings:
-    tenant = TenantConfig(id="mkt", token=SecretStr("t" * 24),
+    tenant = TenantConfig(id="mkt", token=SecretStr("t" * 32),
                           webhook_secrets=(SecretStr(webhook_secret()),) if secret else ())
     return Settings().model_copy(update={"tenants": (tenant,), "time_scale": 1.0})
 

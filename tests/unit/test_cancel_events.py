@@ -6,6 +6,7 @@ again), and merged by the reconciler like any terminal status."""
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from ipaddress import IPv4Network
 
 import orjson
 from bytewax.connectors.kafka import KafkaSourceMessage
@@ -18,7 +19,7 @@ from notiflow.gateway.cancel import cancel_record, snapshot_of_row
 from notiflow.schemas.enums import TERMINAL_STATUSES, Status
 from notiflow.schemas.messages import StatusEvent
 from notiflow.schemas.status import rank
-from notiflow.settings import Settings, TenantConfig
+from notiflow.settings import EgressSettings, Settings, TenantConfig
 from tests.unit.test_client_webhooks_pure import VECTOR_SECRET, Clock, FakeSender, status_of
 
 AT = datetime(2026, 3, 1, 12, 0, 0, 123000, tzinfo=UTC)
@@ -26,9 +27,11 @@ TRACE = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 
 
 def settings() -> Settings:
-    return Settings(tenants=[TenantConfig(id="acme", token="t",
+    return Settings(tenants=[TenantConfig(id="acme", token="t" * 32,
                                           webhook_secrets=[VECTOR_SECRET])],
-                    dlq_key=Fernet.generate_key().decode())
+                    dlq_key=Fernet.generate_key().decode(),
+                    egress=EgressSettings(allow_http=True,
+                                          allow_networks=(IPv4Network("127.0.0.0/8"),)))
 
 
 def row(**over: object) -> dict[str, object]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import concurrent.futures
 import random
 from datetime import UTC, datetime, timedelta
+from ipaddress import IPv4Network
 
 import orjson
 import pytest
@@ -40,7 +41,7 @@ from notiflow.flows.client_webhooks import (
 )
 from notiflow.flows.model import SourceRef
 from notiflow.schemas.enums import Status
-from notiflow.settings import ClientWebhookRule, Settings, TenantConfig
+from notiflow.settings import ClientWebhookRule, EgressSettings, Settings, TenantConfig
 
 # The Standard Webhooks reference vector (standard-webhooks libraries' test suites).
 VECTOR_SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
@@ -312,10 +313,15 @@ class Clock:
 
 def make_settings(**rule: object) -> Settings:
     return Settings(
-        tenants=[TenantConfig(id="acme", token="t", webhook_secrets=[VECTOR_SECRET]),
-                 TenantConfig(id="nosecret", token="u")],
+        tenants=[TenantConfig(id="acme", token="t" * 32, webhook_secrets=[VECTOR_SECRET]),
+                 TenantConfig(id="nosecret", token="u" * 32)],
         dlq_key=Fernet.generate_key().decode(),
+        egress=LOOPBACK,
         client_webhooks=ClientWebhookRule(**rule))  # type: ignore[arg-type]
+
+
+LOOPBACK = EgressSettings(allow_http=True, allow_networks=(IPv4Network("127.0.0.0/8"),))
+"""The receivers of these tests are on loopback, over http (as in the dev environment)."""
 
 
 SRC = SourceRef("notify.events", 0, 7)
@@ -449,6 +455,29 @@ def test_configuration_problems_dead_letter_without_a_request() -> None:
     [b] = logic(s, sender, clock).on_item(job(Status.SENT, url="ftp://x/y"))[0]
     assert (a.error_class, b.error_class) == ("webhook_no_secret", "webhook_invalid_url")
     assert a.category == b.category == "invalid_data" and sender.requests == []
+
+
+@pytest.mark.parametrize("url", [
+    "http://169.254.169.254/latest/meta-data", "https://10.0.0.7/hook",
+    "https://[::ffff:169.254.169.254]/", "https://metadata.google.internal/x",
+    "https://2130706433/hook"])
+def test_a_url_the_egress_rules_refuse_is_dead_lettered_without_a_request(url: str) -> None:
+    s, sender, clock = make_settings(), FakeSender(), Clock()
+    [dlq] = logic(s, sender, clock).on_item(job(Status.SENT, url=url))[0]
+    assert (dlq.error_class, dlq.category, dlq.tenant_id) == (
+        "webhook_url_not_allowed", "invalid_data", "acme")
+    assert sender.requests == []
+
+
+def test_a_url_refused_when_vetted_before_the_post_is_dead_lettered_at_once() -> None:
+    s, sender, clock = make_settings(), FakeSender(), Clock()
+    lg = logic(s, sender, clock)
+    lg.on_item(job(Status.SENT, url="https://rebinds.example/hook"))
+    sender.answer(AttemptResult(Verdict.REFUSED, "url_not_allowed:not_public", clock.now,
+                                clock.now))
+    [dlq] = lg.on_notify()[0]
+    assert (dlq.error_class, dlq.category) == ("webhook_url_not_allowed", "invalid_data")
+    assert dlq.attempts == () and sender.open == 0 and not lg.st.pending
 
 
 def test_snapshot_resumes_a_pending_retry_and_resends_what_was_in_flight() -> None:

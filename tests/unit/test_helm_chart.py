@@ -260,3 +260,35 @@ def test_the_secret_is_mounted_as_a_reloaded_directory_unless_told_otherwise(
                             for m, refs, named in reloaded)
     plain = mounts("secretReload=false")
     assert all(not m and refs == {"notiflow-secrets"} and not named for m, refs, named in plain)
+
+
+def test_egress_is_dns_the_stores_and_public_addresses_only(kube: KubeTools) -> None:
+    """Every notiflow pod's egress: DNS, its namespace, the stores' namespaces, and public
+    addresses; never the metadata, link-local, private or loopback ranges. Off by a value."""
+    from ipaddress import ip_address, ip_network
+
+    from notiflow.egress import METADATA_ADDRESSES
+
+    policies = by_kind(docs(render(kube)), "NetworkPolicy")
+    policy = policies["nf-notiflow-egress"]["spec"]
+    assert policy["policyTypes"] == ["Egress"]
+    assert policy["podSelector"]["matchLabels"] == {"app.kubernetes.io/name": "notiflow",
+                                                    "app.kubernetes.io/instance": "nf"}
+    dns, own, stores, public = policy["egress"]
+    assert {p["port"] for p in dns["ports"]} == {53}
+    assert own == {"to": [{"podSelector": {}}]}
+    assert {t["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"]
+            for t in stores["to"]} == {"kafka", "k8ssandra", "redis", "observability"}
+    blocks = [t["ipBlock"] for t in public["to"]]
+    assert {b["cidr"] for b in blocks} == {"0.0.0.0/0", "::/0"}
+    excepted = [ip_network(c) for b in blocks for c in b["except"]]
+    refused = [*METADATA_ADDRESSES, *(ip_address(a) for a in (
+        "10.1.2.3", "172.16.0.1", "192.168.1.1", "127.0.0.1", "169.254.1.1", "100.64.0.1",
+        "::1", "fe80::1", "fd00::1"))]
+    for ip in refused:
+        assert any(ip.version == n.version and ip in n for n in excepted), ip
+    assert "NetworkPolicy" not in {
+        d["kind"] for d in docs(render(kube, "networkPolicy.egress.enabled=false"))}
+    extra = by_kind(docs(render(kube, "networkPolicy.egress.extraCIDRs={10.20.0.0/16}")),
+                    "NetworkPolicy")["nf-notiflow-egress"]["spec"]["egress"]
+    assert {"ipBlock": {"cidr": "10.20.0.0/16"}} in extra[3]["to"]
