@@ -318,6 +318,12 @@ RECEIPTS = Metric(
 """Counter {receipt}: provider receipts normalised by the webhook receiver (status: DELIVERED,
 FAILED, BOUNCED, …; delivery rate = DELIVERED / accepted); attributes provider, channel,
 status."""
+RECEIPTS_FORGED = Metric(
+    "notiflow.receipts.forged", C, "{receipt}", ("provider", "reason"),
+    "receipts dropped because they do not match the attempt they name")
+"""Counter {receipt}: receipts the reconciler dropped because the attempt they name was sent
+through another provider or under another provider message id (reason: provider,
+provider_message_id, message_id, attempt); attributes provider, reason."""
 
 # --- providers, limits and breakers ----------------------------------------------------------
 

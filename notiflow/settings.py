@@ -1407,6 +1407,17 @@ class Settings(BaseSettings):
 
     # secrets
     dlq_key: SecretStr | None = None
+    correlation_key: SecretStr | None = None
+    """Key of the tags that make SMTP bounce addresses and campaign message ids unforgeable
+    (``notiflow/correlation.py``); ``new,old`` during a rotation. Unset: derived from
+    ``dlq_key``."""
+    recipient_hash_key: SecretStr | None = None
+    """Key of the pseudonymous recipient hashes (HMAC-SHA-256, ``notiflow/redact.py``) stored
+    in Cassandra, Kafka keys, Redis keys and the archive; ``new,old`` during a rotation (the
+    first hashes, every one is looked up). Unset: derived from ``dlq_key``."""
+    recipient_hash_legacy: bool = False
+    """Also look recipients up by the unkeyed SHA-256 hash of earlier releases (a migration
+    window, docs/operations.md, "Recipient hashes"); off by default."""
     secrets_dir: Path | None = None
     """A directory of files named like ``NOTIFLOW_*`` environment variables, one value each
     (a mounted Kubernetes Secret), read as the environment is and winning over it. Set

@@ -10,10 +10,12 @@ Recipe (``build_reconcile_flow``)::
                                           per message: create the row if a direct-producer
                                           message is new, move it to the highest status
                                           (schemas/status.py), history + attempts + index;
-                                          receipts: correlate by the signed message id hint or
-                                          the provider message id, dedup by (provider, event
-                                          id); a hard bounce, unsubscribe or complaint
-                                          suppresses the address; a receipt nobody can
+                                          receipts: matched to the attempt their provider and
+                                          provider message id were recorded for (a hint that
+                                          disagrees: dropped, counted as forged), dedup by
+                                          (provider, event id); a hard bounce,
+                                          unsubscribe or complaint suppresses the
+                                          address; a receipt nobody can
                                           correlate yet is parked (re-published with a later
                                           ``not_before``) for ``receipt_park_for``, then DLQ
       → guard_and_emit                    encode → confirming Kafka sink: DLQ records and
@@ -48,6 +50,7 @@ from notiflow.adapters.kafka_io import DeliveryFailed, OutRecord
 from notiflow.adapters.ports import STORE_DOWN
 from notiflow.adapters.retrying import OUTAGE, until_up
 from notiflow.adapters.worker import WorkerLoop
+from notiflow.flows import receipt_match
 from notiflow.flows.guard import DlqGuard
 from notiflow.flows.model import ReconcileIn, SourcedReceipt, utcnow
 from notiflow.flows.steps import Clock, Encoder, dead_letter, parse_reconcile
@@ -61,6 +64,7 @@ from notiflow.settings import Settings
 
 log = logging.getLogger(__name__)
 _transitions = names.STATUS_TRANSITIONS.create(telemetry.meter())
+_forged = names.RECEIPTS_FORGED.create(telemetry.meter())
 
 CONCURRENCY = 512
 """Messages of a batch applied at once; their reads and writes share requests
@@ -332,56 +336,73 @@ class ApplyStep:
 
     async def _receipts_at_once(self, wave: list[SourcedReceipt],
                                 store: CassandraStore) -> list[DlqRecord | Receipt]:
-        """Receipts as one wave: correlated by the signed message id hint, else by the
-        provider message index; their rows and dedup records read together, their writes
-        decided and sent together (as for events), then the suppressions they imply.
-        Returns parked receipts and DLQ records."""
+        """Receipts as one wave: each matched to the attempt its provider message id was
+        recorded for (the provider message index), else to the attempt its hint names when
+        that attempt's provider and provider message id agree (``receipt_match.py``); a
+        receipt that names an attempt it does not belong to is dropped and counted as
+        forged, one whose attempt is not recorded yet is parked. Their rows and dedup
+        records read together, the suppressions the new ones imply written, then their
+        writes decided and sent together (as for events): a suppression that fails fails
+        the batch before the receipt's dedup row exists, so the retry suppresses again
+        (suppressing is idempotent). Returns parked receipts and DLQ records."""
         now = self.clock()
-        traced = telemetry.enabled()
-        lookups = [sr for sr in wave if traced or sr.receipt.message_id is None]
         found = await asyncio.gather(*(store.message_for_provider_id(
-            sr.receipt.provider_id, sr.receipt.provider_message_id) for sr in lookups))
-        index = {id(sr): row for sr, row in zip(lookups, found, strict=True)}
+            sr.receipt.provider_id, sr.receipt.provider_message_id) for sr in wave))
+        hinted = {sr.receipt.message_id for sr, row in zip(wave, found, strict=True)
+                  if row is None and sr.receipt.message_id is not None}
+        rows = dict(zip(hinted, await asyncio.gather(*(store.attempts(m) for m in hinted)),
+                        strict=True))
         outs: list[DlqRecord | Receipt] = []
-        targets: list[tuple[SourcedReceipt, str, int, trace.Span]] = []
-        for sr in wave:
-            r, idx = sr.receipt, index.get(id(sr))
-            span = self._receipt_span(r, idx)
-            if r.message_id is not None:
-                targets.append((sr, r.message_id, r.attempt or 0, span))
-            elif idx is None:
-                span.end()
-                outs.append(self._park(sr, "unknown provider message id", now))
+        targets: list[tuple[SourcedReceipt, str, int, trace.Span, str]] = []
+        forged: list[tuple[Receipt, receipt_match.Forged]] = []
+        for sr, idx in zip(wave, found, strict=True):
+            r = sr.receipt
+            verdict = (receipt_match.by_index(r, idx) if idx is not None
+                       else receipt_match.by_attempts(r, rows.get(r.message_id or "", [])))
+            if isinstance(verdict, receipt_match.Target):
+                targets.append((sr, verdict.message_id, verdict.attempt,
+                                self._receipt_span(r, idx), verdict.provider_message_id))
+            elif isinstance(verdict, receipt_match.Forged):
+                forged.append((r, verdict))
             else:
-                targets.append((sr, str(idx["message_id"]), int(idx.get("attempt_no") or 0),
-                                span))
+                outs.append(self._park(sr, verdict.why, now))
+        self._drop_forged(forged)
         heads, seens = await asyncio.gather(
             store.heads([t[1] for t in targets]),
             store.receipt_records([(sr.receipt.provider_id, sr.receipt.provider_event_id)
                                    for sr, *_ in targets]))
         plans: list[tuple[_Plan[Receipt], str, bool]] = []
-        for (sr, mid, attempt, span), head, seen in zip(targets, heads, seens, strict=True):
+        for (sr, mid, attempt, span, pmid), head, seen in zip(targets, heads, seens,
+                                                              strict=True):
             r = sr.receipt
             if head is None:
                 span.end()
                 outs.append(self._park(sr, f"no message row {mid}", now))
                 continue
-            args = (mid, r.status, attempt, r.error_code, now, r.provider_id,
-                    r.provider_message_id)
+            args = (mid, r.status, attempt, r.error_code, now, r.provider_id, pmid)
             plans.append((self._plan(
                 store, r, span, head, args,
                 functools.partial(self._receipt_rows, store, r, mid, attempt, seen, now=now)),
                 mid, seen is None))
+        await asyncio.gather(*(self._suppress(store, mid, reason)
+                               for p, mid, new in plans
+                               if new and (reason := suppression_for(p.top)) is not None))
         await self._write(store, [p for p, *_ in plans])
         await self.tally.mark((mid, p.top.status) for p, mid, _ in plans)
         for p, _, _ in plans:
             if p.applied:
                 _transitions.add(1, {"channel": self._channels.get(p.top.provider_id, ""),
                                      "status": p.top.status.value})
-        await asyncio.gather(*(self._suppress(store, mid, reason)
-                               for p, mid, new in plans
-                               if new and (reason := suppression_for(p.top)) is not None))
         return outs
+
+    @staticmethod
+    def _drop_forged(forged: Sequence[tuple[Receipt, receipt_match.Forged]]) -> None:
+        """Count every forged receipt (by provider and what differed); one log line a wave."""
+        for r, f in forged:
+            _forged.add(1, {"provider": r.provider_id, "reason": f.reason})
+        if forged:
+            log.warning("%d receipt(s) dropped as forged, e.g. %s", len(forged),
+                        forged[0][1].detail)
 
     @staticmethod
     def _receipt_rows(store: CassandraStore, r: Receipt, message_id: str, attempt: int,

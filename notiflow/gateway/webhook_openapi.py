@@ -22,14 +22,16 @@ SENDGRID_SIGNATURE: Final = APIKeyHeader(
 VONAGE_SIGNATURE: Final = APIKeyQuery(
     name="sig", scheme_name="VonageSignature", auto_error=False,
     description="SHA-256 HMAC of the other parameters with the signature secret (in the "
-                "query, form or JSON body); receipts are taken unsigned only when no secret is "
-                "configured.")
+                "query, form or JSON body); without a configured secret every receipt is "
+                "refused.")
 SNS_SIGNATURE: Final = APIKeyHeader(
     name="x-amz-sns-message-type", scheme_name="SnsSignature", auto_error=False,
-    description="SNS signs the body itself: `Signature` (RSA, SHA-1 for `SignatureVersion` 1, "
-                "SHA-256 for 2) over the message's fields, checked with the key of the "
-                "certificate at `SigningCertURL`, which must be on an SNS host; the message "
-                "must come from a configured topic. The header names the message type.")
+    description="SNS signs the body itself: `Signature` (RSA, SHA-256 for `SignatureVersion` "
+                "2; SHA-1 for 1 only where `ses.sns_signature_v1` allows it) over the "
+                "message's fields, checked with the key of the certificate at "
+                "`SigningCertURL`, which must be on an SNS host; the message must come from a "
+                "configured topic, its `Timestamp` within `ses.sns_max_age` of now. The "
+                "header names the message type.")
 DSN_SECRET: Final = HTTPBearer(
     scheme_name="DsnWebhookSecret", auto_error=False,
     description="`smtp.dsn_webhook_secret` (the relay's mail pipe cannot sign).")

@@ -17,8 +17,9 @@ and nothing is written; a genuine one is normalised into receipts, each produced
 ``(provider_id, provider_event_id)``). Reports that carry no status (SendGrid ``processed`` /
 ``deferred``, DSN ``delayed``, Vonage ``unknown``) produce nothing. Correlation hints the
 adapters put into the message (Twilio's signed callback query, SendGrid ``custom_args``,
-Vonage ``client-ref``, SMTP ``X-Notiflow-*`` headers / ``Message-ID`` / ``ENVID``) become
-``message_id`` / ``attempt``. ``docs/api.md`` has the status mapping tables.
+Vonage ``client-ref``, the SMTP bounce address's keyed tag) become ``message_id`` /
+``attempt``; the reconciler applies a receipt only to the attempt its provider and provider
+message id were recorded for. ``docs/api.md`` has the status mapping tables.
 
 This module is the HTTP side only (read the body, size limits, error answers, publish): the
 payload parsers and signature checks are the provider packages' ``receipts`` and ``signature``
@@ -52,7 +53,10 @@ from notiflow.adapters.providers.twilio import signature as twilio_signature
 from notiflow.adapters.providers.vonage import receipts as vonage_receipts
 from notiflow.adapters.providers.vonage import signature as vonage_signature
 from notiflow.adapters.providers.webhook import WebhookRefused
+from notiflow.correlation import CorrelationKeyMissing, CorrelationKeys
+from notiflow.gateway import webhook_guard
 from notiflow.gateway.auth import RuntimeDep
+from notiflow.gateway.bodies import read_limited
 from notiflow.gateway.errors import ApiError, bad_request, forbidden, unprocessable
 from notiflow.gateway.runtime import Runtime
 from notiflow.gateway.webhook_openapi import (
@@ -70,6 +74,7 @@ from notiflow.gateway.webhook_openapi import (
     webhook_errors,
 )
 from notiflow.schemas.messages import Receipt
+from notiflow.settings import Settings
 
 log = logging.getLogger("notiflow.gateway.webhooks")
 T = TypeVar("T")
@@ -77,33 +82,27 @@ router = APIRouter()
 _receipts = names.RECEIPTS.create(telemetry.meter())
 
 MAX_BODY = 64 * 1024
-MAX_SENDGRID_BODY = 8 * 1024 * 1024
+MAX_SENDGRID_BODY = 1024 * 1024
+"""SendGrid posts a batch once it reaches 768 KB (or every 30 s)."""
 MAX_DSN_BODY = 2 * 1024 * 1024
-_unsigned_warned: set[str] = set()
-"""Vonage provider ids already warned about taking receipts unsigned."""
 
 
 # shared --------------------------------------------------------------------------------
 
 
-def too_large(limit: int) -> ApiError:
-    return ApiError(413, "payload_too_large", "body_too_large",
-                    f"webhook bodies are limited to {limit} bytes")
-
-
 async def read_body(request: Request, limit: int) -> bytes:
-    """The raw body; ``413`` once it exceeds ``limit`` bytes (declared or streamed)."""
-    declared = request.headers.get("content-length")
-    if declared and declared.isdigit() and int(declared) > limit:
-        raise too_large(limit)
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise too_large(limit)
-        chunks.append(chunk)
-    return b"".join(chunks)
+    """The raw body; ``413`` as soon as it exceeds ``limit`` bytes (declared or streamed),
+    ``408`` when it is too slow (:func:`~notiflow.gateway.bodies.read_limited`)."""
+    return await read_limited(request, limit)
+
+
+def precheck(check: Callable[[], T]) -> T:
+    """``check()`` (one of ``webhook_guard``'s, run before the body is read); ``403`` when
+    it refuses."""
+    try:
+        return check()
+    except WebhookRefused as exc:
+        raise refused(exc) from None
 
 
 async def publish(runtime: Runtime, receipts: Sequence[Receipt],
@@ -179,6 +178,8 @@ def _problem(exc: Exception) -> str:
 async def twilio_status(request: Request, runtime: RuntimeDep) -> Response:
     """One Twilio status callback → at most one receipt; ``403`` unless signed."""
     settings = runtime.settings
+    precheck(lambda: webhook_guard.twilio_headers(runtime.keyring.sections("twilio"),
+                                                  request.headers))
     raw = await read_body(request, MAX_BODY)
     params = dict(parse_qsl(raw.decode(errors="replace"), keep_blank_values=True))
     verified(runtime, "twilio", lambda config: twilio_signature.check_callback(
@@ -201,13 +202,16 @@ async def twilio_status(request: Request, runtime: RuntimeDep) -> Response:
 
 @router.post("/webhooks/sendgrid", response_model=SendgridAnswer,
              responses=webhook_errors(400, 413, r400="`invalid_json`, `invalid_batch`.",
-                                      r413="Bodies are limited to 8 MiB."),
+                                      r413="Bodies are limited to 1 MiB."),
              openapi_extra=SENDGRID_BODY, dependencies=[Depends(SENDGRID_SIGNATURE)])
 async def sendgrid_events(request: Request, runtime: RuntimeDep) -> JSONResponse:
     """One Event Webhook batch → its receipts, all confirmed before the ``200``. ``403`` unless
     signed and fresh; ``400`` when the body is not a JSON array. Malformed events are logged
     and skipped (the answer counts them): a retry of the batch would not mend them."""
     settings = runtime.settings
+    precheck(lambda: webhook_guard.sendgrid_headers(
+        runtime.keyring.sections("sendgrid"), request.headers,
+        settings.provider_webhook_max_age, time.time()))
     raw = await read_body(request, MAX_SENDGRID_BODY)
     verified(runtime, "sendgrid", lambda config: sendgrid_signature.check_event_post(
         config, settings.provider_webhook_max_age, request.headers, raw, time.time()))
@@ -277,16 +281,13 @@ VONAGE_ERRORS: Final = webhook_errors(400, 413, r400="`invalid_json`, `invalid_r
              openapi_extra=VONAGE_BODY)
 async def vonage_dlr(request: Request, runtime: RuntimeDep) -> JSONResponse:
     """One Vonage delivery receipt (GET query, form or JSON POST) → at most one receipt;
-    ``403`` as :func:`~notiflow.adapters.providers.vonage.signature.check_receipt` says (without
-    a signature secret, receipts are taken unsigned, warned once); ``400`` when it is not a
-    delivery receipt."""
+    ``403`` as :func:`~notiflow.adapters.providers.vonage.signature.check_receipt` says (every
+    receipt, when no signature secret is configured); ``400`` when it is not a delivery
+    receipt."""
     settings = runtime.settings
     params = await vonage_params(request)
-    signed = verified(runtime, "vonage", lambda config: vonage_signature.check_receipt(
+    verified(runtime, "vonage", lambda config: vonage_signature.check_receipt(
         config, settings.provider_webhook_max_age, params, time.time()))
-    if not signed and settings.vonage.provider_id not in _unsigned_warned:
-        _unsigned_warned.add(settings.vonage.provider_id)
-        log.warning("vonage.signature_secret is not set: delivery receipts are taken unsigned")
     try:
         receipt = vonage_receipts.dlr_receipt(params, settings.vonage.provider_id,
                                               datetime.now(UTC))
@@ -299,6 +300,19 @@ async def vonage_dlr(request: Request, runtime: RuntimeDep) -> JSONResponse:
 # SMTP DSNs -----------------------------------------------------------------------------
 
 
+ENVELOPE_TO_HEADER: Final = "X-Envelope-To"
+"""The envelope recipient of the bounce, as the relay's pipe names it."""
+
+
+def bounce_keys(settings: Settings) -> CorrelationKeys:
+    """The keys of the bounce addresses' tags; ``403`` when none is configured."""
+    try:
+        return CorrelationKeys.from_settings(settings)
+    except CorrelationKeyMissing:
+        raise refused(WebhookRefused("webhook_not_configured",
+                                     "no correlation key is configured")) from None
+
+
 @router.post("/webhooks/smtp-dsn", response_model=DsnAnswer,
              responses=webhook_errors(401, 413, 422, r413="Bodies are limited to 2 MiB.",
                                       r401="`missing_token`: no `Authorization` header.",
@@ -306,8 +320,10 @@ async def vonage_dlr(request: Request, runtime: RuntimeDep) -> JSONResponse:
              openapi_extra=DSN_BODY, dependencies=[Depends(DSN_SECRET)])
 async def smtp_dsn(request: Request, runtime: RuntimeDep) -> JSONResponse:
     """One bounce from the relay's mail pipe → its receipts. ``401`` without an
-    ``Authorization`` header, ``403`` with another secret; ``422`` when the body is not a
-    DSN or names no message we could correlate."""
+    ``Authorization`` header, ``403`` with another secret (or no correlation key); ``422``
+    when the body is not a DSN or is not addressed to a tagged bounce address
+    (``X-Envelope-To``, the envelope recipient, when the pipe sends it; else the DSN's own
+    recipient headers)."""
     settings = runtime.settings
     if not request.headers.get("authorization"):
         raise ApiError(401, "unauthorized", "missing_token",
@@ -320,10 +336,13 @@ async def smtp_dsn(request: Request, runtime: RuntimeDep) -> JSONResponse:
         report = smtp_receipts.parse_dsn(raw, request.headers.get("content-type"))
     except ValueError as exc:
         raise unprocessable("not_a_dsn", str(exc)) from None
-    if report.message_id is None and report.provider_message_id is None:
-        raise unprocessable("uncorrelated_dsn", "the DSN names no message id, Message-ID, "
-                                                "ENVID or queue id")
-    receipts = smtp_receipts.dsn_receipts(report, settings.smtp.provider_id, datetime.now(UTC))
+    attempt = smtp_receipts.attempt_of(report, bounce_keys(settings),
+                                       request.headers.get(ENVELOPE_TO_HEADER))
+    if attempt is None:
+        raise unprocessable("uncorrelated_dsn", "the DSN is not addressed to a bounce address "
+                                                "with a valid tag")
+    receipts = smtp_receipts.dsn_receipts(report, settings.smtp.provider_id, datetime.now(UTC),
+                                          attempt)
     await publish(runtime, receipts)
     return JSONResponse({"receipts": len(receipts),
                          "ignored": len(report.recipients) - len(receipts)})

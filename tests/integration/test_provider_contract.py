@@ -43,12 +43,14 @@ from notiflow.adapters.providers.fcm.tokens import AccessTokens, ServiceAccount
 from notiflow.adapters.providers.sendgrid.client import SendGridEmail
 from notiflow.adapters.providers.ses.client import SesEmail
 from notiflow.adapters.providers.slack.client import SlackWebhook
+from notiflow.adapters.providers.smtp.bounces import bounce_address
 from notiflow.adapters.providers.smtp.client import SmtpEmail
 from notiflow.adapters.providers.teams.client import TeamsWebhook
 from notiflow.adapters.providers.twilio.client import TwilioSms
 from notiflow.adapters.providers.twilio.signature import signature
 from notiflow.adapters.providers.vonage.client import VonageSms
 from notiflow.adapters.providers.vonage.signature import verify_signature
+from notiflow.correlation import CorrelationKeys
 from notiflow.devenv import free_port
 from notiflow.schemas.enums import Channel, PushPlatform, Tier
 from notiflow.schemas.messages import PushRecipient
@@ -1714,8 +1716,10 @@ async def test_smtp_wire_format(harness: Harness, adapter: TimedClient, emulator
     result = await adapter.send(msg)
     assert_result(result, Outcome.ACCEPTED, None)
     [record] = await emulator.records(msg.message_id)
-    assert (record["subject"], record["body"], record["from"]) == (
-        msg.subject, msg.body, provider_settings.smtp.from_email)
+    assert (record["subject"], record["body"]) == (msg.subject, msg.body)
+    keys = CorrelationKeys.from_settings(provider_settings)
+    assert record["from"] == bounce_address(keys, provider_settings.smtp.from_email,
+                                            msg.message_id, 2)
     assert record["smtp_message_id"] == f"<{msg.message_id}.2@notiflow>"
     assert (record["stage"], record["status"], record["enhanced"]) == ("data_end", 250, "2.0.0")
     assert record["sid"] == result.provider_message_id

@@ -26,7 +26,9 @@ from notiflow.adapters.providers.sendgrid.signature import (
     EVENT_TIMESTAMP_HEADER,
     event_signature,
 )
+from notiflow.adapters.providers.smtp.bounces import bounce_address
 from notiflow.adapters.providers.vonage.signature import signature as vonage_signature
+from notiflow.correlation import CorrelationKeys
 from notiflow.fakes.smtp import build_dsn
 from notiflow.ops.procs import ManagedProcess
 from notiflow.settings import Settings
@@ -383,21 +385,27 @@ def test_p3_sms_through_vonage_ends_delivered_and_never_regresses(
 
 
 def test_smtp_dsn_auth_parsing_and_mapping(stack: Settings, api: str) -> None:
+    """DSNs are correlated only by the tagged bounce address they were sent to; one that
+    quotes a message's headers, ENVID and queue id but not its bounce address is refused."""
     mid, rcpt = f"msg_dsn_{uuid.uuid4().hex}", "kim@dsn-bounce.example.com"
-    queue_ids = {name: secrets.token_hex(6).upper() for name in
-                 ("hard", "soft", "delayed", "envid", "forged", "bodyonly")}
+    keys = CorrelationKeys.from_settings(stack)
+    attempts = {"hard": 3, "soft": 4, "delayed": 5, "envelope": 6, "forged": 7, "bodyonly": 8}
 
     def dsn(name: str, **kw: Any) -> bytes:
-        defaults: dict[str, Any] = {"sender": "notifications@example.com", "rcpt": rcpt,
-                                    "original_headers": original_headers(mid, 3, rcpt),
-                                    "queue_id": queue_ids[name], "envid": f"{mid}.3",
-                                    "diagnostic": "smtp; 550 5.1.1 unknown user"}
+        n = attempts[name]
+        defaults: dict[str, Any] = {
+            "sender": bounce_address(keys, stack.smtp.from_email, mid, n), "rcpt": rcpt,
+            "original_headers": original_headers(mid, n, rcpt),
+            "queue_id": secrets.token_hex(6).upper(), "envid": f"{mid}.{n}",
+            "diagnostic": "smtp; 550 5.1.1 unknown user"}
         return build_dsn(**{**defaults, **kw})
 
-    forged = dsn("forged")
+    forged = dsn("forged", sender=stack.smtp.from_email)
     assert post_dsn(stack, api, forged, auth=False).status_code == 401
     wrong = post_dsn(stack, api, forged, token="not-the-secret")
     assert (wrong.status_code, wrong.json()["reason"]) == (403, "invalid_token")
+    untagged = post_dsn(stack, api, forged)
+    assert (untagged.status_code, untagged.json()["reason"]) == (422, "uncorrelated_dsn")
 
     hard = post_dsn(stack, api, dsn("hard"))
     assert (hard.status_code, hard.json()) == (200, {"receipts": 1, "ignored": 0})
@@ -405,27 +413,43 @@ def test_smtp_dsn_auth_parsing_and_mapping(stack: Settings, api: str) -> None:
     assert soft.json() == {"receipts": 1, "ignored": 0}
     delayed = post_dsn(stack, api, dsn("delayed", action="delayed", status="4.4.1"))
     assert delayed.json() == {"receipts": 0, "ignored": 1}
-    by_envid = post_dsn(stack, api, dsn("envid", original_headers=original_headers(
-        mid, 3, rcpt, ours=False)))
-    assert by_envid.json() == {"receipts": 1, "ignored": 0}
+    by_envelope = httpx.post(
+        f"{api}/webhooks/smtp-dsn", content=dsn("envelope", sender=stack.smtp.from_email),
+        headers={"Authorization": f"Bearer {dsn_secret(stack)}",
+                 "Content-Type": "message/rfc822",
+                 "X-Envelope-To": bounce_address(keys, stack.smtp.from_email, mid, 6)})
+    assert by_envelope.json() == {"receipts": 1, "ignored": 0}
     head, _, body = dsn("bodyonly").partition(b"\r\n\r\n")
     content_type = next(line.split(": ", 1)[1] for line in head.decode().split("\r\n")
                         if line.startswith("Content-Type:"))
-    assert post_dsn(stack, api, body, content_type=content_type).json()["receipts"] == 1
+    bodyonly = httpx.post(f"{api}/webhooks/smtp-dsn", content=body,
+                          headers={"Authorization": f"Bearer {dsn_secret(stack)}",
+                                   "Content-Type": content_type,
+                                   "X-Envelope-To": bounce_address(
+                                       keys, stack.smtp.from_email, mid, 8)})
+    assert bodyonly.json()["receipts"] == 1
 
     not_dsn = post_dsn(stack, api, b"From: a@example.com\r\nSubject: hi\r\n\r\nhello\r\n")
     assert (not_dsn.status_code, not_dsn.json()["reason"]) == (422, "not_a_dsn")
 
     on_topic = {doc["provider_message_id"]: doc
                 for doc, _ in receipts_by_event(stack, "smtp").values()}
-    assert queue_ids["forged"] not in on_topic and queue_ids["delayed"] not in on_topic
+    for name in ("forged", "delayed"):
+        assert f"{mid}.{attempts[name]}@notiflow" not in on_topic
     expected = {"hard": ("BOUNCED", "5.1.1"), "soft": ("FAILED", "5.2.2"),
-                "envid": ("BOUNCED", "5.1.1"), "bodyonly": ("BOUNCED", "5.1.1")}
+                "envelope": ("BOUNCED", "5.1.1"), "bodyonly": ("BOUNCED", "5.1.1")}
     for name, (status, code) in expected.items():
-        doc = on_topic[queue_ids[name]]
+        sent_as = f"{mid}.{attempts[name]}@notiflow"
+        doc = on_topic[sent_as]
         assert (doc["status"], doc["error_code"], doc["raw_status"]) == (status, code, "failed")
-        assert (doc["message_id"], doc["attempt"]) == (mid, 3)
-        assert doc["provider_event_id"] == f"dsn:{queue_ids[name]}:0:failed:{code}"
+        assert (doc["message_id"], doc["attempt"]) == (mid, attempts[name])
+        assert doc["provider_event_id"] == f"dsn:{sent_as}:0:failed:{code}"
+
+
+def dsn_secret(stack: Settings) -> str:
+    secret = stack.smtp.dsn_webhook_secret
+    assert secret is not None
+    return secret.get_secret_value()
 
 
 def test_p3_email_hard_bounce_dsn_ends_bounced(

@@ -1,18 +1,19 @@
 """SMTP (email) adapter over ``aiosmtplib``: a relay reached with ESMTP, optional STARTTLS and
 AUTH (CRAM-MD5, PLAIN or LOGIN, in that order among the mechanisms the server offers).
 
-Each message is one transaction on a pooled connection: ``MAIL FROM:<from_email>`` (with
-``ENVID={message_id}.{attempt}`` when the server offers DSN), ``RCPT TO:<recipient>``,
-``DATA`` and the MIME message of :mod:`~notiflow.adapters.providers.smtp.message` (its
-``From`` header the message's ``sender`` when it names one: bounces still come to
-``from_email``). A ``250``
+Each message is one transaction on a pooled connection: ``MAIL FROM:<bounce address>`` (the
+attempt's tagged VERP address of :mod:`~notiflow.adapters.providers.smtp.bounces` when
+correlation keys are given, else ``from_email``; with ``ENVID={message_id}.{attempt}`` when
+the server offers DSN), ``RCPT TO:<recipient>``, ``DATA`` and the MIME message of
+:mod:`~notiflow.adapters.providers.smtp.message` (its ``From`` header the message's
+``sender`` when it names one: bounces still come to the bounce address). A ``250``
 after the end-of-data terminator is the acceptance; ``provider_message_id`` is the queue id
 the reply names (``queued as ...``), else the Message-ID.
 
 Replies and transport failures are classified by the tables of
 :mod:`~notiflow.adapters.providers.smtp.classify`; ``docs/providers.md`` explains each row.
-SMTP has no idempotency key; the Message-ID and ENVID correlate later bounces (DSNs) with the
-attempt.
+SMTP has no idempotency key; the tagged bounce address alone correlates later bounces (DSNs)
+with the attempt.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import aiosmtplib
 
 from notiflow.adapters.providers.base import OutboundMessage, Outcome, SendResult
 from notiflow.adapters.providers.common import ProviderBase, Rule, seconds, utcnow
+from notiflow.adapters.providers.smtp.bounces import bounce_address
 from notiflow.adapters.providers.smtp.classify import (
     AUTH,
     CONNECT,
@@ -52,6 +54,7 @@ from notiflow.adapters.providers.smtp.message import (
     wire_bytes,
     xtext,
 )
+from notiflow.correlation import CorrelationKeyMissing, CorrelationKeys
 from notiflow.redact import mask
 from notiflow.schemas.enums import Channel
 from notiflow.settings import Settings, SmtpSettings
@@ -113,7 +116,8 @@ class SmtpEmail(ProviderBase):
                  connect_timeout: float | None = None, max_connections: int = 4,
                  max_messages_per_connection: int = 100, idle_timeout: float = 30.0,
                  local_hostname: str | None = None,
-                 clock: Callable[[], datetime] = utcnow) -> None:
+                 clock: Callable[[], datetime] = utcnow,
+                 bounce_keys: CorrelationKeys | None = None) -> None:
         if config.username is not None and config.password is None:
             raise ValueError("smtp.username is set but smtp.password is not")
         if timeout <= 0:
@@ -128,6 +132,7 @@ class SmtpEmail(ProviderBase):
         self._idle_timeout = idle_timeout
         self._local_hostname = local_hostname or socket.gethostname() or "localhost"
         self._clock = clock
+        self._bounce_keys = bounce_keys
         self._slots = asyncio.Semaphore(max_connections)
         self._idle: list[_Connection] = []
         self._closing: set[asyncio.Task[None]] = set()
@@ -149,7 +154,13 @@ class SmtpEmail(ProviderBase):
         ``smtp.password``.
         """
         config = settings.smtp if isinstance(settings, Settings) else settings
-        return cls(config, timeout=seconds(timeout),
+        keys = None
+        if isinstance(settings, Settings):
+            try:
+                keys = CorrelationKeys.from_settings(settings)
+            except CorrelationKeyMissing:
+                log.warning("no correlation key: SMTP bounces cannot be correlated")
+        return cls(config, timeout=seconds(timeout), bounce_keys=keys,
                    connect_timeout=None if connect_timeout is None else seconds(connect_timeout),
                    max_connections=max_connections,
                    max_messages_per_connection=max_messages_per_connection,
@@ -250,7 +261,7 @@ class SmtpEmail(ProviderBase):
             options.append("SMTPUTF8")
         progress.stage = MAIL
         reply = await smtp.execute_command(
-            b"MAIL", b"FROM:" + _quoted(self._config.from_email),
+            b"MAIL", b"FROM:" + _quoted(self.envelope_sender(message)),
             *(o.encode() for o in options), timeout=remaining())
         if reply.code != 250:
             raise _Refused(MAIL, reply.code, reply.message)
@@ -275,6 +286,14 @@ class SmtpEmail(ProviderBase):
         if reply.code != 250:
             raise _Refused(DATA_END, reply.code, reply.message)
         return reply
+
+    def envelope_sender(self, message: OutboundMessage) -> str:
+        """``MAIL FROM`` of an attempt: its tagged bounce address, or ``from_email`` without
+        correlation keys."""
+        if self._bounce_keys is None:
+            return self._config.from_email
+        return bounce_address(self._bounce_keys, self._config.from_email, message.message_id,
+                              message.attempt)
 
     async def _checkout(self, progress: _Progress, budget: float) -> _Connection:
         """A pooled connection (most recently used first) or a new one within ``budget``."""

@@ -1,8 +1,11 @@
 """SMTP bounces (RFC 3464 delivery status notifications) → report → receipts (pure).
 
-A DSN names the message it reports on by the headers the adapter wrote (``X-Notiflow-*``,
-``Message-ID``; ``message``), by ``Original-Envelope-Id`` (the ``ENVID`` xtext), or by the
-relay's queue id (``X-Postfix-Queue-ID``).
+A DSN is correlated only by the tagged bounce address it was sent to
+(:mod:`~notiflow.adapters.providers.smtp.bounces`): the envelope recipient the relay's pipe
+names, or the DSN's own ``To`` / ``Delivered-To`` / ``X-Original-To``. A valid tag proves the
+address is one the adapter used as an attempt's envelope sender, whoever wrote the header; the
+headers and ids the DSN reports about the original message (``X-Notiflow-*``,
+``Message-ID``, ``ENVID``, queue ids) are the bouncer's to write and are never read.
 """
 
 from __future__ import annotations
@@ -13,17 +16,13 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from email import policy
 from email.message import Message
-from email.parser import BytesParser, HeaderParser
+from email.parser import BytesParser
 from email.utils import parsedate_to_datetime
 from typing import Final
 
-from notiflow.adapters.providers.smtp.message import (
-    ATTEMPT_HEADER,
-    MESSAGE_ID_DOMAIN,
-    MESSAGE_ID_HEADER,
-    message_id_header,
-)
-from notiflow.adapters.providers.webhook import correlation
+from notiflow.adapters.providers.smtp.bounces import first_attempt
+from notiflow.adapters.providers.smtp.message import message_id_header
+from notiflow.correlation import CorrelationKeys
 from notiflow.schemas.enums import Status
 from notiflow.schemas.messages import Receipt
 
@@ -42,9 +41,8 @@ SOFT_FAILURE_SUBJECTS: Final = frozenset({"5.3", "5.7"})
 expired, the receiving system's trouble, policy blocks): FAILED rather than BOUNCED."""
 
 _ENHANCED = re.compile(r"\s*([245])\.(\d{1,3})\.(\d{1,3})\b")
-_OUR_MESSAGE_ID = re.compile(
-    rf"<?([A-Za-z0-9_-]{{1,64}})\.(\d{{1,5}})@{re.escape(MESSAGE_ID_DOMAIN)}>?")
-_XTEXT = re.compile(r"\+([0-9A-F]{2})")
+ADDRESSED_TO: Final = ("To", "Delivered-To", "X-Original-To")
+"""The DSN's own headers a bounce address may be read from."""
 _DSN_PARSER = BytesParser(policy=policy.default)
 
 
@@ -60,13 +58,12 @@ class RecipientReport:
 
 @dataclass(frozen=True, slots=True)
 class DeliveryReport:
-    """What a DSN says about one message we sent."""
+    """What a DSN says: its per-recipient blocks, when it was written, and the addresses it
+    was sent to (:data:`ADDRESSED_TO` values, where a bounce address may be found)."""
 
-    message_id: str | None
-    attempt: int | None
-    provider_message_id: str | None
     recipients: tuple[RecipientReport, ...]
     reported_at: datetime | None
+    addressed_to: tuple[str, ...] = ()
 
 
 def _date(value: object) -> datetime | None:
@@ -89,42 +86,6 @@ def _delivery_status(message: Message) -> Message | None:
                 None)
 
 
-def _returned_headers(message: Message) -> Message | None:
-    """The original message's headers a DSN returns (``text/rfc822-headers`` or
-    ``message/rfc822``), if any."""
-    for part in message.walk():
-        kind = part.get_content_type()
-        if kind in ("text/rfc822-headers", "message/rfc822-headers"):
-            payload = part.get_payload(decode=True)
-            text = (payload.decode("utf-8", "replace") if isinstance(payload, bytes)
-                    else str(part.get_payload()))
-            return HeaderParser(policy=policy.default).parsestr(text)
-        if kind == "message/rfc822":
-            inner = part.get_payload()
-            if isinstance(inner, list) and inner and isinstance(inner[0], Message):
-                return inner[0]
-    return None
-
-
-def _xtext_decode(value: str) -> str:
-    return _XTEXT.sub(lambda m: chr(int(m.group(1), 16)), value)
-
-
-def _hint(original: Message | None, envid: str | None) -> tuple[str | None, int | None]:
-    if original is not None:
-        found = correlation(_field(original, MESSAGE_ID_HEADER),
-                            _field(original, ATTEMPT_HEADER))
-        if found[0] is not None:
-            return found
-        ours = _OUR_MESSAGE_ID.fullmatch(_field(original, "Message-ID") or "")
-        if ours:
-            return correlation(ours.group(1), ours.group(2))
-    if envid:
-        message_id, _, attempt = _xtext_decode(envid).rpartition(".")
-        return correlation(message_id, attempt)
-    return None, None
-
-
 def parse_dsn(raw: bytes, content_type: str | None = None) -> DeliveryReport:
     """Read an RFC 3464 delivery status notification posted whole (``message/rfc822``) or as
     its own ``multipart/report`` body (the MIME type then comes from ``content_type``).
@@ -141,7 +102,6 @@ def parse_dsn(raw: bytes, content_type: str | None = None) -> DeliveryReport:
     blocks = [b for b in payload if isinstance(b, Message)] if isinstance(payload, list) else []
     if len(blocks) < 2:
         raise ValueError("the delivery-status part has no per-recipient fields")
-    per_message = blocks[0]
     recipients = []
     for block in blocks[1:]:
         action = (_field(block, "Action") or "").lower()
@@ -149,15 +109,16 @@ def parse_dsn(raw: bytes, content_type: str | None = None) -> DeliveryReport:
         recipients.append(RecipientReport(
             action=action, status=".".join(code.groups()) if code else None,
             last_attempt=_date(block.get("Last-Attempt-Date"))))
-    original = _returned_headers(message)
-    message_id, attempt = _hint(original, _field(per_message, "Original-Envelope-Id"))
-    provider_message_id = _field(per_message, "X-Postfix-Queue-ID")
-    if provider_message_id is None and original is not None:
-        provider_message_id = (_field(original, "Message-ID") or "").strip("<>") or None
-    if provider_message_id is None and message_id is not None and attempt is not None:
-        provider_message_id = message_id_header(message_id, attempt)[1:-1]
-    return DeliveryReport(message_id, attempt, provider_message_id, tuple(recipients),
-                          _date(message.get("Date")))
+    addressed = tuple(str(v) for name in ADDRESSED_TO for v in message.get_all(name) or ())
+    return DeliveryReport(tuple(recipients), _date(message.get("Date")), addressed)
+
+
+def attempt_of(report: DeliveryReport, keys: CorrelationKeys,
+               envelope_to: str | None = None) -> tuple[str, int] | None:
+    """``(message_id, attempt)`` of the first valid bounce address among ``envelope_to``
+    (the envelope recipient the relay's pipe names) and the DSN's :data:`ADDRESSED_TO`
+    headers; None when there is none."""
+    return first_attempt(keys, [envelope_to, *report.addressed_to])
 
 
 def dsn_status(action: str, code: str | None) -> Status | None:
@@ -171,11 +132,17 @@ def dsn_status(action: str, code: str | None) -> Status | None:
     return Status.BOUNCED if hard else Status.FAILED
 
 
-def dsn_receipts(report: DeliveryReport, provider_id: str, now: datetime) -> list[Receipt]:
-    """The receipts of a DSN (none for ``delayed`` or unknown actions). Each recipient's
-    event id is derived from the report's content, so the same DSN posted twice dedups."""
-    if report.provider_message_id is None:
+def dsn_receipts(report: DeliveryReport, provider_id: str, now: datetime,
+                 attempt: tuple[str, int] | None = None) -> list[Receipt]:
+    """The receipts of a DSN about ``attempt`` (:func:`attempt_of`; none without one, or for
+    ``delayed`` or unknown actions). Their provider message id is the attempt's
+    ``Message-ID`` (the reconciler checks the attempt was sent through this provider); each
+    recipient's event id is derived from the report's content, so the same DSN posted twice
+    dedups."""
+    if attempt is None:
         return []
+    message_id, attempt_no = attempt
+    sent_as = message_id_header(message_id, attempt_no)[1:-1]
     receipts = []
     for i, r in enumerate(report.recipients):
         status = dsn_status(r.action, r.status)
@@ -183,14 +150,13 @@ def dsn_receipts(report: DeliveryReport, provider_id: str, now: datetime) -> lis
             continue
         receipts.append(Receipt(
             provider_id=provider_id,
-            provider_event_id=f"dsn:{report.provider_message_id}:{i}:{r.action}:"
-                              f"{r.status or '-'}",
-            provider_message_id=report.provider_message_id,
+            provider_event_id=f"dsn:{sent_as}:{i}:{r.action}:{r.status or '-'}",
+            provider_message_id=sent_as,
             status=status,
             occurred_at=r.last_attempt or report.reported_at or now,
             raw_status=r.action,
             error_code=r.status if r.action == "failed" else None,
-            message_id=report.message_id,
-            attempt=report.attempt,
+            message_id=message_id,
+            attempt=attempt_no,
         ))
     return receipts

@@ -56,18 +56,19 @@ def verify_signature(secret: str, params: Mapping[str, str], *,
 
 
 def check_receipt(config: VonageSettings, max_age: timedelta, params: Mapping[str, str],
-                  now: float) -> bool:
-    """Raise :class:`WebhookRefused` for a receipt of another account (``api-key``), and, when
-    a signature secret is configured, for one without a valid ``sig`` or with a ``timestamp``
-    further than ``max_age`` from ``now`` (Unix seconds). True when the receipt was verified;
-    False when no secret is configured and it is taken unsigned."""
+                  now: float) -> None:
+    """Raise :class:`WebhookRefused` unless the receipt is of this account (``api-key``) and
+    carries a valid ``sig`` with a ``timestamp`` within ``max_age`` of ``now`` (Unix
+    seconds). Without a configured signature secret every receipt is refused
+    (``signature_not_configured``): an unsigned receipt could be anyone's."""
     given_key = params.get("api-key")
     if config.api_key and given_key and not hmac.compare_digest(given_key.encode(),
                                                                 config.api_key.encode()):
         raise WebhookRefused("wrong_account", "the receipt names another Vonage account")
     secret = config.signature_secret
-    if secret is None:
-        return False
+    if secret is None or not secret.get_secret_value():
+        raise WebhookRefused("signature_not_configured",
+                             "no Vonage signature secret is configured")
     if not params.get("sig"):
         raise WebhookRefused("missing_signature", "sig is required")
     stamp = params.get("timestamp", "")
@@ -77,4 +78,3 @@ def check_receipt(config: VonageSettings, max_age: timedelta, params: Mapping[st
     if not verify_signature(secret.get_secret_value(), params, now=now,
                             max_skew_s=max_age.total_seconds()):
         raise WebhookRefused("invalid_signature", "sig does not match this receipt")
-    return True
