@@ -400,6 +400,12 @@ INBOX_OVERFLOWS = Metric(
     "inbox connections closed for falling send_queue frames behind")
 """Counter {connection}: connections closed because the client fell ``send_queue`` frames
 behind, to catch up on reconnect (process: inbox); attributes process."""
+INBOX_REFUSALS = Metric(
+    "notiflow.inbox.refusals", C, "{connection}", ("reason",),
+    "inbox connections refused before the upgrade")
+"""Counter {connection}: WebSocket and event-stream connections refused before the upgrade
+(``inbox/limits.py``): reason server_full (503), tenant_connections or connect_rate (429);
+attributes reason."""
 
 # --- dead letters and client webhooks ---------------------------------------------------------
 

@@ -651,6 +651,19 @@ class TeamsSettings(_Frozen):
     windows (100 an hour) answer ``429``, which the message then waits out."""
 
 
+class ServerLimits(_Frozen):
+    """What one HTTP server process takes at once (docs/api.md, "Limits"): beyond
+    ``max_concurrency`` open connections or requests in progress a new request is answered
+    ``503``; the kernel queues ``backlog`` connections not accepted yet; an idle keep-alive
+    connection is closed after ``keep_alive``; a request line and headers that pass
+    ``max_head_bytes`` unfinished close the connection."""
+
+    max_concurrency: int = Field(1000, ge=1, le=1_000_000)
+    backlog: int = Field(2048, ge=1, le=65535)
+    keep_alive: timedelta = timedelta(seconds=5)
+    max_head_bytes: int = Field(64 * 1024, ge=1024, le=1024 * 1024)
+
+
 class InboxSettings(_Frozen):
     """The in-app channel (``docs/inbox.md``): messages to ``inapp:<user id>`` are stored in
     the user's inbox (Cassandra) by the send flow and pushed live by ``notiflow inbox`` to the
@@ -679,6 +692,20 @@ class InboxSettings(_Frozen):
     catches up from the inbox)."""
     heartbeat: timedelta = timedelta(seconds=25)
     """Ping (WebSocket) or comment (SSE) interval, so proxies keep idle connections."""
+    max_connections: int = Field(20_000, ge=1, le=1_000_000)
+    """Live connections of this process, all tenants together: one more is refused ``503``
+    before the upgrade."""
+    max_connections_per_tenant: int = Field(5_000, ge=1, le=1_000_000)
+    """Live connections of one tenant's users in this process: one more is refused ``429``
+    before the upgrade."""
+    connect_rate: float = Field(50.0, gt=0)
+    """Connections per second one tenant's users may open (a token bucket of
+    ``connect_burst``): a faster one is refused ``429`` with ``Retry-After``."""
+    connect_burst: int = Field(200, ge=1)
+    server: ServerLimits = ServerLimits()
+    """The process's listen backlog and keep-alive; ``max_concurrency`` and
+    ``max_head_bytes`` do not apply (the connection caps above do, and aiohttp bounds a
+    request's head itself: 8190-byte lines and fields, 128 headers)."""
 
 
 class ProviderRoute(_Frozen):
@@ -1284,6 +1311,9 @@ class Settings(BaseSettings):
     tiers (P0, P1), templates, recipients, reads; ``bulk``: sends of bulk-lane tiers (P2,
     P3), provider webhooks, the same reads, at the CPU niceness of the bulk lane's tiers.
     A send of the other lane's tier gets ``421 wrong_lane`` (docs/api.md, "Lanes")."""
+    api_server: ServerLimits = ServerLimits()
+    """What one API process takes at once (uvicorn's ``limit_concurrency``, ``backlog``,
+    ``timeout_keep_alive``; a bound on a request's head)."""
     api_processes: int = Field(1, ge=1, le=64)
     """Worker processes of one ``notiflow api`` (``--processes``), sharing its socket under
     a supervisor. One process runs Python on about one core at most (the GIL): on a host
@@ -1329,6 +1359,9 @@ class Settings(BaseSettings):
     idempotency_ttl: timedelta = timedelta(hours=24)
     outbox_sweep_after: timedelta = timedelta(seconds=30)
     max_variables_bytes: int = 16_384
+    ordering_max_waiting: int = Field(1000, ge=1, le=1_000_000)
+    """Messages one ``ordering_key`` holds in the send flow behind its head (a retry, a
+    breaker wait); one more ends FAILED ``ordering_backlog`` (``flows/ordering.py``)."""
 
     # capacity and pressure (DESIGN.md "Capacity reservation and rate limits")
     mode: Literal["tiered", "shared"] = "tiered"

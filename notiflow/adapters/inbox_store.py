@@ -178,23 +178,35 @@ class InboxStore:
         gap = len(rows) > limit
         return [self._item(r) for r in reversed(rows[:limit])], gap
 
-    async def mark(self, tenant_id: str, user_id: str, message_id: str, target: InboxState,
+    async def plan(self, tenant_id: str, user_id: str, message_id: str, target: InboxState,
                    now: datetime) -> tuple[InboxItem, InboxItem] | None:
-        """Move the item forward to ``target`` (never back): the item before and after, or
-        None when the user has no such item."""
+        """The item as it is and as moving it forward to ``target`` at ``now`` leaves it
+        (nothing written: :meth:`apply` writes it); None when the user has no such item."""
         item = await self.get(tenant_id, user_id, message_id)
-        if item is None:
-            return None
-        columns = marks(target, item.times(), to_ms(now))
+        return None if item is None else (item, moved(item, target, to_ms(now)))
+
+    async def apply(self, before: InboxItem, after: InboxItem, now: datetime) -> None:
+        """Write the state columns ``after`` sets that ``before`` did not (none: no write).
+        Writing them again sets the same states: a retry is harmless."""
+        was = before.times()
+        columns = {c: at for c, at in after.times().items() if at is not None and was[c] is None}
         if not columns:
-            return item, item
+            return
         names = sorted(columns)
         await self._run(self._marks[frozenset(names)], (
-            self._ttl(item.created_at, now), *(columns[c] for c in names), tenant_id, user_id,
-            item.created_at, message_id))
-        return item, replace(item, seen_at=columns.get("seen_at", item.seen_at),
-                             read_at=columns.get("read_at", item.read_at),
-                             archived_at=columns.get("archived_at", item.archived_at))
+            self._ttl(before.created_at, now), *(columns[c] for c in names), before.tenant_id,
+            before.user_id, before.created_at, before.message_id))
+
+
+def moved(item: InboxItem, target: InboxState, now: datetime) -> InboxItem:
+    """``item`` moved forward to ``target`` at ``now`` (:func:`~notiflow.inbox.states.marks`);
+    ``item`` itself when it is there already or beyond."""
+    columns = marks(target, item.times(), now)
+    if not columns:
+        return item
+    return replace(item, seen_at=columns.get("seen_at", item.seen_at),
+                   read_at=columns.get("read_at", item.read_at),
+                   archived_at=columns.get("archived_at", item.archived_at))
 
 
 def channel_key(namespace: str, tenant_id: str, user_id: str) -> str:

@@ -40,12 +40,13 @@ from notiflow.adapters.dlq_crypto import DlqCipher
 from notiflow.adapters.ports import STORE_DOWN, OpenSendPorts
 from notiflow.adapters.pressure import REPORT_EVERY_S
 from notiflow.adapters.providers.base import Outcome
+from notiflow.adapters.providers.chat import breaker_label
 from notiflow.adapters.worker import loop_thread, register
 from notiflow.flows.model import Out, Retry, Work
-from notiflow.flows.ordering import KeyOrder, OrderedState, Skip, order_key
+from notiflow.flows.ordering import KeyOrder, OrderedState, Skip, order_key, refused_events
 from notiflow.flows.routing import Choice
 from notiflow.flows.sending import SendStages
-from notiflow.flows.sending.admit import count_crash
+from notiflow.flows.sending.admit import count_crash, count_crashes
 from notiflow.flows.sending.batch import Batch, Prepared, attempt_key
 from notiflow.flows.sending.context import InfraUnavailable, SendContext
 from notiflow.flows.sending.emit import cancelled
@@ -233,7 +234,8 @@ class Dispatcher:
         log.warning("circuit breaker %s", change)
         if change.shared:
             metrics.breaker_transitions.add(1, {
-                "provider": change.provider_id, "lane": change.lane or "priority",
+                "provider": breaker_label(change.provider_id),
+                "lane": change.lane or "priority",
                 "from": change.old.value, "to": change.new.value,
                 "why": change.why.split(":", 1)[0]})
 
@@ -514,7 +516,7 @@ class SendLogic(StatefulBatchLogic[SendIn, Out, SendState]):
 
     def _ordered(self) -> KeyOrder:
         if self.order is None:
-            self.order = KeyOrder()
+            self.order = KeyOrder(cap=self.d.settings.ordering_max_waiting)
         return self.order
 
     def _collect(self) -> list[Out]:
@@ -528,6 +530,8 @@ class SendLogic(StatefulBatchLogic[SendIn, Out, SendState]):
             out.extend(outs)
             if self.order is not None and w.record.order_seq is not None:
                 self._submit(self.order.ended(w, retried(w, outs)))
+        if self.order is not None and self.order.refused:
+            out.extend(refused_events(self.order, datetime.now(UTC)))
         return out
 
     def _keep(self) -> bool:

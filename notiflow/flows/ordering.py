@@ -15,22 +15,41 @@ on, so its key moves past it.
 
 A key's numbering starts a new epoch once nothing of it was seen for ``idle`` (the tier's
 lease lifetime, longer than any message of the key can live): both steps then forget it.
+
+**Bounds.** While its head waits (a retry over hours), a key would hold every later message
+of its key: :class:`KeyOrder` holds at most ``cap`` messages waiting
+(``Settings.ordering_max_waiting``); one more ends FAILED ``ordering_backlog`` at once (a
+per-message outcome, :func:`refused_events`) and its number is passed like a skipped one, so
+the messages that do go still go in order. Numbers passed are kept as merged ranges, so a long
+run of refusals or suppressions costs one range. An idle key's state is a few fields, kept
+for ``idle`` after its last message and then forgotten by both steps; how many keys are live
+is bounded by what the API admits in that time.
 """
 
 from __future__ import annotations
 
+import bisect
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from typing import Final
 
 import bytewax.operators as op
 from bytewax.dataflow import Stream
 from bytewax.operators import StatefulLogic
 
 from notiflow.flows.model import Work
-from notiflow.flows.steps import Clock
-from notiflow.schemas.messages import IngestRecord
+from notiflow.flows.steps import Clock, status_event
+from notiflow.schemas.enums import Status
+from notiflow.schemas.messages import IngestRecord, StatusEvent
+
+MAX_WAITING: Final = 1000
+"""Messages one key holds waiting by default (``Settings.ordering_max_waiting``)."""
+OVERFLOW_REASON: Final = "ordering_backlog"
+
+Ranges = tuple[tuple[int, int], ...]
+"""Sorted, disjoint, non-adjacent inclusive ranges of numbers."""
 
 
 def order_key(record: IngestRecord) -> str | None:
@@ -54,6 +73,28 @@ def sequence_of(w: Work) -> tuple[str, int]:
 
 def attempt_of(w: Work) -> str:
     return f"{w.message_id}:{w.record.attempt}"
+
+
+def with_number(ranges: Ranges, n: int) -> Ranges:
+    """``ranges`` with ``n`` in them (merged with a neighbour it touches)."""
+    i = bisect.bisect_left(ranges, (n, n))
+    lo, hi = n, n
+    if i > 0 and ranges[i - 1][1] >= n - 1:
+        i -= 1
+        lo, hi = ranges[i][0], max(ranges[i][1], n)
+    j = i
+    while j < len(ranges) and ranges[j][0] <= hi + 1:
+        hi = max(hi, ranges[j][1])
+        j += 1
+    return (*ranges[:i], (lo, hi), *ranges[j:])
+
+
+def past(ranges: Ranges, n: int) -> tuple[int, Ranges]:
+    """The first number from ``n`` on not in ``ranges``, and the ranges above it."""
+    while ranges and ranges[0][0] <= n:
+        n = max(n, ranges[0][1] + 1)
+        ranges = ranges[1:]
+    return n, ranges
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,6 +187,14 @@ class KeyOrder:
     awaiting: str | None = None
     """The message whose next record the key waits for."""
     last_at: datetime = field(default_factory=lambda: datetime.now(UTC))
+    cap: int = MAX_WAITING
+    """Messages held waiting (this epoch's and a newer one's) beyond which one is refused."""
+    passed: Ranges = ()
+    """Numbers of this epoch the key moves past (skipped or refused)."""
+    passed_later: Ranges = ()
+    """The same for the newer epoch ``later`` holds."""
+    refused: tuple[Work, ...] = ()
+    """Messages refused for ``cap`` not taken by :func:`refused_events` yet."""
 
     def offer(self, w: Work) -> list[Work]:
         self.last_at = datetime.now(UTC)
@@ -153,6 +202,10 @@ class KeyOrder:
         if self.epoch is None:
             self.epoch = epoch
         if epoch != self.epoch:
+            if self.full():
+                self.refused += (w,)
+                self.passed_later = with_number(self.passed_later, n)
+                return []
             self.later.append(w)
             return self._release()
         if w.message_id == self.awaiting:
@@ -161,8 +214,16 @@ class KeyOrder:
             return [w]
         if n < self.next or attempt_of(w) == self.head:
             return [w]
+        if n not in self.waiting and self.full():
+            self.refused += (w,)
+            self.passed = with_number(self.passed, n)
+            return self._release()
         self.waiting.setdefault(n, []).append(w)
         return self._release()
+
+    def full(self) -> bool:
+        """Whether the key holds ``cap`` messages waiting."""
+        return len(self.waiting) + len(self.later) >= self.cap
 
     def skip(self, w: Work) -> list[Work]:
         self.last_at = datetime.now(UTC)
@@ -176,7 +237,7 @@ class KeyOrder:
             self.awaiting = None
             self.next = max(self.next, n + 1)
         elif n >= self.next:
-            self.skipped.add(n)
+            self.passed = with_number(self.passed, n)
         return self._release()
 
     def ended(self, w: Work, retried: bool) -> list[Work]:
@@ -200,6 +261,7 @@ class KeyOrder:
         while self.next in self.skipped:
             self.skipped.discard(self.next)
             self.next += 1
+        self.next, self.passed = past(self.passed, self.next)
         if self.next in self.waiting:
             copies = self.waiting.pop(self.next)
             self.head, self.head_n = attempt_of(copies[0]), self.next
@@ -208,11 +270,19 @@ class KeyOrder:
             items, self.later = self.later, []
             self.epoch, self.next = None, 1
             self.skipped.clear()
+            self.passed, self.passed_later = self.passed_later, ()
             out: list[Work] = []
             for item in items:
                 out += self.skip(item.work) if isinstance(item, Skip) else self.offer(item)
             return out
         return []
+
+
+def refused_events(order: KeyOrder, now: datetime) -> list[StatusEvent]:
+    """FAILED ``ordering_backlog`` of each message ``order`` refused since the last call."""
+    refused, order.refused = order.refused, ()
+    return [status_event(w, Status.FAILED, now, f"send.{w.record.tier.value.lower()}",
+                         reason=OVERFLOW_REASON) for w in refused]
 
 
 @dataclass(slots=True)

@@ -53,6 +53,8 @@ from notiflow.settings import Settings, load_settings
 log = logging.getLogger("notiflow.gateway")
 
 GRACEFUL_SHUTDOWN_S = 10
+MAX_ANY_BODY = max(batch.MAX_BATCH_BYTES, webhooks.MAX_DSN_BODY)
+"""The largest body any route takes (:class:`~notiflow.gateway.bodies.BodyCeiling`)."""
 
 REPEAT_INTERVAL_S = 60.0
 _NOISY_WHEN_DOWN = ("notiflow.kafka.producer", "notiflow.kafka.admin", "cassandra.cluster",
@@ -302,6 +304,7 @@ def run_server(app: FastAPI | str, settings: Settings, log_config: dict[str, Any
         workers=workers,
         factory=workers > 1,
         **tls_options(settings),
+        **uvicorn_options(settings.api_server),
     )
     if workers == 1:
         uvicorn.Server(config).run()

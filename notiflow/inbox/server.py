@@ -9,7 +9,10 @@ browser cannot set headers (WebSocket, ``EventSource``), as ``?access_token=``:
 - ``POST /v1/inbox/{message_id}/state`` ``{"state": "seen" | "read" | "archived"}``: moves the
   item forward (never back; the answer is the item as it then is). The user's other live
   connections get a ``state`` event; a first ``seen`` reports the message DELIVERED and a
-  first ``read`` OPENED (receipts to ``notify.receipts``).
+  first ``read`` OPENED (receipts to ``notify.receipts``). A move is stored only after its
+  receipts were acknowledged by Kafka, and answered only after both: when either fails
+  nothing moves, the answer is ``503`` (a WebSocket ``error`` frame), and the client's retry
+  sends the receipts again (the reconciler deduplicates them by ``provider_event_id``).
 - ``GET /v1/inbox/ws``: a WebSocket; the server sends ``item`` and ``state`` events, the
   client may send ``{"type": "mark", "id", "state"}``. ``?since=<cursor>`` first replays the
   items after it.
@@ -23,11 +26,13 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final
 
 import orjson
 from aiohttp import WSMsgType, web
+from cassandra import DriverException
 from opentelemetry.metrics import CallbackOptions, Observation
 from redis.exceptions import RedisError
 
@@ -41,8 +46,10 @@ from notiflow.adapters.inbox_store import (
     channel_key,
     channel_pattern,
 )
-from notiflow.adapters.kafka_io import AsyncProducer, OutRecord, make_headers
+from notiflow.adapters.kafka_io import AsyncProducer, DeliveryFailed, OutRecord, make_headers
+from notiflow.adapters.retrying import OUTAGE
 from notiflow.inbox.hub import Connection, Hub, listen
+from notiflow.inbox.limits import Gate
 from notiflow.inbox.states import COLUMNS, InboxState
 from notiflow.inbox.tokens import TokenRefused, User, verify
 from notiflow.ops.procs import serve_until_signalled
@@ -55,18 +62,34 @@ log = logging.getLogger(__name__)
 RECEIPT_OF: Final = {InboxState.SEEN: Status.DELIVERED, InboxState.READ: Status.OPENED}
 """The receipt a first move into a state reports."""
 REPLAY_LIMIT: Final = 200
+RECEIPT_TIMEOUT_MS: Final = 5_000
+"""How long a mark waits for Kafka to acknowledge its receipts before it is refused."""
+RETRY_AFTER_S: Final = 1
+STORE_FAILURES: Final[tuple[type[BaseException], ...]] = (*OUTAGE, DriverException)
+"""What a failed read or write of the inbox store raises (answered ``store_unavailable``)."""
 REFUSALS: Final[dict[int, type[web.HTTPException]]] = {
     400: web.HTTPBadRequest, 401: web.HTTPUnauthorized, 404: web.HTTPNotFound,
-    422: web.HTTPUnprocessableEntity}
+    422: web.HTTPUnprocessableEntity, 429: web.HTTPTooManyRequests,
+    503: web.HTTPServiceUnavailable}
 
 
 def _json(status: int, doc: Any) -> web.Response:
     return web.Response(status=status, body=orjson.dumps(doc), content_type="application/json")
 
 
-def refusal(status: int, error: str, reason: str) -> web.HTTPException:
+def refusal(status: int, error: str, reason: str,
+            headers: dict[str, str] | None = None) -> web.HTTPException:
     return REFUSALS[status](body=orjson.dumps({"error": error, "reason": reason}),
-                            content_type="application/json")
+                            content_type="application/json", headers=headers)
+
+
+@dataclass(frozen=True, slots=True)
+class NotRecorded:
+    """A mark that did not happen: its receipts (``receipts_unavailable``) or the store
+    (``store_unavailable``) failed. The item did not move, or moved only as far as a retry of
+    the same mark takes it again; the client retries."""
+
+    reason: str
 
 
 class InboxServer:
@@ -79,7 +102,9 @@ class InboxServer:
         self.feed = feed
         self.producer = producer
         self.hub = Hub(settings.inbox.max_connections_per_user)
+        self.gate = Gate(settings.inbox)
         meter = telemetry.meter()
+        self._refusals = names.INBOX_REFUSALS.create(meter)
         names.INBOX_CONNECTIONS.create(meter, callbacks=[self._observe])
         self._frames = names.INBOX_FRAMES.create(meter)
         self._overflows = names.INBOX_OVERFLOWS.create(meter)
@@ -155,24 +180,45 @@ class InboxServer:
         item = await self.mark(user, request.match_info["message_id"], state)
         if item is None:
             raise refusal(404, "not_found", "unknown_item")
+        if isinstance(item, NotRecorded):
+            raise refusal(503, "unavailable", item.reason,
+                          {"Retry-After": str(RETRY_AFTER_S)})
         return _json(200, item.view())
 
-    async def mark(self, user: User, message_id: str, state: InboxState) -> InboxItem | None:
-        """Move an item forward; tell the user's other connections and report receipts."""
-        moved = await self.store.mark(user.tenant_id, user.user_id, message_id, state,
-                                      datetime.now(UTC))
+    async def mark(self, user: User, message_id: str,
+                   state: InboxState) -> InboxItem | NotRecorded | None:
+        """Move an item forward: its receipts first (acknowledged by Kafka), then the store,
+        then the user's other connections are told. None when the user has no such item;
+        :class:`NotRecorded` when the receipts or the store failed (nothing is lost: the
+        client's retry repeats both)."""
+        now = datetime.now(UTC)
+        try:
+            moved = await self.store.plan(user.tenant_id, user.user_id, message_id, state, now)
+        except STORE_FAILURES:
+            return NotRecorded("store_unavailable")
         if moved is None:
             return None
         before, after = moved
         if after.state is before.state:
             return after
+        try:
+            await self.receipts(before, after)
+        except DeliveryFailed:
+            log.warning("inbox: receipts of %s not acknowledged; the mark is refused",
+                        message_id)
+            return NotRecorded("receipts_unavailable")
+        try:
+            await self.store.apply(before, after, now)
+        except STORE_FAILURES:
+            return NotRecorded("store_unavailable")
         with contextlib.suppress(RedisError, OSError):
             await self.feed.publish(user.tenant_id, user.user_id, {
                 "type": "state", "id": message_id, "state": after.state.value})
-        await self.receipts(before, after)
         return after
 
     async def receipts(self, before: InboxItem, after: InboxItem) -> None:
+        """Produce the receipts of the states ``after`` reaches first (``DeliveryFailed``
+        when Kafka does not acknowledge one)."""
         if self.producer is None:
             return
         for state, status in RECEIPT_OF.items():
@@ -189,6 +235,18 @@ class InboxServer:
                 self.settings.receipts_topic, after.message_id.encode(),
                 receipt.model_dump_json(exclude_none=True).encode(),
                 make_headers(after.message_id, after.tenant_id, after.tier)))
+
+    def admitted(self, user: User) -> contextlib.AbstractContextManager[None]:
+        """A place for one more live connection of the user's tenant, held while the
+        returned context is; ``503``/``429`` with ``Retry-After`` (before any upgrade) when
+        the process or the tenant has no room (``inbox/limits.py``)."""
+        refused = self.gate.admit(user.tenant_id)
+        if refused is not None:
+            self._refusals.add(1, {"reason": refused.reason})
+            raise refusal(refused.status,
+                          "unavailable" if refused.status == 503 else "rate_limited",
+                          refused.reason, {"Retry-After": str(refused.retry_after_s)})
+        return self.gate.held(user.tenant_id)
 
     @staticmethod
     def since(value: str | None) -> Cursor | None:
@@ -214,6 +272,11 @@ class InboxServer:
     async def websocket(self, request: web.Request) -> web.StreamResponse:
         user = self.user(request)
         after = self.since(request.query.get("since"))
+        with self.admitted(user):
+            return await self._websocket(request, user, after)
+
+    async def _websocket(self, request: web.Request, user: User,
+                         after: Cursor | None) -> web.StreamResponse:
         ws = web.WebSocketResponse(heartbeat=self.settings.inbox.heartbeat.total_seconds(),
                                    max_msg_size=64 * 1024)
         await ws.prepare(request)
@@ -248,8 +311,9 @@ class InboxServer:
         except (orjson.JSONDecodeError, KeyError, ValueError):
             conn.offer(orjson.dumps({"type": "error", "reason": "invalid_frame"}))
             return
-        if item is None:
-            conn.offer(orjson.dumps({"type": "error", "reason": "unknown_item",
+        if item is None or isinstance(item, NotRecorded):
+            reason = "unknown_item" if item is None else item.reason
+            conn.offer(orjson.dumps({"type": "error", "reason": reason,
                                      "id": str(doc["id"])}))
         else:
             conn.offer(orjson.dumps({"type": "state", "id": item.message_id,
@@ -258,6 +322,11 @@ class InboxServer:
     async def events(self, request: web.Request) -> web.StreamResponse:
         user = self.user(request)
         after = self.since(request.headers.get("Last-Event-ID") or request.query.get("since"))
+        with self.admitted(user):
+            return await self._events(request, user, after)
+
+    async def _events(self, request: web.Request, user: User,
+                      after: Cursor | None) -> web.StreamResponse:
         response = web.StreamResponse(headers={
             "Content-Type": "text/event-stream", "Cache-Control": "no-cache",
             "X-Accel-Buffering": "no"})
@@ -312,7 +381,9 @@ async def build(settings: Settings) -> web.Application:
     here, closed with the app)."""
     cluster, session = await asyncio.to_thread(connect, settings)
     feed = InboxFeed.open(settings)
-    server = InboxServer(settings, InboxStore(session, settings), feed, AsyncProducer(settings))
+    producer = AsyncProducer(settings, **{"delivery.timeout.ms": RECEIPT_TIMEOUT_MS,
+                                          "request.timeout.ms": RECEIPT_TIMEOUT_MS})
+    server = InboxServer(settings, InboxStore(session, settings), feed, producer)
     app = web.Application(client_max_size=64 * 1024)
     app.add_routes(server.routes())
 
@@ -336,11 +407,13 @@ async def build(settings: Settings) -> web.Application:
 
 async def run(settings: Settings, stop: asyncio.Event) -> None:
     app = await build(settings)
-    runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=2.0)
+    limits = settings.inbox.server
+    runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=2.0,
+                           keepalive_timeout=limits.keep_alive.total_seconds())
     await runner.setup()
     try:
-        site = web.TCPSite(runner, settings.inbox.host, settings.inbox.port, backlog=4096,
-                           reuse_address=True)
+        site = web.TCPSite(runner, settings.inbox.host, settings.inbox.port,
+                           backlog=limits.backlog, reuse_address=True)
         await site.start()
         log.info("inbox listening on http://%s:%d", settings.inbox.host, settings.inbox.port)
         await stop.wait()

@@ -3,15 +3,31 @@ order whatever order messages arrive in, with retries blocking their key only.""
 
 from __future__ import annotations
 
+import concurrent.futures
+import itertools
 import pickle
 from datetime import UTC, datetime, timedelta
+from typing import Any, cast
 
 from hypothesis import given
 from hypothesis import strategies as st
 
+from notiflow.flows.dispatch import SendLogic
 from notiflow.flows.model import SourceRef, Work
-from notiflow.flows.ordering import KeyOrder, OrderedState, Sequence, order_key, sequence_of
-from notiflow.schemas.messages import IngestRecord
+from notiflow.flows.ordering import (
+    OVERFLOW_REASON,
+    KeyOrder,
+    OrderedState,
+    Sequence,
+    order_key,
+    past,
+    refused_events,
+    sequence_of,
+    with_number,
+)
+from notiflow.schemas.enums import Status
+from notiflow.schemas.messages import IngestRecord, StatusEvent
+from notiflow.settings import Settings
 
 T0 = datetime(2026, 12, 1, 12, tzinfo=UTC)
 
@@ -122,3 +138,94 @@ def test_state_survives_a_snapshot() -> None:
     restored: OrderedState = pickle.loads(pickle.dumps(OrderedState(order, [first])))
     [second] = restored.order.ended(restored.in_flight[0], retried=False)
     assert sequence_of(second)[1] == 2
+
+
+def test_a_blocked_key_holds_at_most_its_cap_and_fails_the_rest_in_order() -> None:
+    order = KeyOrder(cap=3)
+    [first] = order.offer(numbered(1))
+    assert order.ended(first, retried=True) == []
+    for n in range(2, 1002):
+        assert order.offer(numbered(n)) == []
+    assert sorted(order.waiting) == [2, 3, 4]
+    assert order.passed == ((5, 1001),)
+    events = refused_events(order, T0)
+    assert len(events) == 997 and order.refused == ()
+    assert {(e.status, e.reason) for e in events} == {(Status.FAILED, OVERFLOW_REASON)}
+    assert [e.message_id for e in events[:2]] == ["msg_k5", "msg_k6"]
+    retry = numbered(1, attempt=2)
+    assert order.offer(retry) == [retry]
+    sent = []
+    head = retry
+    while released := order.ended(head, retried=False):
+        [head] = released
+        sent.append(sequence_of(head)[1])
+    assert sent == [2, 3, 4]
+    late = numbered(1002)
+    assert order.offer(late) == [late]
+
+
+def test_suppressions_behind_a_blocked_head_cost_one_range() -> None:
+    order = KeyOrder()
+    [first] = order.offer(numbered(1))
+    order.ended(first, retried=True)
+    for n in range(2, 5_002):
+        order.skip(numbered(n))
+    assert order.passed == ((2, 5_001),) and not order.skipped
+    [again] = order.offer(numbered(1, attempt=2))
+    assert order.ended(again, retried=False) == []
+    assert order.next == 5_002 and order.passed == ()
+
+
+def test_a_newer_epoch_over_the_cap_is_refused_and_passed_after_the_switch() -> None:
+    order = KeyOrder(cap=2)
+    [first] = order.offer(numbered(1))
+    order.offer(numbered(2))
+    assert order.offer(numbered(1, epoch="e2")) == []
+    assert order.offer(numbered(2, epoch="e2")) == []
+    assert [w.record.order_seq for w in order.refused] == ["e2:2"]
+    [second] = order.ended(first, retried=False)
+    [new] = order.ended(second, retried=False)
+    assert sequence_of(new) == ("e2", 1)
+    assert order.ended(new, retried=False) == []
+    third = numbered(3, epoch="e2")
+    assert order.offer(third) == [third]
+
+
+@given(st.lists(st.integers(0, 60), max_size=40), st.integers(0, 70))
+def test_ranges_hold_exactly_the_numbers_put_in(numbers: list[int], start: int) -> None:
+    ranges: tuple[tuple[int, int], ...] = ()
+    for n in numbers:
+        ranges = with_number(ranges, n)
+    held = {n for lo, hi in ranges for n in range(lo, hi + 1)}
+    assert held == set(numbers)
+    assert all(a[1] + 1 < b[0] for a, b in itertools.pairwise(ranges))
+    n, rest = past(ranges, start)
+    expected = start
+    while expected in held:
+        expected += 1
+    assert n == expected
+    assert {m for lo, hi in rest for m in range(lo, hi + 1)} == {m for m in held if m > n}
+
+
+class _Blocked:
+    """A dispatcher whose attempts never end (the head waits for a breaker)."""
+
+    def __init__(self, cap: int) -> None:
+        self.settings = Settings(ordering_max_waiting=cap)
+        self.submitted: list[Work] = []
+
+    def submit(self, works: list[Work]) -> list[concurrent.futures.Future[list[Any]]]:
+        self.submitted += works
+        return [concurrent.futures.Future() for _ in works]
+
+
+def test_the_send_step_answers_an_overflow_with_failed_events() -> None:
+    dispatcher = _Blocked(cap=2)
+    logic = SendLogic(cast(Any, dispatcher), None)
+    outs, _ = logic.on_batch([numbered(n) for n in range(1, 6)])
+    assert [sequence_of(w)[1] for w in dispatcher.submitted] == [1]
+    failed = [o for o in outs if isinstance(o, StatusEvent)]
+    assert [(e.message_id, e.status, e.reason) for e in failed] == [
+        ("msg_k4", Status.FAILED, OVERFLOW_REASON), ("msg_k5", Status.FAILED, OVERFLOW_REASON)]
+    snapshot = logic.snapshot()
+    assert isinstance(snapshot, OrderedState) and sorted(snapshot.order.waiting) == [2, 3]
