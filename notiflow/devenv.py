@@ -84,7 +84,8 @@ def provider_credentials(*, api_port: int, fakes_port: int,
     Also the key pair the SES emulator accepts; SES itself stays off (``ses.access_key_id``
     unset), so the email routes are those of SendGrid and SMTP. The SES emulator's SNS topic
     delivers to the API's ``/webhooks/ses``, which takes certificates from the emulator's
-    loopback host over HTTP."""
+    loopback host over HTTP and SHA-1 signatures too (the emulator signs with either; the
+    third-party validator the tests check its posts with knows SHA-1 only)."""
     fakes = f"http://127.0.0.1:{fakes_port}"
     webhook_key = ec.generate_private_key(ec.SECP256R1())
     webhook_public = webhook_key.public_key().public_bytes(
@@ -105,6 +106,7 @@ def provider_credentials(*, api_port: int, fakes_port: int,
         "NOTIFLOW_SES__SNS_TOPIC_ARNS": f'["{SES_TOPIC}"]',
         "NOTIFLOW_SES__SNS_HOST_PATTERN": r"127\.0\.0\.1",
         "NOTIFLOW_SES__SNS_REQUIRE_HTTPS": "false",
+        "NOTIFLOW_SES__SNS_SIGNATURE_V1": "true",
         "NOTIFLOW_FAKES_SES_SNS_ENDPOINT_URL": f"http://127.0.0.1:{api_port}/webhooks/ses",
         "NOTIFLOW_SLACK__WEBHOOK_PREFIXES": f'["{fakes}/slack/services/"]',
         "NOTIFLOW_TEAMS__WEBHOOK_PREFIXES": (f'["{fakes}/teams/workflows/", '
@@ -182,7 +184,9 @@ def dev_environment(*, api_port: int, fakes_port: int, time_scale: float = 1.0,
     temporary directory); the emulators post receipts to the API on ``webhook_port``
     (default ``api_port``; the bulk lane's API when the lanes run apart). The object store's
     credentials are the local stack's (:func:`object_store_credentials`, stack directory
-    from ``extra`` or the environment's ``NOTIFLOW_STACK_DIR``, default ``.stack``)."""
+    from ``extra`` or the environment's ``NOTIFLOW_STACK_DIR``, default ``.stack``). Ingest
+    records must be bound (``notiflow/ingest_binding.py``): a fresh platform key, and a fresh
+    ``ingest_keys`` entry per tenant for direct producers."""
     stack_dir = Path((extra or {}).get("NOTIFLOW_STACK_DIR")
                      or os.environ.get("NOTIFLOW_STACK_DIR") or ".stack")
     apns_port = apns_port if apns_port is not None else free_port()
@@ -191,9 +195,11 @@ def dev_environment(*, api_port: int, fakes_port: int, time_scale: float = 1.0,
     tokens = {tid: f"nf_{tid}_{secrets.token_urlsafe(24)}" for tid in DEV_TENANTS}
     tenants: list[dict[str, object]] = [
         {"id": tid, "token": tokens[tid], "webhook_secrets": [webhook_secret()],
-         "inbox_keys": [secrets.token_urlsafe(32)], **cfg}
+         "inbox_keys": [secrets.token_urlsafe(32)],
+         "ingest_keys": [secrets.token_urlsafe(32)], **cfg}
         for tid, cfg in DEV_TENANTS.items()]
     env = {
+        "NOTIFLOW_ENVIRONMENT": "development",
         "NOTIFLOW_TENANTS": json.dumps(tenants),
         "NOTIFLOW_API_PORT": str(api_port),
         "NOTIFLOW_FAKES_PORT": str(fakes_port),
@@ -202,6 +208,9 @@ def dev_environment(*, api_port: int, fakes_port: int, time_scale: float = 1.0,
         "NOTIFLOW_TWILIO__AUTH_TOKEN": secrets.token_hex(16),
         "NOTIFLOW_TWILIO__STATUS_CALLBACK_URL": f"http://127.0.0.1:{hooks}/webhooks/twilio",
         "NOTIFLOW_DLQ_KEY": Fernet.generate_key().decode(),
+        "NOTIFLOW_RECIPIENT_HASH_KEY": secrets.token_urlsafe(32),
+        "NOTIFLOW_INGEST_BINDING__KEYS": secrets.token_urlsafe(32),
+        "NOTIFLOW_INGEST_BINDING__REQUIRED": "true",
         "NOTIFLOW_INGEST_ENCRYPTION__KEYS": "dev1:" + base64.urlsafe_b64encode(
             os.urandom(32)).rstrip(b"=").decode(),
         **object_store_credentials(stack_dir),

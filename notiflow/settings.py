@@ -48,12 +48,41 @@ class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
+class RetryBudget(_Frozen):
+    """A tier's retry budget after transient failures (docs/architecture.md, "Retries,
+    expiry and dead letters"; the schedule itself: ``flows/policy.py``). Retry ``n`` is due
+    at a uniformly random time within its window ``[S(n-1), S(n))`` after the budget's first
+    failure, ``S(n)`` being the sum of the first ``n`` caps: full jitter within each window,
+    so the budget covers the sum of its caps however the draws fall."""
+
+    attempts: int = Field(ge=1, le=100)
+    """Attempts in all, the first and the failover included; after the last, the DLQ."""
+    caps: tuple[timedelta, ...]
+    """The width of each retry's window (``attempts - 1`` of them)."""
+    span: timedelta
+    """The design's bound: every attempt starts within it of the first failure (the caps
+    sum to no more, and the tier's TTL is no shorter)."""
+    failover_after: int = Field(1, ge=1, le=100)
+    """Attempts the budget makes before each move to the next vendor (the account that
+    failed the last one is then ranked last): 1 = every retry goes to the other vendor."""
+
+    @model_validator(mode="after")
+    def _fits(self) -> RetryBudget:
+        if len(self.caps) != self.attempts - 1:
+            raise ValueError(f"retry: {self.attempts} attempts need {self.attempts - 1} caps")
+        if any(c < timedelta(0) for c in self.caps):
+            raise ValueError("retry: caps may not be negative")
+        if sum(self.caps, timedelta(0)) > self.span:
+            raise ValueError("retry: the caps sum to more than the span")
+        return self
+
+
 class TierPolicy(_Frozen):
     """Per-tier defaults from DESIGN.md ("Tier policy defaults")."""
 
     sla: timedelta
     ttl: timedelta
-    retry_caps: tuple[timedelta, ...]
+    retry: RetryBudget
     batch_size: int = Field(500, ge=1, le=10_000)
     poll_wait: timedelta = timedelta(milliseconds=20)
     """How long a send flow's worker waits in Kafka for its next ingest record (the wait ends
@@ -125,6 +154,12 @@ class TierPolicy(_Frozen):
     ``priority`` work (its own circuit breakers, throttled when P0's budget is threatened;
     docs/architecture.md, "Reservation at shared bottlenecks")."""
 
+    @model_validator(mode="after")
+    def _budget_within_ttl(self) -> TierPolicy:
+        if self.retry.span > self.ttl:
+            raise ValueError("retry.span exceeds the tier's ttl")
+        return self
+
 
 def _s(*seconds: float) -> tuple[timedelta, ...]:
     return tuple(timedelta(seconds=s) for s in seconds)
@@ -134,7 +169,8 @@ DEFAULT_TIERS: dict[Tier, TierPolicy] = {
     Tier.P0: TierPolicy(
         sla=timedelta(seconds=1),
         ttl=timedelta(seconds=60),
-        retry_caps=_s(0, 1, 3, 10),
+        retry=RetryBudget(attempts=3, caps=_s(0, 2), span=timedelta(seconds=60),
+                          failover_after=2),
         batch_size=100,
         epoch=timedelta(seconds=30),
         max_in_flight=128,
@@ -151,7 +187,7 @@ DEFAULT_TIERS: dict[Tier, TierPolicy] = {
     Tier.P1: TierPolicy(
         sla=timedelta(seconds=10),
         ttl=timedelta(minutes=30),
-        retry_caps=_s(2, 10, 30, 120),
+        retry=RetryBudget(attempts=5, caps=_s(10, 50, 300, 1320), span=timedelta(minutes=30)),
         batch_size=250,
         max_in_flight=64,
         redis_timeout=timedelta(seconds=0.5),
@@ -163,7 +199,7 @@ DEFAULT_TIERS: dict[Tier, TierPolicy] = {
     Tier.P2: TierPolicy(
         sla=timedelta(minutes=5),
         ttl=timedelta(hours=4),
-        retry_caps=_s(30, 120, 600, 1800),
+        retry=RetryBudget(attempts=3, caps=_s(1800, 10800), span=timedelta(hours=4)),
         batch_size=500,
         max_in_flight=64,
         provider_timeout=timedelta(seconds=10),
@@ -174,7 +210,7 @@ DEFAULT_TIERS: dict[Tier, TierPolicy] = {
     Tier.P3: TierPolicy(
         sla=timedelta(hours=1),
         ttl=timedelta(hours=24),
-        retry_caps=_s(300, 1800, 7200),
+        retry=RetryBudget(attempts=4, caps=_s(300, 1800, 7200), span=timedelta(seconds=9300)),
         batch_size=1000,
         max_in_flight=64,
         provider_timeout=timedelta(seconds=30),
@@ -241,14 +277,20 @@ class JwtAuth(_Frozen):
     """How long fetched keys are used before the key set is fetched again."""
     min_refetch: timedelta = timedelta(seconds=30)
     """An unknown key id refetches the key set at most this often (rotation)."""
-    static_tokens: bool = True
-    """Whether the tenants' static tokens are still accepted beside JWTs (development)."""
+    static_tokens: bool = False
+    """Whether the tenants' static tokens are still accepted beside JWTs once ``jwks_url`` is
+    set (a migration); while JWTs are off, static tokens are the only credential."""
 
     @model_validator(mode="after")
     def _complete(self) -> JwtAuth:
         if self.jwks_url and not (self.issuer and self.audience):
             raise ValueError("jwt.jwks_url needs jwt.issuer and jwt.audience")
         return self
+
+    @property
+    def accepts_static_tokens(self) -> bool:
+        """Static tokens authenticate: JWTs are off, or ``static_tokens`` asks for both."""
+        return not self.jwks_url or self.static_tokens
 
 
 def _sender_entry(entry: str) -> str:
@@ -279,8 +321,30 @@ def narrowed_senders(tenant: frozenset[str], token: frozenset[str]) -> frozenset
             | frozenset(e for e in tenant if sender_matches(token, e)))
 
 
+MIN_TOKEN_CHARS = 32
+"""Shortest static bearer token a tenant may have."""
+MIN_INBOX_KEY_BYTES = 32
+"""Shortest HS256 inbox key (RFC 7518 3.2: a key as long as the hash output)."""
+MIN_INGEST_KEY_BYTES = 32
+"""Shortest ingest binding key (HMAC-SHA-256: a key as long as the hash output)."""
+WEBHOOK_SECRET_BYTES = (24, 64)
+"""Bytes a Standard Webhooks secret decodes to (after ``whsec_``)."""
+
+
+def _webhook_secret_bytes(secret: str) -> int | None:
+    """Bytes of a ``whsec_`` + base64 secret; None when it is not base64."""
+    text = secret.strip().removeprefix("whsec_")
+    try:
+        return len(base64.b64decode(text + "=" * (-len(text) % 4), validate=True))
+    except (binascii.Error, ValueError):
+        return None
+
+
 class TenantConfig(_Frozen):
-    """A calling service: its bearer token and what it may send."""
+    """A calling service: its bearer token and what it may send. Its secrets are checked
+    for length at load; an error names the tenant and the field, never the value."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", hide_input_in_errors=True)
 
     id: str = Field(pattern=r"^[a-z0-9][a-z0-9_-]{0,62}$")
     token: SecretStr | None = None
@@ -317,6 +381,11 @@ class TenantConfig(_Frozen):
     webhook_secrets: tuple[SecretStr, ...] = ()
     """Standard Webhooks signing secrets (``whsec_`` + base64) for the tenant's status
     webhooks; every listed secret signs (rotation: add the new one, then drop the old)."""
+    ingest_keys: tuple[SecretStr, ...] = ()
+    """HMAC-SHA-256 keys (at least 32 bytes) the tenant's direct producers sign the records
+    they write to the ingest topics with (``notiflow/ingest_binding.py``); every listed key
+    verifies (rotation: add the new one, then drop the old). Empty: the tenant's records
+    reach the ingest topics only through the platform (API, campaigns, schedules)."""
 
     senders: frozenset[str] = frozenset()
     """Senders the tenant's messages may name (``sender``): SMS numbers, short codes and
@@ -327,6 +396,27 @@ class TenantConfig(_Frozen):
     @classmethod
     def _normalised_senders(cls, v: frozenset[str]) -> frozenset[str]:
         return normalised_senders(v)
+
+    @model_validator(mode="after")
+    def _secret_lengths(self) -> TenantConfig:
+        if self.token is not None and len(self.token.get_secret_value()) < MIN_TOKEN_CHARS:
+            raise ValueError(f"tenant {self.id}: token must have at least {MIN_TOKEN_CHARS} "
+                             "characters")
+        for i, key in enumerate(self.inbox_keys):
+            if len(key.get_secret_value().encode()) < MIN_INBOX_KEY_BYTES:
+                raise ValueError(f"tenant {self.id}: inbox_keys[{i}] must have at least "
+                                 f"{MIN_INBOX_KEY_BYTES} bytes")
+        for i, key in enumerate(self.ingest_keys):
+            if len(key.get_secret_value().encode()) < MIN_INGEST_KEY_BYTES:
+                raise ValueError(f"tenant {self.id}: ingest_keys[{i}] must have at least "
+                                 f"{MIN_INGEST_KEY_BYTES} bytes")
+        low, high = WEBHOOK_SECRET_BYTES
+        for i, secret in enumerate(self.webhook_secrets):
+            size = _webhook_secret_bytes(secret.get_secret_value())
+            if size is None or not low <= size <= high:
+                raise ValueError(f"tenant {self.id}: webhook_secrets[{i}] must be whsec_ + "
+                                 f"base64 of {low} to {high} bytes")
+        return self
 
     def allows_template(self, template_id: str) -> bool:
         return self.templates is None or template_id in self.templates
@@ -470,6 +560,19 @@ class IngestEncryption(_Frozen):
     """How long a process seals with one data key before drawing the next."""
 
 
+class IngestBinding(_Frozen):
+    """Ingest records bound to their tenant (``notiflow/ingest_binding.py``): an HMAC header
+    by the platform key or by a key of the tenant the record names."""
+
+    keys: SecretStr | None = None
+    """Platform keys (at least 32 bytes each) every platform writer signs with, comma
+    separated: the first signs, every one verifies. Unset: one derived from each
+    ``dlq_key``."""
+    required: bool | None = None
+    """Dead-letter records that carry no binding (``tenant_claim_refused``). None: required
+    outside ``development``. A binding that does not verify is refused either way."""
+
+
 class TwilioSettings(_Frozen):
     """Twilio Messages API account; the base URL points at Twilio or at ``notiflow fakes``."""
 
@@ -531,6 +634,13 @@ class SesSettings(_Frozen):
     """Off only for the emulator on loopback."""
     sns_cert_ttl: timedelta = timedelta(hours=24)
     """How long a fetched signing certificate is used before it is fetched again."""
+    sns_max_age: timedelta = Field(timedelta(hours=1), gt=timedelta(0))
+    """Oldest (and furthest future) ``Timestamp`` a delivery may carry; older ones are
+    refused as replays. Keep it above the subscription's retry span (SNS's default policy
+    retries for about 20 seconds). Wall-clock, not scaled by ``time_scale``."""
+    sns_signature_v1: bool = False
+    """Also accept ``SignatureVersion`` 1 (SHA-1); off: only 2 (SHA-256), which the topic
+    must be set to (its ``SignatureVersion`` attribute)."""
 
 
 class FcmSettings(_Frozen):
@@ -1212,7 +1322,16 @@ class Settings(BaseSettings):
         env_nested_delimiter="__",
         frozen=True,
         extra="ignore",
+        hide_input_in_errors=True,
     )
+
+    environment: Literal["development", "production"] = "production"
+    """``development``: the local stack and the emulators (``notiflow.devenv``), where
+    provider endpoints may be plain ``http`` anywhere and the API serves its docs;
+    ``production``: provider endpoints are ``https`` (plain ``http`` only to a loopback
+    address) and the docs are off unless ``api_docs`` turns them on."""
+    api_docs: bool | None = None
+    """Serve ``/docs``, ``/redoc`` and ``/openapi.json``; None: in development only."""
 
     # infrastructure (loopback, non-default ports)
     kafka_bootstrap: str = "127.0.0.1:19092"
@@ -1502,7 +1621,32 @@ class Settings(BaseSettings):
             raise ValueError(f"cassandra_local_dc {self.cassandra_local_dc!r} is not a data "
                              f"centre of cassandra_replication "
                              f"({', '.join(self.cassandra_replication)})")
+        if self.environment != "development":
+            for name, url in self.provider_endpoints():
+                if insecure_endpoint(url):
+                    raise ValueError(f"{name}: plain http to a host other than loopback is "
+                                     "allowed in development only (environment)")
         return self
+
+    def provider_endpoints(self) -> list[tuple[str, str]]:
+        """(setting, URL) of every endpoint the platform sends credentials or messages to:
+        provider APIs, chat webhook prefixes, the identity provider's keys."""
+        found = [("twilio.base_url", self.twilio.base_url),
+                 ("sendgrid.base_url", self.sendgrid.base_url),
+                 ("ses.endpoint_url", self.ses.endpoint_url),
+                 ("fcm.base_url", self.fcm.base_url), ("fcm.token_uri", self.fcm.token_uri),
+                 ("vonage.base_url", self.vonage.base_url),
+                 ("apns.base_url", self.apns.base_url)]
+        found += [("slack.webhook_prefixes", p) for p in self.slack.webhook_prefixes]
+        found += [("teams.webhook_prefixes", p) for p in self.teams.webhook_prefixes]
+        if self.jwt.jwks_url:
+            found.append(("jwt.jwks_url", self.jwt.jwks_url))
+        return found
+
+    @property
+    def serves_api_docs(self) -> bool:
+        """Whether the API serves its docs and OpenAPI document (``api_docs``)."""
+        return self.environment == "development" if self.api_docs is None else self.api_docs
 
     @property
     def cassandra_dc(self) -> str:
@@ -1655,6 +1799,20 @@ class Settings(BaseSettings):
         """Channels with at least one configured provider; others are refused at admission."""
         enabled = self.enabled_providers()
         return frozenset(r.channel for r in self.routes if r.provider_id in enabled)
+
+
+def insecure_endpoint(url: str) -> bool:
+    """``url`` is plain ``http`` (or no URL) to a host that is not a loopback address."""
+    parts = urlsplit(url.replace("://*.", "://", 1))
+    if parts.scheme == "https":
+        return False
+    host = (parts.hostname or "").lower()
+    if host == "localhost":
+        return parts.scheme != "http"
+    try:
+        return parts.scheme != "http" or not ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return True
 
 
 def load_settings(**overrides: Any) -> Settings:

@@ -45,8 +45,11 @@ from notiflow.gateway import (
     templates,
     webhooks,
 )
+from notiflow.gateway.access_log import AccessLog, route_template
+from notiflow.gateway.bodies import BodyCeiling
 from notiflow.gateway.kafka_window import Window
 from notiflow.gateway.runtime import Runtime
+from notiflow.gateway.server_limits import uvicorn_options
 from notiflow.gateway.sweeper import OutboxSweeper
 from notiflow.settings import Settings, load_settings
 
@@ -131,7 +134,9 @@ class Readiness(BaseModel):
 
 
 def build_app(settings: Settings) -> FastAPI:
-    """The ASGI app; resources are created when its lifespan starts."""
+    """The ASGI app; resources are created when its lifespan starts. ``/openapi.json``,
+    ``/docs`` and ``/redoc`` are served only where ``settings.serves_api_docs`` (development
+    by default); ``app.openapi()`` builds the document either way."""
     runtime = Runtime(settings)
 
     @asynccontextmanager
@@ -151,12 +156,17 @@ def build_app(settings: Settings) -> FastAPI:
             await runtime.close()
             log.info("messaging API stopped")
 
+    docs = settings.serves_api_docs
     app = FastAPI(title="notiflow Messaging API", version="1", lifespan=lifespan,
-                  generate_unique_id_function=openapi.operation_id)
+                  generate_unique_id_function=openapi.operation_id,
+                  openapi_url="/openapi.json" if docs else None,
+                  docs_url="/docs" if docs else None, redoc_url="/redoc" if docs else None)
     openapi.install(app)
     app.state.runtime = runtime
-    telemetry.instrument_api(app)
+    telemetry.instrument_api(app, route_template)
     errors.install(app)
+    app.add_middleware(BodyCeiling, limit=MAX_ANY_BODY)
+    app.add_middleware(AccessLog)
     app.include_router(batch.router)
     app.include_router(messages.router)
     direct.serve_directly(app, "/v1/messages", messages.send_message_directly)

@@ -10,6 +10,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from notiflow.adapters.jwks import JwksUnavailable
 from notiflow.gateway import jwt_auth
+from notiflow.gateway.bodies import read_limited
 from notiflow.gateway.errors import ApiError, bad_request, unavailable
 from notiflow.gateway.runtime import Runtime
 from notiflow.settings import TenantConfig
@@ -54,7 +55,7 @@ async def authenticate(request: Request, rt: Annotated[Runtime, Depends(get_runt
         subject = claims.get("sub") or claims.get("client_id") or claims.get("azp")
         request.state.actor = f"jwt:{subject}" if isinstance(subject, str) else "jwt"
         return principal
-    tenant = rt.keyring.tenant_by_token(token) if rule.static_tokens else None
+    tenant = rt.keyring.tenant_by_token(token) if rule.accepts_static_tokens else None
     if tenant is None:
         raise _unauthorized("unknown_token", "the bearer token is not valid")
     request.state.actor = f"token:{tenant.id}"
@@ -72,16 +73,10 @@ RuntimeDep = Annotated[Runtime, Depends(get_runtime)]
 
 
 async def read_json_object(request: Request, limit: int = MAX_BODY_BYTES) -> dict[str, Any]:
-    """The body as a JSON object: ``413`` when over ``limit`` bytes, ``400`` when not JSON,
-    ``422`` when JSON but not an object."""
-    declared = request.headers.get("content-length")
-    if declared and declared.isdigit() and int(declared) > limit:
-        raise ApiError(413, "payload_too_large", "body_too_large",
-                       f"request bodies are limited to {limit} bytes")
-    raw = await request.body()
-    if len(raw) > limit:
-        raise ApiError(413, "payload_too_large", "body_too_large",
-                       f"request bodies are limited to {limit} bytes")
+    """The body as a JSON object: ``413`` as soon as it passes ``limit`` bytes (declared or
+    streamed; :func:`~notiflow.gateway.bodies.read_limited`), ``400`` when not JSON, ``422``
+    when JSON but not an object."""
+    raw = await read_limited(request, limit)
     if not raw.strip():
         raise bad_request("empty_body", "a JSON object body is required")
     try:

@@ -1,8 +1,10 @@
 """``POST /webhooks/ses``: Amazon SES events delivered by an SNS HTTPS subscription.
 
 Every post is checked before anything is done with it: from a configured topic
-(``ses.sns_topic_arns``), its ``SigningCertURL`` on an SNS host, its signature verified with
-that certificate's key (``adapters/providers/ses/sns.py``); otherwise ``403``. Then:
+(``ses.sns_topic_arns``), its ``SigningCertURL`` on an SNS host, its ``Timestamp`` within
+``ses.sns_max_age`` of now, its signature verified with that certificate's key
+(``adapters/providers/ses/sns.py``; ``SignatureVersion`` 2, SHA-256, and 1 only when
+``ses.sns_signature_v1`` allows SHA-1); otherwise ``403``. Then:
 
 - ``SubscriptionConfirmation``: its ``SubscribeURL`` (an SNS host, this topic) is visited,
   which confirms the subscription;
@@ -31,11 +33,12 @@ from notiflow.adapters.providers.ses import receipts as ses_receipts
 from notiflow.adapters.providers.ses import sns
 from notiflow.adapters.providers.ses.sns_http import SnsUnreachable
 from notiflow.adapters.providers.webhook import WebhookRefused
+from notiflow.gateway import webhook_guard
 from notiflow.gateway.auth import RuntimeDep
 from notiflow.gateway.errors import ApiError, bad_request
 from notiflow.gateway.runtime import Runtime
 from notiflow.gateway.webhook_openapi import SES_BODY, SNS_SIGNATURE, SesAnswer, webhook_errors
-from notiflow.gateway.webhooks import publish, read_body, refused
+from notiflow.gateway.webhooks import precheck, publish, read_body, refused
 from notiflow.settings import SesSettings
 
 log = logging.getLogger("notiflow.gateway.ses_webhook")
@@ -65,7 +68,9 @@ async def authentic(runtime: Runtime, config: SesSettings, raw: bytes) -> sns.Sn
         sns.check_topic(msg, config.sns_topic_arns)
         sns.check_url(msg.signing_cert_url, config.sns_host_pattern,
                       require_https=config.sns_require_https, pem=True)
-        sns.verify(msg, await runtime.sns().public_key(msg.signing_cert_url))
+        sns.check_fresh(msg, datetime.now(UTC), config.sns_max_age)
+        sns.verify(msg, await runtime.sns().public_key(msg.signing_cert_url),
+                   sha1=config.sns_signature_v1)
     except WebhookRefused as exc:
         raise refused(exc) from None
     except SnsUnreachable as exc:
@@ -85,6 +90,10 @@ async def ses_events(request: Request, runtime: RuntimeDep) -> JSONResponse:
     """One SNS delivery: a confirmation is confirmed, a notification's SES event becomes at
     most one receipt."""
     config = runtime.settings.ses
+    odd = precheck(lambda: webhook_guard.sns_headers(runtime.keyring.sections("ses"),
+                                                     request.headers))
+    if odd is not None:
+        raise bad_request("not_sns", f"{sns.TYPE_HEADER} is not a message type SNS sends")
     raw = await read_body(request, MAX_SNS_BODY)
     msg = await authentic(runtime, config, raw)
     answer = SesAnswer(receipts=0, malformed=0, ignored=0, confirmed=False)

@@ -48,7 +48,7 @@ async def test_the_worst_fresh_report_wins_and_stale_ones_go(redis_url: str) -> 
 
 def dispatcher(redis_url: str, tier: Tier, prefix: str,
                monkeypatch: pytest.MonkeyPatch) -> tuple[Dispatcher, aioredis.Redis]:
-    monkeypatch.setenv("NOTIFLOW_TENANTS", '[{"id": "acme", "token": "t"}]')
+    monkeypatch.setenv("NOTIFLOW_TENANTS", '[{"id": "acme", "token": "%s"}]' % ("t" * 32))
     s = Settings(redis_url=redis_url, topic_prefix=prefix,
                  dlq_key=Fernet.generate_key().decode())
     policy = s.policy(tier)

@@ -125,7 +125,7 @@ async def test_redis_down_p0_caps_locally_and_marketing_waits(
     from notiflow.schemas.messages import IngestRecord, StatusEvent
     from notiflow.settings import CapRule, Settings
 
-    monkeypatch.setenv("NOTIFLOW_TENANTS", '[{"id": "acme", "token": "t"}]')
+    monkeypatch.setenv("NOTIFLOW_TENANTS", '[{"id": "acme", "token": "%s"}]' % ("t" * 32))
     from cryptography.fernet import Fernet
 
     s = Settings(redis_url=f"redis://127.0.0.1:{free_port()}/0",

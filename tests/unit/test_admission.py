@@ -41,7 +41,7 @@ from notiflow.settings import (
 
 
 def tenant(rate_limit: float | None = None) -> TenantConfig:
-    return TenantConfig(id="acme", token="t", rate_limit=rate_limit)
+    return TenantConfig(id="acme", token="t" * 32, rate_limit=rate_limit)
 
 
 def request(tier: str = "P1", channel: str = "SMS") -> SendRequest:

@@ -24,7 +24,7 @@ from notiflow.schemas.enums import Tier
 from notiflow.settings import Settings, TenantConfig
 
 T0 = datetime(2026, 12, 5, 12, 0, tzinfo=UTC)
-SECRET = "s3cr3t-token-value-0123456789"
+SECRET = "s3cr3t-token-value-0123456789abcdef"
 
 
 def settings(**tenant: Any) -> Settings:

@@ -28,7 +28,7 @@ async def test_concurrent_batches_share_the_process_bound(
 
     monkeypatch.setattr(batch, "accept_request", accept)
     rt: Any = SimpleNamespace(batch_items=asyncio.Semaphore(16))
-    tenant = TenantConfig(id="acme", token="t")  # type: ignore[arg-type]
+    tenant = TenantConfig(id="acme", token="t" * 32)  # type: ignore[arg-type]
     batches = [asyncio.gather(*(batch._item(rt, tenant, {"n": i}, None) for i in range(100)))
                for _ in range(3)]
     results = await asyncio.gather(*batches)

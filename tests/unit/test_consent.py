@@ -177,7 +177,7 @@ def test_cap_windows_follow_the_time_scale() -> None:
 
 def test_tenant_daily_marketing_cap(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("NOTIFLOW_TENANTS",
-                       '[{"id": "acme", "token": "t", "daily_marketing_cap": 2}]')
+                       '[{"id": "acme", "token": "%s", "daily_marketing_cap": 2}]' % ("t" * 32))
     s = Settings(caps={})
     now = utc(2026, 1, 1, 10)
     caps = LocalCaps()

@@ -24,9 +24,14 @@ class Clock:
         return self.now
 
 
+def tok(name: str) -> str:
+    """A bearer token of the minimum length, told apart by ``name``."""
+    return name.ljust(32, "-")
+
+
 def configured(token: str = "t1", twilio: str = "tw1", **extra: object) -> Settings:
-    tenants = [TenantConfig(id="acme", token=token, rate_limit=10.0),
-               TenantConfig(id="globex", token="g1")]
+    tenants = [TenantConfig(id="acme", token=tok(token), rate_limit=10.0),
+               TenantConfig(id="globex", token=tok("g1"))]
     return Settings(tenants=tuple(tenants), twilio={"auth_token": twilio},
                     secrets_rotation_window=timedelta(seconds=WINDOW), **extra)
 
@@ -58,21 +63,21 @@ def test_a_retired_token_is_the_tenant_as_configured_now_until_the_window_ends()
                for t in fresh.tenants]
     ring.reload(fresh.model_copy(update={"tenants": tuple(tenants)}))
     for token in ("t1", "t2"):
-        found = ring.tenant_by_token(token)
+        found = ring.tenant_by_token(tok(token))
         assert found is not None and (found.id, found.rate_limit) == ("acme", 99.0)
     clock.now += WINDOW - 0.001
-    assert ring.tenant_by_token("t1") is not None
+    assert ring.tenant_by_token(tok("t1")) is not None
     clock.now += 0.002
-    assert ring.tenant_by_token("t1") is None
-    assert ring.tenant_by_token("t2") is not None
-    assert ring.tenant_by_token("g1") is not None
+    assert ring.tenant_by_token(tok("t1")) is None
+    assert ring.tenant_by_token(tok("t2")) is not None
+    assert ring.tenant_by_token(tok("g1")) is not None
 
 
 def test_a_tenant_removed_by_a_reload_loses_its_retired_token_at_once() -> None:
     ring = Keyring(configured())
     ring.reload(configured().model_copy(update={"tenants": (
-        TenantConfig(id="globex", token="g1"),)}))
-    assert ring.tenant_by_token("t1") is None
+        TenantConfig(id="globex", token=tok("g1")),)}))
+    assert ring.tenant_by_token(tok("t1")) is None
 
 
 def test_sections_are_current_first_then_retired_each_once() -> None:
@@ -95,7 +100,7 @@ def test_the_window_in_force_at_a_reload_is_the_one_that_counts() -> None:
         "secrets_rotation_window": timedelta(seconds=10 * WINDOW)})
     ring.reload(longer)
     clock.now += WINDOW + 1
-    assert ring.tenant_by_token("t1") is None
+    assert ring.tenant_by_token(tok("t1")) is None
 
 
 Op = tuple[str, int]
@@ -123,6 +128,6 @@ def test_tokens_accepted_match_a_model_of_rotations(ops: list[Op]) -> None:
         for token in issued:
             expected = token == current or (
                 token in retired_at and clock.now < retired_at[token] + WINDOW)
-            found = ring.tenant_by_token(token)
+            found = ring.tenant_by_token(tok(token))
             assert (found is not None) == expected, (token, json.dumps(ops))
             assert found is None or found.id == "acme"

@@ -40,7 +40,7 @@ def token(settings: Settings) -> str | None:
 
 def test_the_directory_is_read_like_the_environment_and_wins(secrets: Path) -> None:
     write(secrets, "NOTIFLOW_TWILIO__AUTH_TOKEN", "from-dir\n")
-    write(secrets, "notiflow_tenants", json.dumps([{"id": "acme", "token": "t1"}]))
+    write(secrets, "notiflow_tenants", json.dumps([{"id": "acme", "token": "t1" * 16}]))
     loaded = Settings()
     assert token(loaded) == "from-dir"
     assert loaded.twilio.account_sid == "AC" + "1" * 32

@@ -4,9 +4,12 @@ certificate may come from (pure; the certificate is fetched by ``sns_http.py``).
 SNS signs the canonical string of a message's fields (``Message``, ``MessageId``,
 ``Subject`` when present, ``SubscribeURL`` and ``Token`` for (un)subscription confirmations,
 ``Timestamp``, ``TopicArn``, ``Type``, each as ``name\\nvalue\\n``) with RSA PKCS#1 v1.5:
-SHA-1 for ``SignatureVersion`` 1, SHA-256 for 2. The certificate is trusted for where it
-lives, not for its chain: ``SigningCertURL`` (and ``SubscribeURL``) must be HTTPS on a host
-of SNS (``sns.<region>.amazonaws.com``), a ``.pem`` file with no user info.
+SHA-1 for ``SignatureVersion`` 1, SHA-256 for 2; version 1 is verified only when the caller
+allows SHA-1, and a message is taken only within a freshness window of its ``Timestamp``
+(:func:`check_fresh`: a captured delivery cannot be replayed later). The certificate is
+trusted for where it lives, not for its chain: ``SigningCertURL`` (and ``SubscribeURL``)
+must be HTTPS on a host of SNS (``sns.<region>.amazonaws.com``), a ``.pem`` file with no user
+info.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import base64
 import binascii
 import re
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any, Final
 from urllib.parse import parse_qs, urlsplit
 
@@ -138,13 +142,30 @@ def check_topic(msg: SnsMessage, topic_arns: tuple[str, ...]) -> None:
         raise WebhookRefused("wrong_account", "the message is from a topic not configured")
 
 
-def verify(msg: SnsMessage, key: rsa.RSAPublicKey) -> None:
+def check_fresh(msg: SnsMessage, now: datetime, max_age: timedelta) -> None:
+    """:class:`WebhookRefused` unless ``msg``'s ``Timestamp`` (ISO 8601 with an offset) is
+    within ``max_age`` of ``now`` (``now`` aware), before or after."""
+    try:
+        at = datetime.fromisoformat(msg.fields["Timestamp"])
+    except (KeyError, ValueError):
+        at = None
+    if at is None or at.tzinfo is None:
+        raise WebhookRefused("stale_message", "the Timestamp is not an ISO 8601 time with "
+                                              "an offset")
+    if abs(now - at) > max_age:
+        raise WebhookRefused("stale_message", f"the message is more than {max_age} away from "
+                                              "now (a replay, or a clock far off)")
+
+
+def verify(msg: SnsMessage, key: rsa.RSAPublicKey, *, sha1: bool = False) -> None:
     """:class:`WebhookRefused` unless ``msg``'s ``Signature`` is ``key``'s over
-    :func:`string_to_sign` with its version's digest."""
-    digest = HASHES.get(msg.fields["SignatureVersion"])
-    if digest is None:
-        raise WebhookRefused("invalid_signature", "unsupported SignatureVersion "
-                                                  f"{msg.fields['SignatureVersion']!r}")
+    :func:`string_to_sign` with its version's digest; ``SignatureVersion`` 1 (SHA-1) only
+    when ``sha1`` allows it."""
+    version = msg.fields["SignatureVersion"]
+    digest = HASHES.get(version)
+    if digest is None or (digest is hashes.SHA1 and not sha1):
+        raise WebhookRefused("invalid_signature", f"unsupported SignatureVersion {version!r}"
+                             + (" (SHA-1 is off: ses.sns_signature_v1)" if digest else ""))
     try:
         signature = base64.b64decode(msg.fields["Signature"], validate=True)
         key.verify(signature, string_to_sign(msg), padding.PKCS1v15(), digest())
