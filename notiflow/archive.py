@@ -9,8 +9,10 @@ provider attempts and receipts), as four Parquet files under the archive's prefi
 
 The manifest is written last and names each file's rows, bytes and SHA-256: a (day, tenant)
 with a manifest is archived; without one it is not (a crash in between leaves files a later
-run overwrites). Recipients are never archived: a message keeps its recipient hash and, for
-phone numbers, the country of its calling code; not the masked address.
+run overwrites). Recipients are never archived: a message keeps its recipient hash (keyed,
+``notiflow.redact.recipient_hash``: not reversible without the recipient hash key) and, for
+phone numbers, the country of its calling code; not the masked address, the content, the
+template variables or the sender. :data:`SCHEMAS` is every column there is.
 """
 
 from __future__ import annotations

@@ -15,8 +15,9 @@ Exporters (``settings.telemetry.exporter``): ``off`` (the default: no SDK and no
 OpenTelemetry work per message; :func:`span` still passes the ``traceparent`` it continues on,
 so records keep theirs),
 ``console`` (JSON lines on stdout), ``otlp-grpc``, ``otlp-http``. Library instrumentation:
-FastAPI (server spans; query strings are dropped from URL attributes, since a Vonage receipt
-carries the recipient there) and Redis (commands only, arguments sanitised) in the API.
+FastAPI (server spans whose URL attributes carry the route template, never the path or
+query string: those may hold a recipient or a device token) and Redis (commands only,
+arguments sanitised) in the API.
 The aiohttp client, cassandra-driver and confluent-kafka instrumentations have no release for
 ``opentelemetry-api`` 1.45.2 (their latest, 0.66b1, pins 1.45.1): provider calls get an
 explicit ``notiflow.provider.call`` span (which also keeps device tokens in APNs URLs out of
@@ -42,7 +43,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -190,6 +191,8 @@ def enabled() -> bool:
 
 _PHONE = re.compile(r"\+[1-9]\d{6,14}\b")
 _EMAIL = re.compile(r"\b[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\.[A-Za-z]{2,}\b")
+HIDDEN_PATH = "<path>"
+"""What a uvicorn access line shows instead of the request's path."""
 _RESERVED = frozenset(vars(logging.makeLogRecord({})).keys()) | {
     "message", "asctime", "trace_id", "span_id", "message_id", "color_message"}
 
@@ -207,14 +210,13 @@ def scrub(text: str) -> str:
 class TraceContextFilter(logging.Filter):
     """Adds ``trace_id``, ``span_id`` (hex; empty outside a span) and ``message_id`` (when
     known: inside :func:`span` / :func:`message_context`, or passed with ``extra=``), and
-    drops the query string from uvicorn's access lines (a Vonage receipt carries the
-    recipient's number there)."""
+    replaces the path of a uvicorn access line by :data:`HIDDEN_PATH` (the API writes its own,
+    by route template: ``gateway/access_log.py``; a path may carry a recipient)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         args = record.args
-        if (record.name == "uvicorn.access" and isinstance(args, tuple) and len(args) >= 3
-                and isinstance(args[2], str) and "?" in args[2]):
-            record.args = (*args[:2], args[2].split("?", 1)[0], *args[3:])
+        if record.name == "uvicorn.access" and isinstance(args, tuple) and len(args) >= 3:
+            record.args = (*args[:2], HIDDEN_PATH, *args[3:])
         ctx = trace.get_current_span().get_span_context()
         record.trace_id = f"{ctx.trace_id:032x}" if ctx.is_valid else ""
         record.span_id = f"{ctx.span_id:016x}" if ctx.is_valid else ""
@@ -422,33 +424,52 @@ def watch_gc() -> None:
     gc.callbacks.append(callback)
 
 
-def _drop_query(span: trace.Span, scope: Mapping[str, Any]) -> None:
-    """FastAPI server span hook: URL attributes without the query string (a Vonage receipt
-    carries the recipient's number there)."""
-    if not span.is_recording():
-        return
-    attrs = getattr(span, "attributes", None) or {}
-    for key in ("http.url", "url.full"):
-        value = attrs.get(key)
-        if isinstance(value, str) and "?" in value:
-            span.set_attribute(key, value.split("?", 1)[0])
-    if "url.query" in attrs:
-        span.set_attribute("url.query", "")
-    target = attrs.get("http.target")
-    if isinstance(target, str) and "?" in target:
-        span.set_attribute("http.target", target.split("?", 1)[0])
+def _origin(url: str) -> str:
+    scheme, sep, rest = url.partition("://")
+    return f"{scheme}{sep}{rest.split('/', 1)[0].split('?', 1)[0]}" if sep else ""
 
 
-def instrument_api(app: Any) -> None:
-    """FastAPI server spans (health checks excluded) and Redis client spans for the API
+def route_only(route_of: Callable[[Mapping[str, Any]], str]
+               ) -> Callable[[trace.Span, Mapping[str, Any]], None]:
+    """A server span hook: the span's name (``<method> <route>``) and every URL attribute
+    name the route (``route_of(scope)``, a template such as ``/v1/recipients/{recipient}``),
+    never the request's path or query string, which may carry a recipient or a device
+    token."""
+
+    def hook(span: trace.Span, scope: Mapping[str, Any]) -> None:
+        if not span.is_recording():
+            return
+        route = route_of(scope)
+        attrs = getattr(span, "attributes", None) or {}
+        for key in ("http.target", "url.path"):
+            if key in attrs:
+                span.set_attribute(key, route)
+        for key in ("http.url", "url.full"):
+            value = attrs.get(key)
+            if isinstance(value, str):
+                span.set_attribute(key, _origin(value) + route)
+        if "url.query" in attrs:
+            span.set_attribute("url.query", "")
+        if "http.route" in attrs:
+            span.set_attribute("http.route", route)
+        method = str(getattr(span, "name", "") or "").split(" ", 1)[0] or "HTTP"
+        span.update_name(f"{method} {route}")
+
+    return hook
+
+
+def instrument_api(app: Any, route_of: Callable[[Mapping[str, Any]], str]) -> None:
+    """FastAPI server spans (health checks excluded) whose URL attributes carry the route
+    template ``route_of(scope)`` (:func:`route_only`), and Redis client spans, for the API
     process; a no-op while export is off."""
-    if not enabled():
+    if _state is None or _state.tracer_provider is None:
         return
     from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
     from opentelemetry.instrumentation.redis import RedisInstrumentor
 
     FastAPIInstrumentor.instrument_app(app, excluded_urls="/healthz,/readyz",
-                                       server_request_hook=_drop_query,
+                                       server_request_hook=route_only(route_of),
+                                       tracer_provider=_state.tracer_provider,
                                        exclude_spans=["receive", "send"])
     instrumentor = RedisInstrumentor()
     if not instrumentor.is_instrumented_by_opentelemetry:

@@ -28,7 +28,7 @@ from pydantic import BaseModel
 from uvicorn.config import STARTUP_FAILURE
 from uvicorn.supervisors import Multiprocess
 
-from notiflow import names, telemetry, tuning
+from notiflow import names, redact, telemetry, tuning
 from notiflow.adapters.dlq import watch_depth
 from notiflow.gateway import (
     batch,
@@ -141,6 +141,7 @@ def build_app(settings: Settings) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        redact.configure(settings)
         await runtime.start()
         runtime.spawn(OutboxSweeper(runtime).run(), "outbox-sweeper")
         runtime.spawn(runtime.publisher.drain(), "kafka-window-drain")
@@ -296,8 +297,9 @@ def tls_options(settings: Settings) -> dict[str, Any]:
 
 def run_server(app: FastAPI | str, settings: Settings, log_config: dict[str, Any], *,
                workers: int = 1) -> None:
-    """Serve ``app`` on ``api_host:api_port`` as the API runs (uvloop, httptools,
-    :data:`GRACEFUL_SHUTDOWN_S`) until SIGINT or SIGTERM. ``workers`` above 1: ``app`` is
+    """Serve ``app`` on ``api_host:api_port`` as the API runs (uvloop, httptools with a
+    bounded head, ``settings.api_server``'s limits, :data:`GRACEFUL_SHUTDOWN_S`) until
+    SIGINT or SIGTERM. ``workers`` above 1: ``app`` is
     the import string of an app factory, served by that many supervised worker processes
     sharing the socket this process binds; exits with uvicorn's startup-failure status
     when a worker could not start (the supervisor then stops)."""
@@ -306,9 +308,9 @@ def run_server(app: FastAPI | str, settings: Settings, log_config: dict[str, Any
         host=settings.api_host,
         port=settings.api_port,
         loop="uvloop",
-        http="httptools",
         lifespan="on",
         log_config=log_config,
+        access_log=False,
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
         server_header=False,
         workers=workers,

@@ -23,7 +23,7 @@ from notiflow.gateway.auth import RuntimeDep, Tenant, read_json_object
 from notiflow.gateway.errors import ApiError, invalid_body, not_found, unavailable
 from notiflow.gateway.openapi import json_body, link, tenant_errors
 from notiflow.gateway.runtime import Runtime, now_ms
-from notiflow.redact import mask, recipient_hash
+from notiflow.redact import mask, recipient_hash, recipient_hashes
 from notiflow.schemas.enums import PushPlatform
 from notiflow.schemas.formats import FCM_TOKEN_PATTERN, owner_address, recipient_address
 from notiflow.schemas.preferences import (
@@ -123,6 +123,7 @@ async def put_preferences(recipient: Address, request: Request, tenant: Tenant,
         update = PreferencesUpdate.model_validate(data)
     except ValidationError as exc:
         raise invalid_body(exc) from None
+    await carry_forward(rt, tenant.id, key)
     state = await _changed(rt.preferences().set_preferences(
         tenant.id, recipient_hash(tenant.id, key), update))
     return _state_response(state, key)
@@ -133,10 +134,32 @@ async def put_preferences(recipient: Address, request: Request, tenant: Tenant,
 async def get_preferences(recipient: Address, tenant: Tenant, rt: RuntimeDep) -> Response:
     """The stored state of the caller's recipient; ``404`` when it has none."""
     key = recipient_key(recipient)
-    state = await rt.store().get_state(tenant.id, recipient_hash(tenant.id, key))
+    state = await stored_state(rt, tenant.id, recipient_hashes(tenant.id, key))
     if state is None:
         raise not_found()
     return _state_response(state, key)
+
+
+async def stored_state(rt: Runtime, tenant_id: str,
+                       hashes: tuple[str, ...]) -> PreferenceState | None:
+    """The state stored under the first of ``hashes`` that has one."""
+    for h in hashes:
+        state = await rt.store().get_state(tenant_id, h)
+        if state is not None:
+            return state
+    return None
+
+
+async def carry_forward(rt: Runtime, tenant_id: str, key: str) -> None:
+    """Before a write under the recipient's current hash: when that hash has no state yet,
+    a suppression stored under an older one (a rotated key, the legacy hash) is copied to
+    it, so the write keeps it. No read at all while a single key is configured."""
+    current, *older = recipient_hashes(tenant_id, key)
+    if not older or await rt.store().get_state(tenant_id, current) is not None:
+        return
+    previous = await stored_state(rt, tenant_id, tuple(older))
+    if previous is not None and previous.suppressed is not None:
+        await _changed(rt.preferences().suppress(tenant_id, current, previous.suppressed))
 
 
 @router.put(

@@ -5,7 +5,6 @@ SUPPRESSED; a strong-consent category (marketing) opted out in Cassandra → SUP
 from __future__ import annotations
 
 import functools
-import hashlib
 from datetime import timedelta
 
 import orjson
@@ -17,6 +16,7 @@ from notiflow.flows.sending.batch import Batch, attempt_key
 from notiflow.flows.sending.context import SendContext
 from notiflow.flows.sending.emit import finish
 from notiflow.flows.steps import is_expired, retry_record
+from notiflow.redact import hasher, recipient_hashes
 from notiflow.schemas.enums import Status
 from notiflow.schemas.preferences import PreferenceState, state_key
 
@@ -26,13 +26,14 @@ REDIS_CLOSED_WAIT = timedelta(seconds=30)
 
 def content_fingerprint(work: Work) -> str:
     """Same recipient, channel, template, version and variables → same fingerprint (the
-    tenant is part of the Redis key)."""
+    tenant is part of the Redis key); keyed like recipient hashes, so a fingerprint cannot be
+    matched to a recipient by enumeration."""
     r = work.record
     doc = orjson.dumps(
         [r.recipient_key(), r.channel.value, r.template_id, r.template_version, r.variables],
         option=orjson.OPT_SORT_KEYS,
     )
-    return hashlib.sha256(doc).hexdigest()
+    return hasher().digest(doc)
 
 
 class Expiry:
@@ -99,14 +100,17 @@ class ContentDedup:
 
 class StrongConsent:
     """Re-read the preferences of strong-consent categories (marketing) from Cassandra, so
-    an opt-out acknowledged by the API applies to every later send."""
+    an opt-out acknowledged by the API applies to every later send; a recipient's state is
+    the one under its current hash, else under an older one (``redact.recipient_hashes``)."""
 
     async def __call__(self, batch: Batch, ctx: SendContext) -> None:
         strong = [w for w in batch.live
                   if w.record.category in ctx.settings.strong_consent_categories]
         if not strong:
             return
-        keys = sorted({(w.record.tenant_id, w.recipient_hash) for w in strong})
+        hashes = {id(w): recipient_hashes(w.record.tenant_id, w.record.recipient_key())
+                  for w in strong}
+        keys = sorted({(w.record.tenant_id, h) for w in strong for h in hashes[id(w)]})
         states: dict[str, PreferenceState] = {}
         step = ctx.policy.store_concurrency
         for i in range(0, len(keys), step):
@@ -114,7 +118,8 @@ class StrongConsent:
             states.update(await ctx.infra(
                 "cassandra", functools.partial(ctx.ports.preferences.get_states, chunk)))
         for w in strong:
-            state = states.get(state_key(w.record.tenant_id, w.recipient_hash))
+            state = next((found for h in hashes[id(w)]
+                          if (found := states.get(state_key(w.record.tenant_id, h)))), None)
             reason = state.blocks(w.record.channel, w.record.category) if state else None
             if reason:
                 batch.decide(w, await finish(ctx, w, ctx.event(

@@ -1,0 +1,204 @@
+"""Recipient hashes are keyed (HMAC-SHA-256 under ``recipient_hash_key``): a stored hash
+cannot be matched to a phone number by hashing candidate numbers without the key; keys
+rotate (the first writes, every one is looked up) and the unkeyed hash of earlier releases
+is looked up only while ``recipient_hash_legacy`` is on."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+from datetime import UTC, datetime
+from types import SimpleNamespace
+from typing import Any
+
+import orjson
+import pytest
+from cryptography.fernet import Fernet
+
+from notiflow import redact
+from notiflow.devenv import dev_environment
+from notiflow.flows.model import SourceRef, Work
+from notiflow.flows.sending import gates
+from notiflow.flows.sending.batch import Batch
+from notiflow.flows.steps import snapshot_of
+from notiflow.gateway import recipients
+from notiflow.redact import RecipientHasher, RecipientHashKeyMissing, legacy_hash
+from notiflow.schemas.enums import Status
+from notiflow.schemas.messages import IngestRecord
+from notiflow.schemas.preferences import PreferenceState, state_key
+from notiflow.settings import Settings
+
+NEW = "n" * 32
+OLD = "o" * 32
+PHONE = "+41791234567"
+
+
+def _unkeyed(tenant: str, key: str) -> str:
+    return hashlib.sha256(f"{tenant}\x1f{key}".encode()).hexdigest()[:32]
+
+
+def test_the_hash_is_keyed_so_enumerating_numbers_does_not_find_it() -> None:
+    stored = redact.recipient_hash("acme", PHONE)
+    guesses = {_unkeyed("acme", f"+417912345{n:02d}") for n in range(100)}
+    assert len(stored) == 32 and int(stored, 16) >= 0
+    assert stored not in guesses
+    assert stored == hmac.new(b"unit-test-recipient-hash-key-0001", f"acme\x1f{PHONE}".encode(),
+                              hashlib.sha256).hexdigest()[:32]
+    assert redact.recipient_hash("acme", PHONE) == stored
+    assert redact.recipient_hash("other", PHONE) != stored
+
+
+def test_the_first_key_writes_and_every_key_is_looked_up(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NOTIFLOW_RECIPIENT_HASH_KEY", f"{NEW}, {OLD}")
+    hasher = RecipientHasher.from_settings(Settings())
+    only_old = RecipientHasher((OLD.encode(),))
+    assert hasher.hash("acme", PHONE) != only_old.hash("acme", PHONE)
+    assert hasher.candidates("acme", PHONE) == (hasher.hash("acme", PHONE),
+                                                only_old.hash("acme", PHONE))
+    assert legacy_hash("acme", PHONE) not in hasher.candidates("acme", PHONE)
+
+
+def test_the_legacy_hash_is_looked_up_only_when_asked_and_never_written(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NOTIFLOW_RECIPIENT_HASH_KEY", NEW)
+    monkeypatch.setenv("NOTIFLOW_RECIPIENT_HASH_LEGACY", "true")
+    hasher = RecipientHasher.from_settings(Settings())
+    assert hasher.legacy
+    assert hasher.candidates("acme", PHONE)[-1] == _unkeyed("acme", PHONE)
+    assert hasher.hash("acme", PHONE) != _unkeyed("acme", PHONE)
+    monkeypatch.delenv("NOTIFLOW_RECIPIENT_HASH_LEGACY")
+    assert not RecipientHasher.from_settings(Settings(recipient_hash_key=NEW)).legacy
+
+
+def test_without_a_key_one_is_derived_from_each_dlq_key_else_nothing_is_hashed() -> None:
+    a, b = Fernet.generate_key().decode(), Fernet.generate_key().decode()
+    two = RecipientHasher.from_settings(Settings(dlq_key=f"{a},{b}"))
+    one = RecipientHasher.from_settings(Settings(dlq_key=a))
+    assert len(two.keys) == 2 and two.hash("t", PHONE) == one.hash("t", PHONE)
+    assert a.encode() not in two.keys
+    assert RecipientHasher.from_settings(Settings(recipient_hash_key=" ", dlq_key=a)) == one
+    with pytest.raises(RecipientHashKeyMissing):
+        RecipientHasher.from_settings(Settings())
+    with pytest.raises(ValueError, match="16 bytes"):
+        RecipientHasher.from_settings(Settings(recipient_hash_key="short"))
+
+
+def test_an_unconfigured_process_takes_the_key_of_its_environment(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NOTIFLOW_RECIPIENT_HASH_KEY", NEW)
+    redact.use(None)
+    assert redact.recipient_hash("acme", PHONE) == RecipientHasher((NEW.encode(),)).hash(
+        "acme", PHONE)
+    assert redact.configure(Settings(recipient_hash_key=OLD)).keys == (OLD.encode(),)
+    assert redact.recipient_hashes("acme", PHONE) == (
+        RecipientHasher((OLD.encode(),)).hash("acme", PHONE),)
+
+
+def test_the_development_environment_has_its_own_key() -> None:
+    env, _ = dev_environment(api_port=1, fakes_port=2)
+    again, _ = dev_environment(api_port=1, fakes_port=2)
+    key = env["NOTIFLOW_RECIPIENT_HASH_KEY"]
+    assert len(key) >= 32 and key != again["NOTIFLOW_RECIPIENT_HASH_KEY"]
+
+
+def test_message_rows_store_the_keyed_hash() -> None:
+    record = IngestRecord.model_validate({
+        "tenant_id": "acme", "channel": "SMS", "tier": "P1", "recipient": PHONE,
+        "template_id": "otp", "template_version": 1, "variables": {"code": "1"},
+        "message_id": "m1",
+        "accepted_at": "2026-12-06T12:00:00Z", "expires_at": "2026-12-06T13:00:00Z"})
+    snap = snapshot_of(record)
+    assert snap.recipient_hash == redact.recipient_hash("acme", record.recipient_key())
+    assert snap.recipient_hash != _unkeyed("acme", record.recipient_key())
+
+
+# lookups under every hash -----------------------------------------------------------------
+
+T0 = datetime(2026, 12, 6, 12, 0, tzinfo=UTC)
+
+
+def _state(tenant: str, h: str, **kw: Any) -> PreferenceState:
+    return PreferenceState(tenant_id=tenant, recipient_hash=h, version=1, updated_at=T0, **kw)
+
+
+def _rotated(monkeypatch: pytest.MonkeyPatch) -> tuple[str, str]:
+    """Keys ``NEW,OLD`` in force; the hashes of ``PHONE`` (acme) under each."""
+    redact.configure(Settings(recipient_hash_key=f"{NEW},{OLD}"))
+    new, old = redact.recipient_hashes("acme", PHONE)
+    return new, old
+
+
+class Store:
+    def __init__(self, states: dict[str, PreferenceState]) -> None:
+        self.states = states
+
+    async def get_state(self, tenant: str, h: str) -> PreferenceState | None:
+        return self.states.get(state_key(tenant, h))
+
+    async def get_states(self, keys: list[tuple[str, str]]) -> dict[str, PreferenceState]:
+        return {state_key(t, h): s for t, h in keys
+                if (s := self.states.get(state_key(t, h))) is not None}
+
+    async def suppress(self, tenant: str, h: str, reason: Any) -> PreferenceState:
+        self.states[state_key(tenant, h)] = _state(tenant, h, suppressed=reason)
+        return self.states[state_key(tenant, h)]
+
+
+def _runtime(store: Store) -> Any:
+    return SimpleNamespace(store=lambda: store, preferences=lambda: store)
+
+
+def test_the_api_finds_a_state_stored_under_the_old_key_and_keeps_its_suppression(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    new, old = _rotated(monkeypatch)
+    store = Store({state_key("acme", old): _state("acme", old, suppressed="unsubscribed")})
+    rt = _runtime(store)
+    found = asyncio.run(recipients.stored_state(rt, "acme", redact.recipient_hashes(
+        "acme", PHONE)))
+    assert found is not None and found.recipient_hash == old
+    asyncio.run(recipients.carry_forward(rt, "acme", PHONE))
+    assert store.states[state_key("acme", new)].suppressed == "unsubscribed"
+
+
+def test_marketing_sends_honour_an_opt_out_stored_under_the_old_key(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    _, old = _rotated(monkeypatch)
+    opted_out = _state("acme", old, opt_outs=[{"category": "marketing"}])
+    store = Store({state_key("acme", old): opted_out})
+    record = IngestRecord.model_validate({
+        "tenant_id": "acme", "channel": "SMS", "tier": "P3", "category": "marketing",
+        "recipient": PHONE, "template_id": "promo", "template_version": 1,
+        "message_id": "m1", "accepted_at": T0.isoformat()})
+    work = Work(record, SourceRef("ingest.sms.p3", 0, 1), b"raw", b"k")
+    decided: list[str | None] = []
+
+    async def infra(_: str, call: Any) -> Any:
+        return await call()
+
+    async def finish(ctx: Any, w: Any, event: Any) -> list[Any]:
+        decided.append(event)
+        return []
+
+    monkeypatch.setattr(gates, "finish", finish)
+    ctx = SimpleNamespace(
+        settings=Settings(), policy=SimpleNamespace(store_concurrency=8), infra=infra,
+        ports=SimpleNamespace(preferences=store),
+        event=lambda w, status, at, reason=None: (status, reason))
+    asyncio.run(gates.StrongConsent()(Batch([work], T0), ctx))  # type: ignore[arg-type]
+    assert decided == [(Status.SUPPRESSED, "opted_out")]
+
+
+def test_the_duplicate_content_fingerprint_is_keyed_too() -> None:
+    record = IngestRecord.model_validate({
+        "tenant_id": "acme", "channel": "SMS", "tier": "P1", "recipient": PHONE,
+        "template_id": "otp", "template_version": 1, "variables": {"code": "1"},
+        "message_id": "m1", "accepted_at": T0.isoformat()})
+    work = Work(record, SourceRef("ingest.sms.p1", 0, 1), b"raw", b"k")
+    doc = orjson.dumps([PHONE, "SMS", "otp", 1, {"code": "1"}], option=orjson.OPT_SORT_KEYS)
+    fingerprint = gates.content_fingerprint(work)
+    assert fingerprint != hashlib.sha256(doc).hexdigest()
+    assert fingerprint == redact.hasher().digest(doc)
+    redact.use(RecipientHasher((NEW.encode(),)))
+    assert gates.content_fingerprint(work) != fingerprint
