@@ -269,6 +269,10 @@ class IngestRecord(SendRequest):
     """Set by ``notiflow dlq replay``: the attempt number a fresh retry budget starts from
     (``attempt == budget_base`` is the first attempt of that budget; later retries keep the
     field). None = the budget starts at attempt 1."""
+    budget_started_at: AwareDatetime | None = None
+    """Set by the send flow on a retry record: when the first attempt of the current retry
+    budget failed. The windows of its later retries are measured from it (``flows/policy.py``);
+    ignored on the first attempt of a budget."""
     order_seq: str | None = Field(None, max_length=64, pattern=r"^[0-9a-f]{1,32}:[0-9]{1,18}$")
     """Set by the send flow on a record with an ``ordering_key``: ``{epoch}:{n}``, the record's
     place among its key's messages (``flows/ordering.py``); its retries keep it."""

@@ -110,7 +110,7 @@ def test_every_vendor_down_ends_expired_at_the_ttl(isolated, otp_template: dict[
                               <= {"EXPIRED", "FAILED"} else None)(statuses(cql, ids)),
                      timeout=90, what="every message ended")
     assert set(final.values()) == {"EXPIRED"}, final
-    max_attempts = len(iso.settings.policy(Tier.P1).retry_caps) + 1
+    max_attempts = iso.settings.policy(Tier.P1).retry.attempts
     spent = [len(attempts(cql, mid)) for mid in ids]
     assert max(spent) < max_attempts
     assert accepted_counts(fakes).keys().isdisjoint(ids)

@@ -39,7 +39,8 @@ def test_a_tier_epoch_overrides_the_flows_default(ran: list[dict[str, Any]],
 
 def test_a_tier_epoch_is_set_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("NOTIFLOW_TIERS", json.dumps({"P0": {
-        "sla": 1, "ttl": 60, "retry_caps": [0, 1], "epoch": 12}}))
+        "sla": 1, "ttl": 60, "retry": {"attempts": 2, "caps": [1], "span": 60},
+        "epoch": 12}}))
     s = Settings()
     assert s.policy(Tier.P0).epoch == timedelta(seconds=12)
     assert s.policy(Tier.P1).epoch is None
