@@ -839,13 +839,16 @@ class CircuitBreakers:
                  flush_interval: float = 0.1, retry_interval: float = 0.5,
                  max_batch: int = 512, event_queue: int = 1000,
                  clock_us: Callable[[], int] | None = None, lane: str = "",
-                 store_timeout: float = 0.5, health: RedisHealth | None = None) -> None:
+                 store_timeout: float = 0.5, health: RedisHealth | None = None,
+                 max_entries: int = 10_000) -> None:
         """``source``: the settings (opens its own :class:`BreakerStore` of ``lane`` whose
         Redis calls time out after ``store_timeout`` seconds), or a store. ``health``: the
         process's shared view of Redis (default: one of its own); while it says down,
-        decide locally without asking."""
+        decide locally without asking. ``max_entries``: breakers kept in this process (ids
+        of tenants' endpoints come from tenant input); beyond it the oldest idle copies are
+        forgotten (the shared state stays in Redis and is read again when asked)."""
         if (cache_ttl < 0 or flush_interval < 0 or retry_interval <= 0 or max_batch < 1
-                or event_queue < 1):
+                or event_queue < 1 or max_entries < 1):
             raise ValueError("bad breaker parameters")
         self._flush_interval = flush_interval
         self.lane = lane
@@ -860,6 +863,7 @@ class CircuitBreakers:
         self._max_batch = max_batch
         self._event_queue = event_queue
         self._entries: dict[str, _Entry] = {}
+        self._max_entries = max_entries
         self._listeners: list[Callable[[StateChange], None]] = []
         self._queues: list[asyncio.Queue[StateChange]] = []
         self._redis_ok = True
@@ -1014,8 +1018,22 @@ class CircuitBreakers:
     def _entry(self, provider_id: str) -> _Entry:
         e = self._entries.get(provider_id)
         if e is None:
+            if len(self._entries) >= self._max_entries:
+                self._prune()
             e = self._entries[provider_id] = _Entry()
         return e
+
+    def _prune(self) -> None:
+        """Forget the oldest idle entries (nothing queued or in flight, no local breaker)
+        until a quarter of ``max_entries`` is free."""
+        target = self._max_entries - max(1, self._max_entries // 4)
+        for pid in list(self._entries):
+            if len(self._entries) <= target:
+                return
+            e = self._entries[pid]
+            if (not e.pending and e.flusher is None and e.local is None
+                    and (e.latest is None or e.latest.done())):
+                del self._entries[pid]
 
     def _redis_time(self, e: _Entry, now: int) -> int:
         assert e.snap is not None

@@ -103,14 +103,11 @@ class PreferenceStore:
                                now: datetime | None = None) -> PreferenceState:
         """A push service says the token is dead: suppress it (``token_deactivated``), then
         mark every registered owner's row of it inactive with ``reason``. Returns the
-        suppressed state; a failure after the suppression is logged (the suppression alone
-        already stops the next message)."""
+        suppressed state; a failure of either write is raised (both are idempotent: the
+        caller retries the whole call)."""
         state = await self.suppress(tenant_id, token_hash, "token_deactivated", now)
-        try:
-            await self.store.deactivate_token(tenant_id, token_hash, reason,
-                                              now or state.updated_at)
-        except Exception as exc:
-            log.warning("token suppressed, its device rows not marked inactive: %r", exc)
+        await self.store.deactivate_token(tenant_id, token_hash, reason,
+                                          now or state.updated_at)
         return state
 
     async def unsuppress(self, tenant_id: str, recipient_hash: str,

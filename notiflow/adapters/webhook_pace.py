@@ -15,8 +15,10 @@ Guarantee: in any interval of length ``L``, at most ``burst + floor(L / T)`` slo
 slots are spaced as GCRA spaces conforming cells). :func:`decide` is the reference model in
 Python; the Lua script mirrors it on integers (microseconds), so both decide identically.
 
-Key: ``{ns}pace:{provider}:{sha256(url)[:32]}`` (a URL is a credential and never a key), a
-string holding ``tat`` in µs, expiring once it no longer matters.
+Key: ``{ns}pace:{provider}:{tenant}:{sha256(url)[:32]}`` (a URL is a credential and never a
+key), a string holding ``tat`` in µs, expiring once it no longer matters. The tenant is part
+of the key: a tenant posting to another tenant's URL takes none of its slots (the URL's own
+limit then answers ``429``, which each message waits out).
 """
 
 from __future__ import annotations
@@ -88,13 +90,17 @@ return {wait, 1}
 class Pace(Protocol):
     """What the send flow asks before a chat post (``flows/sending/route.py``)."""
 
-    async def reserve(self, provider_id: str, webhook: str, rule: PaceRule) -> Slot: ...
+    async def reserve(self, provider_id: str, webhook: str, rule: PaceRule, *,
+                      tenant_id: str) -> Slot: ...
 
     async def aclose(self) -> None: ...
 
 
-def webhook_key(namespace: str, provider_id: str, webhook: str) -> str:
-    return f"{namespace}pace:{provider_id}:{hashlib.sha256(webhook.encode()).hexdigest()[:32]}"
+def webhook_key(namespace: str, provider_id: str, webhook: str, tenant_id: str) -> str:
+    """The Redis key of ``tenant_id``'s slots at ``webhook`` (hashed: the URL is a
+    credential)."""
+    digest = hashlib.sha256(webhook.encode()).hexdigest()[:32]
+    return f"{namespace}pace:{provider_id}:{tenant_id}:{digest}"
 
 
 class WebhookPace:
@@ -112,10 +118,11 @@ class WebhookPace:
         return cls(redis_client(settings, timeout=timeout), settings.topic_prefix)
 
     async def reserve(self, provider_id: str, webhook: str, rule: PaceRule, *,
-                      now_us: int | None = None) -> Slot:
-        """The slot of one post to ``webhook``; ``now_us`` overrides Redis's clock (tests)."""
+                      tenant_id: str, now_us: int | None = None) -> Slot:
+        """The slot of one post of ``tenant_id`` to ``webhook``; ``now_us`` overrides Redis's
+        clock (tests)."""
         wait, reserved = await self._script(
-            keys=[webhook_key(self.ns, provider_id, webhook)],
+            keys=[webhook_key(self.ns, provider_id, webhook, tenant_id)],
             args=["" if now_us is None else int(now_us), interval_us(rule), rule.burst,
                   self.horizon_us])
         return Slot(int(wait), bool(int(reserved)))

@@ -115,6 +115,8 @@ class Choice:
     admission: Any = None
     last_resort: bool = False
     """Chosen although every breaker refused (``TierPolicy.last_resort``)."""
+    endpoint: Any = None
+    """The admission of the tenant's own endpoint breaker (chat), None for others."""
 
 
 @dataclass(frozen=True, slots=True)

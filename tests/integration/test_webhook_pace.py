@@ -28,25 +28,29 @@ async def test_lua_and_model_give_the_same_slots(stack: Settings, seed: int) -> 
         for _ in range(40):
             now += rng.choice([0, 0, 1, 50_000, 400_000, 1_000_000, 3_000_000])
             expected_tat, expected = decide(tat, now, rule, pace.horizon_us)
-            got = await pace.reserve("slack", webhook, rule, now_us=now)
+            got = await pace.reserve("slack", webhook, rule, tenant_id="acme", now_us=now)
             assert got == expected, (rule, now, tat)
             tat = expected_tat if expected_tat is not None else tat
     finally:
         await pace.aclose()
 
 
-async def test_webhooks_and_providers_have_their_own_slots(stack: Settings) -> None:
+async def test_webhooks_providers_and_tenants_have_their_own_slots(stack: Settings) -> None:
     rule = PaceRule(rate=1.0, burst=1)
     pace = WebhookPace.open(stack)
     now = 1_700_000_000_000_000
     hook = f"https://hooks.example/{uuid.uuid4().hex}"
     try:
-        first = await pace.reserve("slack", hook, rule, now_us=now)
-        second = await pace.reserve("slack", hook, rule, now_us=now)
-        other_hook = await pace.reserve("slack", hook + "x", rule, now_us=now)
-        other_provider = await pace.reserve("teams", hook, rule, now_us=now)
-        assert [s.wait_us for s in (first, second, other_hook, other_provider)] == [
-            0, 1_000_000, 0, 0]
+        first = await pace.reserve("slack", hook, rule, tenant_id="acme", now_us=now)
+        second = await pace.reserve("slack", hook, rule, tenant_id="acme", now_us=now)
+        other_hook = await pace.reserve("slack", hook + "x", rule, tenant_id="acme",
+                                        now_us=now)
+        other_provider = await pace.reserve("teams", hook, rule, tenant_id="acme",
+                                            now_us=now)
+        other_tenant = await pace.reserve("slack", hook, rule, tenant_id="globex",
+                                          now_us=now)
+        assert [s.wait_us for s in (first, second, other_hook, other_provider,
+                                    other_tenant)] == [0, 1_000_000, 0, 0, 0]
         keys = [k async for k in pace.r.scan_iter(match=f"{stack.topic_prefix}pace:*")]
         assert keys and all("hooks.example" not in str(k) for k in keys)
     finally:

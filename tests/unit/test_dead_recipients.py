@@ -5,7 +5,7 @@ push token."""
 from __future__ import annotations
 
 import logging
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 from typing import Any
 
@@ -15,6 +15,7 @@ from notiflow.adapters.preferences import PreferenceStore
 from notiflow.adapters.providers.base import Outcome, SendResult
 from notiflow.flows.model import SourceRef, Work
 from notiflow.flows.sending.classify import Classify
+from notiflow.flows.sending.context import InfraUnavailable
 from notiflow.redact import recipient_hash
 from notiflow.schemas.messages import IngestRecord
 from notiflow.schemas.preferences import PreferenceState
@@ -80,13 +81,19 @@ async def test_a_dead_address_is_suppressed(channel: str, recipient: str, reason
     assert prefs.calls == [("suppress", "acme", w.recipient_hash, suppression)]
 
 
-async def test_a_store_failure_is_logged_not_raised(caplog: pytest.LogCaptureFixture) -> None:
+async def test_a_store_failure_is_retried_then_stops_the_flow(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Never only logged (tests/unit/test_suppression_writes.py has the whole contract)."""
     prefs = Recorder(fail=True)
-    with caplog.at_level(logging.WARNING):
-        await Classify()._suppress(ctx(prefs), work("PUSH", {"device_token": TOKEN,
-                                                             "platform": "ios"}),
-                                   dead("apns", "unregistered"))
-    assert "could not record suppression" in caplog.text
+
+    async def no_wait(_: float) -> None:
+        return None
+
+    with caplog.at_level(logging.WARNING), pytest.raises(InfraUnavailable):
+        await Classify(retry_for=timedelta(milliseconds=1), sleep=no_wait)._suppress(
+            ctx(prefs), work("PUSH", {"device_token": TOKEN, "platform": "ios"}),
+            dead("apns", "unregistered"))
+    assert len(prefs.calls) >= 2
 
 
 class FakeStore:
@@ -124,8 +131,12 @@ async def test_the_store_suppresses_and_publishes_before_marking_devices(
         fail_devices: bool) -> None:
     store, producer = FakeStore(fail_devices), FakeProducer()
     prefs = PreferenceStore(store, producer, topic="notify.preferences")  # type: ignore[arg-type]
-    state = await prefs.deactivate_token("acme", "h1", "fcm:unregistered")
-    assert state.suppressed == "token_deactivated"
+    if fail_devices:
+        with pytest.raises(ConnectionError):
+            await prefs.deactivate_token("acme", "h1", "fcm:unregistered")
+    else:
+        state = await prefs.deactivate_token("acme", "h1", "fcm:unregistered")
+        assert state.suppressed == "token_deactivated"
     assert store.calls == [("suppress", "h1", "token_deactivated"),
                            ("deactivate_token", "h1", "fcm:unregistered", NOW)]
     assert len(producer.records) == 1

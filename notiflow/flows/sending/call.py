@@ -1,7 +1,9 @@
-"""Send: one provider call inside its span, counted, timed, and told to the provider's
-breaker. A provider adapter that raises (a bug: adapters answer with a result) becomes a
-transient ``internal_error`` result that the breaker does not count; nor does it count a
-last-resort send (its breaker had refused it: ``flows/sending/route.py``)."""
+"""Send: one provider call inside its span, counted, timed, and told to the breakers
+:func:`~notiflow.flows.sending.endpoints.reports` names (the provider's; a chat post's
+tenant endpoint's). A provider adapter that raises (a bug: adapters answer with a result)
+becomes a transient ``internal_error`` result that no breaker counts; the provider's does
+not count a last-resort send either (its breaker had refused it:
+``flows/sending/route.py``)."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from notiflow.adapters.providers.base import (
 from notiflow.flows.model import Work
 from notiflow.flows.routing import Choice
 from notiflow.flows.sending.context import SendContext
+from notiflow.flows.sending.endpoints import reports
 from notiflow.flows.sending.metrics import metrics
 from notiflow.names import Stage
 
@@ -45,9 +48,9 @@ class Call:
             elapsed = time.monotonic() - started
             metrics.provider_call(span, w, result, elapsed)
             stages.record(w.record.tier.value, Stage.PROVIDER, elapsed)
-        if not choice.last_resort and not (result.reason or "").startswith("internal_error"):
-            await ctx.ports.breakers.record(
-                provider.provider_id, result.outcome, result.reason,
-                time.monotonic() - started, choice.probe,
-                episode=getattr(choice.admission, "episode", None))
+        for report in reports(w, choice, result, time.monotonic() - started,
+                              ctx.webhook_prefixes):
+            await ctx.ports.breakers.record(report.breaker_id, report.outcome, report.reason,
+                                            report.latency_s, report.probe,
+                                            episode=report.episode)
         return result

@@ -5,20 +5,25 @@ of them), then the first one its breaker admits with a capacity token taken. No 
 serves the channel → DLQ (``channel_unavailable``); every breaker refuses → the message
 waits (same attempt) until one may admit it, or expires; a tier with ``last_resort`` (P0) is
 sent through the best-ranked account anyway, and waits only when that send fails
-transiently (:func:`last_resort_failed`)."""
+transiently (:func:`last_resort_failed`). A chat message's own endpoint (its tenant's
+webhook) is asked first (:func:`endpoint_gate`): while its breaker refuses, the message
+waits, whatever its tier."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from datetime import timedelta
+from typing import Any
 
 from notiflow.adapters.providers.base import SendResult
 from notiflow.flows.model import Out, Retry, Work
 from notiflow.flows.policy import held_for, waiting
-from notiflow.flows.routing import Choice, Unavailable, rank_routes, reserve
+from notiflow.flows.routing import Choice, Unavailable, admission_kind, rank_routes, reserve
 from notiflow.flows.sending.batch import Batch
 from notiflow.flows.sending.context import SendContext
 from notiflow.flows.sending.emit import finish, release
+from notiflow.flows.sending.endpoints import endpoint_of
 from notiflow.flows.steps import retry_record
 from notiflow.schemas.enums import Channel, Status
 from notiflow.settings import ProviderRoute
@@ -63,22 +68,39 @@ class Quota:
             return await all_unavailable(ctx, w, Unavailable(hold.total_seconds(), ()),
                                          reason="provider_retry_after")
         routes = [r for r in routes if not waiting(w.record.provider_waits, r.provider_id, now)]
+        gate = await endpoint_gate(ctx, w)
+        if isinstance(gate, Unavailable):
+            return await all_unavailable(ctx, w, gate, reason="endpoint_breaker_open")
         choice = await reserve(routes, ports.breakers, ports.quota, w.record.tier,
                                tenant_id=w.record.tenant_id,
                                tenant_rate=tenant.rate_limit if tenant else None)
         if isinstance(choice, Choice):
-            return await paced(ctx, w, choice)
+            return await paced(ctx, w, replace(choice, endpoint=gate))
         if isinstance(choice, Unavailable) and ctx.settings.policy(w.record.tier).last_resort:
             forced = await last_resort(ctx, w, routes, tenant.rate_limit if tenant else None)
             if forced is not None:
-                return await paced(ctx, w, forced)
+                return await paced(ctx, w, replace(forced, endpoint=gate))
         return await all_unavailable(ctx, w, choice)
+
+
+async def endpoint_gate(ctx: SendContext, w: Work) -> Any:
+    """The admission of the tenant endpoint ``w`` posts to (``flows/sending/endpoints.py``):
+    None when it has none; :class:`Unavailable` while its breaker refuses (the message waits,
+    as for a refusing provider, and no last resort overrides the tenant's own endpoint)."""
+    endpoint = endpoint_of(w)
+    if endpoint is None:
+        return None
+    admission = await ctx.ports.breakers.allow(endpoint)
+    admitted, _, retry_in = admission_kind(admission)
+    return admission if admitted else Unavailable(retry_in, ())
 
 
 async def paced(ctx: SendContext, w: Work, choice: Choice) -> Choice | list[Out]:
     """``choice``, unless its provider paces each webhook (chat) and this message's slot is
     later: then it waits for the slot (``RETRY_PENDING`` ``webhook_paced``, same attempt),
-    holding it. A message back at its held slot takes no other; Redis down: not paced."""
+    holding it. Slots are the tenant's own (another tenant posting to the same URL takes
+    none of them). A message back at its held slot takes no other; Redis down: not
+    paced."""
     rule = ctx.settings.pace(choice.provider_id)
     pace = ctx.ports.pace
     r = w.record
@@ -87,7 +109,8 @@ async def paced(ctx: SendContext, w: Work, choice: Choice) -> Choice | list[Out]
         return choice
     if r.paced_until is not None and ctx.clock() >= r.paced_until:
         return choice
-    slot = await ctx.redis(lambda: pace.reserve(choice.provider_id, recipient, rule), None)
+    slot = await ctx.redis(lambda: pace.reserve(choice.provider_id, recipient, rule,
+                                                tenant_id=r.tenant_id), None)
     if slot is None or slot.wait_us <= 0:
         return choice
     return await all_unavailable(ctx, w, Unavailable(slot.wait, (choice.provider_id,)),
