@@ -18,6 +18,20 @@ with Client("http://127.0.0.1:18080", token) as api:
                          "variables": {"code": "123456"}})
     print(accepted.message_id, api.status(accepted.message_id)["status"])
 ```
+
+A direct producer (a service writing straight to ``ingest.<channel>.<tier>``) binds each
+record to its tenant with one of the tenant's ``ingest_keys`` (:func:`ingest_headers`);
+a record without a valid binding is dead-lettered (``tenant_claim_refused``):
+
+```python
+import orjson
+from confluent_kafka import Producer
+from notiflow.client import ingest_headers
+
+value = orjson.dumps({"channel": "SMS", "tier": "P1", "tenant_id": "acme", ...})
+Producer(conf).produce("ingest.sms.p1", value, key=b"order-1",
+                       headers=ingest_headers(acme_ingest_key, "SMS", "P1", value))
+```
 """
 
 from __future__ import annotations
@@ -33,6 +47,7 @@ from typing import Any, Final
 
 import httpx
 
+from notiflow.ingest_binding import Signer
 from notiflow.schemas.messages import SendRequest
 
 RETRIED_STATUSES: Final = frozenset({429, 503})
@@ -40,6 +55,14 @@ TRANSPORT_ERRORS: Final = (httpx.TransportError,)
 BATCH_PATH: Final = "/v1/messages:batch"
 Outcome = httpx.Response | Exception | None
 """What one try of a call gave: an answer, a transport failure, or nothing yet."""
+
+
+def ingest_headers(key: str | bytes, channel: str, tier: str, value: bytes
+                   ) -> list[tuple[str, bytes]]:
+    """The Kafka headers that bind ``value`` (the exact bytes produced) to the tenant whose
+    ``ingest_keys`` hold ``key``, for the topic of ``channel``/``tier``
+    (``ingest.sms.p1``: ``"SMS"``, ``"P1"``). Sign after the value's last change."""
+    return [Signer.of(key).header(channel, tier, value)]
 
 
 class ApiError(Exception):

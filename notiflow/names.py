@@ -245,6 +245,13 @@ INGEST_MESSAGES = Metric(
     "send requests durably accepted into an ingest topic")
 """Counter {message}: requests durably accepted (source: api, kafka); attributes tenant,
 channel, tier, source."""
+INGEST_CLAIMS_REFUSED = Metric(
+    "notiflow.ingest.claims_refused", C, "{record}", ("flow", "reason"),
+    "ingest records dead-lettered because they are not bound to the tenant they name")
+"""Counter {record}: records read from an ingest topic (or ``notify.delayed``) whose
+``nf-binding`` does not bind them to the tenant they claim (``notiflow/ingest_binding.py``),
+dead-lettered as ``tenant_claim_refused`` (reason: unsigned, malformed, unknown_key,
+other_tenant, mismatch); attributes flow, reason."""
 INGEST_REJECTIONS = Metric(
     "notiflow.ingest.rejections", C, "{request}", ("tenant", "channel", "tier", "reason"),
     "send requests refused at admission")

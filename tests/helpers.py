@@ -7,10 +7,13 @@ from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import httpx
+import orjson
 from cassandra.cluster import Session
 from confluent_kafka import Consumer, TopicPartition
 
 from notiflow.adapters.kafka_io import OutRecord, SyncProducer, producer_config
+from notiflow.ingest_binding import HEADER, binder, claimed_target, tenant_signer
+from notiflow.schemas.enums import Channel, Tier
 from notiflow.settings import Settings
 
 T = TypeVar("T")
@@ -31,8 +34,32 @@ def wait_for(fn: Callable[[], T | None], timeout: float = 60.0, interval: float 
     raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
 
 
+def signed(settings: Settings, record: OutRecord) -> OutRecord:
+    """``record`` as a direct producer writes it: a record for an ingest topic (or
+    ``notify.delayed``) without an ``nf-binding`` header gets one, by the key of the tenant
+    it names (the platform key when that tenant has none); any other record as it is."""
+    targets = {settings.ingest_topic(c, t): (c.value, t.value) for c in Channel for t in Tier}
+    if (record.topic not in targets and record.topic != settings.delayed_topic) or any(
+            k == HEADER for k, _ in record.headers):
+        return record
+    try:
+        doc = orjson.loads(record.value)
+    except orjson.JSONDecodeError:
+        doc = None
+    doc = doc if isinstance(doc, dict) else {}
+    channel, tier = targets.get(record.topic) or claimed_target(doc)
+    if settings.mode == "shared":
+        channel, tier = claimed_target(doc)
+    tenant = doc.get("tenant_id")
+    signer = tenant_signer(settings, tenant) if isinstance(tenant, str) else None
+    headers = (signer.headers(record.headers, channel, tier, record.value) if signer
+               else binder(settings).sign(record.headers, channel, tier, record.value))
+    return OutRecord(record.topic, record.key, record.value, headers)
+
+
 class Placer:
-    """A reusable confirming producer that tells where each record landed."""
+    """A reusable confirming producer that tells where each record landed; ingest records
+    go :func:`signed`."""
 
     def __init__(self, settings: Settings) -> None:
         from confluent_kafka import Producer
@@ -40,6 +67,7 @@ class Placer:
         from notiflow.adapters.kafka_io import producer_config
 
         self.producer = Producer(producer_config(settings))
+        self.settings = settings
 
     def send(self, records: list[OutRecord]) -> list[tuple[int, int]]:
         """Produce and confirm; (partition, offset) of each record in order."""
@@ -52,6 +80,7 @@ class Placer:
             return done
 
         for i, r in enumerate(records):
+            r = signed(self.settings, r)
             self.producer.produce(r.topic, r.value, r.key, headers=r.headers,
                                   on_delivery=cb(i))
         assert self.producer.flush(30) == 0
@@ -71,7 +100,7 @@ def produce(settings: Settings, records: list[OutRecord]) -> list[tuple[int, int
 
 
 def produce_quick(settings: Settings, records: list[OutRecord]) -> None:
-    SyncProducer(settings).send_all(records)
+    SyncProducer(settings).send_all([signed(settings, r) for r in records])
 
 
 def read_topic(settings: Settings, topic: str, timeout: float = 5.0) -> Iterator[Any]:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from confluent_kafka import Consumer, Message, TopicPartition
 
 from notiflow.adapters.kafka_io import header, kafka_config
+from notiflow.ingest_binding import binding_of
 from notiflow.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -27,6 +28,8 @@ class Delayed:
     offset: int
     timestamp_ms: int | None
     traceparent: str | None
+    binding: bytes | None = None
+    """Its ``nf-binding`` header (``notiflow/ingest_binding.py``)."""
 
 
 class DelayedIntake:
@@ -49,9 +52,11 @@ class DelayedIntake:
                 log.warning("notify.delayed: %s", m.error())
                 continue
             ts_type, ts = m.timestamp()
+            headers = m.headers()
             out.append(Delayed(m.value() or b"", m.topic() or "", m.partition() or 0,
                                m.offset() or 0, ts if ts_type else None,
-                               header(m.headers(), "traceparent")))  # type: ignore[arg-type]  # list of (str, bytes) as produced
+                               header(headers, "traceparent"),  # type: ignore[arg-type]  # list of (str, bytes) as produced
+                               binding_of(headers)))  # type: ignore[arg-type]
         return out
 
     async def commit(self, records: list[Delayed]) -> None:

@@ -23,6 +23,7 @@ from typing import Any, TypedDict, TypeVar
 
 import aiohttp
 import httpx
+import orjson
 import psutil
 from confluent_kafka import Producer
 
@@ -38,6 +39,7 @@ from notiflow.bench.workload import (
     PhoneFactory,
 )
 from notiflow.devenv import dev_environment, free_port
+from notiflow.ingest_binding import Signer, tenant_signer
 from notiflow.ops.procs import ManagedProcess, ProcessGroup
 from notiflow.ops.stack import Stack
 from notiflow.schemas.enums import Channel, Tier
@@ -486,6 +488,7 @@ class CampaignProducer:
         self.accepted_at: dict[str, float] = {}
         self.failed = 0
         self.started = self.finished = 0.0
+        self._signers: dict[str, Signer] = {}
 
     def produce(self, items: Iterable[Generated], tier: Tier, rate: float | None = None
                 ) -> None:
@@ -503,10 +506,12 @@ class CampaignProducer:
             while rate and (ahead := self.started + i / rate - time.time()) > 0:
                 self.producer.poll(ahead)
             topic = self.settings.ingest_topic(g.channel, tier)
+            headers: list[tuple[str, str | bytes | None]] = [
+                self._signer(g.value).header(g.channel.value, tier.value, g.value)]
             while True:
                 try:
                     self.producer.produce(topic, g.value, key=g.message_id.encode(),
-                                          on_delivery=failed)
+                                          headers=headers, on_delivery=failed)
                     break
                 except BufferError:
                     self.producer.poll(0.05)
@@ -516,6 +521,16 @@ class CampaignProducer:
         if left or self.failed:
             raise RuntimeError(f"campaign producer: {left} undelivered, {self.failed} failed")
         self.finished = time.time()
+
+    def _signer(self, value: bytes) -> Signer:
+        """The key of the record's tenant (a direct producer holds its own tenant's key)."""
+        tenant = str(orjson.loads(value).get("tenant_id", ""))
+        if tenant not in self._signers:
+            found = tenant_signer(self.settings, tenant)
+            if found is None:
+                raise RuntimeError(f"campaign producer: tenant {tenant!r} has no ingest_keys")
+            self._signers[tenant] = found
+        return self._signers[tenant]
 
 
 OTP_CONNECTIONS = 64

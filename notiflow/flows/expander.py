@@ -56,10 +56,12 @@ from notiflow.flows.manifest import (
 from notiflow.flows.model import utcnow
 from notiflow.flows.runner import run_until_signalled
 from notiflow.flows.yielding import YieldWindow
+from notiflow.ingest_binding import Binder, binder
+from notiflow.recipient_checks import recipient_problem
 from notiflow.schemas.campaigns import CampaignState, RowError, format_of
 from notiflow.schemas.enums import Channel, Tier
 from notiflow.schemas.scheduling import ScheduledRow
-from notiflow.settings import CampaignRule, Settings
+from notiflow.settings import CampaignRule, Settings, TenantConfig
 
 log = logging.getLogger(__name__)
 _rows = names.CAMPAIGN_ROWS.create(telemetry.meter())
@@ -397,10 +399,11 @@ class Expander:
         errors: list[RowError] = []
         topic = self.settings.ingest_topic(spec.channel, spec.tier)
         lead = self.settings.scheduling.min_lead
+        tenant = self.settings.tenant(spec.tenant_id)
         for r in rows:
             if len(records) + len(held) >= room:
                 return Batch(records, held, errors, over_quota=True)
-            out = map_row(spec, r, now)
+            out = served_row(self.settings, tenant, map_row(spec, r, now))
             if isinstance(out, Rejected):
                 errors.append(RowError(row=out.row, reason=out.reason))
                 continue
@@ -413,14 +416,30 @@ class Expander:
                                                  self.settings.scheduling.bucket,
                                                  self.settings.scheduling.shards))
             else:
-                records.append(_record(topic, record.partition_key(), payload, out))
+                records.append(_record(topic, record.partition_key(), payload, out,
+                                       binder(self.settings)))
         return Batch(records, held, errors, over_quota=False)
 
 
-def _record(topic: str, key: bytes, payload: str, out: Mapped) -> OutRecord:
+def served_row(settings: Settings, tenant: TenantConfig | None,
+               out: Mapped | Rejected) -> Mapped | Rejected:
+    """A mapped row whose recipient the platform cannot serve for ``tenant``
+    (:func:`~notiflow.recipient_checks.recipient_problem`, the API's check) becomes a
+    rejected row with that reason; other rows pass unchanged."""
+    if isinstance(out, Rejected) or tenant is None:
+        return out
+    problem = recipient_problem(settings, tenant, out.record.channel, out.record.recipient)
+    if problem is None:
+        return out
+    return Rejected(out.row, f"{problem.code}: {problem.message}")
+
+
+def _record(topic: str, key: bytes, payload: str, out: Mapped, signer: Binder) -> OutRecord:
     r = out.record
-    return OutRecord(topic=topic, key=key, value=payload.encode(),
-                     headers=make_headers(r.message_id or "", r.tenant_id, r.tier.value))
+    value = payload.encode()
+    return OutRecord(topic=topic, key=key, value=value, headers=signer.sign(
+        make_headers(r.message_id or "", r.tenant_id, r.tier.value), r.channel.value,
+        r.tier.value, value))
 
 
 async def serve(settings: Settings, owner: str, stop: asyncio.Event) -> None:

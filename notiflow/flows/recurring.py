@@ -22,6 +22,7 @@ from notiflow.adapters.envelope import dump, envelope
 from notiflow.adapters.kafka_io import OutRecord, make_headers
 from notiflow.adapters.schedule_store import ScheduleRow
 from notiflow.flows.steps import snapshot_of
+from notiflow.ingest_binding import binder
 from notiflow.schemas.enums import Status, Tier
 from notiflow.schemas.messages import IngestRecord, MessageSnapshot, SendRequest
 from notiflow.schemas.recurrence import occurrences
@@ -120,6 +121,7 @@ class Materializer:
             await self.rows.add(ScheduledRow.waiting(record, due, topic, payload,
                                                      self.rule.bucket, self.rule.shards), now)
         else:
-            await self.publish([OutRecord(topic, record.partition_key(), payload.encode(),
-                                          make_headers(mid, record.tenant_id,
-                                                       record.tier.value))])
+            value = payload.encode()
+            await self.publish([OutRecord(topic, record.partition_key(), value, binder(
+                self.settings).sign(make_headers(mid, record.tenant_id, record.tier.value),
+                                    record.channel.value, record.tier.value, value))])

@@ -48,6 +48,7 @@ from notiflow.flows.model import SourceRef, utcnow
 from notiflow.flows.recurring import Materializer
 from notiflow.flows.runner import run_until_signalled
 from notiflow.flows.steps import Encoder, dead_letter, snapshot_of
+from notiflow.ingest_binding import HEADER, Binder, binder, explain
 from notiflow.schemas.enums import Status
 from notiflow.schemas.messages import IngestRecord, StatusEvent
 from notiflow.schemas.scheduling import ScheduledRow, bucket_of, fair_share
@@ -55,6 +56,7 @@ from notiflow.settings import SchedulingRule, Settings
 
 log = logging.getLogger(__name__)
 _lateness = names.SCHEDULER_LATENESS.create(telemetry.meter())
+_claims_refused = names.INGEST_CLAIMS_REFUSED.create(telemetry.meter())
 Clock = Callable[[], datetime]
 
 
@@ -134,15 +136,19 @@ def _reason(exc: ValueError) -> str:
     return str(exc)
 
 
-def ingest_record(row: ScheduledRow, sealer: Sealer) -> OutRecord:
-    """The Kafka record of a due row: the accepted payload, keyed as the API keys it. A
-    payload that no longer parses goes as it is: the send flow's parse step dead-letters it
-    with the reason (errors are data; nothing accepted is dropped here)."""
+def ingest_record(row: ScheduledRow, sealer: Sealer, binder: Binder) -> OutRecord:
+    """The Kafka record of a due row: the accepted payload, keyed as the API keys it, bound
+    by the platform key. A payload that no longer parses goes as it is: the send flow's parse
+    step dead-letters it with the reason (errors are data; nothing accepted is dropped
+    here)."""
     record = parsed(row, sealer)
     key = record.partition_key() if record is not None else row.message_id.encode()
-    return OutRecord(topic=row.topic, key=key, value=row.payload.encode(),
-                     headers=make_headers(row.message_id, row.tenant_id, row.tier,
-                                          row.traceparent))
+    value = row.payload.encode()
+    channel = (record.channel.value if record is not None
+               else row.topic.rsplit(".", 2)[-2].upper() if row.topic.count(".") >= 2 else "")
+    headers = make_headers(row.message_id, row.tenant_id, row.tier, row.traceparent)
+    return OutRecord(topic=row.topic, key=key, value=value,
+                     headers=binder.sign(headers, channel, row.tier, value))
 
 
 def expired_event(row: ScheduledRow, record: IngestRecord, now: datetime) -> StatusEvent:
@@ -170,6 +176,7 @@ class Scheduler:
         self.owner = owner
         self.clock = clock
         self.encode = Encoder(settings)
+        self.binder: Binder = binder(settings)
         self.held: dict[int, Shard] = {}
         self.lease_until: datetime | None = None
 
@@ -278,8 +285,9 @@ class Scheduler:
 
     async def tick_intake(self) -> int:
         """Move one batch of ``notify.delayed`` into buckets (a record due within
-        ``min_lead`` goes to its ingest topic instead; one that does not parse to the DLQ),
-        then commit it. A batch that fails is read again."""
+        ``min_lead`` goes to its ingest topic instead; one that does not parse, or is not
+        bound to the tenant it names (``tenant_claim_refused``), to the DLQ), then commit
+        it. A batch that fails is read again."""
         assert self.intake is not None
         batch = await self.intake.batch(self.rule.page, self.rule.poll.total_seconds())
         if not batch:
@@ -309,12 +317,23 @@ class Scheduler:
                 reason=f"delayed record does not parse: {_reason(exc)}",
                 error_class=type(exc).__name__, category="invalid_data", tier=None,
                 cipher=self.cipher, now=now))
+        verdict = self.binder.check(
+            record.tenant_id, record.channel.value, record.tier.value, d.value,
+            [(HEADER, d.binding)] if d.binding is not None else None)
+        if not verdict.bound:
+            _claims_refused.add(1, {"flow": "scheduler", "reason": verdict.refusal or ""})
+            return self.encode(dead_letter(
+                raw=d.value, source=SourceRef(d.topic, d.partition, d.offset, d.timestamp_ms),
+                reason=explain(verdict, record.tenant_id), error_class="tenant_claim_refused",
+                category="invalid_data", tier=None, cipher=self.cipher, now=now,
+                message_id=record.message_id))
         topic = self.settings.ingest_topic(record.channel, record.tier)
         due = record.not_before
         message_id = record.message_id or ""
         if due is None or due - now < self.rule.min_lead or not message_id:
-            return OutRecord(topic, record.partition_key(), d.value, make_headers(
-                message_id, record.tenant_id, record.tier.value, d.traceparent))
+            return OutRecord(topic, record.partition_key(), d.value, self.binder.sign(
+                make_headers(message_id, record.tenant_id, record.tier.value, d.traceparent),
+                record.channel.value, record.tier.value, d.value))
         return ScheduledRow.waiting(record, to_ms(due), topic, d.value.decode(),
                                     self.rule.bucket, self.rule.shards, d.traceparent)
 
@@ -382,7 +401,7 @@ class Scheduler:
                 out.append(self.encode(expired_event(r, record, now)))
                 expired += 1
             else:
-                out.append(ingest_record(r, sealer))
+                out.append(ingest_record(r, sealer, self.binder))
         await self.publish(out)
         released = self.clock()
         await self.board.mark_released(rows, released, self.owner)

@@ -15,7 +15,7 @@ from bytewax.operators import StatefulLogic
 from opentelemetry.metrics import CallbackOptions, Observation
 from pydantic import ValidationError
 
-from notiflow import names
+from notiflow import ingest_binding, names
 from notiflow.adapters.dlq_crypto import DlqCipher
 from notiflow.adapters.envelope import EnvelopeError, dump, envelope
 from notiflow.adapters.kafka_io import OutRecord, header, make_headers
@@ -38,6 +38,7 @@ Clock = Callable[[], datetime]
 _suppressions = names.SUPPRESSIONS.create(meter())
 _expirations = names.EXPIRATIONS.create(meter())
 _ingested = names.INGEST_MESSAGES.create(meter())
+_claims_refused = names.INGEST_CLAIMS_REFUSED.create(meter())
 _lateness = names.SCHEDULER_LATENESS.create(meter())
 RawMessage = KafkaSourceMessage[bytes | None, bytes | None] | KafkaError[Any, Any]
 
@@ -87,8 +88,10 @@ def dead_letter(
 
 class IngestParser:
     """Bytes from ``ingest.{channel}.{tier}`` → :class:`Work`, or an error as data:
-    a :class:`DlqRecord` (unparseable, unknown schema or tenant, wrong topic, unavailable
-    channel) or a FAILED :class:`StatusEvent` (tenant not allowed to use the tier/channel)."""
+    a :class:`DlqRecord` (unparseable, unknown schema, not bound to the tenant it names
+    (``tenant_claim_refused``, :mod:`notiflow.ingest_binding`), unknown tenant, wrong topic, a
+    category its tier may not carry, unavailable channel) or a FAILED :class:`StatusEvent`
+    (tenant not allowed to use the tier/channel)."""
 
     def __init__(self, settings: Settings, tier: Tier | None, cipher: DlqCipher,
                  clock: Clock) -> None:
@@ -98,6 +101,7 @@ class IngestParser:
         self.clock = clock
         self.enabled = settings.enabled_channels()
         self.sealer = envelope(settings)
+        self.binder: ingest_binding.Binder = ingest_binding.binder(settings)
         self.topics = ({} if tier is None else
                        {settings.ingest_topic(c, tier): c for c in Channel})
 
@@ -124,6 +128,9 @@ class IngestParser:
         if version != 1:
             return self._dlq(raw, src, f"unknown schema_version {version!r}", "unknown_schema",
                              "invalid_data", now, msg.headers)
+        refused = self._unbound(doc, raw, src, msg.headers, now)
+        if refused is not None:
+            return refused
         try:
             doc = self.sealer.open(doc)
         except EnvelopeError as exc:
@@ -176,6 +183,21 @@ class IngestParser:
                              message_id=record.message_id, tenant_id=record.tenant_id,
                              tier=record.tier)
         return work
+
+    def _unbound(self, doc: dict[str, Any], raw: bytes, src: SourceRef, headers: Any,
+                 now: datetime) -> DlqRecord | None:
+        """A ``tenant_claim_refused`` dead letter when the record is not bound to the tenant
+        it names (its claim is not used as its source), else None."""
+        claimed = doc.get("tenant_id") if isinstance(doc.get("tenant_id"), str) else None
+        channel = self.topics.get(src.topic)
+        target = ((channel.value, self.tier.value) if channel is not None and self.tier
+                  else ingest_binding.claimed_target(doc))
+        verdict = self.binder.check(claimed, *target, raw, headers)
+        if verdict.bound:
+            return None
+        _claims_refused.add(1, {"flow": self._source, "reason": verdict.refusal or ""})
+        return self._dlq(raw, src, ingest_binding.explain(verdict, claimed),
+                         "tenant_claim_refused", "invalid_data", now, headers)
 
     @property
     def _source(self) -> str:
@@ -369,11 +391,13 @@ class Encoder:
     ``traceparent`` an event or receipt travels with). Counts the SUPPRESSED and EXPIRED
     events it writes (every path of the send flow ends here). A retry due
     ``scheduling.long_wait`` or more from now goes to ``notify.delayed`` (a scheduler moves
-    it into a bucket), a sooner one back to its ingest topic (the hold step keeps it)."""
+    it into a bucket), a sooner one back to its ingest topic (the hold step keeps it); either
+    is bound by the platform key (``nf-binding``)."""
 
     def __init__(self, settings: Settings, clock: Clock = utcnow) -> None:
         self.settings = settings
         self.sealer = envelope(settings)
+        self.binder: ingest_binding.Binder = ingest_binding.binder(settings)
         self.clock = clock
 
     def __call__(self, out: Out) -> OutRecord:
@@ -394,9 +418,11 @@ class Encoder:
             wait = r.not_before - self.clock() if r.not_before else None
             topic = (s.delayed_topic if wait is not None and wait >= s.scheduling.long_wait
                      else s.ingest_topic(r.channel, r.tier))
-            return OutRecord(topic, out.work.key, dump(r, self.sealer).encode(),
-                             list(out.work.headers) or make_headers(
-                                 out.work.message_id, r.tenant_id, r.tier.value))
+            value = dump(r, self.sealer).encode()
+            headers = list(out.work.headers) or make_headers(out.work.message_id, r.tenant_id,
+                                                             r.tier.value)
+            return OutRecord(topic, out.work.key, value, self.binder.sign(
+                headers, r.channel.value, r.tier.value, value))
         if isinstance(out, Receipt):
             return OutRecord(s.receipts_topic, out.provider_message_id.encode(),
                              out.model_dump_json(exclude_none=True).encode(),

@@ -36,6 +36,7 @@ from notiflow.adapters.scheduled_store import ScheduledStore
 from notiflow.gateway.errors import STORE_ERRORS
 from notiflow.gateway.kafka_window import Deferred, Outcome
 from notiflow.gateway.runtime import Runtime
+from notiflow.ingest_binding import Binder, binder
 from notiflow.names import Stage
 from notiflow.redact import mask, recipient_hash
 from notiflow.schemas.enums import Status, Tier
@@ -138,11 +139,14 @@ def partition_key(record: IngestRecord) -> bytes:
     return record.partition_key()
 
 
-def out_record(record: IngestRecord, topic: str, payload: str, trace: str) -> OutRecord:
-    return OutRecord(
-        topic=topic, key=partition_key(record), value=payload.encode(),
-        headers=make_headers(ids(record)[0], record.tenant_id, record.tier.value, trace),
-    )
+def out_record(record: IngestRecord, topic: str, payload: str, trace: str,
+               binder: Binder) -> OutRecord:
+    """The Kafka record of an acceptance, bound by the platform key (``nf-binding``)."""
+    value = payload.encode()
+    headers = make_headers(ids(record)[0], record.tenant_id, record.tier.value, trace)
+    return OutRecord(topic=topic, key=partition_key(record), value=value,
+                     headers=binder.sign(headers, record.channel.value, record.tier.value,
+                                         value))
 
 
 def deferred(settings: Settings, record: IngestRecord, now: datetime) -> bool:
@@ -230,7 +234,8 @@ async def complete_acceptance(
     with telemetry.span(names.INGEST_PRODUCE, attrs, parent=parent) as span:
         header = telemetry.current_traceparent() or trace
         times.add(Stage.API_ACCEPT, time.time() - accepted_at.timestamp())
-        entry = Deferred(message_id, record.tier, out_record(record, topic, payload, header),
+        entry = Deferred(message_id, record.tier, out_record(record, topic, payload, header,
+                                                             binder(rt.settings)),
                          settle, ordered=record.ordering_key is not None)
         with times.timing(Stage.API_KAFKA_ACK):
             outcome = await rt.publisher.publish(entry, undo, deferrable=deferrable)

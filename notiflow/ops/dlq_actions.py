@@ -57,8 +57,9 @@ from notiflow.adapters.kafka_io import (
 )
 from notiflow.flows.model import SourceRef
 from notiflow.flows.steps import complete_record, validation_reason
+from notiflow.ingest_binding import HEADER, Verdict, binder, explain
 from notiflow.redact import mask
-from notiflow.schemas.enums import Status
+from notiflow.schemas.enums import Channel, Status, Tier
 from notiflow.schemas.messages import DlqRecord, IngestRecord
 from notiflow.settings import Settings
 
@@ -169,13 +170,27 @@ def _where(entry: DlqEntry) -> dict[str, Any]:
             "dlq_offset": entry.offset}
 
 
+def arrived_bound(dl: DlqRecord, payload: bytes, record: IngestRecord,
+                  settings: Settings) -> Verdict:
+    """Whether the dead letter's payload was bound to its tenant as it arrived (its original
+    ``nf-binding`` header, for the channel and tier of its topic): a replay signs it for the
+    platform, so it must not bind a record nobody had bound."""
+    tiered = {settings.topic(f"ingest.{c.value.lower()}.{t.value.lower()}"): (c.value, t.value)
+              for c in Channel for t in Tier}
+    target = tiered.get(dl.source_topic, (record.channel.value, record.tier.value))
+    raw = dl.headers.get(HEADER)
+    return binder(settings).check(record.tenant_id, *target, payload,
+                                  [(HEADER, raw.encode())] if raw is not None else None)
+
+
 def plan_replay(entry: DlqEntry, payload: bytes, settings: Settings, *, now: datetime,
                 seen_attempts: Iterable[int] = (),
                 extend_ttl: timedelta | None = None) -> ReplayPlan | Refusal:
     """The replay of one dead letter, or why it cannot be replayed (pure).
 
     Only send requests (dead letters of an ingest topic whose payload is a valid ingest
-    record of a known tenant) are replayable. The new record keeps ``message_id`` and the
+    record of a known tenant, bound to it as it arrived: :func:`arrived_bound`) are
+    replayable; the replay is bound by the platform key. The new record keeps ``message_id`` and the
     request; ``attempt`` and ``budget_base`` become one more than the highest attempt in the
     record, the dead letter's attempts and ``seen_attempts``; ``not_before``,
     ``avoid_provider``, ``provider_waits`` and ``unknown_check`` are cleared. An expired
@@ -194,6 +209,10 @@ def plan_replay(entry: DlqEntry, payload: bytes, settings: Settings, *, now: dat
                        "the producer must send a corrected request; purge this one")
     if settings.tenant(record.tenant_id) is None:
         return Refusal(f"tenant {record.tenant_id!r} is not configured")
+    verdict = arrived_bound(dl, payload, record, settings)
+    if not verdict.bound:
+        return Refusal(f"{explain(verdict, record.tenant_id)}; a replay would bind it to that "
+                       "tenant: the producer must send it again, signed; purge this one")
     if record.message_id is None and dl.message_id:
         record = record.model_copy(update={"message_id": dl.message_id})
     source = SourceRef(dl.source_topic, dl.source_partition, dl.source_offset,
@@ -350,10 +369,11 @@ class DlqActions:
             await unclaim()
             return refused("the message's status changed meanwhile; try again")
         assert self.producer is not None
+        value = dump(plan.record, envelope(self.settings)).encode()
         try:
             await self.producer.produce(OutRecord(
-                plan.topic, plan.key, dump(plan.record, envelope(self.settings)).encode(),
-                plan.headers))
+                plan.topic, plan.key, value, binder(self.settings).sign(
+                    plan.headers, plan.record.channel.value, plan.record.tier.value, value)))
         except DeliveryFailed as exc:
             if reopen:
                 await self.ledger.undo_reopen(mid, state, attempt=plan.attempt,

@@ -18,6 +18,7 @@ from notiflow.adapters.worker import close_all
 from notiflow.schemas.enums import Tier
 from notiflow.schemas.messages import DlqRecord, IngestRecord, StatusEvent
 from notiflow.settings import Settings
+from tests.helpers import signed
 
 
 @pytest.fixture(autouse=True)
@@ -60,10 +61,17 @@ def put_template(stack: Settings, tenant: str, template_id: str, channel: str, b
     return 1
 
 
+def bound(settings: Settings, topic: str, value: bytes) -> list[tuple[str, bytes]]:
+    """The headers a direct producer of the tenant ``value`` names writes (``nf-binding``)."""
+    return signed(settings, OutRecord(topic, None, value)).headers
+
+
 def kmsg(settings: Settings, value: bytes, offset: int, tier: Tier = Tier.P1,
          key: bytes | None = None) -> KafkaSourceMessage:
-    return KafkaSourceMessage(key=key, value=value, topic=settings.ingest_topic("SMS", tier),
-                              headers=[], latency=None, offset=offset, partition=0,
+    topic = settings.ingest_topic("SMS", tier)
+    return KafkaSourceMessage(key=key, value=value, topic=topic,
+                              headers=bound(settings, topic, value), latency=None,
+                              offset=offset, partition=0,
                               timestamp=(1, int(datetime.now(UTC).timestamp() * 1000)))
 
 

@@ -17,7 +17,7 @@ from bytewax.testing import TestingSource
 from notiflow.adapters.kafka_io import OutRecord
 from notiflow.schemas.enums import Tier
 from notiflow.settings import Settings
-from tests.flow.conftest import RUNNERS, decode, put_template, send_flow
+from tests.flow.conftest import RUNNERS, bound, decode, put_template, send_flow
 from tests.helpers import emulator_records
 
 pytestmark = pytest.mark.flow
@@ -48,9 +48,10 @@ def item(settings: Settings, n: int, base: int) -> KafkaSourceMessage:
         "template_version": 1, "variables": {"name": f"Ana {n}"},
         "message_id": f"msg_{base}_{n}", "idempotency_key": f"bulk-{base}-{n}",
         "accepted_at": datetime.now(UTC).isoformat()}
-    return KafkaSourceMessage(key=None, value=orjson.dumps(doc),
-                              topic=settings.ingest_topic("EMAIL", Tier.P3), headers=[],
-                              latency=None, offset=base + n, partition=0,
+    topic, value = settings.ingest_topic("EMAIL", Tier.P3), orjson.dumps(doc)
+    return KafkaSourceMessage(key=None, value=value, topic=topic,
+                              headers=bound(settings, topic, value), latency=None,
+                              offset=base + n, partition=0,
                               timestamp=(1, int(datetime.now(UTC).timestamp() * 1000)))
 
 

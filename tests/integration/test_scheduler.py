@@ -26,7 +26,7 @@ from notiflow.schemas.enums import Channel, Tier
 from notiflow.schemas.messages import IngestRecord, new_message_id
 from notiflow.schemas.scheduling import ScheduledRow
 from notiflow.settings import Settings
-from tests.helpers import read_topic
+from tests.helpers import read_topic, signed
 
 pytestmark = pytest.mark.integration
 
@@ -228,9 +228,10 @@ async def test_a_long_retry_waits_in_a_bucket_and_returns_when_due(
         update={"attempt": 3, "not_before": due, "scheduled_at": None})
     producer = AsyncProducer(stack)
     try:
-        await producer.produce(OutRecord(stack.delayed_topic, r.message_id.encode(),
-                                         record.model_dump_json(exclude_none=True).encode(),
-                                         make_headers(r.message_id, "mkt", "P3")))
+        await producer.produce(signed(stack, OutRecord(
+            stack.delayed_topic, r.message_id.encode(),
+            record.model_dump_json(exclude_none=True).encode(),
+            make_headers(r.message_id, "mkt", "P3"))))
     finally:
         await asyncio.to_thread(producer.close)
 

@@ -42,7 +42,8 @@ CIPHER = DlqCipher(Fernet.generate_key())
 
 @pytest.fixture
 def settings(monkeypatch: pytest.MonkeyPatch) -> Settings:
-    monkeypatch.setenv("NOTIFLOW_TENANTS", json.dumps([{"id": "acme", "token": "t-acme"}]))
+    monkeypatch.setenv("NOTIFLOW_TENANTS", json.dumps([{"id": "acme", "token": "t-acme" * 6}]))
+    monkeypatch.setenv("NOTIFLOW_INGEST_BINDING__REQUIRED", "false")  # test_ingest_binding.py
     return Settings(topic_prefix="x.")
 
 

@@ -11,6 +11,7 @@ from datetime import UTC, datetime, time, timedelta
 
 import orjson
 import pytest
+from pydantic import SecretStr
 
 from notiflow.adapters.campaign_notices import Notice
 from notiflow.adapters.campaign_store import CampaignRow, Progress
@@ -26,7 +27,7 @@ from notiflow.schemas.campaigns import (
 from notiflow.schemas.enums import Channel, Tier
 from notiflow.schemas.messages import IngestRecord
 from notiflow.schemas.scheduling import ScheduledRow
-from notiflow.settings import Settings
+from notiflow.settings import IngestBinding, Settings
 
 NOW = datetime(2026, 12, 4, 15, 0, tzinfo=UTC)
 CID = "cmp_" + "ab" * 16
@@ -42,7 +43,7 @@ def manifest(n: int, bad_every: int = 0, zones: Sequence[str] = ("",)) -> bytes:
 
 def request(**over: object) -> CampaignRequest:
     body = {"name": "winter sale", "channel": "SMS", "template_id": "promo",
-            "template_version": 1, "manifest": "s3://notiflow/m.csv",
+            "template_version": 1, "manifest": "s3://notiflow/tenants/mkt/m.csv",
             "mapping": {"recipient": "phone", "variables": {"name": "name"},
                         "timezone": "tz"}, **over}
     return CampaignRequest.model_validate(body)
@@ -107,10 +108,10 @@ class Manifests:
         self.data = data
         self.chunk = chunk
 
-    async def size(self, uri: str) -> int:
+    async def size(self, uri: str, tenant_id: str) -> int:
         return len(self.data)
 
-    async def chunks(self, uri: str, start: int,
+    async def chunks(self, uri: str, tenant_id: str, start: int,
                      size: int | None = None) -> AsyncIterator[bytes]:
         assert size in (None, len(self.data))
         for at in range(start, len(self.data), self.chunk):
@@ -153,8 +154,8 @@ class Sink:
 
 def expander(board: Board, data: bytes, sink: Sink, signals: Signals | None = None,
              owner: str = "x1", **rule: object) -> Expander:
-    settings = Settings().model_copy(update={"campaigns": Settings().campaigns.model_copy(
-        update={"batch": 50, **rule})})
+    settings = Settings(ingest_binding=IngestBinding(keys=SecretStr("k" * 32))).model_copy(
+        update={"campaigns": Settings().campaigns.model_copy(update={"batch": 50, **rule})})
     return Expander(settings, board, Manifests(data), sink.publish, sink.hold,
                     signals or Signals(), owner, clock=lambda: NOW)
 

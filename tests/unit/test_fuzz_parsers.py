@@ -53,6 +53,7 @@ from notiflow.schemas.campaigns import ColumnMapping, LocalWindow
 from notiflow.schemas.enums import Category, Channel, Tier
 from notiflow.schemas.messages import DlqRecord, IngestRecord, Receipt, StatusEvent
 from notiflow.settings import (
+    IngestBinding,
     IngestEncryption,
     SendGridSettings,
     Settings,
@@ -68,9 +69,10 @@ NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 KEY = Fernet.generate_key()
 CIPHER = DlqCipher(KEY)
 CONF = Settings(dlq_key=KEY.decode(), tenants=json.loads(
-    '[{"id": "acme", "token": "t-acme", "senders": ["ACME"]}, '
-    '{"id": "mkt", "token": "t-mkt", "tiers": ["P3"]}]'),
-    topic_prefix="", twilio=TwilioSettings(auth_token=SecretStr("secret")))
+    '[{"id": "acme", "token": "t-acme-0123456789abcdef0123456789", "senders": ["ACME"]}, '
+    '{"id": "mkt", "token": "t-mkt-0123456789abcdef0123456789ab", "tiers": ["P3"]}]'),
+    topic_prefix="", twilio=TwilioSettings(auth_token=SecretStr("secret")),
+    ingest_binding=IngestBinding(required=False))
 PARSER = IngestParser(CONF, Tier.P1, CIPHER, lambda: NOW)
 
 JSON = st.recursive(
@@ -229,8 +231,8 @@ SES_EVENT: dict[str, Any] = {
 SNS_DOC: dict[str, Any] = {
     "Type": "Notification", "MessageId": "m-1", "TopicArn": "arn:aws:sns:us-east-1:1:t",
     "Message": orjson.dumps(SES_EVENT).decode(), "Timestamp": "2026-03-01T12:00:00.000Z",
-    "SigningCertURL": "https://sns.us-east-1.amazonaws.com/c.pem", "SignatureVersion": "1"}
-SNS_DOC["Signature"] = sns.sign(SNS_DOC, SNS_KEY)
+    "SigningCertURL": "https://sns.us-east-1.amazonaws.com/c.pem", "SignatureVersion": "2"}
+SNS_DOC["Signature"] = sns.sign(SNS_DOC, SNS_KEY, "2")
 
 
 @FUZZ
@@ -307,7 +309,7 @@ def test_smtp_dsns_and_bearer(raw: bytes, content_type: str | None,
         report = smtp_receipts.parse_dsn(raw, content_type)
     except ValueError:
         return
-    for receipt in smtp_receipts.dsn_receipts(report, "smtp", NOW):
+    for receipt in smtp_receipts.dsn_receipts(report, "smtp", NOW, ("msg_1", 3)):
         assert isinstance(receipt, Receipt)
 
 
@@ -316,7 +318,8 @@ def test_the_seeds_are_accepted() -> None:
     assert isinstance(PARSER(kmsg(orjson.dumps({k: v for k, v in VALID_INGEST.items()
                                                 if k not in ("scheduled_at",)}), [],
                                   "ingest.sms.p1")), Work)
-    assert smtp_receipts.dsn_receipts(smtp_receipts.parse_dsn(SEED_DSN), "smtp", NOW)
+    assert smtp_receipts.dsn_receipts(smtp_receipts.parse_dsn(SEED_DSN), "smtp", NOW,
+                                      ("msg_1", 3))
     assert sendgrid_receipts.event_receipt(SENDGRID_EVENT, "sendgrid", NOW) is not None
     sns.verify(sns.parse_envelope(SNS_DOC), SNS_KEY.public_key())
     assert ses_receipts.event_receipt(ses_receipts.decode(SNS_DOC["Message"]), "ses", "m-1",

@@ -19,6 +19,7 @@ from notiflow.adapters.scheduled_store import ShardLease
 from notiflow.flows.model import Retry, SourceRef, Work
 from notiflow.flows.scheduler import Scheduler
 from notiflow.flows.steps import Encoder
+from notiflow.ingest_binding import binder
 from notiflow.schemas.messages import IngestRecord
 from notiflow.schemas.scheduling import ScheduledRow, bucket_of, fair_share, shard_of
 from notiflow.settings import SchedulingRule, Settings
@@ -274,8 +275,9 @@ def delayed(s: Settings, mid: str, not_before: datetime, offset: int) -> Delayed
     r = row(s, mid, T0)
     record = IngestRecord.model_validate_json(r.payload).model_copy(
         update={"attempt": 2, "not_before": not_before, "scheduled_at": None})
-    return Delayed(record.model_dump_json(exclude_none=True).encode(), s.delayed_topic, 0,
-                   offset, None, None)
+    value = record.model_dump_json(exclude_none=True).encode()
+    [(_, binding)] = binder(s).sign([], "SMS", "P3", value)
+    return Delayed(value, s.delayed_topic, 0, offset, None, None, binding)
 
 
 async def test_long_retries_move_into_buckets_short_ones_and_bad_ones_pass_on() -> None:

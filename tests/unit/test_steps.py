@@ -22,8 +22,8 @@ from notiflow.settings import IngestEncryption, Settings
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 KEY = Fernet.generate_key()
 TENANTS = json.dumps([
-    {"id": "acme", "token": "t-acme", "senders": ["ACME"]},
-    {"id": "mkt", "token": "t-mkt", "tiers": ["P2", "P3"]},
+    {"id": "acme", "token": "t-acme-0123456789abcdef0123456789", "senders": ["ACME"]},
+    {"id": "mkt", "token": "t-mkt-0123456789abcdef0123456789ab", "tiers": ["P2", "P3"]},
 ])
 
 
@@ -32,6 +32,7 @@ def settings(monkeypatch: pytest.MonkeyPatch) -> Settings:
     monkeypatch.setenv("NOTIFLOW_TENANTS", TENANTS)
     monkeypatch.setenv("NOTIFLOW_TWILIO__AUTH_TOKEN", "secret")
     monkeypatch.setenv("NOTIFLOW_TOPIC_PREFIX", "")
+    monkeypatch.setenv("NOTIFLOW_INGEST_BINDING__REQUIRED", "false")  # test_ingest_binding.py
     return Settings(dlq_key=KEY.decode())
 
 
@@ -167,7 +168,7 @@ def test_settings_dedup_window_bounds() -> None:
 
 
 def test_settings_from_environment(settings: Settings) -> None:
-    assert settings.tenant_by_token("t-mkt").id == "mkt"
+    assert settings.tenant_by_token("t-mkt-0123456789abcdef0123456789ab").id == "mkt"
     assert settings.tenant_by_token("wrong") is None
     assert settings.ingest_topic("SMS", "P0") == "ingest.sms.p0"
     assert settings.dlq_topic(Tier.P3) == "notify.dlq.p3"
