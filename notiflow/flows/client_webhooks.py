@@ -7,17 +7,20 @@ Recipe (``build_webhook_flow``)::
       → parse                         StatusEvent / Receipt → StatusChange; records that do
                                       not decode are skipped (the reconciler dead-letters
                                       them); events whose snapshot has no webhook are dropped
-      → fresh                         changes older than the whole schedule are not announced
-                                      (a replay from offset 0 must not flood clients)
+      → fresh                         changes older than the whole schedule that were read
+                                      as history (appended before the flow first read their
+                                      partition: a replay from offset 0) are skipped; older
+                                      ones read live go on, to the DLQ (``webhook_age.py``)
       → resolve (per batch)           tenant + URL from the event's snapshot, else from
                                       Cassandra ``messages`` (receipts without a message id:
                                       through the provider message index), cached per process
       → deliver (keyed by message_id) WebhookLogic: one webhook per status change with a
                                       stable webhook-id, in status order, retried on the
                                       scaled schedule by timers; a circuit breaker per
-                                      endpoint (waiting while open spends no attempt); POSTs
+                                      tenant and endpoint (waiting while open spends no
+                                      attempt); POSTs
                                       run on the process's WebhookDispatcher (own event loop)
-      → encode → confirming Kafka sink   given-up webhooks → notify.dlq.webhooks
+      → encode → confirming Kafka sink   given-up and too-old webhooks → notify.dlq.webhooks
 
 The items are in ``webhook_items.py``, resolution in ``webhook_resolve.py``, the POSTs'
 runtime in ``webhook_sender.py``; this module holds the policy and the per-message logic.
@@ -33,7 +36,6 @@ import concurrent.futures
 import copy
 import logging
 import random
-import threading
 import time
 import uuid
 from collections.abc import Iterable
@@ -71,6 +73,7 @@ from notiflow.egress import Refusal, check_url
 from notiflow.flows.model import SourceRef, utcnow
 from notiflow.flows.steps import Clock, RawMessage, source_of
 from notiflow.flows.toolbox import guard_and_emit
+from notiflow.flows.webhook_age import Fresh, HistorySource, is_history, too_old
 from notiflow.flows.webhook_items import StatusChange, WebhookJob
 from notiflow.flows.webhook_resolve import Resolver
 from notiflow.flows.webhook_sender import (
@@ -122,7 +125,8 @@ def parse_change(msg: RawMessage, receipts_topic: str) -> StatusChange | None:
             return StatusChange(r.message_id, Status(r.status), r.attempt or 0, r.error_code,
                                 r.occurred_at, src,
                                 provider_ref=(r.provider_id, r.provider_message_id),
-                                traceparent=header_traceparent(msg.headers))
+                                traceparent=header_traceparent(msg.headers),
+                                history=is_history(msg.headers))
         ev = StatusEvent.model_validate_json(msg.value)
     except ValidationError:
         return None
@@ -132,7 +136,8 @@ def parse_change(msg: RawMessage, receipts_topic: str) -> StatusChange | None:
     return StatusChange(ev.message_id, ev.status, ev.attempt, ev.reason, ev.occurred_at, src,
                         tenant_id=ev.tenant_id, tier=ev.tier,
                         url=snap.status_webhook if snap else None, resolved=snap is not None,
-                        traceparent=header_traceparent(msg.headers))
+                        traceparent=header_traceparent(msg.headers),
+                        history=is_history(msg.headers))
 
 
 # policy ------------------------------------------------------------------------------------
@@ -147,7 +152,8 @@ class WebhookPolicy:
     timeout: timedelta
     memory: timedelta
     max_age: timedelta
-    """Older changes are not announced."""
+    """Older changes are not announced (``webhook_age.py``: skipped as history, else
+    dead-lettered)."""
     patience: timedelta
     """How long after its first try a webhook may wait on an open breaker before the DLQ."""
     park_for: timedelta
@@ -192,32 +198,6 @@ class WebhookPolicy:
         if retry_after_s:
             wait = max(wait, min(timedelta(seconds=retry_after_s), self.longest))
         return wait
-
-
-class Fresh:
-    """``filter`` predicate: changes younger than ``max_age``. The others are counted and
-    logged (a summary at most every ``LOG_EVERY``: a replay may skip millions)."""
-
-    LOG_EVERY = 10.0
-
-    def __init__(self, settings: Settings, clock: Clock) -> None:
-        self.max_age = WebhookPolicy.from_settings(settings).max_age
-        self.clock = clock
-        self._skipped = 0
-        self._logged = 0.0
-        self._lock = threading.Lock()
-
-    def __call__(self, change: StatusChange) -> bool:
-        if self.clock() - change.occurred_at <= self.max_age:
-            return True
-        with self._lock:
-            self._skipped += 1
-            if time.monotonic() - self._logged >= self.LOG_EVERY:
-                log.info("not announcing %d status changes older than %s (latest: %s of %s)",
-                         self._skipped, self.max_age, change.status.value,
-                         change.message_id or change.provider_ref)
-                self._skipped, self._logged = 0, time.monotonic()
-        return False
 
 
 def tenant_secrets(settings: Settings, tenant_id: str) -> tuple[SecretStr, ...]:
@@ -292,7 +272,9 @@ class WebhookLogic(StatefulLogic[WebhookJob, DlqRecord, WebhookState]):
     wait the scheduled delay (timers; the state holds due times and attempt counts). A
     refusing breaker delays the attempt without spending it, up to ``policy.patience``
     after the first try. After the last attempt, a 410, or a configuration error (unknown
-    tenant, no secret, bad URL) → a DLQ record. Changes without a URL wait up to
+    tenant, no secret, bad URL, a URL the egress rules refuse when queued or when vetted
+    before a POST) → a DLQ record; so is a change older than ``policy.max_age`` when it is
+    queued (``webhook_stale``: never POSTed late). Changes without a URL wait up to
     ``policy.park_for`` for a change of the same message that carries it."""
 
     def __init__(self, resume: WebhookState | None, *, sender: Sender, settings: Settings,
@@ -413,6 +395,13 @@ class WebhookLogic(StatefulLogic[WebhookJob, DlqRecord, WebhookState]):
         if problem is not None:
             st.finished.add(r)
             return [self._dlq(p, now, problem[0], "invalid_data", problem[1])]
+        if too_old(job.occurred_at, now, self.policy.max_age):
+            st.finished.add(r)
+            age = int((now - job.occurred_at).total_seconds())
+            return [self._dlq(p, now, "webhook_stale", "unavailable", (
+                f"status change {age} s old when queued, beyond the "
+                f"{int(self.policy.max_age.total_seconds())} s the retry schedule covers; "
+                "not announced late"))]
         st.pending.append(p)
         st.pending.sort(key=lambda x: x.rank)
         return []
@@ -444,7 +433,8 @@ class WebhookLogic(StatefulLogic[WebhookJob, DlqRecord, WebhookState]):
         attrs = {names.ATTR_MESSAGE_ID: p.message_id, names.ATTR_TENANT_ID: p.tenant_id,
                  names.ATTR_STATUS: p.status.value, names.ATTR_ATTEMPT: p.tries + 1}
         fut = self.sender.submit(Request(p.endpoint, p.url, p.webhook_id, p.body, secrets,
-                                         getattr(p, "traceparent", None), attrs))
+                                         getattr(p, "traceparent", None), attrs,
+                                         tenant_id=p.tenant_id))
         self.inflight = (p.webhook_id, fut)
         return []
 
@@ -564,11 +554,11 @@ def build_webhook_flow(
     keyring = keyring or Keyring(settings)
     out = sender or WebhookDispatcher(settings, keyring=keyring)
     flow = Dataflow("client-webhooks")
-    raw = op.input("events", flow, source or PausableKafkaSource(
+    raw = op.input("events", flow, source or HistorySource(PausableKafkaSource(
         kafka_source(settings, topics, 500, require=[settings.webhooks_dlq_topic]),
-        lambda _topic: out.saturated()))
+        lambda _topic: out.saturated())))
     changes = op.filter_map("parse", raw, lambda m: parse_change(m, settings.receipts_topic))
-    fresh = op.filter("fresh", changes, Fresh(settings, clock))
+    fresh = op.filter("fresh", changes, Fresh(policy.max_age, clock))
     jobs = op.flat_map_batch("resolve", fresh, Resolver(settings))
     dead = op.stateful("deliver", op.key_on("by-message", jobs, lambda j: j.message_id),
                        lambda resume: WebhookLogic(resume, sender=out, settings=settings,

@@ -30,6 +30,8 @@ class StatusChange:
     """(provider_id, provider_message_id) of a receipt without a message id."""
     traceparent: str | None = None
     """The record's ``traceparent`` header (the webhook's span continues it)."""
+    history: bool = False
+    """Read as history (``webhook_age.py``): when too old, skipped rather than dead-lettered."""
 
 
 @dataclass(frozen=True, slots=True)
