@@ -42,7 +42,7 @@ app.kubernetes.io/component: {{ .component }}
 {{/* The ConfigMap's data; secrets are refused. */}}
 {{- define "notiflow.configData" -}}
 {{- range $key, $value := .Values.config }}
-{{- if regexMatch "(TOKEN|PASSWORD|SECRET|DLQ_KEY|RECIPIENT_HASH_KEY|ENCRYPTION__KEYS|TENANTS|AUTH|PRIVATE)" (upper $key) }}
+{{- if regexMatch "(TOKEN|PASSWORD|SECRET|DLQ_KEY|RECIPIENT_HASH_KEY|CORRELATION_KEY|BINDING__KEYS|ENCRYPTION__KEYS|TENANTS|AUTH|PRIVATE)" (upper $key) }}
 {{- fail (printf "config.%s looks like a secret: put it in the Secret named by secretName" $key) }}
 {{- end }}
 {{ $key }}: {{ $value | toString | quote }}
