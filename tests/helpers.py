@@ -69,8 +69,10 @@ class Placer:
         self.producer = Producer(producer_config(settings))
         self.settings = settings
 
-    def send(self, records: list[OutRecord]) -> list[tuple[int, int]]:
-        """Produce and confirm; (partition, offset) of each record in order."""
+    def send(self, records: list[OutRecord],
+             settings: Settings | None = None) -> list[tuple[int, int]]:
+        """Produce and confirm; (partition, offset) of each record in order. Ingest records
+        are signed with ``settings``' keys (default: the producer's own settings)."""
         placed: list[tuple[int, int] | None] = [None] * len(records)
 
         def cb(i: int) -> Callable[[Any, Any], None]:
@@ -80,7 +82,7 @@ class Placer:
             return done
 
         for i, r in enumerate(records):
-            r = signed(self.settings, r)
+            r = signed(settings or self.settings, r)
             self.producer.produce(r.topic, r.value, r.key, headers=r.headers,
                                   on_delivery=cb(i))
         assert self.producer.flush(30) == 0
@@ -96,7 +98,7 @@ def produce(settings: Settings, records: list[OutRecord]) -> list[tuple[int, int
     key = repr(sorted(producer_config(settings).items()))
     if key not in _PLACERS:
         _PLACERS[key] = Placer(settings)
-    return _PLACERS[key].send(records)
+    return _PLACERS[key].send(records, settings)
 
 
 def produce_quick(settings: Settings, records: list[OutRecord]) -> None:

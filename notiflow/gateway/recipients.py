@@ -165,7 +165,9 @@ async def carry_forward(rt: Runtime, tenant_id: str, key: str) -> None:
 @router.put(
     "/v1/recipients/{recipient:path}/devices/{token}", response_model=DeviceView,
     responses={200: {"description": "The device, active.", "links": DEVICE_LINKS},
-               **tenant_errors(400, 413, 422, r422=f"{INVALID_ADDRESS}, `invalid_body`; not "
+               **tenant_errors(400, 404, 413, 422,
+                               r404="The path names no device (a token holding `/`).",
+                               r422=f"{INVALID_ADDRESS}, `invalid_body`; not "
                                "stated by the schema: `invalid_device_token` (the token does "
                                "not have the body's platform's shape).", **STATE_ERRORS)},
     openapi_extra=json_body(DeviceRegistration, "The token's platform.", examples.DEVICE))

@@ -66,10 +66,10 @@ def sendgrid_headers(sections: Sequence[SendGridSettings], headers: Mapping[str,
                              f"{SENDGRID_SIGNATURE} does not match this request")
 
 
-def sns_headers(sections: Sequence[SesSettings], headers: Mapping[str, str]) -> str | None:
+def sns_headers(sections: Sequence[SesSettings], headers: Mapping[str, str]) -> None:
     """A topic is configured, and the topic SNS names in ``x-amz-sns-topic-arn`` (when sent)
-    is one of them. Returns the ``x-amz-sns-message-type`` when it is not one SNS sends (the
-    caller answers ``400 not_sns``), else None."""
+    is one of them, and ``x-amz-sns-message-type`` (when sent) is a type SNS sends
+    (``not_sns``)."""
     topics = {arn for s in sections for arn in s.sns_topic_arns}
     if not topics:
         raise WebhookRefused("webhook_not_configured",
@@ -78,4 +78,5 @@ def sns_headers(sections: Sequence[SesSettings], headers: Mapping[str, str]) -> 
     if topic is not None and topic not in topics:
         raise WebhookRefused("wrong_account", "the message is from a topic not configured")
     kind = headers.get(sns.TYPE_HEADER)
-    return kind if kind is not None and kind not in SNS_TYPES else None
+    if kind is not None and kind not in SNS_TYPES:
+        raise WebhookRefused("not_sns", f"{sns.TYPE_HEADER} is not a message type SNS sends")

@@ -87,7 +87,8 @@ def test_chat_messages_reach_slack_and_teams_with_slack_variables_escaped(
         [record] = emulator_records(fakes, mid, (provider,))
         assert record["to"] == (slack if provider == "slack" else teams)
         assert record["sid"] == f"{mid}:1"
-        expected = "&lt;!channel&gt; api &amp; web" if provider == "slack" else service
+        expected = ("&lt;!channel&gt; api &amp; web" if provider == "slack"
+                    else r"\<!channel\> api \& web")
         assert record["body"] == f"Deploy of {expected} done"
 
 

@@ -50,6 +50,7 @@ STATE_RULES = frozenset({
     "manifest_not_allowed", "not_a_dsn",
     "uncorrelated_dsn", "unknown_callback", "unknown_receipt", "invalid_batch",
     "recipient_not_served", "inbox_not_configured", "category_tier_not_allowed",
+    "webhook_url_not_allowed", "template_refused",
 })
 """The 422/400 reasons the document lists as rules the schema does not state."""
 NOT_STATED = ("scheduled_at must be before expires_at", "ends_at must be after starts_at",

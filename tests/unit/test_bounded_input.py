@@ -176,7 +176,7 @@ async def test_twilio_and_ses_posts_are_refused_on_their_headers_before_their_bo
                  "invalid_signature"),
                 ("/webhooks/ses", {"x-amz-sns-topic-arn": "arn:aws:sns:eu-west-1:1:other"},
                  403, "wrong_account"),
-                ("/webhooks/ses", {"x-amz-sns-message-type": "Exploit"}, 400, "not_sns")]:
+                ("/webhooks/ses", {"x-amz-sns-message-type": "Exploit"}, 403, "not_sns")]:
             body = Source()
             r = await c.post(path, content=body, headers=headers)
             assert (r.status_code, r.json()["reason"]) == (status, reason), (path, headers)
