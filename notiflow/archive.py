@@ -29,6 +29,7 @@ import phonenumbers
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from notiflow.correlation import CorrelationKeys
 from notiflow.schemas.campaigns import parse_row_message_id
 
 VERSION: Final = "v1"
@@ -127,9 +128,10 @@ class DayRows:
     attempts: Mapping[str, Sequence[Mapping[str, Any]]]
 
 
-def records(rows: DayRows) -> dict[str, list[dict[str, Any]]]:
+def records(rows: DayRows, keys: CorrelationKeys) -> dict[str, list[dict[str, Any]]]:
     """The four datasets' records of ``rows`` (messages whose row has expired or belongs to
-    another tenant are left out)."""
+    another tenant are left out); a message's ``campaign_id`` is set when its id is a
+    campaign row id whose tag ``keys`` made."""
     out: dict[str, list[dict[str, Any]]] = {name: [] for name in DATASETS}
     for m in rows.messages:
         if m.get("tenant_id") != rows.tenant_id:
@@ -166,7 +168,7 @@ def records(rows: DayRows) -> dict[str, list[dict[str, Any]]]:
                 "outcome": a.get("outcome"), "normalized_error": a.get("normalized_error"),
                 "error_code": a.get("error_code"), "started_at": _utc(a.get("started_at")),
                 "completed_at": _utc(a.get("completed_at"))})
-        campaign = parse_row_message_id(mid)
+        campaign = parse_row_message_id(keys, mid)
         out["messages"].append({
             **key, "campaign_id": campaign[0] if campaign else None,
             "channel": m.get("channel"), "tier": m.get("tier"), "category": m.get("category"),

@@ -1,5 +1,6 @@
 """Keyed correlation tags: what makes the ids and addresses the platform hands out and later
-reads back (SMTP bounce addresses, campaign message ids) impossible to mint from outside.
+reads back (SMTP bounce addresses, campaign row and schedule occurrence message ids)
+impossible to mint from outside.
 
 A tag is HMAC-SHA-256 under the platform's correlation key over the tagged parts, cut to 64
 bits and written as 13 lowercase base32 characters (safe in message ids and in the local part
@@ -21,6 +22,8 @@ from notiflow.settings import Settings
 
 TAG_LENGTH: Final = 13
 """Characters of a tag: 13 base32 characters, the first 64 bits of the HMAC (and one bit)."""
+MAX_LENGTH: Final = 51
+"""Longest tag :meth:`CorrelationKeys.tags_each` makes: 255 of the HMAC's 256 bits."""
 _DERIVATION: Final = b"notiflow correlation key v1"
 _SEPARATOR: Final = b"\x1f"
 
@@ -56,6 +59,12 @@ class CorrelationKeys:
         """The tag of ``parts`` under the current key."""
         return _tag(self.keys[0], parts)
 
+    def tags_each(self, *parts: str, length: int = TAG_LENGTH) -> tuple[str, ...]:
+        """The ``length``-character tag (at most :data:`MAX_LENGTH`) of ``parts`` under each
+        key, the current key's first: a keyed id made again after a rotation, or looked up
+        under every key that may have made it."""
+        return tuple(_tag(k, parts, length) for k in self.keys)
+
     def valid(self, tag: str, *parts: str) -> bool:
         """True when ``tag`` is the tag of ``parts`` under one of the keys (constant time per
         key)."""
@@ -63,6 +72,8 @@ class CorrelationKeys:
         return any(hmac.compare_digest(_tag(k, parts).encode(), given) for k in self.keys)
 
 
-def _tag(key: bytes, parts: tuple[str, ...]) -> str:
+def _tag(key: bytes, parts: tuple[str, ...], length: int = TAG_LENGTH) -> str:
+    if not 1 <= length <= MAX_LENGTH:
+        raise ValueError(f"a tag has 1 to {MAX_LENGTH} characters")
     digest = hmac.new(key, _SEPARATOR.join(p.encode() for p in parts), hashlib.sha256).digest()
-    return base64.b32encode(digest[:9]).decode().lower()[:TAG_LENGTH]
+    return base64.b32encode(digest).decode().lower()[:length]

@@ -18,6 +18,7 @@ from datetime import timedelta
 
 import redis.asyncio as aioredis
 
+from notiflow.correlation import CorrelationKeys
 from notiflow.schemas.campaigns import parse_row_message_id
 from notiflow.schemas.enums import Status
 
@@ -46,28 +47,30 @@ class CampaignTally:
         return f"{self.prefix}campaign-tally:{campaign_id}:{outcome}"
 
     @staticmethod
-    def marks(pairs: Iterable[tuple[str, Status]]) -> list[tuple[str, int, str]]:
-        """(campaign, row, outcome) of the pairs (message id, status) that count."""
+    def marks(pairs: Iterable[tuple[str, Status]], keys: CorrelationKeys
+              ) -> list[tuple[str, int, str]]:
+        """(campaign, row, outcome) of the pairs (message id, status) that count: those of
+        campaign row ids whose tag ``keys`` made."""
         out = []
         for message_id, status in pairs:
             outcome = OUTCOMES.get(status)
-            found = parse_row_message_id(message_id) if outcome else None
+            found = parse_row_message_id(keys, message_id) if outcome else None
             if found is not None and outcome is not None:
                 out.append((found[0], found[1], outcome))
         return out
 
-    async def mark(self, pairs: Iterable[tuple[str, Status]]) -> int:
+    async def mark(self, pairs: Iterable[tuple[str, Status]], keys: CorrelationKeys) -> int:
         """Set the bits of the pairs that count, in one round trip; how many."""
-        marks = self.marks(pairs)
+        marks = self.marks(pairs, keys)
         if not marks:
             return 0
         pipe = self.r.pipeline(transaction=False)
-        keys = set()
+        touched = set()
         for campaign_id, row, outcome in marks:
             key = self.key(campaign_id, outcome)
-            keys.add(key)
+            touched.add(key)
             pipe.setbit(key, row, 1)
-        for key in keys:
+        for key in touched:
             pipe.pexpire(key, self.keep_ms)
         await pipe.execute()
         return len(marks)

@@ -10,8 +10,9 @@ Key ``{namespace}gate:{message_id}``, value ``cancelled`` or ``sending``:
   else the gate becomes ``sending`` for the lease's TTL → :attr:`Confirm.OURS`;
 - a campaign's cancel (:meth:`CancelGate.cancel_campaign`) sets the campaign's gate
   ``{namespace}campaign-gate:{campaign_id}`` to ``cancelled``: the confirm of every message
-  of the campaign (:func:`notiflow.schemas.campaigns.parse_row_message_id`) reads it too, so
-  one key cancels millions of messages not yet sent;
+  of the campaign (:func:`notiflow.schemas.campaigns.parse_row_message_id`: a row id whose
+  tag the correlation keys made, never one merely shaped like it) reads it too, so one key
+  cancels millions of messages not yet sent;
 - an attempt that ends RETRY_PENDING clears ``sending`` (:data:`CLEAR`), so the message can be
   cancelled while it waits; any other ending keeps it (a cancel is refused from then on).
 
@@ -28,6 +29,7 @@ from datetime import datetime, timedelta
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
+from notiflow.correlation import CorrelationKeys
 from notiflow.schemas.campaigns import parse_row_message_id
 
 CANCELLED = "cancelled"
@@ -94,10 +96,10 @@ def gate_key(namespace: str, message_id: str) -> str:
     return f"{namespace}gate:{message_id}"
 
 
-def campaign_gate_key(namespace: str, message_id: str) -> str | None:
+def campaign_gate_key(namespace: str, message_id: str, keys: CorrelationKeys) -> str | None:
     """The campaign gate a message's confirm also reads; None for a message of no
-    campaign."""
-    found = parse_row_message_id(message_id)
+    campaign (or shaped like one's without a tag ``keys`` made)."""
+    found = parse_row_message_id(keys, message_id)
     return f"{namespace}campaign-gate:{found[0]}" if found else None
 
 

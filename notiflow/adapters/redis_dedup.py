@@ -41,6 +41,7 @@ from notiflow.adapters.cancel_gate import (
     gate_key,
 )
 from notiflow.adapters.redis_pool import Coalescer, redis_client
+from notiflow.correlation import CorrelationKeys
 from notiflow.settings import Settings
 
 _RELEASE = """
@@ -99,10 +100,14 @@ class LeaseState:
 class DedupStore:
     """Leases and content fingerprints; one client per worker event loop."""
 
-    def __init__(self, client: aioredis.Redis, owner: str, namespace: str = "") -> None:
+    def __init__(self, client: aioredis.Redis, owner: str, namespace: str = "", *,
+                 keys: CorrelationKeys) -> None:
+        """``keys``: the correlation keys that tell a campaign's messages
+        (:meth:`campaign_gate_key`)."""
         self.r = client
         self.owner = owner
         self.ns = namespace
+        self.keys = keys
         self.batch = Coalescer(client)
 
     @classmethod
@@ -111,7 +116,8 @@ class DedupStore:
         ``redis_timeout``: a Redis that stops answering is noticed within P0's SLA)."""
         client = redis_client(settings, timeout=timeout, connect_timeout=min(2.0, timeout),
                               health_check_interval=30)
-        return cls(client, owner, settings.topic_prefix)
+        return cls(client, owner, settings.topic_prefix,
+                   keys=CorrelationKeys.from_settings(settings))
 
     def lease_key(self, message_id: str, attempt: int) -> str:
         return f"{self.ns}lease:{message_id}:{attempt}"
@@ -148,7 +154,7 @@ class DedupStore:
         return bool(await self.r.eval(_TAKE_OVER, 1, key, stale, self.pending_value(), px))
 
     def campaign_gate_key(self, message_id: str) -> str | None:
-        return campaign_gate_key(self.ns, message_id)
+        return campaign_gate_key(self.ns, message_id, self.keys)
 
     async def confirm(self, key: str, gate: str, ttl: timedelta,
                       campaign: str | None = None) -> Confirm:

@@ -43,6 +43,7 @@ from notiflow.adapters.campaign_store import CampaignRow, Progress
 from notiflow.adapters.envelope import dump, envelope
 from notiflow.adapters.kafka_io import OutRecord, make_headers
 from notiflow.adapters.manifests import ManifestNotAllowed, ManifestUnreadable
+from notiflow.correlation import CorrelationKeys
 from notiflow.flows.campaign_notices import NoticeBoard, Notifier
 from notiflow.flows.manifest import (
     CampaignSpec,
@@ -172,6 +173,7 @@ class Expander:
                  clock: Clock = utcnow, notices: NoticeBoard | None = None,
                  notifier: Notifier | None = None) -> None:
         self.settings = settings
+        self.keys = CorrelationKeys.from_settings(settings)
         self.rule: CampaignRule = settings.campaigns
         self.board = board
         self.manifests = manifests
@@ -403,7 +405,7 @@ class Expander:
         for r in rows:
             if len(records) + len(held) >= room:
                 return Batch(records, held, errors, over_quota=True)
-            out = served_row(self.settings, tenant, map_row(spec, r, now))
+            out = served_row(self.settings, tenant, map_row(spec, r, now, self.keys))
             if isinstance(out, Rejected):
                 errors.append(RowError(row=out.row, reason=out.reason))
                 continue

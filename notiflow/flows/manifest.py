@@ -16,6 +16,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 import orjson
 from pydantic import ValidationError
 
+from notiflow.correlation import CorrelationKeys
 from notiflow.schemas.campaigns import ColumnMapping, LocalWindow, ManifestFormat, row_message_id
 from notiflow.schemas.enums import Category, Channel, Tier
 from notiflow.schemas.messages import IngestRecord
@@ -258,8 +259,10 @@ def _text(value: Any) -> str:
     return "" if value is None else str(value).strip()
 
 
-def map_row(spec: CampaignSpec, row: ManifestRow, now: datetime) -> Mapped | Rejected:
-    """The row's ingest record (message id from (campaign, row), accepted at ``now``,
+def map_row(spec: CampaignSpec, row: ManifestRow, now: datetime, keys: CorrelationKeys
+            ) -> Mapped | Rejected:
+    """The row's ingest record (message id keyed by ``keys`` over (campaign, row), accepted
+    at ``now``,
     expiring at the campaign's end) and when it is due, or why the row is not sent. The
     recipient's zone: the row's zone column (missing or empty: unknown), else an SMS number's
     only zone, else the spec's default (an unknown default is a :class:`ManifestError`)."""
@@ -284,7 +287,8 @@ def map_row(spec: CampaignSpec, row: ManifestRow, now: datetime) -> Mapped | Rej
             "template_id": spec.template_id, "template_version": spec.template_version,
             "variables": variables, "category": spec.category, "expires_at": spec.ends_at,
             "tenant_id": spec.tenant_id, "sender": spec.sender,
-            "message_id": row_message_id(spec.campaign_id, row.number), "accepted_at": now})
+            "message_id": row_message_id(keys, spec.campaign_id, row.number),
+            "accepted_at": now})
     except ValidationError as exc:
         return Rejected(row.number, _reason(exc, (address, *variables.values())))
     due = now

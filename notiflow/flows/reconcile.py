@@ -50,6 +50,7 @@ from notiflow.adapters.kafka_io import DeliveryFailed, OutRecord
 from notiflow.adapters.ports import STORE_DOWN
 from notiflow.adapters.retrying import OUTAGE, until_up
 from notiflow.adapters.worker import WorkerLoop
+from notiflow.correlation import CorrelationKeys
 from notiflow.flows import receipt_match
 from notiflow.flows.guard import DlqGuard
 from notiflow.flows.model import ReconcileIn, SourcedReceipt, utcnow
@@ -154,6 +155,7 @@ class Tally:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
+        self.keys = CorrelationKeys.from_settings(settings)
         self._tally: Any = None
 
     async def mark(self, pairs: Iterator[tuple[str, Status]]) -> None:
@@ -168,7 +170,7 @@ class Tally:
                                         self.settings.topic_prefix,
                                         self.settings.operational_ttl)
         try:
-            await self._tally.mark(marks)
+            await self._tally.mark(marks, self.keys)
         except STORE_DOWN as exc:
             log.warning("campaign tally not updated (%s): %d outcomes missing from the "
                         "funnel", type(exc).__name__, len(marks))

@@ -21,6 +21,7 @@ from notiflow.adapters.cassandra_store import to_ms
 from notiflow.adapters.envelope import dump, envelope
 from notiflow.adapters.kafka_io import OutRecord, make_headers
 from notiflow.adapters.schedule_store import ScheduleRow
+from notiflow.correlation import CorrelationKeys
 from notiflow.flows.steps import snapshot_of
 from notiflow.ingest_binding import binder
 from notiflow.schemas.enums import Status, Tier
@@ -54,13 +55,14 @@ class Rows(Protocol):
 Publish = Callable[[Sequence[OutRecord]], Awaitable[None]]
 
 
-def occurrence_record(settings: Settings, row: ScheduleRow, req: SendRequest, at: datetime,
-                      now: datetime) -> IngestRecord:
+def occurrence_record(settings: Settings, keys: CorrelationKeys, row: ScheduleRow,
+                      req: SendRequest, at: datetime, now: datetime) -> IngestRecord:
     """The ingest record of the occurrence at ``at`` of ``row``'s request ``req``, accepted
-    ``now``."""
+    ``now``; its message id keyed by ``keys``."""
     data = req.model_dump()
     at = to_ms(at)
-    data.update(tenant_id=row.tenant_id, message_id=occurrence_message_id(row.schedule_id, at),
+    data.update(tenant_id=row.tenant_id,
+                message_id=occurrence_message_id(keys, row.schedule_id, at),
                 accepted_at=to_ms(now), scheduled_at=at,
                 expires_at=at + settings.tier_ttl(req.tier),
                 idempotency_key=f"{row.schedule_id}:{int(at.timestamp() * 1000)}")
@@ -73,6 +75,7 @@ class Materializer:
     def __init__(self, settings: Settings, schedules: Schedules, messages: MessageRows,
                  rows: Rows, publish: Publish, clock: Callable[[], datetime]) -> None:
         self.settings = settings
+        self.keys = CorrelationKeys.from_settings(settings)
         self.rule = settings.scheduling
         self.schedules = schedules
         self.messages = messages
@@ -111,7 +114,7 @@ class Materializer:
     async def accept(self, row: ScheduleRow, req: SendRequest, at: datetime,
                      now: datetime) -> None:
         """Durable acceptance of one occurrence (idempotent)."""
-        record = occurrence_record(self.settings, row, req, at, now)
+        record = occurrence_record(self.settings, self.keys, row, req, at, now)
         assert record.message_id is not None and record.scheduled_at is not None
         mid, due = record.message_id, record.scheduled_at
         payload = dump(record, envelope(self.settings))

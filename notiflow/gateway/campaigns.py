@@ -28,7 +28,7 @@ import logging
 from datetime import datetime, timedelta
 from typing import Final
 
-from fastapi import APIRouter, Query, Request, Response
+from fastapi import APIRouter, Path, Query, Request, Response
 from pydantic import ValidationError
 
 from notiflow.adapters.campaign_notices import notice_of
@@ -41,6 +41,7 @@ from notiflow.adapters.campaign_store import (
 )
 from notiflow.adapters.cancel_gate import GATE_DOWN, CancelGate
 from notiflow.adapters.manifests import ManifestNotAllowed, ManifestUnreadable, tenant_refusal
+from notiflow.correlation import CorrelationKeyMissing, CorrelationKeys
 from notiflow.gateway import examples
 from notiflow.gateway.auth import RuntimeDep, Tenant, read_json_object
 from notiflow.gateway.checks import check_lane, check_sender, check_template
@@ -57,13 +58,16 @@ from notiflow.gateway.openapi import json_body, link, location, success, tenant_
 from notiflow.gateway.runtime import Runtime, now_ms
 from notiflow.schemas.campaigns import (
     LIVE_STATES,
+    MAX_ROW,
     CampaignCounts,
     CampaignList,
     CampaignRequest,
     CampaignState,
     CampaignView,
     ErrorReport,
+    RowMessage,
     new_campaign_id,
+    row_message_id,
 )
 from notiflow.settings import Settings, TenantConfig
 
@@ -235,6 +239,22 @@ async def get_campaign(campaign_id: str, tenant: Tenant, rt: RuntimeDep) -> Resp
     row = await _own(rt, tenant.id, campaign_id)
     return Response(view(row, await _counts(rt, row), now_ms()).model_dump_json(),
                     media_type=JSON)
+
+
+@router.get("/v1/campaigns/{campaign_id}/rows/{row}", response_model=RowMessage,
+            responses=tenant_errors(404, 422, r422="`invalid_request` (`row`)."))
+async def campaign_row(campaign_id: str, tenant: Tenant, rt: RuntimeDep,
+                       row: int = Path(ge=1, le=MAX_ROW)) -> Response:
+    """The message id of manifest row ``row`` of the caller's campaign (row ids carry a
+    keyed tag, so they are looked up, never composed)."""
+    await _own(rt, tenant.id, campaign_id)
+    try:
+        keys = CorrelationKeys.from_settings(rt.settings)
+    except CorrelationKeyMissing:
+        raise unavailable("correlation_key_missing",
+                          "no correlation key is configured") from None
+    body = RowMessage(row=row, message_id=row_message_id(keys, campaign_id, row))
+    return Response(body.model_dump_json(), media_type=JSON)
 
 
 @router.get("/v1/campaigns/{campaign_id}/errors", response_model=ErrorReport,

@@ -24,12 +24,13 @@ from fastapi import APIRouter, Request, Response
 from pydantic import ValidationError
 
 from notiflow.adapters.schedule_store import ScheduleRow, ScheduleStore
+from notiflow.correlation import CorrelationKeyMissing, CorrelationKeys
 from notiflow.gateway import examples
 from notiflow.gateway.auth import RuntimeDep, Tenant, read_json_object
 from notiflow.gateway.cancel import cancel_if_pending
 from notiflow.gateway.checks import check_lane, check_template
 from notiflow.gateway.egress_check import check_webhook_url
-from notiflow.gateway.errors import invalid_body, not_found, unprocessable
+from notiflow.gateway.errors import invalid_body, not_found, unavailable, unprocessable
 from notiflow.gateway.messages import check_policy
 from notiflow.gateway.openapi import json_body, link, location, success, tenant_errors
 from notiflow.gateway.outbox import traceparent
@@ -45,7 +46,7 @@ from notiflow.schemas.schedules import (
     ScheduleStopped,
     ScheduleView,
     new_schedule_id,
-    occurrence_message_id,
+    occurrence_message_ids,
 )
 from notiflow.settings import TenantConfig
 
@@ -173,20 +174,32 @@ async def get_schedule(schedule_id: str, tenant: Tenant, rt: RuntimeDep) -> Resp
     return Response(view(row, now_ms()).model_dump_json(), media_type=JSON)
 
 
+def _occurrence_keys(rt: Runtime) -> CorrelationKeys:
+    """The keys occurrence message ids are made with; 503 when none is configured."""
+    try:
+        return CorrelationKeys.from_settings(rt.settings)
+    except CorrelationKeyMissing:
+        raise unavailable("correlation_key_missing",
+                          "no correlation key is configured") from None
+
+
 async def _stop(rt: Runtime, row: ScheduleRow, state: ScheduleState, request: Request
                 ) -> Response:
     """Pause or delete: the state first (no more occurrences are made), then cancel the
     occurrences already made that no provider took yet."""
     now = now_ms()
     store = _store(rt)
+    made = row.materialized_until is not None and row.state == "active"
+    keys = _occurrence_keys(rt) if made else None
     await store.set_state(row, state, now, row.materialized_until)
     cancelled = 0
-    if row.materialized_until is not None and row.state == "active":
+    if keys is not None and row.materialized_until is not None:
         trace = traceparent(request.headers.get("traceparent"))
         for at in occurrences(row.recurrence(), now, row.materialized_until):
-            if await cancel_if_pending(rt, occurrence_message_id(row.schedule_id, at), now,
-                                       trace):
-                cancelled += 1
+            for message_id in occurrence_message_ids(keys, row.schedule_id, at):
+                if await cancel_if_pending(rt, message_id, now, trace):
+                    cancelled += 1
+                    break
     updated = dataclasses.replace(row, state=state, updated_at=now)
     body = json.loads(view(updated, now).model_dump_json())
     return Response(json.dumps({**body, "cancelled_occurrences": cancelled}),

@@ -32,6 +32,7 @@ from notiflow.archive import (
     manifest_of,
     records,
 )
+from notiflow.correlation import CorrelationKeys
 from notiflow.flows.yielding import YieldWindow
 from notiflow.schemas.enums import Tier
 from notiflow.settings import Settings, load_settings
@@ -96,14 +97,15 @@ async def _async_chunks(f: DatasetFile) -> AsyncIterator[bytes]:
 
 async def archive_day(reader: ArchiveReader, store: ObjectStore, prefix: str,
                       tenant_id: str, day: date, slice_size: int, now: datetime,
-                      gate: Yielding) -> Archived:
-    """Write one (day, tenant): the four datasets, then the manifest."""
+                      gate: Yielding, keys: CorrelationKeys) -> Archived:
+    """Write one (day, tenant): the four datasets, then the manifest (``keys`` tell the
+    campaigns' messages)."""
     ids = await asyncio.to_thread(reader.message_ids, tenant_id, day)
     files = {name: DatasetFile(name) for name in DATASETS}
     for start in range(0, len(ids), slice_size):
         rows = await asyncio.to_thread(reader.rows, tenant_id, day,
                                        ids[start:start + slice_size], await gate.concurrency())
-        for name, recs in records(rows).items():
+        for name, recs in records(rows, keys).items():
             files[name].add(recs)
     written: dict[str, tuple[str, DatasetFile]] = {}
     try:
@@ -128,6 +130,7 @@ async def run_archive(settings: Settings, days: Sequence[date], tenants: Sequenc
     from notiflow.adapters.cassandra_store import connect
     from notiflow.adapters.object_store import ObjectStore
 
+    keys = CorrelationKeys.from_settings(settings)
     store, prefix = ObjectStore.open(settings.archive.uri, settings.object_store)
     archived = set() if force else set(await manifest_keys(store, prefix))
     signals = AdmissionStore.open(settings)
@@ -142,7 +145,8 @@ async def run_archive(settings: Settings, days: Sequence[date], tenants: Sequenc
                     done.append(Archived(day, tenant_id, {}, skipped=True))
                     continue
                 done.append(await archive_day(reader, store, prefix, tenant_id, day,
-                                              settings.archive.slice, datetime.now(UTC), gate))
+                                              settings.archive.slice, datetime.now(UTC), gate,
+                                              keys))
         return done
     finally:
         await signals.aclose()

@@ -2,9 +2,10 @@
 from a manifest in the stack's object store, created through the bulk API and expanded by
 the scenario's expander at ``rate`` rows/s.
 
-Every row's message id is known in advance (``row_message_id(campaign, row)``), so the
-run counts a row the expander never turned into a message, or turned into a message that
-was never sent, as lost, like a message the API accepted.
+Every row's message id is known in advance (``row_message_id(keys, campaign, row)``, with
+the stack's correlation keys), so the run counts a row the expander never turned into a
+message, or turned into a message that was never sent, as lost, like a message the API
+accepted.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import httpx
 from notiflow.bench.campaign import MAPPINGS, manifest, upload
 from notiflow.bench.harness import Phase, wait_until
 from notiflow.bench.workload import REGIONS, TEMPLATE_IDS, TENANT_BY_TIER, PhoneFactory
+from notiflow.correlation import CorrelationKeys
 from notiflow.schemas.campaigns import row_message_id
 from notiflow.schemas.enums import Channel, Tier
 
@@ -50,5 +52,6 @@ def campaign_stream(phase: Phase, version: int, count: int, rate: float,
         wait_until(ended, timeout=finish_within, interval=1.0)
     counts = last.get("counts") or {}
     assert isinstance(counts, dict)
-    rows = {row_message_id(cid, i): t0 + (i - 1) / rate for i in range(1, count + 1)}
+    keys = CorrelationKeys.from_settings(phase.settings)
+    rows = {row_message_id(keys, cid, i): t0 + (i - 1) / rate for i in range(1, count + 1)}
     return rows, int(counts.get("rejected", 0))

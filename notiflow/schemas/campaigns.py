@@ -3,8 +3,11 @@
 
 A campaign sends one template to every row of a recipient manifest (CSV or JSON Lines in
 object storage). Row ``n`` (1-based, header excluded) becomes message
-:func:`row_message_id` ``(campaign, n)``: expanding a row twice (a crash, a replay) makes one
-message, and any stage can tell a campaign's message and its row from the id alone.
+:func:`row_message_id` ``(keys, campaign, n)``, ``{campaign}_{n}_{tag}``: expanding a row twice
+(a crash, a replay) makes one message, any stage holding the correlation keys can tell a
+campaign's message and its row from the id alone (:func:`parse_row_message_id`), and nobody
+without the keys can name a row's message, so a record that merely looks like a campaign's is
+never counted in its funnel nor stopped by its cancel.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import math
 import re
 import uuid
 from datetime import UTC, datetime, time, timedelta
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import (
@@ -30,6 +33,9 @@ from notiflow.schemas.enums import Category, Channel, Tier
 from notiflow.schemas.formats import HTTP_URL, campaign_rules, wall_clock_window
 from notiflow.schemas.messages import ChannelSender, TemplateId, Wire
 
+if TYPE_CHECKING:
+    from notiflow.correlation import CorrelationKeys
+
 CampaignState = Literal["scheduled", "running", "paused", "cancelled", "completed", "failed"]
 LIVE_STATES: frozenset[str] = frozenset({"scheduled", "running", "paused"})
 """States that hold one of the tenant's active-campaign slots."""
@@ -37,7 +43,9 @@ CAMPAIGN_TIERS = frozenset({Tier.P2, Tier.P3})
 ManifestFormat = Literal["csv", "jsonl"]
 ID_PREFIX = "cmp_"
 """Every campaign id, and so every campaign message id, starts with it."""
-_ID = re.compile(r"^(cmp_[0-9a-f]{32})_([1-9][0-9]{0,11})$")
+ROW_PURPOSE = "campaign-row"
+"""What a row message id's tag is made over, with the campaign id and the row."""
+_ID = re.compile(r"^(cmp_[0-9a-f]{32})_([1-9][0-9]{0,11})_([a-z2-7]{13})$")
 _COLUMN = r"^[A-Za-z0-9_. -]{1,128}$"
 _VARIABLE = r"^[A-Za-z_][A-Za-z0-9_]{0,63}$"
 
@@ -46,15 +54,19 @@ def new_campaign_id() -> str:
     return f"{ID_PREFIX}{uuid.uuid4().hex}"
 
 
-def row_message_id(campaign_id: str, row: int) -> str:
-    """The message of manifest row ``row`` (1-based) of ``campaign_id``."""
-    return f"{campaign_id}_{row}"
+def row_message_id(keys: CorrelationKeys, campaign_id: str, row: int) -> str:
+    """The message of manifest row ``row`` (1-based) of ``campaign_id``:
+    ``{campaign_id}_{row}_{tag}``, the tag made by the current key (at most 63 characters)."""
+    return f"{campaign_id}_{row}_{keys.tag(ROW_PURPOSE, campaign_id, str(row))}"
 
 
-def parse_row_message_id(message_id: str) -> tuple[str, int] | None:
-    """(campaign id, row) of a campaign's message; None for any other message."""
+def parse_row_message_id(keys: CorrelationKeys, message_id: str) -> tuple[str, int] | None:
+    """(campaign id, row) of a campaign's message; None for any other message, including
+    one shaped like a campaign's whose tag none of ``keys`` made."""
     m = _ID.fullmatch(message_id)
-    return (m.group(1), int(m.group(2))) if m else None
+    if m is None or not keys.valid(m.group(3), ROW_PURPOSE, m.group(1), m.group(2)):
+        return None
+    return m.group(1), int(m.group(2))
 
 
 def format_of(uri: str, declared: ManifestFormat | None) -> ManifestFormat:
@@ -276,6 +288,18 @@ class RowError(Wire):
 
     row: int
     reason: str
+
+
+MAX_ROW = 999_999_999_999
+"""The last row number a campaign message id can name (12 digits)."""
+
+
+class RowMessage(Wire):
+    """``GET /v1/campaigns/{id}/rows/{row}``: the message id of one manifest row (the
+    message exists once the row is expanded)."""
+
+    row: int = Field(ge=1, le=MAX_ROW)
+    message_id: str
 
 
 class ErrorReport(Wire):

@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import AwareDatetime, ConfigDict, Field, model_validator
 
 from notiflow.schemas.enums import Channel, Tier
 from notiflow.schemas.formats import zone
-from notiflow.schemas.messages import SendRequest, Wire, derived_message_id
+from notiflow.schemas.messages import SendRequest, Wire
+
+if TYPE_CHECKING:
+    from notiflow.correlation import CorrelationKeys
 
 ScheduleState = Literal["active", "paused", "deleted"]
 SCHEDULABLE_TIERS = frozenset({Tier.P2, Tier.P3})
@@ -21,10 +24,24 @@ def new_schedule_id() -> str:
     return f"sch_{uuid.uuid4().hex}"
 
 
-def occurrence_message_id(schedule_id: str, at: datetime) -> str:
-    """The message of one occurrence: derived from (schedule, instant), so materialising an
-    occurrence twice (a crash, two schedulers) makes one message."""
-    return derived_message_id("schedule", schedule_id, str(int(at.timestamp() * 1000)))
+OCCURRENCE_PURPOSE = "schedule-occurrence"
+"""What an occurrence message id's tags are made over, with the schedule id and the instant."""
+
+
+def occurrence_message_ids(keys: CorrelationKeys, schedule_id: str, at: datetime
+                           ) -> tuple[str, ...]:
+    """The ids the occurrence at ``at`` of ``schedule_id`` has under each of ``keys`` (the
+    current key's first): what cancels it after a key rotation."""
+    instant = str(int(at.timestamp() * 1000))
+    return tuple(f"msg_{t}" for t in keys.tags_each(OCCURRENCE_PURPOSE, schedule_id, instant,
+                                                     length=32))
+
+
+def occurrence_message_id(keys: CorrelationKeys, schedule_id: str, at: datetime) -> str:
+    """The message of one occurrence, ``msg_`` and 32 characters keyed over (schedule,
+    instant): materialising an occurrence twice (a crash, two schedulers) makes one message,
+    and nobody without the keys can name it from the schedule id and the time."""
+    return occurrence_message_ids(keys, schedule_id, at)[0]
 
 
 def _schedule_rules(schema: dict[str, Any]) -> None:

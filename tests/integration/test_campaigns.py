@@ -17,6 +17,7 @@ import pytest
 
 from notiflow.adapters.manifests import tenant_location
 from notiflow.adapters.object_store import ObjectStore
+from notiflow.correlation import CorrelationKeys
 from notiflow.ops.procs import ManagedProcess, ProcessGroup
 from notiflow.schemas.campaigns import parse_row_message_id
 from notiflow.settings import Settings
@@ -104,14 +105,15 @@ def settle(client: httpx.Client, cid: str, quiet: float = 3.0, timeout: float = 
     raise AssertionError(f"campaign {cid} kept expanding after it was paused")
 
 
-def sent_rows(fakes: str, cid: str) -> collections.Counter[int]:
+def sent_rows(settings: Settings, fakes: str, cid: str) -> collections.Counter[int]:
     """How many times each row of the campaign reached an SMS emulator."""
+    keys = CorrelationKeys.from_settings(settings)
     seen: collections.Counter[int] = collections.Counter()
     for name in ("twilio", "vonage"):
         records = httpx.get(f"{fakes}/_admin/{name}/messages",
                             params={"fields": "message_id"}, timeout=60).json()
         for rec in records.get("messages", records) if isinstance(records, dict) else records:
-            found = parse_row_message_id(rec.get("message_id") or "")
+            found = parse_row_message_id(keys, rec.get("message_id") or "")
             if found and found[0] == cid:
                 seen[found[1]] += 1
     return seen
@@ -138,7 +140,7 @@ def test_ten_thousand_rows_with_two_percent_bad(
         after = page["next_after"]
     assert [e["row"] for e in errors] == list(range(50, 10_001, 50))
     assert all("phone" in e["reason"] or "recipient" in e["reason"] for e in errors)
-    seen = sent_rows(fakes, cid)
+    seen = sent_rows(stack, fakes, cid)
     assert len(seen) == 9_800 and max(seen.values()) == 1
 
 
@@ -154,7 +156,7 @@ def test_expander_killed_mid_campaign_loses_and_repeats_nothing(
     c = wait_for(mkt, cid, lambda c: c["state"] in FINAL
                  and c["counts"]["provider_accepted"] >= 6_000, timeout=240)
     assert c["state"] == "completed" and c["counts"]["expanded"] == 6_000
-    seen = sent_rows(fakes, cid)
+    seen = sent_rows(stack, fakes, cid)
     assert sorted(seen) == list(range(1, 6_001)) and max(seen.values()) == 1
 
 
@@ -184,7 +186,7 @@ def test_pause_resume_and_cancel(stack: Settings, mkt: httpx.Client, fakes: str,
 
     after = wait_for(mkt, cid, stopped, timeout=120)["counts"]
     assert after["expanded"] < 4_000 and after["cancelled"] > 0
-    seen = sent_rows(fakes, cid)
+    seen = sent_rows(stack, fakes, cid)
     assert len(seen) == after["provider_accepted"] and max(seen.values()) == 1
 
 

@@ -21,9 +21,11 @@ from cassandra.cluster import Session
 
 from notiflow.adapters.object_store import ObjectStore
 from notiflow.archive import DATASETS, manifest_key
+from notiflow.correlation import CorrelationKeys
 from notiflow.ops.archive_cli import manifests, run_archive
 from notiflow.ops.procs import ManagedProcess
 from notiflow.ops.report_cli import build
+from notiflow.schemas.campaigns import row_message_id
 from notiflow.settings import ArchiveSettings, Settings
 from tests.helpers import wait_for
 from tests.integration.test_receipt_webhooks import status_is
@@ -50,7 +52,7 @@ def archived(stack: Settings) -> Iterator[Settings]:
     asyncio.run(empty())
 
 
-def seed(cql: Session, tenant: str) -> None:
+def seed(cql: Session, tenant: str, settings: Settings) -> None:
     """20 SMS messages (latencies 100..2000 ms, two refused once by twilio), one failed by a
     receipt; 3 campaign emails, one clicked."""
     def message(mid: str, channel: str, masked: str, status: str, provider: str) -> None:
@@ -88,7 +90,7 @@ def seed(cql: Session, tenant: str) -> None:
             attempt(mid, 1, "twilio", "transient", "http_503")
         attempt(mid, 2 if i <= 2 else 1, "twilio", "accepted", None)
     for row in (1, 2, 3):
-        mid = f"{CAMPAIGN}_{row}"
+        mid = row_message_id(CorrelationKeys.from_settings(settings), CAMPAIGN, row)
         message(mid, "EMAIL", "a***@example.com", "CLICKED" if row == 1 else "DELIVERED",
                 "sendgrid")
         event(mid, "PROVIDER_ACCEPTED", 10, "send", "send:1")
@@ -109,7 +111,7 @@ async def read_part(settings: Settings, doc: dict[str, Any], dataset: str) -> An
 def test_a_day_is_archived_once_and_reported(archived: Settings, cql: Session,
                                             tmp_path: Path) -> None:
     tenant = f"arch{uuid.uuid4().hex[:8]}"
-    seed(cql, tenant)
+    seed(cql, tenant, archived)
     [done] = asyncio.run(run_archive(archived, [DAY], [tenant]))
     assert not done.skipped
     assert done.rows == {"messages": 23, "events": 47, "attempts": 25, "receipts": 24}
@@ -177,7 +179,7 @@ def test_the_archive_waits_while_p0_is_slow(archived: Settings, cql: Session) ->
     from notiflow.adapters import pressure
 
     tenant = f"arch{uuid.uuid4().hex[:8]}"
-    seed(cql, tenant)
+    seed(cql, tenant, archived)
 
     async def run() -> tuple[bool, Any]:
         client = aioredis.Redis.from_url(archived.redis_url)

@@ -18,12 +18,15 @@ from notiflow.adapters import pressure
 from notiflow.adapters.dlq_crypto import DlqCipher
 from notiflow.adapters.redis_dedup import DedupStore
 from notiflow.adapters.send_ports import RedisBoards
+from notiflow.correlation import CorrelationKeys
 from notiflow.flows.dispatch import ChannelPressure, Dispatcher
 from notiflow.flows.send import send_stages
 from notiflow.flows.yielding import Slots
 from notiflow.schemas.enums import Channel, Tier
 from notiflow.settings import Settings
 from tests.helpers import no_ports, partial_ports
+
+KEYS = CorrelationKeys((b"g" * 32,))
 
 pytestmark = pytest.mark.integration
 
@@ -56,7 +59,7 @@ def dispatcher(redis_url: str, tier: Tier, prefix: str,
                    ChannelPressure(policy.max_queued + policy.max_in_flight),
                    lambda: datetime.now(UTC), no_ports, f"test:{tier.value}", send_stages())
     client = aioredis.Redis.from_url(redis_url, decode_responses=True)
-    d.ctx.attach(partial_ports(leases=DedupStore(client, d.owner, prefix),
+    d.ctx.attach(partial_ports(leases=DedupStore(client, d.owner, prefix, keys=KEYS),
                                boards=RedisBoards(client, prefix, d.owner)))
     d._sems = {c: Slots(policy.max_in_flight) for c in Channel}
     return d, client

@@ -25,6 +25,10 @@ from notiflow.adapters.cancel_gate import (
     GateModel,
 )
 from notiflow.adapters.redis_dedup import DedupStore
+from notiflow.correlation import CorrelationKeys
+from notiflow.schemas.campaigns import row_message_id
+
+KEYS = CorrelationKeys((b"g" * 32,))
 
 pytestmark = pytest.mark.integration
 
@@ -80,7 +84,7 @@ async def test_concurrent_cancels_and_sends_end_each_message_once(
     one of them wins. Senders that lost to a cancel see CANCELLED; a RETRY_PENDING end clears
     the gate so the message becomes cancellable; any other end keeps it refused."""
     ns = namespace()
-    sender, api = DedupStore(client, "us", ns), CancelGate(client, ns)
+    sender, api = DedupStore(client, "us", ns, keys=KEYS), CancelGate(client, ns)
     ttl = timedelta(minutes=1)
     ids = [f"m{i}" for i in range(200)]
     keys = [sender.lease_key(m, 1) for m in ids]
@@ -118,17 +122,19 @@ async def test_a_campaign_cancel_stops_every_message_of_the_campaign(
     """One key cancels the campaign's messages not yet confirmed; a message of another
     campaign, or of none, still goes; the model agrees."""
     ns = namespace()
-    sender, api = DedupStore(client, "us", ns), CancelGate(client, ns)
+    sender, api = DedupStore(client, "us", ns, keys=KEYS), CancelGate(client, ns)
     ours, theirs = "cmp_" + "a" * 32, "cmp_" + "b" * 32
-    ids = [f"{ours}_1", f"{ours}_2", f"{theirs}_1", "msg_plain"]
+    first, second, other = (row_message_id(KEYS, ours, 1), row_message_id(KEYS, ours, 2),
+                            row_message_id(KEYS, theirs, 1))
+    ids = [first, second, other, "msg_plain"]
     keys = {m: sender.lease_key(m, 1) for m in ids}
     assert all(s.acquired for s in await sender.acquire(list(keys.values()),
                                                         timedelta(minutes=1)))
     await api.cancel_campaign(ours, timedelta(minutes=5))
     answers = {m: await sender.confirm(keys[m], sender.gate_key(m), timedelta(minutes=1),
                                        sender.campaign_gate_key(m)) for m in ids}
-    assert answers == {f"{ours}_1": Confirm.CANCELLED, f"{ours}_2": Confirm.CANCELLED,
-                       f"{theirs}_1": Confirm.OURS, "msg_plain": Confirm.OURS}
+    assert answers == {first: Confirm.CANCELLED, second: Confirm.CANCELLED,
+                       other: Confirm.OURS, "msg_plain": Confirm.OURS}
     assert sender.campaign_gate_key("msg_plain") is None
     model = GateModel()
     campaign = f"{ns}campaign-gate:{ours}"

@@ -15,8 +15,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from notiflow.adapters.redis_caps import CapStore
+from notiflow.correlation import CorrelationKeys
 from notiflow.flows.caps import CapCheck, LocalCaps, Verdict
 from tests.helpers import no_ports, partial_ports
+
+KEYS = CorrelationKeys((b"g" * 32,))
 
 pytestmark = pytest.mark.integration
 
@@ -137,7 +140,8 @@ async def test_redis_down_p0_caps_locally_and_marketing_waits(
     d = Dispatcher(s, Tier.P0, policy, DlqCipher.from_settings(s), ChannelPressure(10),
                    lambda: T0, no_ports, "test:p0", send_stages(), workers=2)
     client = aioredis.Redis.from_url(s.redis_url, socket_connect_timeout=0.2)
-    d.ctx.attach(partial_ports(leases=DedupStore(client, d.owner), caps=CapStore(client)))
+    d.ctx.attach(partial_ports(leases=DedupStore(client, d.owner, keys=KEYS),
+                               caps=CapStore(client)))
 
     def work(i: int, category: str) -> Work:
         rec = IngestRecord.model_validate({

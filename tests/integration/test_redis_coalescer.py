@@ -15,8 +15,11 @@ from redis.exceptions import ResponseError
 from notiflow.adapters.cancel_gate import Confirm
 from notiflow.adapters.redis_dedup import DedupStore
 from notiflow.adapters.redis_pool import Coalescer, redis_client
+from notiflow.correlation import CorrelationKeys
 from notiflow.settings import Settings
 from tests.integration.conftest import RedisServer
+
+KEYS = CorrelationKeys((b"g" * 32,))
 
 
 class CountingCoalescer(Coalescer):
@@ -83,7 +86,8 @@ async def test_dedup_confirm_and_finish_share_round_trips(redis_url: str) -> Non
     cancel gates of attempts that end RETRY_PENDING are cleared in the same round trip."""
     client = redis_client(Settings(redis_url=redis_url), timeout=5)
     ns = f"{uuid.uuid4().hex}:"
-    ours, theirs = DedupStore(client, "us", ns), DedupStore(client, "them", ns)
+    ours = DedupStore(client, "us", ns, keys=KEYS)
+    theirs = DedupStore(client, "them", ns, keys=KEYS)
     counting = ours.batch = CountingCoalescer(client)
     ttl = timedelta(minutes=1)
     keys = [ours.lease_key(f"m{i}", 1) for i in range(20)]

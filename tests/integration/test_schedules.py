@@ -13,6 +13,7 @@ import httpx
 import pytest
 from cassandra.cluster import Session
 
+from notiflow.correlation import CorrelationKeys
 from notiflow.devenv import free_port
 from notiflow.schemas.schedules import occurrence_message_id
 from notiflow.schemas.scheduling import bucket_of, shard_of
@@ -68,12 +69,13 @@ def test_a_schedule_fires_pauses_resumes_and_is_deleted(
     assert httpx.get(f"{api}/v1/schedules/{sid}", headers=auth(tokens["acme"])
                      ).status_code == 404
 
-    first = occurrence_message_id(sid, nxt[0])
+    keys = CorrelationKeys.from_settings(iso.settings)
+    first = occurrence_message_id(keys, sid, nxt[0])
     topic = iso.settings.ingest_topic("SMS", "P3")  # type: ignore[arg-type]
     seen = published(iso.settings, topic, {first}, time.monotonic() + 8)
     assert first in seen, "the first occurrence was not published"
     assert min(seen[first]) >= nxt[0] - timedelta(milliseconds=5)
-    made = [occurrence_message_id(sid, at) for at in nxt[1:3]]
+    made = [occurrence_message_id(keys, sid, at) for at in nxt[1:3]]
     rows = {mid: row["status"] for mid in made if (row := cql.execute(
         "SELECT status FROM messages WHERE message_id = %s", (mid,)).one())}
     assert rows == dict.fromkeys(made, "SCHEDULED"), "the horizon's occurrences were not made"

@@ -15,11 +15,14 @@ import pyarrow.parquet as pq
 import pytest
 
 from notiflow import archive
+from notiflow.correlation import CorrelationKeys
 from notiflow.ops import report
+from notiflow.schemas.campaigns import row_message_id
 
 DAY = date(2026, 11, 20)
 T0 = datetime(2026, 11, 20, 9, 0, tzinfo=UTC)
 CAMPAIGN = "cmp_" + "4" * 32
+KEYS = CorrelationKeys((b"a" * 32,))
 
 
 def ms(n: float) -> datetime:
@@ -68,7 +71,7 @@ def day_rows() -> archive.DayRows:
         attempts[mid] = ([attempt("twilio", "transient", 1, "http_503")] if i < 3 else []) + [
             attempt("vonage", no=2)]
     for row in range(1, 6):
-        mid = f"{CAMPAIGN}_{row}"
+        mid = row_message_id(KEYS, CAMPAIGN, row)
         messages.append(message(mid, channel="EMAIL", masked="a***@example.com",
                                 provider="sendgrid", tier="P3",
                                 status="SUPPRESSED" if row == 5 else "CLICKED"))
@@ -82,7 +85,7 @@ def day_rows() -> archive.DayRows:
 
 
 def test_records_derive_country_campaign_and_first_times() -> None:
-    recs = archive.records(day_rows())
+    recs = archive.records(day_rows(), KEYS)
     by_id = {r["message_id"]: r for r in recs["messages"]}
     assert "msg_other" not in by_id and len(by_id) == 115
     tw = by_id["msg_tw9"]
@@ -91,7 +94,7 @@ def test_records_derive_country_campaign_and_first_times() -> None:
     assert tw["accepted_at"].tzinfo is not None
     assert by_id["msg_vo0"]["country"] == "US" and by_id["msg_vo0"]["failed_at"] == ms(2000)
     assert by_id["msg_vo0"]["attempts"] == 2
-    mail = by_id[f"{CAMPAIGN}_1"]
+    mail = by_id[row_message_id(KEYS, CAMPAIGN, 1)]
     assert (mail["campaign_id"], mail["country"], mail["clicked_at"]) == (CAMPAIGN, None, ms(40))
     assert "recipient_masked" not in mail and all(
         "@" not in str(v) and "*" not in str(v) for v in mail.values())
@@ -126,7 +129,7 @@ def test_files_read_back_and_the_manifest_names_them(tmp_path: Path,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(archive, "SPILL_BYTES", 4096)
     monkeypatch.setattr(archive, "CHUNK_BYTES", 1000)
-    recs = archive.records(day_rows())
+    recs = archive.records(day_rows(), KEYS)
     files = {}
     for name in archive.DATASETS:
         f = archive.DatasetFile(name)
@@ -162,7 +165,7 @@ def pa_buffer(data: bytes) -> Any:
 @pytest.fixture(scope="module")
 def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("archive")
-    recs = archive.records(day_rows())
+    recs = archive.records(day_rows(), KEYS)
     for name in archive.DATASETS:
         f = archive.DatasetFile(name)
         f.add(recs[name])

@@ -16,7 +16,7 @@ from notiflow.recipient_checks import recipient_problem
 from notiflow.schemas.enums import Channel, Tier
 from notiflow.schemas.messages import IngestRecord
 from notiflow.settings import IngestBinding, Settings, TenantConfig
-from tests.unit.test_expander import NOW, Board, Manifests, Signals, Sink, request, row
+from tests.unit.test_expander import KEYS, NOW, Board, Manifests, Signals, Sink, request, row
 
 SLACK = "https://hooks.slack.com/services/T000/B000/XXXXXXXX"
 TEAMS = "https://acme.logic.azure.com/workflows/abc/triggers/manual/paths/invoke"
@@ -26,7 +26,8 @@ KEY = "k" * 32
 
 def settings(*, inbox: bool) -> Settings:
     tenant = TenantConfig(id="mkt", inbox_keys=(KEY,) if inbox else ())
-    base = Settings(ingest_binding=IngestBinding(keys=SecretStr(KEY)))
+    base = Settings(ingest_binding=IngestBinding(keys=SecretStr(KEY)),
+                    correlation_key=SecretStr(KEYS.keys[0].decode()))
     return base.model_copy(update={
         "tenants": (tenant,),
         "campaigns": base.campaigns.model_copy(update={"batch": 50})})

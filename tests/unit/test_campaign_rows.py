@@ -15,6 +15,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+from notiflow.correlation import CorrelationKeys
 from notiflow.flows.manifest import (
     CampaignSpec,
     ManifestError,
@@ -23,11 +24,12 @@ from notiflow.flows.manifest import (
     Rejected,
     map_row,
 )
-from notiflow.schemas.campaigns import ColumnMapping, LocalWindow
+from notiflow.schemas.campaigns import ColumnMapping, LocalWindow, row_message_id
 from notiflow.schemas.enums import Category, Channel, PushPlatform, Tier
 from notiflow.schemas.messages import PushRecipient
 
 CAMPAIGN = "cmp_" + "c" * 32
+KEYS = CorrelationKeys((b"r" * 32,))
 NOW = datetime(2026, 6, 15, 6, 0, tzinfo=UTC)
 TEN_TO_EIGHT = LocalWindow(start=time(10), end=time(20))
 
@@ -46,13 +48,13 @@ def row(number: int = 7, **fields: object) -> ManifestRow:
 
 
 def mapped(s: CampaignSpec, r: ManifestRow, now: datetime = NOW) -> Mapped:
-    out = map_row(s, r, now)
+    out = map_row(s, r, now, KEYS)
     assert isinstance(out, Mapped), out
     return out
 
 
 def rejected(s: CampaignSpec, r: ManifestRow, now: datetime = NOW) -> str:
-    out = map_row(s, r, now)
+    out = map_row(s, r, now, KEYS)
     assert isinstance(out, Rejected), out
     assert out.row == r.number
     return out.reason
@@ -74,7 +76,7 @@ def test_an_sms_row_becomes_its_message() -> None:
     assert (r.channel, r.tier, r.category) == (Channel.SMS, Tier.P3, Category.MARKETING)
     assert (r.recipient, r.template_id, r.template_version) == ("+14155550100", "promo", 2)
     assert r.variables == {"name": "Ana"}
-    assert (r.tenant_id, r.message_id) == ("mkt", f"{CAMPAIGN}_7")
+    assert (r.tenant_id, r.message_id) == ("mkt", row_message_id(KEYS, CAMPAIGN, 7))
     assert r.expires_at == NOW + timedelta(days=3) and r.accepted_at == NOW
     assert r.scheduled_at is None
 
@@ -149,7 +151,7 @@ def test_an_unknown_zone_in_the_row_is_rejected(zone: str) -> None:
 def test_an_unknown_default_zone_fails_the_campaign() -> None:
     with pytest.raises(ManifestError):
         map_row(spec(Channel.EMAIL, TEN_TO_EIGHT, default_zone="Nowhere/Town"),
-                row(to="bob@example.com"), NOW)
+                row(to="bob@example.com"), NOW, KEYS)
 
 
 # -- due instants -------------------------------------------------------------------------

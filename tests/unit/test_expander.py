@@ -16,6 +16,7 @@ from pydantic import SecretStr
 from notiflow.adapters.campaign_notices import Notice
 from notiflow.adapters.campaign_store import CampaignRow, Progress
 from notiflow.adapters.kafka_io import OutRecord
+from notiflow.correlation import CorrelationKeys
 from notiflow.flows.expander import Expander, Pace, campaign_rate, tier_capacity
 from notiflow.schemas.campaigns import (
     CampaignRequest,
@@ -23,6 +24,7 @@ from notiflow.schemas.campaigns import (
     LocalWindow,
     RowError,
     parse_row_message_id,
+    row_message_id,
 )
 from notiflow.schemas.enums import Channel, Tier
 from notiflow.schemas.messages import IngestRecord
@@ -31,6 +33,7 @@ from notiflow.settings import IngestBinding, Settings
 
 NOW = datetime(2026, 12, 4, 15, 0, tzinfo=UTC)
 CID = "cmp_" + "ab" * 16
+KEYS = CorrelationKeys((b"e" * 32,))
 
 
 def manifest(n: int, bad_every: int = 0, zones: Sequence[str] = ("",)) -> bytes:
@@ -149,12 +152,13 @@ class Sink:
     def rows(self) -> list[int]:
         ids = [r.headers[0][1].decode() for r in self.records] + [h.message_id
                                                                   for h in self.held]
-        return [found[1] for i in ids if (found := parse_row_message_id(i))]
+        return [found[1] for i in ids if (found := parse_row_message_id(KEYS, i))]
 
 
 def expander(board: Board, data: bytes, sink: Sink, signals: Signals | None = None,
              owner: str = "x1", **rule: object) -> Expander:
-    settings = Settings(ingest_binding=IngestBinding(keys=SecretStr("k" * 32))).model_copy(
+    settings = Settings(ingest_binding=IngestBinding(keys=SecretStr("k" * 32)),
+                        correlation_key=SecretStr(KEYS.keys[0].decode())).model_copy(
         update={"campaigns": Settings().campaigns.model_copy(update={"batch": 50, **rule})})
     return Expander(settings, board, Manifests(data), sink.publish, sink.hold,
                     signals or Signals(), owner, clock=lambda: NOW)
@@ -176,7 +180,7 @@ async def test_every_row_once_with_rejections() -> None:
     assert (p.rows_read, p.expanded, p.rejected, board.row.state) == (
         1000, 990, 10, "completed")
     record = IngestRecord.model_validate_json(sink.records[0].value)
-    assert record.message_id == f"{CID}_1" and record.tier is Tier.P3
+    assert record.message_id == row_message_id(KEYS, CID, 1) and record.tier is Tier.P3
     assert record.expires_at == board.row.ends_at
 
 

@@ -38,6 +38,7 @@ from notiflow.adapters.providers.twilio import signature as twilio_signature
 from notiflow.adapters.providers.vonage import receipts as vonage_receipts
 from notiflow.adapters.providers.vonage import signature as vonage_signature
 from notiflow.adapters.providers.webhook import WebhookRefused
+from notiflow.correlation import CorrelationKeys
 from notiflow.fakes.smtp import build_dsn
 from notiflow.flows.manifest import (
     CampaignSpec,
@@ -376,7 +377,7 @@ def test_campaign_manifests_read_and_map_any_bytes(data: st.DataObject, fmt: str
         assert exc.reason
         return
     for r in rows:
-        out = map_row(MANIFEST_SPEC, r, NOW)
+        out = map_row(MANIFEST_SPEC, r, NOW, CorrelationKeys.from_settings(CONF))
         assert isinstance(out, Mapped | Rejected)
         if isinstance(out, Rejected):
             assert out.reason

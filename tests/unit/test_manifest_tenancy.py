@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from pydantic import SecretStr
 
 from notiflow.adapters import object_store
 from notiflow.adapters.manifests import (
@@ -145,7 +146,7 @@ def test_the_expander_fails_a_foreign_campaign_unread(store_calls: list[str]) ->
     with ``manifest_not_allowed``; the store is never asked, no row becomes a message."""
     board = Board(row(request(manifest="s3://notiflow/tenants/promo/list.csv")))
     sink = Sink()
-    settings = Settings()
+    settings = Settings(correlation_key=SecretStr("c" * 32))
     x = Expander(settings, board, Manifests(settings), sink.publish, sink.hold, Signals(),
                  "x1", clock=lambda: NOW)
 

@@ -99,7 +99,7 @@ async def test_a_daily_0230_fires_once_on_the_eu_fall_back_day_and_again_is_idem
     assert await m.tick([0]) == 1
     (row,) = fakes.rows.values()
     assert row.scheduled_at == datetime(2027, 10, 31, 0, 30, tzinfo=UTC)
-    assert row.message_id == occurrence_message_id("sch_test", row.scheduled_at)
+    assert row.message_id == occurrence_message_id(m.keys, "sch_test", row.scheduled_at)
     fakes.row = replace(fakes.row, materialized_until=clock.now)
     assert await m.tick([0]) == 1
     assert len(fakes.rows) == 1 and len(fakes.messages) == 1
@@ -111,12 +111,13 @@ async def test_a_scheduler_down_for_a_month_catches_up_only_the_tier_ttl() -> No
     clock = Clock(datetime(2027, 10, 30, 12, 0, tzinfo=UTC))
     fakes = Fakes(schedule("30 2 * * *", "Europe/Paris", datetime(2027, 9, 1, tzinfo=UTC),
                            datetime(2027, 9, 30, tzinfo=UTC)))
-    assert await materializer(fakes, clock).tick([0]) == 2
+    m = materializer(fakes, clock)
+    assert await m.tick([0]) == 2
     missed = datetime(2027, 10, 30, 0, 30, tzinfo=UTC)
     assert [r.scheduled_at for r in fakes.rows.values()] == [
         datetime(2027, 10, 31, 0, 30, tzinfo=UTC)]
     assert [r.key for r in fakes.published] == [
-        occurrence_message_id("sch_test", missed).encode()]
+        occurrence_message_id(m.keys, "sch_test", missed).encode()]
 
 
 async def test_paused_schedules_and_other_shards_make_nothing() -> None:

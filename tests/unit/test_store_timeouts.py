@@ -8,6 +8,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from pydantic import SecretStr
 
 from notiflow.adapters.breaker_lanes import BulkBreakers, lane_breakers
 from notiflow.adapters.ratelimit import CapacityLimiter
@@ -22,7 +23,7 @@ def _socket_timeout(store: Any) -> float:
 
 @pytest.fixture
 def settings() -> Settings:
-    return load_settings()
+    return load_settings().model_copy(update={"correlation_key": SecretStr("c" * 32)})
 
 
 @pytest.mark.parametrize("tier", list(Tier))
