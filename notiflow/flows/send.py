@@ -8,7 +8,8 @@ Recipe (``build_send_flow``)::
                                           partitions
       → parse (parse_or_dlq)              bad bytes / unknown tenant → DLQ record
     notify.preferences ─┐                 compacted: consent, opt-outs, timezone, suppression
-      → join by recipient                 keyed state, warm after a restart
+      → join by recipient                 keyed state, warm after a restart; one probe per
+                                          recipient hash (key rotation), parts gathered
       → policy                            consent: opted out / suppressed → SUPPRESSED;
                                           quiet hours (P2/P3) → deferred to the window's end
       → hold (hold_until_due)             retry backoff, scheduled_at, quiet hours: timers
@@ -51,7 +52,7 @@ from notiflow.adapters.dlq_crypto import DlqCipher
 from notiflow.adapters.kafka_io import OutRecord
 from notiflow.adapters.ports import OpenSendPorts
 from notiflow.adapters.send_ports import opener, sender_identity
-from notiflow.flows.consent import PolicyStep, PreferenceJoin, join_key
+from notiflow.flows.consent import PolicyStep, join_preferences
 from notiflow.flows.dispatch import ChannelPressure, Dispatcher, SendLogic, send_key
 from notiflow.flows.guard import DlqGuard
 from notiflow.flows.model import Out, Work, utcnow
@@ -157,11 +158,7 @@ def build_send_flow(
     prefs_raw = op.input("preferences", flow, preferences or kafka_source(
         settings, [settings.preferences_topic], 1000, wait=timedelta(0)))
     prefs = op.filter_map("parse-preferences", prefs_raw, parse_preference)
-    joined = op.stateful("join-preferences",
-                         op.key_on("by-recipient", op.merge("messages+prefs", works, prefs),
-                                   join_key),
-                         PreferenceJoin)
-    decided = op.flat_map("policy", op.key_rm("unkey-recipient", joined),
+    decided = op.flat_map("policy", join_preferences(works, prefs),
                           PolicyStep(settings, clock))
     to_send: Stream[Work | Skip]
     to_send, decided_here = split_by_type("to-send", decided, (Work, Skip))

@@ -7,6 +7,7 @@ send flows join with messages by recipient.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import time
 from typing import Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -118,6 +119,22 @@ class PreferenceState(Wire):
 
 def state_key(tenant_id: str, recipient_hash: str) -> str:
     return f"{tenant_id}:{recipient_hash}"
+
+
+def combined_state(states: Sequence[PreferenceState | None]) -> PreferenceState | None:
+    """One recipient's state from the states stored under each of its hashes, current hash
+    first (``redact.recipient_hashes``): timezone, quiet hours and opt-outs of the first
+    stored state (a preference write replaces them whole, under the current hash), and the
+    first suppression of any of them (a dead address stays dead whichever key recorded
+    it). None when none is stored."""
+    stored = [s for s in states if s is not None]
+    if not stored:
+        return None
+    first = stored[0]
+    suppressed = next((s.suppressed for s in stored if s.suppressed is not None), None)
+    if suppressed == first.suppressed:
+        return first
+    return first.model_copy(update={"suppressed": suppressed})
 
 
 def address_key(address: str) -> str:

@@ -13,6 +13,7 @@ from notiflow.flows.caps import LocalCaps, Verdict, cap_check
 from notiflow.flows.consent import (
     PolicyStep,
     PreferenceJoin,
+    Probe,
     WithPreferences,
     quiet_until,
 )
@@ -123,11 +124,12 @@ def test_policy_defers_p3_in_quiet_hours_but_not_p1() -> None:
 
 def test_join_keeps_newest_state_and_pairs_messages() -> None:
     join = PreferenceJoin(None)
-    out, discard = join.on_item(work())
+    out, discard = join.on_item(Probe(work(), "h"))
     assert list(out) == [WithPreferences(work(), None)] and discard is True
     join.on_item(state(version=2, timezone="UTC"))
     join.on_item(state(version=1, timezone="Asia/Tokyo"))
-    [paired], _ = join.on_item(work())
+    [paired], _ = join.on_item(Probe(work(), "h"))
+    assert isinstance(paired, WithPreferences)
     assert paired.state is not None and paired.state.timezone == "UTC"
     assert PreferenceJoin(join.snapshot()).state == join.state
 

@@ -8,16 +8,20 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import hmac
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 from typing import Any
 
+import bytewax.operators as op
 import orjson
 import pytest
+from bytewax.dataflow import Dataflow
+from bytewax.testing import TestingSink, TestingSource, run_main
 from cryptography.fernet import Fernet
 
 from notiflow import redact
 from notiflow.devenv import dev_environment
+from notiflow.flows.consent import PolicyStep, WithPreferences, join_preferences
 from notiflow.flows.model import SourceRef, Work
 from notiflow.flows.sending import gates
 from notiflow.flows.sending.batch import Batch
@@ -25,8 +29,8 @@ from notiflow.flows.steps import snapshot_of
 from notiflow.gateway import recipients
 from notiflow.redact import RecipientHasher, RecipientHashKeyMissing, legacy_hash
 from notiflow.schemas.enums import Status
-from notiflow.schemas.messages import IngestRecord
-from notiflow.schemas.preferences import PreferenceState, state_key
+from notiflow.schemas.messages import IngestRecord, StatusEvent
+from notiflow.schemas.preferences import PreferenceState, combined_state, state_key
 from notiflow.settings import Settings
 
 NEW = "n" * 32
@@ -202,3 +206,109 @@ def test_the_duplicate_content_fingerprint_is_keyed_too() -> None:
     assert fingerprint == redact.hasher().digest(doc)
     redact.use(RecipientHasher((NEW.encode(),)))
     assert gates.content_fingerprint(work) != fingerprint
+
+
+# the send flows' consent join ------------------------------------------------------------
+
+
+def _sms(message_id: str, recipient: str, *, category: str = "transactional",
+         offset: int = 1) -> Work:
+    record = IngestRecord.model_validate({
+        "tenant_id": "acme", "channel": "SMS", "tier": "P2", "category": category,
+        "recipient": recipient, "template_id": "t", "template_version": 1,
+        "message_id": message_id, "accepted_at": T0.isoformat()})
+    return Work(record, SourceRef("ingest.sms.p2", 0, offset), b"raw", b"k")
+
+
+def _joined(works: list[Work], prefs: list[PreferenceState]) -> dict[str, PreferenceState | None]:
+    """Run the send flows' consent join (``join_preferences``) over ``prefs`` then
+    ``works``; the state each message was paired with, by message id."""
+    flow = Dataflow("join")
+    out: list[WithPreferences] = []
+    paired = join_preferences(
+        op.input("works", flow, TestingSource([TestingSource.PAUSE(timedelta(milliseconds=200)),
+                                               *works])),
+        op.input("prefs", flow, TestingSource(prefs)))
+    op.output("out", paired, TestingSink(out))
+    run_main(flow)
+    assert sorted(p.work.message_id for p in out) == sorted(w.message_id for w in works)
+    return {p.work.message_id: p.state for p in out}
+
+
+def test_the_consent_join_honours_states_stored_under_an_old_key(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    new, old = _rotated(monkeypatch)
+    other = "+41797654321"
+    other_new, other_old = redact.recipient_hashes("acme", other)
+    found = _joined(
+        [_sms("dead", PHONE), _sms("quiet", other, offset=2), _sms("free", "+41790000000")],
+        [_state("acme", old, suppressed="hard_bounce"),
+         _state("acme", other_old, timezone="Asia/Tokyo",
+                quiet_hours={"start": "00:00", "end": "23:59"})])
+    assert found["free"] is None
+    dead, quiet = found["dead"], found["quiet"]
+    assert dead is not None and dead.suppressed == "hard_bounce"
+    assert quiet is not None and quiet.timezone == "Asia/Tokyo"
+    step = PolicyStep(Settings(), lambda: T0)
+    [suppressed] = step(WithPreferences(_sms("dead", PHONE), dead))
+    assert isinstance(suppressed, StatusEvent) and suppressed.status is Status.SUPPRESSED
+    scheduled, _ = step(WithPreferences(_sms("quiet", other, offset=2), quiet))
+    assert isinstance(scheduled, StatusEvent) and scheduled.reason == "quiet_hours"
+    assert {new, other_new}.isdisjoint({old, other_old})
+
+
+def test_the_consent_join_takes_preferences_from_the_current_hash_and_any_suppression(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    new, old = _rotated(monkeypatch)
+    found = _joined([_sms("m", PHONE)], [
+        _state("acme", new, timezone="Europe/Zurich"),
+        _state("acme", old, timezone="Asia/Tokyo", suppressed="unsubscribed",
+               opt_outs=[{"category": "marketing"}])])
+    state = found["m"]
+    assert state is not None and state.recipient_hash == new
+    assert state.timezone == "Europe/Zurich" and state.opt_outs == ()
+    assert state.suppressed == "unsubscribed"
+
+
+def test_the_consent_join_finds_the_legacy_hash_only_while_legacy_is_on() -> None:
+    prefs = [_state("acme", legacy_hash("acme", PHONE), suppressed="complaint")]
+    redact.use(RecipientHasher((NEW.encode(),), legacy=True))
+    on = _joined([_sms("m", PHONE)], prefs)["m"]
+    assert on is not None and on.suppressed == "complaint"
+    redact.use(RecipientHasher((NEW.encode(),)))
+    assert _joined([_sms("m", PHONE)], prefs)["m"] is None
+
+
+def test_combined_state_keeps_the_first_states_preferences_and_any_suppression() -> None:
+    current = _state("acme", "a", timezone="UTC")
+    older = _state("acme", "b", suppressed="hard_bounce", opt_outs=[{"category": "*"}])
+    assert combined_state([None, None]) is None
+    assert combined_state([None, older]) == older
+    assert combined_state([current, None]) is current
+    both = combined_state([current, older])
+    assert both is not None and both.recipient_hash == "a" and both.opt_outs == ()
+    assert both.suppressed == "hard_bounce"
+
+
+def test_strong_consent_sees_an_old_suppression_behind_a_newer_state(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    new, old = _rotated(monkeypatch)
+    store = Store({state_key("acme", new): _state("acme", new, timezone="UTC"),
+                   state_key("acme", old): _state("acme", old, suppressed="complaint")})
+    work = _sms("m1", PHONE, category="marketing")
+    decided: list[Any] = []
+
+    async def infra(_: str, call: Any) -> Any:
+        return await call()
+
+    async def finish(ctx: Any, w: Any, event: Any) -> list[Any]:
+        decided.append(event)
+        return []
+
+    monkeypatch.setattr(gates, "finish", finish)
+    ctx = SimpleNamespace(
+        settings=Settings(), policy=SimpleNamespace(store_concurrency=8), infra=infra,
+        ports=SimpleNamespace(preferences=store),
+        event=lambda w, status, at, reason=None: (status, reason))
+    asyncio.run(gates.StrongConsent()(Batch([work], T0), ctx))  # type: ignore[arg-type]
+    assert decided == [(Status.SUPPRESSED, "complaint")]

@@ -18,7 +18,7 @@ from notiflow.flows.sending.emit import finish
 from notiflow.flows.steps import is_expired, retry_record
 from notiflow.redact import hasher, recipient_hashes
 from notiflow.schemas.enums import Status
-from notiflow.schemas.preferences import PreferenceState, state_key
+from notiflow.schemas.preferences import PreferenceState, combined_state, state_key
 
 REDIS_CLOSED_WAIT = timedelta(seconds=30)
 """How long a fail-closed cap check waits for Redis before it is tried again."""
@@ -101,7 +101,8 @@ class ContentDedup:
 class StrongConsent:
     """Re-read the preferences of strong-consent categories (marketing) from Cassandra, so
     an opt-out acknowledged by the API applies to every later send; a recipient's state is
-    the one under its current hash, else under an older one (``redact.recipient_hashes``)."""
+    combined from those under each of its hashes (``redact.recipient_hashes``,
+    ``combined_state``)."""
 
     async def __call__(self, batch: Batch, ctx: SendContext) -> None:
         strong = [w for w in batch.live
@@ -118,8 +119,8 @@ class StrongConsent:
             states.update(await ctx.infra(
                 "cassandra", functools.partial(ctx.ports.preferences.get_states, chunk)))
         for w in strong:
-            state = next((found for h in hashes[id(w)]
-                          if (found := states.get(state_key(w.record.tenant_id, h)))), None)
+            state = combined_state([states.get(state_key(w.record.tenant_id, h))
+                                    for h in hashes[id(w)]])
             reason = state.blocks(w.record.channel, w.record.category) if state else None
             if reason:
                 batch.decide(w, await finish(ctx, w, ctx.event(
