@@ -127,7 +127,8 @@ class Preferences(Protocol):
     async def suppress(self, tenant_id: str, recipient_hash: str,
                        reason: Suppression) -> Any: ...
 
-    async def deactivate_token(self, tenant_id: str, token_hash: str, reason: str) -> Any: ...
+    async def deactivate_token(self, tenant_id: str, token_hash: str, reason: str, *,
+                               older: Sequence[str] = ()) -> Any: ...
 
 
 class Breakers(Protocol):

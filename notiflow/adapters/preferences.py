@@ -19,7 +19,7 @@ state, which repairs a topic a crashed writer left behind.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any, Protocol
 
@@ -100,14 +100,17 @@ class PreferenceStore:
         return state
 
     async def deactivate_token(self, tenant_id: str, token_hash: str, reason: str,
-                               now: datetime | None = None) -> PreferenceState:
-        """A push service says the token is dead: suppress it (``token_deactivated``), then
-        mark every registered owner's row of it inactive with ``reason``. Returns the
-        suppressed state; a failure of either write is raised (both are idempotent: the
-        caller retries the whole call)."""
+                               now: datetime | None = None, *,
+                               older: Sequence[str] = ()) -> PreferenceState:
+        """A push service says the token is dead: suppress it (``token_deactivated``, under
+        ``token_hash``, its current hash), then mark every registered owner's row of it
+        inactive with ``reason``: the owners recorded under ``token_hash`` and under each of
+        its ``older`` hashes (rotated keys, the legacy hash). Returns the suppressed state; a
+        failure of any write is raised (all are idempotent: the caller retries the whole
+        call)."""
         state = await self.suppress(tenant_id, token_hash, "token_deactivated", now)
-        await self.store.deactivate_token(tenant_id, token_hash, reason,
-                                          now or state.updated_at)
+        for h in dict.fromkeys((token_hash, *older)):
+            await self.store.deactivate_token(tenant_id, h, reason, now or state.updated_at)
         return state
 
     async def unsuppress(self, tenant_id: str, recipient_hash: str,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Annotated, Any, Final, TypeVar
 
 from fastapi import APIRouter, Path, Request, Response
@@ -33,6 +34,7 @@ from notiflow.schemas.preferences import (
     PreferencesUpdate,
     PreferencesView,
     address_key,
+    combined_state,
 )
 from notiflow.settings import TenantConfig
 
@@ -183,15 +185,32 @@ async def put_device(recipient: Owner, token: Token, request: Request, tenant: T
         raise invalid_body(exc) from None
     push = token_key(reg.platform, token)
     now = now_ms()
-    prefs = rt.preferences()
     push_hash = recipient_hash(tenant.id, push)
     await rt.store().activate_device(tenant.id, recipient_hash(tenant.id, owner), token,
                                      reg.platform.value, now, push_hash)
-    state = await _changed(prefs.unsuppress(tenant.id, push_hash, now))
+    state = await reactivated(rt, tenant.id, push, now)
     view = DeviceView(recipient=mask(owner), device_token=mask(push), platform=reg.platform,
                       active=True, updated_at=now,
                       suppressed=state.suppressed if state else None)
     return Response(view.model_dump_json(), media_type=JSON)
+
+
+async def reactivated(rt: Runtime, tenant_id: str, push: str,
+                      now: datetime) -> PreferenceState | None:
+    """Clear the token's suppression under every hash it may be stored under (a suppression
+    under any of them would keep it dead); the token's state afterwards, None when it has
+    none."""
+    prefs = rt.preferences()
+    states = [await _changed(prefs.unsuppress(tenant_id, h, now))
+              for h in recipient_hashes(tenant_id, push)]
+    return combined_state(states)
+
+
+async def combined_stored(rt: Runtime, tenant_id: str, key: str) -> PreferenceState | None:
+    """The state of a recipient combined from those under each of its hashes
+    (:func:`~notiflow.schemas.preferences.combined_state`)."""
+    return combined_state([await rt.store().get_state(tenant_id, h)
+                           for h in recipient_hashes(tenant_id, key)])
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,11 +228,15 @@ class Registered:
 
 async def registered(rt: Runtime, tenant: TenantConfig, recipient: str,
                      token: str) -> Registered:
-    """The owner's registration of ``token``; ``404`` when it was never registered."""
+    """The owner's registration of ``token``, under the first of the owner's hashes that
+    has one (``owner_hash``: a registration made before a key rotation keeps its old one);
+    ``404`` when it was never registered."""
     owner = owner_key(recipient)
-    owner_hash = recipient_hash(tenant.id, owner)
-    row = await rt.store().get_device(tenant.id, owner_hash, token)
-    if row is None or not row.get("platform"):
+    for owner_hash in recipient_hashes(tenant.id, owner):
+        row = await rt.store().get_device(tenant.id, owner_hash, token)
+        if row is not None and row.get("platform"):
+            break
+    else:
         raise not_found()
     platform = PushPlatform(row["platform"])
     return Registered(owner, owner_hash, row, platform, f"{platform.value}:{token}")
@@ -249,7 +272,7 @@ async def get_device(recipient: Owner, token: str, tenant: Tenant, rt: RuntimeDe
     (``<provider>:unregistered``), and the token's suppression."""
     device = await registered(rt, tenant, recipient, token)
     row = device.row
-    state = await rt.store().get_state(tenant.id, recipient_hash(tenant.id, device.push))
+    state = await combined_stored(rt, tenant.id, device.push)
     view = DeviceView(recipient=mask(device.owner), device_token=mask(device.push),
                       platform=device.platform, active=row.get("active") is not False,
                       deactivated_reason=row.get("deactivated_reason"),

@@ -47,7 +47,8 @@ class Recorder:
         if self.fail:
             raise ConnectionError("cassandra down")
 
-    async def deactivate_token(self, tenant_id: str, token_hash: str, reason: str) -> None:
+    async def deactivate_token(self, tenant_id: str, token_hash: str, reason: str, *,
+                               older: tuple[str, ...] = ()) -> None:
         self.calls.append(("deactivate_token", tenant_id, token_hash, reason))
         if self.fail:
             raise ConnectionError("cassandra down")

@@ -20,11 +20,14 @@ from bytewax.testing import TestingSink, TestingSource, run_main
 from cryptography.fernet import Fernet
 
 from notiflow import redact
+from notiflow.adapters.preferences import PreferenceStore
+from notiflow.adapters.providers.base import Outcome, SendResult
 from notiflow.devenv import dev_environment
 from notiflow.flows.consent import PolicyStep, WithPreferences, join_preferences
 from notiflow.flows.model import SourceRef, Work
 from notiflow.flows.sending import gates
 from notiflow.flows.sending.batch import Batch
+from notiflow.flows.sending.classify import Classify
 from notiflow.flows.steps import snapshot_of
 from notiflow.gateway import recipients
 from notiflow.redact import RecipientHasher, RecipientHashKeyMissing, legacy_hash
@@ -32,6 +35,7 @@ from notiflow.schemas.enums import Status
 from notiflow.schemas.messages import IngestRecord, StatusEvent
 from notiflow.schemas.preferences import PreferenceState, combined_state, state_key
 from notiflow.settings import Settings
+from tests.helpers import partial_ports
 
 NEW = "n" * 32
 OLD = "o" * 32
@@ -312,3 +316,93 @@ def test_strong_consent_sees_an_old_suppression_behind_a_newer_state(
         event=lambda w, status, at, reason=None: (status, reason))
     asyncio.run(gates.StrongConsent()(Batch([work], T0), ctx))  # type: ignore[arg-type]
     assert decided == [(Status.SUPPRESSED, "complaint")]
+
+
+# device tokens and their owners ----------------------------------------------------------
+
+TOKEN = "a" * 64
+PUSH = f"ios:{TOKEN}"
+
+
+class Devices(Store):
+    """Device rows by ``(owner hash, token)``, owners by token hash, states by key."""
+
+    def __init__(self, states: dict[str, PreferenceState],
+                 rows: dict[tuple[str, str], dict[str, Any]],
+                 owners: dict[str, list[tuple[str, str]]]) -> None:
+        super().__init__(states)
+        self.rows, self.owners = rows, owners
+        self.deactivated: list[tuple[str, str, str]] = []
+
+    async def suppress(self, tenant: str, h: str, reason: Any,
+                       now: Any = None) -> PreferenceState:
+        return await super().suppress(tenant, h, reason)
+
+    async def get_device(self, tenant: str, owner_hash: str, token: str) -> Any:
+        return self.rows.get((owner_hash, token))
+
+    async def unsuppress(self, tenant: str, h: str, now: Any = None) -> PreferenceState | None:
+        state = self.states.get(state_key(tenant, h))
+        if state is not None and state.suppressed is not None:
+            state = self.states[state_key(tenant, h)] = state.model_copy(
+                update={"suppressed": None, "version": state.version + 1})
+        return state
+
+    async def deactivate_token(self, tenant: str, token_hash: str, reason: str,
+                               now: Any) -> int:
+        found = self.owners.get(token_hash, [])
+        self.deactivated += [(owner, token, reason) for owner, token in found]
+        return len(found)
+
+    async def get_state(self, tenant: str, h: str) -> PreferenceState | None:
+        return self.states.get(state_key(tenant, h))
+
+
+def test_a_device_registered_under_the_old_key_is_found_by_its_owner(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    _, old_owner = _rotated(monkeypatch)
+    store = Devices({}, {(old_owner, TOKEN): {"platform": "ios", "active": True}}, {})
+    tenant = SimpleNamespace(id="acme")
+    device = asyncio.run(recipients.registered(_runtime(store), tenant,  # type: ignore[arg-type]
+                                               PHONE, TOKEN))
+    assert device.owner_hash == old_owner and device.push == PUSH
+
+
+def test_registering_a_token_again_clears_its_suppression_under_every_key(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    redact.configure(Settings(recipient_hash_key=f"{NEW},{OLD}"))
+    _, old = redact.recipient_hashes("acme", PUSH)
+    store = Devices({state_key("acme", old): _state("acme", old, suppressed="token_deactivated")},
+                    {}, {})
+    rt = _runtime(store)
+    before = asyncio.run(recipients.combined_stored(rt, "acme", PUSH))
+    assert before is not None and before.suppressed == "token_deactivated"
+    state = asyncio.run(recipients.reactivated(rt, "acme", PUSH, T0))
+    assert state is not None and state.suppressed is None
+    assert store.states[state_key("acme", old)].suppressed is None
+    assert asyncio.run(recipients.combined_stored(rt, "acme", PUSH)) == state
+
+
+def test_a_dead_token_deactivates_the_owners_recorded_under_every_key(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    redact.configure(Settings(recipient_hash_key=f"{NEW},{OLD}"))
+    new, old = redact.recipient_hashes("acme", PUSH)
+    store = Devices({}, {}, {new: [("owner-new", TOKEN)], old: [("owner-old", TOKEN)]})
+
+    class Producer:
+        async def produce(self, record: Any) -> None:
+            pass
+
+    prefs = PreferenceStore(store, Producer(), topic="notify.preferences")  # type: ignore[arg-type]
+    record = IngestRecord.model_validate({
+        "tenant_id": "acme", "channel": "PUSH", "tier": "P1", "category": "transactional",
+        "recipient": {"device_token": TOKEN, "platform": "ios"}, "template_id": "t",
+        "template_version": 1, "message_id": "m1", "accepted_at": T0.isoformat()})
+    work = Work(record, SourceRef("ingest.push.p1", 0, 1), b"raw", b"k")
+    result = SendResult(Outcome.PERMANENT, "apns", T0, T0, reason="unregistered",
+                        deactivate_recipient=True)
+    ctx: Any = SimpleNamespace(ports=partial_ports(preferences=prefs))
+    asyncio.run(Classify()._suppress(ctx, work, result))
+    assert sorted(store.deactivated) == [("owner-new", TOKEN, "apns:unregistered"),
+                                         ("owner-old", TOKEN, "apns:unregistered")]
+    assert store.states[state_key("acme", new)].suppressed == "token_deactivated"

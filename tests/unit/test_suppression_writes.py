@@ -50,7 +50,8 @@ class FlakyPreferences:
         self._try("suppress", recipient_hash)
         self.written.append(("suppress", recipient_hash, reason))
 
-    async def deactivate_token(self, tenant_id: str, token_hash: str, reason: str) -> None:
+    async def deactivate_token(self, tenant_id: str, token_hash: str, reason: str, *,
+                               older: tuple[str, ...] = ()) -> None:
         self._try("deactivate_token", token_hash)
         self.written.append(("deactivate_token", token_hash, reason))
 

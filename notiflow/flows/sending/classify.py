@@ -29,6 +29,7 @@ from notiflow.flows.sending.emit import finish
 from notiflow.flows.sending.metrics import metrics
 from notiflow.flows.sending.route import candidates
 from notiflow.flows.steps import retry_record
+from notiflow.redact import recipient_hashes
 from notiflow.schemas.enums import Channel, Status, Tier
 from notiflow.schemas.messages import AttemptRecord, DlqRecord
 from notiflow.schemas.preferences import Suppression
@@ -201,8 +202,10 @@ class Classify:
 
         async def write() -> object:
             if suppression == "token_deactivated":
-                return await prefs.deactivate_token(tenant, w.recipient_hash,
-                                                    f"{result.provider_id}:{reason}")
+                current, *older = recipient_hashes(tenant, w.record.recipient_key())
+                return await prefs.deactivate_token(tenant, current,
+                                                    f"{result.provider_id}:{reason}",
+                                                    older=tuple(older))
             return await prefs.suppress(tenant, w.recipient_hash, suppression)
 
         try:
