@@ -79,11 +79,20 @@ class RecipientHasher:
             found.append(legacy_hash(tenant_id, recipient_key))
         return tuple(dict.fromkeys(found))
 
-
     def digest(self, data: bytes) -> str:
         """HMAC-SHA-256 (hex) of ``data`` under the first key: for other values that hold a
-        recipient (a content fingerprint) and must not be matched by enumeration."""
+        recipient (a content fingerprint, a request's hash) and must not be matched by
+        enumeration."""
         return hmac.new(self.keys[0], data, hashlib.sha256).hexdigest()
+
+    def digests(self, data: bytes) -> tuple[str, ...]:
+        """Every form :meth:`digest` of ``data`` may have been stored in: the first key's
+        first, then the other keys', then the unkeyed SHA-256 of earlier releases when
+        ``legacy``; no repeats."""
+        found = [hmac.new(k, data, hashlib.sha256).hexdigest() for k in self.keys]
+        if self.legacy:
+            found.append(hashlib.sha256(data).hexdigest())
+        return tuple(dict.fromkeys(found))
 
 
 def _keyed(key: bytes, tenant_id: str, recipient_key: str) -> str:

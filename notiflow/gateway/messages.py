@@ -10,7 +10,6 @@ expiry or admission would refuse the request. See ``docs/api.md``.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import logging
 import re
@@ -70,7 +69,7 @@ from notiflow.gateway.outbox import (
 from notiflow.gateway.reservation import Claim, Taken, release, reserve
 from notiflow.gateway.runtime import Runtime, now_ms
 from notiflow.names import Stage
-from notiflow.redact import mask
+from notiflow.redact import hasher, mask
 from notiflow.schemas.enums import Status, Tier
 from notiflow.schemas.messages import (
     Accepted,
@@ -94,16 +93,28 @@ JSON = "application/json"
 _PUBLISH_ERRORS: tuple[type[Exception], ...] = (DeliveryFailed, *STORE_ERRORS)
 
 
-def request_hash(req: SendRequest) -> str:
-    """SHA-256 of the validated request as canonical JSON (sorted keys); excludes everything
-    the API adds (message id, acceptance time, default expiry), and ``sender`` when unset (a
-    key reserved before senders existed keeps its hash)."""
+def _canonical(req: SendRequest) -> bytes:
+    """The validated request as canonical JSON (sorted keys); excludes everything the API
+    adds (message id, acceptance time, default expiry), and ``sender`` when unset (a key
+    reserved before senders existed keeps its hash)."""
     fields = req.model_dump(mode="json")
     if fields.get("sender") is None:
         fields.pop("sender", None)
-    canonical = json.dumps(fields, sort_keys=True,
-                           separators=(",", ":"), ensure_ascii=False)
-    return hashlib.sha256(canonical.encode()).hexdigest()
+    return json.dumps(fields, sort_keys=True, separators=(",", ":"),
+                      ensure_ascii=False).encode()
+
+
+def request_hash(req: SendRequest) -> str:
+    """The hash a reservation records: HMAC-SHA-256 of the canonical request under the
+    recipient hash key (the request holds the recipient: an unkeyed hash could be matched
+    to it by enumeration)."""
+    return hasher().digest(_canonical(req))
+
+
+def request_hashes(req: SendRequest) -> tuple[str, ...]:
+    """Every hash a reservation of the same request may hold: under each configured key,
+    and the unkeyed SHA-256 of earlier releases while ``recipient_hash_legacy`` is on."""
+    return hasher().digests(_canonical(req))
 
 
 def idempotency_key(value: str | None) -> str | None:
@@ -156,7 +167,7 @@ def _accepted(body: str, message_id: str, trace: str, *, replayed: bool = False,
     return Response(body, status_code=202, media_type=JSON, headers=headers)
 
 
-async def _resume(rt: Runtime, tenant_id: str, key: str, req_hash: str,
+async def _resume(rt: Runtime, tenant_id: str, key: str, req_hashes: tuple[str, ...],
                   existing: dict[str, Any], trace: str) -> Response:
     """A key that was reserved before: 409 for another request, the stored response when
     accepted, otherwise finish the earlier acceptance with its stored payload."""
@@ -164,7 +175,7 @@ async def _resume(rt: Runtime, tenant_id: str, key: str, req_hash: str,
     span.set_attribute("notiflow.idempotent_replay", True)
     if existing.get("message_id"):
         span.set_attribute(names.ATTR_MESSAGE_ID, str(existing["message_id"]))
-    if existing.get("request_hash") != req_hash:
+    if existing.get("request_hash") not in req_hashes:
         raise idempotency_conflict()
     stored = existing.get("response") if existing.get("state") == ACCEPTED else None
     answered = stored or rt.settler.pending(tenant_id, key)
@@ -208,14 +219,16 @@ async def accept(rt: Runtime, tenant: TenantConfig, req: SendRequest, key: str |
     payload = dump(record, envelope(rt.settings))
     topic = rt.settings.ingest_topic(req.channel, req.tier)
     store = rt.store()
-    claim = Claim(tenant.id, internal_key, req_hash, message_id, topic, payload, accepted_at)
+    claim = Claim(tenant.id, internal_key, req_hash, message_id, topic, payload, accepted_at,
+                  request_hashes(req))
     try:
         with times.timing(Stage.API_RESERVE):
             reserved = await reserve(store, rt.fence, claim, client_key=key is not None)
     except STORE_ERRORS as exc:
         raise store_unavailable(exc) from None
     if isinstance(reserved, Taken):
-        return await _resume(rt, tenant.id, internal_key, req_hash, reserved.row, trace)
+        return await _resume(rt, tenant.id, internal_key, claim.same_request, reserved.row,
+                             trace)
 
     async def release_fence() -> None:
         await release(rt.fence, tenant.id, internal_key, reserved.fence)
@@ -371,7 +384,8 @@ async def accept_request(rt: Runtime, tenant: TenantConfig, data: Any, key: str 
         if key is not None:
             existing = await rt.store().get_reservation(tenant.id, key)
             if existing is not None:
-                return await _resume(rt, tenant.id, key, req_hash, existing, trace)
+                return await _resume(rt, tenant.id, key, request_hashes(req), existing,
+                                     trace)
         raise
     with stages.timing(Stage.API_TEMPLATE):
         await check_template(rt, tenant, req, req.variables)

@@ -56,7 +56,9 @@ class Taken:
 
 @dataclass(frozen=True, slots=True)
 class Claim:
-    """The key, the request's hash and what its reservation row holds."""
+    """The key, the request's hash and what its reservation row holds; ``also``: the other
+    hashes the same request may have been recorded under (rotated keys, the unkeyed hash of
+    earlier releases)."""
 
     tenant_id: str
     key: str
@@ -65,6 +67,12 @@ class Claim:
     topic: str
     payload: str
     created_at: datetime
+    also: tuple[str, ...] = ()
+
+    @property
+    def same_request(self) -> tuple[str, ...]:
+        """Every hash a reservation of this request may hold, :attr:`request_hash` first."""
+        return tuple(dict.fromkeys((self.request_hash, *self.also)))
 
     def write(self) -> Write:
         return CassandraStore.reservation_write(
@@ -121,7 +129,7 @@ async def reserve(store: CassandraStore, fence: Fence | None, c: Claim, *,
         return Taken(row)
     if claimed is None:
         return Reserved((c.write(),), holder)
-    if claimed.request_hash != c.request_hash:
+    if claimed.request_hash not in c.same_request:
         raise idempotency_conflict()
     for pause in ROW_WAITS_S:
         await asyncio.sleep(pause)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import hmac
+import json
 from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 from typing import Any
@@ -20,6 +21,7 @@ from bytewax.testing import TestingSink, TestingSource, run_main
 from cryptography.fernet import Fernet
 
 from notiflow import redact
+from notiflow.adapters.idempotency_fence import Holder
 from notiflow.adapters.preferences import PreferenceStore
 from notiflow.adapters.providers.base import Outcome, SendResult
 from notiflow.devenv import dev_environment
@@ -29,13 +31,18 @@ from notiflow.flows.sending import gates
 from notiflow.flows.sending.batch import Batch
 from notiflow.flows.sending.classify import Classify
 from notiflow.flows.steps import snapshot_of
-from notiflow.gateway import recipients
+from notiflow.gateway import messages, recipients
+from notiflow.gateway.errors import ApiError
+from notiflow.gateway.outbox import ACCEPTED
+from notiflow.gateway.reservation import Claim, Taken
 from notiflow.redact import RecipientHasher, RecipientHashKeyMissing, legacy_hash
 from notiflow.schemas.enums import Status
-from notiflow.schemas.messages import IngestRecord, StatusEvent
+from notiflow.schemas.messages import IngestRecord, SendRequest, StatusEvent
 from notiflow.schemas.preferences import PreferenceState, combined_state, state_key
 from notiflow.settings import Settings
 from tests.helpers import partial_ports
+from tests.unit.test_reservation import FakeFence, FakeStore
+from tests.unit.test_reservation import run as run_reserve
 
 NEW = "n" * 32
 OLD = "o" * 32
@@ -406,3 +413,61 @@ def test_a_dead_token_deactivates_the_owners_recorded_under_every_key(
     assert sorted(store.deactivated) == [("owner-new", TOKEN, "apns:unregistered"),
                                          ("owner-old", TOKEN, "apns:unregistered")]
     assert store.states[state_key("acme", new)].suppressed == "token_deactivated"
+
+
+# idempotency reservations ------------------------------------------------------------------
+
+SEND = {"channel": "SMS", "tier": "P1", "recipient": PHONE, "template_id": "otp",
+        "template_version": 1, "variables": {"code": "1"}}
+
+
+def _canonical(fields: dict[str, Any]) -> bytes:
+    return json.dumps(fields, sort_keys=True, separators=(",", ":"),
+                      ensure_ascii=False).encode()
+
+
+def test_the_request_hash_of_a_reservation_is_keyed() -> None:
+    req = SendRequest.model_validate(SEND)
+    fields = req.model_dump(mode="json")
+    del fields["sender"]
+    unkeyed = hashlib.sha256(_canonical(fields)).hexdigest()
+    assert messages.request_hash(req) != unkeyed
+    assert messages.request_hash(req) == redact.hasher().digest(_canonical(fields))
+    assert unkeyed not in messages.request_hashes(req)
+
+
+def _replay(existing_hash: str) -> Any:
+    existing = {"request_hash": existing_hash, "state": ACCEPTED, "message_id": "m0",
+                "response": '{"message_id":"m0"}'}
+    req = SendRequest.model_validate(SEND)
+    return asyncio.run(messages._resume(SimpleNamespace(), "acme",  # type: ignore[arg-type]
+                                        "k1", messages.request_hashes(req), existing, "tp"))
+
+
+def test_a_reservation_made_before_the_upgrade_or_under_an_old_key_still_matches() -> None:
+    req = SendRequest.model_validate(SEND)
+    fields = req.model_dump(mode="json")
+    del fields["sender"]
+    unkeyed = hashlib.sha256(_canonical(fields)).hexdigest()
+    under_old = RecipientHasher((OLD.encode(),)).digest(_canonical(fields))
+    redact.use(RecipientHasher((NEW.encode(), OLD.encode()), legacy=True))
+    for stored in (messages.request_hash(req), under_old, unkeyed):
+        replayed = _replay(stored)
+        assert replayed.status_code == 202 and replayed.headers["Idempotent-Replayed"] == "true"
+    redact.use(RecipientHasher((NEW.encode(),)))
+    for stored in (under_old, unkeyed):
+        with pytest.raises(ApiError) as err:
+            _replay(stored)
+        assert err.value.status == 409
+
+
+def test_a_fence_held_under_another_form_of_the_same_request_is_not_a_conflict() -> None:
+    row = {"request_hash": "old-form", "message_id": "m9", "state": "PENDING"}
+    c = Claim("acme", "k1", "new-form", "m1", "topic", "{}", T0, ("new-form", "old-form"))
+    store, fence = FakeStore([None, row]), FakeFence(Holder("old-form", "m9"))
+    assert run_reserve(store, fence, c) == Taken(row)
+    alone = Claim("acme", "k1", "new-form", "m1", "topic", "{}", T0)
+    with pytest.raises(ApiError) as err:
+        run_reserve(FakeStore(), FakeFence(Holder("old-form", "m9")), alone)
+    assert err.value.status == 409
+

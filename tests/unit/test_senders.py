@@ -4,7 +4,6 @@ each provider adapter puts on the wire."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 from datetime import UTC, datetime
 
@@ -24,6 +23,7 @@ from notiflow.gateway.checks import check_sender
 from notiflow.gateway.errors import ApiError
 from notiflow.gateway.jwt_auth import principal
 from notiflow.gateway.messages import request_hash
+from notiflow.redact import hasher
 from notiflow.schemas.campaigns import CampaignRequest
 from notiflow.schemas.enums import Channel, Tier
 from notiflow.schemas.messages import SendRequest, sender_for
@@ -89,8 +89,8 @@ def test_a_request_without_a_sender_keeps_the_hash_it_had_before_senders() -> No
     req = SendRequest.model_validate(SMS)
     fields = req.model_dump(mode="json")
     del fields["sender"]
-    before = hashlib.sha256(json.dumps(fields, sort_keys=True, separators=(",", ":"),
-                                       ensure_ascii=False).encode()).hexdigest()
+    before = hasher().digest(json.dumps(fields, sort_keys=True, separators=(",", ":"),
+                                        ensure_ascii=False).encode())
     assert request_hash(req) == before
     assert request_hash(SendRequest.model_validate({**SMS, "sender": "ACME"})) != before
 
