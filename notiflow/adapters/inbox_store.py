@@ -11,7 +11,6 @@ best effort: a client that was away catches up from the store (``since``).
 
 from __future__ import annotations
 
-import hashlib
 import time
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
@@ -26,6 +25,7 @@ from notiflow.adapters.cassandra_store import aio, to_ms, utc
 from notiflow.adapters.dlq_crypto import DlqCipher
 from notiflow.adapters.redis_pool import redis_client
 from notiflow.inbox.states import InboxState, marks, state_of
+from notiflow.redact import recipient_hash
 from notiflow.settings import Settings
 
 _ITEM = ("tenant_id, user_id, created_at, message_id, tier, category, attempt, content, "
@@ -210,10 +210,11 @@ def moved(item: InboxItem, target: InboxState, now: datetime) -> InboxItem:
 
 
 def channel_key(namespace: str, tenant_id: str, user_id: str) -> str:
-    """The Redis channel of one user's inbox events (the user id hashed: it is the tenant's
-    own identifier of a person)."""
-    digest = hashlib.sha256(f"{tenant_id}\x1f{user_id}".encode()).hexdigest()[:32]
-    return f"{namespace}inbox:{tenant_id}:{digest}"
+    """The Redis channel of one user's inbox events: the user id (the tenant's own
+    identifier of a person) as its keyed recipient hash (``redact.recipient_hash``, first
+    key only: a channel is live fan-out, never stored, and a client catches up from the
+    inbox when it reconnects)."""
+    return f"{namespace}inbox:{tenant_id}:{recipient_hash(tenant_id, user_id)}"
 
 
 def channel_pattern(namespace: str) -> str:

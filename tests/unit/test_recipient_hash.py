@@ -22,6 +22,7 @@ from cryptography.fernet import Fernet
 
 from notiflow import redact
 from notiflow.adapters.idempotency_fence import Holder
+from notiflow.adapters.inbox_store import channel_key
 from notiflow.adapters.preferences import PreferenceStore
 from notiflow.adapters.providers.base import Outcome, SendResult
 from notiflow.devenv import dev_environment
@@ -415,7 +416,7 @@ def test_a_dead_token_deactivates_the_owners_recorded_under_every_key(
     assert store.states[state_key("acme", new)].suppressed == "token_deactivated"
 
 
-# idempotency reservations ------------------------------------------------------------------
+# idempotency reservations and inbox channels ----------------------------------------------
 
 SEND = {"channel": "SMS", "tier": "P1", "recipient": PHONE, "template_id": "otp",
         "template_version": 1, "variables": {"code": "1"}}
@@ -471,3 +472,11 @@ def test_a_fence_held_under_another_form_of_the_same_request_is_not_a_conflict()
         run_reserve(FakeStore(), FakeFence(Holder("old-form", "m9")), alone)
     assert err.value.status == 409
 
+
+def test_inbox_channels_name_users_by_their_keyed_hash() -> None:
+    channel = channel_key("t.", "acme", "u-1")
+    unkeyed = hashlib.sha256(b"acme\x1fu-1").hexdigest()[:32]
+    assert channel == f"t.inbox:acme:{redact.recipient_hash('acme', 'u-1')}"
+    assert unkeyed not in channel
+    redact.use(RecipientHasher((NEW.encode(),)))
+    assert channel_key("t.", "acme", "u-1") != channel
