@@ -26,6 +26,7 @@ from notiflow.adapters.inbox_store import channel_key
 from notiflow.adapters.preferences import PreferenceStore
 from notiflow.adapters.providers.base import Outcome, SendResult
 from notiflow.devenv import dev_environment
+from notiflow.flows.caps import cap_check
 from notiflow.flows.consent import PolicyStep, WithPreferences, join_preferences
 from notiflow.flows.model import SourceRef, Work
 from notiflow.flows.sending import gates
@@ -480,3 +481,21 @@ def test_inbox_channels_name_users_by_their_keyed_hash() -> None:
     assert unkeyed not in channel
     redact.use(RecipientHasher((NEW.encode(),)))
     assert channel_key("t.", "acme", "u-1") != channel
+
+
+def test_caps_and_content_keys_follow_the_first_key_only(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pinned by design (docs/operations.md, "Redis counters restart once"): after a
+    rotation the cap and duplicate-content keys are the new first key's, not looked up
+    under older ones."""
+    work = _sms("m1", PHONE)
+    settings = Settings(caps={"transactional": {"limit": 5, "window": "PT10M"}})
+    redact.use(RecipientHasher((OLD.encode(),)))
+    before = cap_check(work, settings, T0), gates.content_fingerprint(work)
+    new, old = _rotated(monkeypatch)
+    after = cap_check(work, settings, T0), gates.content_fingerprint(work)
+    assert before[0] is not None and after[0] is not None
+    assert before[0].recipient_key == f"acme:{old}:transactional"
+    assert after[0].recipient_key == f"acme:{new}:transactional"
+    assert after[1] != before[1] == RecipientHasher((OLD.encode(),)).digest(
+        orjson.dumps([PHONE, "SMS", "t", 1, {}], option=orjson.OPT_SORT_KEYS))
