@@ -197,14 +197,15 @@ def sent_rows(cql: Session, ids: list[str]) -> list[dict[str, Any]]:
 
 
 def send_seed(phase: Phase, tenant: str, version: int, count: int, phones: PhoneFactory,
-              key: str) -> list[str]:
-    """``count`` ordinary P1 SMS of ``tenant`` before the window (B's are the forgeries'
-    targets, A's give A provider message ids of its own)."""
+              key: str, tier: Tier = Tier.P1) -> list[str]:
+    """``count`` ordinary SMS of ``tenant`` at ``tier`` before the window (B's are the
+    forgeries' targets, A's give A provider message ids of its own; B's P0 ones take the P0
+    path once before it is measured)."""
     ids = []
     with httpx.Client(base_url=phase.api, headers=phase.auth(tenant), timeout=30) as c:
         for i in range(count):
             r = c.post("/v1/messages", headers={"Idempotency-Key": f"{key}-{i}"}, json={
-                "channel": "SMS", "tier": "P1", "category": "transactional",
+                "channel": "SMS", "tier": tier.value, "category": "transactional",
                 "recipient": phones.take(), "template_id": TEMPLATE_IDS[Channel.SMS],
                 "template_version": version,
                 "variables": {"brand": "Notiflow", "headline": "seed", "code": f"{i:06d}"}})
@@ -266,6 +267,9 @@ def run(out: Path, config: Config, *, log: Callable[[str], None] = print) -> Hos
         b_version = versions[(attacks.TENANT_B, Channel.SMS)]
         seeds = send_seed(phase, attacks.TENANT_B, b_version, 10,
                           PhoneFactory(REGIONS, now, start=800_000), f"seed-b-{run_id}")
+        seeds += send_seed(phase, attacks.TENANT_B, b_version, 10,
+                           PhoneFactory(REGIONS, now, start=820_000), f"seed-b0-{run_id}",
+                           Tier.P0)
         own = send_seed(phase, attacks.TENANT_A, versions[(attacks.TENANT_A, Channel.SMS)], 10,
                         PhoneFactory(REGIONS, now, start=850_000), f"seed-a-{run_id}")
         cluster, cql = connect(phase.settings)
