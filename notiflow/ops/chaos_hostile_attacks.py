@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import select
+import selectors
 import socket
 import time
 import uuid
@@ -262,12 +262,18 @@ def _flood(url: str, headers: dict[str, str], offered: int, declared: bool,
     frame = payload if declared else b"%x\r\n%s\r\n" % (len(payload), payload)
     answer, sent, pending = b"", 0, b""
     t0 = time.monotonic()
-    with socket.create_connection((parts.hostname, parts.port), timeout=10) as sock:
+    with socket.create_connection((parts.hostname, parts.port), timeout=10) as sock, \
+            selectors.DefaultSelector() as sel:
         sock.sendall(("\r\n".join(head) + "\r\n\r\n").encode())
         sock.setblocking(False)
+        sel.register(sock, selectors.EVENT_READ | selectors.EVENT_WRITE)
         writing = True
         while time.monotonic() - t0 < timeout and b"\r\n\r\n" not in answer:
-            readable, writable, _ = select.select([sock], [sock] if writing else [], [], 1.0)
+            if not writing:
+                sel.modify(sock, selectors.EVENT_READ)
+            masks = [mask for _, mask in sel.select(1.0)]
+            readable = any(m & selectors.EVENT_READ for m in masks)
+            writable = writing and any(m & selectors.EVENT_WRITE for m in masks)
             try:
                 if readable:
                     data = sock.recv(65536)
