@@ -238,6 +238,14 @@ def _generate(template: jinja2.Template, variables: Mapping[str, Any],
     return "".join(parts)
 
 
+def _render_once(compiled: _Compiled, variables: Mapping[str, Any], limits: RenderLimits,
+                 clock: Clock) -> tuple[str | None, str]:
+    with active(Budget(limits, clock)) as budget:
+        subject = (_generate(compiled.subject, variables, budget)
+                   if compiled.subject is not None else None)
+        return subject, _generate(compiled.body, variables, budget)
+
+
 def render(template_row: Mapping[str, Any], variables: Mapping[str, Any],
            limits: RenderLimits = DEFAULT_LIMITS,
            clock: Clock = time.thread_time) -> tuple[str | None, str]:
@@ -245,7 +253,8 @@ def render(template_row: Mapping[str, Any], variables: Mapping[str, Any],
     within ``limits`` (``clock``: CPU seconds of the calling thread).
 
     Returns ``(subject, body)``; raises :class:`MissingVariable` naming every absent variable,
-    :class:`OverBudget` when CPU time or loop iterations ran out and :class:`RenderError` for
+    :class:`OverBudget` when CPU time (twice in a row: one overrun can be a pause of the
+    process) or loop iterations ran out and :class:`RenderError` for
     any other failure (a stored template that does not parse, a size cap, the sandbox, any
     exception of the template's own code). Nothing else escapes.
     """
@@ -260,10 +269,12 @@ def render(template_row: Mapping[str, Any], variables: Mapping[str, Any],
     if absent:
         raise MissingVariable(absent)
     try:
-        with active(Budget(limits, clock)) as budget:
-            subject = (_generate(compiled.subject, variables, budget)
-                       if compiled.subject is not None else None)
-            return subject, _generate(compiled.body, variables, budget)
+        try:
+            return _render_once(compiled, variables, limits, clock)
+        except BudgetExceeded as exc:
+            if not exc.cpu:
+                raise
+            return _render_once(compiled, variables, limits, clock)
     except BudgetExceeded as exc:
         if exc.spent:
             raise OverBudget(f"over the render budget: {exc}") from None

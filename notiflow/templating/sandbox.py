@@ -43,9 +43,12 @@ class BudgetExceeded(Exception):
     """A template asked for more than its budget; ``spent`` when time or iterations ran
     out (the template is costly whatever its size checks)."""
 
-    def __init__(self, message: str, spent: bool = False) -> None:
+    def __init__(self, message: str, spent: bool = False, cpu: bool = False) -> None:
         super().__init__(message)
         self.spent = spent
+        self.cpu = cpu
+        """The CPU deadline passed (a garbage collection or a preemption can cause that
+        once; loop iterations and sizes are deterministic)."""
 
 
 class Budget:
@@ -62,7 +65,7 @@ class Budget:
     def check(self) -> None:
         if self.clock() > self.deadline:
             raise BudgetExceeded(f"render took more than {self.limits.cpu_time} of CPU",
-                                 spent=True)
+                                 spent=True, cpu=True)
 
     def tick(self) -> None:
         self.iterations += 1

@@ -161,6 +161,18 @@ def test_cpu_budget_uses_the_given_clock() -> None:
                clock=lambda: float(next(ticks)))
 
 
+def test_one_cpu_overrun_is_a_pause_not_a_verdict() -> None:
+    """A process pause (a garbage collection) can push one render past its CPU time: it is
+    rendered again; a template over its time twice in a row is refused."""
+    readings = iter([0.0, 10.0, 0.0] + [0.0] * 100)
+    limits = RenderLimits(cpu_time=timedelta(seconds=5))
+    row = {"body": "{% for i in range(3) %}{{ i }}{% endfor %}"}
+    assert render(row, {}, limits, clock=lambda: next(readings))[1] == "012"
+    ticks = iter(range(10_000))
+    with pytest.raises(OverBudget):
+        render(row, {}, limits, clock=lambda: float(next(ticks) * 10))
+
+
 def test_limits_are_configurable() -> None:
     row = {"body": "{% for i in range(50) %}.{% endfor %}"}
     assert render(row, {})[1] == "." * 50
