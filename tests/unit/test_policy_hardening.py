@@ -84,7 +84,8 @@ TOPIC = "arn:aws:sns:us-east-1:123456789012:ses-events"
 NOW = datetime.now(UTC)
 
 
-def delivery(version: str = "2", at: datetime = NOW) -> bytes:
+def delivery(version: str = "2", at: datetime | None = None) -> bytes:
+    at = at or datetime.now(UTC)
     stamp = at.strftime("%Y-%m-%dT%H:%M:%S.") + f"{at.microsecond // 1000:03d}Z"
     doc = {"Type": sns.NOTIFICATION, "MessageId": "5f2a6d1e-0000-4000-8000-000000000001",
            "TopicArn": TOPIC, "Timestamp": stamp, "Message": '{"eventType":"Delivery"}',
@@ -110,13 +111,14 @@ def refusal(raw: bytes, **config: Any) -> str:
 
 
 def test_sns_takes_fresh_sha256_deliveries_only_by_default() -> None:
+    now = datetime.now(UTC)
     assert check(delivery()).message_id.startswith("5f2a6d1e")
     assert refusal(delivery("1")) == "invalid_signature"
     assert check(delivery("1"), sns_signature_v1=True).type == sns.NOTIFICATION
-    assert refusal(delivery(at=NOW - timedelta(hours=1, minutes=1))) == "stale_message"
-    assert refusal(delivery(at=NOW + timedelta(hours=2))) == "stale_message"
-    assert check(delivery(at=NOW - timedelta(minutes=50))).type == sns.NOTIFICATION
-    assert refusal(delivery(at=NOW - timedelta(minutes=6)),
+    assert refusal(delivery(at=now - timedelta(hours=1, minutes=1))) == "stale_message"
+    assert refusal(delivery(at=now + timedelta(hours=2))) == "stale_message"
+    assert check(delivery(at=now - timedelta(minutes=50))).type == sns.NOTIFICATION
+    assert refusal(delivery(at=now - timedelta(minutes=6)),
                    sns_max_age=timedelta(minutes=5)) == "stale_message"
 
 
