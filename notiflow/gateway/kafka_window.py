@@ -16,6 +16,9 @@ ack otherwise; the outcome of such an unconfirmed record is concluded in the bac
 
 Kafka counts as down from a failed delivery or an ack not received within the request's
 wait, and as up from any acknowledged record or, with nothing deferred, a metadata answer.
+P0 records travel through a producer of their own (``runtime.py``), so a P1-P3 record's
+slow ack (a backlog on the shared producer's connection) defers P1-P3 without refusing P0;
+a failed delivery or a P0 record's own missed ack refuses P0 too.
 """
 
 from __future__ import annotations
@@ -66,6 +69,8 @@ class Window:
         self.policy = policy
         self.clock = clock
         self.down_since: float | None = None
+        self.p0_down = False
+        """P0 is refused at once (a failed delivery, or a P0 record's missed ack)."""
         self._entries: OrderedDict[str, tuple[Deferred, float]] = OrderedDict()
         self._order_keys: Counter[tuple[str, bytes]] = Counter()
 
@@ -73,18 +78,24 @@ class Window:
     def down(self) -> bool:
         return self.down_since is not None
 
-    def mark_down(self, why: str) -> None:
-        if self.down_since is None:
-            self.down_since = self.clock()
+    def mark_down(self, why: str, *, p0: bool = True) -> None:
+        """``p0`` False: the evidence is a P1-P3 record's slow ack, which says nothing of
+        P0's own connection; P0 goes on being published."""
+        refuse_p0 = p0 and not self.p0_down
+        self.p0_down = self.p0_down or p0
+        if self.down_since is None or refuse_p0:
+            self.down_since = self.down_since or self.clock()
             log.warning("kafka is not acknowledging (%s): P1-P3 acceptances are deferred "
-                        "(window: %d records, %.0f s), P0 is refused", why,
-                        self.policy.max_messages, self.policy.max_age.total_seconds())
+                        "(window: %d records, %.0f s)%s", why, self.policy.max_messages,
+                        self.policy.max_age.total_seconds(),
+                        ", P0 is refused" if self.p0_down else "")
 
     def mark_up(self) -> None:
         if self.down_since is not None:
             log.warning("kafka acknowledges again after %.1f s; %d deferred records to "
                         "publish", self.clock() - self.down_since, len(self._entries))
             self.down_since = None
+        self.p0_down = False
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -103,13 +114,11 @@ class Window:
 
     def refusal(self, tier: Tier) -> str | None:
         """Why a new acceptance of ``tier`` must be refused before anything is written:
-        ``kafka_unavailable`` for P0 while Kafka is down, ``outage_window_full`` for P1-P3
-        while it is down and the window is full; None to go ahead."""
-        if not self.down:
-            return None
+        ``kafka_unavailable`` for P0 while Kafka is down for P0, ``outage_window_full`` for
+        P1-P3 while it is down and the window is full; None to go ahead."""
         if tier is Tier.P0:
-            return "kafka_unavailable"
-        return "outage_window_full" if self.full() else None
+            return "kafka_unavailable" if self.p0_down else None
+        return "outage_window_full" if self.down and self.full() else None
 
     def retry_after_s(self) -> int:
         """Seconds a refused client should wait: a probe interval, at least 1."""
@@ -156,11 +165,12 @@ class Unconfirmed(Exception):
 class Publisher:
     """Publishes ingest records through the window (one per API process)."""
 
-    def __init__(self, window: Window, producer: Callable[[], AsyncProducer],
+    def __init__(self, window: Window, producer: Callable[[Tier], AsyncProducer],
                  spawn: Callable[[Coroutine[Any, Any, None], str], None],
                  probe: Callable[[], Awaitable[bool]]) -> None:
         self.window = window
         self.producer = producer
+        """The producer of a tier's records."""
         self.spawn = spawn
         self.probe = probe
 
@@ -181,9 +191,9 @@ class Publisher:
         if can_defer and (w.down or w.blocked(d)) and not w.full():
             w.defer(d)
             return Outcome.DEFERRED
-        if w.down:
+        if w.p0_down if d.tier is Tier.P0 else w.down:
             raise DeliveryFailed("kafka is not acknowledging")
-        task = asyncio.ensure_future(self.producer().produce(d.record))
+        task = asyncio.ensure_future(self.producer(d.tier).produce(d.record))
         try:
             await asyncio.wait_for(asyncio.shield(task), self._wait_s(d.tier))
         except DeliveryFailed as exc:
@@ -193,7 +203,7 @@ class Publisher:
                 return Outcome.DEFERRED
             raise
         except TimeoutError:
-            w.mark_down(f"no ack within {self._wait_s(d.tier):.1f} s")
+            w.mark_down(f"no ack within {self._wait_s(d.tier):.1f} s", p0=not can_defer)
             if can_defer and not w.full():
                 w.defer(d)
                 self.spawn(self._conclude(task, d, None), "kafka-window-conclude")
@@ -210,7 +220,7 @@ class Publisher:
         does not answer either (one record bound for a topic that is gone must not make
         every process refuse P0)."""
         try:
-            await self.producer().produce(d.record)
+            await self.producer(d.tier).produce(d.record)
         except DeliveryFailed as exc:
             if not await self.probe():
                 self.window.mark_down(str(exc))

@@ -1,5 +1,9 @@
-"""Per-process resources of the API: one Cassandra store, one Kafka producer, one Redis
-client for admission control and idempotency fences.
+"""Per-process resources of the API: one Cassandra store, Kafka producers, one Redis client
+for admission control and idempotency fences.
+
+A process that accepts P0 publishes P0 records through a producer of their own: its own
+broker connection, whose requests the broker serves in order and apart from the other
+tiers' (a tenant's 1,000-item batch never stands between an OTP and its ack).
 
 Cassandra is connected lazily: one attempt at start-up, then retries in the background, so
 the process starts (``/healthz`` answers) while Cassandra is down and requests get ``503``
@@ -45,6 +49,7 @@ from notiflow.gateway.auditor import Auditor
 from notiflow.gateway.errors import unavailable
 from notiflow.gateway.kafka_window import Publisher, Window
 from notiflow.gateway.settler import Settler
+from notiflow.schemas.enums import Tier
 from notiflow.secrets import Keyring, Reload
 from notiflow.settings import Settings
 
@@ -60,6 +65,7 @@ PROBE_TIMEOUT_S = 2.0
 TEMPLATE_CACHE_SIZE = 4096
 TOPICS_TTL_S = 30.0
 TOPICS_RECHECK_S = 5.0
+P0_CLIENT_ID = "notiflow-api-p0"
 
 
 def api_producer_overrides() -> dict[str, Any]:
@@ -94,12 +100,13 @@ class Runtime:
         self._tally: CampaignTally | None = None
         self._cluster: Cluster | None = None
         self._producer: AsyncProducer | None = None
+        self._p0_producer: AsyncProducer | None = None
         self._admin: AdminClient | None = None
         self._admission: Admission | None = None
         self._fence: Fence | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self.window = Window(settings.kafka_window)
-        self.publisher = Publisher(self.window, self.producer, self.spawn, self._kafka_up)
+        self.publisher = Publisher(self.window, self.producer_for, self.spawn, self._kafka_up)
         self.settler = Settler(settings.api_settle_interval.total_seconds())
         self.batch_items = asyncio.Semaphore(settings.api_batch_concurrency)
         """Turns of batch items (``batch.py``) in this process."""
@@ -141,6 +148,9 @@ class Runtime:
         """Create the producer and the Redis client, try Cassandra once, keep retrying in
         the background."""
         self._producer = AsyncProducer(self.settings, **api_producer_overrides())
+        if Tier.P0 in self.settings.lane_tiers(self.settings.api_lane):
+            self._p0_producer = AsyncProducer(self.settings, **api_producer_overrides(),
+                                              **{"client.id": P0_CLIENT_ID})
         self._admission = Admission(self.settings, AdmissionStore.open(self.settings))
         if self.settings.api_fence:
             store = self._admission.store
@@ -267,6 +277,13 @@ class Runtime:
             raise unavailable("kafka_unavailable", "the producer is not running")
         return self._producer
 
+    def producer_for(self, tier: Tier) -> AsyncProducer:
+        """P0's own producer for P0 records (where this process has one), else the shared
+        one."""
+        if tier is Tier.P0 and self._p0_producer is not None:
+            return self._p0_producer
+        return self.producer()
+
     def preferences(self) -> PreferenceStore:
         """Recipient state (write to Cassandra, then publish); ``503`` while either is
         unavailable."""
@@ -337,8 +354,9 @@ class Runtime:
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
-        if self._producer is not None:
-            await asyncio.to_thread(self._producer.close, DELIVERY_TIMEOUT_MS / 1000)
+        for producer in (self._producer, self._p0_producer):
+            if producer is not None:
+                await asyncio.to_thread(producer.close, DELIVERY_TIMEOUT_MS / 1000)
         if self._admission is not None:
             with contextlib.suppress(Exception):
                 await self._admission.store.aclose()

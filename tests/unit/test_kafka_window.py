@@ -67,12 +67,16 @@ class Harness:
         self.clock = Clock()
         self.window = Window(policy, self.clock)
         self.producer = Producer()
+        self.p0_producer = self.producer
+        """The same fake unless a test gives P0 its own."""
         self.kafka_answers = False
         self.settled: list[str] = []
         self.undone: list[str] = []
         self.tasks: list[asyncio.Task[None]] = []
-        self.publisher = Publisher(self.window, lambda: self.producer,  # type: ignore[arg-type,return-value]
-                                   self.spawn, self.probe)
+        self.publisher = Publisher(self.window, self.producer_for, self.spawn, self.probe)
+
+    def producer_for(self, tier: Tier) -> Any:
+        return self.p0_producer if tier is Tier.P0 else self.producer
 
     def spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
         self.tasks.append(asyncio.ensure_future(coro))
@@ -105,6 +109,33 @@ async def test_acknowledged_records_are_published_and_kafka_stays_up() -> None:
     assert await h.publish("p0", Tier.P0) is Outcome.PUBLISHED
     assert h.producer.sent == [b"m1", b"p0"]
     assert not h.window.down and len(h.window) == 0
+
+
+async def test_p0_records_go_through_their_own_producer() -> None:
+    h = Harness()
+    h.p0_producer = Producer()
+    for mid, tier in (("p1", Tier.P1), ("p0", Tier.P0), ("p3", Tier.P3)):
+        assert await h.publish(mid, tier) is Outcome.PUBLISHED
+    assert h.p0_producer.sent == [b"p0"]
+    assert h.producer.sent == [b"p1", b"p3"]
+
+
+async def test_a_bulk_backlog_on_the_shared_producer_does_not_hold_p0() -> None:
+    h = Harness()
+    h.p0_producer = Producer()
+    h.producer.mode = "hang"
+    assert await h.publish("p1", Tier.P1) is Outcome.DEFERRED
+    assert h.window.down and h.window.refusal(Tier.P0) is None
+    assert await h.publish("p0", Tier.P0) is Outcome.PUBLISHED
+    assert h.p0_producer.sent == [b"p0"] and not h.window.down
+    h.p0_producer.mode = "hang"
+    with pytest.raises(Unconfirmed):
+        await h.publish("p0-slow", Tier.P0)
+    assert h.window.refusal(Tier.P0) == "kafka_unavailable"
+    h.p0_producer.finish(ok=True)
+    h.producer.finish(ok=True)
+    await h.settle_tasks()
+    assert sorted(h.settled) == ["p0-slow", "p1"]
 
 
 async def test_a_failed_delivery_defers_p1_to_p3_and_refuses_p0() -> None:
