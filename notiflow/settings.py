@@ -78,7 +78,7 @@ class RetryBudget(_Frozen):
 
 
 class TierPolicy(_Frozen):
-    """Per-tier defaults from DESIGN.md ("Tier policy defaults")."""
+    """Per-tier defaults (docs/design.md, "Tiers")."""
 
     sla: timedelta
     ttl: timedelta
@@ -880,8 +880,9 @@ class YieldRule(_Frozen):
 
 
 class OutageWindow(_Frozen):
-    """How one API process accepts while Kafka does not acknowledge (seed 004 §22;
-    ``gateway/kafka_window.py``, docs/api.md "Kafka outage"). Not scaled by ``time_scale``."""
+    """How one API process accepts while Kafka does not acknowledge (docs/design.md,
+    "Failures of the stores"; ``gateway/kafka_window.py``, docs/api.md "Kafka outage"). Not
+    scaled by ``time_scale``."""
 
     max_messages: int = Field(20_000, ge=0)
     """P1-P3 acceptances answered ``202`` from Cassandra's durability alone and not yet
@@ -982,7 +983,8 @@ class CampaignRule(_Frozen):
 
 
 class BreakerRule(_Frozen):
-    """Circuit breaker of every provider account (DESIGN.md "Providers"; docs/breakers.md).
+    """Circuit breaker of every provider account (docs/design.md, "Providers and circuit
+    breakers"; docs/breakers.md).
 
     Durations are policy durations, multiplied by ``time_scale``, except
     ``latency_threshold``, which is compared with real provider latencies. Ratios are applied
@@ -1482,7 +1484,7 @@ class Settings(BaseSettings):
     """Messages one ``ordering_key`` holds in the send flow behind its head (a retry, a
     breaker wait); one more ends FAILED ``ordering_backlog`` (``flows/ordering.py``)."""
 
-    # capacity and pressure (DESIGN.md "Capacity reservation and rate limits")
+    # capacity and pressure (docs/design.md, "Caps and rate limits")
     mode: Literal["tiered", "shared"] = "tiered"
     """``shared``: one ingest topic, one flow, one worker pool for all tiers (benchmark
     baseline only)."""
@@ -1676,7 +1678,8 @@ class Settings(BaseSettings):
     # derived helpers -------------------------------------------------------------------
 
     def scaled(self, d: timedelta) -> timedelta:
-        """A policy duration multiplied by ``time_scale`` (DESIGN.md, "Time in tests")."""
+        """A policy duration multiplied by ``time_scale`` (docs/design.md, "Time, retention and
+        scale")."""
         return d * self.time_scale
 
     def policy(self, tier: Tier) -> TierPolicy:

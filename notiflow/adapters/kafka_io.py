@@ -102,8 +102,8 @@ class OutRecord:
 
 def make_headers(message_id: str, tenant_id: str | None, tier: str | None,
                  traceparent: str | None = None, schema_version: int = 1) -> Headers:
-    """The header contract of DESIGN.md (message_id, tenant_id, tier, schema_version,
-    traceparent)."""
+    """The header contract (docs/design.md, "Topics and keys"): message_id, tenant_id, tier,
+    schema_version, traceparent."""
     h: Headers = [("message_id", message_id.encode()),
                   ("schema_version", str(schema_version).encode())]
     if tenant_id:

@@ -1,5 +1,5 @@
-"""The benchmark workload (seed 004): ~2 KB records, push 60 % / email 30 % / SMS 10 %, unique
-recipients across countries and platforms.
+"""The benchmark workload (docs/design.md, "Time, retention and scale"): ~2 KB records,
+push 60 % / email 30 % / SMS 10 %, unique recipients across countries and platforms.
 
 Pure and deterministic for a seed: :func:`records` yields ``IngestRecord`` JSON bytes as an
 upstream producer writes them (``message_id`` and ``accepted_at`` set by the producer, so
@@ -29,7 +29,7 @@ from notiflow.schemas.preferences import phone_timezone
 CHANNEL_MIX: tuple[tuple[Channel, float], ...] = (
     (Channel.PUSH, 0.6), (Channel.EMAIL, 0.3), (Channel.SMS, 0.1))
 RECORD_BYTES = 2048
-"""Target size of one ingest record, metadata included (seed 004: 2 KB)."""
+"""Target size of one ingest record, metadata included (the design's 2 KB)."""
 TEMPLATE_IDS = {c: f"bench-{c.value.lower()}" for c in Channel}
 
 TEMPLATES: dict[Channel, dict[str, str]] = {

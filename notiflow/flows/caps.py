@@ -1,10 +1,11 @@
 """Recipient frequency caps and the tenant's daily marketing cap: the rules, and their model.
 
-The counts live in Redis (``adapters/redis_caps.py``), as DESIGN.md puts every cluster-wide
-limit: the dispatcher checks a batch's messages in one round trip just before sending them
-(after the dedup lease, before content dedup). They cost the send flow no memory (a
-50-million-recipient campaign keeps its 7-day marketing windows in Redis, with TTLs), hold
-across every process of a tier, and survive restarts and re-partitioning.
+The counts live in Redis (``adapters/redis_caps.py``), as docs/design.md ("Caps and rate
+limits") puts every cluster-wide limit: the dispatcher checks a batch's messages in one round
+trip just before sending them (after the dedup lease, before content dedup). They cost the
+send flow no memory (a 50-million-recipient campaign keeps its 7-day marketing windows in
+Redis, with TTLs), hold across every process of a tier, and survive restarts and
+re-partitioning.
 
 Exact: a cap counts every message it lets through, atomically per recipient, so several
 processes can never let more than N through in any window. A message is counted once

@@ -1,4 +1,4 @@
-"""Retry rules as a small value object (DESIGN.md "Tier policy defaults"; the budgets:
+"""Retry rules as a small value object (docs/design.md, "Retry budgets"; the budgets:
 ``settings.RetryBudget``)."""
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""The Kafka-outage window of one API process (seed 004 §22, docs/api.md "Kafka outage").
+"""The Kafka-outage window of one API process (docs/design.md, "Failures of the stores";
+docs/api.md, "Kafka outage").
 
 While Kafka does not acknowledge, a P1-P3 acceptance that is durable in Cassandra (key
 reserved, message row and outbox row written) is answered ``202`` and its record is

@@ -126,7 +126,8 @@ def new_traceparent() -> str:
 
 
 def partition_key(record: IngestRecord) -> bytes:
-    """DESIGN.md partitioning: ``message_id``, or ``tenant_id:ordering_key`` when set."""
+    """The ingest key (docs/design.md, "Topics and keys"): ``message_id``, or
+    ``tenant_id:ordering_key`` when set."""
     if record.ordering_key:
         return f"{record.tenant_id}:{record.ordering_key}".encode()
     return (record.message_id or "").encode()

@@ -1,4 +1,4 @@
-"""Every Kafka topic of DESIGN.md, created idempotently."""
+"""Every Kafka topic (docs/design.md, "Topics and keys"), created idempotently."""
 
 from __future__ import annotations
 

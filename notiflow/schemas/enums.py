@@ -35,7 +35,7 @@ class PushPlatform(StrEnum):
 
 
 class Status(StrEnum):
-    """Message lifecycle (DESIGN.md "Status lifecycle"); ordering lives in ``status.py``."""
+    """Message lifecycle (docs/design.md, "Message states"); ordering lives in ``status.py``."""
 
     CREATED = "CREATED"
     SCHEDULED = "SCHEDULED"

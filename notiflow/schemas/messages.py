@@ -165,7 +165,7 @@ VariableValue = str | int | float | bool | None
 
 
 class SendRequest(Wire):
-    """Body of ``POST /v1/messages`` (seed 004 section 4)."""
+    """Body of ``POST /v1/messages`` (docs/design.md, "Send request and acceptance")."""
 
     model_config = ConfigDict(json_schema_extra=send_request_rules)
 

@@ -1,6 +1,6 @@
-"""Where scheduled work waits: the ``scheduled_work`` layout (DESIGN.md, "Contracts for the
-next capabilities"). Pure functions shared by the API (writer), the scheduler (reader) and
-cancellation (remover), so all three agree on a row's partition."""
+"""Where scheduled work waits: the ``scheduled_work`` layout (docs/design.md, "Scheduling").
+Pure functions shared by the API (writer), the scheduler (reader) and cancellation (remover),
+so all three agree on a row's partition."""
 
 from __future__ import annotations
 

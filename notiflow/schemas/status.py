@@ -2,7 +2,7 @@
 
 Statuses form a total order, so merging is ``max``: the result does not depend on the order
 in which events or receipts arrive (duplicated, shuffled, replayed). The order encodes the
-rules of DESIGN.md:
+rules of docs/design.md ("Message states"):
 
     CREATED < SCHEDULED < QUEUED
       < PROCESSING(1) < RETRY_PENDING(1) < UNKNOWN(1) < PROCESSING(2) < ...   (per attempt)

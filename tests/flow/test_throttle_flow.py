@@ -1,5 +1,5 @@
 """A 429 with ``Retry-After`` from the first SMS account: P0's next attempt goes to the
-alternate account at once (DESIGN.md: "alternate provider at once"), not after the first
+alternate account at once (docs/design.md, "Retry budgets"), not after the first
 account's wait, and is accepted there; the throttling account's wait travels with the retry
 record (``provider_waits``)."""
 

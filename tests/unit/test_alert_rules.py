@@ -112,7 +112,8 @@ def test_required_alerts_and_their_shape() -> None:
 
 
 def test_slo_thresholds_match_design() -> None:
-    """Thresholds are DESIGN.md's tier SLAs (P0 1 s, P1 10 s, P2 5 min) and DLQ limit."""
+    """Thresholds are the tier SLAs (P0 1 s, P1 10 s, P2 5 min; docs/design.md, "Tiers") and
+    the DLQ limit."""
     exprs = {r["alert"]: " ".join(r["expr"].split()) for r in _rules()}
     assert exprs["NotiflowP0LatencySLO"].startswith("histogram_quantile(0.99,")
     assert 'tier="P0"' in exprs["NotiflowP0LatencySLO"]
