@@ -1376,9 +1376,8 @@ class Settings(BaseSettings):
     api_coalesce: bool = True
     """The API's message-row and settle writes of concurrent requests share unlogged
     batches (``cassandra_batch_rows`` rows), its head reads ``IN`` queries; a failed batch
-    fails every request it carried (each is undone and answered 503). ``bench api``, one
-    pair of fresh-stack runs: CPU per batch item API 1.85 → 0.93 ms, Cassandra 1.74 → 0.73
-    ms, batch 399 → 815 msg/s; single P3 API 3.26 → 2.48 ms (bench/README.md)."""
+    fails every request it carried (each is undone and answered 503). It halves a batch
+    item's CPU in the API and in Cassandra (``notiflow bench api``; bench/README.md)."""
     api_settle_interval: timedelta = timedelta(milliseconds=10)
     """The API answers ``202`` once Kafka acknowledged; the settles (key ``ACCEPTED``, outbox
     row removed) queued during this interval are written together, off the response path
@@ -1386,7 +1385,7 @@ class Settings(BaseSettings):
     api_fence: bool = True
     """A request with an ``Idempotency-Key`` takes the key's fence in Redis and writes its
     reservation plainly; off (or Redis unavailable): a Cassandra lightweight transaction per
-    key, as before (``adapters/idempotency_fence.py``, docs/api.md "Idempotency")."""
+    key (``adapters/idempotency_fence.py``, docs/api.md "Idempotency")."""
     api_redis_timeout: ApiRedisTimeout = ApiRedisTimeout()
     api_fence_ttl: timedelta = timedelta(seconds=60)
     """How long a fence outlives its ``SET``: longer than a reservation takes to be written."""

@@ -286,7 +286,7 @@ def run(out: Path, *, plan: Plan, modes: list[str], log: Callable[[str], None],
 
 
 def targets_met(modes: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
-    """Issue 17's targets from the modes measured: single acceptance ÷ ceiling (≥ 50 %),
+    """The acceptance targets from the modes measured: single acceptance ÷ ceiling (≥ 50 %),
     batch ÷ single P3 in messages/s (≥ 10x), P0 p99 at half its maximum (≤ 50 ms); the
     batch ceiling's share taken by batch and its multiple of single P3 (the most batch ÷
     single could reach here); and which modes' maxima are saturation (their ascent

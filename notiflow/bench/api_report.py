@@ -1,4 +1,4 @@
-"""The report of ``notiflow bench api``: the targets of issue 17, each mode's maximum, every
+"""The report of ``notiflow bench api``: the acceptance targets, each mode's maximum, every
 step's figures (Markdown), and latency and accepted rate against the offered rate (PNG)."""
 
 from __future__ import annotations

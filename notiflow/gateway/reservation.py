@@ -12,11 +12,11 @@ Redis (``adapters/idempotency_fence.py``) while the key's row is read from Cassa
   ``acceptance_in_progress`` if it does not appear).
 
 Without Redis (fences off, down, or failed within the last second) the key is reserved
-with a lightweight transaction (``INSERT ... IF NOT EXISTS``, ``LOCAL_SERIAL``), as every key
-was before fences. What fences give up against that transaction: two requests with one key
-in the same few milliseconds, one of them in a process that reserved by transaction because
-Redis failed it, or either side of a Redis failover that lost the fence, can both be
-accepted (docs/api.md, "Idempotency").
+with a lightweight transaction (``INSERT ... IF NOT EXISTS``, ``LOCAL_SERIAL``). What
+fences give up against that transaction: two requests with one key in the same few
+milliseconds, one of them in a process that reserved by transaction because Redis failed it,
+or either side of a Redis failover that lost the fence, can both be accepted (docs/api.md,
+"Idempotency").
 """
 
 from __future__ import annotations
