@@ -93,7 +93,8 @@ class TierPolicy(_Frozen):
     """Bytewax epoch length of the tier's send flow (``None``: ``flow_epoch_seconds``). At
     every epoch's end the worker stands still while it writes and fsyncs its recovery store,
     so a disk that stalls then holds every message of the tier for the rest of the stall
-    (bench/README.md, "Tenth round": the P0 flow's thread waiting in the block layer during
+    (docs/decisions/2026-12-02-p0-epoch-length.md: the P0 flow's thread waiting in the block
+    layer during
     a 1.2 s stall of the virtual disk). A longer epoch meets fewer stalls; what it costs is
     a longer stretch re-read after a crash, which the dedup leases make harmless."""
     max_in_flight: int = Field(64, ge=1, le=10_000)
@@ -865,7 +866,8 @@ class YieldRule(_Frozen):
     """Fewest slots a bulk flow keeps while P0 is slow. 0 (the default) pauses its sends and
     its intake outright until the signal is back below ``high``: a window of one slot per
     channel still kept the P3 flow at a third of a core (p99 1,419 and 1,430 ms vs 942 ms at
-    0, ``bench/README.md``, "Fifth round"). The price: while P0 is slow for a reason bulk
+    0, ``docs/decisions/2026-12-01-p0-reservation-at-shared-bottlenecks.md``). The price:
+    while P0 is slow for a reason bulk
     does not cause (a slow P0 provider), bulk waits too. The reconciler keeps at least one."""
     start: float = Field(0.1, gt=0, le=1)
     """Share of the ceiling a bulk process starts with (slow start)."""
@@ -1011,7 +1013,9 @@ class BreakerRule(_Frozen):
     bulk_failure_threshold: int = Field(20, ge=1, le=1000)
     """``failure_threshold`` of the bulk lane's breakers. A bulk flow starved of CPU times
     out a few calls at once (five SMTP timeouts opened the bulk lane's breaker for a minute
-    in an isolation run, ``bench/README.md``, "Seventh round"); at bulk volumes a real outage
+    in an isolation run,
+    ``docs/decisions/2026-12-01-bulk-timeouts-measured-by-starved-processes.md``); at bulk
+    volumes a real outage
     opens it on ``error_rate`` within ``min_calls`` calls anyway."""
     latency_quantile: float = Field(0.99, gt=0, lt=1)
     min_latency_calls: int = Field(100, ge=1)
@@ -1377,7 +1381,8 @@ class Settings(BaseSettings):
     """The API's message-row and settle writes of concurrent requests share unlogged
     batches (``cassandra_batch_rows`` rows), its head reads ``IN`` queries; a failed batch
     fails every request it carried (each is undone and answered 503). It halves a batch
-    item's CPU in the API and in Cassandra (``notiflow bench api``; bench/README.md)."""
+    item's CPU in the API and in Cassandra (``notiflow bench api``;
+    docs/decisions/2026-12-04-acceptance-path-cpu.md)."""
     api_settle_interval: timedelta = timedelta(milliseconds=10)
     """The API answers ``202`` once Kafka acknowledged; the settles (key ``ACCEPTED``, outbox
     row removed) queued during this interval are written together, off the response path
@@ -1445,7 +1450,8 @@ class Settings(BaseSettings):
     epoch's end, and the worker stands still meanwhile (SQLite writes and fsyncs, racing
     every other writer of the disk). At 2 s the P0 flow's commits were a P0 stall every
     other second under the flood (``kafka`` stage, p99 489 ms; at 5 s 175 ms,
-    bench/README.md "Fifth round"); a longer epoch widens what a crashed flow re-reads,
+    docs/decisions/2026-12-02-p0-epoch-length.md); a longer epoch widens what a crashed flow
+    re-reads,
     which the dedup leases make harmless. A tier's ``epoch`` overrides it for its send
     flow (P0: 30 s)."""
     reconcile_nice: int = Field(10, ge=0, le=19)

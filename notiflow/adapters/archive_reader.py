@@ -20,7 +20,8 @@ from notiflow.archive import DayRows
 PAGE: Final = 5000
 KEYS_PER_READ: Final = 50
 """Messages named in one read (``message_id IN ...``): a request per message cost the
-driver's I/O thread more than decoding the rows (``bench/README.md``, "Archive")."""
+driver's I/O thread more than decoding the rows
+(``docs/decisions/2026-12-06-archive-batched-reads.md``)."""
 _CQL: Final = {
     "ids": "SELECT message_id FROM messages_by_tenant_day WHERE tenant_id = ? AND day = ?",
     "message": "SELECT * FROM messages WHERE message_id IN ?",

@@ -7,7 +7,8 @@ OPEN (priority traffic saw an outage; bulk piling on would only delay the recove
 bulk flow runs at a lower CPU priority with deep queues, so its slow calls and timeouts
 measure its own starvation as much as the provider. In ``notiflow bench isolation`` the P3
 flow opened the shared Twilio breaker on latency, the P0 OTPs went to Vonage, the P3 flow's
-timeouts opened Vonage too, and P0 waited 55 s for a probe (bench/README.md, "Fifth round").
+timeouts opened Vonage too, and P0 waited 55 s for a probe
+(docs/decisions/2026-12-01-p0-reservation-at-shared-bottlenecks.md).
 Borrowing goes downward only: a priority outage stops bulk, a bulk-lane opening stops only bulk.
 """
 

@@ -4,7 +4,8 @@ Bytewax's ``KafkaSource`` opens a consumer per partition and polls each with a 1
 send flow reading twelve ingest partitions and four preference partitions waited 16 ms per
 round (P0's ``kafka`` stage: 21 ms at p50 under the flood), ran about 70 threads, sent the
 broker two idle fetches a second per partition and used 5 % of a core while idle
-(``notiflow bench isolation``, the ninth round). Here the partitions one worker reads share
+(``docs/decisions/2026-12-02-kafka-consumer-per-worker.md``). Here the partitions one worker
+reads share
 one consumer, and its first partition leads: each of its calls emits up to a batch of every
 partition's records, waiting up to ``wait`` in librdkafka when there are none (the wait ends
 when a record of any partition arrives: a ``poll`` for the first record, then a ``consume``

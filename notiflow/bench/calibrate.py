@@ -3,7 +3,8 @@ record's JSON encode and decode, a SHA-256 of it, a few string and dict operatio
 about a second, in rounds of the workload per second.
 
 The same code measured 1.5 and 2.7 ms of CPU per P3 message in two consecutive runs on one
-virtual machine (bench/README.md, "Ninth round"): a benchmark that records the machine's speed
+virtual machine (docs/decisions/2026-12-03-benchmark-protocol.md): a benchmark that records
+the machine's speed
 before and after its load tells a slow moment of the machine apart from slower code.
 """
 

@@ -8,7 +8,7 @@ plainly.
 (``CassandraStore``) and prints, per case, the Cassandra process's CPU and this process's CPU
 per message and the rate. Cassandra's CPU includes whatever it does in the background
 meanwhile (flushes, compaction): run it on an idle stack, more than once (``bench/README.md``,
-"Throughput").
+"Micro-benchmarks").
 """
 
 from __future__ import annotations

@@ -6,7 +6,8 @@ recipient; a campaign's recipients are new keys, each discarded at once (no pref
 ``python -m notiflow.bench.keyed_state`` runs such a step over N items with unique keys and
 with 100 repeating keys, each without a recovery store, with one, and with one that the
 project's janitor (``adapters/recovery_store.py``) sweeps; one child process per case so RSS
-is the case's own; prints a table (``bench/README.md``, "Soak").
+is the case's own; prints a table
+(``docs/decisions/2026-11-30-keyed-state-out-of-the-send-flow.md``).
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@
 On a stack just started, Cassandra's JIT compiler and its first compactions took most of a core
 for about a minute of load, and P0's latency with them: a 2-minute run with almost no P3
 measured P0 p50 540, 290, 320, 440 ms in its first four 10-second windows, then 120, 70, 56 ms
-(bench/README.md, "Fifth round"). That is the JVMs', not the platform's, so every measured
+(docs/decisions/2026-12-03-benchmark-protocol.md). That is the JVMs', not the platform's, so
+every measured
 phase first sends waves of :data:`WAVE_S` seconds (P3 at :data:`P3_RATE`, OTPs at the measured
 rate) until a wave's P0 p99 is under :data:`SETTLED_P99_MS` and its p50 within 20 % of the
 wave before (the stop rule of ``notiflow demo``), or :data:`BOUND_S` passed. The waves'

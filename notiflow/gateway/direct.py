@@ -2,7 +2,8 @@
 
 FastAPI resolves a route's dependencies and header parameters on every request; under load
 that took a tenth of the priority API's CPU (a py-spy profile at 400 P0 acceptances/s,
-``bench/README.md``, "Acceptance"). A route listed here is also served by a plain Starlette
+``docs/decisions/2026-12-06-direct-message-route.md``). A route listed here is also served by
+a plain Starlette
 :class:`~starlette.routing.Route` placed ahead of FastAPI's: the request reaches ``endpoint``
 directly, which finds the runtime (``auth.get_runtime``) and the tenant (:func:`tenant_of`)
 itself.

@@ -98,7 +98,7 @@ PAXOS_AUTO_REPAIRS_OFF = "-Dcassandra.disable_paxos_auto_repairs=true"
 replicas every five minutes; with one replica there is nothing to reconcile (the next
 lightweight transaction or serial read of a partition finishes a round left uncommitted),
 yet after a load of idempotency LWTs the repair and its ``system.paxos`` flushes came right
-when P0 ran at half load (``bench/README.md``, "Acceptance", runs 8 and x1-x2). A
+when P0 ran at half load (``docs/decisions/2026-12-04-paxos-auto-repair-off.md``). A
 multi-node cluster (``docker-compose.yml``, the Helm chart) keeps the repairs."""
 
 
