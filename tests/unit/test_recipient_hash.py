@@ -167,6 +167,27 @@ def _runtime(store: Store) -> Any:
     return SimpleNamespace(store=lambda: store, preferences=lambda: store)
 
 
+def _strong_consent(monkeypatch: pytest.MonkeyPatch, store: Store, work: Work) -> list[Any]:
+    """Run ``gates.StrongConsent`` over ``work`` with ``store`` as the preferences port; the
+    ``(status, reason)`` of each message it finished."""
+    decided: list[Any] = []
+
+    async def infra(_: str, call: Any) -> Any:
+        return await call()
+
+    async def finish(ctx: Any, w: Any, event: Any) -> list[Any]:
+        decided.append(event)
+        return []
+
+    monkeypatch.setattr(gates, "finish", finish)
+    ctx = SimpleNamespace(
+        settings=Settings(), policy=SimpleNamespace(store_concurrency=8), infra=infra,
+        ports=SimpleNamespace(preferences=store),
+        event=lambda w, status, at, reason=None: (status, reason))
+    asyncio.run(gates.StrongConsent()(Batch([work], T0), ctx))  # type: ignore[arg-type]
+    return decided
+
+
 def test_the_api_finds_a_state_stored_under_the_old_key_and_keeps_its_suppression(
         monkeypatch: pytest.MonkeyPatch) -> None:
     new, old = _rotated(monkeypatch)
@@ -189,21 +210,7 @@ def test_marketing_sends_honour_an_opt_out_stored_under_the_old_key(
         "recipient": PHONE, "template_id": "promo", "template_version": 1,
         "message_id": "m1", "accepted_at": T0.isoformat()})
     work = Work(record, SourceRef("ingest.sms.p3", 0, 1), b"raw", b"k")
-    decided: list[str | None] = []
-
-    async def infra(_: str, call: Any) -> Any:
-        return await call()
-
-    async def finish(ctx: Any, w: Any, event: Any) -> list[Any]:
-        decided.append(event)
-        return []
-
-    monkeypatch.setattr(gates, "finish", finish)
-    ctx = SimpleNamespace(
-        settings=Settings(), policy=SimpleNamespace(store_concurrency=8), infra=infra,
-        ports=SimpleNamespace(preferences=store),
-        event=lambda w, status, at, reason=None: (status, reason))
-    asyncio.run(gates.StrongConsent()(Batch([work], T0), ctx))  # type: ignore[arg-type]
+    decided = _strong_consent(monkeypatch, store, work)
     assert decided == [(Status.SUPPRESSED, "opted_out")]
 
 
@@ -309,21 +316,7 @@ def test_strong_consent_sees_an_old_suppression_behind_a_newer_state(
     store = Store({state_key("acme", new): _state("acme", new, timezone="UTC"),
                    state_key("acme", old): _state("acme", old, suppressed="complaint")})
     work = _sms("m1", PHONE, category="marketing")
-    decided: list[Any] = []
-
-    async def infra(_: str, call: Any) -> Any:
-        return await call()
-
-    async def finish(ctx: Any, w: Any, event: Any) -> list[Any]:
-        decided.append(event)
-        return []
-
-    monkeypatch.setattr(gates, "finish", finish)
-    ctx = SimpleNamespace(
-        settings=Settings(), policy=SimpleNamespace(store_concurrency=8), infra=infra,
-        ports=SimpleNamespace(preferences=store),
-        event=lambda w, status, at, reason=None: (status, reason))
-    asyncio.run(gates.StrongConsent()(Batch([work], T0), ctx))  # type: ignore[arg-type]
+    decided = _strong_consent(monkeypatch, store, work)
     assert decided == [(Status.SUPPRESSED, "complaint")]
 
 
