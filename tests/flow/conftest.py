@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from typing import Any
@@ -95,6 +96,22 @@ def decode(settings: Settings, out: list[OutRecord]) -> tuple[list[StatusEvent],
         else:
             retries.append(load(r.value, envelope(settings)))
     return events, dlq, retries
+
+
+def flood_beside_acme(settings: Settings,
+                      make: Callable[[Settings, int, int], KafkaSourceMessage],
+                      count: int) -> tuple[list[StatusEvent], list[DlqRecord], list[IngestRecord]]:
+    """Run the P1 send flow on one worker over ``make(settings, i, offset)`` for ``i`` in
+    ``range(count)``, then one bound acme ``record`` at the next offset; its ``decode``d output.
+    Offsets (and the acme message's code) start at a random base of their own per run."""
+    from bytewax.testing import TestingSource
+
+    base = 10**12 + uuid.uuid4().int % 10**9
+    items = [make(settings, i, base + i) for i in range(count)]
+    items.append(kmsg(settings, record(f"{base}-ok"), base + count))
+    out: list[OutRecord] = []
+    RUNNERS[next(iter(RUNNERS))](send_flow(settings, Tier.P1, TestingSource(items), out))
+    return decode(settings, out)
 
 
 def send_flow(settings: Settings, tier: Tier, source: Any, out: list[OutRecord],

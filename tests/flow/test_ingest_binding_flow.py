@@ -5,19 +5,16 @@ flow never halts, and acme's bound message in the same run reaches its provider.
 
 from __future__ import annotations
 
-import uuid
 from datetime import UTC, datetime
 
 import pytest
 from bytewax.connectors.kafka import KafkaSourceMessage
-from bytewax.testing import TestingSource
 
-from notiflow.adapters.kafka_io import OutRecord
 from notiflow.flows.guard import source_of
 from notiflow.ingest_binding import binder, tenant_signer
 from notiflow.schemas.enums import Status, Tier
 from notiflow.settings import Settings
-from tests.flow.conftest import RUNNERS, decode, kmsg, record, send_flow
+from tests.flow.conftest import flood_beside_acme, record
 
 pytestmark = pytest.mark.flow
 
@@ -40,12 +37,7 @@ def forged(settings: Settings, i: int, offset: int) -> KafkaSourceMessage[bytes,
 def test_forged_tenant_claims_are_dead_lettered_to_their_producer(
         stack: Settings, fakes: str, template: int) -> None:
     assert binder(stack).required
-    base = 10**12 + uuid.uuid4().int % 10**9
-    items = [forged(stack, i, base + i) for i in range(FLOOD)]
-    items.append(kmsg(stack, record(f"{base}-ok"), base + FLOOD))
-    out: list[OutRecord] = []
-    RUNNERS[next(iter(RUNNERS))](send_flow(stack, Tier.P1, TestingSource(items), out))
-    events, dlq, _ = decode(stack, out)
+    events, dlq, _ = flood_beside_acme(stack, forged, FLOOD)
     refused = [d for d in dlq if d.error_class == "tenant_claim_refused"]
     assert len(refused) == FLOOD
     assert {source_of(d) for d in refused} == {"producer:rogue"}

@@ -4,19 +4,16 @@ the flow never halts, and acme's message in the same run reaches its provider.""
 
 from __future__ import annotations
 
-import uuid
 from datetime import UTC, datetime
 
 import orjson
 import pytest
 from bytewax.connectors.kafka import KafkaSourceMessage
-from bytewax.testing import TestingSource
 
-from notiflow.adapters.kafka_io import OutRecord
 from notiflow.flows.guard import charged_to_tenant
 from notiflow.schemas.enums import Channel, Status, Tier
 from notiflow.settings import Settings
-from tests.flow.conftest import RUNNERS, bound, decode, kmsg, put_template, record, send_flow
+from tests.flow.conftest import bound, flood_beside_acme, put_template
 
 pytestmark = pytest.mark.flow
 
@@ -37,12 +34,7 @@ def unserved_chat(settings: Settings, i: int, offset: int) -> KafkaSourceMessage
 def test_one_tenants_unserved_chat_urls_never_halt_the_tier(stack: Settings, fakes: str,
                                                             template: int) -> None:
     put_template(stack, "globex", "flow-chat", "CHAT", "Alert {{ code }}")
-    base = 10**12 + uuid.uuid4().int % 10**9
-    items = [unserved_chat(stack, i, base + i) for i in range(FLOOD)]
-    items.append(kmsg(stack, record(f"{base}-ok"), base + FLOOD))
-    out: list[OutRecord] = []
-    RUNNERS[next(iter(RUNNERS))](send_flow(stack, Tier.P1, TestingSource(items), out))
-    events, dlq, _ = decode(stack, out)
+    events, dlq, _ = flood_beside_acme(stack, unserved_chat, FLOOD)
     unserved = [d for d in dlq if d.error_class == "recipient_not_served"]
     assert len(unserved) == FLOOD
     assert all(d.tenant_id == "globex" and d.headers.get("channel") == "CHAT"
