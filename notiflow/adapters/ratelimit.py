@@ -93,6 +93,7 @@ from notiflow.adapters.redis_health import RedisHealth
 from notiflow.adapters.redis_pool import redis_client
 from notiflow.schemas.enums import Tier
 from notiflow.settings import Settings
+from notiflow.token_bucket import TokenBucket
 
 log = logging.getLogger(__name__)
 _denials = names.RATELIMIT_DENIALS.create(metrics.get_meter(names.METER))
@@ -627,29 +628,6 @@ class ModelStore:
 
 
 @dataclass(slots=True)
-class LocalBucket:
-    """A plain token bucket on the injected clock (seconds)."""
-
-    rate: float
-    burst: float
-    tokens: float
-    at: float
-
-    def take(self, now: float) -> float:
-        """Take one token: 0.0 when taken, else the seconds until one is available."""
-        self.tokens = min(self.burst, self.tokens + max(0.0, now - self.at) * self.rate)
-        self.at = now
-        if self.tokens >= 1:
-            self.tokens -= 1
-            return 0.0
-        return (1 - self.tokens) / self.rate
-
-    def peek(self, now: float) -> float:
-        tokens = min(self.burst, self.tokens + max(0.0, now - self.at) * self.rate)
-        return 0.0 if tokens >= 1 else (1 - tokens) / self.rate
-
-
-@dataclass(slots=True)
 class _Lease:
     tokens: int = 0
     used: int = 0
@@ -711,7 +689,7 @@ class CapacityLimiter:
         self.clock = clock
         self.stats = LimiterStats()
         self._leases: dict[_LeaseKey, _Lease] = {}
-        self._local: dict[tuple[str, Tier] | tuple[str, str], LocalBucket] = {}
+        self._local: dict[tuple[str, Tier] | tuple[str, str], TokenBucket] = {}
         self._redis_ok = True
         self._next_probe = 0.0
         self._probing = False
@@ -844,11 +822,11 @@ class CapacityLimiter:
             self._local.clear()
 
     def _bucket(self, key: tuple[str, Tier] | tuple[str, str], rate: float,
-                now: float) -> LocalBucket:
+                now: float) -> TokenBucket:
         bucket = self._local.get(key)
         if bucket is None:
             burst = max(1.0, rate * self.lease_ttl)
-            bucket = self._local[key] = LocalBucket(rate, burst, burst, now)
+            bucket = self._local[key] = TokenBucket.full(rate, burst, now)
         return bucket
 
     def _fallback(self, rule: ProviderRule, tier: Tier, tenant_id: str | None,

@@ -25,39 +25,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from notiflow.settings import InboxSettings
+from notiflow.token_bucket import TokenBucket
 
 Clock = Callable[[], float]
-
-
-@dataclass(slots=True)
-class TokenBucket:
-    """``rate`` tokens a second up to ``burst``; :meth:`take` spends one when there is one."""
-
-    rate: float
-    burst: float
-    tokens: float
-    at: float
-
-    @classmethod
-    def full(cls, rate: float, burst: float, now: float) -> TokenBucket:
-        return cls(rate, burst, burst, now)
-
-    def refill(self, now: float) -> None:
-        if now > self.at:
-            self.tokens = min(self.burst, self.tokens + (now - self.at) * self.rate)
-            self.at = now
-
-    def wait(self, now: float) -> float:
-        """Seconds until a token is there (0 when one is)."""
-        self.refill(now)
-        return 0.0 if self.tokens >= 1 else (1 - self.tokens) / self.rate
-
-    def take(self, now: float) -> float:
-        """Spend a token and return 0, or return the seconds until one is there."""
-        wait = self.wait(now)
-        if wait == 0:
-            self.tokens -= 1
-        return wait
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,10 +9,11 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import make_mocked_request
 
-from notiflow.inbox.limits import Gate, Refusal, TokenBucket
+from notiflow.inbox.limits import Gate, Refusal
 from notiflow.inbox.server import InboxServer
 from notiflow.inbox.tokens import mint
 from notiflow.settings import InboxSettings, Settings, TenantConfig
+from notiflow.token_bucket import TokenBucket
 
 KEY = "k" * 43
 
