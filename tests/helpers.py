@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import httpx
 import orjson
+import pytest
 from cassandra.cluster import Session
 from confluent_kafka import Consumer, TopicPartition
 
 from notiflow.adapters.kafka_io import OutRecord, SyncProducer, producer_config
+from notiflow.devenv import dev_environment
 from notiflow.ingest_binding import HEADER, binder, claimed_target, tenant_signer
 from notiflow.schemas.enums import Channel, Tier
 from notiflow.settings import Settings
@@ -209,3 +212,14 @@ def partial_ports(**given: Any) -> Any:
 async def no_ports() -> Any:
     """An ``open_ports`` for a dispatcher whose ports a test sets itself."""
     raise AssertionError("this test sets the dispatcher's ports")
+
+
+@contextmanager
+def dev_environ() -> Iterator[dict[str, str]]:
+    """A fresh development environment (``dev_environment`` on ports 1 and 2, never dialled)
+    in ``os.environ`` for the block, restored after it; yields its bearer tokens by tenant."""
+    env, tokens = dev_environment(api_port=1, fakes_port=2)
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in env.items():
+            mp.setenv(k, v)
+        yield tokens

@@ -19,7 +19,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from uvicorn.server import ServerState
 
-from notiflow.devenv import SES_TOPIC, dev_environment
+from notiflow.devenv import SES_TOPIC
 from notiflow.gateway import webhook_guard
 from notiflow.gateway.app import MAX_ANY_BODY, build_app
 from notiflow.gateway.auth import MAX_BODY_BYTES
@@ -28,6 +28,7 @@ from notiflow.gateway.bodies import BodyCeiling, read_limited
 from notiflow.gateway.server_limits import BoundedHttpTools, uvicorn_options
 from notiflow.gateway.webhooks import MAX_SENDGRID_BODY
 from notiflow.settings import ServerLimits, Settings
+from tests.helpers import dev_environ
 
 CHUNK = 64 * 1024
 HUNDRED_MIB = 100 * 1024 * 1024
@@ -50,10 +51,7 @@ class Source:
 
 @pytest.fixture(scope="module")
 def app() -> Iterator[FastAPI]:
-    env, _ = dev_environment(api_port=1, fakes_port=2)
-    with pytest.MonkeyPatch.context() as mp:
-        for k, v in env.items():
-            mp.setenv(k, v)
+    with dev_environ():
         yield build_app(Settings())
 
 

@@ -11,21 +11,17 @@ from fastapi.routing import APIRoute
 from fastapi.testclient import TestClient
 from starlette.routing import Match, Route
 
-from notiflow.devenv import dev_environment
 from notiflow.gateway import messages
 from notiflow.gateway.app import build_app
 from notiflow.gateway.auth import authenticate, get_runtime
 from notiflow.settings import Settings
+from tests.helpers import dev_environ
 
 
 @pytest.fixture(scope="module")
 def app() -> Iterator[FastAPI]:
-    env, _ = dev_environment(api_port=1, fakes_port=2)
-    with pytest.MonkeyPatch.context() as mp:
-        for k, v in env.items():
-            mp.setenv(k, v)
-        settings = Settings()
-        yield build_app(settings)
+    with dev_environ():
+        yield build_app(Settings())
 
 
 def _served_directly(app: FastAPI, method: str, path: str) -> bool:

@@ -39,7 +39,7 @@ from notiflow.adapters.egress import (
     pinned,
     pinned_connector,
 )
-from notiflow.devenv import dev_environment, webhook_secret
+from notiflow.devenv import webhook_secret
 from notiflow.egress import (
     METADATA_ADDRESSES,
     IPAddress,
@@ -54,6 +54,7 @@ from notiflow.flows.campaign_notices import Notifier
 from notiflow.flows.webhook_sender import Request, WebhookDispatcher
 from notiflow.gateway.app import build_app
 from notiflow.settings import EgressSettings, Settings, TenantConfig
+from tests.helpers import dev_environ
 
 LOOPBACK = EgressSettings(allow_http=True, allow_networks=(IPv4Network("127.0.0.0/8"),
                                                            IPv6Network("::1/128")))
@@ -226,10 +227,7 @@ def test_http_is_allowed_only_when_configured_and_names_are_left_to_resolve() ->
 
 def test_the_defaults_refuse_what_the_dev_environment_allows() -> None:
     assert Settings().egress == STRICT
-    env, _ = dev_environment(api_port=1, fakes_port=2)
-    with pytest.MonkeyPatch.context() as mp:
-        for k, v in env.items():
-            mp.setenv(k, v)
+    with dev_environ():
         dev = Settings().egress
     assert dev.allow_http and check_address(ip_address("127.0.0.1"), dev) is None
     assert check_address(ip_address("10.0.0.1"), dev) is not None
@@ -487,10 +485,7 @@ async def test_a_campaign_notice_to_a_refused_url_is_given_up_without_a_connecti
 
 @pytest.fixture(scope="module")
 def api() -> Iterator[tuple[FastAPI, dict[str, str]]]:
-    env, tokens = dev_environment(api_port=1, fakes_port=2)
-    with pytest.MonkeyPatch.context() as mp:
-        for k, v in env.items():
-            mp.setenv(k, v)
+    with dev_environ() as tokens:
         app = build_app(Settings())
     app.state.runtime.egress = EgressGuard(app.state.runtime.settings.egress, StaticResolver(
         {"inside.test": ["10.0.0.9"], "meta.test": ["169.254.169.254"]}))

@@ -22,11 +22,11 @@ from notiflow.adapters.manifests import (
     tenant_location,
     tenant_refusal,
 )
-from notiflow.devenv import dev_environment
 from notiflow.flows.expander import Expander
 from notiflow.gateway.app import build_app
 from notiflow.ops.campaigns_cli import upload_target
 from notiflow.settings import Settings
+from tests.helpers import dev_environ
 from tests.unit.test_expander import NOW, Board, Signals, Sink, request, row
 
 OWN = "s3://notiflow/tenants/mkt/winter.csv"
@@ -119,10 +119,7 @@ def test_file_manifests_are_the_tenants_own_too(tmp_path: Path) -> None:
 
 @pytest.fixture(scope="module")
 def api() -> Iterator[tuple[TestClient, dict[str, str]]]:
-    env, tokens = dev_environment(api_port=1, fakes_port=2)
-    with pytest.MonkeyPatch.context() as mp:
-        for k, v in env.items():
-            mp.setenv(k, v)
+    with dev_environ() as tokens:
         yield TestClient(build_app(Settings()), raise_server_exceptions=False), tokens
 
 

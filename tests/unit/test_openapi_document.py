@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 from openapi_spec_validator import validate
 
-from notiflow.devenv import dev_environment
 from notiflow.gateway.app import build_app
 from notiflow.settings import Settings
+from tests.helpers import dev_environ
 
 ERROR_REF = "#/components/schemas/ErrorBody"
 WEBHOOK_SCHEMES = {"/webhooks/twilio": "TwilioSignature", "/webhooks/sendgrid":
@@ -20,10 +20,7 @@ WEBHOOK_SCHEMES = {"/webhooks/twilio": "TwilioSignature", "/webhooks/sendgrid":
 
 @pytest.fixture(scope="module")
 def doc() -> dict[str, Any]:
-    env, _ = dev_environment(api_port=1, fakes_port=2)
-    with pytest.MonkeyPatch.context() as mp:
-        for k, v in env.items():
-            mp.setenv(k, v)
+    with dev_environ():
         return build_app(Settings()).openapi()
 
 

@@ -17,10 +17,10 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from notiflow import telemetry
-from notiflow.devenv import dev_environment
 from notiflow.gateway import app as gateway_app
 from notiflow.gateway.access_log import UNMATCHED, route_template
 from notiflow.settings import Settings
+from tests.helpers import dev_environ
 
 PHONE = "+41791234567"
 EMAIL = "j.doe@example.com"
@@ -42,10 +42,7 @@ REQUESTS = (
 
 @pytest.fixture(scope="module")
 def settings() -> Iterator[Settings]:
-    env, _ = dev_environment(api_port=1, fakes_port=2)
-    with pytest.MonkeyPatch.context() as mp:
-        for k, v in env.items():
-            mp.setenv(k, v)
+    with dev_environ():
         yield Settings()
 
 
