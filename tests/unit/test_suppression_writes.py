@@ -24,9 +24,9 @@ from notiflow.flows.sending.classify import Classify
 from notiflow.flows.sending.context import InfraUnavailable, SendContext
 from notiflow.schemas.enums import Status, Tier
 from notiflow.schemas.messages import DlqRecord, IngestRecord, Receipt, StatusEvent
-from notiflow.schemas.preferences import PreferenceState
 from notiflow.settings import Settings
 from tests.helpers import partial_ports
+from tests.unit.test_dead_recipients import FakeProducer, FakeStore
 
 NOW = datetime(2026, 12, 6, 12, 0, tzinfo=UTC)
 TOKEN = "f" * 64
@@ -152,38 +152,12 @@ def test_any_other_write_failure_is_a_dead_letter_that_leaves_with_the_outcome()
     assert done["dlq"]["error_class"] == "suppression_not_recorded"  # type: ignore[index]
 
 
-class DeviceStore:
-    """Cassandra as :class:`PreferenceStore` uses it, whose device rows fail to update."""
-
-    def __init__(self) -> None:
-        self.calls: list[str] = []
-
-    async def suppress(self, tenant_id: str, recipient_hash: str, reason: str,
-                       now: datetime | None) -> PreferenceState:
-        self.calls.append("suppress")
-        return PreferenceState(tenant_id=tenant_id, recipient_hash=recipient_hash, version=2,
-                               suppressed=reason, updated_at=NOW)
-
-    async def get_state(self, tenant_id: str, recipient_hash: str) -> None:
-        return None
-
-    async def deactivate_token(self, tenant_id: str, token_hash: str, reason: str,
-                               now: datetime) -> int:
-        self.calls.append("deactivate_token")
-        raise ConnectionError("cassandra down")
-
-
-class Producer:
-    async def produce(self, record: Any) -> None:
-        return None
-
-
 def test_a_failed_device_row_update_is_raised_for_the_caller_to_retry() -> None:
-    store = DeviceStore()
-    prefs = PreferenceStore(store, Producer(), topic="notify.preferences")  # type: ignore[arg-type]
+    store = FakeStore(fail_devices=True)
+    prefs = PreferenceStore(store, FakeProducer(), topic="notify.preferences")  # type: ignore[arg-type]
     with pytest.raises(ConnectionError):
         asyncio.run(prefs.deactivate_token("acme", "h1", "fcm:unregistered"))
-    assert store.calls == ["suppress", "deactivate_token"]
+    assert [call[0] for call in store.calls] == ["suppress", "deactivate_token"]
 
 
 # the reconciler ----------------------------------------------------------------------------
