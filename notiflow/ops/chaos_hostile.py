@@ -83,11 +83,16 @@ class Config:
     chat: int = 200
     forged_ingest: int = 120
     settle_timeout: float = 240.0
+    warmup: float = 30.0
+    """Seconds of B's ordinary P0 and P1 traffic at the window's rates before A starts: the
+    traffic a platform in service has had before anyone attacks it. Its messages must not
+    be lost or changed like the window's; its latencies and refusals are reported apart
+    (they measure the stack's start, not A)."""
 
 
 SHORT = Config(messages=200, rate=10.0, p0_rate=5.0, batch=300, sockets=300,
                socket_rate=60.0, b_sockets=10, inbox_cap=100, body_bytes=256 * 2**20,
-               chat=40, forged_ingest=60, settle_timeout=90.0)
+               chat=40, forged_ingest=60, settle_timeout=90.0, warmup=0.0)
 """The test command's version: a few hundred messages, done in under three minutes."""
 
 
@@ -117,6 +122,8 @@ class HostileReport:
     dlq_limit_breaches: int
     rss_max_mb: dict[str, float]
     notes: list[str] = field(default_factory=list)
+    warmup_refused: int = 0
+    warmup_p0_p99_ms: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -234,6 +241,23 @@ def p99(accepted: dict[str, float], first: dict[str, float]) -> tuple[float | No
     return (round(value, 1) if value is not None else None), len(lat)
 
 
+def warm_up(phase: Phase, versions: dict[tuple[str, Channel], int], b_version: int,
+            config: Config, run_id: str, now: datetime,
+            ) -> tuple[list[str], dict[str, float], int]:
+    """B's ordinary traffic for ``config.warmup`` seconds (``Config.warmup``): the ids of
+    B's accepted messages, its P0 ones with their acceptance times, and the refused."""
+    if config.warmup <= 0:
+        return [], {}, 0
+    otps = OtpStream(phase, versions, config.p0_rate,
+                     PhoneFactory(REGIONS, now, start=400_000), f"w0-{run_id}")
+    otps.start()
+    p1, p1_refused = asyncio.run(_submit(
+        phase, Tier.P1, b_version, round(config.warmup * config.rate), config.rate,
+        f"w1-{run_id}", PhoneFactory(REGIONS, now, start=300_000)))
+    p0, p0_refused = otps.stop()
+    return [*p0, *p1], p0, p0_refused + p1_refused
+
+
 def run(out: Path, config: Config, *, log: Callable[[str], None] = print) -> HostileReport:
     """One run on a platform of its own (stopped and its topics deleted after)."""
     from notiflow.adapters.cassandra_store import connect
@@ -284,6 +308,10 @@ def run(out: Path, config: Config, *, log: Callable[[str], None] = print) -> Hos
             attack.messages["own sms"] = own
             otps = OtpStream(phase, versions, config.p0_rate,
                              PhoneFactory(REGIONS, now, start=500_000), f"p0-{run_id}")
+            warm, warm_p0, warm_refused = warm_up(phase, versions, b_version, config, run_id,
+                                                  now)
+            if warm:
+                log(f"hostile-tenant {run_id}: warm-up over ({len(warm)} of B's messages)")
             result: dict[str, Any] = {}
 
             def submit() -> None:
@@ -306,7 +334,7 @@ def run(out: Path, config: Config, *, log: Callable[[str], None] = print) -> Hos
             threads[1].join()
             log(f"hostile-tenant {run_id}: A done after {time.time() - t0:.0f} s")
             p1, p1_refused = result["p1"]
-            b_ids = [*p0, *p1, *seeds]
+            b_ids = [*p0, *p1, *seeds, *warm]
 
             def done() -> bool:
                 return settled(b_ids, phase.accepted_sends(),
@@ -344,7 +372,8 @@ def run(out: Path, config: Config, *, log: Callable[[str], None] = print) -> Hos
             signed_forgeries=attack.signed_forgeries, receipts_dropped_as_forged=forged,
             quarantines=quarantines, dlq_limit_breaches=breaches,
             rss_max_mb={n: round(phase.sampler.rss(n)[2], 1) for n in phase.sampler.samples},
-            notes=notes)
+            notes=notes, warmup_refused=warm_refused,
+            warmup_p0_p99_ms=p99(warm_p0, first)[0] if warm_p0 else None)
     finally:
         phase.stop()
 
@@ -364,7 +393,9 @@ def _nest(answers: Counter[tuple[str, str]]) -> dict[str, dict[str, int]]:
 def markdown(reports: list[HostileReport]) -> str:
     """The runs side by side (``docs/reliability.md``), then each run's A answers."""
     rows = [
-        ("B accepted (P0 + P1 + seeds)", lambda r: f"{r.b_accepted:,}"),
+        ("B accepted (P0 + P1 + seeds + warm-up)", lambda r: f"{r.b_accepted:,}"),
+        ("warm-up: B refused, B P0 p99 (not judged)",
+         lambda r: f"{r.warmup_refused}, {r.warmup_p0_p99_ms} ms"),
         ("B refused", lambda r: str(r.b_refused)),
         ("B lost", lambda r: str(r.b_lost)),
         ("B wrongly changed", lambda r: str(r.b_wrongly_changed)),

@@ -39,6 +39,13 @@ def test_a_report_of_a_kept_promise_has_no_violation() -> None:
     assert "| B lost | 0 |" in markdown([clean()])
 
 
+def test_the_warm_up_is_reported_apart_from_the_window() -> None:
+    report = clean(warmup_refused=2, warmup_p0_p99_ms=640.0)
+    assert report.violations() == []
+    assert "| warm-up: B refused, B P0 p99 (not judged) | 2, 640.0 ms |" in markdown([report])
+    assert SHORT.warmup == 0
+
+
 @pytest.mark.parametrize("changes", [
     {"p0_p99_ms": 501.0},
     {"p0_p99_ms": None},
