@@ -98,7 +98,7 @@ def rank_routes(routes: Iterable[ProviderRoute], *, tier: Tier, channel: Channel
 
 
 class BreakerView(Protocol):
-    """What the router asks of the circuit breakers (``adapters/breaker.py``)."""
+    """What the router asks of the circuit breakers (``adapters/breaker/facade.py``)."""
 
     async def allow(self, provider_id: str) -> Any: ...
 

@@ -58,7 +58,7 @@ DLQ_EVERY_S = 5.0
 REFRESH_S = 1.0
 _BREAKER_FIELDS = ("st", "since", "until", "why", "w", "wt")
 _BREAKER_STATES = {0: "CLOSED", 1: "OPEN", 2: "HALF_OPEN"}
-"""The Redis field ``st`` (``adapters/breaker.py``: 0 closed, 1 open, 2 half-open)."""
+"""The Redis field ``st`` (``adapters/breaker/store.py``: 0 closed, 1 open, 2 half-open)."""
 
 
 # --------------------------------------------------------------------------- pure parts

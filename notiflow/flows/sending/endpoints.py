@@ -1,5 +1,5 @@
 """Which circuit breakers an attempt asks and tells. Every provider account has its breaker
-(``adapters/breaker.py``); a chat message also goes to an endpoint its tenant owns (the
+(``adapters/breaker/``); a chat message also goes to an endpoint its tenant owns (the
 webhook URL), whose breaker is the tenant's alone (``chat:<tenant>:<hash>``,
 :func:`~notiflow.adapters.providers.chat.endpoint_breaker`). The endpoint's breaker counts
 every outcome of a post; the provider's counts only what shows the provider itself
