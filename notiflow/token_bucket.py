@@ -3,7 +3,7 @@
 Each call passes ``now`` in seconds from a clock that never goes back (``time.monotonic`` or
 a test's); a time before the bucket's last one adds no tokens and does not move it back.
 Used where one process limits itself: the capacity limiter's fallback while Redis is down
-(``adapters/ratelimit.py``) and the inbox's connect rate per tenant (``inbox/limits.py``).
+(``adapters/ratelimit/limiter.py``) and the inbox's connect rate per tenant (``inbox/limits.py``).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ A bucket is a Redis hash ``{prefix}admission:{name}`` with fields ``tokens`` (fl
 once and takes a token from each only when every one has it, so a request refused by one
 limit spends nothing from the others. The clock is Redis ``TIME``; a clock that steps back
 refills nothing. A key expires once its bucket would be full again (a missing key is a full
-bucket). This is a simpler limiter than the send-capacity limiter of ``adapters/ratelimit.py``:
+bucket). This is a simpler limiter than the send-capacity limiter of ``adapters/ratelimit/``:
 no tier borrowing, no leases, one token per request.
 
 Every call is bounded by a short timeout (``Settings.api_redis_timeout``: shorter for the

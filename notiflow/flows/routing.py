@@ -159,7 +159,7 @@ MIN_WAIT = 0.001
 
 
 class QuotaView(Protocol):
-    """What the router asks of the capacity limiter (``adapters/ratelimit.py``)."""
+    """What the router asks of the capacity limiter (``adapters/ratelimit/limiter.py``)."""
 
     async def acquire(self, provider_id: str, tier: Tier, tenant_id: str | None = None,
                       tenant_rate: float | None = None) -> float | None: ...

@@ -13,8 +13,9 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from notiflow import names
-from notiflow.adapters import bytewax_kafka, ratelimit
+from notiflow.adapters import bytewax_kafka
 from notiflow.adapters.ratelimit import CapacityLimiter
+from notiflow.adapters.ratelimit import limiter as ratelimit_limiter
 from notiflow.flows import steps
 from notiflow.flows.steps import Hold
 from notiflow.schemas.enums import Tier
@@ -58,7 +59,7 @@ def observe(m: Metrics, metric: names.Metric, callback: Callable[..., Any]) -> N
 
 async def test_limiter_counts_refused_capacity_requests(
         m: Metrics, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(ratelimit, "_denials", names.RATELIMIT_DENIALS.create(m.meter))
+    monkeypatch.setattr(ratelimit_limiter, "_denials", names.RATELIMIT_DENIALS.create(m.meter))
     limiter, _store, _clock = limiter_for(rate=10.0)
     while await limiter.acquire("tw", Tier.P0) is None:
         pass
@@ -70,7 +71,7 @@ async def test_limiter_counts_refused_capacity_requests(
 
 async def test_limiter_counts_local_fallback_refusals(
         m: Metrics, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(ratelimit, "_denials", names.RATELIMIT_DENIALS.create(m.meter))
+    monkeypatch.setattr(ratelimit_limiter, "_denials", names.RATELIMIT_DENIALS.create(m.meter))
     limiter, store, _clock = limiter_for(rate=10.0)
     store.down = True
     limiter.rules.redis_down[Tier.P2] = "local"
@@ -83,7 +84,7 @@ async def test_limiter_counts_local_fallback_refusals(
 
 async def test_limiter_reports_the_fill_of_each_tier(m: Metrics) -> None:
     limiter, _store, clock = limiter_for(rate=10.0)
-    observe(m, names.RATELIMIT_FILL, ratelimit.observe_fill)
+    observe(m, names.RATELIMIT_FILL, ratelimit_limiter.observe_fill)
     assert await limiter.acquire("tw", Tier.P3) is None
     fill = m.values(names.RATELIMIT_FILL)[(("provider", "tw"), ("tier", "P3"))]
     assert fill == pytest.approx(9 / 10)
