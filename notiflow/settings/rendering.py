@@ -1,0 +1,29 @@
+"""The budget of one template render."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from pydantic import Field
+
+from notiflow.settings.section import _Frozen
+
+
+class RenderLimits(_Frozen):
+    """The budget of one template render (docs/api.md, "Templates"); a render over any of
+    them fails (``render_error``) instead of running on."""
+
+    cpu_time: timedelta = Field(timedelta(milliseconds=50), gt=timedelta(0))
+    """CPU time of the rendering thread per render (subject and body together)."""
+    max_output: int = Field(256 * 1024, ge=1024, le=64 * 1024 * 1024)
+    """Characters of a rendered subject or body, and of any string or sequence a template
+    builds; everything its expressions output, at every macro level, may total four times
+    this."""
+    max_int_bits: int = Field(4096, ge=64, le=1 << 20)
+    """Bits of any integer a template computes."""
+    max_range: int = Field(10_000, ge=1, le=1_000_000)
+    """Items of one ``range()``."""
+    max_iterations: int = Field(100_000, ge=1)
+    """Loop iterations per render, all loops together."""
+    max_depth: int = Field(20, ge=1, le=100)
+    """Nested calls (macros, ``caller()``, recursive loops)."""
