@@ -17,7 +17,7 @@ from notiflow.adapters.cassandra_store import aio, utc
 from notiflow.audit import AuditEvent
 
 DLQ_TIERS = ("P0", "P1", "P2", "P3", "reconcile", "webhooks")
-"""The partitions of ``dlq_audit`` (``adapters/dlq.py`` ``AuditRow.tier``)."""
+"""The partitions of ``dlq_audit`` (``adapters/dlq/ledger.py`` ``AuditRow.tier``)."""
 
 _CQL: dict[str, str] = {
     "append": "INSERT INTO audit_log (day, at, event_id, action, actor, tenant_id, subject, "
