@@ -6,7 +6,7 @@ message kept across retries, ``Retry-After`` honoured, a batch's 429/503 items r
 closed loop that would hide the very refusals and waits this bench counts, and it waits for
 an answer before a caller can send again. Here every request is one attempt at its due time
 with its own ``Idempotency-Key``, its answer recorded as it came. (aiohttp also because
-httpx's pool cost the OTP sender of the other benches 0.3 of a core, ``harness.py``.)
+httpx's pool cost the OTP sender of the other benches 0.3 of a core, ``traffic.py``.)
 """
 
 from __future__ import annotations

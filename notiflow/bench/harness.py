@@ -5,45 +5,46 @@ A :class:`Phase` is one measured configuration: its own topic prefix (fresh topi
 backlog of an earlier phase leaks in), Redis namespace (the prefix), recovery directories and
 processes (emulators, API, flows); the Cassandra keyspace ``notiflow_bench`` is shared by all
 runs (message ids are unique per run). Processes log to ``<out>/logs/<run>-<phase>/``.
+
+The samples come from :mod:`notiflow.bench.sampler` (:class:`Sampler`), the load from
+:mod:`notiflow.bench.traffic` (:class:`CampaignProducer`, :func:`send_otps`,
+:class:`OtpStream`); this module re-exports both, so a benchmark imports from here alone.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
-import itertools
 import os
 import sys
-import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any, TypedDict, TypeVar
+from typing import Any
 
-import aiohttp
 import httpx
-import orjson
-import psutil
-from confluent_kafka import Producer
 
-from notiflow.adapters.kafka_io import kafka_config, producer_config
-from notiflow.bench import host
-from notiflow.bench.jvm import compiler_cpu_s
-from notiflow.bench.proc_cpu import tree_cpu_s
-from notiflow.bench.workload import (
-    TEMPLATE_IDS,
-    TEMPLATES,
-    TENANT_BY_TIER,
-    Generated,
-    PhoneFactory,
+from notiflow.adapters.kafka_io import kafka_config
+from notiflow.bench.sampler import ProcessFigures, ProcSample, Sampler
+from notiflow.bench.traffic import (
+    OTP_CONNECTIONS,
+    ApiTarget,
+    CampaignProducer,
+    OtpStream,
+    send_otps,
 )
+from notiflow.bench.workload import TEMPLATE_IDS, TEMPLATES
 from notiflow.devenv import dev_environment, free_port
-from notiflow.ingest_binding import Signer, tenant_signer
 from notiflow.ops.procs import ManagedProcess, ProcessGroup
 from notiflow.ops.stack import Stack
 from notiflow.schemas.enums import Channel, Tier
 from notiflow.settings import Settings
+
+__all__ = [
+    "EMULATOR_REALTIME", "KEYSPACE", "OTP_CONNECTIONS", "PROVIDERS", "UNBOUND_RATES",
+    "ApiTarget", "CampaignProducer", "OtpStream", "Phase", "ProcSample", "ProcessFigures",
+    "Sampler", "drop_keys", "send_otps", "wait_until",
+]
 
 PROVIDERS = ("twilio", "vonage", "sendgrid", "ses", "smtp", "fcm", "apns")
 KEYSPACE = "notiflow_bench"
@@ -55,184 +56,6 @@ other P0 stage was under 150 ms), not the platform."""
 UNBOUND_RATES = {p: 1_000_000.0 for p in PROVIDERS}
 """Provider rates for throughput runs: the limiter still runs (one Redis call per lease) but
 never binds, so the figure is the platform's, not a contract's."""
-
-
-class ProcessFigures(TypedDict):
-    """One process's row of :meth:`Sampler.table` (CPU seconds, RSS MiB)."""
-
-    cpu_s: float
-    rss_start_mb: float
-    rss_mid_mb: float
-    rss_end_mb: float
-    rss_max_mb: float
-    rss_tenths_mb: list[float]
-
-
-@dataclass
-class ProcSample:
-    at: float
-    cpu_s: float
-    rss_mb: float
-    jit_s: float
-    """CPU seconds of a JVM's JIT compiler threads (part of ``cpu_s``; 0 for other
-    processes)."""
-
-
-@dataclass
-class Sampler:
-    """Samples CPU time and RSS of named processes, and the machine's pressure counters
-    (:mod:`notiflow.bench.host`), every ``interval`` seconds (a thread); every
-    ``io_interval`` seconds in which the machine's I/O pressure grew, the watched processes'
-    threads waiting in uninterruptible sleep (a second thread)."""
-
-    interval: float = 1.0
-    io_interval: float = 0.1
-    samples: dict[str, list[ProcSample]] = field(default_factory=dict)
-    host_samples: list[host.HostSample] = field(default_factory=list)
-    blocked: list[host.Blocked] = field(default_factory=list)
-    _procs: dict[str, psutil.Process] = field(default_factory=dict)
-    _jvms: set[str] = field(default_factory=set)
-    _stop: threading.Event = field(default_factory=threading.Event)
-    _thread: threading.Thread | None = None
-    _io_thread: threading.Thread | None = None
-
-    def watch(self, name: str, pid: int, *, jvm: bool = False) -> None:
-        """Sample process ``pid`` as ``name``; ``jvm``: its JIT compiler's CPU too."""
-        self._procs[name] = psutil.Process(pid)
-        self.samples.setdefault(name, [])
-        if jvm:
-            self._jvms.add(name)
-
-    def start(self) -> Sampler:
-        """Take a first sample now (a phase shorter than ``interval`` still has two), then
-        sample every ``interval`` seconds until :meth:`stop`."""
-        self.sample()
-        self._thread = threading.Thread(target=self._run, name="bench-sampler", daemon=True)
-        self._thread.start()
-        self._io_thread = threading.Thread(target=self._watch_io, name="bench-io-sampler",
-                                           daemon=True)
-        self._io_thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        for thread in (self._thread, self._io_thread):
-            if thread is not None:
-                thread.join(timeout=5)
-        self.sample()
-
-    def sample(self) -> None:
-        """CPU of each watched process with its unwatched descendants (``tree_cpu_s``: an
-        API of several worker processes); memory of the process alone."""
-        now = time.time()
-        procs = list(self._procs.items())
-        skip = {proc.pid for _name, proc in procs}
-        for name, proc in procs:
-            try:
-                with proc.oneshot():
-                    cpu = tree_cpu_s(proc, skip)
-                    rss = proc.memory_info().rss
-            except psutil.Error:
-                continue
-            jit = compiler_cpu_s(proc.pid) if name in self._jvms else None
-            self.samples[name].append(ProcSample(now, cpu, rss / 2**20,
-                                                 jit or 0.0))
-        machine = host.read(time.time())
-        if machine is not None:
-            self.host_samples.append(machine)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            self.sample()
-
-    def _watch_io(self) -> None:
-        watch = host.IoWatch()
-        while not self._stop.wait(self.io_interval):
-            if watch.pressed():
-                pids = {name: p.pid for name, p in list(self._procs.items())}
-                self.blocked.extend(host.blocked_threads(pids, time.time()))
-
-    def _nearest(self, name: str, t0: float, t1: float) -> tuple[ProcSample, ProcSample] | None:
-        """``name``'s samples nearest to two instants (None when it has none)."""
-        return _nearest(self.samples.get(name, []), t0, t1)
-
-    def cpu_between(self, name: str, t0: float, t1: float) -> float:
-        """CPU seconds ``name`` used between two instants (nearest samples)."""
-        ends = self._nearest(name, t0, t1)
-        return max(0.0, ends[1].cpu_s - ends[0].cpu_s) if ends else 0.0
-
-    def jit_between(self, name: str, t0: float, t1: float) -> float:
-        """CPU seconds ``name``'s JIT compiler used between two instants (nearest samples;
-        0 for a process not watched as a JVM)."""
-        ends = self._nearest(name, t0, t1)
-        return max(0.0, ends[1].jit_s - ends[0].jit_s) if ends else 0.0
-
-    def machine_between(self, t0: float, t1: float) -> tuple[float, float] | None:
-        """(busy, idle) CPU seconds of the whole machine between two instants: the nearest
-        host samples, or for a window shorter than the sampling interval the samples around
-        it; None without two samples that count CPU, or for an empty window."""
-        s = [x for x in self.host_samples if x.cpu_busy_s or x.cpu_idle_s]
-        ends = _nearest(s, t0, t1) if len(s) >= 2 and t1 > t0 else None
-        if ends is None:
-            return None
-        a, b = ends
-        if b.at <= a.at:
-            a = max((x for x in s if x.at <= t0), key=lambda x: x.at, default=s[0])
-            b = min((x for x in s if x.at >= t1), key=lambda x: x.at, default=s[-1])
-        if b.at <= a.at:
-            return None
-        return b.cpu_busy_s - a.cpu_busy_s, b.cpu_idle_s - a.cpu_idle_s
-
-    def jvms(self) -> list[str]:
-        """The names watched as JVMs."""
-        return sorted(self._jvms)
-
-    def rss_at(self, name: str, t: float) -> float:
-        """RSS in MiB of the sample nearest to ``t``."""
-        s = self.samples.get(name, [])
-        return min(s, key=lambda x: abs(x.at - t)).rss_mb if s else 0.0
-
-    def table(self, t0: float, t1: float) -> dict[str, ProcessFigures]:
-        """Per process: CPU seconds between ``t0`` and ``t1``, RSS (MiB) at both instants, at
-        the middle and at every tenth of the interval, and the highest RSS sampled."""
-        out: dict[str, ProcessFigures] = {}
-        for name in self.samples:
-            out[name] = {"cpu_s": round(self.cpu_between(name, t0, t1), 2),
-                         "rss_start_mb": round(self.rss_at(name, t0), 1),
-                         "rss_mid_mb": round(self.rss_at(name, (t0 + t1) / 2), 1),
-                         "rss_end_mb": round(self.rss_at(name, t1), 1),
-                         "rss_max_mb": round(self.rss(name)[2], 1),
-                         "rss_tenths_mb": [round(self.rss_at(name, t0 + (t1 - t0) * i / 10), 1)
-                                           for i in range(11)]}
-        return out
-
-    def cpu_timeline(self, t0: float, t1: float) -> dict[str, list[tuple[float, float]]]:
-        """Per process: (seconds after ``t0``, share of one core used since the previous
-        sample) of every sample between ``t0`` and ``t1``: what ran when a stage stalled."""
-        out: dict[str, list[tuple[float, float]]] = {}
-        for name, s in self.samples.items():
-            pts = [(round(b.at - t0, 1), round((b.cpu_s - a.cpu_s) / (b.at - a.at), 2))
-                   for a, b in itertools.pairwise(s) if t0 <= b.at <= t1 and b.at > a.at]
-            out[name] = pts
-        return out
-
-    def rss(self, name: str) -> tuple[float, float, float]:
-        """(first, last, max) RSS in MiB."""
-        s = self.samples.get(name, [])
-        if not s:
-            return (0.0, 0.0, 0.0)
-        return (s[0].rss_mb, s[-1].rss_mb, max(x.rss_mb for x in s))
-
-
-S = TypeVar("S", ProcSample, host.HostSample)
-
-
-def _nearest(samples: Sequence[S], t0: float, t1: float) -> tuple[S, S] | None:
-    """The samples nearest to two instants (None when there are none)."""
-    if not samples:
-        return None
-    return (min(samples, key=lambda x: abs(x.at - t0)),
-            min(samples, key=lambda x: abs(x.at - t1)))
 
 
 def drop_keys(settings: Settings, batch: int = 1000) -> int:
@@ -471,157 +294,6 @@ def _settings(env: Mapping[str, str]) -> Settings:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-
-
-class CampaignProducer:
-    """Produces generated records to their ingest topics as fast as Kafka takes them (the
-    producer settings every notiflow producer uses: acks=all, idempotent), in a thread.
-
-    ``nice``: the CPU niceness of the producing thread and of librdkafka's threads (created
-    by it): the stand-in for upstream services, which run on machines of their own, should
-    not take the platform's two cores from it."""
-
-    def __init__(self, settings: Settings, nice: int = 0) -> None:
-        self.settings = settings
-        self.nice = nice
-        self.producer: Producer | None = None
-        self.accepted_at: dict[str, float] = {}
-        self.failed = 0
-        self.started = self.finished = 0.0
-        self._signers: dict[str, Signer] = {}
-
-    def produce(self, items: Iterable[Generated], tier: Tier, rate: float | None = None
-                ) -> None:
-        """Produce every item (``rate``: at most that many per second, for steady loads)."""
-        def failed(err: Any, _msg: Any) -> None:
-            if err is not None:
-                self.failed += 1
-
-        if self.nice:
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self.nice)
-        self.producer = Producer(producer_config(self.settings, **{"linger.ms": 20,
-                                                                   "batch.size": 1_000_000}))
-        self.started = time.time()
-        for i, g in enumerate(items):
-            while rate and (ahead := self.started + i / rate - time.time()) > 0:
-                self.producer.poll(ahead)
-            topic = self.settings.ingest_topic(g.channel, tier)
-            headers: list[tuple[str, str | bytes | None]] = [
-                self._signer(g.value).header(g.channel.value, tier.value, g.value)]
-            while True:
-                try:
-                    self.producer.produce(topic, g.value, key=g.message_id.encode(),
-                                          headers=headers, on_delivery=failed)
-                    break
-                except BufferError:
-                    self.producer.poll(0.05)
-            self.accepted_at[g.message_id] = time.time()
-            self.producer.poll(0)
-        left = self.producer.flush(120)
-        if left or self.failed:
-            raise RuntimeError(f"campaign producer: {left} undelivered, {self.failed} failed")
-        self.finished = time.time()
-
-    def _signer(self, value: bytes) -> Signer:
-        """The key of the record's tenant (a direct producer holds its own tenant's key)."""
-        tenant = str(orjson.loads(value).get("tenant_id", ""))
-        if tenant not in self._signers:
-            found = tenant_signer(self.settings, tenant)
-            if found is None:
-                raise RuntimeError(f"campaign producer: tenant {tenant!r} has no ingest_keys")
-            self._signers[tenant] = found
-        return self._signers[tenant]
-
-
-OTP_CONNECTIONS = 64
-"""The OTP sender's connection pool. The sender is aiohttp's: httpx's pool scans every pending
-request against every connection on each request and release, which took the benchmark
-process to 0.3 of a core at 20 OTP/s once the API slowed (py-spy) — CPU the platform it
-measures did not get."""
-
-
-async def send_otps(phase: Phase, versions: dict[tuple[str, Channel], int], rate: float,
-                    stop: threading.Event, phones: PhoneFactory, key_prefix: str, *,
-                    max_count: int | None = None) -> tuple[dict[str, float], int]:
-    """P0 OTPs through the API at a steady ``rate`` until ``stop`` is set: message_id →
-    accepted_at (the API's), and the number refused (not 202, or no answer in three tries)."""
-    tenant = TENANT_BY_TIER[Tier.P0]
-    accepted: dict[str, float] = {}
-    refused = 0
-    interval = 1.0 / rate
-    async with aiohttp.ClientSession(
-            base_url=phase.api, headers=phase.auth(tenant),
-            timeout=aiohttp.ClientTimeout(total=30),
-            connector=aiohttp.TCPConnector(limit=OTP_CONNECTIONS)) as client:
-        tasks: set[asyncio.Task[None]] = set()
-
-        async def one(i: int) -> None:
-            nonlocal refused
-            body = {"channel": "SMS", "tier": "P0", "category": "otp",
-                    "recipient": phones.take(), "template_id": TEMPLATE_IDS[Channel.SMS],
-                    "template_version": versions[(tenant, Channel.SMS)],
-                    "variables": {"brand": "Notiflow", "headline": "code",
-                                  "code": f"{i % 1_000_000:06d}"}}
-            for _ in range(3):  # a dropped connection: retry with the same key (idempotent)
-                try:
-                    async with client.post("/v1/messages", json=body,
-                                           headers={"Idempotency-Key": f"{key_prefix}-{i}"}
-                                           ) as r:
-                        status = r.status
-                        doc = await r.json() if status == 202 else None
-                    break
-                except (TimeoutError, aiohttp.ClientConnectionError):
-                    await asyncio.sleep(0.1)
-            else:
-                refused += 1
-                return
-            if doc is not None:
-                accepted[doc["message_id"]] = _ts(doc["accepted_at"])
-            else:
-                refused += 1
-
-        t0 = time.monotonic()
-        i = 0
-        while not stop.is_set() and (max_count is None or i < max_count):
-            task = asyncio.create_task(one(i))
-            tasks.add(task)
-            task.add_done_callback(tasks.discard)
-            i += 1
-            await asyncio.sleep(max(0.0, t0 + i * interval - time.monotonic()))
-        if tasks:
-            await asyncio.gather(*tasks)
-    return accepted, refused
-
-
-class OtpStream:
-    """:func:`send_otps` on a thread of its own, from :meth:`start` until :meth:`stop`."""
-
-    def __init__(self, phase: Phase, versions: dict[tuple[str, Channel], int], rate: float,
-                 phones: PhoneFactory, key_prefix: str) -> None:
-        self._stop = threading.Event()
-        self._result: tuple[dict[str, float], int] = ({}, 0)
-
-        def run() -> None:
-            self._result = asyncio.run(send_otps(phase, versions, rate, self._stop, phones,
-                                                 key_prefix))
-
-        self._thread = threading.Thread(target=run, name="bench-otps")
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> tuple[dict[str, float], int]:
-        """Stop sending, wait for the answers in flight: (message_id → accepted_at,
-        refused)."""
-        self._stop.set()
-        self._thread.join()
-        return self._result
-
-
-def _ts(iso: str) -> float:
-    from datetime import datetime
-
-    return datetime.fromisoformat(iso).timestamp()
 
 
 def wait_until(check: Any, timeout: float, interval: float = 1.0, phase: Phase | None = None
