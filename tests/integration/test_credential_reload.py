@@ -18,8 +18,8 @@ import pytest
 
 from notiflow.adapters.providers.twilio.signature import signed_url
 from notiflow.settings import Settings
+from tests.integration.contract.test_contract_common import twilio_documented_signature
 from tests.integration.test_audit import audit, wait_for
-from tests.integration.test_provider_contract import twilio_documented_signature
 
 pytestmark = pytest.mark.integration
 

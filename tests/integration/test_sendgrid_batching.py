@@ -18,7 +18,7 @@ from notiflow.adapters.providers.base import OutboundMessage, Outcome
 from notiflow.adapters.providers.sendgrid.client import MAX_SUBSTITUTIONS_BYTES, SendGridEmail
 from notiflow.schemas.enums import Channel, Tier
 from notiflow.settings import Settings
-from tests.integration.test_provider_contract import (
+from tests.integration.contract.test_contract_common import (
     Emulator,
     EventReceiver,
     _serve,
