@@ -18,7 +18,7 @@ import pytest
 
 from notiflow.adapters.providers.twilio.signature import signed_url
 from notiflow.settings import Settings
-from tests.integration.contract.test_contract_common import twilio_documented_signature
+from tests.integration.contract.test_contract_twilio import twilio_documented_signature
 from tests.integration.test_audit import audit, wait_for
 
 pytestmark = pytest.mark.integration

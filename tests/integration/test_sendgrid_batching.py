@@ -18,10 +18,9 @@ from notiflow.adapters.providers.base import OutboundMessage, Outcome
 from notiflow.adapters.providers.sendgrid.client import MAX_SUBSTITUTIONS_BYTES, SendGridEmail
 from notiflow.schemas.enums import Channel, Tier
 from notiflow.settings import Settings
-from tests.integration.contract.test_contract_common import (
-    Emulator,
+from tests.integration.contract.harness import Emulator, _serve
+from tests.integration.contract.test_contract_sendgrid import (
     EventReceiver,
-    _serve,
     sendgrid_documented_verify,
 )
 
