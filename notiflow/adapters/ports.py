@@ -4,8 +4,8 @@ A flow sees only these Protocols and the value types they exchange; the Redis, C
 Kafka and HTTP implementations live beside them in ``notiflow/adapters/`` and are injected
 (:mod:`notiflow.adapters.send_ports` opens the send flow's set). Tests substitute fakes.
 
-:data:`STORE_DOWN` and :data:`CASSANDRA_DOWN` are what an unreachable store raises, so a
-flow can wait out an outage without importing a driver.
+What an unreachable store raises is named in :mod:`notiflow.adapters.outages`, so this
+module imports no driver.
 """
 
 from __future__ import annotations
@@ -16,11 +16,6 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
-from cassandra import CoordinationFailure, OperationTimedOut, Timeout, Unavailable
-from cassandra.cluster import NoHostAvailable
-from cassandra.connection import ConnectionException
-from redis.exceptions import RedisError
-
 from notiflow.adapters.breaker import Admission, State, StateChange
 from notiflow.adapters.cancel_gate import Confirm
 from notiflow.adapters.providers.base import Outcome, ProviderClient
@@ -29,14 +24,6 @@ from notiflow.adapters.redis_health import RedisHealth
 from notiflow.adapters.webhook_pace import Pace
 from notiflow.schemas.enums import Tier
 from notiflow.schemas.preferences import PreferenceState, Suppression
-
-STORE_DOWN: tuple[type[BaseException], ...] = (RedisError, OSError)
-"""Exceptions meaning Redis (or any socket) did not answer: wait or fall back."""
-
-CASSANDRA_DOWN: tuple[type[BaseException], ...] = (
-    NoHostAvailable, OperationTimedOut, Unavailable, Timeout, CoordinationFailure,
-    ConnectionException, OSError)
-"""Cassandra failures that mean "try again later" (not a bug, not bad input)."""
 
 
 class Verdict(enum.Enum):

@@ -1,9 +1,10 @@
 """Waiting out an unavailable store: one retry rule (tenacity) for every flow and the API.
 
-:func:`until_up` retries a call while it raises one of ``on`` (by default a Cassandra or
-Redis outage, never a bug), doubling the wait from ``first`` up to ``most`` seconds, and
-gives up after ``give_up_after`` by raising what the last attempt raised. ``sleep`` waits
-between attempts (tests pass a fake one). :func:`every` repeats a background round forever.
+:func:`until_up` retries a call while it raises one of ``on`` (by default
+:data:`~notiflow.adapters.outages.OUTAGE`: a Cassandra or Redis outage, never a bug),
+doubling the wait from ``first`` up to ``most`` seconds, and gives up after
+``give_up_after`` by raising what the last attempt raised. ``sleep`` waits between attempts
+(tests pass a fake one). :func:`every` repeats a background round forever.
 """
 
 from __future__ import annotations
@@ -23,12 +24,10 @@ from tenacity import (
     wait_exponential,
 )
 
-from notiflow.adapters.ports import CASSANDRA_DOWN, STORE_DOWN
+from notiflow.adapters.outages import OUTAGE
 
 T = TypeVar("T")
 Sleep = Callable[[float], Awaitable[None]]
-OUTAGE: tuple[type[BaseException], ...] = (*CASSANDRA_DOWN, *STORE_DOWN, TimeoutError)
-"""What a store raises while it is down or unreachable."""
 
 
 def _logger(log: logging.Logger, what: str) -> Callable[[RetryCallState], None]:

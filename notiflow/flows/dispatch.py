@@ -37,7 +37,8 @@ from notiflow import names, stages, telemetry, tuning
 from notiflow.adapters.breaker import StateChange
 from notiflow.adapters.cancel_gate import Confirm
 from notiflow.adapters.dlq_crypto import DlqCipher
-from notiflow.adapters.ports import STORE_DOWN, OpenSendPorts
+from notiflow.adapters.outages import REDIS_DOWN
+from notiflow.adapters.ports import OpenSendPorts
 from notiflow.adapters.pressure import REPORT_EVERY_S
 from notiflow.adapters.providers.base import Outcome
 from notiflow.adapters.providers.chat import breaker_label
@@ -221,7 +222,7 @@ class Dispatcher:
         ports.breakers.on_change(self._breaker_changed)
         try:
             self.ctx.crashes = await ports.leases.crashes(self.ctx.source)
-        except STORE_DOWN as exc:
+        except REDIS_DOWN as exc:
             log.warning("crash counts not read: %r", exc)
         self._sems = {c: Slots(self.policy.max_in_flight) for c in Channel}
         retry_slots = max(1, int(self.policy.max_in_flight * self.settings.retry_share))
@@ -306,7 +307,7 @@ class Dispatcher:
             self.reported = worst
             if worst is None:
                 continue
-            with contextlib.suppress(*STORE_DOWN):
+            with contextlib.suppress(*REDIS_DOWN):
                 await ports.boards.report_p0_worst(worst)
 
     async def _follow_pressure(self) -> None:
@@ -320,7 +321,7 @@ class Dispatcher:
                 continue
             try:
                 worst = await ports.boards.p0_worst()
-            except STORE_DOWN:
+            except REDIS_DOWN:
                 worst = None
             limit = self.window.step(worst)
             self.pressure.share = limit / self.window.ceiling
@@ -339,7 +340,7 @@ class Dispatcher:
                 for tier in tiers:
                     oldest = min((at for t, at, _ in waiting if t is tier), default=None)
                     await ports.boards.report_backlog(tier, oldest)
-            except STORE_DOWN:
+            except REDIS_DOWN:
                 pass
 
     # ------------------------------------------------------------------ the send step
@@ -397,7 +398,7 @@ class Dispatcher:
                     self._resolve(w, fut, await self._attempt(item, entered))
                 except Exception as exc:
                     log.exception("send of %s failed", w.message_id)
-                    if not isinstance(exc, (InfraUnavailable, *STORE_DOWN)):
+                    if not isinstance(exc, (InfraUnavailable, *REDIS_DOWN)):
                         await count_crash(self.ctx, w)
                     self._resolve(w, fut, exc)
 

@@ -47,8 +47,8 @@ from notiflow.adapters.bytewax_kafka import ConfirmingSink, kafka_source
 from notiflow.adapters.cassandra_store import CassandraStore, StateContention, Write, connect
 from notiflow.adapters.dlq_crypto import DlqCipher
 from notiflow.adapters.kafka_io import DeliveryFailed, OutRecord
-from notiflow.adapters.ports import STORE_DOWN
-from notiflow.adapters.retrying import OUTAGE, until_up
+from notiflow.adapters.outages import OUTAGE, REDIS_DOWN
+from notiflow.adapters.retrying import until_up
 from notiflow.adapters.worker import WorkerLoop
 from notiflow.correlation import CorrelationKeys
 from notiflow.flows import receipt_match
@@ -144,7 +144,7 @@ class BulkYield:
             self._client = redis_client(self.settings, timeout=0.5)
         try:
             return await pressure.worst(self._client, self.settings.topic_prefix)
-        except STORE_DOWN:
+        except REDIS_DOWN:
             return None
 
 
@@ -171,7 +171,7 @@ class Tally:
                                         self.settings.operational_ttl)
         try:
             await self._tally.mark(marks, self.keys)
-        except STORE_DOWN as exc:
+        except REDIS_DOWN as exc:
             log.warning("campaign tally not updated (%s): %d outcomes missing from the "
                         "funnel", type(exc).__name__, len(marks))
 

@@ -10,7 +10,8 @@ from collections import OrderedDict
 from datetime import timedelta
 from typing import Any
 
-from notiflow.adapters.retrying import OUTAGE, until_up
+from notiflow.adapters.outages import OUTAGE
+from notiflow.adapters.retrying import until_up
 from notiflow.adapters.worker import WorkerLoop
 from notiflow.flows.webhook_items import StatusChange, WebhookJob
 from notiflow.settings import Settings

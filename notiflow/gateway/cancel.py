@@ -29,8 +29,9 @@ from notiflow import names, telemetry
 from notiflow.adapters.cancel_gate import GATE_DOWN, CancelGate, hold_for
 from notiflow.adapters.cassandra_store import CassandraStore, utc
 from notiflow.adapters.kafka_io import OutRecord, make_headers
+from notiflow.adapters.outages import CASSANDRA_DOWN
 from notiflow.gateway.auth import RuntimeDep, Tenant
-from notiflow.gateway.errors import STORE_ERRORS, ApiError, not_found, unavailable
+from notiflow.gateway.errors import ApiError, not_found, unavailable
 from notiflow.gateway.messages import MESSAGE_ID, MessageIdPath
 from notiflow.gateway.openapi import Traceparent, tenant_errors
 from notiflow.gateway.outbox import traceparent
@@ -106,7 +107,7 @@ async def _unschedule(rt: Runtime, message_id: str, scheduled_at: datetime | Non
         return
     try:
         await rt.scheduled().unschedule(message_id, scheduled_at)
-    except STORE_ERRORS as exc:
+    except CASSANDRA_DOWN as exc:
         log.warning("scheduled row of cancelled %s left in place (%s): the send flow "
                     "cancels it when released", message_id, type(exc).__name__)
 

@@ -12,9 +12,6 @@ import logging
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from cassandra import CoordinationFailure, OperationTimedOut, Timeout, Unavailable
-from cassandra.cluster import NoHostAvailable
-from cassandra.connection import ConnectionException
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -24,20 +21,11 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from notiflow.adapters.admission import retry_after_s
 from notiflow.adapters.kafka_io import DeliveryFailed
+from notiflow.adapters.outages import CASSANDRA_DOWN
 
 log = logging.getLogger("notiflow.gateway")
 
 RETRY_AFTER_S = 5
-
-STORE_ERRORS: tuple[type[Exception], ...] = (
-    NoHostAvailable,
-    OperationTimedOut,
-    Unavailable,
-    Timeout,
-    CoordinationFailure,
-    ConnectionException,
-)
-"""Cassandra failures that mean "try again later" (not a bug, not bad input)."""
 
 
 class ErrorDetail(BaseModel):
@@ -195,7 +183,7 @@ def install(app: FastAPI) -> None:
     app.add_exception_handler(ApiError, on_api_error)
     app.add_exception_handler(RequestValidationError, on_request_validation)
     app.add_exception_handler(StarletteHTTPException, on_http)
-    for cls in STORE_ERRORS:
+    for cls in CASSANDRA_DOWN:
         app.add_exception_handler(cls, on_store)
     app.add_exception_handler(DeliveryFailed, on_kafka)
     app.add_middleware(CatchAll)

@@ -25,6 +25,7 @@ from notiflow import names, telemetry
 from notiflow.adapters.cassandra_store import utc
 from notiflow.adapters.envelope import dump, envelope, load
 from notiflow.adapters.kafka_io import DeliveryFailed
+from notiflow.adapters.outages import CASSANDRA_DOWN
 from notiflow.gateway import examples
 from notiflow.gateway.auth import RuntimeDep, Tenant, get_runtime, read_json_object
 from notiflow.gateway.checks import (
@@ -36,7 +37,6 @@ from notiflow.gateway.checks import (
 from notiflow.gateway.direct import tenant_of
 from notiflow.gateway.egress_check import check_webhook_url
 from notiflow.gateway.errors import (
-    STORE_ERRORS,
     ApiError,
     bad_request,
     idempotency_conflict,
@@ -90,7 +90,7 @@ _rejected = names.INGEST_REJECTIONS.create(telemetry.meter())
 _IDEMPOTENCY_KEY = re.compile(r"^[\x21-\x7e]{1,255}$")
 MESSAGE_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 JSON = "application/json"
-_PUBLISH_ERRORS: tuple[type[Exception], ...] = (DeliveryFailed, *STORE_ERRORS)
+_PUBLISH_ERRORS: tuple[type[Exception], ...] = (DeliveryFailed, *CASSANDRA_DOWN)
 
 
 def _canonical(req: SendRequest) -> bytes:
@@ -195,7 +195,7 @@ async def _resume(rt: Runtime, tenant_id: str, key: str, req_hashes: tuple[str, 
                                          slot=outbox_slot(tenant_id, key, created_at))
     except (DeliveryFailed, Unconfirmed) as exc:
         raise kafka_unavailable(exc) from None
-    except STORE_ERRORS as exc:
+    except CASSANDRA_DOWN as exc:
         raise store_unavailable(exc) from None
     return _accepted(body, str(record.message_id), trace, replayed=True)
 
@@ -224,7 +224,7 @@ async def accept(rt: Runtime, tenant: TenantConfig, req: SendRequest, key: str |
     try:
         with times.timing(Stage.API_RESERVE):
             reserved = await reserve(store, rt.fence, claim, client_key=key is not None)
-    except STORE_ERRORS as exc:
+    except CASSANDRA_DOWN as exc:
         raise store_unavailable(exc) from None
     if isinstance(reserved, Taken):
         return await _resume(rt, tenant.id, internal_key, claim.same_request, reserved.row,

@@ -32,8 +32,8 @@ from notiflow.adapters.cassandra_store import (
     to_ms,
 )
 from notiflow.adapters.kafka_io import OutRecord, make_headers
+from notiflow.adapters.outages import CASSANDRA_DOWN
 from notiflow.adapters.scheduled_store import ScheduledStore
-from notiflow.gateway.errors import STORE_ERRORS
 from notiflow.gateway.kafka_window import Deferred, Outcome
 from notiflow.gateway.runtime import Runtime
 from notiflow.ingest_binding import Binder, binder
@@ -272,7 +272,7 @@ async def settle_published(
     response = accepted_json(record)
     try:
         await store.settle_reservation(tenant_id, key, response, slot, created_at)
-    except STORE_ERRORS as exc:
+    except CASSANDRA_DOWN as exc:
         log.warning("message %s published; bookkeeping deferred to the sweeper (%s)",
                     record.message_id, type(exc).__name__)
     return response
@@ -296,7 +296,7 @@ async def undo_acceptance(
             return False
         await store.drop_reservation(tenant_id, key)
         await store.outbox_remove(slot, created_at, tenant_id, key)
-    except STORE_ERRORS as exc:
+    except CASSANDRA_DOWN as exc:
         log.warning("could not undo acceptance of %s (%s); the outbox sweeper will publish it",
                     message_id, type(exc).__name__)
     return True

@@ -38,9 +38,10 @@ from notiflow.adapters.idempotency_fence import Fence
 from notiflow.adapters.jwks import JwksCache
 from notiflow.adapters.kafka_io import AsyncProducer, kafka_config
 from notiflow.adapters.manifests import Manifests
+from notiflow.adapters.outages import OUTAGE
 from notiflow.adapters.preferences import PreferenceStore
 from notiflow.adapters.providers.ses.sns_http import SnsCertificates
-from notiflow.adapters.retrying import OUTAGE, until_up
+from notiflow.adapters.retrying import until_up
 from notiflow.adapters.schedule_store import ScheduleStore
 from notiflow.adapters.scheduled_store import ScheduledStore
 from notiflow.adapters.secret_watch import watcher

@@ -20,7 +20,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from notiflow.gateway.errors import STORE_ERRORS
+from notiflow.adapters.outages import CASSANDRA_DOWN
 
 log = logging.getLogger("notiflow.gateway.settler")
 
@@ -79,7 +79,7 @@ class Settler:
         for (ident, queued), outcome in zip(batch.items(), outcomes, strict=True):
             if self._writing.get(ident) is queued:
                 del self._writing[ident]
-            if isinstance(outcome, STORE_ERRORS):
+            if isinstance(outcome, CASSANDRA_DOWN):
                 log.warning("settle of an acceptance deferred to the sweeper (%s)",
                             type(outcome).__name__)
             elif isinstance(outcome, BaseException):

@@ -47,7 +47,7 @@ from notiflow.adapters.inbox_store import (
     channel_pattern,
 )
 from notiflow.adapters.kafka_io import AsyncProducer, DeliveryFailed, OutRecord, make_headers
-from notiflow.adapters.retrying import OUTAGE
+from notiflow.adapters.outages import OUTAGE
 from notiflow.inbox.hub import Connection, Hub, listen
 from notiflow.inbox.limits import Gate
 from notiflow.inbox.states import COLUMNS, InboxState

@@ -20,7 +20,8 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from notiflow.adapters.cassandra_store import StateContention
 from notiflow.adapters.kafka_io import DeliveryFailed
-from notiflow.adapters.retrying import OUTAGE, until_up
+from notiflow.adapters.outages import OUTAGE
+from notiflow.adapters.retrying import until_up
 from notiflow.flows.client_webhooks import Resolver
 from notiflow.flows.reconcile import RETRY_ON, ApplyStep
 

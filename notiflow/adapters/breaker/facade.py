@@ -32,8 +32,8 @@ from notiflow.adapters.breaker.model import (
     weight_at,
 )
 from notiflow.adapters.breaker.store import BreakerSource, BreakerStore, wall_us
+from notiflow.adapters.outages import REDIS_UNREACHABLE
 from notiflow.adapters.providers.base import Outcome, SendResult
-from notiflow.adapters.ratelimit import DOWN_ERRORS
 from notiflow.adapters.redis_health import RedisHealth
 from notiflow.settings import Settings
 
@@ -408,7 +408,7 @@ class CircuitBreakers:
         if self._redis_ok and not self.health.down:
             try:
                 result = await self.store.run(provider_id, ops, now if self._driven else None)
-            except DOWN_ERRORS as exc:
+            except REDIS_UNREACHABLE as exc:
                 self._mark_down(exc, self._clock())
             else:
                 self.health.answered()
@@ -431,7 +431,7 @@ class CircuitBreakers:
             result = await self.store.run(provider_id, [PEEK],
                                           self._clock() if self._driven else None)
         except Exception as exc:
-            if not isinstance(exc, DOWN_ERRORS):
+            if not isinstance(exc, REDIS_UNREACHABLE):
                 log.exception("circuit breakers: Redis probe failed")
             self._retry_at = self._clock() + self._retry_us
         else:

@@ -90,7 +90,6 @@ from notiflow.adapters.ratelimit.model import (
 )
 from notiflow.adapters.ratelimit.store import (
     DECIDE_LUA,
-    DOWN_ERRORS,
     CapacityStore,
     DecisionSource,
     ModelStore,
@@ -98,7 +97,6 @@ from notiflow.adapters.ratelimit.store import (
 
 __all__ = [
     "DECIDE_LUA",
-    "DOWN_ERRORS",
     "TIERS",
     "WINDOW_US",
     "CapacityLimiter",

@@ -18,8 +18,9 @@ from opentelemetry import metrics
 from opentelemetry.metrics import CallbackOptions, Observation
 
 from notiflow import names
+from notiflow.adapters.outages import REDIS_UNREACHABLE
 from notiflow.adapters.ratelimit.model import ProviderRule, Request
-from notiflow.adapters.ratelimit.store import DOWN_ERRORS, CapacityStore, DecisionSource
+from notiflow.adapters.ratelimit.store import CapacityStore, DecisionSource
 from notiflow.adapters.redis_health import RedisHealth
 from notiflow.schemas.enums import Tier
 from notiflow.settings import Settings
@@ -133,7 +134,7 @@ class CapacityLimiter:
             request = Request(tier, n, key[2], tenant_rate if limited else None)
             try:
                 decision = await self.store.request(provider_id, request)
-            except DOWN_ERRORS as exc:
+            except REDIS_UNREACHABLE as exc:
                 self._mark_down(exc, now)
                 return self._fallback(rule, tier, key[2], tenant_rate, self.clock())
             self._mark_up()
@@ -173,7 +174,7 @@ class CapacityLimiter:
         async def probe() -> None:
             try:
                 await self.store.request(provider_id, request)
-            except DOWN_ERRORS as exc:
+            except REDIS_UNREACHABLE as exc:
                 self._mark_down(exc, self.clock())
             else:
                 self._mark_up()

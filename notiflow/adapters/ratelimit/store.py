@@ -13,8 +13,6 @@ from typing import Protocol
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from notiflow.adapters.ratelimit.model import (
     TIERS,
@@ -28,9 +26,6 @@ from notiflow.adapters.ratelimit.model import (
 from notiflow.adapters.redis_pool import redis_client
 from notiflow.schemas.enums import Tier
 from notiflow.settings import Settings
-
-DOWN_ERRORS: tuple[type[BaseException], ...] = (RedisConnectionError, RedisTimeoutError, OSError)
-"""Errors that mean "Redis unreachable" (timeouts included)."""
 
 DECIDE_LUA = (resources.files("notiflow.adapters.ratelimit") / "scripts"
               / "decide.lua").read_text("utf-8")

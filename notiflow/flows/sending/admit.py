@@ -10,7 +10,7 @@ import functools
 import logging
 from datetime import UTC, datetime, timedelta
 
-from notiflow.adapters.ports import STORE_DOWN
+from notiflow.adapters.outages import REDIS_DOWN
 from notiflow.adapters.redis_dedup import LeaseState
 from notiflow.flows.model import Work
 from notiflow.flows.sending.batch import Batch
@@ -123,7 +123,7 @@ async def count_crash(ctx: SendContext, w: Work) -> None:
                   w.message_id, w.record.attempt, w.source.topic, w.source.partition,
                   w.source.offset, n)
         await release(ctx, w)
-    except STORE_DOWN as exc:
+    except REDIS_DOWN as exc:
         log.warning("crash of %s not counted: %r", crash_field(w), exc)
 
 
@@ -131,7 +131,7 @@ def counts_as_crash(exc: BaseException) -> bool:
     """Whether a send step stopped by ``exc`` counts against its records (toward
     :class:`CrashLoop`): anything but an outage of the infrastructure (which no record
     causes, and which a restart does not repeat for ever)."""
-    return not isinstance(exc, (InfraUnavailable, *STORE_DOWN))
+    return not isinstance(exc, (InfraUnavailable, *REDIS_DOWN))
 
 
 async def count_crashes(ctx: SendContext, works: list[Work], exc: BaseException) -> None:

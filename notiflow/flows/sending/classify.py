@@ -20,8 +20,9 @@ import orjson
 
 from notiflow.adapters.cassandra_store import StateContention
 from notiflow.adapters.kafka_io import DeliveryFailed
+from notiflow.adapters.outages import OUTAGE
 from notiflow.adapters.providers.base import OutboundMessage, Outcome, SendResult
-from notiflow.adapters.retrying import OUTAGE, until_up
+from notiflow.adapters.retrying import until_up
 from notiflow.flows.model import Out, Retry, Work
 from notiflow.flows.policy import RetryDecision, RetryPolicy, held_for, provider_waits
 from notiflow.flows.sending.context import INFRA_RETRY_FOR, InfraUnavailable, SendContext

@@ -12,10 +12,11 @@ from datetime import datetime, timedelta
 from typing import TypeVar
 
 from notiflow.adapters.dlq_crypto import DlqCipher
-from notiflow.adapters.ports import STORE_DOWN, SendPorts
+from notiflow.adapters.outages import OUTAGE, REDIS_DOWN
+from notiflow.adapters.ports import SendPorts
 from notiflow.adapters.pressure import LatencyWindow
 from notiflow.adapters.redis_health import HOLD_S, RedisHealth
-from notiflow.adapters.retrying import OUTAGE, until_up
+from notiflow.adapters.retrying import until_up
 from notiflow.flows.caps import LocalCaps
 from notiflow.flows.model import Work
 from notiflow.flows.steps import Clock, dead_letter, scaled_lease_ttl, status_event
@@ -107,7 +108,7 @@ class SendContext:
             self.redis_probing = self.redis_probing or probing
             try:
                 result = await fn()
-            except STORE_DOWN as exc:
+            except REDIS_DOWN as exc:
                 if self.redis_ok:
                     log.warning("redis unavailable (%s): %s", exc,
                                 "sending without cluster dedup" if local else "pausing sends")

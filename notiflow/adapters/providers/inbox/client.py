@@ -20,7 +20,7 @@ from redis.exceptions import RedisError
 
 from notiflow.adapters.cassandra_store import connect, to_ms
 from notiflow.adapters.inbox_store import InboxFeed, InboxItem, InboxStore
-from notiflow.adapters.ports import CASSANDRA_DOWN
+from notiflow.adapters.outages import CASSANDRA_DOWN
 from notiflow.adapters.providers.base import OutboundMessage, Outcome, SendResult
 from notiflow.adapters.providers.common import seconds, utcnow
 from notiflow.schemas.enums import Channel
@@ -29,7 +29,7 @@ from notiflow.settings import Settings
 
 log = logging.getLogger(__name__)
 
-STORE_FAILURES: tuple[type[BaseException], ...] = (TimeoutError, *CASSANDRA_DOWN)
+STORE_FAILURES: tuple[type[BaseException], ...] = (TimeoutError, *CASSANDRA_DOWN, OSError)
 
 
 class InboxDelivery:
