@@ -27,7 +27,6 @@ import enum
 from datetime import datetime, timedelta
 
 import redis.asyncio as aioredis
-from redis.exceptions import RedisError
 
 from notiflow.correlation import CorrelationKeys
 from notiflow.schemas.campaigns import parse_row_message_id
@@ -36,8 +35,6 @@ CANCELLED = "cancelled"
 SENDING = "sending"
 HOLD_AFTER_EXPIRY = timedelta(days=1)
 MIN_HOLD = timedelta(minutes=1)
-GATE_DOWN: tuple[type[BaseException], ...] = (RedisError, OSError, TimeoutError)
-"""What a gate call raises when Redis did not answer."""
 
 CANCEL = """
 local v = redis.call('GET', KEYS[1])
@@ -123,12 +120,12 @@ class CancelGate:
 
     async def cancel_campaign(self, campaign_id: str, hold: timedelta) -> None:
         """Cancel every message of a campaign that no provider took yet (kept for
-        ``hold``). Raises one of :data:`GATE_DOWN` without Redis."""
+        ``hold``). Raises one of ``outages.REDIS_DOWN`` without Redis."""
         await self.r.set(f"{self.ns}campaign-gate:{campaign_id}", CANCELLED, px=_ms(hold))
 
     async def cancel(self, message_id: str, hold: timedelta) -> bool:
         """True when the message is cancelled (now or earlier; kept for ``hold``); False
-        when a sender holds the gate. Raises one of :data:`GATE_DOWN` without Redis."""
+        when a sender holds the gate. Raises one of ``outages.REDIS_DOWN`` without Redis."""
         done = await self.r.eval(CANCEL, 1, gate_key(self.ns, message_id), CANCELLED,
                                  _ms(hold))
         return bool(done)

@@ -17,7 +17,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from redis.exceptions import RedisError
+from notiflow.adapters.outages import REDIS_DOWN
 
 HOLD_S = 1.0
 T = TypeVar("T")
@@ -59,7 +59,7 @@ class RedisHealth:
             raise RedisUnreachable("redis failed recently", fresh=False)
         try:
             answer = await asyncio.wait_for(call(), timeout_s)
-        except (RedisError, OSError, TimeoutError) as exc:
+        except REDIS_DOWN as exc:  # wait_for's TimeoutError is an OSError
             fresh = not self.down
             self.failed()
             raise RedisUnreachable(f"redis: {type(exc).__name__}", fresh=fresh) from exc

@@ -39,8 +39,9 @@ from notiflow.adapters.campaign_store import (
     CampaignStore,
     Progress,
 )
-from notiflow.adapters.cancel_gate import GATE_DOWN, CancelGate
+from notiflow.adapters.cancel_gate import CancelGate
 from notiflow.adapters.manifests import ManifestNotAllowed, ManifestUnreadable, tenant_refusal
+from notiflow.adapters.outages import REDIS_DOWN
 from notiflow.correlation import CorrelationKeyMissing, CorrelationKeys
 from notiflow.gateway import examples
 from notiflow.gateway.auth import RuntimeDep, Tenant, read_json_object
@@ -122,7 +123,7 @@ async def _counts(rt: Runtime, row: CampaignRow) -> CampaignCounts:
     base = row.counts()
     try:
         funnel = await rt.tally().counts(row.campaign_id)
-    except GATE_DOWN as exc:
+    except REDIS_DOWN as exc:
         log.warning("campaign tally unavailable: %s", type(exc).__name__)
         return base
     return base.model_copy(update=funnel)
@@ -304,7 +305,7 @@ async def _close_gate(rt: Runtime, row: CampaignRow, now: datetime) -> None:
     hold = max(row.ends_at - now, timedelta(0)) + timedelta(days=1)
     try:
         await gate.cancel_campaign(row.campaign_id, hold)
-    except GATE_DOWN as exc:
+    except REDIS_DOWN as exc:
         log.warning("cancel gate unavailable: %s", type(exc).__name__)
         raise unavailable("cancel_unavailable", "cancellation is unavailable; retry "
                           "later") from None

@@ -26,10 +26,10 @@ from opentelemetry import trace as trace_api
 from pydantic import ValidationError
 
 from notiflow import names, telemetry
-from notiflow.adapters.cancel_gate import GATE_DOWN, CancelGate, hold_for
+from notiflow.adapters.cancel_gate import CancelGate, hold_for
 from notiflow.adapters.cassandra_store import CassandraStore, utc
 from notiflow.adapters.kafka_io import OutRecord, make_headers
-from notiflow.adapters.outages import CASSANDRA_DOWN
+from notiflow.adapters.outages import CASSANDRA_DOWN, REDIS_DOWN
 from notiflow.gateway.auth import RuntimeDep, Tenant
 from notiflow.gateway.errors import ApiError, not_found, unavailable
 from notiflow.gateway.messages import MESSAGE_ID, MessageIdPath
@@ -93,7 +93,7 @@ async def _close_gate(rt: Runtime, message_id: str, expires_at: datetime | None,
     gate = CancelGate(rt.admission.store.r, rt.settings.topic_prefix)
     try:
         closed = await gate.cancel(message_id, hold_for(expires_at, now))
-    except GATE_DOWN as exc:
+    except REDIS_DOWN as exc:
         log.warning("cancel gate unavailable: %s", type(exc).__name__)
         raise unavailable("cancel_unavailable", "cancellation is unavailable; retry "
                           "later") from None

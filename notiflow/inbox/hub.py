@@ -18,7 +18,8 @@ from collections import defaultdict
 from collections.abc import Awaitable, Callable
 
 from redis.asyncio.client import PubSub
-from redis.exceptions import RedisError
+
+from notiflow.adapters.outages import REDIS_DOWN
 
 log = logging.getLogger(__name__)
 
@@ -120,6 +121,6 @@ async def listen(pubsub: PubSub, pattern: str, hub: Hub, *,
                     channel, data = msg["channel"], msg["data"]
                     hub.dispatch(channel.decode() if isinstance(channel, bytes) else channel,
                                  data.encode() if isinstance(data, str) else data)
-        except (RedisError, OSError) as exc:
+        except REDIS_DOWN as exc:
             log.warning("inbox: subscription lost (%s); resubscribing", type(exc).__name__)
             await asyncio.sleep(retry_s)

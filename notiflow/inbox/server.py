@@ -34,7 +34,6 @@ import orjson
 from aiohttp import WSMsgType, web
 from cassandra import DriverException
 from opentelemetry.metrics import CallbackOptions, Observation
-from redis.exceptions import RedisError
 
 from notiflow import names, telemetry
 from notiflow.adapters.cassandra_store import connect
@@ -47,7 +46,7 @@ from notiflow.adapters.inbox_store import (
     channel_pattern,
 )
 from notiflow.adapters.kafka_io import AsyncProducer, DeliveryFailed, OutRecord, make_headers
-from notiflow.adapters.outages import OUTAGE
+from notiflow.adapters.outages import OUTAGE, REDIS_DOWN
 from notiflow.inbox.hub import Connection, Hub, listen
 from notiflow.inbox.limits import Gate
 from notiflow.inbox.states import COLUMNS, InboxState
@@ -211,7 +210,7 @@ class InboxServer:
             await self.store.apply(before, after, now)
         except STORE_FAILURES:
             return NotRecorded("store_unavailable")
-        with contextlib.suppress(RedisError, OSError):
+        with contextlib.suppress(*REDIS_DOWN):
             await self.feed.publish(user.tenant_id, user.user_id, {
                 "type": "state", "id": message_id, "state": after.state.value})
         return after

@@ -16,11 +16,10 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 
 from cassandra.cluster import Cluster
-from redis.exceptions import RedisError
 
 from notiflow.adapters.cassandra_store import connect, to_ms
 from notiflow.adapters.inbox_store import InboxFeed, InboxItem, InboxStore
-from notiflow.adapters.outages import CASSANDRA_DOWN
+from notiflow.adapters.outages import CASSANDRA_DOWN, REDIS_DOWN
 from notiflow.adapters.providers.base import OutboundMessage, Outcome, SendResult
 from notiflow.adapters.providers.common import seconds, utcnow
 from notiflow.schemas.enums import Channel
@@ -77,7 +76,7 @@ class InboxDelivery:
         try:
             await self._feed.publish(item.tenant_id, item.user_id,
                                      {"type": "item", "item": item.view()})
-        except (RedisError, OSError) as exc:
+        except REDIS_DOWN as exc:
             log.info("inbox: live push of %s skipped (%s); clients catch up",
                      message.message_id, type(exc).__name__)
         return self._result(Outcome.ACCEPTED, started, pmid=message.message_id)
