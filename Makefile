@@ -1,14 +1,18 @@
 # The two self-bootstrapping entry points of a fresh clone:
-#   make demo   install everything, start the local stack and run `notiflow demo`
+#   make demo   install what the demo runs (no Go builds), start Kafka, Cassandra and Redis
+#               and run `notiflow demo`
 #   make test   install everything, start the local stack and run the whole test suite
-.PHONY: demo test test-cluster bootstrap lint fuzz stack-up stack-down clean
+.PHONY: demo test test-cluster bootstrap bootstrap-demo lint fuzz stack-up stack-down clean
 
 VENV := .venv
 
 bootstrap:
 	@ops/bootstrap.sh
 
-demo: bootstrap
+bootstrap-demo:
+	@ops/bootstrap.sh --demo
+
+demo: bootstrap-demo
 	$(VENV)/bin/notiflow demo
 
 test: bootstrap

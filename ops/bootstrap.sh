@@ -1,11 +1,46 @@
 #!/usr/bin/env bash
-# Install everything notiflow needs on a fresh clone: system packages (Java 17, Maven,
-# redis-server, and promtool from Debian's prometheus package) when missing, the Python venv
-# with pinned dependencies, the Kafka and Cassandra jars from Maven Central and SeaweedFS's
-# weed, helm and kubeconform built with Go from the Go module proxy (cached in
-# ~/.cache/notiflow). Safe to run repeatedly.
+# Install what notiflow needs on a fresh clone, by profile (safe to run repeatedly):
+#
+#   ops/bootstrap.sh          everything (`make test`, `make stack-up`): system packages
+#                             (Java 17, Maven, redis-server, and promtool from Debian's
+#                             prometheus package) when missing, the Python venv with pinned
+#                             dependencies and the dev, bench and analytics extras, the Kafka
+#                             and Cassandra jars from Maven Central, SeaweedFS's weed,
+#                             toxiproxy, helm and kubeconform built with Go from the Go module
+#                             proxy, and the chart's schemas (cached in ~/.cache/notiflow, or
+#                             NOTIFLOW_CACHE_DIR)
+#   ops/bootstrap.sh --demo   only what `notiflow demo` runs (`make demo`): Java 17, Maven,
+#                             redis-server and the venv without extras; the demo's stack fetches
+#                             the jars itself and leaves the object store out, so no Go build
+#   ops/bootstrap.sh --plan   print the steps of the profile (with --demo: the demo's) and stop
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+usage() {
+  echo "usage: ops/bootstrap.sh [--demo] [--plan]"
+}
+
+profile=full
+plan=0
+for arg in "$@"; do
+  case "$arg" in
+    --demo) profile=demo ;;
+    --plan) plan=1 ;;
+    -h | --help) usage; exit 0 ;;
+    *) echo "error: unknown option $arg" >&2; usage >&2; exit 2 ;;
+  esac
+done
+
+# the steps of each profile, in order; `--plan` prints them
+case "$profile" in
+  full) steps=(system-packages promtool venv-full stack-fetch kube-tools) ;;
+  demo) steps=(system-packages venv) ;;
+esac
+if [ "$plan" = 1 ]; then
+  printf '%s\n' "${steps[@]}"
+  exit 0
+fi
+step() { [[ " ${steps[*]} " == *" $1 "* ]]; }
 
 say() { printf '==> %s\n' "$*"; }
 
@@ -32,7 +67,7 @@ fi
 # Debian ships it only inside the prometheus package; without recommends, so no node exporter.
 # On a host that starts packaged services (systemd) it also starts a Prometheus server on
 # :9090: `systemctl disable --now prometheus` stops it; notiflow needs only promtool.
-if ! command -v promtool >/dev/null 2>&1; then
+if step promtool && ! command -v promtool >/dev/null 2>&1; then
   say "installing promtool (Debian package prometheus)"
   sudo_cmd=()
   [ "$(id -u)" -eq 0 ] || sudo_cmd=(sudo)
@@ -56,23 +91,35 @@ for cand in python3.11 python3.12 python3; do
 done
 [ -n "$PY" ] || { echo "error: Python 3.11 or 3.12 is required" >&2; exit 1; }
 
+# The stamp holds the hash of the pins, plus " demo" when only the demo's dependencies (no
+# extras) are installed: the full profile then installs the extras, the demo's takes either.
 stamp=.venv/.notiflow-deps
 want=$(cat pyproject.toml constraints.txt | sha256sum | cut -d' ' -f1)
-if [ ! -x .venv/bin/python ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-  say "creating .venv and installing pinned Python dependencies"
+have=$(cat "$stamp" 2>/dev/null || true)
+if step venv-full; then
+  spec=".[dev,bench,analytics]" made=$want what="with the dev, bench and analytics extras"
+else
+  spec="." made="$want demo" what="the demo's: no extras"
+fi
+if [ ! -x .venv/bin/python ] || { [ "$have" != "$want" ] && [ "$have" != "$made" ]; }; then
+  say "creating .venv and installing pinned Python dependencies ($what)"
   [ -x .venv/bin/python ] || "$PY" -m venv .venv
   .venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip==25.3
-  .venv/bin/python -m pip install -q --disable-pip-version-check -c constraints.txt -e ".[dev,bench,analytics]"
-  echo "$want" > "$stamp"
+  .venv/bin/python -m pip install -q --disable-pip-version-check -c constraints.txt -e "$spec"
+  echo "$made" > "$stamp"
 fi
 
 # Go's official tarball installs into /usr/local/go; its bin is not always on PATH.
 if ! command -v go >/dev/null 2>&1 && [ -x /usr/local/go/bin/go ]; then
   export PATH="$PATH:/usr/local/go/bin"
 fi
-say "fetching Kafka and Cassandra jars, building SeaweedFS and toxiproxy (cached)"
-.venv/bin/notiflow stack fetch
-# helm, kubeconform and the Kubernetes/KEDA schemas that check the Helm chart offline
-# (tests/unit/test_helm_chart.py)
-say "building helm and kubeconform, writing the chart's schemas (cached)"
-.venv/bin/notiflow stack kube-tools
+if step stack-fetch; then
+  say "fetching Kafka and Cassandra jars, building SeaweedFS and toxiproxy (cached)"
+  .venv/bin/notiflow stack fetch
+fi
+if step kube-tools; then
+  # helm, kubeconform and the Kubernetes/KEDA schemas that check the Helm chart offline
+  # (tests/unit/test_helm_chart.py)
+  say "building helm and kubeconform, writing the chart's schemas (cached)"
+  .venv/bin/notiflow stack kube-tools
+fi

@@ -1,6 +1,7 @@
 """``notiflow demo``: the whole platform on the embedded local stack, with real traffic.
 
-Brings the stack up, starts the provider emulators, the Messaging API, one send flow per tier
+Brings the stack up (Kafka, Cassandra and Redis; not the object store, which none of the
+demo's processes uses), starts the provider emulators, the Messaging API, one send flow per tier
 and the reconciler, then sends messages through the API in two phases at one rate
 (:data:`SEND_RATE`): a warm-up, in waves, until the P0 latency of a wave stops falling (or
 :data:`WARMUP_BOUND` seconds have passed), and the measured run. It waits until every accepted
@@ -507,7 +508,10 @@ def run_demo(*, messages: int, keep_running: bool, console: Console) -> int:
     env, tokens = dev_environment(api_port=_port(18080), fakes_port=_port(18090))
     os.environ.update(env)
     settings = Settings()
-    stack = Stack(settings, log=lambda m: console.print(m, highlight=False))
+    # nothing the demo runs touches the object store (campaign manifests, the history
+    # archive): its stack leaves SeaweedFS out, and `make demo` does not build it
+    stack = Stack(settings, log=lambda m: console.print(m, highlight=False),
+                  object_store=False)
     was_up = all(healthy for *_, healthy in stack.status())
     stack.up()
     log_dir = settings.stack_dir.resolve() / "logs" / f"demo-{time.strftime('%Y%m%d-%H%M%S')}"

@@ -229,14 +229,20 @@ class Component:
 
 
 class Stack:
-    """Start, stop and inspect the local Kafka, Cassandra, Redis and SeaweedFS."""
+    """Start, stop and inspect the local Kafka, Cassandra, Redis and SeaweedFS.
+
+    ``object_store=False``: a stack of Kafka, Cassandra and Redis only, which neither builds
+    nor starts SeaweedFS (``notiflow demo``: nothing it runs reads or writes the object
+    store, and building ``weed`` is the longest step of a fresh clone's set-up). Its
+    ``up``, ``down`` and ``status`` leave an S3 gateway started by a full stack alone."""
 
     def __init__(self, settings: Settings, log: Callable[[str], None] = print,
-                 nodes: int | None = None) -> None:
+                 nodes: int | None = None, *, object_store: bool = True) -> None:
         self.p = paths(settings)
         self.nodes = cluster.check_nodes(nodes or self.recorded_nodes() or 1)
         self.s = cluster.cluster_settings(settings, self.nodes)
         self.log = log
+        self.object_store = object_store
 
     def _nodes_file(self) -> Path:
         return self.p.conf / "nodes"
@@ -265,8 +271,15 @@ class Stack:
     # ------------------------------------------------------------------ jars (Maven Central)
 
     def fetch(self) -> None:
-        """Download the Kafka and Cassandra jars and build ``weed`` and toxiproxy (the proxy
-        of ``notiflow chaos``'s network scenarios) once (cached in ``cache_dir``)."""
+        """Everything the stack and the test suite run, once (cached in ``cache_dir``): what
+        :meth:`fetch_runtime` fetches, and toxiproxy (the proxy of ``notiflow chaos``'s
+        network scenarios, which builds it itself when first needed)."""
+        self.fetch_runtime()
+        toxiproxy.build(self.p.cache, self.log)
+
+    def fetch_runtime(self) -> None:
+        """What :meth:`up` starts, once (cached in ``cache_dir``): the Kafka and Cassandra
+        jars, and ``weed`` unless the stack leaves the object store out."""
         for name, version in (("kafka", self.s.kafka_version),
                               ("cassandra", self.s.cassandra_version)):
             target = self.p.libs(name, version)
@@ -288,8 +301,8 @@ class Stack:
                 raise StackError(f"mvn failed for {name}:\n{done.stdout[-3000:]}"
                                  f"{done.stderr[-2000:]}")
             (target / ".complete").write_text(version)
-        self._build_weed()
-        toxiproxy.build(self.p.cache, self.log)
+        if self.object_store:
+            self._build_weed()
 
     def weed(self) -> Path:
         """Where the pinned ``weed`` binary lives once built."""
@@ -326,7 +339,8 @@ class Stack:
     def components(self) -> list[Component]:
         nodes = range(1, self.nodes + 1)
         return [self._redis(), *(self._kafka(i) for i in nodes),
-                *(self._cassandra(i) for i in nodes), self._s3()]
+                *(self._cassandra(i) for i in nodes),
+                *([self._s3()] if self.object_store else [])]
 
     def _redis(self) -> Component:
         s, p = self.s, self.p
@@ -663,16 +677,16 @@ hints_directory: {data}/hints
         return pid if _pid_alive(pid) else None
 
     def up(self, *, topics: bool = True, migrations: bool = True) -> None:
-        """Start what is not running, wave by wave, each wave once healthy; then topics,
-        migrations and the bucket. Refuses a node count other than the one this stack
-        directory's data was made with."""
+        """Fetch what it runs (:meth:`fetch_runtime`), start what is not running, wave by
+        wave, each wave once healthy; then topics, migrations and the bucket. Refuses a node
+        count other than the one this stack directory's data was made with."""
         recorded = self.recorded_nodes()
         if recorded is not None and recorded != self.nodes:
             raise StackError(
                 f"{self.p.root} holds a {recorded}-node stack, not {self.nodes}: `notiflow "
                 "stack down --wipe` first, or use another NOTIFLOW_STACK_DIR")
         self.p.make()
-        self.fetch()
+        self.fetch_runtime()
         self._nodes_file().write_text(str(self.nodes))
         comps = self.components()
         for wave in sorted({c.wave for c in comps}):
