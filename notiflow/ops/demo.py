@@ -14,16 +14,18 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import random
 import statistics
 import time
 from collections import Counter, defaultdict
-from collections.abc import AsyncIterator, Mapping, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -502,19 +504,52 @@ async def _traffic(settings: Settings, api: str, fakes: str, tokens: dict[str, s
                    versions)
 
 
+@contextmanager
+def library_log(path: Path) -> Iterator[Path]:
+    """While the demo runs, every log record of its own process goes to ``path`` (INFO and
+    up), not to the terminal: without a handler, Python's last resort prints the warnings and
+    errors of the libraries it uses (librdkafka's, handed over by confluent-kafka's
+    ``logger``; the Cassandra driver's) bare on stderr, in the middle of the first screen.
+    A failure still reaches the terminal: as the exception it raises, or the demo's red
+    lines; the log says what the libraries saw. Recipients are masked, as in every log."""
+    from notiflow.telemetry import TextFormatter
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(path)
+    handler.setFormatter(TextFormatter())
+    root = logging.getLogger()
+    level = root.level
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+    try:
+        yield path
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(level)
+        handler.close()
+
+
 def run_demo(*, messages: int, keep_running: bool, console: Console) -> int:
     """Run the demo; 1 when any accepted message (warm-up or measured) lacks a terminal
-    status, else 0."""
+    status, else 0. The logs of its processes go to one folder of the stack's logs, this
+    process's own to ``demo.log`` there (:func:`library_log`)."""
     env, tokens = dev_environment(api_port=_port(18080), fakes_port=_port(18090))
     os.environ.update(env)
     settings = Settings()
+    log_dir = settings.stack_dir.resolve() / "logs" / f"demo-{time.strftime('%Y%m%d-%H%M%S')}"
+    with library_log(log_dir / "demo.log"):
+        return _run(settings, tokens, log_dir, messages=messages, keep_running=keep_running,
+                    console=console)
+
+
+def _run(settings: Settings, tokens: dict[str, str], log_dir: Path, *, messages: int,
+         keep_running: bool, console: Console) -> int:
     # nothing the demo runs touches the object store (campaign manifests, the history
     # archive): its stack leaves SeaweedFS out, and `make demo` does not build it
     stack = Stack(settings, log=lambda m: console.print(m, highlight=False),
                   object_store=False)
     was_up = all(healthy for *_, healthy in stack.status())
     stack.up()
-    log_dir = settings.stack_dir.resolve() / "logs" / f"demo-{time.strftime('%Y%m%d-%H%M%S')}"
     api = f"http://127.0.0.1:{settings.api_port}"
     fakes = f"http://127.0.0.1:{settings.fakes_port}"
     group = ProcessGroup()

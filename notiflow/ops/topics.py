@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -14,6 +15,20 @@ from notiflow.schemas.enums import Channel, Tier
 from notiflow.settings import Settings
 
 _DAY_MS = 24 * 3600 * 1000
+
+log = logging.getLogger("notiflow.kafka.admin")
+"""Where the admin clients' librdkafka log lines go: without a ``logger`` librdkafka prints
+them on stderr itself (``%3|...|FAIL|...``), in the middle of ``notiflow demo``'s screen."""
+
+
+def _admin(settings: Settings) -> AdminClient:
+    """An admin client whose librdkafka log lines queue up for :data:`log`; an admin client
+    serves that queue only in ``poll``, which :func:`_hand_over_log` calls."""
+    return AdminClient(kafka_config(settings, {"logger": log}))
+
+
+def _hand_over_log(admin: AdminClient) -> None:
+    admin.poll(0)
 
 
 @dataclass(frozen=True)
@@ -61,21 +76,24 @@ def ensure_topics(settings: Settings, timeout: float = 30.0) -> list[str]:
     """Create missing topics with ``kafka_replication_factor`` replicas and
     ``kafka_min_insync_replicas``; returns the names created. Existing topics keep theirs
     (a replica count changes by partition reassignment, docs/operations.md)."""
-    admin = AdminClient(kafka_config(settings))
-    existing = set(admin.list_topics(timeout=timeout).topics)
-    wanted = [s for s in topic_specs(settings) if s.name not in existing]
-    if not wanted:
-        return []
-    futures = admin.create_topics(
-        [NewTopic(s.name, num_partitions=s.partitions,
-                  replication_factor=settings.kafka_replication_factor,
-                  config={**s.config,
-                          "min.insync.replicas": str(settings.kafka_min_insync_replicas)})
-         for s in wanted],
-        operation_timeout=timeout,
-        request_timeout=timeout,
-    )
-    return _settled(futures, timeout, already="TOPIC_ALREADY_EXISTS")
+    admin = _admin(settings)
+    try:
+        existing = set(admin.list_topics(timeout=timeout).topics)
+        wanted = [s for s in topic_specs(settings) if s.name not in existing]
+        if not wanted:
+            return []
+        futures = admin.create_topics(
+            [NewTopic(s.name, num_partitions=s.partitions,
+                      replication_factor=settings.kafka_replication_factor,
+                      config={**s.config,
+                              "min.insync.replicas": str(settings.kafka_min_insync_replicas)})
+             for s in wanted],
+            operation_timeout=timeout,
+            request_timeout=timeout,
+        )
+        return _settled(futures, timeout, already="TOPIC_ALREADY_EXISTS")
+    finally:
+        _hand_over_log(admin)
 
 
 def _settled(futures: dict[str, Any], timeout: float, already: str) -> list[str]:
@@ -102,15 +120,20 @@ def delete_topics(settings: Settings, prefix: str | None = None,
     prefix = settings.topic_prefix if prefix is None else prefix
     if not prefix:
         raise ValueError("refusing to delete every topic: give a non-empty prefix")
-    admin = AdminClient(kafka_config(settings))
-    names = sorted(t for t in admin.list_topics(timeout=timeout).topics if t.startswith(prefix))
-    if not names:
-        return []
-    futures = admin.delete_topics(names, operation_timeout=timeout, request_timeout=timeout)
-    deleted = _settled(futures, timeout, already="UNKNOWN_TOPIC_OR_PART")
-    deadline = time.monotonic() + timeout
-    while set(admin.list_topics(timeout=timeout).topics) & set(names):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"topics with prefix {prefix!r} still listed after {timeout} s")
-        time.sleep(0.2)
-    return sorted(deleted)
+    admin = _admin(settings)
+    try:
+        names = sorted(t for t in admin.list_topics(timeout=timeout).topics
+                       if t.startswith(prefix))
+        if not names:
+            return []
+        futures = admin.delete_topics(names, operation_timeout=timeout, request_timeout=timeout)
+        deleted = _settled(futures, timeout, already="UNKNOWN_TOPIC_OR_PART")
+        deadline = time.monotonic() + timeout
+        while set(admin.list_topics(timeout=timeout).topics) & set(names):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"topics with prefix {prefix!r} still listed after "
+                                   f"{timeout} s")
+            time.sleep(0.2)
+        return sorted(deleted)
+    finally:
+        _hand_over_log(admin)

@@ -53,6 +53,9 @@ class FakeAdmin:
     def list_topics(self, timeout: float) -> Any:
         return SimpleNamespace(topics={})
 
+    def poll(self, timeout: float) -> int:
+        return 0
+
     def create_topics(self, new: list[Any], **_: Any) -> dict[str, Future[None]]:
         FakeAdmin.created = new
         out: dict[str, Future[None]] = {}
