@@ -82,10 +82,11 @@ class Window:
     def mark_down(self, why: str, *, p0: bool = True) -> None:
         """``p0`` False: the evidence is a P1-P3 record's slow ack, which says nothing of
         P0's own connection; P0 goes on being published."""
-        refuse_p0 = p0 and not self.p0_down
+        news = self.down_since is None or (p0 and not self.p0_down)
+        if self.down_since is None:
+            self.down_since = self.clock()
         self.p0_down = self.p0_down or p0
-        if self.down_since is None or refuse_p0:
-            self.down_since = self.down_since or self.clock()
+        if news:
             log.warning("kafka is not acknowledging (%s): P1-P3 acceptances are deferred "
                         "(window: %d records, %.0f s)%s", why, self.policy.max_messages,
                         self.policy.max_age.total_seconds(),
