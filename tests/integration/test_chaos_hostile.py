@@ -14,7 +14,7 @@ import pytest
 from notiflow.ops.chaos_hostile import SHORT, run
 from notiflow.settings import Settings
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.solo]
 
 
 @pytest.mark.timeout(240)

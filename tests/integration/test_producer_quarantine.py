@@ -15,7 +15,7 @@ from notiflow.schemas.enums import Tier
 from tests.helpers import produce, read_topic, received_at, report, wait_for
 from tests.integration.test_pipeline import direct, ids_of
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.solo]
 
 INVALID_PER_VALID = 50
 VALID = 100

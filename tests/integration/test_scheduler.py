@@ -109,6 +109,7 @@ async def published_by(settings: Settings, topic: str, ids: set[str], after: flo
         if (mid := header(m.headers(), "message_id")) in ids})
 
 
+@pytest.mark.solo
 async def test_rows_are_published_on_time_across_a_scheduler_crash(
         stack: Settings, board: ScheduledStore, schedulers: list[ManagedProcess]) -> None:
     now = datetime.now(UTC)

@@ -65,6 +65,7 @@ def post_messages(api: str, token: str, bodies: list[dict[str, Any]],
     return out
 
 
+@pytest.mark.solo
 def test_p0_keeps_its_sla_during_a_p3_flood(isolated, tokens: dict[str, str],
                                              fakes: str, capsys) -> None:
     rates = json.dumps({"twilio": 200, "sendgrid": 1000, "fcm": 10000})
@@ -119,6 +120,7 @@ def test_p0_keeps_its_sla_during_a_p3_flood(isolated, tokens: dict[str, str],
     assert pct(p0_lat, 99) < 1000
 
 
+@pytest.mark.solo
 def test_slow_sms_does_not_stall_email_and_push(isolated, tokens: dict[str, str],
                                                 fakes: str, capsys) -> None:
     iso = isolated("channels")
