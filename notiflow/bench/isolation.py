@@ -36,7 +36,7 @@ from notiflow.bench.stats import summary
 from notiflow.bench.summary import latency_windows
 from notiflow.bench.warmup import UPSTREAM_NICE, warm_up
 from notiflow.bench.workload import REGIONS, PhoneFactory, Workload, records
-from notiflow.ops.stack import paths
+from notiflow.ops.stack.base import paths
 from notiflow.schemas.enums import Tier
 from notiflow.settings import Settings
 

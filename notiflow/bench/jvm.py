@@ -1,5 +1,5 @@
 """The stack's JVMs (Kafka, Cassandra) during a benchmark: their stop-the-world pauses, from
-their safepoint logs (``ops/stack.py`` ``gc_log``; a P0 stall that lines up with a pause of the
+their safepoint logs (``ops/stack/jvm.py`` ``gc_log``; a P0 stall that lines up with a pause of the
 JVM it waited on is that JVM's), and the CPU of their JIT compilers."""
 
 from __future__ import annotations

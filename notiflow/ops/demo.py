@@ -36,7 +36,8 @@ from rich.table import Table
 from notiflow.client import ApiError, AsyncClient, RetryPolicy
 from notiflow.devenv import dev_environment, free_port
 from notiflow.ops.procs import ManagedProcess, ProcessGroup
-from notiflow.ops.stack import Stack, port_open
+from notiflow.ops.stack import Stack
+from notiflow.ops.stack.process import port_open
 from notiflow.schemas.enums import TERMINAL_STATUSES, Status, Tier
 from notiflow.settings import Settings
 

@@ -166,7 +166,7 @@ class Settings(BaseSettings):
     """Real-time priority (``SCHED_RR``) ``notiflow stack up`` gives the local JVMs'
     stop-the-world collector threads (0: leave them at the normal priority). Every thread of
     a JVM waits while they run, so a pause lasts as long as they wait for a core (see
-    ``ops/stack.py`` :func:`prioritise_collector`)."""
+    ``ops/stack/jvm.py`` :func:`prioritise_collector`)."""
     java_home: Path | None = None
 
     # processes

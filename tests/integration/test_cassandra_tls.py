@@ -22,7 +22,8 @@ from cryptography.hazmat.primitives import serialization
 
 from notiflow.adapters.cassandra_store import connect
 from notiflow.devenv import free_port
-from notiflow.ops.stack import Stack, port_open
+from notiflow.ops.stack import Stack, cassandra
+from notiflow.ops.stack.process import port_open
 from notiflow.settings import Settings
 
 pytestmark = pytest.mark.integration
@@ -83,7 +84,7 @@ def tls_cassandra(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TlsCassa
                         cassandra_heap_mb=384)
     stack = Stack(settings, log=lambda _m: None)
     stack.p.make()
-    component = stack._cassandra(1)
+    component = cassandra.component(stack.s, stack.p, 1, stack.nodes, stack.log)
     component.prepare()
     yaml = d / "stack" / "conf" / "cassandra.yaml"
     with yaml.open("a") as f:

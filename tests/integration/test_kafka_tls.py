@@ -36,7 +36,9 @@ from jwt.algorithms import RSAAlgorithm
 from notiflow.adapters.kafka_io import kafka_config, producer_config
 from notiflow.devenv import free_port
 from notiflow.ops import cluster
-from notiflow.ops.stack import Stack, _java, kafka_cluster_id, port_open
+from notiflow.ops.stack import Stack, jvm
+from notiflow.ops.stack.kafka import kafka_cluster_id
+from notiflow.ops.stack.process import port_open
 from notiflow.settings import Settings
 
 pytestmark = pytest.mark.integration
@@ -170,7 +172,7 @@ def tls_kafka(tmp_path_factory: pytest.TempPathFactory, idp: Idp) -> Iterator[Tl
     settings = Settings()
     libs = Stack(settings, log=lambda _m: None).p.libs("kafka", settings.kafka_version)
     log4j = resources.files("notiflow.ops") / "conf" / "kafka-log4j2.properties"
-    java = [_java(settings), f"-Dlog4j2.configurationFile=file:{log4j}",
+    java = [jvm.java(settings), f"-Dlog4j2.configurationFile=file:{log4j}",
             f"-Dorg.apache.kafka.sasl.oauthbearer.allowed.urls={idp.jwks}",
             "-cp", f"{libs}/*"]
     subprocess.run([*java, "kafka.tools.StorageTool", "format", "-t", kafka_cluster_id(),

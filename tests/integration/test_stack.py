@@ -114,7 +114,8 @@ def test_port_in_use_is_a_clear_error(stack: Settings, tmp_path) -> None:
 
 
 def test_missing_java_is_a_clear_error(stack: Settings, tmp_path) -> None:
-    from notiflow.ops.stack import StackError, _java
+    from notiflow.ops.stack import StackError
+    from notiflow.ops.stack.jvm import java
 
     with pytest.raises(StackError, match="Java not found"):
-        _java(stack.model_copy(update={"java_home": tmp_path / "no-jdk"}))
+        java(stack.model_copy(update={"java_home": tmp_path / "no-jdk"}))

@@ -14,7 +14,7 @@ from dotenv import dotenv_values
 from typer.testing import CliRunner
 
 from notiflow.cli import app
-from notiflow.ops.stack import cassandra_tuning, cassandra_tuning_flags
+from notiflow.ops.stack.cassandra import cassandra_tuning, cassandra_tuning_flags
 from notiflow.schemas.enums import Tier
 from notiflow.settings import Settings
 

@@ -7,7 +7,7 @@ import uuid
 
 import pytest
 
-from notiflow.ops import stack
+from notiflow.ops.stack import kafka
 
 
 def test_kafka_cluster_ids_never_start_with_a_dash(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -17,12 +17,12 @@ def test_kafka_cluster_ids_never_start_with_a_dash(monkeypatch: pytest.MonkeyPat
     assert base64.urlsafe_b64encode(dashed.bytes).decode().startswith("-")
     plain = uuid.UUID(bytes=bytes(16))
     ids = iter([dashed, dashed, plain])
-    monkeypatch.setattr(stack.uuid, "uuid4", lambda: next(ids))
-    cid = stack.kafka_cluster_id()
+    monkeypatch.setattr(kafka.uuid, "uuid4", lambda: next(ids))
+    cid = kafka.kafka_cluster_id()
     assert cid == base64.urlsafe_b64encode(plain.bytes).decode().rstrip("=")
     assert len(cid) == 22
 
 
 def test_kafka_cluster_ids_are_random() -> None:
-    ids = {stack.kafka_cluster_id() for _ in range(200)}
+    ids = {kafka.kafka_cluster_id() for _ in range(200)}
     assert len(ids) == 200 and not any(i.startswith("-") for i in ids)

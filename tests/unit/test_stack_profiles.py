@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from notiflow.ops import stack as stack_mod
-from notiflow.ops.stack import Stack
+from notiflow.ops import toxiproxy
+from notiflow.ops.stack import Stack, s3
 from notiflow.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -51,8 +51,8 @@ def test_what_up_and_fetch_build(settings: Settings, monkeypatch: pytest.MonkeyP
     (the full bootstrap) builds toxiproxy as well."""
     jars_fetched(settings)
     built: list[str] = []
-    monkeypatch.setattr(Stack, "_build_weed", lambda self: built.append("weed"))
-    monkeypatch.setattr(stack_mod.toxiproxy, "build",
+    monkeypatch.setattr(s3, "build_weed", lambda s, p, log: built.append("weed"))
+    monkeypatch.setattr(toxiproxy, "build",
                         lambda cache, log=print: built.append("toxiproxy"))
 
     Stack(settings, object_store=False).fetch_runtime()

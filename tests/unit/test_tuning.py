@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from notiflow import tuning
-from notiflow.ops.stack import prioritise_collector
+from notiflow.ops.stack.jvm import prioritise_collector
 from notiflow.schemas.enums import Tier
 from notiflow.settings import Settings
 
