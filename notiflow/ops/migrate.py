@@ -1,7 +1,8 @@
 """Versioned CQL migrations: ``schemas/cql/NNNN_name.cql`` applied in order, each recorded.
 
-A migration's checksum is stored with it; a file edited after it was applied is refused
-(write a new migration instead).
+A migration's checksum (of its statements, not its comments) is stored with it; a migration
+whose statements changed after it was applied is refused (write a new migration instead).
+Its comments may be edited freely.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from importlib import resources
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 from cassandra.cluster import Session
 
@@ -21,6 +22,28 @@ from notiflow.settings import Settings
 log = logging.getLogger("notiflow.ops.migrate")
 
 _NAME = re.compile(r"^(\d{4})_([a-z0-9_]+)\.cql$")
+
+FILE_CHECKSUMS: dict[int, str] = {
+    1: "ca687bd07f1dd2f92acf524de2171bb7ca5ab394894fedd4a14484cb87b7c9d4",
+    2: "4c3ae06298dbf10447a9122294bfb9c9e7393e898f2fa1e5a7daac1e69f0786e",
+    3: "ff7af3003f9a3eddf4d2201e435858e9964ca7ad29c1cb88f92899ab9944f49a",
+    4: "79bf5acf1215aba94986a08f4bac4829f1035e0317c9db04548020ca4e655c31",
+    5: "acd0a7fc0a09996d89df76f6960c436429d5d403e6bb05b672360423876f895d",
+    6: "77a48bfd0dd705a537a58c71e49a3debe342064b8a991019fe74aa91f94b824b",
+    7: "6400512a9da3765c77d27c83a13ed2d22daea0d565c9a0238a6fb242d2dcfc83",
+    8: "b33b14ff29c59fe9296500c0ac21750ab6971f906e958c8e455dca85bdd96a8b",
+    9: "60d735feb54ac32a9e1ec794721bc0f22c9e34b50c869e07afe6327564deb6d0",
+    10: "1ed3150f1add5edcdb6eae02d500ef3632267bf0cb0646f04135fa8cc8f327e8",
+    11: "b1be1c1fbcd51a9321aabd0b248b37291db44ad790a26d69661c8adccec915ac",
+    12: "87f3e61fde35e35021d133c10847bb935c4abaa35205573243cdb852e1eca425",
+    13: "1550ad0a7de79ba922cc2752fa2e137abf79c9fae89b92d2d67e2cb091396f1d",
+}
+"""Version → the whole-file sha256 an installation may hold for that migration in
+``schema_migrations`` (of the file's text up to its comment rewrite). A stored checksum found
+here is replaced by the statement checksum once (:func:`recorded_checksum`); these values
+never change."""
+
+Recorded = Literal["current", "rerecord", "changed"]
 
 
 @dataclass(frozen=True)
@@ -31,13 +54,20 @@ class Migration:
 
     @property
     def checksum(self) -> str:
-        return hashlib.sha256(self.text.encode()).hexdigest()
+        """sha256 of the statements only: comment lines and blank lines dropped, each run
+        of whitespace (also inside a statement's string literals) one space, ``{ttl}``
+        unsubstituted. A comment edit keeps it; any statement edit changes it."""
+        normalised = ";\n".join(" ".join(s.split()) for s in self._split(self.text))
+        return hashlib.sha256(normalised.encode()).hexdigest()
 
     def statements(self, ttl_seconds: int) -> list[str]:
-        body = "\n".join(
-            line for line in self.text.splitlines() if not line.strip().startswith("--")
-        )
-        body = body.replace("{ttl}", str(ttl_seconds))
+        return self._split(self.text.replace("{ttl}", str(ttl_seconds)))
+
+    @staticmethod
+    def _split(text: str) -> list[str]:
+        """The statements of ``text``: its ``--`` comment lines dropped, split at a ``;``
+        that ends a line."""
+        body = "\n".join(line for line in text.splitlines() if not line.strip().startswith("--"))
         return [s.strip() for s in re.split(r";\s*(?:\n|$)", body) if s.strip()]
 
 
@@ -57,6 +87,18 @@ def available() -> list[Migration]:
 
 class MigrationError(RuntimeError):
     pass
+
+
+def recorded_checksum(version: int, stored: str, checksum: str,
+                      file_checksums: dict[int, str]) -> Recorded:
+    """How an applied migration's ``stored`` checksum compares with its ``checksum`` now:
+    ``current`` (equal), ``rerecord`` (``file_checksums`` holds it for ``version``: store
+    ``checksum`` in its place) or ``changed`` (anything else: refused)."""
+    if stored == checksum:
+        return "current"
+    if file_checksums.get(version) == stored:
+        return "rerecord"
+    return "changed"
 
 
 def replication(settings: Settings) -> dict[str, str]:
@@ -123,10 +165,19 @@ def apply(session: Session, settings: Settings) -> list[Migration]:
     done = []
     for mig in available():
         if mig.version in applied:
-            if applied[mig.version] != mig.checksum:
+            recorded = recorded_checksum(mig.version, applied[mig.version], mig.checksum,
+                                         FILE_CHECKSUMS)
+            if recorded == "changed":
                 raise MigrationError(
                     f"migration {mig.version:04d}_{mig.name} changed after it was applied"
                 )
+            if recorded == "rerecord":
+                session.execute(
+                    f"UPDATE {ks}.schema_migrations SET checksum = %s WHERE version = %s",
+                    (mig.checksum, mig.version))
+                log.warning("migration %04d_%s: whole-file checksum %s re-recorded as "
+                            "statement checksum %s (once)", mig.version, mig.name,
+                            applied[mig.version], mig.checksum)
             continue
         session.set_keyspace(ks)
         for stmt in mig.statements(ttl):

@@ -86,10 +86,19 @@ def test_migrations_recorded_and_not_reapplied(stack: Settings, cql: Session) ->
 def test_edited_migration_is_refused(stack: Settings, cql: Session,
                                      monkeypatch: pytest.MonkeyPatch) -> None:
     original = available()
-    edited = [Migration(m.version, m.name, m.text + "\n-- edited") for m in original]
+    edited = [Migration(m.version, m.name, m.text + "\nALTER TABLE messages ADD edited text;")
+              for m in original]
     monkeypatch.setattr("notiflow.ops.migrate.available", lambda: edited)
     with pytest.raises(MigrationError, match="changed after it was applied"):
         apply(cql, stack)
+
+
+def test_a_comment_edit_is_not_a_change(stack: Settings, cql: Session,
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    edited = [Migration(m.version, m.name, f"-- reworded\n\n{m.text}\n-- edited\n")
+              for m in available()]
+    monkeypatch.setattr("notiflow.ops.migrate.available", lambda: edited)
+    assert apply(cql, stack) == []
 
 
 def test_statements_split_and_ttl_substituted() -> None:
