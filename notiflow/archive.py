@@ -12,7 +12,8 @@ with a manifest is archived; without one it is not (a crash in between leaves fi
 run overwrites). Recipients are never archived: a message keeps its recipient hash (keyed,
 ``notiflow.redact.recipient_hash``: not reversible without the recipient hash key) and, for
 phone numbers, the country of its calling code; not the masked address, the content, the
-template variables or the sender. :data:`SCHEMAS` is every column there is.
+template variables or the sender. :func:`schemas` is every column there is; it and
+:class:`DatasetFile` need pyarrow, the ``archive`` extra.
 """
 
 from __future__ import annotations
@@ -23,46 +24,55 @@ import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
-from typing import Any, Final
+from functools import cache
+from typing import TYPE_CHECKING, Any, Final
 
 import phonenumbers
-import pyarrow as pa
-import pyarrow.parquet as pq
 
 from notiflow.correlation import CorrelationKeys
+from notiflow.extras import needs
 from notiflow.schemas.campaigns import parse_row_message_id
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 VERSION: Final = "v1"
 DATASETS: Final = ("messages", "events", "attempts", "receipts")
-_TS: pa.DataType = pa.timestamp("ms", tz="UTC")
-_KEY: list[tuple[str, pa.DataType]] = [("day", pa.date32()), ("tenant_id", pa.string()),
-                                       ("message_id", pa.string())]
+_FEATURE: Final = "the history archive's Parquet files"
 
-SCHEMAS: Final[Mapping[str, pa.Schema]] = {
-    "messages": pa.schema([*_KEY,
-        ("campaign_id", pa.string()), ("channel", pa.string()), ("tier", pa.string()),
-        ("category", pa.string()), ("template_id", pa.string()),
-        ("template_version", pa.int32()), ("country", pa.string()),
-        ("recipient_hash", pa.string()), ("status", pa.string()), ("reason", pa.string()),
-        ("attempts", pa.int32()), ("provider_id", pa.string()), ("accepted_at", _TS),
-        ("provider_accepted_at", _TS), ("delivered_at", _TS), ("opened_at", _TS),
-        ("clicked_at", _TS), ("failed_at", _TS), ("updated_at", _TS)]),
-    "events": pa.schema([*_KEY,
-        ("occurred_at", _TS), ("event_id", pa.string()), ("status", pa.string()),
-        ("attempt", pa.int32()), ("reason", pa.string()), ("source", pa.string()),
-        ("applied", pa.bool_())]),
-    "attempts": pa.schema([*_KEY,
-        ("attempt_no", pa.int32()), ("channel", pa.string()), ("tier", pa.string()),
-        ("country", pa.string()), ("provider_id", pa.string()),
-        ("provider_message_id", pa.string()), ("outcome", pa.string()),
-        ("normalized_error", pa.string()), ("error_code", pa.string()),
-        ("started_at", _TS), ("completed_at", _TS)]),
-    "receipts": pa.schema([*_KEY,
-        ("provider_id", pa.string()), ("provider_event_id", pa.string()),
-        ("status", pa.string()), ("occurred_at", _TS), ("attempt", pa.int32()),
-        ("error_code", pa.string()), ("applied", pa.bool_())]),
-}
-"""Columns of each dataset (``day``, ``tenant_id``, ``message_id`` first in all)."""
+
+@cache
+def schemas() -> Mapping[str, pa.Schema]:
+    """Columns of each dataset (``day``, ``tenant_id``, ``message_id`` first in all)."""
+    with needs("archive", _FEATURE):
+        import pyarrow as pa
+    ts = pa.timestamp("ms", tz="UTC")
+    key: list[tuple[str, pa.DataType]] = [("day", pa.date32()), ("tenant_id", pa.string()),
+                                          ("message_id", pa.string())]
+    return {
+        "messages": pa.schema([*key,
+            ("campaign_id", pa.string()), ("channel", pa.string()), ("tier", pa.string()),
+            ("category", pa.string()), ("template_id", pa.string()),
+            ("template_version", pa.int32()), ("country", pa.string()),
+            ("recipient_hash", pa.string()), ("status", pa.string()), ("reason", pa.string()),
+            ("attempts", pa.int32()), ("provider_id", pa.string()), ("accepted_at", ts),
+            ("provider_accepted_at", ts), ("delivered_at", ts), ("opened_at", ts),
+            ("clicked_at", ts), ("failed_at", ts), ("updated_at", ts)]),
+        "events": pa.schema([*key,
+            ("occurred_at", ts), ("event_id", pa.string()), ("status", pa.string()),
+            ("attempt", pa.int32()), ("reason", pa.string()), ("source", pa.string()),
+            ("applied", pa.bool_())]),
+        "attempts": pa.schema([*key,
+            ("attempt_no", pa.int32()), ("channel", pa.string()), ("tier", pa.string()),
+            ("country", pa.string()), ("provider_id", pa.string()),
+            ("provider_message_id", pa.string()), ("outcome", pa.string()),
+            ("normalized_error", pa.string()), ("error_code", pa.string()),
+            ("started_at", ts), ("completed_at", ts)]),
+        "receipts": pa.schema([*key,
+            ("provider_id", pa.string()), ("provider_event_id", pa.string()),
+            ("status", pa.string()), ("occurred_at", ts), ("attempt", pa.int32()),
+            ("error_code", pa.string()), ("applied", pa.bool_())]),
+    }
 
 _FIRST_AT: Final = {"PROVIDER_ACCEPTED": "provider_accepted_at", "DELIVERED": "delivered_at",
                     "OPENED": "opened_at", "CLICKED": "clicked_at"}
@@ -191,15 +201,19 @@ class DatasetFile:
 
     def __init__(self, dataset: str) -> None:
         self.dataset, self.rows = dataset, 0
+        with needs("archive", _FEATURE):
+            import pyarrow.parquet as pq
         self._sink = tempfile.SpooledTemporaryFile(max_size=SPILL_BYTES)  # noqa: SIM115
-        self._writer = pq.ParquetWriter(self._sink, SCHEMAS[dataset], compression="zstd")
+        self._writer = pq.ParquetWriter(self._sink, schemas()[dataset], compression="zstd")
         self.size = 0
         self.sha256 = ""
 
     def add(self, rows: Sequence[Mapping[str, Any]]) -> None:
         if rows:
+            import pyarrow as pa
+
             self._writer.write_table(pa.Table.from_pylist(list(rows),
-                                                          schema=SCHEMAS[self.dataset]))
+                                                          schema=schemas()[self.dataset]))
             self.rows += len(rows)
 
     def finish(self) -> None:

@@ -213,7 +213,10 @@ def fakes(
 ) -> None:
     """Local emulators of the provider APIs on loopback."""
     from notiflow import tuning
-    from notiflow.fakes.server import serve
+    from notiflow.extras import needs
+
+    with needs("emulators", "notiflow fakes"):
+        from notiflow.fakes.server import serve
 
     tuning.set_realtime(realtime)
     serve(_settings())
@@ -362,7 +365,13 @@ app.add_typer(bench_app, name="bench")
 
 
 def main() -> None:
-    app(prog_name="notiflow")
+    from notiflow.extras import MissingExtra
+
+    try:
+        app(prog_name="notiflow")
+    except MissingExtra as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(1) from e
 
 
 if __name__ == "__main__":

@@ -15,10 +15,11 @@ import string
 import tempfile
 from pathlib import Path
 
-import trustme
 from cryptography.fernet import Fernet
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
+
+from notiflow.extras import needs
 
 SES_TOPIC = "arn:aws:sns:us-east-1:000000000000:notiflow-ses-events"
 """The SNS topic of SES events in the development environment (the SES emulator's)."""
@@ -58,6 +59,8 @@ def apns_tls_files(directory: Path) -> dict[str, str]:
     """A throw-away test CA and a server certificate for ``127.0.0.1``/``localhost`` (made with
     ``trustme``), written to ``directory`` (key file mode 0600); returns the variables that
     point the APNs emulator at its certificate and the adapter at the CA."""
+    with needs("emulators", "the APNs emulator's TLS files"):
+        import trustme
     directory.mkdir(parents=True, exist_ok=True)
     ca = trustme.CA(organization_name="notiflow dev CA")
     leaf = ca.issue_cert("127.0.0.1", "localhost")

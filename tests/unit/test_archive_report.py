@@ -141,7 +141,7 @@ def test_files_read_back_and_the_manifest_names_them(tmp_path: Path,
         path = tmp_path / name
         path.write_bytes(data)
         table = pq.read_table(path)
-        assert table.schema.equals(archive.SCHEMAS[name])
+        assert table.schema.equals(archive.schemas()[name])
         assert table.num_rows == f.rows == len(recs[name])
         assert pq.ParquetFile(path).num_row_groups == 2
         files[name] = (archive.data_key(name, DAY, "acme"), f)
