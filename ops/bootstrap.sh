@@ -4,14 +4,15 @@
 #   ops/bootstrap.sh          everything (`make test`, `make stack-up`): system packages
 #                             (Java 17, Maven, redis-server, and promtool from Debian's
 #                             prometheus package) when missing, the Python venv with pinned
-#                             dependencies and the dev, bench and analytics extras, the Kafka
-#                             and Cassandra jars from Maven Central, SeaweedFS's weed,
-#                             toxiproxy, helm and kubeconform built with Go from the Go module
-#                             proxy, and the chart's schemas (cached in ~/.cache/notiflow, or
-#                             NOTIFLOW_CACHE_DIR)
+#                             dependencies and the dev, bench, analytics, emulators, archive and
+#                             ses extras, the Kafka and Cassandra jars from Maven Central,
+#                             SeaweedFS's weed, toxiproxy, helm and kubeconform built with Go
+#                             from the Go module proxy, and the chart's schemas (cached in
+#                             ~/.cache/notiflow, or NOTIFLOW_CACHE_DIR)
 #   ops/bootstrap.sh --demo   only what `notiflow demo` runs (`make demo`): Java 17, Maven,
-#                             redis-server and the venv without extras; the demo's stack fetches
-#                             the jars itself and leaves the object store out, so no Go build
+#                             redis-server and the venv with the emulators extra (the demo runs
+#                             `notiflow fakes`); the demo's stack fetches the jars itself and
+#                             leaves the object store out, so no Go build
 #   ops/bootstrap.sh --plan   print the steps of the profile (with --demo: the demo's) and stop
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -91,15 +92,17 @@ for cand in python3.11 python3.12 python3; do
 done
 [ -n "$PY" ] || { echo "error: Python 3.11 or 3.12 is required" >&2; exit 1; }
 
-# The stamp holds the hash of the pins, plus " demo" when only the demo's dependencies (no
-# extras) are installed: the full profile then installs the extras, the demo's takes either.
+# The stamp holds the hash of the pins, plus " demo" when only the demo's dependencies (the
+# emulators extra) are installed: the full profile then installs the other extras, the demo's
+# takes either.
 stamp=.venv/.notiflow-deps
 want=$(cat pyproject.toml constraints.txt | sha256sum | cut -d' ' -f1)
 have=$(cat "$stamp" 2>/dev/null || true)
 if step venv-full; then
-  spec=".[dev,bench,analytics]" made=$want what="with the dev, bench and analytics extras"
+  spec=".[dev,bench,analytics,emulators,archive,ses]" made=$want
+  what="with the dev, bench, analytics, emulators, archive and ses extras"
 else
-  spec="." made="$want demo" what="the demo's: no extras"
+  spec=".[emulators]" made="$want demo" what="the demo's: the emulators extra"
 fi
 if [ ! -x .venv/bin/python ] || { [ "$have" != "$want" ] && [ "$have" != "$made" ]; }; then
   say "creating .venv and installing pinned Python dependencies ($what)"
