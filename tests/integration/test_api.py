@@ -523,8 +523,13 @@ async def test_retry_finishes_a_pending_acceptance(
                                   settings.ingest_topic(Channel.SMS, Tier.P1),
                                   record.message_id)
     assert load(msg.value(), envelope(settings)) == record
-    rec = await store.get_reservation("globex", k)
-    assert rec is not None and rec["state"] == "ACCEPTED"
+
+    async def settled() -> dict[str, Any] | None:
+        rec = await store.get_reservation("globex", k)
+        return rec if rec is not None and rec["state"] == "ACCEPTED" else None
+
+    rec = await eventually(settled, timeout=10)
+    assert rec is not None, "the settle after the 202 (gateway/settler.py) never came"
     assert json.loads(rec["response"]) == r.json()
     assert not await outbox_has(cql, "globex", k)
 

@@ -16,6 +16,7 @@ from notiflow.settings import Settings
 pytestmark = pytest.mark.integration
 
 
+@pytest.mark.solo
 def test_isolation_smoke(stack: Settings, tmp_path: Path) -> None:
     doc = isolation.run(tmp_path, n=150, otp_rate=5, modes=["tiered", "shared"],
                         max_drain=180, log=print, warmup=0)
