@@ -61,7 +61,7 @@ def ended(cql: Session, mid: str) -> dict[str, Any]:
 @pytest.mark.parametrize(("platform", "token", "provider"), [
     ("ios", "dead" + uuid.uuid4().hex * 2, "apns"),
     ("android", f"unregistered-{uuid.uuid4().hex}", "fcm"),
-])
+], ids=["apns", "fcm"])
 def test_a_dead_push_token_is_deactivated_and_its_next_message_suppressed(
         api: str, tokens: dict[str, str], versions: dict[str, int], send_p1: ManagedProcess,
         cql: Session, fakes: str, platform: str, token: str, provider: str) -> None:
