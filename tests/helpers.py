@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -35,6 +37,41 @@ def wait_for(fn: Callable[[], T | None], timeout: float = 60.0, interval: float 
             return last
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
+
+
+async def wait_until(fn: Callable[[], Any], timeout: float = 10.0, interval: float = 0.005,
+                     what: str = "condition") -> Any:
+    """:func:`wait_for` inside an event loop: await ``fn`` (sync or async) until it returns
+    something truthy, letting the loop run between checks."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = fn()
+        if inspect.isawaitable(last):
+            last = await last
+        if last:
+            return last
+        await asyncio.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
+
+
+async def loop_turns(n: int = 1) -> None:
+    """Let tasks already scheduled run to their next ``await``: ``n`` turns of the event
+    loop, no real time."""
+    for _ in range(n):
+        await asyncio.sleep(0)
+
+
+def hold(seconds: float) -> None:
+    """Let ``seconds`` of real time pass on purpose: here the passing time is the scenario
+    (an outage kept up, a quiet period that must stay quiet, load spread over time), not a
+    wait for an event. Call sites name the duration (``hold(OUTAGE_S)``)."""
+    time.sleep(max(0.0, seconds))
+
+
+async def hold_async(seconds: float) -> None:
+    """:func:`hold` inside an event loop (also a fake's injected latency)."""
+    await asyncio.sleep(max(0.0, seconds))
 
 
 def signed(settings: Settings, record: OutRecord) -> OutRecord:

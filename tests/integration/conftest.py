@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import subprocess
-import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +18,7 @@ from notiflow.devenv import free_port
 from notiflow.ops.procs import ManagedProcess, ProcessGroup
 from notiflow.schemas.enums import Tier
 from notiflow.settings import Settings
-from tests.helpers import SMS_PROVIDERS
+from tests.helpers import SMS_PROVIDERS, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -177,15 +176,14 @@ class RedisServer:
             cmd += ["--dir", str(self.workdir)]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         client = redis.Redis.from_url(self.url, socket_connect_timeout=0.2)
-        deadline = time.monotonic() + 10
-        while True:
+
+        def answers() -> bool:
             try:
-                client.ping()
-                break
+                return bool(client.ping())
             except redis.ConnectionError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.02)
+                return False
+
+        wait_for(answers, timeout=10, interval=0.02, what="redis-server answering")
         client.close()
 
     def stop(self, *, kill: bool = False) -> None:

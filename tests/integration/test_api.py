@@ -30,6 +30,7 @@ from notiflow.schemas.enums import Channel, Status, Tier
 from notiflow.schemas.messages import IngestRecord, SendRequest, new_message_id
 from notiflow.schemas.scheduling import ScheduledRow
 from notiflow.settings import Settings
+from tests.helpers import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -111,15 +112,6 @@ def find_record(settings: Settings, topic: str, message_id: str,
         raise AssertionError(f"{message_id} not found on {topic} within {timeout}s")
     finally:
         consumer.close()
-
-
-async def eventually(check: Callable[[], Any], timeout: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        result = await check()
-        if result or time.monotonic() > deadline:
-            return result
-        await asyncio.sleep(0.2)
 
 
 def start_api(name: str, log_dir: Path, **env: str) -> tuple[ManagedProcess, str]:
@@ -489,8 +481,8 @@ async def test_sweeper_publishes_a_crashed_acceptance(
         rec = await store.get_reservation("acme", k)
         return rec is not None and rec["state"] == "ACCEPTED"
 
-    assert await eventually(accepted, timeout=120), (
-        "the sweeper did not settle the pending acceptance")
+    assert await wait_until(accepted, timeout=120, interval=0.2,
+                            what="the sweeper settling the pending acceptance")
     msg = await asyncio.to_thread(find_record, settings,
                                   settings.ingest_topic(Channel.SMS, Tier.P2),
                                   record.message_id)
@@ -528,8 +520,8 @@ async def test_retry_finishes_a_pending_acceptance(
         rec = await store.get_reservation("globex", k)
         return rec if rec is not None and rec["state"] == "ACCEPTED" else None
 
-    rec = await eventually(settled, timeout=10)
-    assert rec is not None, "the settle after the 202 (gateway/settler.py) never came"
+    rec = await wait_until(settled, timeout=10, interval=0.05,
+                           what="the settle after the 202 (gateway/settler.py)")
     assert json.loads(rec["response"]) == r.json()
     assert not await outbox_has(cql, "globex", k)
 

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -16,6 +14,7 @@ import pytest
 from notiflow.devenv import free_port
 from notiflow.ops.procs import ManagedProcess, ProcessGroup
 from notiflow.settings import Settings
+from tests.helpers import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -37,13 +36,6 @@ def alive(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
-
-
-def eventually(check: Callable[[], bool], timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.2)
 
 
 def requests_succeed(base: str, token: str, n: int = 20) -> None:
@@ -69,19 +61,19 @@ def test_two_workers_serve_restart_and_stop(stack: Settings, log_dir: Path,
         proc.wait_http(f"{base}/healthz", timeout=120)
         assert proc.proc is not None
         supervisor = psutil.Process(proc.proc.pid)
-        eventually(lambda: len(workers(supervisor)) == 2)
+        wait_for(lambda: len(workers(supervisor)) == 2)
         requests_succeed(base, token)
 
         first = workers(supervisor)
         victim = first[0]
         victim.kill()
         victim.wait(10)
-        eventually(lambda: len(workers(supervisor)) == 2
-                   and victim.pid not in {w.pid for w in workers(supervisor)})
+        wait_for(lambda: len(workers(supervisor)) == 2
+                 and victim.pid not in {w.pid for w in workers(supervisor)})
         proc.wait_http(f"{base}/readyz", timeout=120)
         requests_succeed(base, token, n=6)
 
         pids = [w.pid for w in workers(supervisor)]
         os.kill(supervisor.pid, signal.SIGTERM)  # the supervisor only, not its group
         proc.proc.wait(60)
-        eventually(lambda: not any(alive(pid) for pid in pids), timeout=30)
+        wait_for(lambda: not any(alive(pid) for pid in pids), timeout=30)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import time
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -15,7 +14,12 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.helpers import hold, wait_for
+
 pytestmark = pytest.mark.integration
+
+SECOND_WRITER_S = 3.0
+"""How long the other API process has to write a duplicate policy row (it must not)."""
 
 
 def audit(*args: str) -> list[dict[str, Any]]:
@@ -25,14 +29,14 @@ def audit(*args: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
 
 
-def wait_for(found: Callable[[list[dict[str, Any]]], bool], *args: str,
-             timeout: float = 30) -> list[dict[str, Any]]:
-    deadline = time.monotonic() + timeout
-    while True:
-        rows = audit(*args)
-        if found(rows) or time.monotonic() > deadline:
-            return rows
-        time.sleep(1)
+def audited(found: Callable[[list[dict[str, Any]]], bool], *args: str,
+            timeout: float = 30) -> list[dict[str, Any]]:
+    """The audit rows ``args`` select, once ``found`` holds for them."""
+    def rows() -> list[dict[str, Any]] | None:
+        got = audit(*args)
+        return got if found(got) else None
+
+    return wait_for(rows, timeout=timeout, interval=1.0, what=f"audit rows {args}")
 
 
 def test_templates_p0_use_and_policy_changes_are_audited(
@@ -58,7 +62,7 @@ def test_templates_p0_use_and_policy_changes_are_audited(
         return sum(row["detail"]["count"] for row in rows
                    if row["action"] == "p0.use" and row["actor"].endswith(f"/{api_pid}"))
 
-    rows = wait_for(lambda rows: p0_of_ours(rows) >= 3, "--tenant", "acme")
+    rows = audited(lambda rows: p0_of_ours(rows) >= 3, "--tenant", "acme")
     assert p0_of_ours(rows) == 3
     created = [row for row in rows if row["action"] == "template.create"
                and row["subject"] == f"template:{template_id}@1"]
@@ -81,8 +85,8 @@ def test_templates_p0_use_and_policy_changes_are_audited(
         return [row for row in rows if row["action"] == "tenant.policy"
                 and int(row["actor"].rsplit("/", 1)[1]) in pids]
 
-    rows = wait_for(lambda rows: bool(policy_rows(rows)), "--action", "tenant.policy")
-    time.sleep(3)
+    rows = audited(lambda rows: bool(policy_rows(rows)), "--action", "tenant.policy")
+    hold(SECOND_WRITER_S)
     mine = policy_rows(audit("--action", "tenant.policy"))
     assert len(mine) == 1, mine
     assert mine[0]["tenant"] == "acme" and "rate_limit" in mine[0]["detail"]["changed"]

@@ -36,6 +36,7 @@ from notiflow.adapters.breaker import (
 from notiflow.adapters.providers.base import Outcome
 from notiflow.devenv import free_port
 from notiflow.settings import BreakerRule, Settings
+from tests.helpers import loop_turns, wait_until
 from tests.integration.conftest import RedisServer
 
 pytestmark = pytest.mark.integration
@@ -193,7 +194,7 @@ async def test_state_changes_as_an_async_iterator(redis_url: str) -> None:
                 return
 
     task = asyncio.ensure_future(consume())
-    await asyncio.sleep(0)
+    await loop_turns()
     for _ in range(5):
         await cb.record("fcm", Outcome.TRANSIENT, "server_error", 0.1)
     clock.t += 60 * S
@@ -233,9 +234,7 @@ async def test_redis_down_local_breaker_then_converges(
     private_redis.start()
     clock.t += 500_000
     assert (await cb.allow("tw")).kind is AdmissionKind.REFUSED
-    deadline = time.monotonic() + 5
-    while not cb.redis_ok and time.monotonic() < deadline:
-        await asyncio.sleep(0.01)
+    await wait_until(lambda: cb.redis_ok, timeout=5, interval=0.01, what="the probe")
     assert cb.redis_ok and cb.state("tw") is State.CLOSED
     assert (await cb.allow("tw")).kind is AdmissionKind.NORMAL
     assert [(c.old, c.new, c.why) for c in events[1:]] == [
@@ -281,7 +280,7 @@ async def test_cost_per_call(redis_url: str, capsys: pytest.CaptureFixture[str])
     async def successes() -> None:
         for _ in range(100):
             await cb.record("sg", Outcome.ACCEPTED, None, 0.05)
-        await asyncio.sleep(0)
+        await loop_turns()
 
     per_batch, success_trips = await timed(200, successes)
     success = (per_batch / 100, success_trips)

@@ -21,8 +21,14 @@ from notiflow.correlation import CorrelationKeys
 from notiflow.ops.procs import ManagedProcess, ProcessGroup
 from notiflow.schemas.campaigns import parse_row_message_id
 from notiflow.settings import Settings
+from tests.helpers import hold, wait_for
 
 pytestmark = pytest.mark.integration
+
+SETTLE_POLL_S = 0.5
+PAUSED_QUIET_S = 3.0
+"""How long a paused campaign must expand nothing more."""
+
 TEMPLATE = "Hi {{ name }}, our winter sale starts now. Reply STOP to opt out."
 FINAL = {"completed", "cancelled", "failed"}
 
@@ -79,15 +85,14 @@ def create(client: httpx.Client, uri: str, **over: Any) -> dict[str, Any]:
     return dict(r.json())
 
 
-def wait_for(client: httpx.Client, cid: str, done: Any, timeout: float = 240.0
-             ) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while True:
+def campaign_when(client: httpx.Client, cid: str, done: Any, timeout: float = 240.0
+                  ) -> dict[str, Any]:
+    """The campaign's view once ``done`` holds for it."""
+    def view() -> dict[str, Any] | None:
         c = dict(client.get(f"/v1/campaigns/{cid}").json())
-        if done(c):
-            return c
-        assert time.monotonic() < deadline, c
-        time.sleep(0.5)
+        return c if done(c) else None
+
+    return wait_for(view, timeout=timeout, interval=0.5, what=f"campaign {cid}")
 
 
 def settle(client: httpx.Client, cid: str, quiet: float = 3.0, timeout: float = 60.0) -> int:
@@ -101,7 +106,7 @@ def settle(client: httpx.Client, cid: str, quiet: float = 3.0, timeout: float = 
             last, since = now, time.monotonic()
         elif time.monotonic() - since >= quiet:
             return now
-        time.sleep(0.5)
+        hold(SETTLE_POLL_S)
     raise AssertionError(f"campaign {cid} kept expanding after it was paused")
 
 
@@ -124,8 +129,8 @@ def test_ten_thousand_rows_with_two_percent_bad(
         expanders: dict[str, ManagedProcess]) -> None:
     uri = put(stack, manifest(10_000, bad_every=50))
     cid = create(mkt, uri)["campaign_id"]
-    c = wait_for(mkt, cid, lambda c: c["counts"]["provider_accepted"] >= 9_800
-                 and c["state"] in FINAL, timeout=420)
+    c = campaign_when(mkt, cid, lambda c: c["counts"]["provider_accepted"] >= 9_800
+                      and c["state"] in FINAL, timeout=420)
     assert c["state"] == "completed"
     k = c["counts"]
     assert (k["read"], k["expanded"], k["rejected"], k["provider_accepted"]) == (
@@ -149,12 +154,12 @@ def test_expander_killed_mid_campaign_loses_and_repeats_nothing(
         expanders: dict[str, ManagedProcess]) -> None:
     uri = put(stack, manifest(6_000, offset=100_000))
     cid = create(mkt, uri, max_rate=400)["campaign_id"]
-    wait_for(mkt, cid, lambda c: c["counts"]["expanded"] >= 1_000, timeout=60)
+    campaign_when(mkt, cid, lambda c: c["counts"]["expanded"] >= 1_000, timeout=60)
     holder = next(n for n, p in expanders.items()
                   if p.alive and f"took campaign {cid}" in p.log_path.read_text())
     expanders[holder].kill()
-    c = wait_for(mkt, cid, lambda c: c["state"] in FINAL
-                 and c["counts"]["provider_accepted"] >= 6_000, timeout=240)
+    c = campaign_when(mkt, cid, lambda c: c["state"] in FINAL
+                      and c["counts"]["provider_accepted"] >= 6_000, timeout=240)
     assert c["state"] == "completed" and c["counts"]["expanded"] == 6_000
     seen = sent_rows(stack, fakes, cid)
     assert sorted(seen) == list(range(1, 6_001)) and max(seen.values()) == 1
@@ -165,14 +170,14 @@ def test_pause_resume_and_cancel(stack: Settings, mkt: httpx.Client, fakes: str,
                                  expanders: dict[str, ManagedProcess]) -> None:
     uri = put(stack, manifest(4_000, offset=200_000))
     cid = create(mkt, uri, max_rate=200)["campaign_id"]
-    wait_for(mkt, cid, lambda c: c["counts"]["expanded"] >= 400, timeout=60)
+    campaign_when(mkt, cid, lambda c: c["counts"]["expanded"] >= 400, timeout=60)
     assert mkt.post(f"/v1/campaigns/{cid}/pause").json()["state"] == "paused"
     held = settle(mkt, cid)
-    time.sleep(3.0)
+    hold(PAUSED_QUIET_S)
     assert mkt.get(f"/v1/campaigns/{cid}").json()["counts"]["expanded"] == held < 4_000
     assert mkt.post(f"/v1/campaigns/{cid}/pause").status_code == 200
     assert mkt.post(f"/v1/campaigns/{cid}/resume").json()["state"] == "running"
-    wait_for(mkt, cid, lambda c: c["counts"]["expanded"] >= held + 400, timeout=60)
+    campaign_when(mkt, cid, lambda c: c["counts"]["expanded"] >= held + 400, timeout=60)
     c = mkt.post(f"/v1/campaigns/{cid}/cancel").json()
     assert c["state"] == "cancelled"
     assert mkt.post(f"/v1/campaigns/{cid}/resume").status_code == 409
@@ -184,7 +189,7 @@ def test_pause_resume_and_cancel(stack: Settings, mkt: httpx.Client, fakes: str,
         return (len(settled) > 6 and settled[-7]["expanded"] == k["expanded"]
                 and k["provider_accepted"] + k["cancelled"] == k["expanded"])
 
-    after = wait_for(mkt, cid, stopped, timeout=120)["counts"]
+    after = campaign_when(mkt, cid, stopped, timeout=120)["counts"]
     assert after["expanded"] < 4_000 and after["cancelled"] > 0
     seen = sent_rows(stack, fakes, cid)
     assert len(seen) == after["provider_accepted"] and max(seen.values()) == 1
@@ -292,13 +297,12 @@ def test_state_changes_reach_the_campaign_webhook_signed(
     with Receiver([secret]) as rx:
         uri = put(stack, manifest(2_000, offset=400_000))
         cid = create(mkt, uri, max_rate=200, webhook=rx.url())["campaign_id"]
-        wait_for(mkt, cid, lambda c: c["counts"]["expanded"] >= 500, timeout=60)
+        campaign_when(mkt, cid, lambda c: c["counts"]["expanded"] >= 500, timeout=60)
         assert mkt.post(f"/v1/campaigns/{cid}/pause").json()["state"] == "paused"
         assert mkt.post(f"/v1/campaigns/{cid}/resume").json()["state"] == "running"
-        wait_for(mkt, cid, lambda c: c["state"] == "completed", timeout=120)
-        deadline = time.monotonic() + 30
-        while len(rx.delivered()) < 5 and time.monotonic() < deadline:
-            time.sleep(0.5)
+        campaign_when(mkt, cid, lambda c: c["state"] == "completed", timeout=120)
+        wait_for(lambda: len(rx.delivered()) >= 5, timeout=30, interval=0.5,
+                 what="five campaign webhooks")
         hits = rx.delivered()
     states = [h.body["data"]["state"]
               for h in sorted(hits, key=lambda h: h.body["data"]["occurred_at"])]

@@ -22,7 +22,15 @@ from cassandra.cluster import Session
 from notiflow.devenv import free_port
 from notiflow.ops.procs import ManagedProcess, ProcessGroup
 from notiflow.schemas.enums import Tier
-from tests.helpers import SUCCESS, accepted_counts, emulator_records, message_row, report, wait_for
+from tests.helpers import (
+    SUCCESS,
+    accepted_counts,
+    emulator_records,
+    hold_async,
+    message_row,
+    report,
+    wait_for,
+)
 from tests.integration.conftest import Isolated, RedisServer
 
 pytestmark = pytest.mark.integration
@@ -154,7 +162,7 @@ async def post_then_cancel(client: httpx.AsyncClient, token: str, version: int,
             **auth(token), "Idempotency-Key": uuid.uuid4().hex})
         assert r.status_code == 202, r.text
         mid = str(r.json()["message_id"])
-        await asyncio.sleep(random.uniform(0, MAX_DELAY_S))
+        await hold_async(random.uniform(0, MAX_DELAY_S))
         d = await client.delete(f"/v1/messages/{mid}", headers=auth(token))
         return mid, d.status_code, d.json()
 
@@ -233,7 +241,7 @@ def test_cancels_at_the_due_instant_of_scheduled_messages_end_in_exactly_one_out
             assert r.status_code == 202 and r.json()["status"] == "SCHEDULED", r.text
             mid = str(r.json()["message_id"])
             late = random.uniform(0, DUE_SPREAD_S)
-            await asyncio.sleep(max(0.0, (due - datetime.now(UTC)).total_seconds() + late))
+            await hold_async((due - datetime.now(UTC)).total_seconds() + late)
             d = await client.delete(f"/v1/messages/{mid}", headers=auth(token))
             return mid, d.status_code, d.json()
 

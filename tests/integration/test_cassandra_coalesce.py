@@ -16,6 +16,7 @@ from cassandra.query import BatchStatement
 from notiflow.adapters.cassandra_coalesce import CassandraCoalescer, KeyedRead
 from notiflow.adapters.cassandra_store import aio, connect
 from notiflow.settings import Settings
+from tests.helpers import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -109,7 +110,7 @@ async def test_a_caller_split_over_batches_waits_for_all_of_them(session: Sessio
     bad_tail = [(insert, (k, f"s{i}", i)) for i in range(6)] + [(insert, (k, "s6", "x"))]
     with pytest.raises(Exception):  # noqa: B017 (the driver's bind error)
         await co.write(bad_tail)
-    await asyncio.sleep(0.5)
+    await wait_until(lambda: co._parts == {}, timeout=5, what="the failed parts cleared")
     assert co._parts == {}
     done = co.write([(insert, (k, f"t{i}", i)) for i in range(7)])
     assert await done is None

@@ -8,7 +8,6 @@ password and a plaintext client are refused."""
 from __future__ import annotations
 
 import subprocess
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +24,7 @@ from notiflow.devenv import free_port
 from notiflow.ops.stack import Stack, cassandra
 from notiflow.ops.stack.process import port_open
 from notiflow.settings import Settings
+from tests.helpers import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -104,11 +104,11 @@ client_encryption_options:
                                 env=component.env)
     node = TlsCassandra(port, files)
     try:
-        deadline = time.monotonic() + 180
-        while not (port_open(port) and can_log_in(node)):
+        def serving() -> bool:
             assert proc.poll() is None, (d / "node.log").read_text()[-3000:]
-            assert time.monotonic() < deadline, "the TLS node never let the client in"
-            time.sleep(1)
+            return port_open(port) and can_log_in(node)
+
+        wait_for(serving, timeout=180, interval=1.0, what="the TLS node letting the client in")
         yield node
     finally:
         proc.terminate()

@@ -36,7 +36,7 @@ from notiflow.ops.procs import ManagedProcess, ProcessGroup
 from notiflow.schemas.enums import Status
 from notiflow.schemas.messages import DlqRecord, MessageSnapshot, Receipt
 from notiflow.settings import Settings
-from tests.helpers import produce, read_topic, wait_for
+from tests.helpers import hold, hold_async, produce, read_topic, wait_for
 from tests.integration.conftest import ready
 
 pytestmark = pytest.mark.integration
@@ -45,6 +45,8 @@ SCALE = 2e-5
 SVIX_S = [0, 5, 300, 1800, 7200, 18000, 36000, 36000]
 SPAN_S = sum(SVIX_S) * SCALE
 TIMEOUT_S = 0.4
+RETRY_WAIT_BEFORE_KILL_S = 1.2
+"""How long a webhook sits in its retry wait before the process is killed."""
 EVENT_STATUSES = ["PROVIDER_ACCEPTED", "SENT", "DELIVERED"]
 
 
@@ -141,7 +143,7 @@ def test_every_status_event_is_seen_despite_timeouts_and_errors(
 
     async def flaky(hit: Hit) -> int:
         if hit.n == 1:
-            await asyncio.sleep(TIMEOUT_S + 0.6)
+            await hold_async(TIMEOUT_S + 0.6)
             return 504
         return 500 if hit.n == 2 else 200
 
@@ -230,7 +232,7 @@ def test_a_pending_retry_survives_a_killed_process(ns: Namespace,
         produce(ns.settings, [event(ns, mid, "SENT", rx.url())])
         wid = f"wh_{mid}_SENT"
         wait_for(lambda: rx.counts[wid] >= 4, timeout=60, what="four failed tries")
-        time.sleep(1.2)
+        hold(RETRY_WAIT_BEFORE_KILL_S)
         flow.kill()
         healthy = True
         restarted = ns.flow("webhooks-restarted", recovery="webhooks")

@@ -18,8 +18,9 @@ import pytest
 
 from notiflow.adapters.providers.twilio.signature import signed_url
 from notiflow.settings import Settings
+from tests.helpers import wait_for
 from tests.integration.contract.test_contract_twilio import twilio_documented_signature
-from tests.integration.test_audit import audit, wait_for
+from tests.integration.test_audit import audit, audited
 
 pytestmark = pytest.mark.integration
 
@@ -35,9 +36,7 @@ def write(directory: Path, name: str, value: str) -> None:
 def until(check: Callable[[], bool], timeout: float = 10.0) -> float:
     """Seconds until ``check()`` held; fails the test after ``timeout``."""
     start = time.monotonic()
-    while not check():
-        assert time.monotonic() - start < timeout, "not within the timeout"
-        time.sleep(0.05)
+    wait_for(check, timeout=timeout, interval=0.05, what="the reloaded credentials")
     return time.monotonic() - start
 
 
@@ -86,15 +85,16 @@ def test_tokens_and_provider_secrets_rotate_without_a_restart(
     assert (status(new), callback(twilio_new)) == (404, 200)
 
     write(secrets, "NOTIFLOW_TENANTS", "[{broken")
-    time.sleep(1.0)
+    wait_for(lambda: "does not load" in (iso.log_dir / "api.log").read_text(), timeout=10,
+             interval=0.05, what="the broken file refused")
     assert status(new) == 404
     assert "does not load" in (iso.log_dir / "api.log").read_text()
 
     def rotation_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         return [r for r in rows if r["subject"] == f"tenant:{tenant}"]
 
-    rows = rotation_rows(wait_for(lambda rows: len(rotation_rows(rows)) >= 2,
-                                  "--action", "tenant.policy"))
+    rows = rotation_rows(audited(lambda rows: len(rotation_rows(rows)) >= 2,
+                                 "--action", "tenant.policy"))
     assert sorted(r["detail"]["first"] for r in rows) == [False, True]
     assert [r["detail"]["changed"] for r in rows if not r["detail"]["first"]] == [["token"]]
     assert old not in json.dumps(rows) and new not in json.dumps(rows)

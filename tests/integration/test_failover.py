@@ -4,7 +4,6 @@ outage ends."""
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections import Counter
 
@@ -14,7 +13,7 @@ import pytest
 
 from notiflow.adapters.kafka_io import OutRecord
 from notiflow.schemas.enums import Tier
-from tests.helpers import Placer, emulator_records, report, wait_for
+from tests.helpers import Placer, emulator_records, hold, report, wait_for
 from tests.integration.test_pipeline import ids_of
 
 pytestmark = pytest.mark.integration
@@ -37,7 +36,7 @@ def test_primary_outage_fails_over_and_breaker_recovers(isolated, otp_template: 
                 "recipient": f"+1415555{uuid.uuid4().int % 10_000:04d}", "template_id": "otp",
                 "template_version": version, "variables": {"code": f"{tag}{i}"}}))
             ids += ids_of(iso.settings, Tier.P0, placer.send([rec]))
-            time.sleep(1 / rate)
+            hold(1 / rate)
         return ids
 
     def by_provider(ids: list[str]) -> dict[str, Counter[str]]:
@@ -75,7 +74,7 @@ def test_primary_outage_fails_over_and_breaker_recovers(isolated, otp_template: 
         httpx.post(f"{fakes}/_admin/twilio/config", json={"outage": False}).raise_for_status()
 
     half_open = iso.settings.scaled(iso.settings.breaker.open_for).total_seconds()
-    time.sleep(half_open + 0.5)
+    hold(half_open + 0.5)
     after = send(600, "c", 100)
     wait_for(lambda: delivered(after) == set(after), timeout=90, what="traffic after the outage")
     tail = by_provider(after[-60:])

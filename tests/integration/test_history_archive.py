@@ -27,10 +27,14 @@ from notiflow.ops.procs import ManagedProcess
 from notiflow.ops.report_cli import build
 from notiflow.schemas.campaigns import row_message_id
 from notiflow.settings import ArchiveSettings, Settings
-from tests.helpers import wait_for
+from tests.helpers import hold_async, wait_for
 from tests.integration.test_receipt_webhooks import status_is
 
 pytestmark = pytest.mark.integration
+
+PRESSURE_REPORT_S = 0.5
+"""How often the test re-reports P0 pressure while it holds the archive back."""
+
 DAY = date(2026, 11, 20)
 T0 = datetime(2026, 11, 20, 9, 0, tzinfo=UTC)
 CAMPAIGN = "cmp_" + uuid.uuid4().hex
@@ -188,7 +192,7 @@ def test_the_archive_waits_while_p0_is_slow(archived: Settings, cql: Session) ->
             await pressure.report(client, archived.topic_prefix, reporter, 0.9)
             task = asyncio.create_task(run_archive(archived, [DAY], [tenant], force=True))
             for _ in range(8):
-                await asyncio.sleep(0.5)
+                await hold_async(PRESSURE_REPORT_S)
                 await pressure.report(client, archived.topic_prefix, reporter, 0.9)
             held = not task.done()
             await client.hdel(pressure.pressure_key(archived.topic_prefix), reporter)

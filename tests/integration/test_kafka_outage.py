@@ -27,7 +27,7 @@ from cassandra.cluster import Session
 from notiflow.ops.stack import Stack
 from notiflow.schemas.enums import Tier
 from notiflow.settings import Settings
-from tests.helpers import SUCCESS, accepted_counts, report, statuses, wait_for
+from tests.helpers import SUCCESS, accepted_counts, hold, report, statuses, wait_for
 from tests.integration.test_pipeline import NUMBERS
 
 pytestmark = [pytest.mark.integration, pytest.mark.disruptive]
@@ -93,7 +93,7 @@ def test_kafka_outage_window_accepts_p2_refuses_p0_and_publishes_after_recovery(
         warm = asyncio.run(submit(api, tokens["acme"], [body("P2", version)]))
         if warm[0][1].status_code != 503:
             break
-        time.sleep(float(warm[0][1].headers.get("Retry-After", "1")))
+        hold(float(warm[0][1].headers.get("Retry-After", "1")))
     assert warm[0][1].status_code == 202
 
     kill_kafka(stack)
@@ -109,7 +109,7 @@ def test_kafka_outage_window_accepts_p2_refuses_p0_and_publishes_after_recovery(
         during = time.monotonic() - killed
         ready = httpx.get(f"{api}/readyz", timeout=10)
         assert during < OUTAGE_S, f"submitting took {during:.0f} s, longer than the outage"
-        time.sleep(OUTAGE_S - during)
+        hold(OUTAGE_S - during)
     finally:
         restart_kafka(stack)
     recovered = time.monotonic()

@@ -16,6 +16,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from notiflow.adapters.bytewax_kafka import PausableKafkaSource, kafka_source
 from notiflow.settings import Settings
+from tests.helpers import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -26,10 +27,8 @@ def topics(stack: Settings) -> Iterator[list[str]]:
     names = [f"{stack.topic_prefix}source-{uuid.uuid4().hex[:8]}-{i}" for i in range(2)]
     for f in admin.create_topics([NewTopic(n, 3, 1) for n in names]).values():
         f.result(timeout=30)
-    deadline = time.monotonic() + 30
-    while not set(names) <= set(admin.list_topics(timeout=10).topics):
-        assert time.monotonic() < deadline
-        time.sleep(0.2)
+    wait_for(lambda: set(names) <= set(admin.list_topics(timeout=10).topics), timeout=30,
+             interval=0.2, what="the new topics listed")
     yield names
     for f in admin.delete_topics(names).values():
         f.result(timeout=30)

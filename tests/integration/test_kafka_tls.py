@@ -40,6 +40,7 @@ from notiflow.ops.stack import Stack, jvm
 from notiflow.ops.stack.kafka import kafka_cluster_id
 from notiflow.ops.stack.process import port_open
 from notiflow.settings import Settings
+from tests.helpers import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -183,11 +184,11 @@ def tls_kafka(tmp_path_factory: pytest.TempPathFactory, idp: Idp) -> Iterator[Tl
         proc = subprocess.Popen([*java, "-Xmx256m", "kafka.Kafka", str(props)],
                                 stdout=log, stderr=subprocess.STDOUT)
     try:
-        deadline = time.monotonic() + 90
-        while not port_open(port):
+        def listening() -> bool:
             assert proc.poll() is None, (d / "broker.log").read_text()[-3000:]
-            assert time.monotonic() < deadline, "the TLS broker never listened"
-            time.sleep(0.2)
+            return port_open(port)
+
+        wait_for(listening, timeout=90, interval=0.2, what="the TLS broker listening")
         yield TlsKafka(port, d / "ca.pem", d / "stranger.pem", idp.token_url)
     finally:
         proc.terminate()

@@ -3,7 +3,6 @@ cursor, the ``since`` bound, the status filter, tenant isolation, 422 on bad par
 
 from __future__ import annotations
 
-import time
 import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -16,9 +15,12 @@ from typer.testing import CliRunner
 from notiflow.cli import app
 from notiflow.ops.procs import ManagedProcess
 from notiflow.redact import mask
-from tests.helpers import message_row, wait_for
+from tests.helpers import hold, message_row, wait_for
 
 pytestmark = pytest.mark.integration
+
+ACCEPTANCE_GAP_S = 0.01
+"""Between two sends: distinct acceptance times (ms), so the order is the send order."""
 
 NUMBER = "+14155552671"
 INVALID_NUMBER = "+15005550001"
@@ -61,7 +63,7 @@ def sent(api: str, tokens: dict[str, str], otp_template: dict[str, int],
     for i in range(5):
         acme.append(send(api, tokens["acme"], otp_template["acme"],
                          INVALID_NUMBER if i == 4 else NUMBER))
-        time.sleep(0.01)  # distinct acceptance times (ms), so the order is the send order
+        hold(ACCEPTANCE_GAP_S)
     globex = [send(api, tokens["globex"], otp_template["globex"]) for _ in range(2)]
     wait_for(lambda: (message_row(cql, acme[4]) or {}).get("status") == "FAILED",
              what="the invalid number FAILED")

@@ -23,7 +23,16 @@ from notiflow.ops import cluster
 from notiflow.ops.chaos import regressions
 from notiflow.ops.stack import Stack
 from notiflow.settings import Settings
-from tests.helpers import SUCCESS, accepted_counts, received_at, report, statuses, wait_for
+from tests.helpers import (
+    SUCCESS,
+    accepted_counts,
+    hold,
+    hold_async,
+    received_at,
+    report,
+    statuses,
+    wait_for,
+)
 from tests.integration.test_kafka_outage import body, kill, submit
 
 pytestmark = [pytest.mark.integration, pytest.mark.disruptive]
@@ -31,6 +40,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.disruptive]
 MESSAGES = 10_000
 P0_RATE = 20.0
 FAULT_S = 30.0
+TAIL_S = 5.0
+"""How long the P0 ticker keeps sending after the bulk submissions finished."""
 VICTIM = 2
 """The node killed of each kind: not the Cassandra seed, not the first bootstrap broker."""
 
@@ -54,8 +65,7 @@ class P0Ticker(threading.Thread):
             start, i, pending = time.time(), 0, set()
             while not self.stopped.is_set():
                 due = start + i / P0_RATE
-                if (pause := due - time.time()) > 0:
-                    await asyncio.sleep(pause)
+                await hold_async(due - time.time())
                 i += 1
                 task = asyncio.ensure_future(self._one(client, due))
                 pending.add(task)
@@ -107,12 +117,12 @@ def test_one_broker_and_one_cassandra_node_killed_lose_nothing(
 
     fault_start = time.time()
     kill(local, [f"kafka-{VICTIM}", f"cassandra-{VICTIM}"])
-    time.sleep(FAULT_S)
+    hold(FAULT_S)
     Stack(stack, log=lambda _m: None).up()
     fault_end = time.time()
     feeder.join(timeout=900)
     assert not feeder.is_alive(), "the submissions did not finish"
-    time.sleep(5)
+    hold(TAIL_S)
     ticker.stopped.set()
     ticker.join(timeout=60)
 

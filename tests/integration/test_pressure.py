@@ -24,7 +24,7 @@ from notiflow.flows.send import send_stages
 from notiflow.flows.yielding import Slots
 from notiflow.schemas.enums import Channel, Tier
 from notiflow.settings import Settings
-from tests.helpers import no_ports, partial_ports
+from tests.helpers import no_ports, partial_ports, wait_until
 
 KEYS = CorrelationKeys((b"g" * 32,))
 
@@ -75,7 +75,12 @@ async def test_p0_reports_and_bulk_yields_then_recovers(
     tasks = [asyncio.create_task(p0._report_pressure()),
              asyncio.create_task(p3._follow_pressure())]
     try:
-        await asyncio.sleep(1.6)
+        async def narrowed() -> bool:
+            return ((await pressure.worst(c0, prefix) or 0) >= 0.8
+                    and p0.reported is not None and p0.reported >= 0.8
+                    and p3.window.limit < ceiling / 4)
+
+        await wait_until(narrowed, timeout=10, interval=0.1, what="P3 narrowed by P0 pressure")
         assert (await pressure.worst(c0, prefix) or 0) >= 0.8
         assert p0.reported is not None and p0.reported >= 0.8
         assert p3.window.limit < ceiling / 4
@@ -85,7 +90,8 @@ async def test_p0_reports_and_bulk_yields_then_recovers(
 
         del p0._oldest["msg_slow:1"]
         p0.ctx.p0_latencies.add(0.05)
-        await asyncio.sleep(1.6)
+        await wait_until(lambda: p3.window.limit > narrowest, timeout=10, interval=0.1,
+                         what="P3 widened after the pressure eased")
         assert p3.window.limit > narrowest
     finally:
         for t in tasks:

@@ -12,7 +12,7 @@ import pytest
 
 from notiflow.adapters.kafka_io import OutRecord
 from notiflow.schemas.enums import Tier
-from tests.helpers import produce, read_topic, received_at, report, wait_for
+from tests.helpers import hold, produce, read_topic, received_at, report, wait_for
 from tests.integration.test_pipeline import direct, ids_of
 
 pytestmark = [pytest.mark.integration, pytest.mark.solo]
@@ -52,7 +52,7 @@ def test_one_tenants_invalid_records_quarantine_it_without_halting_the_tier(
             began = time.time()
             placed = produce(settings, batch)
             sent[ids_of(settings, Tier.P1, placed[:1])[0]] = began
-            time.sleep(max(0.0, began + 0.04 - time.time()))
+            hold(began + 0.04 - time.time())
         return sent
 
     def latencies(sent: dict[str, float]) -> list[float]:

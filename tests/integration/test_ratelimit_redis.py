@@ -36,6 +36,7 @@ from notiflow.adapters.ratelimit import (
 from notiflow.flows.routing import Choice, rank_routes, reserve
 from notiflow.schemas.enums import Channel, Tier
 from notiflow.settings import ProviderRoute, Settings
+from tests.helpers import hold_async, loop_turns, wait_until
 from tests.integration.conftest import RedisServer
 
 pytestmark = pytest.mark.integration
@@ -228,7 +229,7 @@ async def test_p0_moves_to_the_second_provider_once_the_firsts_share_is_spent(
 
     async def wait(seconds: float) -> None:
         waits.append(seconds)
-        await asyncio.sleep(seconds)
+        await hold_async(seconds)
 
     started = time.monotonic()
     assert await p0(wait) == "tw"
@@ -265,9 +266,9 @@ async def test_two_limiters_never_exceed_the_rate_in_real_time(redis_url: str) -
             wait = await limiter.acquire("conc", tier)
             if wait is None:
                 taken.append(time.monotonic())
-                await asyncio.sleep(0)
+                await loop_turns()
             else:
-                await asyncio.sleep(min(wait, max(0.0, stop - time.monotonic())))
+                await hold_async(min(wait, stop - time.monotonic()))
 
     await asyncio.gather(*(worker(limiters[0], Tier.P3) for _ in range(4)),
                          *(worker(limiters[1], t) for t in (Tier.P3, Tier.P3, Tier.P1)))
@@ -315,12 +316,14 @@ async def test_redis_down_local_keeps_granting_pause_waits_then_recovers(
     assert sum("unreachable" in r.message for r in caplog.records) == 1
 
     private_redis.start()
-    for _ in range(50):
+    async def probed() -> bool:
         if limiter.redis_ok:
-            break
+            return True
         clock.t += 0.5
         assert await limiter.acquire("down", Tier.P2) == 0.5, "P2 waits until the probe answers"
-        await asyncio.sleep(0.1)
+        return False
+
+    await wait_until(probed, timeout=5, interval=0.1, what="the background probe")
     assert limiter.redis_ok, "the background probe found Redis again"
     assert await limiter.acquire("down", Tier.P2) is None
     assert await limiter.acquire("down", Tier.P0) is None

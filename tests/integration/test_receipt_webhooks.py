@@ -32,7 +32,7 @@ from notiflow.correlation import CorrelationKeys
 from notiflow.fakes.smtp import build_dsn
 from notiflow.ops.procs import ManagedProcess
 from notiflow.settings import Settings
-from tests.helpers import message_row, read_topic, wait_for
+from tests.helpers import hold, message_row, read_topic, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -141,7 +141,7 @@ def send(api: str, token: str, *, channel: str, tier: str, recipient: str, templ
         if r.status_code != 429 or r.json().get("reason") != "backlog" or \
                 time.monotonic() >= deadline:
             break
-        time.sleep(float(r.headers.get("Retry-After", "1")))
+        hold(float(r.headers.get("Retry-After", "1")))
     assert r.status_code == 202, f"{r.text}; backlog reports: {backlog_reports(tier)}"
     return str(r.json()["message_id"])
 

@@ -29,7 +29,7 @@ from notiflow.schemas.enums import Tier
 from notiflow.schemas.messages import SendRequest
 from notiflow.schemas.preferences import PreferenceState, state_key
 from notiflow.settings import Settings
-from tests.helpers import read_topic, wait_for
+from tests.helpers import read_topic, wait_for, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -416,7 +416,7 @@ async def test_backlog_sheds_p3_not_p1(client: httpx.Client, api: str,
                 r = await c.post("/v1/messages", headers=auth("mkt"), json=sms(tier="P3"))
                 return r if r.status_code == 429 else None
 
-            r = await eventually(shed)
+            r = await wait_until(shed, timeout=10, interval=0.2, what="P3 shed")
             assert r is not None, "P3 was not shed"
             assert r.json()["error"] == "rate_limited"
             assert r.json()["reason"] == "backlog"
@@ -435,7 +435,8 @@ async def test_backlog_sheds_p3_not_p1(client: httpx.Client, api: str,
                 r = await c.post("/v1/messages", headers=auth("mkt"), json=sms(tier="P3"))
                 return r if r.status_code == 202 else None
 
-            assert await eventually(admitted), "P3 still shed after the backlog cleared"
+            assert await wait_until(admitted, timeout=10, interval=0.2,
+                                    what="P3 admitted after the backlog cleared")
     finally:
         await redis_client.hdel(backlog_key(settings.topic_prefix, Tier.P3), "test-reporter")
 
@@ -494,11 +495,3 @@ def test_redis_down_fails_open_for_p0_p1_closed_for_p2_p3(
     finally:
         proc.stop()
 
-
-async def eventually(check: Callable[[], Any], timeout: float = 10.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        result = await check()
-        if result or time.monotonic() > deadline:
-            return result
-        await asyncio.sleep(0.2)

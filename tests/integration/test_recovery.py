@@ -3,7 +3,6 @@ ingest record never reaches the provider twice."""
 
 from __future__ import annotations
 
-import time
 from collections import Counter
 
 import pytest
@@ -15,6 +14,7 @@ from tests.helpers import (
     SUCCESS,
     accepted_counts,
     emulator_records,
+    hold,
     produce,
     report,
     statuses,
@@ -23,6 +23,9 @@ from tests.helpers import (
 from tests.integration.test_pipeline import direct, ids_of
 
 pytestmark = pytest.mark.integration
+
+DOWN_S = 1.0
+"""How long the killed flow stays down before it restarts."""
 
 
 def test_restart_mid_stream_loses_nothing(stack: Settings, otp_template: dict[str, int],
@@ -42,7 +45,7 @@ def test_restart_mid_stream_loses_nothing(stack: Settings, otp_template: dict[st
     flow.kill()
     at_kill = received()
     assert at_kill < n, "the flow finished before it was killed; raise n or latency"
-    time.sleep(1)
+    hold(DOWN_S)
     restarted = start_flow("send", tier=Tier.P2, name="send-p2-crash-restarted",
                            recovery=recovery)
 

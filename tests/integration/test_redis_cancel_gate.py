@@ -27,6 +27,7 @@ from notiflow.adapters.cancel_gate import (
 from notiflow.adapters.redis_dedup import DedupStore
 from notiflow.correlation import CorrelationKeys
 from notiflow.schemas.campaigns import row_message_id
+from tests.helpers import loop_turns
 
 KEYS = CorrelationKeys((b"g" * 32,))
 
@@ -98,7 +99,7 @@ async def test_concurrent_cancels_and_sends_end_each_message_once(
                     else api.cancel(ids[i], ttl))
             started[kind, i] = asyncio.ensure_future(call)
             if random.random() < 0.3:
-                await asyncio.sleep(0)
+                await loop_turns()
         await asyncio.gather(*started.values())
         outcomes = [(started["confirm", i].result(), started["cancel", i].result())
                     for i in range(len(ids))]

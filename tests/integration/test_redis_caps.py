@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from notiflow.adapters.redis_caps import CapStore
 from notiflow.correlation import CorrelationKeys
 from notiflow.flows.caps import CapCheck, LocalCaps, Verdict
-from tests.helpers import no_ports, partial_ports
+from tests.helpers import no_ports, partial_ports, wait_until
 
 KEYS = CorrelationKeys((b"g" * 32,))
 
@@ -107,7 +107,11 @@ async def test_keys_expire_with_their_windows(client: aioredis.Redis) -> None:
     assert 0 < await client.pttl(rkey) <= 300
     assert 0 < await client.pttl(tkey) <= 2 * 86_400_000
     assert await client.get(tkey) == "1"
-    await asyncio.sleep(0.5)
+
+    async def expired() -> bool:
+        return await client.exists(rkey) == 0
+
+    await wait_until(expired, timeout=5, interval=0.05, what="the recipient key expired")
     assert await client.exists(rkey) == 0
 
 

@@ -5,10 +5,8 @@ is still there."""
 
 from __future__ import annotations
 
-import asyncio
 import subprocess
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 
@@ -19,6 +17,7 @@ from notiflow.adapters.idempotency_fence import Fence, Holder
 from notiflow.adapters.redis_pool import redis_client
 from notiflow.devenv import free_port
 from notiflow.settings import Settings
+from tests.helpers import wait_for, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -37,14 +36,6 @@ def _answers(port: int) -> bool:
         return False
 
 
-def _until(check: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
-
-
 class Trio:
     """Primary, replica and sentinel processes."""
 
@@ -56,15 +47,15 @@ class Trio:
             "replica": _serve(["--port", str(self.replica), *base,
                                "--replicaof", "127.0.0.1", str(self.primary)]),
         }
-        _until(lambda: _answers(self.primary) and _answers(self.replica), 10, "redis")
-        _until(self.replica_online, 20, "the replica's first sync")
+        wait_for(lambda: _answers(self.primary) and _answers(self.replica), 10, 0.1, "redis")
+        wait_for(self.replica_online, 20, 0.1, "the replica's first sync")
         conf = workdir / "sentinel.conf"
         conf.write_text(f"port {self.sentinel}\nbind 127.0.0.1\ndir {workdir}\n"
                         f"sentinel monitor {SERVICE} 127.0.0.1 {self.primary} 1\n"
                         f"sentinel down-after-milliseconds {SERVICE} 500\n"
                         f"sentinel failover-timeout {SERVICE} 5000\n")
         self.procs["sentinel"] = _serve([str(conf), "--sentinel"])
-        _until(self.replica_known, 20, "the sentinel to see the replica")
+        wait_for(self.replica_known, 20, 0.1, "the sentinel to see the replica")
 
     @property
     def url(self) -> str:
@@ -114,17 +105,15 @@ async def test_a_client_follows_a_failover_and_keeps_replicated_fences(trio: Tri
         assert primary.wait(1, 10_000) == 1
         trio.procs["primary"].kill()
         trio.procs["primary"].wait(timeout=10)
-        _until(lambda: trio.primary_port() == trio.replica, 30, "the replica's promotion")
+        wait_for(lambda: trio.primary_port() == trio.replica, 30, 0.1, "the replica's promotion")
 
-        deadline = time.monotonic() + 15
-        while True:
+        async def written() -> bool:
             try:
-                await client.set("after", "1")
-                break
+                return bool(await client.set("after", "1"))
             except (redis.RedisError, OSError):
-                if time.monotonic() > deadline:
-                    raise
-                await asyncio.sleep(0.1)
+                return False
+
+        await wait_until(written, timeout=15, interval=0.1, what="a write to the new primary")
         assert await client.get("after") == "1"
         assert await fence.claim("acme", "k1", Holder("h2", "m2")) == holder
     finally:

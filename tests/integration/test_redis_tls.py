@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import socket
 import subprocess
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +20,7 @@ import trustme
 from notiflow.adapters.redis_pool import redis_client
 from notiflow.devenv import free_port
 from notiflow.settings import Settings
+from tests.helpers import wait_for
 
 
 @dataclass(frozen=True)
@@ -67,11 +67,11 @@ def tls_redis(tmp_path: Path) -> Iterator[TlsRedis]:
          "--save", "", "--appendonly", "no", "--dir", str(tmp_path)],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 10
-        while not listening(port):
+        def up() -> bool:
             assert proc.poll() is None, "redis-server exited (built without TLS?)"
-            assert time.monotonic() < deadline, "redis-server never listened"
-            time.sleep(0.02)
+            return listening(port)
+
+        wait_for(up, timeout=10, interval=0.02, what="redis-server listening")
         yield TlsRedis(port, files)
     finally:
         proc.terminate()

@@ -4,7 +4,6 @@ after a spent budget; a SIGKILL with retries pending loses none of them."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
@@ -19,6 +18,7 @@ from tests.helpers import (
     SUCCESS,
     accepted_counts,
     emulator_records,
+    hold,
     produce,
     report,
     statuses,
@@ -28,6 +28,9 @@ from tests.integration.conftest import Isolated
 from tests.integration.test_pipeline import direct, ids_of
 
 pytestmark = pytest.mark.integration
+
+DOWN_S = 1.0
+"""How long the killed flow stays down before it restarts."""
 
 
 def configure(fakes: str, **knobs: object) -> None:
@@ -132,7 +135,7 @@ def test_sigkill_with_retries_pending_loses_none(isolated, otp_template: dict[st
              what="every message waiting for a retry")
     flow.kill()
     configure(fakes, error_rate_5xx=0.0)
-    time.sleep(1)
+    hold(DOWN_S)
     iso.flow(Tier.P1)
     final = wait_for(lambda: (lambda st: st if set(st.values()) <= SUCCESS else None)(
         statuses(cql, ids)), timeout=120, what="every message accepted after the restart")

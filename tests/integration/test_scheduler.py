@@ -26,9 +26,12 @@ from notiflow.schemas.enums import Channel, Tier
 from notiflow.schemas.messages import IngestRecord, new_message_id
 from notiflow.schemas.scheduling import ScheduledRow
 from notiflow.settings import Settings
-from tests.helpers import read_topic, signed
+from tests.helpers import hold_async, read_topic, signed, wait_until
 
 pytestmark = pytest.mark.integration
+
+BEFORE_CRASH_S = 30.0
+"""How long the schedulers publish before one of them is killed."""
 
 
 @dataclass
@@ -103,7 +106,7 @@ def published(settings: Settings, topic: str, ids: set[str], until: float
 async def published_by(settings: Settings, topic: str, ids: set[str], after: float
                        ) -> set[str]:
     """Which of ``ids`` ``topic`` holds ``after`` seconds from now, read to its end then."""
-    await asyncio.sleep(after)
+    await hold_async(after)
     return await asyncio.to_thread(lambda: {
         mid for m in read_topic(settings, topic, timeout=30)
         if (mid := header(m.headers(), "message_id")) in ids})
@@ -116,7 +119,7 @@ async def test_rows_are_published_on_time_across_a_scheduler_crash(
     rows = [row(stack, board, now + timedelta(seconds=5, milliseconds=100 * i))
             for i in range(600)]
     await asyncio.gather(*(board.add(r, now) for r in rows))
-    await asyncio.sleep(30)
+    await hold_async(BEFORE_CRASH_S)
     schedulers[0].kill()
     seen = await asyncio.to_thread(published, stack, rows[0].topic,
                                    {r.message_id for r in rows}, time.monotonic() + 37)
@@ -239,9 +242,7 @@ async def test_a_long_retry_waits_in_a_bucket_and_returns_when_due(
     async def stored() -> ScheduledRow | None:
         return await board.get(r.message_id, to_ms(due))
 
-    deadline = time.monotonic() + 10
-    while await stored() is None and time.monotonic() < deadline:
-        await asyncio.sleep(0.2)
+    await wait_until(stored, timeout=10, interval=0.2, what="the delayed record in its bucket")
     waiting = await stored()
     assert waiting is not None, "the delayed record never reached its bucket"
     assert waiting.released_at is None

@@ -19,11 +19,14 @@ from cassandra.cluster import Session
 from notiflow.adapters.kafka_io import OutRecord
 from notiflow.ops.procs import ManagedProcess
 from notiflow.schemas.enums import Tier
-from tests.helpers import message_row, produce, received_at, report, wait_for
+from tests.helpers import hold, message_row, produce, received_at, report, wait_for
 from tests.integration.conftest import RedisServer, ready
 from tests.integration.test_pipeline import ids_of
 
 pytestmark = pytest.mark.integration
+
+P3_QUIET_S = 2.0
+"""How long P3 must stay unsent while Redis is down."""
 
 
 def bearer(token: str) -> dict[str, str]:
@@ -52,9 +55,7 @@ def post_messages(api: str, token: str, bodies: list[dict[str, Any]],
     with httpx.Client(base_url=api, timeout=30) as client:
         start = time.monotonic()
         for i, body in enumerate(bodies):
-            delay = start + i / rate - time.monotonic()
-            if delay > 0:
-                time.sleep(delay)
+            hold(start + i / rate - time.monotonic())
             t0 = time.monotonic()
             r = client.post("/v1/messages", json=body, headers={
                 **bearer(token), "Idempotency-Key": uuid.uuid4().hex})
@@ -223,7 +224,7 @@ def test_redis_outage_p0_continues_p3_pauses_then_resumes(
     p0_down, p3_down = batch(Tier.P0, "b"), batch(Tier.P3, "b")
     wait_for(lambda: len(arrived(p0_down)) == len(p0_down), timeout=30,
              what="P0 sending while Redis is down")
-    time.sleep(2)
+    hold(P3_QUIET_S)
     assert arrived(p3_down) == set(), "P3 sent while Redis was down"
 
     private_redis.start()

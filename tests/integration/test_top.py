@@ -19,7 +19,7 @@ from notiflow.ops.procs import ManagedProcess
 from notiflow.ops.top import TopCollector
 from notiflow.schemas.enums import Tier
 from notiflow.settings import Settings
-from tests.helpers import SUCCESS, message_row, wait_for
+from tests.helpers import SUCCESS, message_row, wait_for, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -85,10 +85,7 @@ def test_collector_frame_counts_events(stack: Settings, api: str, tokens: dict[s
                 await collector.poll()
                 return collector.window.seen > before
 
-            for _ in range(100):
-                if await grown():
-                    break
-                await asyncio.sleep(0.2)
+            await wait_until(grown, timeout=20, interval=0.2, what="the collector's window")
             frame = await collector.frame()
             assert frame.tier(Tier.P0).done_per_s > 0
             assert frame.tier(Tier.P0).latency_samples >= 1

@@ -22,6 +22,7 @@ from notiflow.gateway.auditor import Auditor
 from notiflow.ops.audit_cli import p0_totals, select
 from notiflow.schemas.enums import Tier
 from notiflow.settings import Settings, TenantConfig
+from tests.helpers import wait_until
 
 T0 = datetime(2026, 12, 5, 12, 0, tzinfo=UTC)
 SECRET = "s3cr3t-token-value-0123456789abcdef"
@@ -154,10 +155,8 @@ def test_the_run_loop_writes_what_is_recorded() -> None:
         auditor.attach(log)  # type: ignore[arg-type]
         task = asyncio.create_task(auditor.run())
         auditor.record(AuditEvent(T0, Action.TEMPLATE_CREATE, "jwt:svc", "acme", "template:x@1"))
-        for _ in range(100):
-            await asyncio.sleep(0.01)
-            if any(e.subject == "template:x@1" for e in log.events):
-                break
+        await wait_until(lambda: any(e.subject == "template:x@1" for e in log.events),
+                         timeout=1.0, what="the event written")
         task.cancel()
     asyncio.run(run())
     assert any(e.subject == "template:x@1" for e in log.events)

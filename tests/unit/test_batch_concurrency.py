@@ -12,6 +12,7 @@ from fastapi import Response
 
 from notiflow.gateway import batch
 from notiflow.settings import TenantConfig
+from tests.helpers import loop_turns
 
 
 async def test_concurrent_batches_share_the_process_bound(
@@ -22,7 +23,7 @@ async def test_concurrent_batches_share_the_process_bound(
         nonlocal running, peak
         running += 1
         peak = max(peak, running)
-        await asyncio.sleep(0.001)
+        await loop_turns(3)
         running -= 1
         return Response('{"message_id":"m"}', status_code=202)
 

@@ -28,6 +28,7 @@ from notiflow.bench.openloop import (
     slowest_stages,
     stop_reason,
 )
+from tests.helpers import hold, hold_async
 
 
 def test_schedule_is_evenly_spaced_and_ends_before_the_step() -> None:
@@ -46,7 +47,7 @@ def test_schedule_holds_rate_times_seconds_requests(rate: float, seconds: float)
 
 async def test_requests_leave_at_their_due_time_while_earlier_ones_are_outstanding() -> None:
     async def slow(_i: int) -> Answer:
-        await asyncio.sleep(0.4)
+        await hold_async(0.4)
         return Answer.single("202")
 
     run = await open_loop(slow, schedule(50, 0.3), cap=1000)
@@ -57,7 +58,7 @@ async def test_requests_leave_at_their_due_time_while_earlier_ones_are_outstandi
 
 async def test_a_full_cap_delays_requests_and_the_delay_is_counted() -> None:
     async def slow(_i: int) -> Answer:
-        await asyncio.sleep(0.2)
+        await hold_async(0.2)
         return Answer.single("202")
 
     run = await open_loop(slow, schedule(40, 0.25), cap=2)
@@ -107,7 +108,7 @@ class StallingServer:
         now = time.perf_counter()
         if self.stall is None and now >= self.armed_at + self.stall_after:
             self.stall = (now, now + self.stall_s)
-            time.sleep(self.stall_s)
+            hold(self.stall_s)
         return web.Response(status=202, text="{}")
 
     def _serve(self) -> None:

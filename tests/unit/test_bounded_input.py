@@ -28,7 +28,7 @@ from notiflow.gateway.bodies import BodyCeiling, read_limited
 from notiflow.gateway.server_limits import BoundedHttpTools, uvicorn_options
 from notiflow.gateway.webhooks import MAX_SENDGRID_BODY
 from notiflow.settings import ServerLimits, Settings
-from tests.helpers import dev_environ
+from tests.helpers import dev_environ, hold_async
 
 CHUNK = 64 * 1024
 HUNDRED_MIB = 100 * 1024 * 1024
@@ -120,11 +120,15 @@ def _with_errors(inner: Any) -> FastAPI:
     return outer
 
 
+TRICKLE_GAP_S = 0.05
+"""A slow client's pause between bytes: four of them outlast the 0.2 s body timeout."""
+
+
 async def test_a_body_that_arrives_too_slowly_is_refused_408() -> None:
     async def trickle() -> AsyncIterator[bytes]:
         while True:
             yield b"{"
-            await asyncio.sleep(0.05)
+            await hold_async(TRICKLE_GAP_S)
 
     async def route(scope: Any, receive: Any, send: Any) -> None:
         body = await read_limited(Request(scope, receive), 1024, timeout_s=0.2)

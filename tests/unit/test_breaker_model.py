@@ -56,6 +56,7 @@ from notiflow.adapters.breaker import (
 )
 from notiflow.adapters.providers.base import Outcome, SendResult
 from notiflow.settings import BreakerRule, Settings
+from tests.helpers import loop_turns, wait_until
 
 T0 = 1_700_000_000_000_000
 S = 1_000_000
@@ -534,7 +535,7 @@ class FlakyStore(ModelStore):
         if self.down:
             raise RedisConnectionError("connection refused")
         self.calls.append(len(ops))
-        await asyncio.sleep(0)
+        await loop_turns()
         return await super().run(provider_id, ops, now_us)
 
 
@@ -586,7 +587,7 @@ async def test_deferred_successes_flush_on_their_own() -> None:
     cb = CircuitBreakers(store, clock_us=clock, flush_interval=0.01)
     await cb.record("tw", Outcome.ACCEPTED, None, 0.1)
     assert store.calls == []
-    await asyncio.sleep(0.1)
+    await wait_until(lambda: store.calls, timeout=1.0, what="the deferred flush")
     assert store.calls == [1]
 
 
@@ -654,8 +655,7 @@ async def test_redis_down_local_breaker_then_converge(caplog: pytest.LogCaptureF
     store.down = False
     clock.t += S
     await cb.allow("tw")
-    for _ in range(10):
-        await asyncio.sleep(0)
+    await wait_until(lambda: cb.redis_ok, timeout=1.0, what="the background probe")
     assert cb.redis_ok and cb.state("tw") is State.CLOSED
     assert (await cb.allow("tw")).kind is AdmissionKind.NORMAL
     assert [(c.old, c.new, c.why) for c in changes[1:]] == [
@@ -685,7 +685,7 @@ async def test_changes_iterator() -> None:
                 return
 
     task = asyncio.ensure_future(consume())
-    await asyncio.sleep(0)
+    await loop_turns()
     for _ in range(5):
         await cb.record("tw", Outcome.TRANSIENT, "server_error", 0.1)
     await asyncio.wait_for(task, 1)

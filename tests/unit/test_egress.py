@@ -252,7 +252,7 @@ class Counting(StaticResolver):
 
 class Slow(StaticResolver):
     async def resolve(self, host: str, port: int) -> Sequence[IPAddress]:
-        await asyncio.sleep(30)
+        await asyncio.Event().wait()
         raise AssertionError("not reached")
 
 

@@ -4,7 +4,6 @@ zones (injected clock), and yielding to the backlog and P0 signals."""
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 from collections.abc import AsyncIterator, Sequence
 from datetime import UTC, datetime, time, timedelta
@@ -30,6 +29,7 @@ from notiflow.schemas.enums import Channel, Tier
 from notiflow.schemas.messages import IngestRecord
 from notiflow.schemas.scheduling import ScheduledRow
 from notiflow.settings import IngestBinding, Settings
+from tests.helpers import wait_until
 
 NOW = datetime(2026, 12, 4, 15, 0, tzinfo=UTC)
 CID = "cmp_" + "ab" * 16
@@ -125,11 +125,13 @@ class Signals:
     def __init__(self) -> None:
         self.p0: float | None = None
         self.backlog: float | None = None
+        self.backlog_asked = 0
 
     async def p0_worst(self) -> float | None:
         return self.p0
 
     async def backlog_age(self, tier: Tier) -> float | None:
+        self.backlog_asked += 1
         return self.backlog
 
 
@@ -244,7 +246,8 @@ async def test_backlog_and_p0_pressure_hold_expansion() -> None:
     board, sink = Board(row(request())), Sink()
     x = expander(board, manifest(100), sink, signals)
     assert await x.tick() == 1
-    await asyncio.sleep(0.6)
+    await wait_until(lambda: signals.backlog_asked >= 3, timeout=5.0,
+                     what="the expander holding on the backlog three times")
     assert sink.records == []
     signals.backlog = None
     assert await next(iter(x.tasks.values())) == "completed"

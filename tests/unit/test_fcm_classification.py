@@ -39,6 +39,7 @@ from notiflow.devenv import provider_credentials
 from notiflow.schemas.enums import Channel, PushPlatform, Tier
 from notiflow.schemas.messages import PushRecipient
 from notiflow.settings import FcmSettings, Settings
+from tests.helpers import loop_turns
 from tests.unit.classification_cases import HTTP_DEFAULT_STATUSES, status_class_cases
 
 T, P, A = Outcome.TRANSIENT, Outcome.PERMANENT, Outcome.AMBIGUOUS
@@ -244,7 +245,7 @@ async def test_concurrent_callers_share_one_exchange() -> None:
     exchange.gate = asyncio.Event()
     tokens = _tokens(exchange, clock)
     waiters = [asyncio.ensure_future(tokens.get(5.0)) for _ in range(10)]
-    await asyncio.sleep(0)
+    await loop_turns()
     exchange.gate.set()
     assert set(await asyncio.gather(*waiters)) == {"tok-1"}
     assert tokens.exchanges == 1
@@ -256,7 +257,7 @@ async def test_failed_exchange_reaches_every_waiter_and_is_not_cached() -> None:
     exchange.error = TokenError(Rule(T, "auth_failed"), "invalid_grant")
     tokens = _tokens(exchange, clock)
     waiters = [asyncio.ensure_future(tokens.get(5.0)) for _ in range(3)]
-    await asyncio.sleep(0)
+    await loop_turns()
     exchange.gate.set()
     results = await asyncio.gather(*waiters, return_exceptions=True)
     assert all(isinstance(r, TokenError) and r.error_code == "invalid_grant" for r in results)

@@ -22,6 +22,7 @@ from notiflow.inbox.tokens import TokenRefused, mint, verify
 from notiflow.redact import mask
 from notiflow.schemas.messages import SendRequest
 from notiflow.settings import Settings, TenantConfig
+from tests.helpers import wait_until
 
 T0 = datetime(2026, 12, 6, 9, 0, tzinfo=UTC)
 KEY = "k" * 43
@@ -131,7 +132,7 @@ async def test_the_hub_fans_out_and_closes_a_client_that_falls_behind() -> None:
     assert hub.dispatch("c1", b"2") == 2
     assert hub.dispatch("c1", b"3") == 2
     assert slow.closed.is_set() and slow.overflowed and not fast.closed.is_set()
-    await asyncio.sleep(0.01)
+    await wait_until(lambda: len(written) >= 3, timeout=1.0, what="three frames pumped")
     assert written == [b"1", b"2", b"3"]
     assert hub.dispatch("nobody", b"x") == 0
     third = Connection("c1", 4, write)

@@ -12,6 +12,7 @@ import pytest
 from notiflow.adapters.providers.base import OutboundMessage, Outcome, SendResult
 from notiflow.adapters.providers.batching import Coalescer, coalesced
 from notiflow.schemas.enums import Channel, Tier
+from tests.helpers import loop_turns, wait_until
 
 AT = datetime(2026, 12, 4, tzinfo=UTC)
 
@@ -28,11 +29,13 @@ class Batches:
     channel = Channel.EMAIL
 
     def __init__(self, max_batch: int = 1000, refuse: frozenset[str] = frozenset(),
-                 raises: bool = False, delay: float = 0.0) -> None:
+                 raises: bool = False, held: bool = False) -> None:
         self.max_batch = max_batch
         self.refuse = refuse
         self.raises = raises
-        self.delay = delay
+        self.release = asyncio.Event()
+        if not held:
+            self.release.set()
         self.batches: list[list[str]] = []
         self.closed = False
 
@@ -40,7 +43,8 @@ class Batches:
                          traceparents: Sequence[str | None]) -> list[SendResult]:
         assert len(traceparents) == len(messages)
         self.batches.append([m.message_id for m in messages])
-        await asyncio.sleep(self.delay)
+        await loop_turns()
+        await self.release.wait()
         if self.raises:
             raise RuntimeError("adapter bug")
         return [SendResult(Outcome.PERMANENT, self.provider_id, AT, AT,
@@ -101,11 +105,12 @@ async def test_a_raising_batch_fails_each_of_its_callers() -> None:
 
 
 async def test_a_cancelled_caller_leaves_the_others_their_results() -> None:
-    inner = Batches(delay=0.05)
+    inner = Batches(held=True)
     c = Coalescer(inner, 64, 0.0)
     tasks = [asyncio.create_task(c.send(message(i))) for i in range(3)]
-    await asyncio.sleep(0.01)
+    await wait_until(lambda: inner.batches, what="the batch sent")
     tasks[0].cancel()
+    inner.release.set()
     done = await asyncio.gather(*tasks, return_exceptions=True)
     assert isinstance(done[0], asyncio.CancelledError)
     assert [r.outcome for r in done[1:]] == [Outcome.ACCEPTED] * 2  # type: ignore[union-attr]
@@ -115,7 +120,7 @@ async def test_closing_sends_what_waits_then_closes_the_client() -> None:
     inner = Batches()
     c = Coalescer(inner, 64, 60.0, close=inner)  # type: ignore[arg-type]
     pending = asyncio.create_task(c.send(message(1)))
-    await asyncio.sleep(0)
+    await loop_turns()
     await c.aclose()
     assert (await pending).outcome is Outcome.ACCEPTED
     assert inner.closed and inner.batches == [["msg_1"]]

@@ -42,6 +42,7 @@ from notiflow.adapters.ratelimit import (
 )
 from notiflow.schemas.enums import Tier
 from notiflow.settings import Settings
+from tests.helpers import loop_turns
 
 W = 1_000_000
 T0 = 5_000_000
@@ -467,7 +468,7 @@ async def test_redis_down_pause_tier_waits_then_recovers() -> None:
     assert await limiter.acquire("tw", Tier.P3) == 0.5
     clock.t += 0.5
     assert await limiter.acquire("tw", Tier.P3) == 0.5, "the probe runs in the background"
-    await asyncio.sleep(0)
+    await loop_turns()
     assert limiter.redis_ok
     assert await limiter.acquire("tw", Tier.P3) is None
     assert limiter.stats.paused == 3
@@ -486,8 +487,7 @@ async def test_no_caller_waits_on_a_black_holed_redis() -> None:
     assert len(limiter._probes) == 1 and not limiter.redis_ok
     store.down = False
     store.hang.set()
-    await asyncio.sleep(0)
-    await asyncio.sleep(0)
+    await loop_turns(2)
     assert limiter.redis_ok and not limiter._probes
     await limiter.aclose()
 

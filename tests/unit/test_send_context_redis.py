@@ -17,6 +17,7 @@ from notiflow.adapters.dlq_crypto import DlqCipher
 from notiflow.flows.sending.context import REDIS_RECHECK, SendContext
 from notiflow.schemas.enums import Tier
 from notiflow.settings import Settings
+from tests.helpers import loop_turns
 
 
 class Clock:
@@ -79,7 +80,7 @@ def test_one_call_at_a_time_asks_a_failed_redis_again() -> None:
         await ctx.redis(fails, "fallback")
         clock.now += REDIS_RECHECK
         probing = asyncio.create_task(ctx.redis(hangs, "fallback"))
-        await asyncio.sleep(0)
+        await loop_turns()
         other = await asyncio.wait_for(ctx.redis(hangs, "fallback"), 0.05)
         release.set()
         return await probing, other, await ctx.redis(hangs, "fallback")

@@ -9,17 +9,20 @@ import pytest
 from cassandra import OperationTimedOut
 
 from notiflow.gateway.settler import Settler
+from tests.helpers import wait_until
 
 
 class Store:
     def __init__(self, fail: bool = False) -> None:
         self.written: list[str] = []
+        self.started: list[str] = []
         self.fail = fail
         self.gate = asyncio.Event()
         self.gate.set()
 
     def settle(self, key: str) -> object:
         async def run() -> None:
+            self.started.append(key)
             await self.gate.wait()
             if self.fail:
                 raise OperationTimedOut("down")
@@ -35,7 +38,7 @@ async def test_settles_of_one_interval_go_together() -> None:
     assert settler.pending("acme", "b") == '{"message_id":"b"}'
     assert settler.pending("other", "b") is None
     assert store.written == []
-    await asyncio.sleep(0.05)
+    await wait_until(lambda: len(store.written) >= 3, timeout=1.0, what="the interval's flush")
     assert sorted(store.written) == ["a", "b", "c"]
     assert settler.pending("acme", "b") is None and len(settler) == 0
 
@@ -45,10 +48,10 @@ async def test_pending_while_being_written_and_no_second_write() -> None:
     store.gate.clear()
     settler = Settler(0.0)
     settler.add("acme", "a", "A", store.settle("a"))
-    await asyncio.sleep(0.01)
+    await wait_until(lambda: "a" in store.started, timeout=1.0, what="a being written")
     assert settler.pending("acme", "a") == "A"
     settler.add("acme", "b", "B", store.settle("b"))
-    await asyncio.sleep(0.01)
+    await wait_until(lambda: "b" in store.started, timeout=1.0, what="b being written")
     store.gate.set()
     await settler.close()
     assert sorted(store.written) == ["a", "b"]
@@ -59,7 +62,8 @@ async def test_failed_settle_is_dropped_and_logged(caplog: pytest.LogCaptureFixt
     store = Store(fail=True)
     settler = Settler(0.0)
     settler.add("acme", "a", "A", store.settle("a"))
-    await asyncio.sleep(0.02)
+    await wait_until(lambda: "deferred to the sweeper" in caplog.text, timeout=1.0,
+                     what="the failed settle logged")
     assert settler.pending("acme", "a") is None
     assert "deferred to the sweeper (OperationTimedOut)" in caplog.text
 

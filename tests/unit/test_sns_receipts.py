@@ -24,6 +24,7 @@ from notiflow.fakes.sns import self_signed
 from notiflow.flows.reconcile import suppression_for
 from notiflow.schemas.enums import Status
 from notiflow.settings import SesSettings
+from tests.helpers import loop_turns
 
 TOPIC = "arn:aws:sns:us-east-1:123456789012:ses-events"
 CERT_URL = "https://sns.us-east-1.amazonaws.com/SimpleNotificationService-abc.pem"
@@ -269,7 +270,7 @@ def test_certificates_are_fetched_once_per_ttl() -> None:
 
     async def handler(request: httpx.Request) -> httpx.Response:
         seen.append(str(request.url))
-        await asyncio.sleep(0.01)
+        await loop_turns(3)
         return httpx.Response(200, content=PEM)
 
     clock = Clock()

@@ -12,6 +12,7 @@ import pytest
 from notiflow.adapters.providers.base import OutboundMessage, Outcome, SendResult
 from notiflow.adapters.providers.swappable import Swappable
 from notiflow.schemas.enums import Channel, Tier
+from tests.helpers import loop_turns
 
 MESSAGE = OutboundMessage("m", 1, "acme", Channel.SMS, Tier.P1, "+14155550123", "hi")
 
@@ -24,17 +25,23 @@ class Held:
     def __init__(self, name: str, provider_id: str = "twilio") -> None:
         self.name, self.provider_id = name, provider_id
         self.release = asyncio.Event()
+        self.entered = asyncio.Event()
+        self.shut = asyncio.Event()
         self.sent: list[str] = []
-        self.closed = False
+
+    @property
+    def closed(self) -> bool:
+        return self.shut.is_set()
 
     async def send(self, message: OutboundMessage) -> SendResult:
+        self.entered.set()
         await self.release.wait()
         self.sent.append(message.message_id)
         now = datetime.now(UTC)
         return SendResult(Outcome.ACCEPTED, self.provider_id, now, now, self.name)
 
     async def aclose(self) -> None:
-        self.closed = True
+        self.shut.set()
 
 
 async def swapped_mid_send(drain_s: float = 60.0
@@ -43,7 +50,7 @@ async def swapped_mid_send(drain_s: float = 60.0
     old, new = Held("old"), Held("new")
     slot = Swappable(old, drain_s=drain_s)
     pending = asyncio.create_task(slot.send(MESSAGE))
-    await asyncio.sleep(0)
+    await old.entered.wait()
     slot.swap(new)
     return old, new, slot, pending
 
@@ -52,11 +59,11 @@ async def test_in_flight_sends_finish_on_the_old_client_and_new_ones_use_the_new
     old, new, slot, pending = await swapped_mid_send()
     new.release.set()
     assert (await slot.send(MESSAGE)).provider_message_id == "new"
-    await asyncio.sleep(0.01)
+    await loop_turns(3)
     assert not old.closed
     old.release.set()
     assert (await pending).provider_message_id == "old"
-    await asyncio.sleep(0.01)
+    await asyncio.wait_for(old.shut.wait(), 5)
     assert old.closed and not new.closed
     await slot.aclose()
     assert new.closed
@@ -64,7 +71,7 @@ async def test_in_flight_sends_finish_on_the_old_client_and_new_ones_use_the_new
 
 async def test_a_stuck_old_client_is_closed_after_its_drain_time() -> None:
     old, _new, slot, pending = await swapped_mid_send(drain_s=0.05)
-    await asyncio.sleep(0.1)
+    await asyncio.wait_for(old.shut.wait(), 1)
     assert old.closed
     pending.cancel()
     await slot.aclose()

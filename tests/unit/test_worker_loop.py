@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from notiflow.adapters.worker import WorkerLoop
+from tests.helpers import loop_turns
 
 
 class _Resource:
@@ -22,13 +23,13 @@ def test_close_closes_resources_then_cancels_what_a_batch_left_pending() -> None
 
     async def helper() -> None:
         try:
-            await asyncio.sleep(3600)
+            await asyncio.Event().wait()
         finally:
             finished.append("helper")
 
     async def batch() -> int:
         left.append(asyncio.ensure_future(helper()))
-        await asyncio.sleep(0)
+        await loop_turns()
         return 1
 
     assert loop.run(batch()) == 1

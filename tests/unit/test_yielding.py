@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from notiflow.adapters.pressure import LatencyWindow
 from notiflow.flows.yielding import Slots, YieldWindow
 from notiflow.settings import YieldRule
+from tests.helpers import loop_turns
 
 RULE = YieldRule()
 
@@ -70,13 +71,13 @@ async def test_slots_shrink_without_preempting_and_serve_in_order() -> None:
     async def wait(i: int) -> None:
         async with slots:
             order.append(i)
-            await asyncio.sleep(0)
+            await loop_turns()
 
     waiting = [asyncio.create_task(wait(i)) for i in range(3)]
-    await asyncio.sleep(0)
+    await loop_turns()
     slots.resize(1)
     slots.release()
-    await asyncio.sleep(0)
+    await loop_turns()
     assert order == [] and slots.used == 1
     slots.release()
     await asyncio.gather(*waiting)
@@ -91,7 +92,7 @@ async def test_a_cancelled_waiter_gives_its_place_up() -> None:
     slots = Slots(1)
     await slots.acquire()
     waiter = asyncio.create_task(slots.acquire())
-    await asyncio.sleep(0)
+    await loop_turns()
     waiter.cancel()
     with pytest.raises(asyncio.CancelledError):
         await waiter
@@ -128,8 +129,8 @@ def test_floor_zero_pauses_while_p0_is_slow_and_resumes_below_high() -> None:
 async def test_slots_of_limit_zero_admit_nobody_until_resized() -> None:
     slots = Slots(0)
     task = asyncio.create_task(slots.acquire())
-    await asyncio.sleep(0)
+    await loop_turns()
     assert not task.done()
     slots.resize(1)
-    await asyncio.sleep(0)
+    await loop_turns()
     assert task.done() and slots.used == 1

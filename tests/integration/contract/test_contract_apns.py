@@ -22,6 +22,7 @@ from notiflow.adapters.providers.base import Outcome
 from notiflow.schemas.enums import Channel, PushPlatform, Tier
 from notiflow.schemas.messages import PushRecipient
 from notiflow.settings import Settings
+from tests.helpers import wait_until
 from tests.integration.contract.harness import (
     Emulator,
     Harness,
@@ -274,8 +275,8 @@ async def test_apns_connection_lost_after_send_is_ambiguous(harness: Harness,
     await emulator.configure(timeout_rate=1.0, hang_s=30.0)
     msg = message(harness)
     pending = asyncio.create_task(adapter.send(msg))
-    while not await emulator.records(msg.message_id):
-        await asyncio.sleep(0.02)
+    await wait_until(lambda: emulator.records(msg.message_id), timeout=10, interval=0.02,
+                     what="the request at the emulator")
     dropped = await emulator.http.post(f"{emulator.base}/_admin/apns/drop-connections")
     assert dropped.json()["dropped"] >= 1
     result = await asyncio.wait_for(pending, 5.0)

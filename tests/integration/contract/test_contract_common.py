@@ -6,7 +6,6 @@ the harnesses with a :class:`CallbackSpec`. A provider's own cases are in its
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import httpx
@@ -15,6 +14,7 @@ import pytest
 from notiflow.adapters.providers.base import Outcome
 from notiflow.devenv import free_port
 from notiflow.settings import Settings
+from tests.helpers import wait_until
 from tests.integration.contract.harness import (
     Emulator,
     Harness,
@@ -301,12 +301,12 @@ async def test_callback_failures_never_break_the_emulator(harness: Harness,
         for _ in range(3):
             assert_result(await client.send(message(harness)), Outcome.ACCEPTED, None)
 
-        async def failed() -> int:
-            while (n := (await emulator.stats())["callbacks"]["failed"]) < 6:
-                await asyncio.sleep(0.05)
-            return int(n)
+        async def failed() -> int | None:
+            n = int((await emulator.stats())["callbacks"]["failed"])
+            return n if n >= 6 else None
 
-        assert await asyncio.wait_for(failed(), 10) == 6
+        assert await wait_until(failed, timeout=10, interval=0.05,
+                                what="six failed callbacks") == 6
         assert_result(await client.send(message(harness)), Outcome.ACCEPTED, None)
     finally:
         await client.aclose()
