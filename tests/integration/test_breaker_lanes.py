@@ -20,6 +20,7 @@ from notiflow.adapters.breaker import (
 from notiflow.adapters.breaker_lanes import BulkBreakers
 from notiflow.adapters.providers.base import Outcome
 from notiflow.settings import BreakerRule
+from tests.fakes import Clock
 
 pytestmark = pytest.mark.integration
 
@@ -28,15 +29,7 @@ T0 = 1_700_000_000_000_000
 PARAMS = BreakerParams.from_rule(BreakerRule())
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.t = T0
-
-    def __call__(self) -> int:
-        return self.t
-
-
-def lanes(url: str, clock: Clock) -> tuple[CircuitBreakers, BulkBreakers, str]:
+def lanes(url: str, clock: Clock[int]) -> tuple[CircuitBreakers, BulkBreakers, str]:
     ns = f"lanes{uuid.uuid4().hex[:10]}."
 
     def store(lane: str) -> BreakerStore:
@@ -49,14 +42,14 @@ def lanes(url: str, clock: Clock) -> tuple[CircuitBreakers, BulkBreakers, str]:
     return priority, bulk, ns
 
 
-async def fail(breakers: CircuitBreakers | BulkBreakers, n: int, clock: Clock) -> None:
+async def fail(breakers: CircuitBreakers | BulkBreakers, n: int, clock: Clock[int]) -> None:
     for _ in range(n):
         await breakers.record("tw", Outcome.AMBIGUOUS, "timeout", 5.0)
-        clock.t += 1000
+        clock.now += 1000
 
 
 async def test_bulk_failures_open_only_the_bulk_lane(redis_url: str) -> None:
-    clock = Clock()
+    clock = Clock(T0)
     priority, bulk, ns = lanes(redis_url, clock)
     changes: list[StateChange] = []
     bulk.on_change(changes.append)
@@ -75,17 +68,17 @@ async def test_bulk_failures_open_only_the_bulk_lane(redis_url: str) -> None:
 
 async def test_a_priority_outage_stops_bulk_and_its_probes_stay_with_priority(
         redis_url: str) -> None:
-    clock = Clock()
+    clock = Clock(T0)
     priority, bulk, _ = lanes(redis_url, clock)
     await fail(priority, 5, clock)
     refused = await bulk.allow("tw")
     assert refused.kind is AdmissionKind.REFUSED and refused.retry_in > 59
     assert bulk.state("tw") is State.OPEN
 
-    clock.t = T0 + 61 * S
+    clock.now = T0 + 61 * S
     for _ in range(30):
         assert (await bulk.allow("tw")).kind is AdmissionKind.NORMAL
-        clock.t += 1000
+        clock.now += 1000
     assert priority.state("tw") is State.HALF_OPEN
     assert (await priority.allow("tw")).kind is AdmissionKind.PROBE
     await priority.aclose()

@@ -36,6 +36,7 @@ from notiflow.adapters.breaker import (
 from notiflow.adapters.providers.base import Outcome
 from notiflow.devenv import free_port
 from notiflow.settings import BreakerRule, Settings
+from tests.fakes import Clock
 from tests.helpers import loop_turns, wait_until
 from tests.integration.conftest import RedisServer
 
@@ -53,14 +54,6 @@ SMALL = BreakerParams.from_rule(BreakerRule(
 
 def namespace() -> str:
     return f"cb{uuid.uuid4().hex[:10]}."
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = T0
-
-    def __call__(self) -> int:
-        return self.t
 
 
 def store_for(url: str, ns: str, params: BreakerParams = DEFAULT) -> BreakerStore:
@@ -123,7 +116,7 @@ async def test_new_bucket_layout_starts_an_empty_window(client: aioredis.Redis) 
 
 
 async def test_two_processes_agree_and_emit_each_transition_once(redis_url: str) -> None:
-    ns, clock = namespace(), Clock()
+    ns, clock = namespace(), Clock(T0)
     a = CircuitBreakers(store_for(redis_url, ns), clock_us=clock, cache_ttl=0.2)
     b = CircuitBreakers(store_for(redis_url, ns), clock_us=clock, cache_ttl=0.2)
     events: list[tuple[str, StateChange]] = []
@@ -135,13 +128,13 @@ async def test_two_processes_agree_and_emit_each_transition_once(redis_url: str)
         state = await a.record("tw", Outcome.TRANSIENT, "server_error", 0.1)
         assert state is (State.OPEN if i == 4 else State.CLOSED)
     assert (await b.allow("tw")).kind is AdmissionKind.NORMAL
-    clock.t += 200_000
+    clock.now += 200_000
     refused = await b.allow("tw")
     assert refused.kind is AdmissionKind.REFUSED
     assert refused.retry_in == pytest.approx(59.8)
     assert a.state("tw") is b.state("tw") is State.OPEN
 
-    clock.t = T0 + 60 * S
+    clock.now = T0 + 60 * S
     assert a.state("tw") is b.state("tw") is State.HALF_OPEN
     probe = await b.allow("tw")
     assert probe.kind is AdmissionKind.PROBE and probe.episode == 1
@@ -149,10 +142,10 @@ async def test_two_processes_agree_and_emit_each_transition_once(redis_url: str)
     for i in range(20):
         which = a if i % 2 else b
         await which.record("tw", Outcome.ACCEPTED, None, 0.05, True, episode=probe.episode)
-        clock.t += 1000
+        clock.now += 1000
     assert a.state("tw") is State.CLOSED
     assert b.state("tw") is State.HALF_OPEN
-    clock.t += 200_000
+    clock.now += 200_000
     assert (await b.allow("tw")).kind is AdmissionKind.NORMAL
     assert a.state("tw") is b.state("tw") is State.CLOSED
 
@@ -183,7 +176,7 @@ async def test_concurrent_failures_open_exactly_once(redis_url: str) -> None:
 
 
 async def test_state_changes_as_an_async_iterator(redis_url: str) -> None:
-    ns, clock = namespace(), Clock()
+    ns, clock = namespace(), Clock(T0)
     cb = CircuitBreakers(store_for(redis_url, ns), clock_us=clock)
     received: list[StateChange] = []
 
@@ -197,7 +190,7 @@ async def test_state_changes_as_an_async_iterator(redis_url: str) -> None:
     await loop_turns()
     for _ in range(5):
         await cb.record("fcm", Outcome.TRANSIENT, "server_error", 0.1)
-    clock.t += 60 * S
+    clock.now += 60 * S
     assert (await cb.allow("fcm")).kind is AdmissionKind.PROBE
     await asyncio.wait_for(task, 2)
     assert [(c.provider_id, c.new, c.why) for c in received] == [
@@ -210,7 +203,7 @@ async def test_state_changes_as_an_async_iterator(redis_url: str) -> None:
 
 async def test_redis_down_local_breaker_then_converges(
         caplog: pytest.LogCaptureFixture, private_redis: RedisServer) -> None:
-    clock = Clock()
+    clock = Clock(T0)
     s = Settings(redis_url=private_redis.url, topic_prefix=namespace())
     cb = CircuitBreakers(s, clock_us=clock, retry_interval=0.5)
     events: list[StateChange] = []
@@ -221,18 +214,18 @@ async def test_redis_down_local_breaker_then_converges(
     with caplog.at_level(logging.WARNING, "notiflow.adapters.breaker"):
         for _ in range(5):
             await cb.record("tw", Outcome.TRANSIENT, "server_error", 0.1)
-            clock.t += 1000
+            clock.now += 1000
         assert not cb.redis_ok and cb.state("tw") is State.OPEN
         for _ in range(10):
             assert (await cb.allow("tw")).kind is AdmissionKind.REFUSED
-            clock.t += 300_000
+            clock.now += 300_000
     assert sum("unreachable" in r.message for r in caplog.records) == 1
     assert [(c.new, c.why, c.shared) for c in events] == [
         (State.OPEN, "failures:5", False)]
     assert cb.stats.local_ops >= 5
 
     private_redis.start()
-    clock.t += 500_000
+    clock.now += 500_000
     assert (await cb.allow("tw")).kind is AdmissionKind.REFUSED
     await wait_until(lambda: cb.redis_ok, timeout=5, interval=0.01, what="the probe")
     assert cb.redis_ok and cb.state("tw") is State.CLOSED

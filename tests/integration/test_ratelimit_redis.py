@@ -36,6 +36,7 @@ from notiflow.adapters.ratelimit import (
 from notiflow.flows.routing import Choice, rank_routes, reserve
 from notiflow.schemas.enums import Channel, Tier
 from notiflow.settings import ProviderRoute, Settings
+from tests.fakes import Clock
 from tests.helpers import hold_async, loop_turns, wait_until
 from tests.integration.conftest import RedisServer
 
@@ -285,17 +286,9 @@ async def test_two_limiters_never_exceed_the_rate_in_real_time(redis_url: str) -
 # Redis down ----------------------------------------------------------------------------------
 
 
-class FakeClock:
-    def __init__(self) -> None:
-        self.t = 1000.0
-
-    def __call__(self) -> float:
-        return self.t
-
-
 async def test_redis_down_local_keeps_granting_pause_waits_then_recovers(
         caplog: pytest.LogCaptureFixture, private_redis: RedisServer) -> None:
-    clock = FakeClock()
+    clock = Clock(1000.0)
     s = Settings(redis_url=private_redis.url, provider_rates={"down": 1000.0},
                  topic_prefix=namespace())
     limiter = CapacityLimiter(s, clock=clock)
@@ -307,7 +300,7 @@ async def test_redis_down_local_keeps_granting_pause_waits_then_recovers(
         for _ in range(1000):
             if await limiter.acquire("down", Tier.P0) is None:
                 granted += 1
-            clock.t += 0.001
+            clock.now += 0.001
         assert await limiter.acquire("down", Tier.P2) == 0.5
         assert await limiter.acquire("down", Tier.P3) == 0.5
     assert not limiter.redis_ok
@@ -319,7 +312,7 @@ async def test_redis_down_local_keeps_granting_pause_waits_then_recovers(
     async def probed() -> bool:
         if limiter.redis_ok:
             return True
-        clock.t += 0.5
+        clock.now += 0.5
         assert await limiter.acquire("down", Tier.P2) == 0.5, "P2 waits until the probe answers"
         return False
 

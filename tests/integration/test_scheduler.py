@@ -7,7 +7,6 @@ import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator, Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -26,20 +25,13 @@ from notiflow.schemas.enums import Channel, Tier
 from notiflow.schemas.messages import IngestRecord, new_message_id
 from notiflow.schemas.scheduling import ScheduledRow
 from notiflow.settings import Settings
+from tests.fakes import Clock
 from tests.helpers import hold_async, read_topic, signed, wait_until
 
 pytestmark = pytest.mark.integration
 
 BEFORE_CRASH_S = 30.0
 """How long the schedulers publish before one of them is killed."""
-
-
-@dataclass
-class Clock:
-    now: datetime
-
-    def __call__(self) -> datetime:
-        return self.now
 
 
 @pytest.fixture

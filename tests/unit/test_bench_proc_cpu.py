@@ -14,6 +14,7 @@ import psutil
 from notiflow.bench.api import Plan
 from notiflow.bench.api_report import api_markdown
 from notiflow.bench.proc_cpu import cpu_now, tree_cpu_s, wait_quiet
+from tests.fakes import SleepingClock
 
 
 @dataclass
@@ -56,20 +57,7 @@ def test_this_process_counts_alone() -> None:
     assert tree_cpu_s(_p(me)) == 1.0
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-        self.slept: list[float] = []
-
-    def __call__(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.slept.append(seconds)
-        self.now += seconds
-
-
-def _sampler(clock: Clock, shares: dict[str, Callable[[float], float]]
+def _sampler(clock: SleepingClock, shares: dict[str, Callable[[float], float]]
              ) -> Callable[[], dict[str, float]]:
     """Cumulative CPU seconds of each process whose share of a core at ``t`` seconds after
     the start is ``shares[name](t)`` (constant over each second)."""
@@ -89,7 +77,7 @@ def _sampler(clock: Clock, shares: dict[str, Callable[[float], float]]
 
 
 def test_waits_until_cassandra_and_kafka_are_near_their_rest() -> None:
-    clock = Clock()
+    clock = SleepingClock(100.0)
     sample = _sampler(clock, {"cassandra": lambda t: 1.0 if t < 5 else 0.6,
                               "kafka": lambda t: 0.3 if t < 3 else 0.05,
                               "api": lambda _t: 1.0})
@@ -101,7 +89,7 @@ def test_waits_until_cassandra_and_kafka_are_near_their_rest() -> None:
 
 
 def test_gives_up_after_the_timeout() -> None:
-    clock = Clock()
+    clock = SleepingClock(100.0)
     sample = _sampler(clock, {"cassandra": lambda _t: 0.9, "kafka": lambda _t: 0.0})
     quiet = wait_quiet(sample, {"cassandra": 0.1}, timeout_s=90, clock=clock,
                        sleep=clock.sleep)
@@ -110,7 +98,7 @@ def test_gives_up_after_the_timeout() -> None:
 
 
 def test_a_process_not_sampled_is_not_waited_for() -> None:
-    clock = Clock()
+    clock = SleepingClock(100.0)
     sample = _sampler(clock, {"cassandra": lambda _t: 0.1})
     quiet = wait_quiet(sample, {}, clock=clock, sleep=clock.sleep)
     assert quiet == {"waited_s": 1.0, "timed_out": False, "cpu": {"cassandra": 0.1},
@@ -118,7 +106,7 @@ def test_a_process_not_sampled_is_not_waited_for() -> None:
 
 
 def test_waits_for_background_work_once_the_cpu_is_calm() -> None:
-    clock = Clock()
+    clock = SleepingClock(100.0)
     sample = _sampler(clock, {"cassandra": lambda _t: 0.1})
     asked: list[float] = []
 

@@ -56,6 +56,7 @@ from notiflow.adapters.breaker import (
 )
 from notiflow.adapters.providers.base import Outcome, SendResult
 from notiflow.settings import BreakerRule, Settings
+from tests.fakes import Clock
 from tests.helpers import loop_turns, wait_until
 
 T0 = 1_700_000_000_000_000
@@ -516,16 +517,8 @@ def test_rule_validation_and_environment(monkeypatch: pytest.MonkeyPatch) -> Non
 # CircuitBreakers over the model --------------------------------------------------------------
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.t = T0
-
-    def __call__(self) -> int:
-        return self.t
-
-
 class FlakyStore(ModelStore):
-    def __init__(self, params: BreakerParams, clock: Clock) -> None:
+    def __init__(self, params: BreakerParams, clock: Clock[int]) -> None:
         super().__init__(params, clock)
         self.down = False
         self.calls: list[int] = []
@@ -539,8 +532,8 @@ class FlakyStore(ModelStore):
         return await super().run(provider_id, ops, now_us)
 
 
-def breakers(p: BreakerParams = DEFAULT) -> tuple[CircuitBreakers, FlakyStore, Clock]:
-    clock = Clock()
+def breakers(p: BreakerParams = DEFAULT) -> tuple[CircuitBreakers, FlakyStore, Clock[int]]:
+    clock = Clock(T0)
     store = FlakyStore(p, clock)
     return CircuitBreakers(store, clock_us=clock), store, clock
 
@@ -550,9 +543,9 @@ async def test_allow_answers_from_the_cache_until_it_is_stale() -> None:
     assert (await cb.allow("tw")).kind is AdmissionKind.NORMAL
     for _ in range(100):
         await cb.allow("tw")
-        clock.t += 1000
+        clock.now += 1000
     assert store.calls == [1]
-    clock.t += 100_000
+    clock.now += 100_000
     await cb.allow("tw")
     assert store.calls == [1, 1]
 
@@ -582,7 +575,7 @@ async def test_successes_are_deferred_and_ride_with_the_next_call_in_order() -> 
 
 
 async def test_deferred_successes_flush_on_their_own() -> None:
-    clock = Clock()
+    clock = Clock(T0)
     store = FlakyStore(DEFAULT, clock)
     cb = CircuitBreakers(store, clock_us=clock, flush_interval=0.01)
     await cb.record("tw", Outcome.ACCEPTED, None, 0.1)
@@ -600,7 +593,7 @@ async def test_opens_probes_and_closes_through_the_api() -> None:
     assert await cb.record("tw", Outcome.AMBIGUOUS, "timeout", 2.0) is State.OPEN
     refused = await cb.allow("tw")
     assert refused.kind is AdmissionKind.REFUSED and refused.retry_in == 60.0
-    clock.t += 60 * S
+    clock.now += 60 * S
     assert cb.state("tw") is State.HALF_OPEN
     first = await cb.allow("tw")
     assert first.kind is AdmissionKind.PROBE and first.episode == 1
@@ -627,11 +620,11 @@ async def test_throttling_lowers_the_weight_only() -> None:
     for _ in range(10):
         assert await cb.record("tw", Outcome.TRANSIENT, "rate_limited", 0.05) is State.CLOSED
     assert cb.weight("tw") == 0.5
-    clock.t += 15 * S
+    clock.now += 15 * S
     assert cb.weight("tw") == 0.75
     await cb.record("tw", Outcome.TRANSIENT, "rate_limited", 0.05)
     assert cb.weight("tw") == 0.375
-    clock.t += 60 * S
+    clock.now += 60 * S
     assert cb.weight("tw") == 1.0
 
 
@@ -644,16 +637,16 @@ async def test_redis_down_local_breaker_then_converge(caplog: pytest.LogCaptureF
     with caplog.at_level(logging.WARNING, "notiflow.adapters.breaker"):
         for _ in range(5):
             await cb.record("tw", Outcome.TRANSIENT, "server_error", 0.1)
-            clock.t += 1000
+            clock.now += 1000
         assert not cb.redis_ok and cb.state("tw") is State.OPEN
         assert (await cb.allow("tw")).kind is AdmissionKind.REFUSED
-        clock.t += S
+        clock.now += S
         assert (await cb.allow("tw")).kind is AdmissionKind.REFUSED
     assert sum("unreachable" in r.message for r in caplog.records) == 1
     assert [(c.new, c.shared) for c in changes] == [(State.OPEN, False)]
     assert cb.stats.local_ops >= 6
     store.down = False
-    clock.t += S
+    clock.now += S
     await cb.allow("tw")
     await wait_until(lambda: cb.redis_ok, timeout=1.0, what="the background probe")
     assert cb.redis_ok and cb.state("tw") is State.CLOSED
@@ -667,9 +660,9 @@ async def test_local_breaker_starts_from_the_last_shared_state() -> None:
     for _ in range(5):
         await cb.record("tw", Outcome.TRANSIENT, "server_error", 0.1)
     store.down = True
-    clock.t += 30 * S
+    clock.now += 30 * S
     assert (await cb.allow("tw")).kind is AdmissionKind.REFUSED
-    clock.t += 30 * S
+    clock.now += 30 * S
     assert (await cb.allow("tw")).kind is AdmissionKind.PROBE
     assert not cb.redis_ok
 

@@ -20,6 +20,7 @@ from notiflow.adapters.cluster_peers import (
 )
 from notiflow.flows.runner import membership
 from notiflow.settings import Settings
+from tests.fakes import SleepingClock
 
 DOMAIN = "send-p1.notiflow.svc.cluster.local"
 
@@ -56,35 +57,24 @@ def test_members_are_counted_up_to_the_first_gap_and_the_maximum() -> None:
     assert count_members(spec(max_size=3), pods(0, 1, 2, 3, 4).__contains__) == 3
 
 
-class FakeTime:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def clock(self) -> float:
-        return self.now
-
-    def sleep(self, s: float) -> None:
-        self.now += s
-
-
 def test_a_member_starts_once_the_count_includes_it_and_has_held() -> None:
-    t = FakeTime()
+    t = SleepingClock()
     seen = [pods(0), pods(0), pods(0, 1), pods(0, 1, 2)]  # then 0..2 for good
 
     def resolves(host: str) -> bool:
         i = min(int(t.now // 5), len(seen) - 1)
         return host in seen[i]
 
-    size = settle_size(spec(ordinal=1), resolves, settle=20, interval=5, clock=t.clock,
+    size = settle_size(spec(ordinal=1), resolves, settle=20, interval=5, clock=t,
                        sleep=t.sleep)
     assert size == 3
     assert t.now >= 15 + 20
 
 
 def test_a_steady_count_starts_after_the_settle_time() -> None:
-    t = FakeTime()
+    t = SleepingClock()
     assert settle_size(spec(), pods(0, 1).__contains__, settle=20, interval=5,
-                       clock=t.clock, sleep=t.sleep) == 2
+                       clock=t, sleep=t.sleep) == 2
     assert t.now == 20
 
 

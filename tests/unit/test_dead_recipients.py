@@ -19,6 +19,7 @@ from notiflow.flows.sending.context import InfraUnavailable
 from notiflow.redact import recipient_hash
 from notiflow.schemas.messages import IngestRecord
 from notiflow.schemas.preferences import PreferenceState
+from tests.fakes import Producer
 from tests.helpers import partial_ports
 
 NOW = datetime(2026, 12, 6, 5, 0, tzinfo=UTC)
@@ -119,18 +120,10 @@ class FakeStore:
         return 1
 
 
-class FakeProducer:
-    def __init__(self) -> None:
-        self.records: list[Any] = []
-
-    async def produce(self, record: Any) -> None:
-        self.records.append(record)
-
-
 @pytest.mark.parametrize("fail_devices", [False, True])
 async def test_the_store_suppresses_and_publishes_before_marking_devices(
         fail_devices: bool) -> None:
-    store, producer = FakeStore(fail_devices), FakeProducer()
+    store, producer = FakeStore(fail_devices), Producer()
     prefs = PreferenceStore(store, producer, topic="notify.preferences")  # type: ignore[arg-type]
     if fail_devices:
         with pytest.raises(ConnectionError):

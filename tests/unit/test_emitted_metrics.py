@@ -91,7 +91,7 @@ async def test_limiter_reports_the_fill_of_each_tier(m: Metrics) -> None:
     while await limiter.acquire("tw", Tier.P3) is None:
         pass
     assert m.values(names.RATELIMIT_FILL)[(("provider", "tw"), ("tier", "P3"))] == 0.0
-    clock.t += 5
+    clock.now += 5
     assert (("provider", "tw"), ("tier", "P3")) not in m.values(names.RATELIMIT_FILL)
 
 

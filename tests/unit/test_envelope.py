@@ -29,6 +29,7 @@ from notiflow.flows.model import Retry, SourceRef, Work
 from notiflow.flows.sending.emit import lease_outcome
 from notiflow.schemas.messages import IngestRecord, StatusEvent
 from notiflow.settings import Settings
+from tests.fakes import Clock
 
 PHONE = "+14155550123"
 
@@ -38,14 +39,6 @@ def record(**extra: Any) -> IngestRecord:
         "channel": "SMS", "tier": "P1", "recipient": PHONE, "template_id": "otp",
         "template_version": 1, "variables": {"code": "123456"}, "tenant_id": "acme",
         "message_id": "01JAAAAAAAAAAAAAAAAAAAAAAA", **extra})
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def sealer(*kids: str, **kw: Any) -> Envelope:
@@ -114,7 +107,7 @@ def test_rotation_new_key_seals_every_listed_key_opens() -> None:
 
 
 def test_a_data_key_serves_its_ttl_then_the_next_is_drawn() -> None:
-    clock = Clock()
+    clock = Clock(0.0)
     env = sealer(clock=clock, data_key_ttl_s=60)
 
     def data_key() -> str:

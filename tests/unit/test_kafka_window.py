@@ -20,19 +20,12 @@ from notiflow.gateway.kafka_window import (
 )
 from notiflow.schemas.enums import Tier
 from notiflow.settings import OutageWindow
+from tests.fakes import Clock
 
 POLICY = OutageWindow(max_messages=3, max_age=timedelta(seconds=60),
                       ack_wait=timedelta(milliseconds=50),
                       p0_ack_wait=timedelta(milliseconds=20),
                       probe_interval=timedelta(milliseconds=10), drain_concurrency=2)
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 1000.0
-
-    def __call__(self) -> float:
-        return self.t
 
 
 class Producer:
@@ -64,7 +57,7 @@ class Producer:
 
 class Harness:
     def __init__(self, policy: OutageWindow = POLICY) -> None:
-        self.clock = Clock()
+        self.clock = Clock(1000.0)
         self.window = Window(policy, self.clock)
         self.producer = Producer()
         self.p0_producer = self.producer
@@ -165,9 +158,9 @@ async def test_window_is_bounded_by_count_and_by_age() -> None:
     aged = Harness()
     aged.producer.mode = "fail"
     await aged.publish("a")
-    aged.clock.t += 59
+    aged.clock.now += 59
     assert not aged.window.full()
-    aged.clock.t += 1
+    aged.clock.now += 1
     assert aged.window.full() and aged.window.refusal(Tier.P1) == "outage_window_full"
     assert aged.window.oldest_age() == 60
 

@@ -23,7 +23,7 @@ from cryptography.fernet import Fernet
 from notiflow.adapters.client_webhooks import AttemptResult, Verdict
 from notiflow.adapters.dlq_crypto import DlqCipher
 from notiflow.adapters.inbox_store import InboxItem, InboxStore
-from notiflow.adapters.kafka_io import DeliveryFailed, OutRecord
+from notiflow.adapters.kafka_io import OutRecord
 from notiflow.flows.client_webhooks import build_webhook_flow, parse_change
 from notiflow.flows.guard import charged_to_tenant, source_of
 from notiflow.flows.webhook_age import (
@@ -41,6 +41,7 @@ from notiflow.inbox.tokens import mint, verify
 from notiflow.schemas.enums import Status
 from notiflow.schemas.messages import DlqRecord, Receipt
 from notiflow.settings import EgressSettings, Settings, TenantConfig
+from tests.fakes import Producer
 
 KEY = "k" * 43
 T0 = datetime(2026, 12, 6, 9, 0, tzinfo=UTC)
@@ -110,17 +111,8 @@ class FakeSession:
         return []
 
 
-class FakeProducer:
-    """Acknowledges records while ``up``; else fails them as an unreachable broker does."""
-
-    def __init__(self) -> None:
-        self.up = True
-        self.records: list[OutRecord] = []
-
-    async def produce(self, record: OutRecord) -> None:
-        if not self.up:
-            raise DeliveryFailed("Local: Message timed out")
-        self.records.append(record)
+class ReceiptProducer(Producer):
+    """The shared fake producer, reading back the receipts it was given."""
 
     def receipts(self) -> list[Receipt]:
         return [Receipt.model_validate_json(r.value) for r in self.records]
@@ -139,14 +131,14 @@ def inbox_settings() -> Settings:
     return Settings(tenants=(TenantConfig(id="acme", inbox_keys=(KEY,)),))
 
 
-async def inbox(session: FakeSession) -> tuple[InboxServer, InboxStore, FakeProducer,
+async def inbox(session: FakeSession) -> tuple[InboxServer, InboxStore, ReceiptProducer,
                                                  FakeFeed]:
     settings = inbox_settings()
     anys: Any = session
     store = InboxStore(anys, settings, DlqCipher(Fernet.generate_key()))
     await store.put(InboxItem("acme", "u-1", "msg_1", T0, "P1", "security", 1, "Hi", "New"),
                     T0)
-    producer, feed = FakeProducer(), FakeFeed()
+    producer, feed = ReceiptProducer(), FakeFeed()
     anyp: Any = producer
     anyf: Any = feed
     return InboxServer(settings, store, anyf, anyp), store, producer, feed

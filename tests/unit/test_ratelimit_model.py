@@ -42,6 +42,7 @@ from notiflow.adapters.ratelimit import (
 )
 from notiflow.schemas.enums import Tier
 from notiflow.settings import Settings
+from tests.fakes import Clock
 from tests.helpers import loop_turns
 
 W = 1_000_000
@@ -363,20 +364,9 @@ def test_b_p0_takes_its_share_back_within_a_second(rate: float, p3_token_us: int
 # the worker-side limiter -------------------------------------------------------------------
 
 
-class FakeClock:
-    def __init__(self) -> None:
-        self.t = 100.0
-
-    def __call__(self) -> float:
-        return self.t
-
-    def us(self) -> int:
-        return round(self.t * 1_000_000)
-
-
 class FlakyStore(ModelStore):
-    def __init__(self, rules: CapacityRules, clock: FakeClock) -> None:
-        super().__init__(rules, clock.us)
+    def __init__(self, rules: CapacityRules, clock: Clock[float]) -> None:
+        super().__init__(rules, lambda: round(clock.now * 1_000_000))
         self.down = False
         self.hang = asyncio.Event()
         """While clear after ``down``: requests wait, then time out (a black-holed Redis)."""
@@ -393,8 +383,8 @@ class FlakyStore(ModelStore):
 
 
 def limiter_for(rate: float = 1000.0, **kwargs: Any) -> tuple[CapacityLimiter, FlakyStore,
-                                                                  FakeClock]:
-    clock = FakeClock()
+                                                                  Clock[float]]:
+    clock = Clock(100.0)
     store = FlakyStore(CapacityRules.from_settings(Settings(provider_rates={"tw": rate})),
                        clock)
     return CapacityLimiter(store, clock=clock, **kwargs), store, clock  # type: ignore[arg-type]
@@ -405,10 +395,10 @@ async def test_leases_grow_while_used_and_shrink_when_they_expire() -> None:
     for _ in range(1 + 2 + 4 + 8 + 16 + 20 + 20):
         assert await limiter.acquire("tw", Tier.P0) is None
     assert [r.n for r in store.calls] == [1, 2, 4, 8, 16, 20, 20]
-    clock.t += 0.1
+    clock.now += 0.1
     assert await limiter.acquire("tw", Tier.P0) is None
     assert await limiter.acquire("tw", Tier.P0) is None
-    clock.t += 0.3
+    clock.now += 0.3
     assert await limiter.acquire("tw", Tier.P0) is None
     assert store.calls[-1].n == 2
     assert limiter.stats.expired_unused == 20 - 2
@@ -422,7 +412,7 @@ async def test_refusal_returns_the_wait_without_asking_again() -> None:
         taken += 1
     assert taken == 2
     calls = len(store.calls)
-    clock.t += 0.25
+    clock.now += 0.25
     wait = await limiter.acquire("tw", Tier.P0)
     assert wait is not None and wait == pytest.approx(0.75, abs=1e-3)
     assert len(store.calls) == calls
@@ -451,7 +441,7 @@ async def test_redis_down_local_tier_uses_a_conservative_local_bucket(
         for _ in range(2000):
             if await limiter.acquire("tw", Tier.P0) is None:
                 granted += 1
-            clock.t += 0.001
+            clock.now += 0.001
     local_rate = 0.5 * 200.0 / 2
     burst = local_rate * 0.25
     assert local_rate * 2 <= granted <= local_rate * 2 + burst + 1
@@ -466,7 +456,7 @@ async def test_redis_down_pause_tier_waits_then_recovers() -> None:
     assert not limiter.redis_ok
     store.down = False
     assert await limiter.acquire("tw", Tier.P3) == 0.5
-    clock.t += 0.5
+    clock.now += 0.5
     assert await limiter.acquire("tw", Tier.P3) == 0.5, "the probe runs in the background"
     await loop_turns()
     assert limiter.redis_ok
@@ -482,7 +472,7 @@ async def test_no_caller_waits_on_a_black_holed_redis() -> None:
     assert await limiter.acquire("tw", Tier.P0) is None
     store.hang.clear()
     for _ in range(20):
-        clock.t += 0.25
+        clock.now += 0.25
         assert await asyncio.wait_for(limiter.acquire("tw", Tier.P0), 0.05) is None
     assert len(limiter._probes) == 1 and not limiter.redis_ok
     store.down = False

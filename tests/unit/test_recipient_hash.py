@@ -42,6 +42,7 @@ from notiflow.schemas.enums import Status
 from notiflow.schemas.messages import IngestRecord, SendRequest, StatusEvent
 from notiflow.schemas.preferences import PreferenceState, combined_state, state_key
 from notiflow.settings import Settings
+from tests.fakes import Producer
 from tests.helpers import partial_ports
 from tests.unit.test_reservation import FakeFence, FakeStore
 from tests.unit.test_reservation import run as run_reserve
@@ -390,10 +391,6 @@ def test_a_dead_token_deactivates_the_owners_recorded_under_every_key(
     redact.configure(Settings(recipient_hash_key=f"{NEW},{OLD}"))
     new, old = redact.recipient_hashes("acme", PUSH)
     store = Devices({}, {}, {new: [("owner-new", TOKEN)], old: [("owner-old", TOKEN)]})
-
-    class Producer:
-        async def produce(self, record: Any) -> None:
-            pass
 
     prefs = PreferenceStore(store, Producer(), topic="notify.preferences")  # type: ignore[arg-type]
     record = IngestRecord.model_validate({

@@ -16,7 +16,6 @@ from notiflow.adapters.cassandra_store import (
     state_columns,
     state_from_row,
 )
-from notiflow.adapters.kafka_io import OutRecord
 from notiflow.adapters.preferences import PreferenceStore, state_record
 from notiflow.schemas.messages import SendRequest
 from notiflow.schemas.preferences import (
@@ -26,6 +25,7 @@ from notiflow.schemas.preferences import (
     QuietWindow,
     address_key,
 )
+from tests.fakes import Producer
 
 NOW = datetime(2026, 3, 29, 0, 30, 0, 123000, tzinfo=UTC)
 IOS = "ab" * 32
@@ -126,21 +126,13 @@ class FakeStore:
         return new, True
 
 
-class FakeProducer:
-    def __init__(self) -> None:
-        self.records: list[OutRecord] = []
-
-    async def produce(self, record: OutRecord) -> None:
-        self.records.append(record)
-
-
-def prefs() -> tuple[PreferenceStore, FakeStore, FakeProducer]:
-    store, producer = FakeStore(), FakeProducer()
+def prefs() -> tuple[PreferenceStore, FakeStore, Producer]:
+    store, producer = FakeStore(), Producer()
     return (PreferenceStore(cast(CassandraStore, store), producer, "notify.preferences"),
             store, producer)
 
 
-def versions(producer: FakeProducer) -> list[int]:
+def versions(producer: Producer) -> list[int]:
     return [PreferenceState.model_validate_json(r.value).version for r in producer.records]
 
 

@@ -18,6 +18,7 @@ from notiflow.schemas.messages import MessageSnapshot, SendRequest
 from notiflow.schemas.schedules import occurrence_message_id
 from notiflow.schemas.scheduling import ScheduledRow
 from notiflow.settings import SchedulingRule, Settings
+from tests.fakes import Clock
 
 
 @dataclass
@@ -50,14 +51,6 @@ class Fakes:
         self.published += records
 
 
-@dataclass
-class Clock:
-    now: datetime
-
-    def __call__(self) -> datetime:
-        return self.now
-
-
 def schedule(cron: str, zone: str, starts_at: datetime,
              materialized_until: datetime | None = None) -> ScheduleRow:
     """A schedule materialised up to ``materialized_until`` (a scheduler was running)."""
@@ -69,7 +62,7 @@ def schedule(cron: str, zone: str, starts_at: datetime,
                        materialized_until, starts_at, starts_at)
 
 
-def materializer(fakes: Fakes, clock: Clock) -> Materializer:
+def materializer(fakes: Fakes, clock: Clock[datetime]) -> Materializer:
     settings = Settings(dlq_key=Fernet.generate_key().decode(),
                         scheduling=SchedulingRule(horizon=timedelta(days=1)))
     return Materializer(settings, fakes, fakes, fakes, fakes.publish, clock)

@@ -16,30 +16,23 @@ from notiflow.adapters.redis_health import RedisHealth
 from notiflow.flows.sending.context import SendContext
 from notiflow.schemas.enums import Tier
 from notiflow.settings import Settings
+from tests.fakes import Clock
 from tests.helpers import partial_ports
 from tests.unit.test_breaker_model import DEFAULT
-from tests.unit.test_breaker_model import Clock as BreakerClock
+from tests.unit.test_breaker_model import T0 as BREAKER_T0
 from tests.unit.test_breaker_model import FlakyStore as FlakyBreakerStore
 from tests.unit.test_ratelimit_model import limiter_for
-from tests.unit.test_send_context_redis import Clock as WallClock
-
-
-class Monotonic:
-    def __init__(self) -> None:
-        self.t = 100.0
-
-    def __call__(self) -> float:
-        return self.t
+from tests.unit.test_send_context_redis import START as WALL_START
 
 
 def test_health_is_down_for_hold_after_a_failure_until_an_answer() -> None:
-    clock = Monotonic()
+    clock = Clock(100.0)
     health = RedisHealth(hold_s=1.0, clock=clock)
     assert not health.down
     health.failed()
-    clock.t += 0.5
+    clock.now += 0.5
     assert health.down
-    clock.t += 0.5
+    clock.now += 0.5
     assert not health.down
     health.failed()
     health.answered()
@@ -47,14 +40,14 @@ def test_health_is_down_for_hold_after_a_failure_until_an_answer() -> None:
 
 
 async def test_a_breaker_timeout_spares_the_limiter_and_the_dedup_calls() -> None:
-    health = RedisHealth(hold_s=1.0, clock=Monotonic())
-    bclock = BreakerClock()
+    health = RedisHealth(hold_s=1.0, clock=Clock(100.0))
+    bclock = Clock(BREAKER_T0)
     bstore = FlakyBreakerStore(DEFAULT, bclock)
     cb = CircuitBreakers(bstore, clock_us=bclock, health=health)
     limiter, lstore, _ = limiter_for(health=health)
     settings = Settings()
     ctx = SendContext(settings, Tier.P0, settings.policy(Tier.P0),
-                      DlqCipher(Fernet.generate_key()), WallClock(), random.Random(1),
+                      DlqCipher(Fernet.generate_key()), Clock(WALL_START), random.Random(1),
                       "send.p0")
     ctx.attach(partial_ports(health=health))
     asked: list[str] = []
@@ -78,8 +71,8 @@ async def test_a_breaker_timeout_spares_the_limiter_and_the_dedup_calls() -> Non
 
 
 async def test_a_down_health_keeps_a_healthy_breaker_off_redis() -> None:
-    health = RedisHealth(hold_s=1.0, clock=Monotonic())
-    bclock = BreakerClock()
+    health = RedisHealth(hold_s=1.0, clock=Clock(100.0))
+    bclock = Clock(BREAKER_T0)
     bstore = FlakyBreakerStore(DEFAULT, bclock)
     cb = CircuitBreakers(bstore, clock_us=bclock, health=health)
     health.failed()

@@ -32,19 +32,12 @@ from notiflow.flows.sending.route import candidates
 from notiflow.schemas.enums import Channel, Status, Tier
 from notiflow.schemas.messages import DlqRecord, IngestRecord, StatusEvent
 from notiflow.settings import DlqRule, RetryBudget, Settings, TierPolicy
+from tests.fakes import Clock
 from tests.helpers import partial_ports
 
 NOW = datetime(2026, 12, 6, 12, 0, tzinfo=UTC)
 SETTINGS = Settings()
 SEEDS = st.integers(0, 2**32 - 1)
-
-
-class Clock:
-    def __init__(self, t: datetime) -> None:
-        self.t = t
-
-    def __call__(self) -> datetime:
-        return self.t
 
 
 class Leases:
@@ -132,9 +125,9 @@ def drive(tier: Tier, seed: int, answer: Any = failing, rec: IngestRecord | None
         w = Work(r, SourceRef(settings.ingest_topic(Channel.SMS, tier), 0, len(tries)),
                  r.model_dump_json().encode(), None)
         provider = candidates(ctx, w)[0].provider_id
-        tries.append((clock.t, provider))
-        result = answer(clock.t, provider)
-        clock.t = result.completed_at
+        tries.append((clock.now, provider))
+        result = answer(clock.now, provider)
+        clock.now = result.completed_at
         out = asyncio.run(step(ctx, w, result, None))
         outs += out
         ev = out[0]
@@ -142,10 +135,10 @@ def drive(tier: Tier, seed: int, answer: Any = failing, rec: IngestRecord | None
         attempts.rows.append(ev.attempt_detail.model_dump())
         retries = [o for o in out if isinstance(o, Retry)]
         if not retries:
-            return Run(tries, outs, clock.t)
+            return Run(tries, outs, clock.now)
         r = retries[0].record
-        assert r.not_before is not None and r.not_before >= clock.t
-        clock.t = r.not_before
+        assert r.not_before is not None and r.not_before >= clock.now
+        clock.now = r.not_before
 
 
 def budget(tier: Tier) -> RetryBudget:

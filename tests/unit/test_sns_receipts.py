@@ -24,6 +24,7 @@ from notiflow.fakes.sns import self_signed
 from notiflow.flows.reconcile import suppression_for
 from notiflow.schemas.enums import Status
 from notiflow.settings import SesSettings
+from tests.fakes import Clock
 from tests.helpers import loop_turns
 
 TOPIC = "arn:aws:sns:us-east-1:123456789012:ses-events"
@@ -252,17 +253,9 @@ def test_malformed_events(message: str, problem: str) -> None:
 # the certificate cache -----------------------------------------------------------------------
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.t = 0.0
-
-    def __call__(self) -> float:
-        return self.t
-
-
-def certs(handler: Any, clock: Clock | None = None) -> SnsCertificates:
+def certs(handler: Any, clock: Clock[float] | None = None) -> SnsCertificates:
     return SnsCertificates(httpx.AsyncClient(transport=httpx.MockTransport(handler)), ttl=60,
-                           clock=clock or Clock())
+                           clock=clock or Clock(0.0))
 
 
 def test_certificates_are_fetched_once_per_ttl() -> None:
@@ -273,17 +266,17 @@ def test_certificates_are_fetched_once_per_ttl() -> None:
         await loop_turns(3)
         return httpx.Response(200, content=PEM)
 
-    clock = Clock()
+    clock = Clock(0.0)
 
     async def run() -> None:
         cache = certs(handler, clock)
         keys = await asyncio.gather(*(cache.public_key(CERT_URL) for _ in range(20)))
         assert len(seen) == 1
         assert all(k.public_numbers() == KEY.public_key().public_numbers() for k in keys)
-        clock.t = 59
+        clock.now = 59
         await cache.public_key(CERT_URL)
         assert len(seen) == 1
-        clock.t = 61
+        clock.now = 61
         await cache.public_key(CERT_URL)
         assert len(seen) == 2
         await cache.aclose()

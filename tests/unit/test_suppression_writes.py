@@ -25,8 +25,9 @@ from notiflow.flows.sending.context import InfraUnavailable, SendContext
 from notiflow.schemas.enums import Status, Tier
 from notiflow.schemas.messages import DlqRecord, IngestRecord, Receipt, StatusEvent
 from notiflow.settings import Settings
+from tests.fakes import Producer
 from tests.helpers import partial_ports
-from tests.unit.test_dead_recipients import FakeProducer, FakeStore
+from tests.unit.test_dead_recipients import FakeStore
 
 NOW = datetime(2026, 12, 6, 12, 0, tzinfo=UTC)
 TOKEN = "f" * 64
@@ -154,7 +155,7 @@ def test_any_other_write_failure_is_a_dead_letter_that_leaves_with_the_outcome()
 
 def test_a_failed_device_row_update_is_raised_for_the_caller_to_retry() -> None:
     store = FakeStore(fail_devices=True)
-    prefs = PreferenceStore(store, FakeProducer(), topic="notify.preferences")  # type: ignore[arg-type]
+    prefs = PreferenceStore(store, Producer(), topic="notify.preferences")  # type: ignore[arg-type]
     with pytest.raises(ConnectionError):
         asyncio.run(prefs.deactivate_token("acme", "h1", "fcm:unregistered"))
     assert [call[0] for call in store.calls] == ["suppress", "deactivate_token"]

@@ -39,6 +39,7 @@ from notiflow.flows.webhook_sender import Request, WebhookDispatcher, breaker_id
 from notiflow.schemas.enums import Channel, Status, Tier
 from notiflow.schemas.messages import IngestRecord, StatusEvent
 from notiflow.settings import BreakerRule, PaceRule, Settings
+from tests.fakes import Clock
 from tests.helpers import partial_ports
 
 NOW = datetime(2026, 12, 6, 12, 0, tzinfo=UTC)
@@ -48,20 +49,17 @@ B_HOOK = "https://globex.webhook.office.com/webhookb2/b1"
 SLACK_HOOK = "https://hooks.slack.com/services/T0001/B0001/abcd"
 
 
-class Clock:
+class DualClock(Clock[int]):
     """Microseconds for the breakers; the same moment as a datetime for the send step."""
 
     def __init__(self) -> None:
-        self.t = T0
+        super().__init__(T0)
 
-    def __call__(self) -> int:
-        return self.t
-
-    def now(self) -> datetime:
-        return NOW + timedelta(microseconds=self.t - T0)
+    def moment(self) -> datetime:
+        return NOW + timedelta(microseconds=self.now - T0)
 
 
-def breakers(clock: Clock) -> CircuitBreakers:
+def breakers(clock: DualClock) -> CircuitBreakers:
     params = BreakerParams.from_rule(BreakerRule())
     return CircuitBreakers(ModelStore(params, clock), clock_us=clock)
 
@@ -87,13 +85,13 @@ class Workflow:
     provider_id = "teams"
     channel = Channel.CHAT
 
-    def __init__(self, clock: Clock) -> None:
+    def __init__(self, clock: DualClock) -> None:
         self.clock = clock
         self.sent: list[str] = []
 
     async def send(self, msg: OutboundMessage) -> SendResult:
         self.sent.append(msg.tenant_id)
-        at = self.clock.now()
+        at = self.clock.moment()
         if msg.tenant_id == "acme":
             return SendResult(Outcome.TRANSIENT, "teams", at, at, reason="server_error",
                               error_code="http_503")
@@ -119,11 +117,11 @@ class Leases:
         return None
 
 
-def send_context(clock: Clock, cb: CircuitBreakers, provider: Workflow,
+def send_context(clock: DualClock, cb: CircuitBreakers, provider: Workflow,
                  pace: Any = None) -> SendContext:
     settings = Settings()
     ctx = SendContext(settings, Tier.P1, settings.policy(Tier.P1),
-                      DlqCipher(Fernet.generate_key()), clock.now, random.Random(1), "send.p1")
+                      DlqCipher(Fernet.generate_key()), clock.moment, random.Random(1), "send.p1")
     ctx.attach(partial_ports(breakers=cb, quota=NoQuota(), leases=Leases(),
                              providers={"teams": provider}, pace=pace))
     return ctx
@@ -140,7 +138,7 @@ async def one(ctx: SendContext, w: Work, provider: Workflow) -> Choice | list[An
 def test_a_tenants_503ing_workflow_opens_only_its_own_endpoint_breaker() -> None:
     """Tenant acme's workflow answers 503 to every post; globex's posts through the same
     provider keep going, and the shared ``teams`` breaker stays closed."""
-    clock = Clock()
+    clock = DualClock()
     cb = breakers(clock)
     provider = Workflow(clock)
     ctx = send_context(clock, cb, provider)
@@ -150,7 +148,7 @@ def test_a_tenants_503ing_workflow_opens_only_its_own_endpoint_breaker() -> None
         for i in range(40):
             acme.append(await one(ctx, work("acme", A_HOOK, i), provider))
             globex.append(await one(ctx, work("globex", B_HOOK, i), provider))
-            clock.t += 250_000
+            clock.now += 250_000
         return acme, globex
 
     acme, globex = asyncio.run(scenario())
@@ -258,7 +256,7 @@ def test_webhook_pace_slots_are_the_tenants_own() -> None:
     assert webhook_key("ns:", "teams", A_HOOK, "acme") != webhook_key("ns:", "teams", A_HOOK,
                                                                       "globex")
     assert "office.com" not in webhook_key("ns:", "teams", A_HOOK, "acme")
-    clock = Clock()
+    clock = DualClock()
     provider = Workflow(clock)
     pace = RecordingPace()
     ctx = send_context(clock, breakers(clock), provider, pace)
@@ -293,7 +291,7 @@ def request(tenant: str) -> Request:
 def test_client_webhook_breakers_are_keyed_by_tenant_and_endpoint() -> None:
     """Tenant acme's failing receiver on a shared host opens acme's breaker only: globex's
     receiver on that host keeps receiving."""
-    clock = Clock()
+    clock = DualClock()
     cb = breakers(clock)
     dispatcher = WebhookDispatcher(Settings(), lambda: cb)
     receiver = Receiver()
@@ -305,7 +303,7 @@ def test_client_webhook_breakers_are_keyed_by_tenant_and_endpoint() -> None:
         for _ in range(20):
             acme.append(await dispatcher._attempt(request("acme")))
             globex.append(await dispatcher._attempt(request("globex")))
-            clock.t += 250_000
+            clock.now += 250_000
         return acme, globex
 
     acme, globex = asyncio.run(scenario())
@@ -322,7 +320,7 @@ def test_client_webhook_breakers_are_keyed_by_tenant_and_endpoint() -> None:
 def test_breaker_entries_of_a_process_stay_bounded() -> None:
     """Endpoint ids come from tenant input: a tenant spraying URLs cannot grow a process's
     breakers without bound (the shared state stays in the store)."""
-    clock = Clock()
+    clock = DualClock()
     params = BreakerParams.from_rule(BreakerRule())
     cb = CircuitBreakers(ModelStore(params, clock), clock_us=clock, max_entries=100)
 
