@@ -80,7 +80,7 @@ def stack(settings: Settings) -> Iterator[Settings]:
 
 
 def _drop_session_data(settings: Settings) -> None:
-    from notiflow.adapters.cassandra_store import connect
+    from notiflow.adapters.cassandra.session import connect
     from notiflow.ops.topics import delete_topics
 
     delete_topics(settings)

@@ -13,7 +13,8 @@ import orjson
 from cassandra.cluster import Session
 from cassandra.util import uuid_from_time
 
-from notiflow.adapters.cassandra_store import aio, utc
+from notiflow.adapters.cassandra.session import aio
+from notiflow.adapters.cassandra.values import utc
 from notiflow.audit import AuditEvent
 
 DLQ_TIERS = ("P0", "P1", "P2", "P3", "reconcile", "webhooks")

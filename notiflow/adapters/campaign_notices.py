@@ -16,7 +16,8 @@ from cassandra.cluster import Session
 from cassandra.query import PreparedStatement
 
 from notiflow.adapters.campaign_store import CampaignRow
-from notiflow.adapters.cassandra_store import aio, utc
+from notiflow.adapters.cassandra.session import aio
+from notiflow.adapters.cassandra.values import utc
 from notiflow.schemas.campaigns import CampaignCounts
 
 BUCKET = 0

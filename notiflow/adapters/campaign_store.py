@@ -21,7 +21,8 @@ from cassandra import ConsistencyLevel
 from cassandra.cluster import Session
 from cassandra.query import BatchStatement, BatchType, PreparedStatement
 
-from notiflow.adapters.cassandra_store import aio, utc
+from notiflow.adapters.cassandra.session import aio
+from notiflow.adapters.cassandra.values import utc
 from notiflow.schemas.campaigns import (
     LIVE_STATES,
     CampaignCounts,

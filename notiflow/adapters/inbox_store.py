@@ -21,7 +21,8 @@ import redis.asyncio as aioredis
 from cassandra.cluster import Session
 from cassandra.query import PreparedStatement
 
-from notiflow.adapters.cassandra_store import aio, to_ms, utc
+from notiflow.adapters.cassandra.session import aio
+from notiflow.adapters.cassandra.values import to_ms, utc
 from notiflow.adapters.dlq_crypto import DlqCipher
 from notiflow.adapters.redis_pool import redis_client
 from notiflow.inbox.states import InboxState, marks, state_of

@@ -5,7 +5,7 @@ Cassandra ``recipient_preferences`` is the source of truth; the compacted topic
 send flows' join. Every change goes through :class:`PreferenceStore`:
 
 1. read-modify-write in Cassandra, ``version + 1`` under a lightweight transaction on the
-   version (:meth:`CassandraStore.change_state`); once that returns, every ``LOCAL_QUORUM``
+   version (:meth:`RecipientStore.change_state`); once that returns, every ``LOCAL_QUORUM``
    reader sees the new state;
 2. publish the state (``acks=all``), then read it back: when another writer stored a newer
    version meanwhile, publish that one too, so the last record of a key on the topic is never
@@ -23,7 +23,7 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any, Protocol
 
-from notiflow.adapters.cassandra_store import CassandraStore
+from notiflow.adapters.cassandra.recipients import RecipientStore
 from notiflow.adapters.kafka_io import OutRecord
 from notiflow.schemas.messages import SCHEMA_VERSION
 from notiflow.schemas.preferences import (
@@ -57,11 +57,10 @@ def state_record(topic: str, state: PreferenceState) -> OutRecord:
 class PreferenceStore:
     """Reads and changes of recipient state; every change is written, then published."""
 
-    def __init__(self, store: CassandraStore, producer: RecordProducer,
-                 topic: str | None = None) -> None:
+    def __init__(self, store: RecipientStore, producer: RecordProducer, topic: str) -> None:
         self.store = store
         self.producer = producer
-        self.topic = topic or store.settings.preferences_topic
+        self.topic = topic
 
     async def get_state(self, tenant_id: str, recipient_hash: str) -> PreferenceState | None:
         """The stored state (read at ``LOCAL_QUORUM``: includes every acknowledged change)."""

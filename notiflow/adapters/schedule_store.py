@@ -13,7 +13,8 @@ from typing import Any
 from cassandra.cluster import Session
 from cassandra.query import PreparedStatement
 
-from notiflow.adapters.cassandra_store import aio, utc
+from notiflow.adapters.cassandra.session import aio
+from notiflow.adapters.cassandra.values import utc
 from notiflow.adapters.dlq_crypto import DlqCipher
 from notiflow.schemas.recurrence import Recurrence
 from notiflow.schemas.schedules import ScheduleState

@@ -25,7 +25,8 @@ from cassandra import ConsistencyLevel
 from cassandra.cluster import Session
 from cassandra.query import BatchStatement, BatchType, PreparedStatement
 
-from notiflow.adapters.cassandra_store import aio, utc
+from notiflow.adapters.cassandra.session import aio
+from notiflow.adapters.cassandra.values import utc
 from notiflow.adapters.dlq_crypto import DlqCipher
 from notiflow.schemas.scheduling import ScheduledRow, bucket_of, shard_of
 from notiflow.settings import Settings

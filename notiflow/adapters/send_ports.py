@@ -22,7 +22,8 @@ import redis.asyncio as aioredis
 
 from notiflow.adapters import backlog, pressure
 from notiflow.adapters.breaker_lanes import lane_breakers
-from notiflow.adapters.cassandra_store import CassandraStore, connect
+from notiflow.adapters.cassandra.session import connect
+from notiflow.adapters.cassandra.store import CassandraStore
 from notiflow.adapters.kafka_io import AsyncProducer
 from notiflow.adapters.ports import OpenSendPorts, SendPorts
 from notiflow.adapters.preferences import PreferenceStore
@@ -81,7 +82,7 @@ async def open_send_ports(settings: Settings, tier: Tier, owner: str,
                               health=health)
     producer = AsyncProducer(settings)
     pace = WebhookPace.open(settings, redis_timeout)
-    preferences = PreferenceStore(store, producer)
+    preferences = PreferenceStore(store.recipients, producer, settings.preferences_topic)
     timeout = policy.provider_timeout.total_seconds()
     providers = {pid: Swappable(client, drain_s=2 * timeout + 5) for pid, client in coalesced(
         await open_providers(settings, sorted(settings.enabled_providers()), timeout=timeout),

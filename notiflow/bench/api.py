@@ -42,7 +42,7 @@ from typing import Any
 
 import psutil
 
-from notiflow.adapters.cassandra_store import connect
+from notiflow.adapters.cassandra.session import connect
 from notiflow.bench import openloop
 from notiflow.bench.api_requests import Target, session, sms_body
 from notiflow.bench.cassandra_quiet import background

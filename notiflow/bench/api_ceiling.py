@@ -3,7 +3,7 @@ process of its own): what a durable acceptance cannot do without.
 
 ``POST /v1/messages`` parses the JSON body, writes it to Cassandra once (table
 :data:`TABLE` of the configured keyspace; the driver and connection settings of
-``cassandra_store.connect``), produces it to Kafka once (topic :data:`TOPIC` under the
+``cassandra.session.connect``), produces it to Kafka once (topic :data:`TOPIC` under the
 prefix; the API's producer: acks=all, idempotent, ``api_producer_overrides``), awaits both in
 that order and answers ``202``. ``POST /v1/messages:batch`` does the same for each item of
 ``{"messages": [...]}``: one row per item, the rows in unlogged batches of
@@ -31,7 +31,7 @@ from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 
 from notiflow import tuning
-from notiflow.adapters.cassandra_store import aio, connect
+from notiflow.adapters.cassandra.session import aio, connect
 from notiflow.adapters.kafka_io import AsyncProducer, OutRecord, kafka_config
 from notiflow.gateway.app import logging_config, run_server
 from notiflow.gateway.direct import serve_directly

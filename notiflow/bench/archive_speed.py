@@ -29,7 +29,7 @@ from typing import Any
 
 from cassandra.concurrent import execute_concurrent_with_args
 
-from notiflow.adapters.cassandra_store import connect
+from notiflow.adapters.cassandra.session import connect
 from notiflow.adapters.object_store import ObjectStore
 from notiflow.devenv import dev_environment
 from notiflow.ops.archive_cli import manifests, run_archive

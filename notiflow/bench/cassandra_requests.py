@@ -24,13 +24,9 @@ from typing import Any
 import psutil
 from cassandra.query import BatchStatement, BatchType, PreparedStatement
 
-from notiflow.adapters.cassandra_store import (
-    CassandraStore,
-    Write,
-    aio,
-    connect,
-    rank_write_time,
-)
+from notiflow.adapters.cassandra.messages import rank_write_time
+from notiflow.adapters.cassandra.session import Write, aio, connect
+from notiflow.adapters.cassandra.store import CassandraStore
 from notiflow.schemas.enums import Category, Channel, Status, Tier
 from notiflow.schemas.messages import AttemptRecord, MessageSnapshot
 from notiflow.schemas.status import rank
@@ -54,14 +50,14 @@ def accepted_writes(store: CassandraStore, mid: str, now: datetime) -> list[Writ
         tenant_id="acme", channel=Channel.SMS, tier=Tier.P2, category=Category.MARKETING,
         template_id="t", template_version=1, recipient_hash="h" * 32,
         recipient_masked="+1415*****71", accepted_at=now, expires_at=now + timedelta(hours=1))
-    writes = store.creation_writes(mid, snap, Status.QUEUED, now, "bench")
+    writes = store.messages.creation_writes(mid, snap, Status.QUEUED, now, "bench")
     r = rank(Status.PROVIDER_ACCEPTED, 1)
-    at = rank_write_time(store.created_head(snap, Status.QUEUED, now), r)
+    at = rank_write_time(store.messages.created_head(snap, Status.QUEUED, now), r)
     writes.append(("msg_advance", (at, Status.PROVIDER_ACCEPTED.value, r, None, 1, now,
                                    "twilio", f"SM{mid}", None, mid)))
-    writes.append(store.event_write(mid, now, f"{mid}:PROVIDER_ACCEPTED:1",
-                                    Status.PROVIDER_ACCEPTED, 1, None, "bench", True))
-    writes += store.attempt_writes(mid, AttemptRecord(
+    writes.append(store.messages.event_write(mid, now, f"{mid}:PROVIDER_ACCEPTED:1",
+                                             Status.PROVIDER_ACCEPTED, 1, None, "bench", True))
+    writes += store.delivery.attempt_writes(mid, AttemptRecord(
         attempt_no=1, provider_id="twilio", outcome="accepted", provider_message_id=f"SM{mid}",
         started_at=now, completed_at=now))
     return writes
@@ -117,23 +113,24 @@ async def main(n: int) -> None:
     await case("one-row UPDATE (the minimal pipeline's)",
                lambda m: aio(session.execute_async(update, ("PROVIDER_ACCEPTED", now, m))),
                ids())
-    await case("head read, absent row", store.head, single)
+    await case("head read, absent row", store.messages.head, single)
     await case("head reads, absent rows, IN", lambda g: asyncio.gather(
-        *(shared.head(m) for m in g)), groups(grouped))
+        *(shared.messages.head(m) for m in g)), groups(grouped))
     await case("a message's 8 rows, one batch per message",
                lambda m: store.write_all(accepted_writes(store, m, now)), single)
     await case(f"{GROUP} messages' rows, one batch",
                lambda g: store.write_all([w for m in g for w in accepted_writes(store, m, now)]),
                groups(grouped))
     await case("idempotency reservation, LWT (the API's, one per key)",
-               lambda m: store.reserve("bench", m, "h" * 64, m, "topic", payload, now), ids())
+               lambda m: store.idempotency.reserve("bench", m, "h" * 64, m, "topic", payload,
+                                                   now), ids())
     await case(f"the same row without IF NOT EXISTS, {GROUP} per batch",
                lambda g: aio(session.execute_async(unlogged(plain_reserve, [
                    ("bench", m, "h" * 64, m, "topic", payload, now) for m in g]))),
                groups(ids()))
-    await case("head read, existing row", store.head, single)
+    await case("head read, existing row", store.messages.head, single)
     await case("head reads, existing rows, IN", lambda g: asyncio.gather(
-        *(shared.head(m) for m in g)), groups(grouped))
+        *(shared.messages.head(m) for m in g)), groups(grouped))
     cluster.shutdown()
 
 

@@ -26,7 +26,7 @@ import orjson
 from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from notiflow.adapters.cassandra_store import aio, connect
+from notiflow.adapters.cassandra.session import aio, connect
 from notiflow.adapters.kafka_io import kafka_config, producer_config
 from notiflow.adapters.providers import open_providers
 from notiflow.adapters.providers.base import OutboundMessage, ProviderClient

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from notiflow.adapters.cassandra_store import OUTBOX_SHARDS, OutboxSlot
+from notiflow.adapters.cassandra.idempotency import OUTBOX_SHARDS, OutboxSlot
 from notiflow.bench.harness import KEYSPACE, _settings
 from notiflow.schemas.enums import Channel, Tier
 from notiflow.settings import Settings
@@ -129,7 +129,7 @@ async def _sweep(settings: Settings, cursors: dict[int, int], now: datetime
 
 
 def run(*, n: int, pending: int, spread_s: float, log: Callable[[str], None]) -> dict[str, Any]:
-    from notiflow.adapters.cassandra_store import connect
+    from notiflow.adapters.cassandra.session import connect
     from notiflow.devenv import dev_environment, free_port
     from notiflow.gateway.outbox import MIN_SWEEP_AGE
     from notiflow.ops.stack import Stack

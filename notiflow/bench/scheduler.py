@@ -25,7 +25,8 @@ from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
-from notiflow.adapters.cassandra_store import connect, to_ms
+from notiflow.adapters.cassandra.session import connect
+from notiflow.adapters.cassandra.values import to_ms
 from notiflow.adapters.kafka_io import kafka_config
 from notiflow.adapters.scheduled_store import ScheduledStore
 from notiflow.bench.harness import Phase

@@ -46,7 +46,7 @@ def _status_written(phase: Phase, ids: list[str], timeout: float, *, last: int =
     those rows; waits up to ``timeout`` for stragglers. Polls the ``last`` accepted ones
     before reading them all: a full pass while the reconciler still writes would compete
     with the pipeline it measures (one read per message)."""
-    from notiflow.adapters.cassandra_store import aio, connect
+    from notiflow.adapters.cassandra.session import aio, connect
 
     async def read() -> tuple[int, float | None]:
         cluster, session = await asyncio.to_thread(connect, phase.settings)
@@ -220,7 +220,7 @@ def empty_tables(out: Path, run_id: str) -> None:
     run (six compactions of ~45 MiB in one end-to-end phase, one in the next run's): the
     phase they fell in lost ~0.5 ms of CPU per message. Emptied, each run's phases compact
     only what the run wrote."""
-    from notiflow.adapters.cassandra_store import connect
+    from notiflow.adapters.cassandra.session import connect
 
     settings = Phase("throughput-truncate", out, run_id, extra_env=_ENV).settings
     cluster, session = connect(settings, keyspace=None)

@@ -450,7 +450,7 @@ async def serve(settings: Settings, owner: str, stop: asyncio.Event) -> None:
     from notiflow.adapters.admission import AdmissionStore
     from notiflow.adapters.campaign_notices import NoticeStore
     from notiflow.adapters.campaign_store import CampaignStore
-    from notiflow.adapters.cassandra_store import connect
+    from notiflow.adapters.cassandra.session import connect
     from notiflow.adapters.client_webhooks import WebhookClient
     from notiflow.adapters.egress import EgressGuard
     from notiflow.adapters.kafka_io import AsyncProducer

@@ -44,7 +44,9 @@ from opentelemetry import trace
 
 from notiflow import names, telemetry
 from notiflow.adapters.bytewax_kafka import ConfirmingSink, kafka_source
-from notiflow.adapters.cassandra_store import CassandraStore, StateContention, Write, connect
+from notiflow.adapters.cassandra.recipients import StateContention
+from notiflow.adapters.cassandra.session import Write, connect
+from notiflow.adapters.cassandra.store import CassandraStore
 from notiflow.adapters.dlq_crypto import DlqCipher
 from notiflow.adapters.kafka_io import DeliveryFailed, OutRecord
 from notiflow.adapters.outages import OUTAGE, REDIS_DOWN
@@ -252,7 +254,7 @@ class ApplyStep:
         keeps the compare-and-set path is moved by its own compare-and-set meanwhile. Each
         message's span ends once its writes are acknowledged."""
         ids = list(groups)
-        heads = await store.heads(ids)
+        heads = await store.messages.heads(ids)
         now = self.clock()
         plans = [self._planned(mid, groups[mid], head, store, now)
                  for mid, head in zip(ids, heads, strict=True)]
@@ -282,8 +284,8 @@ class ApplyStep:
                 log.error("event for unknown message %s without snapshot", message_id)
                 return _Plan(top, span, self._history(store, message_id, evs, top, False))
             initial = Status.SCHEDULED if snap.scheduled_at else Status.QUEUED
-            created = store.creation_writes(message_id, snap, initial, now, "reconcile")
-            head = store.created_head(snap, initial, now)
+            created = store.messages.creation_writes(message_id, snap, initial, now, "reconcile")
+            head = store.messages.created_head(snap, initial, now)
 
         def then(applied: bool) -> list[Write]:
             return [*created, *self._history(store, message_id, evs, top, applied)]
@@ -295,12 +297,12 @@ class ApplyStep:
     @staticmethod
     def _plan(store: CassandraStore, top: T, span: trace.Span, head: dict[str, Any],
               args: tuple[Any, ...], then: Callable[[bool], list[Write]]) -> _Plan[T]:
-        """The plan of a transition (``args`` as :meth:`CassandraStore.transition` takes
+        """The plan of a transition (``args`` as :meth:`MessageStore.transition` takes
         them) from the row ``head``, followed by ``then(applied)``'s writes."""
-        planned = store.planned_transition(*args, head=head)
+        planned = store.messages.planned_transition(*args, head=head)
         if planned is None:
-            return _Plan(top, span, cas=functools.partial(store.transition, *args, head=head,
-                                                          then=then))
+            return _Plan(top, span, cas=functools.partial(store.messages.transition, *args,
+                                                          head=head, then=then))
         applied, writes = planned
         return _Plan(top, span, [*writes, *then(applied)], applied)
 
@@ -330,10 +332,12 @@ class ApplyStep:
         """History rows of ``evs`` (``top`` flagged ``applied``), attempts and index rows."""
         writes = []
         for e in evs:
-            writes.append(store.event_write(message_id, e.occurred_at, e.event_id, e.status,
-                                            e.attempt, e.reason, e.source, applied and e is top))
+            writes.append(store.messages.event_write(
+                message_id, e.occurred_at, e.event_id, e.status, e.attempt, e.reason, e.source,
+                applied and e is top))
             if e.attempt_detail is not None:
-                writes += store.attempt_writes(message_id, e.attempt_detail, e._traceparent)
+                writes += store.delivery.attempt_writes(message_id, e.attempt_detail,
+                                                        e._traceparent)
         return writes
 
     async def _receipts_at_once(self, wave: list[SourcedReceipt],
@@ -348,7 +352,7 @@ class ApplyStep:
         the batch before the receipt's dedup row exists, so the retry suppresses again
         (suppressing is idempotent). Returns parked receipts and DLQ records."""
         now = self.clock()
-        found = await asyncio.gather(*(store.message_for_provider_id(
+        found = await asyncio.gather(*(store.delivery.message_for_provider_id(
             sr.receipt.provider_id, sr.receipt.provider_message_id) for sr in wave))
         hinted = {sr.receipt.message_id for sr, row in zip(wave, found, strict=True)
                   if row is None and sr.receipt.message_id is not None}
@@ -370,9 +374,9 @@ class ApplyStep:
                 outs.append(self._park(sr, verdict.why, now))
         self._drop_forged(forged)
         heads, seens = await asyncio.gather(
-            store.heads([t[1] for t in targets]),
-            store.receipt_records([(sr.receipt.provider_id, sr.receipt.provider_event_id)
-                                   for sr, *_ in targets]))
+            store.messages.heads([t[1] for t in targets]),
+            store.delivery.receipt_records([(sr.receipt.provider_id, sr.receipt.provider_event_id)
+                                            for sr, *_ in targets]))
         plans: list[tuple[_Plan[Receipt], str, bool]] = []
         for (sr, mid, attempt, span, pmid), head, seen in zip(targets, heads, seens,
                                                               strict=True):
@@ -411,10 +415,10 @@ class ApplyStep:
                       seen: dict[str, Any] | None, applied: bool, *,
                       now: datetime) -> list[Write]:
         """A receipt's dedup and outcome rows, and its history row when it is new."""
-        writes = store.receipt_writes(r.provider_id, r.provider_event_id, message_id,
-                                      r.status, now, seen)
+        writes = store.delivery.receipt_writes(r.provider_id, r.provider_event_id, message_id,
+                                               r.status, now, seen)
         if seen is None:
-            writes.append(store.event_write(
+            writes.append(store.messages.event_write(
                 message_id, r.occurred_at, f"{r.provider_id}:{r.provider_event_id}",
                 r.status, attempt, r.error_code, f"receipt.{r.provider_id}", applied))
         return writes
@@ -462,7 +466,8 @@ class ApplyStep:
         if row is None or not row.get("recipient_hash"):
             return
         if self._preferences is None:
-            self._preferences = PreferenceStore(store, AsyncProducer(self.settings))
+            self._preferences = PreferenceStore(store.recipients, AsyncProducer(self.settings),
+                                                self.settings.preferences_topic)
         await self._preferences.suppress(row["tenant_id"], row["recipient_hash"], reason)
 
 

@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import Protocol
 
-from notiflow.adapters.cassandra_store import to_ms
+from notiflow.adapters.cassandra.values import to_ms
 from notiflow.adapters.envelope import dump, envelope
 from notiflow.adapters.kafka_io import OutRecord, make_headers
 from notiflow.adapters.schedule_store import ScheduleRow

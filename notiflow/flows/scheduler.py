@@ -38,7 +38,7 @@ from typing import Protocol
 from pydantic import ValidationError
 
 from notiflow import names, telemetry
-from notiflow.adapters.cassandra_store import to_ms
+from notiflow.adapters.cassandra.values import to_ms
 from notiflow.adapters.delayed_intake import Delayed
 from notiflow.adapters.dlq_crypto import DlqCipher
 from notiflow.adapters.envelope import Sealer, envelope, load
@@ -414,7 +414,8 @@ class Scheduler:
 async def serve(settings: Settings, owner: str, stop: asyncio.Event) -> None:
     """Open Cassandra and a confirming Kafka producer (acks=all, idempotent) and schedule
     until ``stop`` is set."""
-    from notiflow.adapters.cassandra_store import CassandraStore, connect
+    from notiflow.adapters.cassandra.session import connect
+    from notiflow.adapters.cassandra.store import CassandraStore
     from notiflow.adapters.delayed_intake import DelayedIntake
     from notiflow.adapters.kafka_io import AsyncProducer
     from notiflow.adapters.schedule_store import ScheduleStore
@@ -430,7 +431,8 @@ async def serve(settings: Settings, owner: str, stop: asyncio.Event) -> None:
     try:
         board = ScheduledStore(session, settings)
         materializer = Materializer(settings, ScheduleStore(session, settings),
-                                    CassandraStore(session, settings), board, publish, utcnow)
+                                    CassandraStore(session, settings).messages, board, publish,
+                                    utcnow)
         log.info("scheduler %s: %d shards, buckets of %ss, lease %ss", owner,
                  settings.scheduling.shards, settings.scheduling.bucket.total_seconds(),
                  settings.scheduling.lease.total_seconds())

@@ -113,7 +113,8 @@ class Resolver:
                 self._index.popitem(last=False)
 
     def _store(self) -> Any:
-        from notiflow.adapters.cassandra_store import CassandraStore, connect
+        from notiflow.adapters.cassandra.session import connect
+        from notiflow.adapters.cassandra.store import CassandraStore
 
         async def open_store() -> _Store:
             cluster, session = await asyncio.to_thread(connect, self.settings)
@@ -139,7 +140,7 @@ class Resolver:
 
         async def by_provider(ref: tuple[str, str]) -> None:
             async with sem:
-                idx = await store.message_for_provider_id(*ref)
+                idx = await store.delivery.message_for_provider_id(*ref)
             if idx is not None:
                 await row_of(str(idx["message_id"]), ref)
 

@@ -27,7 +27,8 @@ from pydantic import ValidationError
 
 from notiflow import names, telemetry
 from notiflow.adapters.cancel_gate import CancelGate, hold_for
-from notiflow.adapters.cassandra_store import CassandraStore, utc
+from notiflow.adapters.cassandra.store import CassandraStore
+from notiflow.adapters.cassandra.values import utc
 from notiflow.adapters.kafka_io import OutRecord, make_headers
 from notiflow.adapters.outages import CASSANDRA_DOWN, REDIS_DOWN
 from notiflow.gateway.auth import RuntimeDep, Tenant
@@ -77,7 +78,7 @@ async def first_cancel(store: CassandraStore, message_id: str,
                        row: dict[str, Any]) -> datetime:
     """When a CANCELLED message was first cancelled: its earliest CANCELLED history row
     (else the row's last update)."""
-    events = await store.events(message_id)
+    events = await store.messages.events(message_id)
     first = min((t for e in events if e.get("status") == Status.CANCELLED.value
                  and (t := utc(e.get("occurred_at"))) is not None), default=None)
     return first or utc(row.get("updated_at")) or now_ms()

@@ -1,9 +1,10 @@
 """``GET /v1/messages``: the calling tenant's recent messages, newest first.
 
 Served by ``messages_by_tenant_day`` (one partition per tenant and UTC day) joined with the
-current ``messages`` row (:meth:`~notiflow.adapters.cassandra_store.CassandraStore.
-recent_messages`). Query parameters: ``since`` (RFC 3339 with offset; default 24 h ago; not
-in the future, not beyond the operational retention), ``limit`` (1-200, default 50),
+current ``messages`` row
+(:meth:`~notiflow.adapters.cassandra.listing.MessageListing.recent_messages`). Query
+parameters: ``since`` (RFC 3339 with offset; default 24 h ago; not in the future, not
+beyond the operational retention), ``limit`` (1-200, default 50),
 ``status`` (a status name: only messages currently in it), ``cursor`` (the ``next_cursor``
 of the previous page). A page may hold fewer than ``limit`` messages and still have a
 ``next`` (the scan bound was reached); the list ends when ``next`` is null. Invalid
@@ -19,7 +20,8 @@ from urllib.parse import urlencode
 from fastapi import APIRouter, Query, Response
 from pydantic import AwareDatetime
 
-from notiflow.adapters.cassandra_store import Cursor, utc
+from notiflow.adapters.cassandra.listing import Cursor
+from notiflow.adapters.cassandra.values import utc
 from notiflow.gateway.auth import RuntimeDep, Tenant
 from notiflow.gateway.errors import unprocessable
 from notiflow.gateway.openapi import tenant_errors
@@ -86,8 +88,8 @@ async def list_messages(
         except ValueError:
             raise unprocessable("invalid_cursor", "cursor is not a next_cursor of this "
                                 "list") from None
-    page = await rt.store().recent_messages(tenant.id, lower, limit=limit, now=now,
-                                            status=status, after=after)
+    page = await rt.store().listing.recent_messages(tenant.id, lower, limit=limit, now=now,
+                                                    status=status, after=after)
     nxt = page.next.encode() if page.next is not None else None
     query = {"since": lower.isoformat(), "limit": limit}
     if status is not None:

@@ -22,7 +22,7 @@ from opentelemetry.trace import StatusCode
 from pydantic import ValidationError
 
 from notiflow import names, telemetry
-from notiflow.adapters.cassandra_store import utc
+from notiflow.adapters.cassandra.values import utc
 from notiflow.adapters.envelope import dump, envelope, load
 from notiflow.adapters.kafka_io import DeliveryFailed
 from notiflow.adapters.outages import CASSANDRA_DOWN
@@ -382,7 +382,7 @@ async def accept_request(rt: Runtime, tenant: TenantConfig, data: Any, key: str 
         check_kafka_window(rt, req.tier)
     except ApiError:
         if key is not None:
-            existing = await rt.store().get_reservation(tenant.id, key)
+            existing = await rt.store().idempotency.get_reservation(tenant.id, key)
             if existing is not None:
                 return await _resume(rt, tenant.id, key, request_hashes(req), existing,
                                      trace)

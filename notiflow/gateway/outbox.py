@@ -24,13 +24,10 @@ from datetime import UTC, datetime, timedelta
 from cassandra import OperationTimedOut
 
 from notiflow import names, telemetry
-from notiflow.adapters.cassandra_store import (
-    OUTBOX_SHARDS,
-    CassandraStore,
-    OutboxSlot,
-    Write,
-    to_ms,
-)
+from notiflow.adapters.cassandra.idempotency import OUTBOX_SHARDS, OutboxSlot
+from notiflow.adapters.cassandra.session import Write
+from notiflow.adapters.cassandra.store import CassandraStore
+from notiflow.adapters.cassandra.values import to_ms
 from notiflow.adapters.kafka_io import OutRecord, make_headers
 from notiflow.adapters.outages import CASSANDRA_DOWN
 from notiflow.adapters.scheduled_store import ScheduledStore
@@ -203,12 +200,13 @@ async def complete_acceptance(
     store = rt.store()
     writes = [*also]
     if write_outbox:
-        writes.append(store.outbox_write(slot, created_at, tenant_id, key))
+        writes.append(store.idempotency.outbox_write(slot, created_at, tenant_id, key))
     now = datetime.now(UTC)
     row = scheduled_row(rt, record, topic, payload, trace, now)
     with times.timing(Stage.API_WRITE):
-        created = store.create_message(message_id, snapshot(record),
-                                       initial_status(record), now, fresh=fresh, also=writes)
+        created = store.messages.create_message(message_id, snapshot(record),
+                                                initial_status(record), now, fresh=fresh,
+                                                also=writes)
         if row is None:
             await created
         else:
@@ -271,7 +269,7 @@ async def settle_published(
     ``202`` body. Failures are logged and left to the sweeper (the acceptance stands)."""
     response = accepted_json(record)
     try:
-        await store.settle_reservation(tenant_id, key, response, slot, created_at)
+        await store.idempotency.settle_reservation(tenant_id, key, response, slot, created_at)
     except CASSANDRA_DOWN as exc:
         log.warning("message %s published; bookkeeping deferred to the sweeper (%s)",
                     record.message_id, type(exc).__name__)
@@ -291,11 +289,11 @@ async def undo_acceptance(
     try:
         if scheduled is not None and record.scheduled_at is not None:
             await scheduled.unschedule(message_id, to_ms(record.scheduled_at))
-        if not await store.delete_unsent_message(message_id, tenant_id, accepted_at,
-                                                 Status.QUEUED):
+        if not await store.messages.delete_unsent_message(message_id, tenant_id, accepted_at,
+                                                          Status.QUEUED):
             return False
-        await store.drop_reservation(tenant_id, key)
-        await store.outbox_remove(slot, created_at, tenant_id, key)
+        await store.idempotency.drop_reservation(tenant_id, key)
+        await store.idempotency.outbox_remove(slot, created_at, tenant_id, key)
     except CASSANDRA_DOWN as exc:
         log.warning("could not undo acceptance of %s (%s); the outbox sweeper will publish it",
                     message_id, type(exc).__name__)

@@ -18,7 +18,8 @@ from typing import Annotated, Any, Final, TypeVar
 from fastapi import APIRouter, Path, Request, Response
 from pydantic import ValidationError
 
-from notiflow.adapters.cassandra_store import StateContention, utc
+from notiflow.adapters.cassandra.recipients import StateContention
+from notiflow.adapters.cassandra.values import utc
 from notiflow.gateway import examples
 from notiflow.gateway.auth import RuntimeDep, Tenant, read_json_object
 from notiflow.gateway.errors import ApiError, invalid_body, not_found, unavailable
@@ -146,7 +147,7 @@ async def stored_state(rt: Runtime, tenant_id: str,
                        hashes: tuple[str, ...]) -> PreferenceState | None:
     """The state stored under the first of ``hashes`` that has one."""
     for h in hashes:
-        state = await rt.store().get_state(tenant_id, h)
+        state = await rt.store().recipients.get_state(tenant_id, h)
         if state is not None:
             return state
     return None
@@ -157,7 +158,7 @@ async def carry_forward(rt: Runtime, tenant_id: str, key: str) -> None:
     a suppression stored under an older one (a rotated key, the legacy hash) is copied to
     it, so the write keeps it. No read at all while a single key is configured."""
     current, *older = recipient_hashes(tenant_id, key)
-    if not older or await rt.store().get_state(tenant_id, current) is not None:
+    if not older or await rt.store().recipients.get_state(tenant_id, current) is not None:
         return
     previous = await stored_state(rt, tenant_id, tuple(older))
     if previous is not None and previous.suppressed is not None:
@@ -186,8 +187,8 @@ async def put_device(recipient: Owner, token: Token, request: Request, tenant: T
     push = token_key(reg.platform, token)
     now = now_ms()
     push_hash = recipient_hash(tenant.id, push)
-    await rt.store().activate_device(tenant.id, recipient_hash(tenant.id, owner), token,
-                                     reg.platform.value, now, push_hash)
+    await rt.store().recipients.activate_device(
+        tenant.id, recipient_hash(tenant.id, owner), token, reg.platform.value, now, push_hash)
     state = await reactivated(rt, tenant.id, push, now)
     view = DeviceView(recipient=mask(owner), device_token=mask(push), platform=reg.platform,
                       active=True, updated_at=now,
@@ -209,7 +210,7 @@ async def reactivated(rt: Runtime, tenant_id: str, push: str,
 async def combined_stored(rt: Runtime, tenant_id: str, key: str) -> PreferenceState | None:
     """The state of a recipient combined from those under each of its hashes
     (:func:`~notiflow.schemas.preferences.combined_state`)."""
-    return combined_state([await rt.store().get_state(tenant_id, h)
+    return combined_state([await rt.store().recipients.get_state(tenant_id, h)
                            for h in recipient_hashes(tenant_id, key)])
 
 
@@ -233,7 +234,7 @@ async def registered(rt: Runtime, tenant: TenantConfig, recipient: str,
     ``404`` when it was never registered."""
     owner = owner_key(recipient)
     for owner_hash in recipient_hashes(tenant.id, owner):
-        row = await rt.store().get_device(tenant.id, owner_hash, token)
+        row = await rt.store().recipients.get_device(tenant.id, owner_hash, token)
         if row is not None and row.get("platform"):
             break
     else:
@@ -257,8 +258,8 @@ async def delete_device(recipient: Owner, token: str, tenant: Tenant,
                                              "token_deactivated", now))
     row = device.row
     if row.get("active") is not False or row.get("deactivated_reason") != DELETED_BY_CLIENT:
-        await rt.store().deactivate_device(tenant.id, device.owner_hash, token,
-                                           DELETED_BY_CLIENT, now)
+        await rt.store().recipients.deactivate_device(tenant.id, device.owner_hash, token,
+                                                      DELETED_BY_CLIENT, now)
     return Response(status_code=204)
 
 

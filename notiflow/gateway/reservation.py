@@ -27,7 +27,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final
 
-from notiflow.adapters.cassandra_store import CassandraStore, Write
+from notiflow.adapters.cassandra.idempotency import IdempotencyStore
+from notiflow.adapters.cassandra.session import Write
+from notiflow.adapters.cassandra.store import CassandraStore
 from notiflow.adapters.idempotency_fence import Fence, FenceUnavailable, Holder
 from notiflow.gateway.errors import idempotency_conflict, unavailable
 
@@ -75,7 +77,7 @@ class Claim:
         return tuple(dict.fromkeys((self.request_hash, *self.also)))
 
     def write(self) -> Write:
-        return CassandraStore.reservation_write(
+        return IdempotencyStore.reservation_write(
             self.tenant_id, self.key, self.request_hash, self.message_id, self.topic,
             self.payload, self.created_at)
 
@@ -115,7 +117,7 @@ async def reserve(store: CassandraStore, fence: Fence | None, c: Claim, *,
     holder = Holder(c.request_hash, c.message_id)
     claiming = asyncio.ensure_future(_claim(fence, c, holder))
     try:
-        row = await store.get_reservation(c.tenant_id, c.key)
+        row = await store.idempotency.get_reservation(c.tenant_id, c.key)
     except BaseException:
         if await claiming is None:
             await release(fence, c.tenant_id, c.key, holder)
@@ -133,7 +135,7 @@ async def reserve(store: CassandraStore, fence: Fence | None, c: Claim, *,
         raise idempotency_conflict()
     for pause in ROW_WAITS_S:
         await asyncio.sleep(pause)
-        row = await store.get_reservation(c.tenant_id, c.key)
+        row = await store.idempotency.get_reservation(c.tenant_id, c.key)
         if row is not None:
             return Taken(row)
     raise unavailable("acceptance_in_progress", "an earlier request with this key is still "
@@ -142,11 +144,11 @@ async def reserve(store: CassandraStore, fence: Fence | None, c: Claim, *,
 
 async def reserve_by_transaction(store: CassandraStore, c: Claim) -> Reserved | Taken:
     """``INSERT ... IF NOT EXISTS`` of the reservation row."""
-    reservation = await store.reserve(c.tenant_id, c.key, c.request_hash, c.message_id,
-                                      c.topic, c.payload, c.created_at)
+    reservation = await store.idempotency.reserve(c.tenant_id, c.key, c.request_hash, c.message_id,
+                                                  c.topic, c.payload, c.created_at)
     if reservation.applied:
         return Reserved(())
-    existing = reservation.existing or await store.get_reservation(c.tenant_id, c.key)
+    existing = reservation.existing or await store.idempotency.get_reservation(c.tenant_id, c.key)
     if not existing:
         raise unavailable("acceptance_in_progress", "retry the request")
     return Taken(existing)

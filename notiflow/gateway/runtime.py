@@ -32,7 +32,8 @@ from notiflow.adapters.audit import AuditLog
 from notiflow.adapters.campaign_notices import NoticeStore
 from notiflow.adapters.campaign_store import CampaignStore
 from notiflow.adapters.campaign_tally import CampaignTally
-from notiflow.adapters.cassandra_store import CassandraStore, connect
+from notiflow.adapters.cassandra.session import connect
+from notiflow.adapters.cassandra.store import CassandraStore
 from notiflow.adapters.egress import EgressGuard
 from notiflow.adapters.idempotency_fence import Fence
 from notiflow.adapters.jwks import JwksCache
@@ -288,7 +289,8 @@ class Runtime:
     def preferences(self) -> PreferenceStore:
         """Recipient state (write to Cassandra, then publish); ``503`` while either is
         unavailable."""
-        return PreferenceStore(self.store(), self.producer())
+        return PreferenceStore(self.store().recipients, self.producer(),
+                               self.settings.preferences_topic)
 
     @property
     def admission(self) -> Admission:

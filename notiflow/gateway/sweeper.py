@@ -16,13 +16,9 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from notiflow.adapters.cassandra_store import (
-    OUTBOX_READ_LIMIT,
-    OUTBOX_SHARDS,
-    CassandraStore,
-    OutboxSlot,
-    utc,
-)
+from notiflow.adapters.cassandra.idempotency import OUTBOX_READ_LIMIT, OUTBOX_SHARDS, OutboxSlot
+from notiflow.adapters.cassandra.store import CassandraStore
+from notiflow.adapters.cassandra.values import utc
 from notiflow.adapters.envelope import envelope, load
 from notiflow.adapters.retrying import every
 from notiflow.gateway.outbox import MIN_SWEEP_AGE, PENDING, complete_acceptance, traceparent
@@ -84,14 +80,14 @@ class OutboxSweeper:
     async def _shard(self, store: CassandraStore, shard: int, now: datetime) -> int:
         last = self.last_bucket(now)
         if shard not in self.cursors:
-            self.cursors[shard] = await store.outbox_cursor(shard, last)
+            self.cursors[shard] = await store.idempotency.outbox_cursor(shard, last)
         first = bucket = self.cursors[shard]
         done = 0
         end = min(last, bucket + MAX_BUCKETS_PER_ROUND - 1)
         try:
             while bucket <= end:
                 slot = OutboxSlot(bucket, shard)
-                rows = await store.outbox_rows(slot)
+                rows = await store.idempotency.outbox_rows(slot)
                 self.reads += 1
                 settled = 0
                 for row in rows:
@@ -103,7 +99,7 @@ class OutboxSweeper:
         finally:
             if bucket > first:
                 self.cursors[shard] = bucket
-                await store.outbox_advance(shard, bucket)
+                await store.idempotency.outbox_advance(shard, bucket)
         return done
 
     async def _legacy(self, store: CassandraStore, now: datetime) -> int:
@@ -112,7 +108,7 @@ class OutboxSweeper:
         done, left = 0, 0
         for shard in range(OUTBOX_SHARDS):
             slot = OutboxSlot(None, shard)
-            rows = await store.outbox_rows(slot)
+            rows = await store.idempotency.outbox_rows(slot)
             self.reads += 1
             for row in rows:
                 created = utc(row["created_at"])
@@ -132,9 +128,9 @@ class OutboxSweeper:
                                       row["idempotency_key"])
         if created_at is None:
             return 0
-        rec = await store.get_reservation(tenant_id, key)
+        rec = await store.idempotency.get_reservation(tenant_id, key)
         if rec is None or rec.get("state") != PENDING:
-            await store.outbox_remove(slot, created_at, tenant_id, key)
+            await store.idempotency.outbox_remove(slot, created_at, tenant_id, key)
             return 1
         payload, topic = rec.get("payload"), rec.get("topic")
         try:
@@ -144,12 +140,14 @@ class OutboxSweeper:
         except ValueError as exc:
             log.error("outbox entry %s/%s cannot be published (%s); parked in outbox_parked "
                       "for an operator", tenant_id, key, type(exc).__name__)
-            await store.outbox_park(slot, created_at, tenant_id, key, type(exc).__name__, now)
+            await store.idempotency.outbox_park(slot, created_at, tenant_id, key,
+                                                type(exc).__name__, now)
             return 1
         if await self.rt.topic_exists(topic) is False:
             log.error("outbox entry %s/%s is bound for topic %s, which does not exist; parked "
                       "in outbox_parked for an operator", tenant_id, key, topic)
-            await store.outbox_park(slot, created_at, tenant_id, key, "unknown_topic", now)
+            await store.idempotency.outbox_park(slot, created_at, tenant_id, key,
+                                                "unknown_topic", now)
             return 1
         await complete_acceptance(
             self.rt, tenant_id=tenant_id, key=key, created_at=created_at, record=record,

@@ -18,7 +18,8 @@ from typing import Annotated, Any, Final
 from fastapi import APIRouter, Path, Request, Response
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from notiflow.adapters.cassandra_store import CassandraStore, utc
+from notiflow.adapters.cassandra.store import CassandraStore
+from notiflow.adapters.cassandra.values import utc
 from notiflow.audit import Action, AuditEvent
 from notiflow.gateway import examples
 from notiflow.gateway.auth import RuntimeDep, Tenant, actor_of, read_json_object
@@ -93,7 +94,7 @@ async def _insert_next(store: CassandraStore,
                        values: dict[str, Any]) -> tuple[dict[str, Any], int]:
     """The stored row and 201 (a new version) or 200 (the latest has this content)."""
     for _ in range(MAX_VERSION_RACES):
-        latest = await store.latest_template(values["tenant_id"], values["template_id"])
+        latest = await store.templates.latest_template(values["tenant_id"], values["template_id"])
         if latest is not None and _same_content(latest, values):
             return latest, 200
         candidate = {**values, "version": (int(latest["version"]) if latest else 0) + 1}
@@ -101,7 +102,7 @@ async def _insert_next(store: CassandraStore,
             raise ApiError(409, "conflict", "versions_exhausted",
                            f"template {values['template_id']} has reached version "
                            f"{MAX_VERSION}; use another template id")
-        applied, _ = await store.put_template(candidate)
+        applied, _ = await store.templates.put_template(candidate)
         if applied:
             return candidate, 201
     raise unavailable("template_version_contention",
@@ -147,7 +148,7 @@ async def create_template(request: Request, tenant: Tenant, rt: RuntimeDep) -> R
         if status == 201:
             _audit(rt, request, row)
         return _created(row, status)
-    applied, existing = await store.put_template(values)
+    applied, existing = await store.templates.put_template(values)
     if applied:
         _audit(rt, request, values)
         return _created(values, 201)

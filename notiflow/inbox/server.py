@@ -36,7 +36,7 @@ from cassandra import DriverException
 from opentelemetry.metrics import CallbackOptions, Observation
 
 from notiflow import names, telemetry
-from notiflow.adapters.cassandra_store import connect
+from notiflow.adapters.cassandra.session import connect
 from notiflow.adapters.inbox_store import (
     Cursor,
     InboxFeed,

@@ -127,7 +127,7 @@ async def run_archive(settings: Settings, days: Sequence[date], tenants: Sequenc
     """Archive each (day, tenant) without a manifest (every one with ``force``)."""
     from notiflow.adapters.admission import AdmissionStore
     from notiflow.adapters.archive_reader import ArchiveReader
-    from notiflow.adapters.cassandra_store import connect
+    from notiflow.adapters.cassandra.session import connect
     from notiflow.adapters.object_store import ObjectStore
 
     keys = CorrelationKeys.from_settings(settings)

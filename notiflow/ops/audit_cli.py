@@ -23,7 +23,7 @@ console = Console()
 
 async def collect(settings: Settings, since: datetime, until: datetime) -> list[AuditEvent]:
     from notiflow.adapters.audit import AuditLog
-    from notiflow.adapters.cassandra_store import connect
+    from notiflow.adapters.cassandra.session import connect
 
     cluster, session = await asyncio.to_thread(connect, settings)
     try:

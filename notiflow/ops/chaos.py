@@ -410,7 +410,7 @@ def run_scenario(scenario: Scenario, out: Path, *, messages: int, rate: float,
                  p0_rate: float, seed: int, settle_timeout: float = 300.0,
                  log: Callable[[str], None] = print) -> Report:
     """Run one scenario on a platform of its own (stopped and its topics deleted after)."""
-    from notiflow.adapters.cassandra_store import connect
+    from notiflow.adapters.cassandra.session import connect
 
     run_id = uuid.uuid4().hex[:6]
     proxy, env = _proxied(scenario.proxied, out / "logs" / f"{run_id}-toxiproxy", log) \

@@ -260,7 +260,7 @@ def warm_up(phase: Phase, versions: dict[tuple[str, Channel], int], b_version: i
 
 def run(out: Path, config: Config, *, log: Callable[[str], None] = print) -> HostileReport:
     """One run on a platform of its own (stopped and its topics deleted after)."""
-    from notiflow.adapters.cassandra_store import connect
+    from notiflow.adapters.cassandra.session import connect
 
     run_id = uuid.uuid4().hex[:6]
     env: dict[str, str] = {}

@@ -42,7 +42,7 @@ from notiflow.schemas.enums import TERMINAL_STATUSES, Status, Tier
 from notiflow.settings import Settings
 
 if TYPE_CHECKING:
-    from notiflow.adapters.cassandra_store import CassandraStore
+    from notiflow.adapters.cassandra.store import CassandraStore
 
 SEND_RATE = 20.0
 """Requests per second through the API, warm-up and measured run alike; tiers take turns, so
@@ -384,7 +384,8 @@ async def _send_all(api: str, tokens: dict[str, str], versions: dict[str, int], 
 
 @asynccontextmanager
 async def _store(settings: Settings) -> AsyncIterator[CassandraStore]:
-    from notiflow.adapters.cassandra_store import CassandraStore, connect
+    from notiflow.adapters.cassandra.session import connect
+    from notiflow.adapters.cassandra.store import CassandraStore
 
     cluster, session = await asyncio.to_thread(connect, settings)
     try:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from notiflow.adapters.cassandra_store import CassandraStore, connect
+from notiflow.adapters.cassandra.session import connect
+from notiflow.adapters.cassandra.store import CassandraStore
 from notiflow.settings import Settings
 
 
@@ -20,7 +21,7 @@ async def message_history(
         if msg is None:
             return None
         attempts, events = await asyncio.gather(store.attempts(message_id),
-                                                store.events(message_id))
+                                                store.messages.events(message_id))
         return msg, attempts, events
     finally:
         cluster.shutdown()

@@ -2,8 +2,8 @@
 terminal twin of ``GET /v1/messages``; registered on ``notiflow.cli``).
 
 Reads ``messages_by_tenant_day`` joined with ``messages`` through
-:meth:`~notiflow.adapters.cassandra_store.CassandraStore.recent_messages`, directly (no API,
-no tenant token: an operator tool). Without ``--tenant`` every configured tenant is listed
+:meth:`~notiflow.adapters.cassandra.listing.MessageListing.recent_messages`, directly (no
+API, no tenant token: an operator tool). Without ``--tenant`` every configured tenant is listed
 and the pages are merged. Recipients appear only masked (``messages.recipient_masked``).
 Exit codes: 0 listed (also when empty), 1 Cassandra unreachable, 2 bad arguments.
 """
@@ -42,7 +42,8 @@ async def collect(settings: Settings, tenants: list[str], since: datetime, limit
                   status: Status | None, now: datetime) -> list[dict[str, Any]]:
     """Up to ``limit`` newest message rows of ``tenants`` accepted at or after ``since``
     (paging through each tenant's list until ``limit`` or its end)."""
-    from notiflow.adapters.cassandra_store import CassandraStore, connect
+    from notiflow.adapters.cassandra.session import connect
+    from notiflow.adapters.cassandra.store import CassandraStore
 
     cluster, session = await asyncio.to_thread(connect, settings)
     try:
@@ -52,8 +53,9 @@ async def collect(settings: Settings, tenants: list[str], since: datetime, limit
             rows: list[dict[str, Any]] = []
             after = None
             while len(rows) < limit:
-                page = await store.recent_messages(tenant_id, since, limit=limit - len(rows),
-                                                   now=now, status=status, after=after)
+                page = await store.listing.recent_messages(
+                    tenant_id, since, limit=limit - len(rows), now=now, status=status,
+                    after=after)
                 rows += page.messages
                 if page.next is None:
                     break

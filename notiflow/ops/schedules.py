@@ -10,7 +10,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from notiflow.adapters.cassandra_store import connect
+from notiflow.adapters.cassandra.session import connect
 from notiflow.adapters.schedule_store import ScheduleRow, ScheduleStore
 from notiflow.schemas.recurrence import occurrences
 from notiflow.settings import Settings

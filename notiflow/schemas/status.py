@@ -17,7 +17,7 @@ SUPPRESSED) and never over a provider's acceptance. CANCELLED shares EXPIRED's c
 top of it (ranks are stored: classes are never renumbered).
 The rank is stored in Cassandra; a status is written at the row's creation time plus
 :func:`write_offset_us` of its rank, so the database keeps the highest rank whatever order
-the writes arrive in (``adapters/cassandra_store.py``, ``rank_write_time``).
+the writes arrive in (``adapters/cassandra/messages.py``, ``rank_write_time``).
 """
 
 from __future__ import annotations

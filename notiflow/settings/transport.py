@@ -103,7 +103,7 @@ class KafkaSecurity(TlsFiles):
 
 class CassandraSecurity(TlsFiles):
     """TLS and password authentication of the Cassandra driver (``ssl_context``,
-    ``PlainTextAuthProvider``; ``adapters/cassandra_store.py`` :func:`connect`)."""
+    ``PlainTextAuthProvider``; ``adapters/cassandra/session.py`` :func:`connect`)."""
 
     tls: bool = False
     """Connect with TLS (``client_encryption_options`` enabled on the nodes)."""

@@ -44,14 +44,15 @@ def template(stack: Settings) -> int:
 def put_template(stack: Settings, tenant: str, template_id: str, channel: str, body: str,
                  subject: str | None = None) -> int:
     """Write version 1 of a template straight to Cassandra; returns the version."""
-    from notiflow.adapters.cassandra_store import CassandraStore, connect
+    from notiflow.adapters.cassandra.session import connect
+    from notiflow.adapters.cassandra.store import CassandraStore
     from notiflow.templating import analyse
 
     info = analyse(subject, body)
     cluster, session = connect(stack)
 
     async def put() -> None:
-        await CassandraStore(session, stack).put_template({
+        await CassandraStore(session, stack).templates.put_template({
             "tenant_id": tenant, "template_id": template_id, "version": 1,
             "channel": channel, "subject": subject, "body": body,
             "variables": info.variables, "checksum": info.checksum,

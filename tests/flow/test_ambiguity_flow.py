@@ -13,7 +13,8 @@ import httpx
 import pytest
 from bytewax.testing import TestingSource, run_main
 
-from notiflow.adapters.cassandra_store import CassandraStore, connect
+from notiflow.adapters.cassandra.session import connect
+from notiflow.adapters.cassandra.store import CassandraStore
 from notiflow.adapters.kafka_io import OutRecord
 from notiflow.flows.steps import snapshot_of
 from notiflow.schemas.enums import Status, Tier
@@ -88,8 +89,8 @@ def test_check_fails_unresolved_unknowns_only(stack: Settings, fakes: str, templ
     store = CassandraStore(session, stack)
 
     async def prepare() -> None:
-        await store.create_message(rec.message_id, snapshot_of(rec), Status.QUEUED, now)
-        await store.transition(rec.message_id, current, 1, None, now)
+        await store.messages.create_message(rec.message_id, snapshot_of(rec), Status.QUEUED, now)
+        await store.messages.transition(rec.message_id, current, 1, None, now)
 
     asyncio.run(prepare())
     cluster.shutdown()

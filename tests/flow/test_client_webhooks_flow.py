@@ -158,7 +158,8 @@ def test_exhausted_and_gone_webhooks_are_dead_lettered(stack: Settings, runner: 
 
 
 def test_urls_of_events_without_snapshot_come_from_cassandra(stack: Settings) -> None:
-    from notiflow.adapters.cassandra_store import CassandraStore, connect
+    from notiflow.adapters.cassandra.session import connect
+    from notiflow.adapters.cassandra.store import CassandraStore
 
     s = with_rule(stack, 0, 50)
     with Receiver(secrets(s)) as rx:
@@ -169,9 +170,9 @@ def test_urls_of_events_without_snapshot_come_from_cassandra(stack: Settings) ->
 
         async def seed() -> None:
             store = CassandraStore(session, s)
-            await store.create_message(mid, MessageSnapshot.model_validate(
+            await store.messages.create_message(mid, MessageSnapshot.model_validate(
                 snapshot(rx.url("/from-row"), now)), Status.QUEUED, now)
-            await store.record_attempt(mid, AttemptRecord(
+            await store.delivery.record_attempt(mid, AttemptRecord(
                 attempt_no=1, provider_id="twilio", outcome="accepted",
                 provider_message_id=sid, started_at=now, completed_at=now))
 

@@ -14,7 +14,7 @@ from bytewax.connectors.kafka import KafkaSourceMessage
 from bytewax.testing import TestingSink, TestingSource
 from cassandra.cluster import Session
 
-from notiflow.adapters.cassandra_store import connect
+from notiflow.adapters.cassandra.session import connect
 from notiflow.adapters.kafka_io import OutRecord
 from notiflow.flows.reconcile import build_reconcile_flow
 from notiflow.schemas.enums import Status

@@ -13,7 +13,7 @@ import redis
 import redis.asyncio as aioredis
 from cassandra.cluster import Session
 
-from notiflow.adapters.cassandra_store import connect
+from notiflow.adapters.cassandra.session import connect
 from notiflow.devenv import free_port
 from notiflow.ops.procs import ManagedProcess, ProcessGroup
 from notiflow.schemas.enums import Tier

@@ -18,7 +18,9 @@ import pytest
 from cassandra.cluster import Session
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, TopicPartition
 
-from notiflow.adapters.cassandra_store import CassandraStore, OutboxSlot, connect
+from notiflow.adapters.cassandra.idempotency import OutboxSlot
+from notiflow.adapters.cassandra.session import connect
+from notiflow.adapters.cassandra.store import CassandraStore
 from notiflow.adapters.envelope import envelope, load
 from notiflow.adapters.kafka_io import header
 from notiflow.adapters.scheduled_store import ScheduledStore
@@ -445,13 +447,15 @@ async def crashed_acceptance(store: CassandraStore, settings: Settings, tenant_i
     record = IngestRecord.model_validate(data)
     assert record.message_id is not None
     topic = settings.ingest_topic(req.channel, req.tier)
-    reservation = await store.reserve(tenant_id, idem_key, request_hash(req),
-                                      record.message_id, topic,
-                                      record.model_dump_json(exclude_none=True), accepted_at)
+    reservation = await store.idempotency.reserve(tenant_id, idem_key, request_hash(req),
+                                                  record.message_id, topic,
+                                                  record.model_dump_json(exclude_none=True),
+                                                  accepted_at)
     assert reservation.applied
-    await store.outbox_add(outbox_slot(tenant_id, idem_key, accepted_at), accepted_at,
-                           tenant_id, idem_key)
-    await store.create_message(record.message_id, snapshot(record), Status.QUEUED, accepted_at)
+    await store.idempotency.outbox_add(outbox_slot(tenant_id, idem_key, accepted_at), accepted_at,
+                                       tenant_id, idem_key)
+    await store.messages.create_message(record.message_id, snapshot(record), Status.QUEUED,
+                                        accepted_at)
     return record
 
 
@@ -478,7 +482,7 @@ async def test_sweeper_publishes_a_crashed_acceptance(
     assert record.message_id is not None
 
     async def accepted() -> bool:
-        rec = await store.get_reservation("acme", k)
+        rec = await store.idempotency.get_reservation("acme", k)
         return rec is not None and rec["state"] == "ACCEPTED"
 
     assert await wait_until(accepted, timeout=120, interval=0.2,
@@ -517,7 +521,7 @@ async def test_retry_finishes_a_pending_acceptance(
     assert load(msg.value(), envelope(settings)) == record
 
     async def settled() -> dict[str, Any] | None:
-        rec = await store.get_reservation("globex", k)
+        rec = await store.idempotency.get_reservation("globex", k)
         return rec if rec is not None and rec["state"] == "ACCEPTED" else None
 
     rec = await wait_until(settled, timeout=10, interval=0.05,
@@ -557,7 +561,7 @@ async def test_kafka_unreachable_is_503_and_leaves_nothing(
     finally:
         await asyncio.to_thread(proc.stop)
 
-    assert await store.get_reservation("acme", k) is None
+    assert await store.idempotency.get_reservation("acme", k) is None
     assert not await outbox_has(cql, "acme", k)
     retry = await asyncio.to_thread(client.post, "/v1/messages",
                                     headers=auth("acme", k), json=sms())
@@ -602,7 +606,7 @@ async def test_unreachable_kafka_opens_the_outage_window(
             assert view.json()["status"] == "QUEUED"
     finally:
         await asyncio.to_thread(proc.stop)
-    record = await store.get_reservation("acme", k1)
+    record = await store.idempotency.get_reservation("acme", k1)
     assert record is not None and record["state"] == "PENDING"
     assert await outbox_has(cql, "acme", k1)
 

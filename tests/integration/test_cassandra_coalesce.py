@@ -13,8 +13,8 @@ import pytest
 from cassandra.cluster import ResponseFuture, Session
 from cassandra.query import BatchStatement
 
+from notiflow.adapters.cassandra.session import aio, connect
 from notiflow.adapters.cassandra_coalesce import CassandraCoalescer, KeyedRead
-from notiflow.adapters.cassandra_store import aio, connect
 from notiflow.settings import Settings
 from tests.helpers import wait_until
 

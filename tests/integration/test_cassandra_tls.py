@@ -1,5 +1,5 @@
 """Cassandra over TLS with client certificates and password authentication through
-:func:`notiflow.adapters.cassandra_store.connect`: a private node (the stack's Cassandra jars
+:func:`notiflow.adapters.cassandra.session.connect`: a private node (the stack's Cassandra jars
 and settings, on ports of its own) with ``client_encryption_options`` on, a PEM key store
 from a throw-away ``trustme`` CA and ``PasswordAuthenticator``, serves a client configured by
 ``cassandra_security``; a client trusting another CA, one without a certificate, a wrong
@@ -19,7 +19,7 @@ from cassandra import AuthenticationFailed
 from cassandra.cluster import NoHostAvailable
 from cryptography.hazmat.primitives import serialization
 
-from notiflow.adapters.cassandra_store import connect
+from notiflow.adapters.cassandra.session import connect
 from notiflow.devenv import free_port
 from notiflow.ops.stack import Stack, cassandra
 from notiflow.ops.stack.process import port_open

@@ -26,7 +26,8 @@ import httpx
 import orjson
 import pytest
 
-from notiflow.adapters.cassandra_store import CassandraStore, connect
+from notiflow.adapters.cassandra.session import connect
+from notiflow.adapters.cassandra.store import CassandraStore
 from notiflow.adapters.client_webhooks import signed_headers
 from notiflow.adapters.dlq_crypto import DlqCipher
 from notiflow.adapters.kafka_io import OutRecord
@@ -123,8 +124,8 @@ def seed_row(settings: Settings, mid: str, url: str) -> None:
                            accepted_at=now, status_webhook=url)
     cluster, session = connect(settings)
     try:
-        asyncio.run(CassandraStore(session, settings).create_message(mid, snap, Status.QUEUED,
-                                                                     now))
+        asyncio.run(CassandraStore(session, settings).messages.create_message(
+            mid, snap, Status.QUEUED, now))
     finally:
         cluster.shutdown()
 

@@ -15,7 +15,7 @@ from cassandra.cluster import Session
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from notiflow.adapters.cassandra_store import CassandraStore
+from notiflow.adapters.cassandra.store import CassandraStore
 from notiflow.adapters.idempotency_fence import RELEASE, Fence, Holder, release_model
 from notiflow.adapters.redis_pool import redis_client
 from notiflow.devenv import free_port
@@ -150,7 +150,7 @@ async def test_without_redis_the_key_is_reserved_by_transaction(store: Cassandra
     try:
         c = claim(uuid.uuid4().hex)
         assert await accept_like_the_api(store, dead, c) == Reserved(())
-        row = await store.get_reservation("acme", c.key)
+        row = await store.idempotency.get_reservation("acme", c.key)
         assert row is not None and row["message_id"] == c.message_id
         again = await accept_like_the_api(store, dead, claim(c.key))
         assert isinstance(again, Taken)

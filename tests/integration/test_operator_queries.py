@@ -14,7 +14,7 @@ import httpx
 import pytest
 from cassandra.cluster import Session
 
-from notiflow.adapters.cassandra_store import hour_of, utc
+from notiflow.adapters.cassandra.values import hour_of, utc
 from notiflow.adapters.kafka_io import OutRecord, make_headers
 from notiflow.ops.procs import ManagedProcess
 from notiflow.schemas.enums import Status

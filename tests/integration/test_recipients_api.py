@@ -282,7 +282,7 @@ async def test_concurrent_updates_get_distinct_versions(
     assert [r.status_code for r in replies] == [200] * len(zones), [r.text for r in replies]
     versions = sorted(r.json()["version"] for r in replies)
     # a write whose Paxos round timed out and was applied after all is written once more
-    # when another came between (adapters/cassandra_store.py, change_state): a gap, never
+    # when another came between (adapters/cassandra/recipients.py, change_state): a gap, never
     # a shared version
     assert len(set(versions)) == 5 and versions[0] == 1, versions
     last = max(replies, key=lambda r: r.json()["version"]).json()

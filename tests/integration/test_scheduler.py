@@ -15,7 +15,7 @@ import pytest
 from cassandra.cluster import Session
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
-from notiflow.adapters.cassandra_store import to_ms
+from notiflow.adapters.cassandra.values import to_ms
 from notiflow.adapters.envelope import envelope, load
 from notiflow.adapters.kafka_io import AsyncProducer, OutRecord, header, make_headers
 from notiflow.adapters.scheduled_store import ScheduledStore

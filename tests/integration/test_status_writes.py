@@ -14,7 +14,9 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from cassandra.cluster import Session
 
-from notiflow.adapters.cassandra_store import CassandraStore, OutboxSlot, connect
+from notiflow.adapters.cassandra.idempotency import OutboxSlot
+from notiflow.adapters.cassandra.session import connect
+from notiflow.adapters.cassandra.store import CassandraStore
 from notiflow.schemas.enums import Category, Channel, Status, Tier
 from notiflow.schemas.messages import MessageSnapshot
 from notiflow.schemas.status import rank
@@ -55,10 +57,11 @@ async def test_concurrent_transitions_in_any_order_end_at_the_highest_rank(
         store: CassandraStore, cql: Session, seed: int) -> None:
     mid = f"sw-{uuid.uuid4().hex}"
     now = datetime.now(UTC)
-    assert await store.create_message(mid, snap(now - timedelta(seconds=3)), Status.QUEUED, now)
+    assert await store.messages.create_message(mid, snap(now - timedelta(seconds=3)),
+                                               Status.QUEUED, now)
     moves = MOVES[:]
     random.Random(seed).shuffle(moves)
-    results = await asyncio.gather(*(store.transition(mid, s, a, None, now, "twilio")
+    results = await asyncio.gather(*(store.messages.transition(mid, s, a, None, now, "twilio")
                                      for s, a in moves))
     top_status, top_attempt = max(MOVES, key=lambda m: rank(*m))
     assert row(cql, mid)["status"] == top_status.value
@@ -67,7 +70,7 @@ async def test_concurrent_transitions_in_any_order_end_at_the_highest_rank(
     assert results[moves.index((top_status, top_attempt))][0] is True
     # later, one at a time: nothing lower applies, the row never moves back
     for s, a in MOVES:
-        applied, exists = await store.transition(mid, s, a, None, now)
+        applied, exists = await store.messages.transition(mid, s, a, None, now)
         assert exists and not applied
     assert row(cql, mid)["status"] == top_status.value
 
@@ -79,14 +82,15 @@ async def test_a_compare_and_set_row_keeps_that_path_and_never_regresses(
     below it: it keeps using compare-and-set."""
     mid = f"sw-{uuid.uuid4().hex}"
     accepted = datetime.now(UTC) - timedelta(minutes=5)
-    await store.create_message(mid, snap(accepted), Status.QUEUED, accepted)
+    await store.messages.create_message(mid, snap(accepted), Status.QUEUED, accepted)
     cql.execute("UPDATE messages SET status = 'SENT', status_rank = %s WHERE message_id = %s "
                 "IF status_rank < %s", (rank(Status.SENT, 1), mid, rank(Status.SENT, 1)))
-    head = await store.head(mid)
+    head = await store.messages.head(mid)
     assert head is not None and head["status_wt"] > head["created_wt"] + rank(Status.SENT, 1)
     now = datetime.now(UTC)
-    assert await store.transition(mid, Status.PROVIDER_ACCEPTED, 1, None, now) == (False, True)
-    assert await store.transition(mid, Status.DELIVERED, 1, None, now) == (True, True)
+    assert await store.messages.transition(mid, Status.PROVIDER_ACCEPTED, 1, None,
+                                           now) == (False, True)
+    assert await store.messages.transition(mid, Status.DELIVERED, 1, None, now) == (True, True)
     assert row(cql, mid)["status"] == "DELIVERED"
 
 
@@ -98,27 +102,27 @@ async def test_a_dlq_replay_right_after_a_failure_reopens_the_message(
     the least) is never shadowed by them."""
     mid = f"sw-{uuid.uuid4().hex}"
     now = datetime.now(UTC)
-    await store.create_message(mid, snap(now - timedelta(seconds=1)), Status.QUEUED, now)
-    assert await store.transition(mid, Status.FAILED, 5, "boom", now) == (True, True)
+    await store.messages.create_message(mid, snap(now - timedelta(seconds=1)), Status.QUEUED, now)
+    assert await store.messages.transition(mid, Status.FAILED, 5, "boom", now) == (True, True)
     requeued = cql.execute(
         "UPDATE messages SET status = 'QUEUED', status_rank = %s, attempt = 6 "
         "WHERE message_id = %s IF status_rank = %s",
         (rank(Status.QUEUED), mid, rank(Status.FAILED))).one()
     assert requeued["[applied]"]
     assert row(cql, mid)["status"] == "QUEUED"
-    assert await store.transition(mid, Status.FAILED, 10, "boom again",
-                                  datetime.now(UTC)) == (True, True)
+    assert await store.messages.transition(mid, Status.FAILED, 10, "boom again",
+                                           datetime.now(UTC)) == (True, True)
     assert (row(cql, mid)["status"], row(cql, mid)["attempt"]) == ("FAILED", 10)
 
 
 async def test_creation_fills_an_absent_row_only(store: CassandraStore, cql: Session) -> None:
     mid = f"sw-{uuid.uuid4().hex}"
     now = datetime.now(UTC)
-    assert await store.transition(mid, Status.SENT, 1, None, now) == (False, False)
+    assert await store.messages.transition(mid, Status.SENT, 1, None, now) == (False, False)
     assert row(cql, mid) is None
-    assert await store.create_message(mid, snap(now), Status.QUEUED, now) is True
-    assert await store.transition(mid, Status.SENT, 1, None, now) == (True, True)
-    assert await store.create_message(mid, snap(now), Status.QUEUED, now) is False
+    assert await store.messages.create_message(mid, snap(now), Status.QUEUED, now) is True
+    assert await store.messages.transition(mid, Status.SENT, 1, None, now) == (True, True)
+    assert await store.messages.create_message(mid, snap(now), Status.QUEUED, now) is False
     assert row(cql, mid)["status"] == "SENT"
     history = [r["status"] for r in cql.execute(
         "SELECT status FROM message_events WHERE message_id = %s", (mid,))]
@@ -130,9 +134,9 @@ async def test_a_receipt_is_recorded_once(store: CassandraStore, cql: Session) -
     now = datetime.now(UTC)
 
     async def seen(at: datetime) -> bool:
-        row = await store.receipt_record("twilio", event)
-        await store.write_all(store.receipt_writes("twilio", event, "m-1", Status.DELIVERED,
-                                                   at, row))
+        row = await store.delivery.receipt_record("twilio", event)
+        await store.write_all(store.delivery.receipt_writes("twilio", event, "m-1",
+                                                            Status.DELIVERED, at, row))
         return row is not None
 
     assert await seen(now) is False
@@ -155,16 +159,18 @@ async def test_creation_carries_further_writes_in_either_case(store: CassandraSt
             "SELECT idempotency_key FROM outbox_buckets WHERE bucket = %s AND shard = %s",
             (slot.bucket, slot.shard))]
 
-    first = store.outbox_write(slot, now, "acme", key)
-    assert await store.create_message(mid, snap(now), Status.QUEUED, now, also=[first]) is True
+    first = store.idempotency.outbox_write(slot, now, "acme", key)
+    assert await store.messages.create_message(mid, snap(now), Status.QUEUED, now,
+                                               also=[first]) is True
     assert row(cql, mid)["status"] == "QUEUED" and outbox() == [key]
-    again = store.outbox_write(slot, now + timedelta(seconds=1), "acme", key + "-again")
-    assert await store.create_message(mid, snap(now), Status.QUEUED, now, also=[again]) is False
+    again = store.idempotency.outbox_write(slot, now + timedelta(seconds=1), "acme", key + "-again")
+    assert await store.messages.create_message(mid, snap(now), Status.QUEUED, now,
+                                               also=[again]) is False
     assert sorted(outbox()) == sorted([key, key + "-again"])
 
-    assert (await store.reserve("acme", key, "hash", mid, "topic", "{}", now)).applied
-    await store.settle_reservation("acme", key, '{"ok": true}', slot, now)
+    assert (await store.idempotency.reserve("acme", key, "hash", mid, "topic", "{}", now)).applied
+    await store.idempotency.settle_reservation("acme", key, '{"ok": true}', slot, now)
     assert outbox() == [key + "-again"]
-    settled = await store.get_reservation("acme", key)
+    settled = await store.idempotency.get_reservation("acme", key)
     assert settled is not None
     assert (settled["state"], settled["response"]) == ("ACCEPTED", '{"ok": true}')

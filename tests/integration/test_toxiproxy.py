@@ -101,7 +101,7 @@ def test_the_cassandra_driver_stays_on_the_proxy_of_a_one_node_stack(
         stack: Settings, proxy: Toxiproxy) -> None:
     """A one-node stack's driver keeps the contact point it connected through (the proxy)
     for every request; a latency toxic delays them, taking it away speeds them up again."""
-    from notiflow.adapters.cassandra_store import connect
+    from notiflow.adapters.cassandra.session import connect
 
     host, port = proxy.proxy("cassandra-test", f"{stack.cassandra_hosts[0]}:"
                                                f"{stack.cassandra_port}").split(":")

@@ -1,5 +1,5 @@
 """Every Kafka, Cassandra and Redis client of the ``notiflow`` package is built by its store's
-one builder (``kafka_io.kafka_config``, ``cassandra_store.connect``,
+one builder (``kafka_io.kafka_config``, ``cassandra.session.connect``,
 ``redis_pool.redis_client``), so none misses the transport security of the settings. Checked
 on the source: a client configured anywhere else fails here."""
 
@@ -12,7 +12,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[2] / "notiflow"
 
 KAFKA_BUILDER = "adapters/kafka_io.py"
-CASSANDRA_BUILDER = "adapters/cassandra_store.py"
+CASSANDRA_BUILDER = "adapters/cassandra/session.py"
 REDIS_BUILDER = "adapters/redis_pool.py"
 BYTEWAX_KAFKA = "adapters/bytewax_kafka.py"
 

@@ -16,8 +16,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from notiflow.adapters import cassandra_store
-from notiflow.adapters.cassandra_store import CassandraStore, Cursor, operator_shard
+from notiflow.adapters.cassandra import listing, messages
+from notiflow.adapters.cassandra.listing import Cursor
+from notiflow.adapters.cassandra.store import CassandraStore
+from notiflow.adapters.cassandra.values import operator_shard
 from notiflow.gateway.message_list import check_since
 from notiflow.ops.messages_cli import messages_table, parse_since
 from notiflow.ops.top import (
@@ -35,6 +37,7 @@ from notiflow.schemas.enums import Status, Tier
 from notiflow.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
+STATEMENTS = {**messages.STATEMENTS, **listing.STATEMENTS}
 T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 
 
@@ -204,7 +207,7 @@ class FakeSession:
         self.index: dict[tuple[str, date], list[tuple[datetime, str]]] = {}
         self.messages: dict[str, dict[str, Any]] = {}
         self.queries = 0
-        self._names = {cql: name for name, cql in cassandra_store._STATEMENTS.items()}
+        self._names = {cql: name for name, cql in STATEMENTS.items()}
 
     def prepare(self, cql: str) -> _Prepared:
         return _Prepared(cql)
@@ -251,8 +254,9 @@ def _walk(store: CassandraStore, tenant: str, since: datetime, limit: int,
     async def run() -> None:
         nonlocal after
         while True:
-            page = await store.recent_messages(tenant, since, limit=limit, now=T0,
-                                               status=status, after=after, max_scan=max_scan)
+            page = await store.listing.recent_messages(tenant, since, limit=limit, now=T0,
+                                                       status=status, after=after,
+                                                       max_scan=max_scan)
             pages.append([m["message_id"] for m in page.messages])
             if page.next is None:
                 return
@@ -307,7 +311,7 @@ class TransitionSession(FakeSession):
         self.cas = cas or {}
         self.writes: list[tuple[str, tuple[Any, ...]]] = []
         self.failures: list[tuple[Any, ...]] = []
-        self._names.update({c: n for n, c in cassandra_store._OPERATOR_STATEMENTS.items()})
+        self._names.update({c: n for n, c in messages.OPERATOR_STATEMENTS.items()})
 
     def execute_async(self, stmt: _Prepared, params: tuple[Any, ...]) -> _Future:
         name = self._names.get(stmt.cql)
@@ -349,12 +353,12 @@ def _transition(row: dict[str, Any] | None, status: Status, now: datetime,
 
     async def write_all(writes: list[tuple[str, tuple[Any, ...]]]) -> None:
         for name, params in writes:
-            s.execute_async(_Prepared(cassandra_store._STATEMENTS.get(
-                name) or cassandra_store._OPERATOR_STATEMENTS[name]), params)
+            s.execute_async(_Prepared(STATEMENTS.get(
+                name) or messages.OPERATOR_STATEMENTS[name]), params)
 
-    store.write_all = write_all  # type: ignore[method-assign]
+    store.cql.write_all = write_all  # type: ignore[method-assign]
     s.result = asyncio.run(  # type: ignore[attr-defined]
-        store.transition("m1", status, 2, "invalid_recipient", now, "twilio"))
+        store.messages.transition("m1", status, 2, "invalid_recipient", now, "twilio"))
     return s
 
 
@@ -405,7 +409,7 @@ def test_rank_write_times_converge_on_the_highest_rank_in_any_interleaving(
     """Writers read the row, then write later, in any interleaving (each read may be stale):
     last-write-wins by write time leaves the highest rank any writer wrote, which is the
     highest rank offered (or the initial one)."""
-    from notiflow.adapters.cassandra_store import rank_write_time
+    from notiflow.adapters.cassandra.messages import rank_write_time
     from notiflow.schemas.status import OFFSET_CLASS_US, rank, write_offset_us
 
     initial = rank(Status.QUEUED)

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from notiflow.adapters.cassandra_store import OUTBOX_SHARDS, OutboxSlot
+from notiflow.adapters.cassandra.idempotency import OUTBOX_SHARDS, OutboxSlot
 from notiflow.gateway import sweeper as sweeper_module
 from notiflow.gateway.kafka_window import Window
 from notiflow.gateway.outbox import ON_TIME, outbox_shard, outbox_slot
@@ -33,6 +33,10 @@ class Store:
     cursors: dict[int, int] = field(default_factory=dict)
     parked: list[tuple[str, str, str]] = field(default_factory=list)
     reads: int = 0
+
+    @property
+    def idempotency(self) -> Store:
+        return self
 
     def add(self, slot: OutboxSlot, created_at: datetime, tenant: str, key: str,
             state: str = "PENDING", payload: str | None = PAYLOAD) -> None:
@@ -94,7 +98,7 @@ def published(monkeypatch: pytest.MonkeyPatch) -> list[str]:
             raise RuntimeError("Kafka down")
         done.append(key)
         store.reservations[(tenant_id, key)]["state"] = "ACCEPTED"
-        await store.outbox_remove(slot, created_at, tenant_id, key)
+        await store.idempotency.outbox_remove(slot, created_at, tenant_id, key)
         return "{}"
 
     monkeypatch.setattr(sweeper_module, "complete_acceptance", complete)

@@ -81,6 +81,14 @@ def test_every_receipt_route_refuses_an_unconfigured_account() -> None:
 class FakeStore:
     """What ``ApplyStep._receipts_at_once`` reads and writes, in memory."""
 
+    @property
+    def messages(self) -> FakeStore:
+        return self
+
+    @property
+    def delivery(self) -> FakeStore:
+        return self
+
     def __init__(self, index: dict[tuple[str, str], dict[str, Any]],
                  attempts: dict[str, list[dict[str, Any]]]) -> None:
         self.index = index

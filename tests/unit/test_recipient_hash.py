@@ -152,6 +152,10 @@ class Store:
     def __init__(self, states: dict[str, PreferenceState]) -> None:
         self.states = states
 
+    @property
+    def recipients(self) -> Store:
+        return self
+
     async def get_state(self, tenant: str, h: str) -> PreferenceState | None:
         return self.states.get(state_key(tenant, h))
 

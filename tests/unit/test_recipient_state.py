@@ -9,8 +9,8 @@ import orjson
 import pytest
 from pydantic import ValidationError
 
-from notiflow.adapters.cassandra_store import (
-    CassandraStore,
+from notiflow.adapters.cassandra.recipients import (
+    RecipientStore,
     StateChange,
     blank_state,
     state_columns,
@@ -100,8 +100,8 @@ class FakeStore:
     """In-memory stand-in for the Cassandra calls :class:`PreferenceStore` makes; the
     suppression helpers are the real ones, over :meth:`change_state`."""
 
-    suppress = CassandraStore.suppress
-    unsuppress = CassandraStore.unsuppress
+    suppress = RecipientStore.suppress
+    unsuppress = RecipientStore.unsuppress
 
     def __init__(self) -> None:
         self.states: dict[tuple[str, str], PreferenceState] = {}
@@ -128,7 +128,7 @@ class FakeStore:
 
 def prefs() -> tuple[PreferenceStore, FakeStore, Producer]:
     store, producer = FakeStore(), Producer()
-    return (PreferenceStore(cast(CassandraStore, store), producer, "notify.preferences"),
+    return (PreferenceStore(cast(RecipientStore, store), producer, "notify.preferences"),
             store, producer)
 
 

@@ -9,7 +9,8 @@ from typing import Any, cast
 
 import pytest
 
-from notiflow.adapters.cassandra_store import CassandraStore, Reservation
+from notiflow.adapters.cassandra.idempotency import Reservation
+from notiflow.adapters.cassandra.store import CassandraStore
 from notiflow.adapters.idempotency_fence import Fence, FenceUnavailable, Holder
 from notiflow.gateway import reservation
 from notiflow.gateway.errors import ApiError
@@ -30,6 +31,10 @@ class FakeStore:
         self.lwt = lwt
         self.lwts = 0
         self.fail = fail
+
+    @property
+    def idempotency(self) -> FakeStore:
+        return self
 
     async def get_reservation(self, tenant_id: str, key: str) -> dict[str, Any] | None:
         self.reads += 1

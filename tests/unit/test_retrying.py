@@ -18,7 +18,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from notiflow.adapters.cassandra_store import StateContention
+from notiflow.adapters.cassandra.recipients import StateContention
 from notiflow.adapters.kafka_io import DeliveryFailed
 from notiflow.adapters.outages import OUTAGE
 from notiflow.adapters.retrying import until_up

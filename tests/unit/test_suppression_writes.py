@@ -168,6 +168,14 @@ class ReceiptStore:
     """What ``ApplyStep._receipts_at_once`` reads and writes, in memory: a receipt is seen
     once its dedup row was written."""
 
+    @property
+    def messages(self) -> ReceiptStore:
+        return self
+
+    @property
+    def delivery(self) -> ReceiptStore:
+        return self
+
     def __init__(self) -> None:
         self.seen: set[tuple[str, str]] = set()
 

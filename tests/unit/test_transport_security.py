@@ -20,9 +20,9 @@ from pydantic_settings import SettingsError
 from redis.asyncio.connection import Connection, SSLConnection
 from redis.asyncio.sentinel import SentinelManagedSSLConnection
 
-from notiflow.adapters import cassandra_store
 from notiflow.adapters.bytewax_kafka import kafka_source
-from notiflow.adapters.cassandra_store import cluster_security
+from notiflow.adapters.cassandra import session as cassandra_session
+from notiflow.adapters.cassandra.session import cluster_security
 from notiflow.adapters.kafka_io import kafka_config, producer_config, security_config
 from notiflow.adapters.redis_pool import auth_options, redis_client, tls_options
 from notiflow.settings import CassandraSecurity, KafkaSecurity, RedisSecurity, Settings
@@ -215,11 +215,11 @@ def test_connect_hands_the_security_to_the_driver(pki: dict[str, Path],
         def shutdown(self) -> None:
             pass
 
-    monkeypatch.setattr(cassandra_store, "Cluster", FakeCluster)
+    monkeypatch.setattr(cassandra_session, "Cluster", FakeCluster)
     s = Settings(cassandra_security={"tls": True, "ca_file": pki["ca"],
                                      "check_hostname": False})
     with pytest.raises(Refused):
-        cassandra_store.connect(s)
+        cassandra_session.connect(s)
     assert not made["ssl_context"].check_hostname
     assert made["ssl_context"].verify_mode == ssl.CERT_REQUIRED
 

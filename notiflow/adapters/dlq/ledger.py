@@ -28,7 +28,8 @@ from typing import Any
 import orjson
 from cassandra.cluster import Session
 
-from notiflow.adapters.cassandra_store import aio, connect, utc
+from notiflow.adapters.cassandra.session import aio, connect
+from notiflow.adapters.cassandra.values import utc
 from notiflow.adapters.dlq.reader import DlqReadError
 from notiflow.schemas.enums import Status
 from notiflow.schemas.status import rank

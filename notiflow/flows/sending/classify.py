@@ -18,7 +18,7 @@ from typing import Any
 
 import orjson
 
-from notiflow.adapters.cassandra_store import StateContention
+from notiflow.adapters.cassandra.recipients import StateContention
 from notiflow.adapters.kafka_io import DeliveryFailed
 from notiflow.adapters.outages import OUTAGE
 from notiflow.adapters.providers.base import OutboundMessage, Outcome, SendResult

@@ -93,7 +93,7 @@ hints_directory: {data}/hints
 def cql_nodes_up(s: Settings, hosts: tuple[str, ...]) -> int:
     """How many of the ring's nodes the driver sees up through ``hosts`` (0 when CQL does
     not answer there)."""
-    from notiflow.adapters.cassandra_store import connect
+    from notiflow.adapters.cassandra.session import connect
 
     probe = s.model_copy(update={"cassandra_hosts": hosts})
     try:

@@ -143,7 +143,7 @@ class Stack:
             self.migrate()
 
     def migrate(self) -> None:
-        from notiflow.adapters.cassandra_store import connect
+        from notiflow.adapters.cassandra.session import connect
         from notiflow.ops.migrate import apply
 
         conn, session = connect(self.s, keyspace=None)

@@ -17,7 +17,8 @@ from datetime import datetime, timedelta
 
 from cassandra.cluster import Cluster
 
-from notiflow.adapters.cassandra_store import connect, to_ms
+from notiflow.adapters.cassandra.session import connect
+from notiflow.adapters.cassandra.values import to_ms
 from notiflow.adapters.inbox_store import InboxFeed, InboxItem, InboxStore
 from notiflow.adapters.outages import CASSANDRA_DOWN, REDIS_DOWN
 from notiflow.adapters.providers.base import OutboundMessage, Outcome, SendResult

@@ -1,0 +1,43 @@
+"""Values as Cassandra stores them: UTC timestamps at millisecond precision, days, hours
+and the shards of the operators' query tables (``ops/queries.md``)."""
+
+from __future__ import annotations
+
+import zlib
+from datetime import UTC, date, datetime
+
+OPERATOR_SHARDS = 32
+"""Shards of each ``failures_by_tier_day`` day and ``provider_outcomes_by_hour`` hour
+(``shard = crc32(message_id) % 32``); the queries in ``ops/queries.md`` list all of them."""
+
+
+def utc(d: datetime | None) -> datetime | None:
+    """Cassandra returns naive UTC timestamps; make them aware."""
+    if d is None:
+        return None
+    return d.replace(tzinfo=UTC) if d.tzinfo is None else d
+
+
+def ts(d: datetime | None) -> datetime | None:
+    """``d`` in UTC (a timestamp parameter), None as is."""
+    return d.astimezone(UTC) if d is not None else None
+
+
+def to_ms(d: datetime) -> datetime:
+    """``d`` in UTC truncated to milliseconds (Cassandra's timestamp precision)."""
+    d = d.astimezone(UTC)
+    return d.replace(microsecond=d.microsecond // 1000 * 1000)
+
+
+def date_of(d: datetime) -> date:
+    return d.astimezone(UTC).date()
+
+
+def hour_of(d: datetime) -> datetime:
+    """``d`` in UTC truncated to the hour (the ``provider_outcomes_by_hour`` bucket)."""
+    return d.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
+
+
+def operator_shard(message_id: str) -> int:
+    """The shard of a message's rows in the operators' query tables."""
+    return zlib.crc32(message_id.encode()) % OPERATOR_SHARDS
