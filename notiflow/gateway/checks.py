@@ -99,11 +99,11 @@ async def check_template(rt: Runtime, tenant: TenantConfig, req: Addressed,
     it declares is among ``provided`` (the message's variables, a campaign's mapped columns:
     ``how`` names which in the error)."""
     row = await rt.template(tenant.id, req.template_id, req.template_version)
-    if row is None or row.get("channel") != req.channel.value:
+    if row is None or row.channel != req.channel.value:
         what = "does not exist" if row is None else f"is not a {req.channel.value} template"
         raise unprocessable("unknown_template",
                             f"template {req.template_id} version {req.template_version} {what}")
-    absent = missing_variables(row.get("variables"), provided)
+    absent = missing_variables(row.variables, provided)
     if absent:
         raise unprocessable("missing_template_variable",
                             f"template variables not {how}: {', '.join(absent)}",

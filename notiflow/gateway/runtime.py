@@ -34,6 +34,7 @@ from notiflow.adapters.campaign_store import CampaignStore
 from notiflow.adapters.campaign_tally import CampaignTally
 from notiflow.adapters.cassandra.session import connect
 from notiflow.adapters.cassandra.store import CassandraStore
+from notiflow.adapters.cassandra.templates import TemplateRow
 from notiflow.adapters.egress import EgressGuard
 from notiflow.adapters.idempotency_fence import Fence
 from notiflow.adapters.jwks import JwksCache
@@ -112,7 +113,7 @@ class Runtime:
         self.settler = Settler(settings.api_settle_interval.total_seconds())
         self.batch_items = asyncio.Semaphore(settings.api_batch_concurrency)
         """Turns of batch items (``batch.py``) in this process."""
-        self._templates: OrderedDict[tuple[str, str, int], dict[str, Any]] = OrderedDict()
+        self._templates: OrderedDict[tuple[str, str, int], TemplateRow] = OrderedDict()
         self._jwks: JwksCache | None = None
         self._sns: SnsCertificates | None = None
         self._topics: tuple[float, frozenset[str]] | None = None
@@ -259,7 +260,7 @@ class Runtime:
         return self._campaigns
 
     async def template(self, tenant_id: str, template_id: str,
-                       version: int) -> dict[str, Any] | None:
+                       version: int) -> TemplateRow | None:
         """A template version. Versions are immutable, so found rows are cached (LRU of
         :data:`TEMPLATE_CACHE_SIZE`); misses are not, a version may be created later."""
         key = (tenant_id, template_id, version)
@@ -267,7 +268,7 @@ class Runtime:
         if row is not None:
             self._templates.move_to_end(key)
             return row
-        row = await self.store().get_template(tenant_id, template_id, version)
+        row = await self.store().templates.get_template(tenant_id, template_id, version)
         if row is not None:
             self._templates[key] = row
             while len(self._templates) > TEMPLATE_CACHE_SIZE:

@@ -12,14 +12,15 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import re
+from dataclasses import replace
 from datetime import UTC, datetime
-from typing import Annotated, Any, Final
+from typing import Annotated, Final
 
 from fastapi import APIRouter, Path, Request, Response
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from notiflow.adapters.cassandra.store import CassandraStore
-from notiflow.adapters.cassandra.values import utc
+from notiflow.adapters.cassandra.templates import TemplateRow
 from notiflow.audit import Action, AuditEvent
 from notiflow.gateway import examples
 from notiflow.gateway.auth import RuntimeDep, Tenant, actor_of, read_json_object
@@ -75,32 +76,30 @@ TEMPLATE_LINKS: Final = {"GetTemplate": link(
 TEMPLATE_HEADERS: Final = location("the version (`/v1/templates/{id}/versions/{version}`)")
 
 
-def _created(row: dict[str, Any], status: int) -> Response:
+def _created(row: TemplateRow, status: int) -> Response:
     body = TemplateCreated(
-        template_id=row["template_id"], version=row["version"], channel=row["channel"],
-        variables=tuple(row.get("variables") or ()), checksum=row["checksum"],
-        created_at=utc(row["created_at"]),
+        template_id=row.template_id, version=row.version, channel=Channel(row.channel),
+        variables=row.variables, checksum=row.checksum, created_at=row.created_at,
     )
-    headers = {"Location": f"/v1/templates/{row['template_id']}/versions/{row['version']}"}
+    headers = {"Location": f"/v1/templates/{row.template_id}/versions/{row.version}"}
     return Response(body.model_dump_json(), status_code=status, media_type=JSON,
                     headers=headers)
 
 
-def _same_content(row: dict[str, Any], values: dict[str, Any]) -> bool:
-    return row.get("channel") == values["channel"] and row.get("checksum") == values["checksum"]
+def _same_content(row: TemplateRow, new: TemplateRow) -> bool:
+    return row.channel == new.channel and row.checksum == new.checksum
 
 
-async def _insert_next(store: CassandraStore,
-                       values: dict[str, Any]) -> tuple[dict[str, Any], int]:
+async def _insert_next(store: CassandraStore, new: TemplateRow) -> tuple[TemplateRow, int]:
     """The stored row and 201 (a new version) or 200 (the latest has this content)."""
     for _ in range(MAX_VERSION_RACES):
-        latest = await store.templates.latest_template(values["tenant_id"], values["template_id"])
-        if latest is not None and _same_content(latest, values):
+        latest = await store.templates.latest_template(new.tenant_id, new.template_id)
+        if latest is not None and _same_content(latest, new):
             return latest, 200
-        candidate = {**values, "version": (int(latest["version"]) if latest else 0) + 1}
-        if candidate["version"] > MAX_VERSION:
+        candidate = replace(new, version=(latest.version if latest else 0) + 1)
+        if candidate.version > MAX_VERSION:
             raise ApiError(409, "conflict", "versions_exhausted",
-                           f"template {values['template_id']} has reached version "
+                           f"template {new.template_id} has reached version "
                            f"{MAX_VERSION}; use another template id")
         applied, _ = await store.templates.put_template(candidate)
         if applied:
@@ -136,25 +135,24 @@ async def create_template(request: Request, tenant: Tenant, rt: RuntimeDep) -> R
         raise forbidden("template_not_allowed",
                         f"tenant {tenant.id} may not use template {tc.template_id}")
     info = await _checked(rt, tc)
-    values: dict[str, Any] = {
-        "tenant_id": tenant.id, "template_id": tc.template_id, "version": tc.version,
-        "channel": tc.channel.value, "subject": tc.subject, "body": tc.body,
-        "variables": list(info.variables), "description": tc.description,
-        "checksum": info.checksum, "created_at": now_ms(),
-    }
+    new = TemplateRow(
+        tenant_id=tenant.id, template_id=tc.template_id, version=tc.version or 0,
+        channel=tc.channel.value, subject=tc.subject, body=tc.body,
+        variables=tuple(info.variables), checksum=info.checksum, created_at=now_ms(),
+        description=tc.description)
     store = rt.store()
     if tc.version is None:
-        row, status = await _insert_next(store, values)
+        row, status = await _insert_next(store, new)
         if status == 201:
             _audit(rt, request, row)
         return _created(row, status)
-    applied, existing = await store.templates.put_template(values)
+    applied, existing = await store.templates.put_template(new)
     if applied:
-        _audit(rt, request, values)
-        return _created(values, 201)
-    if existing is None or not existing.get("checksum"):
-        existing = await store.get_template(tenant.id, tc.template_id, tc.version)
-    if existing is not None and _same_content(existing, values):
+        _audit(rt, request, new)
+        return _created(new, 201)
+    if existing is None:
+        existing = await store.templates.get_template(tenant.id, tc.template_id, tc.version)
+    if existing is not None and _same_content(existing, new):
         return _created(existing, 200)
     raise ApiError(409, "template_version_immutable", "content_differs",
                    f"template {tc.template_id} version {tc.version} already exists with "
@@ -173,11 +171,11 @@ async def _checked(rt: Runtime, tc: TemplateCreate) -> TemplateInfo:
         raise unprocessable("template_refused", str(exc), field=exc.field) from None
 
 
-def _audit(rt: Runtime, request: Request, created: dict[str, Any]) -> None:
+def _audit(rt: Runtime, request: Request, created: TemplateRow) -> None:
     rt.auditor.record(AuditEvent(
-        datetime.now(UTC), Action.TEMPLATE_CREATE, actor_of(request), created["tenant_id"],
-        f"template:{created['template_id']}@{created['version']}",
-        {"channel": created["channel"], "checksum": created["checksum"]}))
+        datetime.now(UTC), Action.TEMPLATE_CREATE, actor_of(request), created.tenant_id,
+        f"template:{created.template_id}@{created.version}",
+        {"channel": created.channel, "checksum": created.checksum}))
 
 
 @router.get("/v1/templates/{template_id}/versions/{version}", response_model=TemplateView,
@@ -190,13 +188,13 @@ async def get_template(
     """One immutable template version of the caller's tenant; 404 otherwise."""
     if not 1 <= version <= MAX_VERSION or not TEMPLATE_ID.fullmatch(template_id):
         raise not_found()
-    row = await rt.store().get_template(tenant.id, template_id, version)
+    row = await rt.store().templates.get_template(tenant.id, template_id, version)
     if row is None:
         raise not_found()
     view = TemplateView(
-        tenant_id=row["tenant_id"], template_id=row["template_id"], version=row["version"],
-        channel=row["channel"], subject=row.get("subject"), body=row["body"],
-        variables=tuple(row.get("variables") or ()), checksum=row["checksum"],
-        created_at=utc(row["created_at"]), description=row.get("description"),
+        tenant_id=row.tenant_id, template_id=row.template_id, version=row.version,
+        channel=Channel(row.channel), subject=row.subject, body=row.body,
+        variables=row.variables, checksum=row.checksum, created_at=row.created_at,
+        description=row.description,
     )
     return Response(view.model_dump_json(), media_type=JSON)

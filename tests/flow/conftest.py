@@ -46,17 +46,17 @@ def put_template(stack: Settings, tenant: str, template_id: str, channel: str, b
     """Write version 1 of a template straight to Cassandra; returns the version."""
     from notiflow.adapters.cassandra.session import connect
     from notiflow.adapters.cassandra.store import CassandraStore
+    from notiflow.adapters.cassandra.templates import TemplateRow
     from notiflow.templating import analyse
 
     info = analyse(subject, body)
     cluster, session = connect(stack)
 
     async def put() -> None:
-        await CassandraStore(session, stack).templates.put_template({
-            "tenant_id": tenant, "template_id": template_id, "version": 1,
-            "channel": channel, "subject": subject, "body": body,
-            "variables": info.variables, "checksum": info.checksum,
-            "created_at": datetime.now(UTC)})
+        await CassandraStore(session, stack).templates.put_template(TemplateRow(
+            tenant_id=tenant, template_id=template_id, version=1, channel=channel,
+            subject=subject, body=body, variables=tuple(info.variables),
+            checksum=info.checksum, created_at=datetime.now(UTC)))
 
     asyncio.run(put())
     cluster.shutdown()

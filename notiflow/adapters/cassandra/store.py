@@ -60,7 +60,8 @@ class CassandraStore:
 
     async def get_template(self, tenant_id: str, template_id: str,
                            version: int) -> dict[str, Any] | None:
-        return await self.templates.get_template(tenant_id, template_id, version)
+        row = await self.templates.get_template(tenant_id, template_id, version)
+        return row.columns() if row else None
 
     async def attempts(self, message_id: str) -> list[dict[str, Any]]:
         return await self.delivery.attempts(message_id)

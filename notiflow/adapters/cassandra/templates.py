@@ -3,9 +3,42 @@ version first in their partition."""
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from notiflow.adapters.cassandra.session import Row, Statements
+from notiflow.adapters.cassandra.values import utc
+
+
+@dataclass(frozen=True, slots=True)
+class TemplateRow:
+    """One version of a template, as stored (``created_at`` in UTC)."""
+
+    tenant_id: str
+    template_id: str
+    version: int
+    channel: str
+    subject: str | None
+    body: str
+    variables: tuple[str, ...]
+    checksum: str
+    created_at: datetime
+    description: str | None = None
+
+    @classmethod
+    def of(cls, row: Row) -> TemplateRow:
+        return cls(
+            tenant_id=row["tenant_id"], template_id=row["template_id"],
+            version=int(row["version"]), channel=row["channel"], subject=row.get("subject"),
+            body=row["body"], variables=tuple(row.get("variables") or ()),
+            checksum=row.get("checksum") or "", created_at=utc(row["created_at"]),
+            description=row.get("description"))
+
+    def columns(self) -> dict[str, Any]:
+        """The row as a mapping of its columns (the ``Messages`` port's form)."""
+        return dataclasses.asdict(self)
 
 
 class TemplateStore:
@@ -15,26 +48,30 @@ class TemplateStore:
         self.cql = cql
         cql.prepare(STATEMENTS)
 
-    async def put_template(self, values: dict[str, Any]) -> tuple[bool, Row | None]:
-        """Write a version unless it exists: (True, None), else (False, the stored row as
-        the transaction returned it)."""
+    async def put_template(self, t: TemplateRow) -> tuple[bool, TemplateRow | None]:
+        """Write a version unless it exists: (True, None), else (False, the stored version
+        when the transaction returned it with its checksum, else None)."""
         row = await self.cql.first("template_insert", (
-            values["tenant_id"], values["template_id"], values["version"], values["channel"],
-            values["subject"], values["body"], list(values["variables"]),
-            values.get("description"), values["checksum"], values["created_at"],
+            t.tenant_id, t.template_id, t.version, t.channel, t.subject, t.body,
+            list(t.variables), t.description, t.checksum, t.created_at,
         )) or {}
-        return bool(row.get("[applied]")), (None if row.get("[applied]") else row)
+        if row.get("[applied]"):
+            return True, None
+        return False, TemplateRow.of(row) if row.get("checksum") else None
 
-    async def get_template(self, tenant_id: str, template_id: str, version: int) -> Row | None:
-        return await self.cql.first("template_get", (tenant_id, template_id, version))
+    async def get_template(self, tenant_id: str, template_id: str,
+                           version: int) -> TemplateRow | None:
+        row = await self.cql.first("template_get", (tenant_id, template_id, version))
+        return TemplateRow.of(row) if row else None
 
     async def latest_template_version(self, tenant_id: str, template_id: str) -> int:
         row = await self.cql.first("template_latest", (tenant_id, template_id))
         return int(row["version"]) if row else 0
 
-    async def latest_template(self, tenant_id: str, template_id: str) -> Row | None:
+    async def latest_template(self, tenant_id: str, template_id: str) -> TemplateRow | None:
         """The highest version of a template, or None."""
-        return await self.cql.first("template_latest_row", (tenant_id, template_id))
+        row = await self.cql.first("template_latest_row", (tenant_id, template_id))
+        return TemplateRow.of(row) if row else None
 
 
 STATEMENTS: dict[str, str] = {

@@ -5,12 +5,17 @@ from __future__ import annotations
 
 import zlib
 from datetime import UTC, date, datetime
+from typing import overload
 
 OPERATOR_SHARDS = 32
 """Shards of each ``failures_by_tier_day`` day and ``provider_outcomes_by_hour`` hour
 (``shard = crc32(message_id) % 32``); the queries in ``ops/queries.md`` list all of them."""
 
 
+@overload
+def utc(d: datetime) -> datetime: ...
+@overload
+def utc(d: datetime | None) -> datetime | None: ...
 def utc(d: datetime | None) -> datetime | None:
     """Cassandra returns naive UTC timestamps; make them aware."""
     if d is None:
