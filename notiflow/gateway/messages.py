@@ -22,6 +22,7 @@ from opentelemetry.trace import StatusCode
 from pydantic import ValidationError
 
 from notiflow import names, telemetry
+from notiflow.adapters.cassandra.idempotency import ReservationRow
 from notiflow.adapters.cassandra.values import utc
 from notiflow.adapters.envelope import dump, envelope, load
 from notiflow.adapters.kafka_io import DeliveryFailed
@@ -168,22 +169,21 @@ def _accepted(body: str, message_id: str, trace: str, *, replayed: bool = False,
 
 
 async def _resume(rt: Runtime, tenant_id: str, key: str, req_hashes: tuple[str, ...],
-                  existing: dict[str, Any], trace: str) -> Response:
+                  existing: ReservationRow, trace: str) -> Response:
     """A key that was reserved before: 409 for another request, the stored response when
     accepted, otherwise finish the earlier acceptance with its stored payload."""
     span = trace_api.get_current_span()
     span.set_attribute("notiflow.idempotent_replay", True)
-    if existing.get("message_id"):
-        span.set_attribute(names.ATTR_MESSAGE_ID, str(existing["message_id"]))
-    if existing.get("request_hash") not in req_hashes:
+    if existing.message_id:
+        span.set_attribute(names.ATTR_MESSAGE_ID, existing.message_id)
+    if existing.request_hash not in req_hashes:
         raise idempotency_conflict()
-    stored = existing.get("response") if existing.get("state") == ACCEPTED else None
+    stored = existing.response if existing.state == ACCEPTED else None
     answered = stored or rt.settler.pending(tenant_id, key)
     if answered:
-        return _accepted(answered, existing.get("message_id")
-                         or json.loads(answered)["message_id"], trace, replayed=True)
-    payload, topic, created_at = existing.get("payload"), existing.get("topic"), utc(
-        existing.get("created_at"))
+        return _accepted(answered, existing.message_id or json.loads(answered)["message_id"],
+                         trace, replayed=True)
+    payload, topic, created_at = existing.payload, existing.topic, existing.created_at
     if not payload or not topic or created_at is None:
         raise unavailable("acceptance_in_progress", "an earlier request with this key is "
                           "still being accepted")

@@ -25,9 +25,9 @@ import asyncio
 import logging
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Final
+from typing import Final
 
-from notiflow.adapters.cassandra.idempotency import IdempotencyStore
+from notiflow.adapters.cassandra.idempotency import IdempotencyStore, ReservationRow
 from notiflow.adapters.cassandra.session import Write
 from notiflow.adapters.cassandra.store import CassandraStore
 from notiflow.adapters.idempotency_fence import Fence, FenceUnavailable, Holder
@@ -53,7 +53,7 @@ class Reserved:
 class Taken:
     """The key was reserved before; ``row`` is its reservation."""
 
-    row: dict[str, Any]
+    row: ReservationRow
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,11 +14,14 @@ import asyncio
 import logging
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
-from notiflow.adapters.cassandra.idempotency import OUTBOX_READ_LIMIT, OUTBOX_SHARDS, OutboxSlot
+from notiflow.adapters.cassandra.idempotency import (
+    OUTBOX_READ_LIMIT,
+    OUTBOX_SHARDS,
+    OutboxRow,
+    OutboxSlot,
+)
 from notiflow.adapters.cassandra.store import CassandraStore
-from notiflow.adapters.cassandra.values import utc
 from notiflow.adapters.envelope import envelope, load
 from notiflow.adapters.retrying import every
 from notiflow.gateway.outbox import MIN_SWEEP_AGE, PENDING, complete_acceptance, traceparent
@@ -111,8 +114,7 @@ class OutboxSweeper:
             rows = await store.idempotency.outbox_rows(slot)
             self.reads += 1
             for row in rows:
-                created = utc(row["created_at"])
-                if created is not None and created > now - self.min_age:
+                if row.created_at > now - self.min_age:
                     left += 1
                     continue
                 ok = await self._settle(store, slot, row, now)
@@ -121,18 +123,15 @@ class OutboxSweeper:
         self.legacy_done = left == 0
         return done
 
-    async def _settle(self, store: CassandraStore, slot: OutboxSlot, row: dict[str, Any],
+    async def _settle(self, store: CassandraStore, slot: OutboxSlot, row: OutboxRow,
                       now: datetime) -> int:
         """1 when the row is gone (published, already settled, or parked), else 0."""
-        created_at, tenant_id, key = (utc(row["created_at"]), row["tenant_id"],
-                                      row["idempotency_key"])
-        if created_at is None:
-            return 0
+        created_at, tenant_id, key = row.created_at, row.tenant_id, row.idempotency_key
         rec = await store.idempotency.get_reservation(tenant_id, key)
-        if rec is None or rec.get("state") != PENDING:
+        if rec is None or rec.state != PENDING:
             await store.idempotency.outbox_remove(slot, created_at, tenant_id, key)
             return 1
-        payload, topic = rec.get("payload"), rec.get("topic")
+        payload, topic = rec.payload, rec.topic
         try:
             if not payload or not topic:
                 raise ValueError("reservation has no payload or topic")

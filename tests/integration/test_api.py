@@ -18,7 +18,7 @@ import pytest
 from cassandra.cluster import Session
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, TopicPartition
 
-from notiflow.adapters.cassandra.idempotency import OutboxSlot
+from notiflow.adapters.cassandra.idempotency import OutboxSlot, ReservationRow
 from notiflow.adapters.cassandra.session import connect
 from notiflow.adapters.cassandra.store import CassandraStore
 from notiflow.adapters.envelope import envelope, load
@@ -483,7 +483,7 @@ async def test_sweeper_publishes_a_crashed_acceptance(
 
     async def accepted() -> bool:
         rec = await store.idempotency.get_reservation("acme", k)
-        return rec is not None and rec["state"] == "ACCEPTED"
+        return rec is not None and rec.state == "ACCEPTED"
 
     assert await wait_until(accepted, timeout=120, interval=0.2,
                             what="the sweeper settling the pending acceptance")
@@ -520,13 +520,14 @@ async def test_retry_finishes_a_pending_acceptance(
                                   record.message_id)
     assert load(msg.value(), envelope(settings)) == record
 
-    async def settled() -> dict[str, Any] | None:
+    async def settled() -> ReservationRow | None:
         rec = await store.idempotency.get_reservation("globex", k)
-        return rec if rec is not None and rec["state"] == "ACCEPTED" else None
+        return rec if rec is not None and rec.state == "ACCEPTED" else None
 
     rec = await wait_until(settled, timeout=10, interval=0.05,
                            what="the settle after the 202 (gateway/settler.py)")
-    assert json.loads(rec["response"]) == r.json()
+    assert rec.response is not None
+    assert json.loads(rec.response) == r.json()
     assert not await outbox_has(cql, "globex", k)
 
     conflict = client.post("/v1/messages", headers=auth("globex", k), json=sms(tier="P2"))
@@ -607,7 +608,7 @@ async def test_unreachable_kafka_opens_the_outage_window(
     finally:
         await asyncio.to_thread(proc.stop)
     record = await store.idempotency.get_reservation("acme", k1)
-    assert record is not None and record["state"] == "PENDING"
+    assert record is not None and record.state == "PENDING"
     assert await outbox_has(cql, "acme", k1)
 
 

@@ -111,7 +111,7 @@ async def test_one_owner_among_concurrent_requests_the_rest_answer_from_its_row(
     assert len(owners) == 1, outs
     taken = [o for o in outs if isinstance(o, Taken)]
     assert len(taken) == 9, outs
-    assert {o.row["message_id"] for o in taken} == {owners[0].message_id}
+    assert {o.row.message_id for o in taken} == {owners[0].message_id}
 
 
 async def test_concurrent_requests_with_other_bodies_all_end_in_409(
@@ -125,7 +125,7 @@ async def test_concurrent_requests_with_other_bodies_all_end_in_409(
         if c is owners[0]:
             continue
         if isinstance(o, Taken):  # the API compares the row's hash: 409
-            assert o.row["request_hash"] == owners[0].request_hash != c.request_hash
+            assert o.row.request_hash == owners[0].request_hash != c.request_hash
         else:
             assert isinstance(o, ApiError) and o.status == 409, o
 
@@ -135,12 +135,12 @@ async def test_the_transaction_sees_what_a_fence_wrote_and_a_fence_what_it_wrote
     fenced = claim(uuid.uuid4().hex)
     assert isinstance(await accept_like_the_api(store, fence, fenced), Reserved)
     seen = await accept_like_the_api(store, None, claim(fenced.key))
-    assert isinstance(seen, Taken) and seen.row["message_id"] == fenced.message_id
+    assert isinstance(seen, Taken) and seen.row.message_id == fenced.message_id
 
     by_lwt = claim(uuid.uuid4().hex)
     assert await accept_like_the_api(store, None, by_lwt) == Reserved(())
     seen = await accept_like_the_api(store, fence, claim(by_lwt.key))
-    assert isinstance(seen, Taken) and seen.row["message_id"] == by_lwt.message_id
+    assert isinstance(seen, Taken) and seen.row.message_id == by_lwt.message_id
 
 
 async def test_without_redis_the_key_is_reserved_by_transaction(store: CassandraStore) -> None:
@@ -151,7 +151,7 @@ async def test_without_redis_the_key_is_reserved_by_transaction(store: Cassandra
         c = claim(uuid.uuid4().hex)
         assert await accept_like_the_api(store, dead, c) == Reserved(())
         row = await store.idempotency.get_reservation("acme", c.key)
-        assert row is not None and row["message_id"] == c.message_id
+        assert row is not None and row.message_id == c.message_id
         again = await accept_like_the_api(store, dead, claim(c.key))
         assert isinstance(again, Taken)
     finally:

@@ -173,4 +173,4 @@ async def test_creation_carries_further_writes_in_either_case(store: CassandraSt
     assert outbox() == [key + "-again"]
     settled = await store.idempotency.get_reservation("acme", key)
     assert settled is not None
-    assert (settled["state"], settled["response"]) == ("ACCEPTED", '{"ok": true}')
+    assert (settled.state, settled.response) == ("ACCEPTED", '{"ok": true}')

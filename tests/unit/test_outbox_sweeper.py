@@ -12,7 +12,12 @@ from typing import Any
 
 import pytest
 
-from notiflow.adapters.cassandra.idempotency import OUTBOX_SHARDS, OutboxSlot
+from notiflow.adapters.cassandra.idempotency import (
+    OUTBOX_SHARDS,
+    OutboxRow,
+    OutboxSlot,
+    ReservationRow,
+)
 from notiflow.gateway import sweeper as sweeper_module
 from notiflow.gateway.kafka_window import Window
 from notiflow.gateway.outbox import ON_TIME, outbox_shard, outbox_slot
@@ -46,9 +51,9 @@ class Store:
         self.reservations[(tenant, key)] = {"state": state, "payload": payload,
                                             "topic": "t" if payload else None}
 
-    async def outbox_rows(self, slot: OutboxSlot) -> list[dict[str, Any]]:
+    async def outbox_rows(self, slot: OutboxSlot) -> list[OutboxRow]:
         self.reads += 1
-        return list(self.rows.get((slot.bucket, slot.shard), []))
+        return [OutboxRow.of(r) for r in self.rows.get((slot.bucket, slot.shard), [])]
 
     async def outbox_remove(self, slot: OutboxSlot, created_at: datetime, tenant: str,
                             key: str) -> None:
@@ -67,8 +72,9 @@ class Store:
         self.parked.append((tenant, key, reason))
         await self.outbox_remove(slot, created_at, tenant, key)
 
-    async def get_reservation(self, tenant: str, key: str) -> dict[str, Any] | None:
-        return self.reservations.get((tenant, key))
+    async def get_reservation(self, tenant: str, key: str) -> ReservationRow | None:
+        found = self.reservations.get((tenant, key))
+        return ReservationRow(tenant, key, **found) if found is not None else None
 
 
 class Runtime:
@@ -213,7 +219,7 @@ async def test_the_legacy_table_is_drained_then_left_alone(published: list[str])
 async def test_a_failing_legacy_table_never_holds_up_the_buckets(
         published: list[str]) -> None:
     class Overwhelmed(Store):
-        async def outbox_rows(self, slot: OutboxSlot) -> list[dict[str, Any]]:
+        async def outbox_rows(self, slot: OutboxSlot) -> list[OutboxRow]:
             if slot.bucket is None:
                 raise RuntimeError("TombstoneOverwhelmingException")
             return await super().outbox_rows(slot)

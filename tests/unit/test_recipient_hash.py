@@ -21,6 +21,7 @@ from bytewax.testing import TestingSink, TestingSource, run_main
 from cryptography.fernet import Fernet
 
 from notiflow import redact
+from notiflow.adapters.cassandra.idempotency import ReservationRow
 from notiflow.adapters.idempotency_fence import Holder
 from notiflow.adapters.inbox_store import channel_key
 from notiflow.adapters.preferences import PreferenceStore
@@ -433,8 +434,8 @@ def test_the_request_hash_of_a_reservation_is_keyed() -> None:
 
 
 def _replay(existing_hash: str) -> Any:
-    existing = {"request_hash": existing_hash, "state": ACCEPTED, "message_id": "m0",
-                "response": '{"message_id":"m0"}'}
+    existing = ReservationRow("acme", "k1", request_hash=existing_hash, state=ACCEPTED,
+                              message_id="m0", response='{"message_id":"m0"}')
     req = SendRequest.model_validate(SEND)
     return asyncio.run(messages._resume(SimpleNamespace(), "acme",  # type: ignore[arg-type]
                                         "k1", messages.request_hashes(req), existing, "tp"))
@@ -458,7 +459,8 @@ def test_a_reservation_made_before_the_upgrade_or_under_an_old_key_still_matches
 
 
 def test_a_fence_held_under_another_form_of_the_same_request_is_not_a_conflict() -> None:
-    row = {"request_hash": "old-form", "message_id": "m9", "state": "PENDING"}
+    row = ReservationRow("acme", "k1", request_hash="old-form", message_id="m9",
+                         state="PENDING")
     c = Claim("acme", "k1", "new-form", "m1", "topic", "{}", T0, ("new-form", "old-form"))
     store, fence = FakeStore([None, row]), FakeFence(Holder("old-form", "m9"))
     assert run_reserve(store, fence, c) == Taken(row)

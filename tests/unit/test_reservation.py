@@ -9,7 +9,7 @@ from typing import Any, cast
 
 import pytest
 
-from notiflow.adapters.cassandra.idempotency import Reservation
+from notiflow.adapters.cassandra.idempotency import Reservation, ReservationRow
 from notiflow.adapters.cassandra.store import CassandraStore
 from notiflow.adapters.idempotency_fence import Fence, FenceUnavailable, Holder
 from notiflow.gateway import reservation
@@ -24,7 +24,7 @@ def claim(request_hash: str = "h1", message_id: str = "m1") -> Claim:
 
 
 class FakeStore:
-    def __init__(self, rows: list[dict[str, Any] | None] | None = None,
+    def __init__(self, rows: list[ReservationRow | None] | None = None,
                  lwt: Reservation | None = None, fail: bool = False) -> None:
         self.rows = list(rows or [None])
         self.reads = 0
@@ -36,7 +36,7 @@ class FakeStore:
     def idempotency(self) -> FakeStore:
         return self
 
-    async def get_reservation(self, tenant_id: str, key: str) -> dict[str, Any] | None:
+    async def get_reservation(self, tenant_id: str, key: str) -> ReservationRow | None:
         self.reads += 1
         if self.fail:
             raise TimeoutError("read timed out")
@@ -99,7 +99,7 @@ def test_a_free_fence_and_no_row_make_the_key_this_requests() -> None:
 
 
 def test_an_existing_row_answers_and_the_fence_taken_for_nothing_is_released() -> None:
-    row = {"request_hash": "h1", "message_id": "m0", "state": "ACCEPTED"}
+    row = ReservationRow("acme", "k1", request_hash="h1", message_id="m0", state="ACCEPTED")
     store, fence = FakeStore([row]), FakeFence()
     assert run(store, fence, claim()) == Taken(row)
     assert fence.holder is None
@@ -107,7 +107,7 @@ def test_an_existing_row_answers_and_the_fence_taken_for_nothing_is_released() -
 
 
 def test_an_existing_row_wins_over_a_fence_another_body_holds() -> None:
-    row = {"request_hash": "h1", "message_id": "m0", "state": "PENDING"}
+    row = ReservationRow("acme", "k1", request_hash="h1", message_id="m0", state="PENDING")
     store, fence = FakeStore([row]), FakeFence(Holder("other", "m9"))
     assert run(store, fence, claim()) == Taken(row)
     assert fence.released == []
@@ -122,7 +122,7 @@ def test_a_fence_held_for_another_body_is_a_conflict() -> None:
 
 
 def test_a_fence_held_for_the_same_body_waits_for_the_holders_row() -> None:
-    row = {"request_hash": "h1", "message_id": "m9", "state": "PENDING"}
+    row = ReservationRow("acme", "k1", request_hash="h1", message_id="m9", state="PENDING")
     store, fence = FakeStore([None, None, row]), FakeFence(Holder("h1", "m9"))
     assert run(store, fence, claim()) == Taken(row)
     assert store.reads == 3
@@ -145,7 +145,7 @@ def test_without_a_fence_the_key_is_reserved_by_transaction(fence: FakeFence | N
 
 
 def test_a_transaction_not_applied_answers_from_the_row_it_returned() -> None:
-    row = {"request_hash": "h1", "message_id": "m0", "state": "ACCEPTED"}
+    row = ReservationRow("acme", "k1", request_hash="h1", message_id="m0", state="ACCEPTED")
     store = FakeStore(lwt=Reservation(False, row))
     assert run(store, None, claim()) == Taken(row)
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
 
 from notiflow.adapters.cassandra.session import Row, Statements, Write
+from notiflow.adapters.cassandra.values import utc
 from notiflow.settings import Settings
 
 OUTBOX_SHARDS = 16
@@ -21,12 +21,51 @@ OUTBOX_BUCKET_MS = 10_000
 OUTBOX_READ_LIMIT = 500
 
 
+@dataclass(frozen=True, slots=True)
+class ReservationRow:
+    """An ``idempotency`` row: ``state`` ``PENDING`` with the record to publish (``topic``,
+    ``payload``), then ``ACCEPTED`` with ``response``; ``created_at`` in UTC."""
+
+    tenant_id: str
+    idempotency_key: str
+    request_hash: str | None = None
+    message_id: str | None = None
+    state: str | None = None
+    topic: str | None = None
+    payload: str | None = None
+    response: str | None = None
+    created_at: datetime | None = None
+
+    @classmethod
+    def of(cls, row: Row) -> ReservationRow:
+        return cls(
+            tenant_id=row["tenant_id"], idempotency_key=row["idempotency_key"],
+            request_hash=row.get("request_hash"), message_id=row.get("message_id"),
+            state=row.get("state"), topic=row.get("topic"), payload=row.get("payload"),
+            response=row.get("response"), created_at=utc(row.get("created_at")))
+
+
 @dataclass(frozen=True)
 class Reservation:
-    """Outcome of reserving an idempotency key (a lightweight transaction)."""
+    """Outcome of reserving an idempotency key (a lightweight transaction): ``existing``,
+    the row that was there, when the transaction returned it."""
 
     applied: bool
-    existing: dict[str, Any] | None
+    existing: ReservationRow | None
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxRow:
+    """An outbox row: the reservation of ``(tenant_id, idempotency_key)``, written at
+    ``created_at`` (UTC)."""
+
+    created_at: datetime
+    tenant_id: str
+    idempotency_key: str
+
+    @classmethod
+    def of(cls, row: Row) -> OutboxRow:
+        return cls(utc(row["created_at"]), row["tenant_id"], row["idempotency_key"])
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,7 +110,7 @@ class IdempotencyStore:
         row = rows[0] if rows else {"[applied]": False}
         if row.get("[applied]"):
             return Reservation(True, None)
-        return Reservation(False, row)
+        return Reservation(False, ReservationRow.of(row) if row.get("tenant_id") else None)
 
     @staticmethod
     def reservation_write(tenant_id: str, key: str, request_hash: str, message_id: str,
@@ -82,9 +121,10 @@ class IdempotencyStore:
         return ("reservation_put",
                 (tenant_id, key, request_hash, message_id, topic, payload, created_at))
 
-    async def get_reservation(self, tenant_id: str, key: str) -> Row | None:
+    async def get_reservation(self, tenant_id: str, key: str) -> ReservationRow | None:
         """The key's reservation row (``IN`` reads of concurrent callers when coalescing)."""
-        return await self.cql.read("idem_get", (tenant_id,), key)
+        row = await self.cql.read("idem_get", (tenant_id,), key)
+        return ReservationRow.of(row) if row else None
 
     async def settle_reservation(self, tenant_id: str, key: str, response: str,
                                  slot: OutboxSlot, created_at: datetime) -> None:
@@ -108,12 +148,14 @@ class IdempotencyStore:
                             key: str) -> None:
         await self.cql.write_all([outbox_remove_write(slot, created_at, tenant_id, key)])
 
-    async def outbox_rows(self, slot: OutboxSlot) -> list[Row]:
+    async def outbox_rows(self, slot: OutboxSlot) -> list[OutboxRow]:
         """Up to :data:`OUTBOX_READ_LIMIT` outbox rows of one bucket and shard, oldest first
         (``slot.bucket`` None: the legacy ``outbox_pending`` shard)."""
         if slot.bucket is None:
-            return await self.cql.run("outbox_legacy_rows", (slot.shard,))
-        return await self.cql.run("outbox_rows", (slot.bucket, slot.shard))
+            rows = await self.cql.run("outbox_legacy_rows", (slot.shard,))
+        else:
+            rows = await self.cql.run("outbox_rows", (slot.bucket, slot.shard))
+        return [OutboxRow.of(r) for r in rows]
 
     async def outbox_cursor(self, shard: int, start: int) -> int:
         """The first bucket of ``shard`` that may still hold rows; ``start`` when the shard
