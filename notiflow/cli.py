@@ -325,9 +325,9 @@ def status(message_id: str) -> None:
         at = Table("#", "provider", "outcome", "provider message id", "error", "started",
                    "completed", title="attempts")
         for a in attempts:
-            at.add_row(str(a["attempt_no"]), a["provider_id"], a["outcome"],
-                       a["provider_message_id"] or "", a["normalized_error"] or "",
-                       str(a["started_at"]), str(a["completed_at"]))
+            at.add_row(str(a.attempt_no), a.provider_id, a.outcome,
+                       a.provider_message_id or "", a.normalized_error or "",
+                       str(a.started_at), str(a.completed_at))
         console.print(at)
 
 

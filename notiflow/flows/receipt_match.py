@@ -12,10 +12,10 @@ or under another id, is :class:`Forged`; one whose attempt is not recorded yet i
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
+from notiflow.adapters.cassandra.attempts import AttemptRow, ProviderIndexRow
 from notiflow.adapters.providers.smtp.message import message_id_header
 from notiflow.schemas.messages import Receipt
 
@@ -57,10 +57,10 @@ def names_attempt(recorded: str, reported: str, message_id: str, attempt: int) -
             or reported == message_id_header(message_id, attempt)[1:-1])
 
 
-def by_index(r: Receipt, row: Mapping[str, Any]) -> Target | Forged:
+def by_index(r: Receipt, row: ProviderIndexRow) -> Target | Forged:
     """The attempt the provider message index ``row`` records for the receipt; forged when
     the receipt's hint names another message or attempt."""
-    message_id, attempt = str(row["message_id"]), int(row.get("attempt_no") or 0)
+    message_id, attempt = row.message_id, row.attempt_no or 0
     if r.message_id is not None and r.message_id != message_id:
         return Forged("message_id", f"{r.provider_id} {r.provider_message_id} was sent for "
                                     f"another message than {r.message_id}")
@@ -70,21 +70,21 @@ def by_index(r: Receipt, row: Mapping[str, Any]) -> Target | Forged:
     return Target(message_id, attempt, r.provider_message_id)
 
 
-def by_attempts(r: Receipt, rows: Sequence[Mapping[str, Any]]) -> Verdict:
+def by_attempts(r: Receipt, rows: Sequence[AttemptRow]) -> Verdict:
     """The attempt the receipt's hint names, checked against its recorded row (``rows``:
     the hinted message's attempt rows)."""
     if r.message_id is None or r.attempt is None:
         return Unmatched("unknown provider message id")
-    row = next((a for a in rows if a.get("attempt_no") == r.attempt), None)
+    row = next((a for a in rows if a.attempt_no == r.attempt), None)
     if row is None:
         return Unmatched(f"attempt {r.attempt} of {r.message_id} not recorded")
-    if row.get("provider_id") != r.provider_id:
+    if row.provider_id != r.provider_id:
         return Forged("provider", f"attempt {r.attempt} of {r.message_id} was sent through "
-                                  f"{row.get('provider_id')}, not {r.provider_id}")
-    recorded = row.get("provider_message_id")
+                                  f"{row.provider_id}, not {r.provider_id}")
+    recorded = row.provider_message_id
     if not recorded:
         return Target(r.message_id, r.attempt, r.provider_message_id)
-    if not names_attempt(str(recorded), r.provider_message_id, r.message_id, r.attempt):
+    if not names_attempt(recorded, r.provider_message_id, r.message_id, r.attempt):
         return Forged("provider_message_id", f"attempt {r.attempt} of {r.message_id} has "
                                              f"another {r.provider_id} message id")
-    return Target(r.message_id, r.attempt, str(recorded))
+    return Target(r.message_id, r.attempt, recorded)

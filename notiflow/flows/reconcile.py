@@ -44,6 +44,7 @@ from opentelemetry import trace
 
 from notiflow import names, telemetry
 from notiflow.adapters.bytewax_kafka import ConfirmingSink, kafka_source
+from notiflow.adapters.cassandra.attempts import ProviderIndexRow, ReceiptRecord
 from notiflow.adapters.cassandra.recipients import StateContention
 from notiflow.adapters.cassandra.session import Write, connect
 from notiflow.adapters.cassandra.store import CassandraStore
@@ -356,7 +357,7 @@ class ApplyStep:
             sr.receipt.provider_id, sr.receipt.provider_message_id) for sr in wave))
         hinted = {sr.receipt.message_id for sr, row in zip(wave, found, strict=True)
                   if row is None and sr.receipt.message_id is not None}
-        rows = dict(zip(hinted, await asyncio.gather(*(store.attempts(m) for m in hinted)),
+        rows = dict(zip(hinted, await asyncio.gather(*(store.delivery.attempts(m) for m in hinted)),
                         strict=True))
         outs: list[DlqRecord | Receipt] = []
         targets: list[tuple[SourcedReceipt, str, int, trace.Span, str]] = []
@@ -412,7 +413,7 @@ class ApplyStep:
 
     @staticmethod
     def _receipt_rows(store: CassandraStore, r: Receipt, message_id: str, attempt: int,
-                      seen: dict[str, Any] | None, applied: bool, *,
+                      seen: ReceiptRecord | None, applied: bool, *,
                       now: datetime) -> list[Write]:
         """A receipt's dedup and outcome rows, and its history row when it is new."""
         writes = store.delivery.receipt_writes(r.provider_id, r.provider_event_id, message_id,
@@ -424,14 +425,14 @@ class ApplyStep:
         return writes
 
     @staticmethod
-    def _receipt_span(r: Receipt, index: dict[str, Any] | None) -> trace.Span:
+    def _receipt_span(r: Receipt, index: ProviderIndexRow | None) -> trace.Span:
         """The receipt's ``notiflow.reconcile`` span, started. It continues the receipt's
         trace (the provider call's, when the provider echoed it). When tracing is on and the
         receipt's trace is not the send's (Vonage, SMTP, push echo nothing), it continues
         the send's trace stored with the provider message ``index`` and links the
         receipt's; a receipt that overtakes that index row keeps its own trace."""
         parent, links = r._traceparent, []
-        stored = (index or {}).get("traceparent")
+        stored = index.traceparent if index is not None else None
         if stored and telemetry.trace_id_of(stored) != telemetry.trace_id_of(parent):
             parent, links = stored, [telemetry.link_to(r._traceparent)]
         return telemetry.started(names.RECONCILE, {names.ATTR_MESSAGE_ID: r.message_id,

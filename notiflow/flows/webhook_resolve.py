@@ -142,7 +142,7 @@ class Resolver:
             async with sem:
                 idx = await store.delivery.message_for_provider_id(*ref)
             if idx is not None:
-                await row_of(str(idx["message_id"]), ref)
+                await row_of(idx.message_id, ref)
 
         ids = {c.message_id for c in changes if c.message_id is not None}
         refs = {c.provider_ref for c in changes

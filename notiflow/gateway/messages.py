@@ -405,7 +405,7 @@ async def get_message(message_id: MessageIdPath, tenant: Tenant, rt: RuntimeDep)
         raise not_found()
     store = rt.store()
     row, attempts = await asyncio.gather(store.get_message(message_id),
-                                         store.attempts(message_id))
+                                         store.delivery.attempts(message_id))
     if row is None or row.get("tenant_id") != tenant.id:
         raise not_found()
     view = MessageView(
@@ -421,10 +421,10 @@ async def get_message(message_id: MessageIdPath, tenant: Tenant, rt: RuntimeDep)
         updated_at=utc(row.get("updated_at")),
         attempts=tuple(
             AttemptView(
-                attempt_no=a["attempt_no"], provider_id=a.get("provider_id"),
-                provider_message_id=a.get("provider_message_id"), outcome=a.get("outcome"),
-                normalized_error=a.get("normalized_error"),
-                started_at=utc(a.get("started_at")), completed_at=utc(a.get("completed_at")),
+                attempt_no=a.attempt_no, provider_id=a.provider_id,
+                provider_message_id=a.provider_message_id, outcome=a.outcome,
+                normalized_error=a.normalized_error, started_at=a.started_at,
+                completed_at=a.completed_at,
             )
             for a in attempts
         ),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from notiflow.adapters.cassandra.attempts import AttemptRow
 from notiflow.adapters.cassandra.session import connect
 from notiflow.adapters.cassandra.store import CassandraStore
 from notiflow.settings import Settings
@@ -12,7 +13,7 @@ from notiflow.settings import Settings
 
 async def message_history(
     settings: Settings, message_id: str
-) -> tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]] | None:
+) -> tuple[dict[str, Any], list[AttemptRow], list[dict[str, Any]]] | None:
     """(message row, attempts, status history) of one message, or None if unknown."""
     cluster, session = await asyncio.to_thread(connect, settings)
     try:
@@ -20,7 +21,7 @@ async def message_history(
         msg = await store.get_message(message_id)
         if msg is None:
             return None
-        attempts, events = await asyncio.gather(store.attempts(message_id),
+        attempts, events = await asyncio.gather(store.delivery.attempts(message_id),
                                                 store.messages.events(message_id))
         return msg, attempts, events
     finally:

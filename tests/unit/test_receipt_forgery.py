@@ -12,6 +12,7 @@ import pytest
 from cryptography.fernet import Fernet
 from pydantic import SecretStr
 
+from notiflow.adapters.cassandra.attempts import AttemptRow, ProviderIndexRow
 from notiflow.adapters.dlq_crypto import DlqCipher
 from notiflow.adapters.providers.base import OutboundMessage
 from notiflow.adapters.providers.smtp import bounces
@@ -89,8 +90,8 @@ class FakeStore:
     def delivery(self) -> FakeStore:
         return self
 
-    def __init__(self, index: dict[tuple[str, str], dict[str, Any]],
-                 attempts: dict[str, list[dict[str, Any]]]) -> None:
+    def __init__(self, index: dict[tuple[str, str], ProviderIndexRow],
+                 attempts: dict[str, list[AttemptRow]]) -> None:
         self.index = index
         self.attempt_rows = attempts
         self.moved: list[tuple[str, Status, int, str | None, str | None]] = []
@@ -98,7 +99,7 @@ class FakeStore:
     async def message_for_provider_id(self, provider_id: str, pmid: str) -> Any:
         return self.index.get((provider_id, pmid))
 
-    async def attempts(self, message_id: str) -> list[dict[str, Any]]:
+    async def attempts(self, message_id: str) -> list[AttemptRow]:
         return self.attempt_rows.get(message_id, [])
 
     async def heads(self, ids: list[str]) -> list[dict[str, Any]]:
@@ -146,13 +147,18 @@ def receipt(provider: str, pmid: str, message_id: str | None = None,
                    message_id=message_id, attempt=attempt)
 
 
-def attempt_row(provider: str, pmid: str | None, no: int = 1) -> dict[str, Any]:
-    return {"attempt_no": no, "provider_id": provider, "provider_message_id": pmid}
+def attempt_row(provider: str, pmid: str | None, no: int = 1,
+                message_id: str = B_MSG) -> AttemptRow:
+    return AttemptRow(message_id, no, provider_id=provider, provider_message_id=pmid)
+
+
+def index_row(provider: str, pmid: str, message_id: str, attempt: int) -> ProviderIndexRow:
+    return ProviderIndexRow(provider, pmid, message_id, attempt)
 
 
 def test_a_receipt_whose_hint_names_another_message_than_its_provider_id_is_dropped() -> None:
     """Tenant A's own genuine provider message id, with a hint naming B's message."""
-    store = FakeStore({("twilio", "SMa"): {"message_id": A_MSG, "attempt_no": 1}},
+    store = FakeStore({("twilio", "SMa"): index_row("twilio", "SMa", A_MSG, 1)},
                       {B_MSG: [attempt_row("twilio", "SMb")]})
     out = apply(store, receipt("twilio", "SMa", B_MSG, 1, Status.FAILED))
     assert store.moved == [] and out == []
@@ -171,8 +177,8 @@ def test_a_receipt_with_another_provider_message_id_for_the_attempt_is_dropped()
 
 
 def test_matching_receipts_apply_with_the_recorded_provider_message_id() -> None:
-    store = FakeStore({("twilio", "SMb"): {"message_id": B_MSG, "attempt_no": 2}},
-                      {A_MSG: [attempt_row("sendgrid", "xmid#3")]})
+    store = FakeStore({("twilio", "SMb"): index_row("twilio", "SMb", B_MSG, 2)},
+                      {A_MSG: [attempt_row("sendgrid", "xmid#3", message_id=A_MSG)]})
     out = apply(store, receipt("twilio", "SMb", B_MSG, 2),
                 receipt("sendgrid", "xmid", A_MSG, 1, Status.OPENED))
     assert out == []
@@ -196,7 +202,7 @@ def test_match_rules() -> None:
                                           [attempt_row("twilio", None)])
     assert ambiguous == receipt_match.Target(B_MSG, 1, "SMx")
     forged = receipt_match.by_index(receipt("twilio", "SMa", A_MSG, 3),
-                                    {"message_id": A_MSG, "attempt_no": 1})
+                                    index_row("twilio", "SMa", A_MSG, 1))
     assert isinstance(forged, receipt_match.Forged) and forged.reason == "attempt"
 
 

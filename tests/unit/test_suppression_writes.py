@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from cryptography.fernet import Fernet
 
+from notiflow.adapters.cassandra.attempts import AttemptRow, ProviderIndexRow, ReceiptRecord
 from notiflow.adapters.dlq_crypto import DlqCipher
 from notiflow.adapters.kafka_io import DeliveryFailed
 from notiflow.adapters.preferences import PreferenceStore
@@ -179,17 +180,17 @@ class ReceiptStore:
     def __init__(self) -> None:
         self.seen: set[tuple[str, str]] = set()
 
-    async def message_for_provider_id(self, provider_id: str, pmid: str) -> dict[str, Any]:
-        return {"message_id": "msg_1", "attempt_no": 1, "provider_id": provider_id}
+    async def message_for_provider_id(self, provider_id: str, pmid: str) -> ProviderIndexRow:
+        return ProviderIndexRow(provider_id, pmid, "msg_1", 1)
 
-    async def attempts(self, message_id: str) -> list[dict[str, Any]]:
+    async def attempts(self, message_id: str) -> list[AttemptRow]:
         return []
 
     async def heads(self, ids: list[str]) -> list[dict[str, Any]]:
         return [{"status": "PROVIDER_ACCEPTED"} for _ in ids]
 
-    async def receipt_records(self, keys: list[tuple[str, str]]) -> list[Any]:
-        return [{"seen": True} if k in self.seen else None for k in keys]
+    async def receipt_records(self, keys: list[tuple[str, str]]) -> list[ReceiptRecord | None]:
+        return [ReceiptRecord(NOW) if k in self.seen else None for k in keys]
 
     def planned_transition(self, *args: Any, head: dict[str, Any]) -> tuple[bool, list[Any]]:
         return True, []

@@ -4,13 +4,75 @@ belongs to), receipt deduplication, and their ``provider_outcomes_by_hour`` rows
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Awaitable, Sequence
+from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from notiflow.adapters.cassandra.session import Row, Statements, Write
 from notiflow.adapters.cassandra.values import hour_of, operator_shard, to_ms, ts, utc
 from notiflow.schemas.enums import Status
 from notiflow.schemas.messages import AttemptRecord
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptRow:
+    """One delivery attempt of a message (timestamps in UTC)."""
+
+    message_id: str
+    attempt_no: int
+    provider_id: str | None = None
+    provider_message_id: str | None = None
+    outcome: str | None = None
+    normalized_error: str | None = None
+    error_code: str | None = None
+    started_at: datetime | None = None
+    completed_at: datetime | None = None
+
+    @classmethod
+    def of(cls, row: Row) -> AttemptRow:
+        return cls(
+            message_id=row["message_id"], attempt_no=int(row["attempt_no"]),
+            provider_id=row.get("provider_id"),
+            provider_message_id=row.get("provider_message_id"), outcome=row.get("outcome"),
+            normalized_error=row.get("normalized_error"), error_code=row.get("error_code"),
+            started_at=utc(row.get("started_at")), completed_at=utc(row.get("completed_at")))
+
+    def columns(self) -> dict[str, Any]:
+        """The row as a mapping of its columns (the ``Messages`` port's form)."""
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderIndexRow:
+    """The attempt a provider's message id was recorded for, and the send's trace."""
+
+    provider_id: str
+    provider_message_id: str
+    message_id: str
+    attempt_no: int | None = None
+    traceparent: str | None = None
+
+    @classmethod
+    def of(cls, row: Row) -> ProviderIndexRow:
+        attempt = row.get("attempt_no")
+        return cls(provider_id=row["provider_id"],
+                   provider_message_id=row["provider_message_id"],
+                   message_id=row["message_id"],
+                   attempt_no=int(attempt) if attempt is not None else None,
+                   traceparent=row.get("traceparent"))
+
+
+@dataclass(frozen=True, slots=True)
+class ReceiptRecord:
+    """A receipt id already recorded (``receipts_dedup``): when it was first received."""
+
+    received_at: datetime | None
+
+    @classmethod
+    def of(cls, row: Row) -> ReceiptRecord:
+        return cls(utc(row.get("received_at")))
 
 
 class AttemptStore:
@@ -52,27 +114,31 @@ class AttemptStore:
                 writes.append(("provider_index_insert", key))
         return writes
 
-    async def attempts(self, message_id: str) -> list[Row]:
-        return await self.cql.run("attempts_get", (message_id,))
+    async def attempts(self, message_id: str) -> list[AttemptRow]:
+        """A message's attempts, in attempt order."""
+        return [AttemptRow.of(r) for r in await self.cql.run("attempts_get", (message_id,))]
 
     async def message_for_provider_id(
         self, provider_id: str, provider_message_id: str
-    ) -> Row | None:
+    ) -> ProviderIndexRow | None:
         """The provider message index row of a provider's message id, None when unknown."""
-        return await self.cql.read("provider_index_get", (provider_id,), provider_message_id)
+        row = await self.cql.read("provider_index_get", (provider_id,), provider_message_id)
+        return ProviderIndexRow.of(row) if row else None
 
-    async def receipt_record(self, provider_id: str, provider_event_id: str) -> Row | None:
+    async def receipt_record(self, provider_id: str,
+                             provider_event_id: str) -> ReceiptRecord | None:
         """The ``receipts_dedup`` row of a receipt id, None when it is new."""
-        return await self.cql.read("receipt_get", (provider_id,), provider_event_id)
+        row = await self.cql.read("receipt_get", (provider_id,), provider_event_id)
+        return ReceiptRecord.of(row) if row else None
 
     def receipt_records(self, keys: Sequence[tuple[str, str]]
-                        ) -> Awaitable[list[Row | None]]:
+                        ) -> Awaitable[list[ReceiptRecord | None]]:
         """:meth:`receipt_record` of each ``(provider_id, provider_event_id)``, in order."""
-        return self.cql.read_each("receipt_get", [((p,), e) for p, e in keys])
+        return _records(self.cql.read_each("receipt_get", [((p,), e) for p, e in keys]))
 
     def receipt_writes(
         self, provider_id: str, provider_event_id: str, message_id: str, status: Status,
-        now: datetime, seen: Row | None,
+        now: datetime, seen: ReceiptRecord | None,
     ) -> list[Write]:
         """A new receipt id is recorded; either way the receipt's
         ``provider_outcomes_by_hour`` row is (re)written at its first ``received_at``, so a
@@ -80,7 +146,7 @@ class AttemptStore:
         Paxos round): two copies of one receipt processed at the same instant are both
         taken as new, and every write they cause is keyed by the receipt, so the second
         rewrites the first's rows."""
-        received = utc(seen.get("received_at")) if seen is not None else to_ms(now)
+        received = seen.received_at if seen is not None else to_ms(now)
         writes: list[Write] = []
         if seen is None:
             writes.append(("receipt_put", (provider_id, provider_event_id, message_id,
@@ -92,6 +158,10 @@ class AttemptStore:
                 None, None,
             )))
         return writes
+
+
+async def _records(rows: Awaitable[list[Row | None]]) -> list[ReceiptRecord | None]:
+    return [ReceiptRecord.of(r) if r else None for r in await rows]
 
 
 STATEMENTS: dict[str, str] = {

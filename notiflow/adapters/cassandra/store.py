@@ -64,4 +64,4 @@ class CassandraStore:
         return row.columns() if row else None
 
     async def attempts(self, message_id: str) -> list[dict[str, Any]]:
-        return await self.delivery.attempts(message_id)
+        return [a.columns() for a in await self.delivery.attempts(message_id)]
