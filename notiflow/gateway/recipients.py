@@ -13,13 +13,12 @@ from __future__ import annotations
 from collections.abc import Awaitable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Annotated, Any, Final, TypeVar
+from typing import Annotated, Final, TypeVar
 
 from fastapi import APIRouter, Path, Request, Response
 from pydantic import ValidationError
 
-from notiflow.adapters.cassandra.recipients import StateContention
-from notiflow.adapters.cassandra.values import utc
+from notiflow.adapters.cassandra.recipients import DeviceRow, StateContention
 from notiflow.gateway import examples
 from notiflow.gateway.auth import RuntimeDep, Tenant, read_json_object
 from notiflow.gateway.errors import ApiError, invalid_body, not_found, unavailable
@@ -221,7 +220,7 @@ class Registered:
 
     owner: str
     owner_hash: str
-    row: dict[str, Any]
+    row: DeviceRow
     platform: PushPlatform
     push: str
     """``<platform>:<token>``."""
@@ -235,11 +234,11 @@ async def registered(rt: Runtime, tenant: TenantConfig, recipient: str,
     owner = owner_key(recipient)
     for owner_hash in recipient_hashes(tenant.id, owner):
         row = await rt.store().recipients.get_device(tenant.id, owner_hash, token)
-        if row is not None and row.get("platform"):
+        if row is not None and row.platform:
             break
     else:
         raise not_found()
-    platform = PushPlatform(row["platform"])
+    platform = PushPlatform(row.platform)
     return Registered(owner, owner_hash, row, platform, f"{platform.value}:{token}")
 
 
@@ -257,7 +256,7 @@ async def delete_device(recipient: Owner, token: str, tenant: Tenant,
     await _changed(rt.preferences().suppress(tenant.id, recipient_hash(tenant.id, device.push),
                                              "token_deactivated", now))
     row = device.row
-    if row.get("active") is not False or row.get("deactivated_reason") != DELETED_BY_CLIENT:
+    if row.active is not False or row.deactivated_reason != DELETED_BY_CLIENT:
         await rt.store().recipients.deactivate_device(tenant.id, device.owner_hash, token,
                                                       DELETED_BY_CLIENT, now)
     return Response(status_code=204)
@@ -275,8 +274,8 @@ async def get_device(recipient: Owner, token: str, tenant: Tenant, rt: RuntimeDe
     row = device.row
     state = await combined_stored(rt, tenant.id, device.push)
     view = DeviceView(recipient=mask(device.owner), device_token=mask(device.push),
-                      platform=device.platform, active=row.get("active") is not False,
-                      deactivated_reason=row.get("deactivated_reason"),
-                      updated_at=utc(row.get("updated_at")) or now_ms(),
+                      platform=device.platform, active=row.active is not False,
+                      deactivated_reason=row.deactivated_reason,
+                      updated_at=row.updated_at or now_ms(),
                       suppressed=state.suppressed if state else None)
     return Response(view.model_dump_json(), media_type=JSON)

@@ -22,6 +22,7 @@ from cryptography.fernet import Fernet
 
 from notiflow import redact
 from notiflow.adapters.cassandra.idempotency import ReservationRow
+from notiflow.adapters.cassandra.recipients import DeviceRow
 from notiflow.adapters.idempotency_fence import Holder
 from notiflow.adapters.inbox_store import channel_key
 from notiflow.adapters.preferences import PreferenceStore
@@ -346,8 +347,9 @@ class Devices(Store):
                        now: Any = None) -> PreferenceState:
         return await super().suppress(tenant, h, reason)
 
-    async def get_device(self, tenant: str, owner_hash: str, token: str) -> Any:
-        return self.rows.get((owner_hash, token))
+    async def get_device(self, tenant: str, owner_hash: str, token: str) -> DeviceRow | None:
+        found = self.rows.get((owner_hash, token))
+        return DeviceRow(tenant, owner_hash, token, **found) if found is not None else None
 
     async def unsuppress(self, tenant: str, h: str, now: Any = None) -> PreferenceState | None:
         state = self.states.get(state_key(tenant, h))

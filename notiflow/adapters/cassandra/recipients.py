@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from datetime import UTC, datetime, time
 from typing import Any
 
@@ -29,6 +30,28 @@ StateChange = Callable[[PreferenceState], PreferenceState | None]
 
 class StateContention(RuntimeError):
     """Too many concurrent writers on one recipient's state; the caller may retry."""
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceRow:
+    """A device token of a recipient: ``active`` False once deactivated, with the reason;
+    ``updated_at`` in UTC."""
+
+    tenant_id: str
+    recipient_id: str
+    device_token: str
+    platform: str | None = None
+    active: bool | None = None
+    deactivated_reason: str | None = None
+    updated_at: datetime | None = None
+
+    @classmethod
+    def of(cls, row: Row) -> DeviceRow:
+        return cls(
+            tenant_id=row["tenant_id"], recipient_id=row["recipient_id"],
+            device_token=row["device_token"], platform=row.get("platform"),
+            active=row.get("active"), deactivated_reason=row.get("deactivated_reason"),
+            updated_at=utc(row.get("updated_at")))
 
 
 def _paxos_timeout(exc: WriteTimeout) -> None:
@@ -175,8 +198,10 @@ class RecipientStore:
         state, _ = await self.change_state(tenant_id, recipient_hash, change, now)
         return state
 
-    async def get_device(self, tenant_id: str, owner_hash: str, device_token: str) -> Row | None:
-        return await self.cql.first("device_get", (tenant_id, owner_hash, device_token))
+    async def get_device(self, tenant_id: str, owner_hash: str,
+                         device_token: str) -> DeviceRow | None:
+        row = await self.cql.first("device_get", (tenant_id, owner_hash, device_token))
+        return DeviceRow.of(row) if row else None
 
     async def activate_device(self, tenant_id: str, owner_hash: str, device_token: str,
                               platform: str, now: datetime, token_hash: str) -> None:
