@@ -6,7 +6,7 @@ a recipient seen once costs nothing after it. Per tenant and UTC day, a counter
 ``tcap:{tenant}:{day}`` of the marketing messages let through. The script is atomic: it
 drops the entries that left the window, lets a message already counted through again, and
 otherwise counts it only if the recipient and the tenant caps both have room
-(``flows/caps.py`` ``LocalCaps`` is the same rule, in memory).
+(``LocalCaps`` in ``adapters/memory/caps.py`` is the same rule, in memory).
 
 Both keys of one message are touched by one script, so on Redis Cluster they would need one
 hash slot (``{tenant}`` braces); notiflow runs a single Redis (or a primary with replicas).

@@ -1,0 +1,116 @@
+"""Cassandra's side of the send step in memory: :class:`MemoryMessages` (templates, message
+heads, attempts) and :class:`MemoryPreferences` (recipient states, with the suppressions
+and token deactivations the send step writes). Dict-backed, guarded by a lock."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+from notiflow.adapters.memory.clock import Clock
+from notiflow.schemas.enums import Status
+from notiflow.schemas.preferences import PreferenceState, Suppression, state_key
+from notiflow.schemas.status import rank
+from notiflow.templating import analyse
+
+
+class MemoryMessages:
+    """The :class:`~notiflow.adapters.ports.Messages` port over dicts a test fills."""
+
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+        self.templates: dict[tuple[str, str, int], dict[str, Any]] = {}
+        self.heads: dict[str, dict[str, Any]] = {}
+        self.attempt_rows: dict[str, list[dict[str, Any]]] = {}
+        self._lock = threading.Lock()
+
+    def put_template(self, tenant_id: str, template_id: str, channel: str, body: str,
+                     subject: str | None = None, version: int = 1) -> int:
+        """Store a template row as the API writes it; returns its version."""
+        info = analyse(subject, body)
+        with self._lock:
+            self.templates[(tenant_id, template_id, version)] = {
+                "tenant_id": tenant_id, "template_id": template_id, "version": version,
+                "channel": channel, "subject": subject, "body": body,
+                "variables": info.variables, "checksum": info.checksum,
+                "created_at": self.clock()}
+        return version
+
+    def set_status(self, message_id: str, status: Status, attempt: int = 0,
+                   **row: Any) -> None:
+        """Make ``status`` of ``attempt`` the message head's current status."""
+        with self._lock:
+            head = self.heads.setdefault(message_id, {"message_id": message_id})
+            head.update(row, status=status.value, attempt=attempt,
+                        status_rank=rank(status, attempt))
+
+    def add_attempt(self, message_id: str, row: Mapping[str, Any]) -> None:
+        with self._lock:
+            self.attempt_rows.setdefault(message_id, []).append(dict(row))
+
+    async def get_message(self, message_id: str) -> dict[str, Any] | None:
+        with self._lock:
+            head = self.heads.get(message_id)
+            return None if head is None else dict(head)
+
+    async def get_template(self, tenant_id: str, template_id: str,
+                           version: int) -> dict[str, Any] | None:
+        with self._lock:
+            row = self.templates.get((tenant_id, template_id, version))
+            return None if row is None else dict(row)
+
+    async def attempts(self, message_id: str) -> list[dict[str, Any]]:
+        with self._lock:
+            return [dict(r) for r in self.attempt_rows.get(message_id, ())]
+
+
+class MemoryPreferences:
+    """The :class:`~notiflow.adapters.ports.Preferences` port over a dict of states by
+    ``state_key``; each write makes a new version (as ``PreferenceStore`` does)."""
+
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+        self.states: dict[str, PreferenceState] = {}
+        self.deactivated: list[tuple[str, str, str]] = []
+        """(tenant, token hash, reason) of every registered-device row marked inactive."""
+        self._lock = threading.Lock()
+
+    def put(self, state: PreferenceState) -> None:
+        with self._lock:
+            self.states[state.key] = state
+
+    def get(self, tenant_id: str, recipient_hash: str) -> PreferenceState | None:
+        with self._lock:
+            return self.states.get(state_key(tenant_id, recipient_hash))
+
+    async def get_states(self, keys: Iterable[tuple[str, str]]
+                         ) -> Mapping[str, PreferenceState]:
+        with self._lock:
+            found = (self.states.get(state_key(*k)) for k in keys)
+            return {st.key: st for st in found if st is not None}
+
+    def _write(self, tenant_id: str, recipient_hash: str, **change: Any) -> PreferenceState:
+        key = state_key(tenant_id, recipient_hash)
+        now: datetime = self.clock()
+        old = self.states.get(key)
+        state = (PreferenceState(tenant_id=tenant_id, recipient_hash=recipient_hash,
+                                 version=1, updated_at=now, **change) if old is None
+                 else old.model_copy(update={**change, "version": old.version + 1,
+                                             "updated_at": now}))
+        self.states[key] = state
+        return state
+
+    async def suppress(self, tenant_id: str, recipient_hash: str,
+                       reason: Suppression) -> PreferenceState:
+        with self._lock:
+            return self._write(tenant_id, recipient_hash, suppressed=reason)
+
+    async def deactivate_token(self, tenant_id: str, token_hash: str, reason: str, *,
+                               older: Sequence[str] = ()) -> PreferenceState:
+        with self._lock:
+            state = self._write(tenant_id, token_hash, suppressed="token_deactivated")
+            for h in dict.fromkeys((token_hash, *older)):
+                self.deactivated.append((tenant_id, h, reason))
+            return state
