@@ -260,3 +260,13 @@ def dev_environ() -> Iterator[dict[str, str]]:
         for k, v in env.items():
             mp.setenv(k, v)
         yield tokens
+
+
+def memory_settings(**update: Any) -> Any:
+    """The settings of a development environment (tenant acme, every emulated provider
+    account enabled, time scale 0.1), read with no server up, with ``update`` applied."""
+    from notiflow.settings import Settings
+
+    with dev_environ():
+        s = Settings(time_scale=0.1)
+    return s.model_copy(update=update) if update else s
