@@ -35,24 +35,19 @@ from opentelemetry.metrics import CallbackOptions, Observation
 
 from notiflow import names, stages, telemetry, tuning
 from notiflow.adapters.breaker import StateChange
-from notiflow.adapters.cancel_gate import Confirm
 from notiflow.adapters.dlq_crypto import DlqCipher
 from notiflow.adapters.outages import REDIS_DOWN
 from notiflow.adapters.ports import OpenSendPorts
 from notiflow.adapters.pressure import REPORT_EVERY_S
-from notiflow.adapters.providers.base import Outcome
 from notiflow.adapters.providers.chat import breaker_label
 from notiflow.adapters.worker import loop_thread, register
 from notiflow.flows.model import Out, Retry, Work
 from notiflow.flows.ordering import KeyOrder, OrderedState, Skip, order_key, refused_events
-from notiflow.flows.routing import Choice
 from notiflow.flows.sending import SendStages
 from notiflow.flows.sending.admit import count_crash, count_crashes
 from notiflow.flows.sending.batch import Batch, Prepared, attempt_key
 from notiflow.flows.sending.context import InfraUnavailable, SendContext
-from notiflow.flows.sending.emit import cancelled
 from notiflow.flows.sending.metrics import attempt_outcome, metrics
-from notiflow.flows.sending.route import last_resort_failed
 from notiflow.flows.steps import Clock
 from notiflow.flows.yielding import Slots, YieldWindow
 from notiflow.names import Stage
@@ -381,10 +376,11 @@ class Dispatcher:
         return batch
 
     async def _send(self, item: Prepared, fut: Future) -> None:
-        """Quota, then the provider call and its classification with the outcome recorded on
-        the lease, inside the channel's in-flight bound, so at most ``max_in_flight`` sends
-        per channel are unrecorded when the process dies. Retries (attempt > 1) also pass a
-        gate of ``retry_share`` of that bound, so a retry storm cannot starve new traffic."""
+        """The per-message stages: ``route``, then ``send`` inside the channel's in-flight
+        bound (the provider call and its outcome recorded on the lease), so at most
+        ``max_in_flight`` sends per channel are unrecorded when the process dies. Retries
+        (attempt > 1) also pass a gate of ``retry_share`` of that bound, so a retry storm
+        cannot starve new traffic."""
         w = item.work
         r = w.record
         gate = self._retry_sems[r.channel] if r.attempt > 1 else contextlib.nullcontext()
@@ -403,37 +399,28 @@ class Dispatcher:
                     self._resolve(w, fut, exc)
 
     async def _attempt(self, item: Prepared, entered: float) -> list[Out]:
-        w, ctx = item.work, self.ctx
-        tier = w.record.tier.value
-        choice = await self.stages.quota(ctx, w)
-        routed = time.monotonic()
-        stages.record(tier, Stage.DISPATCH_ROUTE, routed - entered)
-        if not isinstance(choice, Choice):
-            return choice
-        provider = ctx.ports.providers[choice.provider_id]
-        async with self._sems[w.record.channel]:
-            leases = ctx.ports.leases
-            key, gate = ctx.lease_key(w), ctx.gate_key(w)
-            campaign = leases.campaign_gate_key(w.message_id)
-            confirmed = await ctx.redis(
-                lambda: leases.confirm(key, gate, ctx.lease_ttl(w), campaign), Confirm.OURS)
-            if confirmed is Confirm.LOST:
-                log.warning("message %s attempt %s: lease taken over by another sender; "
-                            "not sending", w.message_id, w.record.attempt)
-                return []
-            if confirmed is Confirm.CANCELLED:
-                return await cancelled(ctx, w, item.content_key)
-            stages.record(tier, Stage.DISPATCH_SLOT, time.monotonic() - routed)
-            result = await self.stages.call(ctx, w, provider, item.message, choice)
-            if choice.last_resort and result.outcome is Outcome.TRANSIENT:
-                outs = await last_resort_failed(ctx, w, result)
-            else:
-                outs = await self.stages.classify(ctx, w, result, item.content_key,
-                                                  item.message)
-            trace.get_current_span().set_attributes({
-                names.ATTR_PROVIDER: provider.provider_id,
-                names.ATTR_OUTCOME: attempt_outcome(result)})
-        return outs
+        """Run the per-message stages until one ends the message (a stage that passes at
+        once is not awaited)."""
+        ctx = self.ctx
+        outs: list[Out] | None = None
+        for stage in self.stages.route:
+            step = stage(item, ctx)
+            if step is not None and (outs := await step) is not None:
+                break
+        item.routed = time.monotonic()
+        stages.record(item.work.record.tier.value, Stage.DISPATCH_ROUTE, item.routed - entered)
+        if outs is not None:
+            return outs
+        async with self._sems[item.work.record.channel]:
+            for stage in self.stages.send:
+                step = stage(item, ctx)
+                if step is not None and (outs := await step) is not None:
+                    break
+            if item.result is not None and item.provider is not None:
+                trace.get_current_span().set_attributes({
+                    names.ATTR_PROVIDER: item.provider.provider_id,
+                    names.ATTR_OUTCOME: attempt_outcome(item.result)})
+        return [] if outs is None else outs
 
 
 def budget_until_prepared(w: Work, submitted: float, started: float, prepared: float) -> None:

@@ -21,9 +21,10 @@ Recipe (``build_send_flow``)::
 
 The send step (``flows/sending/``), per batch: crash loop, unknown checks, lease, already
 final, expiry, caps, content dedup, strong consent, render, routable; then per message:
-quota (route: breaker admission and capacity token), confirm (the lease still ours and the
-message not cancelled: ``adapters/cancel_gate.py``), call (the provider), classify (what
-the answer means), each end emitted through the attempt's lease (``sending/emit.py``).
+quota (route: breaker admission and capacity token); inside the channel's in-flight slot,
+confirm (the lease still ours and the message not cancelled: ``adapters/cancel_gate.py``),
+call (the provider), last resort (a forced P0 send that failed waits), classify (what the
+answer means). Each end is emitted through the attempt's lease (``sending/emit.py``).
 
 Every outcome is data: a status event, a retry record produced back to the ingest topic
 (held until due), or a DLQ record. Progress is committed only after the sink confirmed every
@@ -61,9 +62,10 @@ from notiflow.flows.sending import SendStages
 from notiflow.flows.sending.admit import AlreadyFinal, CrashLoop, Lease, UnknownChecks
 from notiflow.flows.sending.call import Call
 from notiflow.flows.sending.classify import Classify
+from notiflow.flows.sending.confirm import Confirm
 from notiflow.flows.sending.gates import Caps, ContentDedup, Expiry, StrongConsent
 from notiflow.flows.sending.render import Render
-from notiflow.flows.sending.route import Quota, Routable
+from notiflow.flows.sending.route import LastResort, Quota, Routable
 from notiflow.flows.steps import Clock, Encoder, IngestParser, RawMessage, scaled_lease_ttl
 from notiflow.flows.toolbox import guard_and_emit, hold_until_due, parse_or_dlq, split_by_type
 from notiflow.schemas.enums import Channel, Tier
@@ -75,7 +77,8 @@ SHARDS_PER_CHANNEL = 8
 
 def send_stages() -> SendStages:
     """The send step, in order: a batch is prepared stage by stage (each decides some
-    messages and passes the rest on), then every prepared message is sent by itself."""
+    messages and passes the rest on), then every prepared message goes through the
+    per-message stages by itself, until one ends it."""
     return SendStages(
         prepare=(
             CrashLoop(),       # crashed the flow dlq.max_crashes times → DLQ
@@ -89,9 +92,15 @@ def send_stages() -> SendStages:
             Render(),          # template + variables → message; FAILED or DLQ
             Routable(),        # no provider account for the channel → DLQ
         ),
-        quota=Quota(),         # route: breaker admission and a capacity token
-        call=Call(),           # send: the provider call, timed and told to the breaker
-        classify=Classify(),   # classify: accepted, failed, unknown, retry; emit on the lease
+        route=(
+            Quota(),           # breaker admission and a capacity token → or waits / EXPIRED
+        ),
+        send=(                 # inside the channel's in-flight slot
+            Confirm(),         # lease still ours, message not cancelled → or CANCELLED / none
+            Call(),            # the provider call, timed and told to the breakers
+            LastResort(),      # a forced P0 send that failed transiently → waits, same attempt
+            Classify(),        # accepted, failed, unknown, retry; emitted on the lease
+        ),
     )
 
 

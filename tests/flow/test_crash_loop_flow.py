@@ -25,14 +25,14 @@ class Bug(Exception):
 def test_crash_looping_record_goes_to_the_dlq(stack: Settings, fakes: str, template: int,
                                                runner: str,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    original = Classify.__call__
+    original = Classify.classify
 
     async def buggy(self: Classify, ctx: Any, w: Any, *args: Any, **kw: Any) -> Any:
         if str(w.record.variables.get("code")).startswith("boom"):
             raise Bug("invariant broken")
         return await original(self, ctx, w, *args, **kw)
 
-    monkeypatch.setattr(Classify, "__call__", buggy)
+    monkeypatch.setattr(Classify, "classify", buggy)
     base = 10**12 + uuid.uuid4().int % 10**9
     items = [kmsg(stack, record(f"{base}-ok"), base), kmsg(stack, record(f"boom-{base}"), base + 1)]
     limit = stack.dlq.max_crashes

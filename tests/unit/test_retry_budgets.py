@@ -128,7 +128,7 @@ def drive(tier: Tier, seed: int, answer: Any = failing, rec: IngestRecord | None
         tries.append((clock.now, provider))
         result = answer(clock.now, provider)
         clock.now = result.completed_at
-        out = asyncio.run(step(ctx, w, result, None))
+        out = asyncio.run(step.classify(ctx, w, result, None))
         outs += out
         ev = out[0]
         assert isinstance(ev, StatusEvent) and ev.attempt_detail is not None

@@ -107,7 +107,7 @@ def classify(prefs: FlakyPreferences, w: Work, result: SendResult,
              retry_for: timedelta = timedelta(seconds=60)) -> tuple[list[Any], Leases]:
     leases = Leases()
     step = Classify(retry_for=retry_for, sleep=no_wait)
-    outs = asyncio.run(step(context(prefs, leases), w, result, None))
+    outs = asyncio.run(step.classify(context(prefs, leases), w, result, None))
     return outs, leases
 
 

@@ -360,10 +360,9 @@ def dispatcher(leases: Leases, error: Exception) -> Dispatcher:
     async def open_ports() -> Any:
         return partial_ports(leases=leases, breakers=Breakers())
 
-    unused: Any = None
     return Dispatcher(s, Tier.P1, s.policy(Tier.P1), DlqCipher(Fernet.generate_key()),
                       ChannelPressure(100), lambda: datetime.now(UTC), open_ports, "me",
-                      SendStages((stage,), unused, unused, unused))
+                      SendStages((stage,), (), ()))
 
 
 @pytest.mark.parametrize(("error", "counted"), [

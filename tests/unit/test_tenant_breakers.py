@@ -31,6 +31,7 @@ from notiflow.adapters.providers.chat import (
 from notiflow.adapters.webhook_pace import Slot, webhook_key
 from notiflow.flows.model import SourceRef, Work
 from notiflow.flows.routing import Choice
+from notiflow.flows.sending.batch import Prepared
 from notiflow.flows.sending.call import Call
 from notiflow.flows.sending.context import SendContext
 from notiflow.flows.sending.endpoints import endpoint_of, reports
@@ -129,10 +130,13 @@ def send_context(clock: DualClock, cb: CircuitBreakers, provider: Workflow,
 
 async def one(ctx: SendContext, w: Work, provider: Workflow) -> Choice | list[Any]:
     """One attempt through the send step's quota and call stages."""
-    choice = await Quota()(ctx, w)
-    if isinstance(choice, Choice):
-        await Call()(ctx, w, provider, message(w), choice)
-    return choice
+    item = Prepared(w, message(w), None)
+    outs = await Quota()(item, ctx)
+    if outs is not None:
+        return outs
+    assert item.choice is not None and item.provider is provider
+    await Call()(item, ctx)
+    return item.choice
 
 
 def test_a_tenants_503ing_workflow_opens_only_its_own_endpoint_breaker() -> None:

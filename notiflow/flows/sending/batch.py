@@ -1,15 +1,19 @@
 """A batch on its way through the send step: the messages still going, and what was decided
 for the others. Every preparing stage takes the batch, decides some of its messages (their
-outputs are final) and leaves the rest for the next stage."""
+outputs are final) and leaves the rest for the next stage. Each prepared message then goes
+through the per-message stages (:class:`MessageStage`) as a :class:`Prepared`, which carries
+what they found."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Protocol
 
-from notiflow.adapters.providers.base import OutboundMessage
+from notiflow.adapters.providers.base import OutboundMessage, ProviderClient, SendResult
 from notiflow.flows.model import Out, Work
+from notiflow.flows.routing import Choice
 
 if TYPE_CHECKING:
     from notiflow.flows.sending.context import SendContext
@@ -45,16 +49,31 @@ class Batch:
                 for w in self.live]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Prepared:
-    """A message ready for its provider call."""
+    """A message ready for its provider call, and what its per-message stages found: the
+    account it goes to (``choice``, ``provider``), when it was routed (``routed``,
+    ``time.monotonic``) and the provider's answer (``result``)."""
 
     work: Work
     message: OutboundMessage
     content_key: str | None
+    choice: Choice | None = None
+    provider: ProviderClient | None = None
+    routed: float = 0.0
+    result: SendResult | None = None
 
 
 class Stage(Protocol):
     """One preparing stage of the send step."""
 
     async def __call__(self, batch: Batch, ctx: SendContext) -> None: ...
+
+
+class MessageStage(Protocol):
+    """One per-message stage of the send step. It answers None, at once or once awaited,
+    when the message goes on to the next stage, or the outputs that end the message there
+    (an answer of None at once costs the message no await)."""
+
+    def __call__(self, item: Prepared,
+                 ctx: SendContext) -> Awaitable[list[Out] | None] | None: ...

@@ -11,14 +11,8 @@ import logging
 import time
 
 from notiflow import names, stages, telemetry
-from notiflow.adapters.providers.base import (
-    OutboundMessage,
-    Outcome,
-    ProviderClient,
-    SendResult,
-)
-from notiflow.flows.model import Work
-from notiflow.flows.routing import Choice
+from notiflow.adapters.providers.base import Outcome, SendResult
+from notiflow.flows.sending.batch import Prepared
 from notiflow.flows.sending.context import SendContext
 from notiflow.flows.sending.endpoints import reports
 from notiflow.flows.sending.metrics import metrics
@@ -28,10 +22,13 @@ log = logging.getLogger("notiflow.flows.dispatch")
 
 
 class Call:
-    """``await Call()(ctx, w, provider, msg, choice)`` → the provider's :class:`SendResult`."""
+    """Per message, inside its channel's slot and once confirmed: the provider's
+    :class:`SendResult` for ``item.message``, kept as ``item.result``; never ends the
+    message."""
 
-    async def __call__(self, ctx: SendContext, w: Work, provider: ProviderClient,
-                       msg: OutboundMessage, choice: Choice) -> SendResult:
+    async def __call__(self, item: Prepared, ctx: SendContext) -> None:
+        w, msg, choice, provider = item.work, item.message, item.choice, item.provider
+        assert choice is not None and provider is not None
         started = time.monotonic()
         with telemetry.span(names.PROVIDER_CALL, {
                 names.ATTR_MESSAGE_ID: w.message_id,
@@ -53,4 +50,4 @@ class Call:
             await ctx.ports.breakers.record(report.breaker_id, report.outcome, report.reason,
                                             report.latency_s, report.probe,
                                             episode=report.episode)
-        return result
+        item.result = result

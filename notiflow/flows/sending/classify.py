@@ -25,6 +25,7 @@ from notiflow.adapters.providers.base import OutboundMessage, Outcome, SendResul
 from notiflow.adapters.retrying import until_up
 from notiflow.flows.model import Out, Retry, Work
 from notiflow.flows.policy import RetryDecision, RetryPolicy, held_for, provider_waits
+from notiflow.flows.sending.batch import Prepared
 from notiflow.flows.sending.context import INFRA_RETRY_FOR, InfraUnavailable, SendContext
 from notiflow.flows.sending.emit import finish
 from notiflow.flows.sending.metrics import metrics
@@ -125,18 +126,23 @@ def suppression_of(reason: str, channel: Channel) -> Suppression:
 
 
 class Classify:
-    """``await Classify()(ctx, w, result, content_key, msg)`` → the attempt's outputs (its
-    end recorded on its lease). ``retry_for`` and ``sleep``: how long and how a suppression
-    write is retried (tests shorten them)."""
+    """Per message, last: the outputs of the attempt's ``item.result`` (its end recorded on
+    its lease), from :meth:`classify`. ``retry_for`` and ``sleep``: how long and how a
+    suppression write is retried (tests shorten them)."""
 
     def __init__(self, retry_for: timedelta = INFRA_RETRY_FOR,
                  sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
         self.retry_for = retry_for
         self.sleep = sleep
 
-    async def __call__(self, ctx: SendContext, w: Work, result: SendResult,
+    def __call__(self, item: Prepared, ctx: SendContext) -> Awaitable[list[Out]]:
+        assert item.result is not None
+        return self.classify(ctx, item.work, item.result, item.content_key, item.message)
+
+    async def classify(self, ctx: SendContext, w: Work, result: SendResult,
                        content_key: str | None, msg: OutboundMessage | None = None
                        ) -> list[Out]:
+        """``result`` of ``w``'s attempt → its outputs."""
         detail = attempt_detail(w, result)
         at = result.completed_at
         r = w.record

@@ -11,16 +11,16 @@ waits, whatever its tier."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
-from notiflow.adapters.providers.base import SendResult
+from notiflow.adapters.providers.base import Outcome, SendResult
 from notiflow.flows.model import Out, Retry, Work
 from notiflow.flows.policy import held_for, waiting
 from notiflow.flows.routing import Choice, Unavailable, admission_kind, rank_routes, reserve
-from notiflow.flows.sending.batch import Batch
+from notiflow.flows.sending.batch import Batch, Prepared
 from notiflow.flows.sending.context import SendContext
 from notiflow.flows.sending.emit import finish, release
 from notiflow.flows.sending.endpoints import endpoint_of
@@ -55,10 +55,12 @@ class Routable:
 
 
 class Quota:
-    """Per message, just before its call: the provider chosen with its token taken, or the
-    outputs of a message that waits for a breaker (or expires waiting)."""
+    """Per message, before its channel's in-flight slot: the provider chosen with its token
+    taken (``item.choice``, ``item.provider``), or the outputs of a message that waits for a
+    breaker (or expires waiting)."""
 
-    async def __call__(self, ctx: SendContext, w: Work) -> Choice | list[Out]:
+    async def __call__(self, item: Prepared, ctx: SendContext) -> list[Out] | None:
+        w = item.work
         tenant = ctx.settings.tenant(w.record.tenant_id)
         ports = ctx.ports
         routes = candidates(ctx, w)
@@ -75,12 +77,35 @@ class Quota:
                                tenant_id=w.record.tenant_id,
                                tenant_rate=tenant.rate_limit if tenant else None)
         if isinstance(choice, Choice):
-            return await paced(ctx, w, replace(choice, endpoint=gate))
+            return routed(item, ctx, await paced(ctx, w, replace(choice, endpoint=gate)))
         if isinstance(choice, Unavailable) and ctx.settings.policy(w.record.tier).last_resort:
             forced = await last_resort(ctx, w, routes, tenant.rate_limit if tenant else None)
             if forced is not None:
-                return await paced(ctx, w, replace(forced, endpoint=gate))
+                return routed(item, ctx, await paced(ctx, w, replace(forced, endpoint=gate)))
         return await all_unavailable(ctx, w, choice)
+
+
+def routed(item: Prepared, ctx: SendContext, choice: Choice | list[Out]) -> list[Out] | None:
+    """Record ``choice`` and its provider client on ``item``; the outputs of a message that
+    waits instead."""
+    if not isinstance(choice, Choice):
+        return choice
+    item.choice = choice
+    item.provider = ctx.ports.providers[choice.provider_id]
+    return None
+
+
+class LastResort:
+    """After the call: a last-resort send (``Choice.last_resort``) that failed transiently
+    waits on the same attempt (:func:`last_resort_failed`); any other answer goes on to
+    classify, at no await."""
+
+    def __call__(self, item: Prepared, ctx: SendContext) -> Awaitable[list[Out]] | None:
+        choice, result = item.choice, item.result
+        assert choice is not None and result is not None
+        if choice.last_resort and result.outcome is Outcome.TRANSIENT:
+            return last_resort_failed(ctx, item.work, result)
+        return None
 
 
 async def endpoint_gate(ctx: SendContext, w: Work) -> Any:
