@@ -66,7 +66,9 @@ class MemoryState:
             return self.leases.get(f"{self.namespace}lease:{message_id}:{attempt}")
 
     def open_breaker(self, provider_id: str, lane: str = "") -> State:
-        """Open the breaker of ``provider_id`` on ``lane`` ("" priority, ``bulk``)."""
+        """Open the breaker of ``provider_id`` on ``lane`` ("" priority, ``bulk``). A port
+        set that already asked sees it once its cached copy is stale (``cache_ttl`` of
+        :class:`~notiflow.adapters.breaker.CircuitBreakers`, on the clock)."""
         return self.limits.breakers[lane].trip(provider_id)
 
     def put_template(self, tenant_id: str, template_id: str, channel: Channel | str,
