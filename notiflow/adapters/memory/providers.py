@@ -3,8 +3,9 @@ answers from a script, accepted by default.
 
 A test scripts answers (:meth:`MemoryProvider.script`: outcomes for the next calls, or a
 function of the message), or an outage (:meth:`MemoryProvider.outage`: every call transient
-``connect_error``, as a provider that refuses connections); :attr:`MemoryProvider.calls`
-keeps every call with its answer, in order.
+``connect_error``, as a provider that refuses connections); :attr:`MemoryProvider.received`
+keeps every message in the order the calls began, :attr:`MemoryProvider.calls` every call
+with its answer, in the order they ended.
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ class MemoryProvider:
         self.channel = channel
         self.clock = clock
         self.calls: list[Call] = []
+        self.received: list[OutboundMessage] = []
         self.default = ACCEPT
         self.rule: Script | None = None
         self._queue: deque[Answer] = deque()
@@ -82,6 +84,7 @@ class MemoryProvider:
 
     def _answer(self, message: OutboundMessage) -> Answer:
         with self._lock:
+            self.received.append(message)
             scripted = self.rule(message) if self.rule is not None else None
             if scripted is None:
                 scripted = self._queue.popleft() if self._queue else self.default

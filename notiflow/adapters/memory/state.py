@@ -18,6 +18,7 @@ from notiflow.adapters.memory.providers import MemoryProvider, memory_providers
 from notiflow.adapters.memory.stores import MemoryMessages, MemoryPreferences
 from notiflow.adapters.ports import OpenSendPorts, SendPorts
 from notiflow.adapters.providers import PROVIDERS, provider_kinds
+from notiflow.adapters.providers.base import ProviderClient
 from notiflow.adapters.redis_health import RedisHealth
 from notiflow.correlation import CorrelationKeys
 from notiflow.schemas.enums import Channel, Tier
@@ -32,7 +33,7 @@ class MemoryState:
     and inspection a test needs."""
 
     def __init__(self, settings: Settings, tier: Tier,
-                 providers: Mapping[str, MemoryProvider], clock: Clock) -> None:
+                 providers: Mapping[str, ProviderClient], clock: Clock) -> None:
         self.settings = settings
         self.tier = tier
         self.clock = clock
@@ -80,13 +81,16 @@ class MemoryState:
         self.preferences.put(state)
 
     def provider(self, provider_id: str) -> MemoryProvider:
-        return self.providers[provider_id]
+        """The :class:`MemoryProvider` of ``provider_id`` (not one a test gave instead)."""
+        client = self.providers[provider_id]
+        assert isinstance(client, MemoryProvider), f"{provider_id} is not a MemoryProvider"
+        return client
 
     def accepted_counts(self) -> dict[str, int]:
         """message_id → calls every provider accepted (a duplicate across providers counts)."""
         counts: dict[str, int] = {}
         for p in self.providers.values():
-            for c in p.sent():
+            for c in p.sent() if isinstance(p, MemoryProvider) else ():
                 if c.result.outcome.value == "accepted":
                     mid = c.message.message_id
                     counts[mid] = counts.get(mid, 0) + 1
@@ -120,10 +124,11 @@ def configured_providers(settings: Settings, clock: Clock = wall) -> dict[str, M
 
 
 def memory_ports(settings: Settings, tier: Tier, *,
-                 providers: Mapping[str, MemoryProvider] | None = None, clock: Clock = wall,
+                 providers: Mapping[str, ProviderClient] | None = None, clock: Clock = wall,
                  workers: int = 1) -> tuple[MemoryState, OpenSendPorts]:
     """The state and the ``OpenSendPorts`` of a send flow of ``tier`` on memory ports
-    (``providers``: default one accepting :class:`MemoryProvider` per enabled account).
+    (``providers``: default one accepting :class:`MemoryProvider` per enabled account; any
+    ``ProviderClient`` may stand in).
     Every call of the opener gives a port set of a new owner over the same state, as the
     dispatchers of several processes share one Redis and one Cassandra."""
     state = MemoryState(settings, tier, providers if providers is not None
