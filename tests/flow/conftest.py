@@ -1,4 +1,7 @@
-"""Flow tests run real dataflows in-process: close each worker's clients after every test."""
+"""Flow tests run real dataflows in-process: close each worker's clients after every test.
+
+A send flow runs on memory ports (:class:`MemorySend`, the ``memory_send`` fixture: no
+server) unless what it checks only a server shows; then on the real stack (``stack``)."""
 
 from __future__ import annotations
 
@@ -15,6 +18,8 @@ from bytewax.testing import cluster_main, run_main
 
 from notiflow.adapters.envelope import envelope, load
 from notiflow.adapters.kafka_io import OutRecord
+from notiflow.adapters.memory import MemoryState, memory_ports
+from notiflow.adapters.ports import OpenSendPorts
 from notiflow.adapters.worker import close_all
 from notiflow.schemas.enums import Tier
 from notiflow.schemas.messages import DlqRecord, IngestRecord, StatusEvent
@@ -33,12 +38,6 @@ RUNNERS: dict[str, Runner] = {
     "1-worker": lambda flow: run_main(flow),
     "2-workers": lambda flow: cluster_main(flow, [], 0, worker_count_per_proc=2),
 }
-
-
-@pytest.fixture(scope="module")
-def template(stack: Settings) -> int:
-    """Template ``flow-otp`` version 1 for tenant acme, written straight to Cassandra."""
-    return put_template(stack, "acme", "flow-otp", "SMS", "Flow test code {{ code }}")
 
 
 def put_template(stack: Settings, tenant: str, template_id: str, channel: str, body: str,
@@ -101,17 +100,19 @@ def decode(settings: Settings, out: list[OutRecord]) -> tuple[list[StatusEvent],
 
 def flood_beside_acme(settings: Settings,
                       make: Callable[[Settings, int, int], KafkaSourceMessage],
-                      count: int) -> tuple[list[StatusEvent], list[DlqRecord], list[IngestRecord]]:
+                      count: int, **kw: Any
+                      ) -> tuple[list[StatusEvent], list[DlqRecord], list[IngestRecord]]:
     """Run the P1 send flow on one worker over ``make(settings, i, offset)`` for ``i`` in
-    ``range(count)``, then one bound acme ``record`` at the next offset; its ``decode``d output.
-    Offsets (and the acme message's code) start at a random base of their own per run."""
+    ``range(count)``, then one bound acme ``record`` at the next offset; its ``decode``d output
+    (``kw`` go to :func:`send_flow`). Offsets (and the acme message's code) start at a random
+    base of their own per run."""
     from bytewax.testing import TestingSource
 
     base = 10**12 + uuid.uuid4().int % 10**9
     items = [make(settings, i, base + i) for i in range(count)]
     items.append(kmsg(settings, record(f"{base}-ok"), base + count))
     out: list[OutRecord] = []
-    RUNNERS[next(iter(RUNNERS))](send_flow(settings, Tier.P1, TestingSource(items), out))
+    RUNNERS[next(iter(RUNNERS))](send_flow(settings, Tier.P1, TestingSource(items), out, **kw))
     return decode(settings, out)
 
 
@@ -124,3 +125,45 @@ def send_flow(settings: Settings, tier: Tier, source: Any, out: list[OutRecord],
 
     kw.setdefault("preferences", TestingSource([]))
     return build_send_flow(settings, tier, source=source, sink=TestingSink(out), **kw)
+
+
+class MemorySend:
+    """A send flow's memory ports (``adapters/memory``): the :class:`MemoryState` a test
+    seeds and inspects (template ``flow-otp`` version 1 of acme is in it), and
+    :meth:`flow`, the send flow on them. The state outlives each run, as Redis and
+    Cassandra do: a second run replays the first one's leases."""
+
+    def __init__(self, settings: Settings, tier: Tier = Tier.P1, **kw: Any) -> None:
+        self.settings = settings
+        self.tier = tier
+        self.state: MemoryState
+        self.ports: OpenSendPorts
+        self.state, self.ports = memory_ports(settings, tier, **kw)
+        self.state.put_template("acme", "flow-otp", "SMS", "Flow test code {{ code }}")
+
+    def flow(self, source: Any, out: list[OutRecord], *, settings: Settings | None = None,
+             tier: Tier | None = None, **kw: Any) -> Any:
+        return send_flow(settings or self.settings, tier or self.tier, source, out,
+                         ports=self.ports, **kw)
+
+    def run(self, runner: str, items: list[Any], *, batch_size: int | None = None,
+            **kw: Any) -> tuple[list[StatusEvent], list[DlqRecord], list[IngestRecord]]:
+        """Run :meth:`flow` over ``items`` with ``RUNNERS[runner]``; its decoded output."""
+        from bytewax.testing import TestingSource
+
+        out: list[OutRecord] = []
+        source = (TestingSource(items) if batch_size is None
+                  else TestingSource(items, batch_size=batch_size))
+        RUNNERS[runner](self.flow(source, out, **kw))
+        return decode(kw.get("settings") or self.settings, out)
+
+
+@pytest.fixture
+def memory_send(settings: Settings) -> Callable[..., MemorySend]:
+    """``memory_send(tier=P1, settings=..., **memory_ports kwargs)`` → a :class:`MemorySend`
+    (no server needed)."""
+    def make(tier: Tier = Tier.P1, settings_: Settings | None = None,
+             **kw: Any) -> MemorySend:
+        return MemorySend(settings_ or settings, tier, **kw)
+
+    return make

@@ -1,10 +1,12 @@
-"""Ingest binding in a real send flow, required mode (the test environment's): 150 records a
-rogue producer writes in globex's name — unsigned, or signed with acme's key — are
-dead-lettered as ``tenant_claim_refused``, charged to the producer and never to globex; the
-flow never halts, and acme's bound message in the same run reaches its provider."""
+"""Ingest binding in a real send flow on memory ports, required mode (the test
+environment's): 150 records a rogue producer writes in globex's name — unsigned, or signed
+with acme's key — are dead-lettered as ``tenant_claim_refused``, charged to the producer and
+never to globex; the flow never halts, and acme's bound message in the same run reaches its
+provider."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime
 
 import pytest
@@ -14,7 +16,7 @@ from notiflow.flows.guard import source_of
 from notiflow.ingest_binding import binder, tenant_signer
 from notiflow.schemas.enums import Status, Tier
 from notiflow.settings import Settings
-from tests.flow.conftest import flood_beside_acme, record
+from tests.flow.conftest import MemorySend, flood_beside_acme, record
 
 pytestmark = pytest.mark.flow
 
@@ -35,9 +37,9 @@ def forged(settings: Settings, i: int, offset: int) -> KafkaSourceMessage[bytes,
 
 
 def test_forged_tenant_claims_are_dead_lettered_to_their_producer(
-        stack: Settings, fakes: str, template: int) -> None:
-    assert binder(stack).required
-    events, dlq, _ = flood_beside_acme(stack, forged, FLOOD)
+        settings: Settings, memory_send: Callable[..., MemorySend]) -> None:
+    assert binder(settings).required
+    events, dlq, _ = flood_beside_acme(settings, forged, FLOOD, ports=memory_send().ports)
     refused = [d for d in dlq if d.error_class == "tenant_claim_refused"]
     assert len(refused) == FLOOD
     assert {source_of(d) for d in refused} == {"producer:rogue"}

@@ -2,15 +2,15 @@
 ``(tenant, ordering_key)`` reach the provider in acceptance order although their recipients
 spread them over the workers and the provider answers in random time; a retrying message
 holds up the later messages of its key only, until its retry (a second run, resumed from
-the first one's recovery store) has been sent."""
+the first one's recovery store) has been sent. On memory ports."""
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import random
 import threading
 import uuid
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -21,12 +21,10 @@ from bytewax.recovery import RecoveryConfig, init_db_dir
 from bytewax.testing import TestingSource, cluster_main, run_main
 
 from notiflow.adapters.kafka_io import OutRecord
-from notiflow.adapters.ports import SendPorts
 from notiflow.adapters.providers.base import OutboundMessage, Outcome, SendResult
-from notiflow.adapters.send_ports import opener, sender_identity
-from notiflow.schemas.enums import Channel, Tier
+from notiflow.schemas.enums import Channel
 from notiflow.settings import Settings
-from tests.flow.conftest import decode, kmsg, record, send_flow
+from tests.flow.conftest import MemorySend, decode, kmsg, record
 
 pytestmark = pytest.mark.flow
 
@@ -57,17 +55,10 @@ class Recorder:
         return None
 
 
-def recording_ports(settings: Settings, calls: list[str], fail_once: set[str]) -> Any:
-    real = opener(settings, Tier.P1, sender_identity())
-
-    async def open_ports() -> SendPorts:
-        ports = await real()
-        for client in ports.providers.values():
-            await client.aclose()
-        fake = {pid: Recorder(pid, calls, fail_once) for pid in ports.providers}
-        return dataclasses.replace(ports, providers=fake)
-
-    return open_ports
+def record_with(mem: MemorySend, calls: list[str], fail_once: set[str]) -> None:
+    """Every SMS account of ``mem`` is a :class:`Recorder` from now on."""
+    for pid in ("twilio", "vonage"):
+        mem.state.providers[pid] = Recorder(pid, calls, fail_once)
 
 
 def run(flow: Any, workers: int, store: Path) -> None:
@@ -85,7 +76,9 @@ def message_id(code: str) -> str:
 
 @pytest.mark.parametrize("workers", [1, 2])
 def test_one_key_reaches_the_provider_in_order_and_a_retry_holds_only_its_key(
-        stack: Settings, fakes: str, template: int, tmp_path: Path, workers: int) -> None:
+        settings: Settings, memory_send: Callable[..., MemorySend], tmp_path: Path,
+        workers: int) -> None:
+    mem = memory_send()
     run_id = uuid.uuid4().hex[:8]
     key_a, key_b = f"thread-a-{run_id}", f"thread-b-{run_id}"
 
@@ -95,7 +88,7 @@ def test_one_key_reaches_the_provider_in_order_and_a_retry_holds_only_its_key(
                                     "accepted_at": datetime.now(UTC).isoformat()}
         if key is not None:
             extra["ordering_key"] = key
-        return kmsg(stack, record(code, **extra), offset=i,
+        return kmsg(settings, record(code, **extra), offset=i,
                     key=(f"acme:{key}" if key else code).encode())
 
     a = [f"{run_id}a{i}" for i in range(6)]
@@ -112,29 +105,29 @@ def test_one_key_reaches_the_provider_in_order_and_a_retry_holds_only_its_key(
     init_db_dir(store, 1)
 
     out: list[OutRecord] = []
-    flow = send_flow(stack, Tier.P1, TestingSource(list(items)), out,
-                     ports=recording_ports(stack, calls, fail_once))
+    record_with(mem, calls, fail_once)
+    flow = mem.flow(TestingSource(list(items)), out)
     run(flow, workers, store)
 
     first = [c.split("#")[0] for c in calls]
     assert [m for m in first if m in map(message_id, a)] == [message_id(x) for x in a[:3]]
     assert [m for m in first if m in map(message_id, b)] == [message_id(x) for x in b]
     assert {m for m in first if m in map(message_id, u)} == set(map(message_id, u))
-    events, _, retries = decode(stack, out)
+    events, _, retries = decode(settings, out)
     [retry] = retries
     assert retry.message_id == message_id(a[2]) and retry.attempt == 2
     assert not {e.message_id for e in events} & {message_id(x) for x in a[3:]}
 
     due = retry.model_copy(update={"not_before": None})
-    again = kmsg(stack, orjson.dumps(due.model_dump(mode="json", exclude_none=True)),
+    again = kmsg(settings, orjson.dumps(due.model_dump(mode="json", exclude_none=True)),
                  offset=len(items), key=f"acme:{key_a}".encode())
     calls.clear()
     out2: list[OutRecord] = []
-    flow = send_flow(stack, Tier.P1, TestingSource([*items, again]), out2,
-                     ports=recording_ports(stack, calls, set()))
+    record_with(mem, calls, set())
+    flow = mem.flow(TestingSource([*items, again]), out2)
     run(flow, workers, store)
 
     assert calls == [f"{message_id(x)}#{1 if x != a[2] else 2}" for x in a[2:]]
-    events2, _, _ = decode(stack, out2)
+    events2, _, _ = decode(settings, out2)
     accepted = [e.message_id for e in events2 if e.status.value == "PROVIDER_ACCEPTED"]
     assert accepted == [message_id(x) for x in a[2:]]

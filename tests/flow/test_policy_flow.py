@@ -1,24 +1,24 @@
 """Consent join, quiet-hours deferral across a DST change and recipient caps, in the send
-dataflow under TestingSource/TestingSink with 1 and 2 workers (real Redis, Cassandra and
-provider emulator behind the send step)."""
+dataflow under TestingSource/TestingSink with 1 and 2 workers, on memory ports (the caps'
+Redis script is checked against the same rule in ``tests/integration/test_redis_caps.py``)."""
 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import orjson
 import pytest
-from bytewax.testing import TestingSink, TestingSource
+from bytewax.testing import TestingSource
 
 from notiflow.adapters.kafka_io import OutRecord
-from notiflow.flows.send import build_send_flow
 from notiflow.redact import recipient_hash
 from notiflow.schemas.enums import Tier
 from notiflow.schemas.preferences import PreferenceState
 from notiflow.settings import Settings
-from tests.flow.conftest import RUNNERS, decode, kmsg
+from tests.flow.conftest import RUNNERS, MemorySend, decode, kmsg
 
 pytestmark = pytest.mark.flow
 
@@ -44,14 +44,13 @@ def pref_msg(settings: Settings, offset: int, recipient: str, **fields: Any) -> 
                               offset=offset, partition=0, timestamp=(1, 0))
 
 
-def run(settings: Settings, runner: str, tier: Tier, items: list[Any], prefs: list[Any],
+def run(mem: MemorySend, runner: str, tier: Tier, items: list[Any], prefs: list[Any],
         clock: Any = None) -> list[OutRecord]:
     out: list[OutRecord] = []
     kw = {"clock": clock} if clock else {}
-    RUNNERS[runner](build_send_flow(
-        settings, tier, source=TestingSource([TestingSource.PAUSE(timedelta(milliseconds=300)),
-                                              *items]),
-        preferences=TestingSource(prefs), sink=TestingSink(out), **kw))
+    RUNNERS[runner](mem.flow(
+        TestingSource([TestingSource.PAUSE(timedelta(milliseconds=300)), *items]), out,
+        tier=tier, preferences=TestingSource(prefs), **kw))
     return out
 
 
@@ -62,29 +61,28 @@ def daytime_zone() -> str:
 
 
 def unique_number(seed: int) -> str:
-    """One of 8 million Washington, DC numbers. The tests of a session share Redis and the
-    recipient caps in it; drawn from 10,000 numbers (the other tests' `+1202555` range), the
-    OTP-cap test once found its recipient already capped by another test's sends."""
+    """One of 8 million Washington, DC numbers, outside the other tests' ``+1202555`` range."""
     return f"+1202{200 + seed // 10_000 % 800:03d}{seed % 10_000:04d}"
 
 
 @pytest.mark.parametrize("runner", list(RUNNERS))
-def test_consent_join_suppresses_opted_out_and_suppressed(stack: Settings, fakes: str,
-                                                          template: int, runner: str) -> None:
+def test_consent_join_suppresses_opted_out_and_suppressed(
+        settings: Settings, memory_send: Callable[..., MemorySend], runner: str) -> None:
+    mem = memory_send(Tier.P2)
     base = uuid.uuid4().int % 10**8
     opted, dead, free = (unique_number(base + i) for i in range(3))
     zone = daytime_zone()
-    prefs = [pref_msg(stack, 0, opted, timezone=zone,
+    prefs = [pref_msg(settings, 0, opted, timezone=zone,
                       opt_outs=[{"channel": "SMS", "category": "marketing"}]),
-             pref_msg(stack, 1, dead, suppressed="unsubscribed", timezone=zone),
-             pref_msg(stack, 2, free, timezone=zone)]
-    items = [kmsg(stack, message(f"a{base}", recipient=opted), base, Tier.P2),
-             kmsg(stack, message(f"b{base}", recipient=opted, category="account"), base + 1,
+             pref_msg(settings, 1, dead, suppressed="unsubscribed", timezone=zone),
+             pref_msg(settings, 2, free, timezone=zone)]
+    items = [kmsg(settings, message(f"a{base}", recipient=opted), base, Tier.P2),
+             kmsg(settings, message(f"b{base}", recipient=opted, category="account"), base + 1,
                   Tier.P2),
-             kmsg(stack, message(f"c{base}", recipient=dead, category="account"), base + 2,
+             kmsg(settings, message(f"c{base}", recipient=dead, category="account"), base + 2,
                   Tier.P2),
-             kmsg(stack, message(f"d{base}", recipient=free), base + 3, Tier.P2)]
-    events, dlq, _ = decode(stack, run(stack, runner, Tier.P2, items, prefs))
+             kmsg(settings, message(f"d{base}", recipient=free), base + 3, Tier.P2)]
+    events, dlq, _ = decode(settings, run(mem, runner, Tier.P2, items, prefs))
     got = sorted((e.status.value, e.reason or "") for e in events)
     assert got == [("PROVIDER_ACCEPTED", ""), ("PROVIDER_ACCEPTED", ""),
                    ("SUPPRESSED", "opted_out"), ("SUPPRESSED", "unsubscribed")]
@@ -92,40 +90,43 @@ def test_consent_join_suppresses_opted_out_and_suppressed(stack: Settings, fakes
 
 
 @pytest.mark.parametrize("runner", list(RUNNERS))
-def test_quiet_hours_deferral_across_dst_change(stack: Settings, fakes: str, template: int,
-                                                runner: str) -> None:
+def test_quiet_hours_deferral_across_dst_change(
+        settings: Settings, memory_send: Callable[..., MemorySend], runner: str) -> None:
     """01:30 EST on the night the US springs forward: quiet until 08:00 EDT = 12:00 UTC
     (13:00 UTC would be the answer without the DST change). P1 is exempt and is sent."""
+    mem = memory_send(Tier.P3)
     base = uuid.uuid4().int % 10**8
     ny = unique_number(base)
     night = datetime(2026, 3, 8, 6, 30, tzinfo=UTC)
-    prefs = [pref_msg(stack, 0, ny, timezone="America/New_York",
+    prefs = [pref_msg(settings, 0, ny, timezone="America/New_York",
                       quiet_hours={"start": "22:00", "end": "08:00"})]
-    items = [kmsg(stack, message(f"q{base}", recipient=ny, tier="P3",
+    items = [kmsg(settings, message(f"q{base}", recipient=ny, tier="P3",
                                  accepted_at=night.isoformat(), message_id=f"msg_q{base}"),
                   base, Tier.P3)]
-    events, _, _ = decode(stack, run(stack, runner, Tier.P3, items, prefs,
+    events, _, _ = decode(settings, run(mem, runner, Tier.P3, items, prefs,
                                      clock=lambda: night))
     [ev] = events
     assert (ev.status.value, ev.reason) == ("SCHEDULED", "quiet_hours")
     assert ev.next_attempt_at == datetime(2026, 3, 8, 12, 0, tzinfo=UTC)
 
-    p1 = [kmsg(stack, message(f"t{base}", recipient=ny, tier="P1", category="transactional"),
+    p1 = [kmsg(settings, message(f"t{base}", recipient=ny, tier="P1", category="transactional"),
                base + 1)]
-    events, _, _ = decode(stack, run(stack, runner, Tier.P1, p1, prefs))
+    events, _, _ = decode(settings, run(mem, runner, Tier.P1, p1, prefs))
     assert [e.status.value for e in events] == ["PROVIDER_ACCEPTED"]
 
 
 @pytest.mark.parametrize("runner", list(RUNNERS))
-def test_otp_cap_per_recipient_window(stack: Settings, fakes: str, template: int,
+def test_otp_cap_per_recipient_window(settings: Settings,
+                                      memory_send: Callable[..., MemorySend],
                                       runner: str) -> None:
+    mem = memory_send()
     base = uuid.uuid4().int % 10**8
     who = unique_number(base)
-    items = [kmsg(stack, message(f"o{base}-{i}", recipient=who, tier="P1", category="otp"),
+    items = [kmsg(settings, message(f"o{base}-{i}", recipient=who, tier="P1", category="otp"),
                   base + i) for i in range(7)]
-    items.append(kmsg(stack, message(f"x{base}", recipient=unique_number(base + 1), tier="P1",
+    items.append(kmsg(settings, message(f"x{base}", recipient=unique_number(base + 1), tier="P1",
                                      category="otp"), base + 10))
-    events, _, _ = decode(stack, run(stack, runner, Tier.P1, items, []))
+    events, _, _ = decode(settings, run(mem, runner, Tier.P1, items, []))
     to_who = [e for e in events if e.message is not None and e.message.recipient_hash ==
               recipient_hash("acme", who)]
     statuses = sorted(e.status.value for e in to_who)
@@ -135,27 +136,24 @@ def test_otp_cap_per_recipient_window(stack: Settings, fakes: str, template: int
 
 
 @pytest.mark.parametrize("runner", list(RUNNERS))
-def test_tenant_daily_marketing_cap_counts_across_workers(stack: Settings, fakes: str,
-                                                          template: int, runner: str) -> None:
+def test_tenant_daily_marketing_cap_counts_across_workers(
+        settings: Settings, memory_send: Callable[..., MemorySend], runner: str) -> None:
     """A tenant allowed 2 marketing messages a day: of 4 (to 4 recipients, so no recipient
-    cap applies) exactly 2 are sent, whichever worker takes which; the count lives in
-    Redis (``tcap:{tenant}:{day}``), so it is reset here for the run."""
-    import redis
-
-    acme = stack.tenant("acme")
+    cap applies) exactly 2 are sent, whichever worker takes which (the count is the caps
+    port's, shared by every worker)."""
+    acme = settings.tenant("acme")
     assert acme is not None
-    settings = stack.model_copy(update={"tenants": tuple(
+    capped = settings.model_copy(update={"tenants": tuple(
         t.model_copy(update={"daily_marketing_cap": 2}) if t.id == "acme" else t
-        for t in stack.tenants)})
-    with redis.Redis.from_url(stack.redis_url) as r:
-        r.delete(f"{stack.topic_prefix}tcap:acme:{datetime.now(UTC).date().isoformat()}")
+        for t in settings.tenants)})
+    mem = memory_send(Tier.P3, capped)
     base = uuid.uuid4().int % 10**8
     zone = daytime_zone()
     who = [unique_number(base + i) for i in range(4)]
-    prefs = [pref_msg(stack, i, n, timezone=zone) for i, n in enumerate(who)]
-    items = [kmsg(stack, message(f"m{base}-{i}", recipient=n, tier="P3"), base + i, Tier.P3)
+    prefs = [pref_msg(settings, i, n, timezone=zone) for i, n in enumerate(who)]
+    items = [kmsg(settings, message(f"m{base}-{i}", recipient=n, tier="P3"), base + i, Tier.P3)
              for i, n in enumerate(who)]
-    events, dlq, _ = decode(settings, run(settings, runner, Tier.P3, items, prefs))
+    events, dlq, _ = decode(capped, run(mem, runner, Tier.P3, items, prefs))
     got = sorted((e.status.value, e.reason or "") for e in events)
     assert got == [("PROVIDER_ACCEPTED", "")] * 2 + [("SUPPRESSED", "tenant_daily_cap")] * 2
     assert dlq == []

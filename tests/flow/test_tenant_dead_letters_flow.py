@@ -1,9 +1,11 @@
-"""One tenant's dead letters in a real send flow: 150 chat messages of globex to webhook URLs
-no chat provider posts to are dead-lettered (``recipient_not_served``) and charged to globex;
-the flow never halts, and acme's message in the same run reaches its provider."""
+"""One tenant's dead letters in a real send flow on memory ports: 150 chat messages of globex
+to webhook URLs no chat provider posts to are dead-lettered (``recipient_not_served``) and
+charged to globex; the flow never halts, and acme's message in the same run reaches its
+provider."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime
 
 import orjson
@@ -13,7 +15,7 @@ from bytewax.connectors.kafka import KafkaSourceMessage
 from notiflow.flows.guard import charged_to_tenant
 from notiflow.schemas.enums import Channel, Status, Tier
 from notiflow.settings import Settings
-from tests.flow.conftest import bound, flood_beside_acme, put_template
+from tests.flow.conftest import MemorySend, bound, flood_beside_acme
 
 pytestmark = pytest.mark.flow
 
@@ -31,10 +33,11 @@ def unserved_chat(settings: Settings, i: int, offset: int) -> KafkaSourceMessage
                               timestamp=(1, int(datetime.now(UTC).timestamp() * 1000)))
 
 
-def test_one_tenants_unserved_chat_urls_never_halt_the_tier(stack: Settings, fakes: str,
-                                                            template: int) -> None:
-    put_template(stack, "globex", "flow-chat", "CHAT", "Alert {{ code }}")
-    events, dlq, _ = flood_beside_acme(stack, unserved_chat, FLOOD)
+def test_one_tenants_unserved_chat_urls_never_halt_the_tier(
+        settings: Settings, memory_send: Callable[..., MemorySend]) -> None:
+    mem = memory_send()
+    mem.state.put_template("globex", "flow-chat", "CHAT", "Alert {{ code }}")
+    events, dlq, _ = flood_beside_acme(settings, unserved_chat, FLOOD, ports=mem.ports)
     unserved = [d for d in dlq if d.error_class == "recipient_not_served"]
     assert len(unserved) == FLOOD
     assert all(d.tenant_id == "globex" and d.headers.get("channel") == "CHAT"
