@@ -143,8 +143,9 @@ class MemorySend:
 
     def flow(self, source: Any, out: list[OutRecord], *, settings: Settings | None = None,
              tier: Tier | None = None, **kw: Any) -> Any:
+        ports = self.ports if tier is None else self.state.opener(tier)
         return send_flow(settings or self.settings, tier or self.tier, source, out,
-                         ports=self.ports, **kw)
+                         ports=ports, **kw)
 
     def run(self, runner: str, items: list[Any], *, batch_size: int | None = None,
             **kw: Any) -> tuple[list[StatusEvent], list[DlqRecord], list[IngestRecord]]:

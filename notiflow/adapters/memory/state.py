@@ -96,11 +96,12 @@ class MemoryState:
                     counts[mid] = counts.get(mid, 0) + 1
         return counts
 
-    def open(self, workers: int = 1) -> SendPorts:
-        """A port set of a new owner over this state."""
+    def open(self, workers: int = 1, tier: Tier | None = None) -> SendPorts:
+        """A port set of a new owner over this state, for a send flow of ``tier`` (default:
+        the state's; it picks the breakers' lane)."""
         owner = f"memory:{next(self._opened)}"
         self.owners.append(owner)
-        lane = self.settings.policy(self.tier).lane
+        lane = self.settings.policy(tier or self.tier).lane
         health = RedisHealth(clock=lambda: self.clock().timestamp())
         breakers = self.limits.open_breakers(lane, health)
         quota = self.limits.open_quota(workers, health)
@@ -114,6 +115,13 @@ class MemoryState:
             caps=self.caps, messages=self.messages, preferences=self.preferences,
             breakers=breakers, quota=quota, boards=MemoryBoards(self.boards, owner),
             providers=self.providers, close=close, health=health)
+
+    def opener(self, tier: Tier | None = None, workers: int = 1) -> OpenSendPorts:
+        """The ``OpenSendPorts`` of a send flow of ``tier`` over this state."""
+        async def open_ports() -> SendPorts:
+            return self.open(workers, tier)
+
+        return open_ports
 
 
 def configured_providers(settings: Settings, clock: Clock = wall) -> dict[str, MemoryProvider]:
@@ -133,8 +141,4 @@ def memory_ports(settings: Settings, tier: Tier, *,
     dispatchers of several processes share one Redis and one Cassandra."""
     state = MemoryState(settings, tier, providers if providers is not None
                         else configured_providers(settings, clock), clock)
-
-    async def open_ports() -> SendPorts:
-        return state.open(workers)
-
-    return state, open_ports
+    return state, state.opener(workers=workers)
