@@ -52,6 +52,15 @@ end
 return 0
 """
 
+_RELEASE_CLAIM = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+"""
+"""KEYS: a content claim. ARGV: the message id that must hold it (exactly: ``msg_1`` never
+releases ``msg_12``'s claim)."""
+
 _TAKE_OVER = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
@@ -210,7 +219,7 @@ class DedupStore:
             return
         pipe = self.r.pipeline(transaction=False)
         for key, mid in items:
-            pipe.eval(_RELEASE, 1, key, mid)
+            pipe.eval(_RELEASE_CLAIM, 1, key, mid)
         await pipe.execute()
 
     def crash_key(self, flow: str) -> str:

@@ -105,6 +105,10 @@ def test_content_claims_and_crash_counts() -> None:
     assert run(them.claim_content([(key, "m1"), (key, "m2")], TTL)) == [None, "m1"]
     run(them.release_content([(key, "m2")]))
     assert run(them.claim_content([(key, "m2")], TTL)) == ["m1"]
+    other = us.content_key("acme", "fp2")
+    assert run(us.claim_content([(other, "m12")], TTL)) == [None]
+    run(us.release_content([(other, "m1")]))
+    assert run(them.claim_content([(other, "m2")], TTL)) == ["m12"], "a prefix released it"
     run(us.release_content([(key, "m1")]))
     assert run(them.claim_content([(key, "m2")], TTL)) == [None]
     assert [run(us.count_crash("send.p1", "t:0:1", TTL)) for _ in range(2)] == [1, 2]

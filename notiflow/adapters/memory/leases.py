@@ -190,7 +190,7 @@ class MemoryLeases:
         with t.lock:
             for key, mid in items:
                 v = t.get(key)
-                if v is not None and v.startswith(mid):
+                if v == mid:
                     t.delete(key)
 
     async def count_crash(self, flow: str, source: str, ttl: timedelta) -> int:
