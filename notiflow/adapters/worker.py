@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import threading
 import weakref
 from collections.abc import Awaitable, Callable
@@ -20,6 +21,10 @@ import uvloop
 T = TypeVar("T")
 R = TypeVar("R")
 _LIVE: weakref.WeakSet[Any] = weakref.WeakSet()
+CLOSE_WAIT_S = 5.0
+"""How long closing a worker loop waits for one resource's ``aclose`` and then for the
+cancelled tasks to end; a task that ignores its cancellation is logged and left behind."""
+log = logging.getLogger(__name__)
 
 
 def new_loop() -> asyncio.AbstractEventLoop:
@@ -101,19 +106,25 @@ class WorkerLoop:
     def close(self) -> None:
         """Close every resource that has ``aclose``/``shutdown``, cancel the tasks still
         pending on the loops (a batch interrupted mid-way leaves its helpers there) and close
-        the loops."""
+        the loops. Each wait is bounded by :data:`CLOSE_WAIT_S`: closing never hangs."""
         with self._lock:
             states, self._all = self._all, []
         for loop, res in states:
-            for value in res.values():
+            for name, value in res.items():
                 closer = getattr(value, "aclose", None)
                 if closer is not None:
-                    loop.run_until_complete(closer())
+                    try:
+                        loop.run_until_complete(asyncio.wait_for(closer(), CLOSE_WAIT_S))
+                    except TimeoutError:
+                        log.warning("closing %s took over %.0f s; left", name, CLOSE_WAIT_S)
                 elif hasattr(value, "shutdown"):
                     value.shutdown()
             pending = asyncio.all_tasks(loop)
             for task in pending:
                 task.cancel()
             if pending:
-                loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+                _, stuck = loop.run_until_complete(asyncio.wait(pending, timeout=CLOSE_WAIT_S))
+                for task in stuck:
+                    log.warning("task %r did not end %.0f s after its cancellation; its loop "
+                                "closes anyway", task.get_name(), CLOSE_WAIT_S)
             loop.close()

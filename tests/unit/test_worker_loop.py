@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
+import pytest
+
+from notiflow.adapters import worker
 from notiflow.adapters.worker import WorkerLoop
 from tests.helpers import loop_turns
 
@@ -39,3 +43,33 @@ def test_close_closes_resources_then_cancels_what_a_batch_left_pending() -> None
 
 async def _make() -> _Resource:
     return _Resource()
+
+
+class _Stuck:
+    async def aclose(self) -> None:
+        await asyncio.Event().wait()
+
+
+async def _stuck() -> _Stuck:
+    return _Stuck()
+
+
+def test_close_never_hangs_on_a_stuck_close_or_a_task_that_ignores_cancellation(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setattr(worker, "CLOSE_WAIT_S", 0.05)
+    loop = WorkerLoop()
+    loop.resource("stuck", _stuck)
+
+    async def stubborn() -> None:
+        while True:
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.Event().wait()
+
+    async def batch() -> None:
+        asyncio.ensure_future(stubborn(), loop=asyncio.get_running_loop()).set_name("stubborn")
+        await loop_turns()
+
+    loop.run(batch())
+    loop.close()
+    assert "closing stuck took over" in caplog.text
+    assert "task 'stubborn' did not end" in caplog.text
