@@ -27,7 +27,7 @@ from notiflow.schemas.enums import Tier
 from notiflow.settings import Settings, load_settings
 
 if TYPE_CHECKING:
-    from notiflow.flows.runner import Membership
+    from notiflow.flows.common.runner import Membership
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 stack_app = typer.Typer(no_args_is_help=True,
@@ -64,7 +64,7 @@ PeerPort = Annotated[int, typer.Option(help="The Bytewax port of every member (-
 def _membership(s: Settings, process_id: int | None, addresses: str | None,
                 peers_dns: str | None, peer_port: int) -> Membership:
     from notiflow.adapters.cluster_peers import PeersError
-    from notiflow.flows.runner import membership
+    from notiflow.flows.common.runner import membership
 
     try:
         return membership(s, process_id, addresses, peers_dns, peer_port)
@@ -236,8 +236,8 @@ def flow_send(
     recovery_dir: Annotated[Path | None, typer.Option()] = None,
 ) -> None:
     """Run the send dataflow of one tier (with Bytewax recovery), or the shared baseline."""
-    from notiflow.flows.runner import run_flow
-    from notiflow.flows.send import build_send_flow
+    from notiflow.flows.common.runner import run_flow
+    from notiflow.flows.send.flow import build_send_flow
 
     if mode not in ("tiered", "shared") or (mode == "tiered") == (tier is None):
         console.print("[red]give --tier P0..P3, or --mode shared without a tier[/red]")
@@ -263,8 +263,8 @@ def flow_reconcile(
     recovery_dir: Annotated[Path | None, typer.Option()] = None,
 ) -> None:
     """Run the reconciliation dataflow (status events + receipts → Cassandra)."""
-    from notiflow.flows.reconcile import build_reconcile_flow
-    from notiflow.flows.runner import run_flow
+    from notiflow.flows.common.runner import run_flow
+    from notiflow.flows.receipts.reconcile import build_reconcile_flow
 
     s = _settings()
     run_flow(lambda: build_reconcile_flow(s), s, "reconcile",
@@ -280,7 +280,7 @@ def flow_scheduler(
     """Run a scheduler: publishes scheduled P2/P3 messages from Cassandra's time buckets when
     they fall due; run several for failover (shards are leased, docs/architecture.md)."""
     from notiflow.adapters.send_ports import sender_identity
-    from notiflow.flows.scheduler import main
+    from notiflow.flows.scheduling.scheduler import main
 
     main(_settings(), name or sender_identity())
 
@@ -294,7 +294,7 @@ def flow_expander(
     """Run a campaign expander: turns the rows of running campaigns' manifests into P2/P3
     messages at their pace; run several for failover (campaigns are leased)."""
     from notiflow.adapters.send_ports import sender_identity
-    from notiflow.flows.expander import main
+    from notiflow.flows.campaigns.expander import main
 
     main(_settings(), name or sender_identity())
 

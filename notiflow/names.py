@@ -375,7 +375,7 @@ BULK_WINDOW = Metric(
     "notiflow.bulk.window", G, "1", ("tier",),
     "a bulk send flow's in-flight window over its ceiling (1 = not yielding to P0)")
 """Gauge 1: limit / ceiling of a bulk-lane flow's in-flight window per channel, set by P0's
-latency signal (``flows/yielding.py``); attributes tier."""
+latency signal (``flows/common/yielding.py``); attributes tier."""
 P0_WORST_LATENCY = Metric(
     "notiflow.p0.worst_latency", G, "s", ("tier",),
     "worst P0 latency this process saw in the last second (the signal bulk work yields by)")

@@ -1,7 +1,7 @@
 """OpenTelemetry and logging for every notiflow process, configured in one place.
 
 Each entry point calls :func:`setup` once (the API in ``gateway/app.py``, every dataflow in
-``flows/runner.py``); everything else uses the helpers here and the names declared in
+``flows/common/runner.py``); everything else uses the helpers here and the names declared in
 ``notiflow/names.py``:
 
 - :func:`span` starts a declared span (kind from the declaration), optionally continuing a

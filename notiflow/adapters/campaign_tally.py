@@ -3,7 +3,7 @@ when the message of manifest row ``n`` reached the outcome.
 
 Setting a bit is idempotent, so replayed or duplicated status events never count twice, and
 ``BITCOUNT`` gives exact counts at any size (a 50-million-row campaign: 6.25 MB per
-outcome). The reconciler marks the outcomes it applies (``flows/reconcile.py``); the API
+outcome). The reconciler marks the outcomes it applies (``flows/receipts/reconcile.py``); the API
 reads the counts. Cassandra stays the source of truth of each message's status: the funnel is
 a view, and an outcome applied while Redis was unreachable is missing from it (logged).
 

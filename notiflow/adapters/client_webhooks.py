@@ -176,7 +176,7 @@ def webhook_id(message_id: str, status: Status | str, attempt: int = 0) -> str:
 
 def endpoint_id(url: str) -> str:
     """``scheme://host:port`` of an http(s) URL: with the tenant, the unit of the circuit
-    breaker (``flows/webhook_sender.py``; the path, query and credentials are left out).
+    breaker (``flows/webhooks/webhook_sender.py``; the path, query and credentials are left out).
     Raises ``ValueError`` for anything else."""
     parts = urlsplit(url)
     scheme = parts.scheme.lower()

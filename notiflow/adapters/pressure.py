@@ -4,7 +4,7 @@ Every process on P0's path (the priority-lane API, the P0 send flow) reports fou
 second the worst P0 latency it sees: the slowest acceptance → provider latency completed in
 the last second, or the age of the oldest P0 message it still holds (a stall shows while it
 lasts, not after). Bulk processes read the worst fresh report and yield by it
-(``flows/yielding.py``): the bulk send flows narrow their in-flight windows, the bulk-lane
+(``flows/common/yielding.py``): the bulk send flows narrow their in-flight windows, the bulk-lane
 API refuses new bulk acceptances, the reconciler applies bulk writes behind priority ones.
 
 Redis hash ``{prefix}pressure:P0``: field = reporter id, value = JSON ``{"worst_s": seconds,

@@ -88,7 +88,7 @@ return {wait, 1}
 
 
 class Pace(Protocol):
-    """What the send flow asks before a chat post (``flows/sending/route.py``)."""
+    """What the send flow asks before a chat post (``flows/send/stages/route.py``)."""
 
     async def reserve(self, provider_id: str, webhook: str, rule: PaceRule, *,
                       tenant_id: str) -> Slot: ...

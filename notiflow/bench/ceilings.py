@@ -30,7 +30,7 @@ from notiflow.adapters.cassandra.session import aio, connect
 from notiflow.adapters.kafka_io import kafka_config, producer_config
 from notiflow.adapters.providers import open_providers
 from notiflow.adapters.providers.base import OutboundMessage, ProviderClient
-from notiflow.flows.routing import rank_routes
+from notiflow.flows.send.routing import rank_routes
 from notiflow.schemas.enums import Channel, Tier
 from notiflow.schemas.messages import PushRecipient
 from notiflow.settings import Settings

@@ -21,8 +21,8 @@ import psutil
 
 from notiflow.adapters.dlq_crypto import DlqCipher
 from notiflow.bench.cassandra_requests import cassandra_process
-from notiflow.flows.model import ReconcileIn, SourcedReceipt, SourceRef
-from notiflow.flows.reconcile import ApplyStep
+from notiflow.flows.common.model import ReconcileIn, SourcedReceipt, SourceRef
+from notiflow.flows.receipts.reconcile import ApplyStep
 from notiflow.schemas.enums import Status
 from notiflow.schemas.messages import Receipt, StatusEvent
 from notiflow.settings import Settings

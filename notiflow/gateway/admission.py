@@ -14,7 +14,7 @@ of a key reserved earlier is answered from its record and never refused, see
 4. **p0_capacity** — P0 only: a bucket per channel at ``Σ_p share(P0) * provider_rates[p]
    + p0_emergency_rate`` msgs/s, summed over every enabled provider account with a route on
    the channel (``settings.routes``, ``settings.enabled_providers()``), since the send flow
-   moves P0 to whichever of them has a token (``flows/routing.py`` ``reserve``); accounts
+   moves P0 to whichever of them has a token (``flows/send/routing.py`` ``reserve``); accounts
    without a rate add nothing, and there is no envelope when none has one:
    ``429 p0_capacity``.
 

@@ -14,7 +14,7 @@ tenant's campaign quotas (422 ``quota_too_large`` above ``max_campaign_recipient
 ``campaign_quota`` with ``Retry-After`` at ``max_active_campaigns``) → the bulk tier's health
 (429 ``backlog`` / ``priority_pressure`` with ``Retry-After``: a campaign started into a
 backlog would only deepen it). The campaign then waits for its start; expanders
-(``flows/expander.py``) take it from there.
+(``flows/campaigns/expander.py``) take it from there.
 
 Cancelling stops expansion at the next batch and closes the campaign's cancel gate in Redis:
 every message of it that no provider took yet ends CANCELLED when the send flow reaches it.

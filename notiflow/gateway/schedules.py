@@ -7,7 +7,7 @@ Creating checks, in order: JSON and schema (422 ``details``: both or neither of 
 (422 ``invalid_schedule`` naming ``field``: malformed cron or RRULE, unknown time zone, an
 empty or too dense schedule; parsed off the event loop: a pathological RRULE costs up to a
 second of CPU). Schedulers materialise occurrences ``scheduling.horizon``
-ahead (``flows/recurring.py``); pausing or deleting cancels the occurrences already made
+ahead (``flows/scheduling/recurring.py``); pausing or deleting cancels the occurrences already made
 that are still cancellable, resuming skips the ones missed while paused.
 """
 

@@ -33,7 +33,7 @@ from notiflow.archive import (
     records,
 )
 from notiflow.correlation import CorrelationKeys
-from notiflow.flows.yielding import YieldWindow
+from notiflow.flows.common.yielding import YieldWindow
 from notiflow.schemas.enums import Tier
 from notiflow.settings import Settings, load_settings
 
@@ -63,7 +63,7 @@ class P0Signal(Protocol):
 
 class Yielding:
     """How many reads the archive may have in flight for its next slice: the bulk lane's
-    AIMD window (``flows/yielding.py``) on P0's latency signal, up to
+    AIMD window (``flows/common/yielding.py``) on P0's latency signal, up to
     ``archive.concurrency``; while the window is shut, it waits a tick at a time for the
     signal to fall. No signal (no P0 traffic, or Redis unreachable) counts as calm."""
 

@@ -28,8 +28,8 @@ def flow_webhooks(
     """Run the client webhook dataflow (status events → Standard Webhooks-signed POSTs to
     each message's status_webhook; exhausted ones → notify.dlq.webhooks), with recovery."""
     from notiflow.adapters.cluster_peers import PeersError
-    from notiflow.flows.client_webhooks import build_webhook_flow
-    from notiflow.flows.runner import membership, run_flow
+    from notiflow.flows.common.runner import membership, run_flow
+    from notiflow.flows.webhooks.client_webhooks import build_webhook_flow
 
     try:
         s = load_settings()

@@ -271,11 +271,11 @@ class IngestRecord(SendRequest):
     field). None = the budget starts at attempt 1."""
     budget_started_at: AwareDatetime | None = None
     """Set by the send flow on a retry record: when the first attempt of the current retry
-    budget failed. The windows of its later retries are measured from it (``flows/policy.py``);
+    budget failed. The windows of its later retries are measured from it (``flows/send/policy.py``);
     ignored on the first attempt of a budget."""
     order_seq: str | None = Field(None, max_length=64, pattern=r"^[0-9a-f]{1,32}:[0-9]{1,18}$")
     """Set by the send flow on a record with an ``ordering_key``: ``{epoch}:{n}``, the record's
-    place among its key's messages (``flows/ordering.py``); its retries keep it."""
+    place among its key's messages (``flows/send/ordering.py``); its retries keep it."""
 
     @classmethod
     def stamped(cls, req: SendRequest, *, tenant_id: str, message_id: str,

@@ -234,7 +234,7 @@ class Settings(BaseSettings):
     max_variables_bytes: int = 16_384
     ordering_max_waiting: int = Field(1000, ge=1, le=1_000_000)
     """Messages one ``ordering_key`` holds in the send flow behind its head (a retry, a
-    breaker wait); one more ends FAILED ``ordering_backlog`` (``flows/ordering.py``)."""
+    breaker wait); one more ends FAILED ``ordering_backlog`` (``flows/send/ordering.py``)."""
 
     # capacity and pressure (docs/design.md, "Caps and rate limits")
     mode: Literal["tiered", "shared"] = "tiered"

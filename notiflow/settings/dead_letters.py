@@ -20,7 +20,7 @@ class DlqRule(_Frozen):
     quarantine_after: int = Field(50, ge=1)
     """Invalid records from one source (tenant or producer) within the last ``ratio_window``
     outputs that quarantine it: a ``PRODUCER_QUARANTINE`` alert, its records dead-lettered,
-    the flow going on (``flows/guard.py``)."""
+    the flow going on (``flows/common/guard.py``)."""
     systemic_sources: int = Field(3, ge=2)
     """Distinct sources of invalid records within the window from which invalid records
     count toward the halt (a schema change breaks every producer; one producer's bad deploy

@@ -12,7 +12,7 @@ from notiflow.settings.section import _Frozen
 
 
 class SchedulingRule(_Frozen):
-    """Durable scheduling (``flows/scheduler.py``, docs/architecture.md "Scheduling"): a
+    """Durable scheduling (``flows/scheduling/scheduler.py``, docs/architecture.md "Scheduling"): a
     P2/P3 message due ``min_lead`` or more after acceptance waits in Cassandra's
     ``scheduled_work`` (partition ``(time_bucket, shard)``) instead of Kafka, and a scheduler
     process publishes it when due. Not scaled by ``time_scale`` (bucket layout is storage)."""
@@ -52,8 +52,8 @@ class SchedulingRule(_Frozen):
 
 
 class CampaignRule(_Frozen):
-    """Campaign expansion (``flows/expander.py``, docs/architecture.md "Campaigns"): expander
-    processes lease running campaigns and turn manifest rows into P2/P3 messages at the
+    """Campaign expansion (``flows/campaigns/expander.py``, docs/architecture.md "Campaigns"):
+    expander processes lease running campaigns and turn manifest rows into P2/P3 messages at the
     campaign's rate, slowed by P0's latency signal and stopped while the tier's oldest
     unsent message is older than ``backlog_high`` of its shed bound."""
 

@@ -15,7 +15,7 @@ from notiflow.settings.section import _Frozen
 
 class RetryBudget(_Frozen):
     """A tier's retry budget after transient failures (docs/architecture.md, "Retries,
-    expiry and dead letters"; the schedule itself: ``flows/policy.py``). Retry ``n`` is due
+    expiry and dead letters"; the schedule itself: ``flows/send/policy.py``). Retry ``n`` is due
     at a uniformly random time within its window ``[S(n-1), S(n))`` after the budget's first
     failure, ``S(n)`` being the sum of the first ``n`` caps: full jitter within each window,
     so the budget covers the sum of its caps however the draws fall."""
@@ -247,7 +247,7 @@ class CategoryTiers(_Frozen):
 
 
 class YieldRule(_Frozen):
-    """How bulk work yields to P0 (``flows/yielding.py``): the signal is the worst P0 latency
+    """How bulk work yields to P0 (``flows/common/yielding.py``): the signal is the worst P0 latency
     the priority lane reports (``adapters/pressure.py``), compared with P0's SLA. Above
     ``high`` of the SLA a bulk flow halves its in-flight window every ``tick`` (down to
     ``floor`` slots), below ``low`` it grows by ``increase`` of its ceiling per tick; the

@@ -121,7 +121,7 @@ def send_flow(settings: Settings, tier: Tier, source: Any, out: list[OutRecord],
     """The send flow over a testing source, with no preferences unless given."""
     from bytewax.testing import TestingSink, TestingSource
 
-    from notiflow.flows.send import build_send_flow
+    from notiflow.flows.send.flow import build_send_flow
 
     kw.setdefault("preferences", TestingSource([]))
     return build_send_flow(settings, tier, source=source, sink=TestingSink(out), **kw)

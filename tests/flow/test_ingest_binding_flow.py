@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 import pytest
 from bytewax.connectors.kafka import KafkaSourceMessage
 
-from notiflow.flows.guard import source_of
+from notiflow.flows.common.guard import source_of
 from notiflow.ingest_binding import binder, tenant_signer
 from notiflow.schemas.enums import Status, Tier
 from notiflow.settings import Settings

@@ -16,7 +16,7 @@ from cassandra.cluster import Session
 
 from notiflow.adapters.cassandra.session import connect
 from notiflow.adapters.kafka_io import OutRecord
-from notiflow.flows.reconcile import build_reconcile_flow
+from notiflow.flows.receipts.reconcile import build_reconcile_flow
 from notiflow.schemas.enums import Status
 from notiflow.schemas.messages import DlqRecord, Receipt, StatusEvent
 from notiflow.schemas.status import rank

@@ -1,5 +1,5 @@
 """A flow member found in DNS stops itself when its cluster is rescaled: the watcher thread
-of ``flows/runner.py`` runs beside a real Bytewax worker and its SIGTERM ends the flow at its
+of ``flows/common/runner.py`` runs beside a real Bytewax worker and its SIGTERM ends the flow at its
 epoch (Kubernetes then starts it with the new member list; docs/kubernetes.md). DNS is the
 one part replaced: the resolver sees a second member appear after two seconds."""
 
@@ -22,7 +22,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from notiflow.adapters.cluster_peers import ClusterSpec
-from notiflow.flows import runner
+from notiflow.flows.common import runner
 from notiflow.settings import Settings
 from tests.idle_flow import build
 

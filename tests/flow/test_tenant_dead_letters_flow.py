@@ -12,7 +12,7 @@ import orjson
 import pytest
 from bytewax.connectors.kafka import KafkaSourceMessage
 
-from notiflow.flows.guard import charged_to_tenant
+from notiflow.flows.common.guard import charged_to_tenant
 from notiflow.schemas.enums import Channel, Status, Tier
 from notiflow.settings import Settings
 from tests.flow.conftest import MemorySend, bound, flood_beside_acme

@@ -1,7 +1,7 @@
 """P0's latency signal in real Redis (``adapters/pressure.py``) and the two ends of it in the
 dispatcher: the P0 dispatcher reports its worst latency, a bulk dispatcher narrows its
 in-flight window and its intake while that is above ``bulk_yield.high`` and widens them again
-once P0 is calm (``flows/yielding.py``)."""
+once P0 is calm (``flows/common/yielding.py``)."""
 
 from __future__ import annotations
 
@@ -19,9 +19,9 @@ from notiflow.adapters.dlq_crypto import DlqCipher
 from notiflow.adapters.redis_dedup import DedupStore
 from notiflow.adapters.send_ports import RedisBoards
 from notiflow.correlation import CorrelationKeys
-from notiflow.flows.dispatch import ChannelPressure, Dispatcher
-from notiflow.flows.send import send_stages
-from notiflow.flows.yielding import Slots
+from notiflow.flows.common.yielding import Slots
+from notiflow.flows.send.dispatch import ChannelPressure, Dispatcher
+from notiflow.flows.send.flow import send_stages
 from notiflow.schemas.enums import Channel, Tier
 from notiflow.settings import Settings
 from tests.helpers import no_ports, partial_ports, wait_until

@@ -33,7 +33,7 @@ from notiflow.adapters.ratelimit import (
     Request,
     decide,
 )
-from notiflow.flows.routing import Choice, rank_routes, reserve
+from notiflow.flows.send.routing import Choice, rank_routes, reserve
 from notiflow.schemas.enums import Channel, Tier
 from notiflow.settings import ProviderRoute, Settings
 from tests.fakes import Clock
@@ -200,7 +200,7 @@ async def test_p0_takes_its_share_back_from_saturating_p3(client: aioredis.Redis
         assert window(p0, end) + window(p3, end) <= rate
 
 
-# P0 routing across provider accounts (flows/routing.py reserve) -----------------------------
+# P0 routing across provider accounts (flows/send/routing.py reserve) -----------------------------
 
 
 async def test_p0_moves_to_the_second_provider_once_the_firsts_share_is_spent(

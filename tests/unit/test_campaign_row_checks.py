@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 from pydantic import SecretStr
 
-from notiflow.flows.expander import Expander, served_row
-from notiflow.flows.manifest import Mapped, Rejected
+from notiflow.flows.campaigns.expander import Expander, served_row
+from notiflow.flows.campaigns.manifest import Mapped, Rejected
 from notiflow.gateway.checks import check_recipient
 from notiflow.gateway.errors import ApiError
 from notiflow.recipient_checks import recipient_problem

@@ -16,7 +16,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from notiflow.correlation import CorrelationKeys
-from notiflow.flows.manifest import (
+from notiflow.flows.campaigns.manifest import (
     CampaignSpec,
     ManifestError,
     ManifestRow,

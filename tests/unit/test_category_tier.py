@@ -16,9 +16,9 @@ from cryptography.fernet import Fernet
 from pydantic import ValidationError
 
 from notiflow.adapters.dlq_crypto import DlqCipher
-from notiflow.flows.guard import charged_to_tenant, source_of
-from notiflow.flows.model import Work
-from notiflow.flows.steps import IngestParser
+from notiflow.flows.common.guard import charged_to_tenant, source_of
+from notiflow.flows.common.model import Work
+from notiflow.flows.common.steps import IngestParser
 from notiflow.gateway.checks import check_sender
 from notiflow.gateway.errors import ApiError
 from notiflow.gateway.messages import check_policy

@@ -24,7 +24,7 @@ from notiflow.adapters.providers.teams import classify as teams_classify
 from notiflow.adapters.providers.teams.client import payload as teams_payload
 from notiflow.adapters.webhook_pace import Slot, decide, interval_us
 from notiflow.chat_hooks import parse_prefix, served, slack_escaped, webhook_url
-from notiflow.flows.routing import rank_routes
+from notiflow.flows.send.routing import rank_routes
 from notiflow.redact import mask
 from notiflow.schemas.enums import Channel, Tier
 from notiflow.schemas.messages import SendRequest

@@ -31,7 +31,8 @@ from notiflow.adapters.client_webhooks import (
 )
 from notiflow.adapters.dlq_crypto import DlqCipher
 from notiflow.adapters.providers.base import Outcome
-from notiflow.flows.client_webhooks import (
+from notiflow.flows.common.model import SourceRef
+from notiflow.flows.webhooks.client_webhooks import (
     Refused,
     Request,
     Result,
@@ -39,7 +40,6 @@ from notiflow.flows.client_webhooks import (
     WebhookLogic,
     WebhookPolicy,
 )
-from notiflow.flows.model import SourceRef
 from notiflow.schemas.enums import Status
 from notiflow.settings import ClientWebhookRule, EgressSettings, Settings, TenantConfig
 from tests.fakes import Clock

@@ -18,7 +18,7 @@ from notiflow.adapters.cluster_peers import (
     spec_from_hostname,
     watch_size,
 )
-from notiflow.flows.runner import membership
+from notiflow.flows.common.runner import membership
 from notiflow.settings import Settings
 from tests.fakes import SleepingClock
 

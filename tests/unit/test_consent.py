@@ -9,15 +9,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from notiflow.flows.caps import LocalCaps, Verdict, cap_check
-from notiflow.flows.consent import (
+from notiflow.flows.common.model import SourceRef, Work
+from notiflow.flows.send.caps import LocalCaps, Verdict, cap_check
+from notiflow.flows.send.consent import (
     PolicyStep,
     PreferenceJoin,
     Probe,
     WithPreferences,
     quiet_until,
 )
-from notiflow.flows.model import SourceRef, Work
 from notiflow.schemas.enums import Status
 from notiflow.schemas.messages import IngestRecord, StatusEvent
 from notiflow.schemas.preferences import OptOut, PreferenceState, QuietWindow, phone_timezone

@@ -13,9 +13,9 @@ import pytest
 
 from notiflow.adapters.preferences import PreferenceStore
 from notiflow.adapters.providers.base import Outcome, SendResult
-from notiflow.flows.model import SourceRef, Work
-from notiflow.flows.sending.classify import Classify
-from notiflow.flows.sending.context import InfraUnavailable
+from notiflow.flows.common.model import SourceRef, Work
+from notiflow.flows.send.stages.classify import Classify
+from notiflow.flows.send.stages.context import InfraUnavailable
 from notiflow.redact import recipient_hash
 from notiflow.schemas.messages import IngestRecord
 from notiflow.schemas.preferences import PreferenceState

@@ -15,7 +15,7 @@ from cryptography.fernet import Fernet
 
 from notiflow import flows
 from notiflow.adapters.dlq_crypto import DlqCipher
-from notiflow.flows.guard import (
+from notiflow.flows.common.guard import (
     ATTRIBUTION,
     UNATTRIBUTED,
     DlqGuard,
@@ -24,8 +24,8 @@ from notiflow.flows.guard import (
     source_of,
     uncounted,
 )
-from notiflow.flows.model import SourceRef, Work
-from notiflow.flows.sending.context import SendContext
+from notiflow.flows.common.model import SourceRef, Work
+from notiflow.flows.send.stages.context import SendContext
 from notiflow.schemas.enums import Channel, Status, Tier
 from notiflow.schemas.messages import DlqRecord, IngestRecord, StatusEvent
 from notiflow.settings import DlqRule, Settings

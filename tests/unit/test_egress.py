@@ -50,8 +50,8 @@ from notiflow.egress import (
     check_url,
     embedded_ipv4,
 )
-from notiflow.flows.campaign_notices import Notifier
-from notiflow.flows.webhook_sender import Request, WebhookDispatcher
+from notiflow.flows.campaigns.campaign_notices import Notifier
+from notiflow.flows.webhooks.webhook_sender import Request, WebhookDispatcher
 from notiflow.gateway.app import build_app
 from notiflow.settings import EgressSettings, Settings, TenantConfig
 from tests.helpers import dev_environ

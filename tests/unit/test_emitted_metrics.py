@@ -16,8 +16,8 @@ from notiflow import names
 from notiflow.adapters import bytewax_kafka
 from notiflow.adapters.ratelimit import CapacityLimiter
 from notiflow.adapters.ratelimit import limiter as ratelimit_limiter
-from notiflow.flows import steps
-from notiflow.flows.steps import Hold
+from notiflow.flows.common import steps
+from notiflow.flows.common.steps import Hold
 from notiflow.schemas.enums import Tier
 from notiflow.settings import Settings
 from tests.unit.test_ratelimit_model import limiter_for

@@ -25,8 +25,8 @@ from notiflow.adapters.envelope import (
     new_key,
     parse_keys,
 )
-from notiflow.flows.model import Retry, SourceRef, Work
-from notiflow.flows.sending.emit import lease_outcome
+from notiflow.flows.common.model import Retry, SourceRef, Work
+from notiflow.flows.send.stages.emit import lease_outcome
 from notiflow.schemas.messages import IngestRecord, StatusEvent
 from notiflow.settings import Settings
 from tests.fakes import Clock

@@ -16,7 +16,7 @@ from notiflow.adapters.campaign_notices import Notice
 from notiflow.adapters.campaign_store import CampaignRow, Progress
 from notiflow.adapters.kafka_io import OutRecord
 from notiflow.correlation import CorrelationKeys
-from notiflow.flows.expander import Expander, Pace, campaign_rate, tier_capacity
+from notiflow.flows.campaigns.expander import Expander, Pace, campaign_rate, tier_capacity
 from notiflow.schemas.campaigns import (
     CampaignRequest,
     CampaignState,

@@ -17,9 +17,10 @@ EXTRAS_ONLY = {"aiosmtpd": "emulators", "h2": "emulators", "trustme": "emulators
                "botocore": "ses", "pyarrow": "archive"}
 """Package → the extra that carries it (none of them in the core dependencies)."""
 
-CORE_MODULES = ("notiflow.cli", "notiflow.gateway.app", "notiflow.flows.send",
-                "notiflow.flows.reconcile", "notiflow.flows.scheduler",
-                "notiflow.flows.expander", "notiflow.flows.runner", "notiflow.inbox.server",
+CORE_MODULES = ("notiflow.cli", "notiflow.gateway.app", "notiflow.flows.send.flow",
+                "notiflow.flows.receipts.reconcile", "notiflow.flows.scheduling.scheduler",
+                "notiflow.flows.campaigns.expander", "notiflow.flows.common.runner",
+                "notiflow.inbox.server",
                 "notiflow.adapters.providers", "notiflow.ops.demo", "notiflow.ops.archive_cli")
 
 _WITHOUT_EXTRAS = """

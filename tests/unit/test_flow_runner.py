@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from notiflow.flows import runner
+from notiflow.flows.common import runner
 from notiflow.schemas.enums import Tier
 from notiflow.settings import Settings
 

@@ -40,7 +40,7 @@ from notiflow.adapters.providers.vonage import signature as vonage_signature
 from notiflow.adapters.providers.webhook import WebhookRefused
 from notiflow.correlation import CorrelationKeys
 from notiflow.fakes.smtp import build_dsn
-from notiflow.flows.manifest import (
+from notiflow.flows.campaigns.manifest import (
     CampaignSpec,
     ManifestError,
     Mapped,
@@ -48,8 +48,8 @@ from notiflow.flows.manifest import (
     RowReader,
     map_row,
 )
-from notiflow.flows.model import Work
-from notiflow.flows.steps import IngestParser, parse_reconcile
+from notiflow.flows.common.model import Work
+from notiflow.flows.common.steps import IngestParser, parse_reconcile
 from notiflow.schemas.campaigns import ColumnMapping, LocalWindow
 from notiflow.schemas.enums import Category, Channel, Tier
 from notiflow.schemas.messages import DlqRecord, IngestRecord, Receipt, StatusEvent

@@ -24,17 +24,17 @@ from notiflow.adapters.client_webhooks import AttemptResult, Verdict
 from notiflow.adapters.dlq_crypto import DlqCipher
 from notiflow.adapters.inbox_store import InboxItem, InboxStore
 from notiflow.adapters.kafka_io import OutRecord
-from notiflow.flows.client_webhooks import build_webhook_flow, parse_change
-from notiflow.flows.guard import charged_to_tenant, source_of
-from notiflow.flows.webhook_age import (
+from notiflow.flows.common.guard import charged_to_tenant, source_of
+from notiflow.flows.webhooks.client_webhooks import build_webhook_flow, parse_change
+from notiflow.flows.webhooks.webhook_age import (
     HISTORY_HEADER,
     Fresh,
     HistorySource,
     HistoryState,
     is_history,
 )
-from notiflow.flows.webhook_items import StatusChange
-from notiflow.flows.webhook_sender import Request, Result
+from notiflow.flows.webhooks.webhook_items import StatusChange
+from notiflow.flows.webhooks.webhook_sender import Request, Result
 from notiflow.inbox.server import InboxServer
 from notiflow.inbox.states import InboxState
 from notiflow.inbox.tokens import mint, verify

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from notiflow.flows.manifest import ManifestError, ManifestRow, RowReader
+from notiflow.flows.campaigns.manifest import ManifestError, ManifestRow, RowReader
 from notiflow.schemas.campaigns import ManifestFormat
 
 

@@ -22,7 +22,7 @@ from notiflow.adapters.manifests import (
     tenant_location,
     tenant_refusal,
 )
-from notiflow.flows.expander import Expander
+from notiflow.flows.campaigns.expander import Expander
 from notiflow.gateway.app import build_app
 from notiflow.ops.campaigns_cli import upload_target
 from notiflow.settings import Settings

@@ -1,4 +1,4 @@
-"""Strict ordering per key (``flows/ordering.py``): numbering, and the send step's release
+"""Strict ordering per key (``flows/send/ordering.py``): numbering, and the send step's release
 order whatever order messages arrive in, with retries blocking their key only."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from typing import Any, cast
 from hypothesis import given
 from hypothesis import strategies as st
 
-from notiflow.flows.dispatch import SendLogic
-from notiflow.flows.model import SourceRef, Work
-from notiflow.flows.ordering import (
+from notiflow.flows.common.model import SourceRef, Work
+from notiflow.flows.send.dispatch import SendLogic
+from notiflow.flows.send.ordering import (
     OVERFLOW_REASON,
     KeyOrder,
     OrderedState,

@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 from hypothesis import given
 from hypothesis import strategies as st
 
-from notiflow.flows.policy import RetryPolicy
+from notiflow.flows.send.policy import RetryPolicy
 from notiflow.schemas.enums import Tier
 from notiflow.settings import Settings
 
@@ -89,7 +89,7 @@ def test_attempt_below_its_base_never_retries() -> None:
 
 
 def test_every_exhausted_budget_is_dead_lettered_an_expiry_only_when_unexplained() -> None:
-    from notiflow.flows.sending.classify import EXHAUSTED, UNEXPLAINED, exhaustion_letter
+    from notiflow.flows.send.stages.classify import EXHAUSTED, UNEXPLAINED, exhaustion_letter
 
     for reason in ("server_error", "rate_limited", None, "connect_error", "timeout"):
         assert exhaustion_letter("retries_exhausted", reason) == EXHAUSTED

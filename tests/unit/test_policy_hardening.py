@@ -141,7 +141,7 @@ def test_teams_variables_are_shown_as_written(variable: str, shown: str) -> None
 
 
 def test_the_render_stage_escapes_variables_for_teams_webhooks() -> None:
-    from notiflow.flows.sending.render import escaping
+    from notiflow.flows.send.stages.render import escaping
 
     settings = Settings()
     ctx = SimpleNamespace(settings=settings, webhook_prefixes=settings.webhook_prefixes())

@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 from hypothesis import given
 from hypothesis import strategies as st
 
-from notiflow.flows.policy import MAX_PROVIDER_WAITS, held_for, provider_waits, waiting
+from notiflow.flows.send.policy import MAX_PROVIDER_WAITS, held_for, provider_waits, waiting
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 S = timedelta(seconds=1)

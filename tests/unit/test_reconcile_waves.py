@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from notiflow.flows.reconcile import _waves
+from notiflow.flows.receipts.reconcile import _waves
 
 
 @given(st.integers(0, 60), st.lists(st.integers(-2, 9), min_size=1, max_size=40))

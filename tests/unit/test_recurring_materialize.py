@@ -12,7 +12,7 @@ from cryptography.fernet import Fernet
 
 from notiflow.adapters.kafka_io import OutRecord
 from notiflow.adapters.schedule_store import ScheduleRow
-from notiflow.flows.recurring import Materializer
+from notiflow.flows.scheduling.recurring import Materializer
 from notiflow.schemas.enums import Status
 from notiflow.schemas.messages import MessageSnapshot, SendRequest
 from notiflow.schemas.schedules import occurrence_message_id

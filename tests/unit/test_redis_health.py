@@ -13,7 +13,7 @@ from cryptography.fernet import Fernet
 from notiflow.adapters.breaker import CircuitBreakers
 from notiflow.adapters.dlq_crypto import DlqCipher
 from notiflow.adapters.redis_health import RedisHealth
-from notiflow.flows.sending.context import SendContext
+from notiflow.flows.send.stages.context import SendContext
 from notiflow.schemas.enums import Tier
 from notiflow.settings import Settings
 from tests.fakes import Clock

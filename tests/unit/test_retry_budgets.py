@@ -23,12 +23,12 @@ from pydantic import ValidationError
 
 from notiflow.adapters.dlq_crypto import DlqCipher
 from notiflow.adapters.providers.base import Outcome, SendResult
-from notiflow.flows.guard import DlqGuard
-from notiflow.flows.model import Retry, SourceRef, Work
-from notiflow.flows.policy import RetryPolicy
-from notiflow.flows.sending.classify import Classify
-from notiflow.flows.sending.context import SendContext
-from notiflow.flows.sending.route import candidates
+from notiflow.flows.common.guard import DlqGuard
+from notiflow.flows.common.model import Retry, SourceRef, Work
+from notiflow.flows.send.policy import RetryPolicy
+from notiflow.flows.send.stages.classify import Classify
+from notiflow.flows.send.stages.context import SendContext
+from notiflow.flows.send.stages.route import candidates
 from notiflow.schemas.enums import Channel, Status, Tier
 from notiflow.schemas.messages import DlqRecord, IngestRecord, StatusEvent
 from notiflow.settings import DlqRule, RetryBudget, Settings, TierPolicy

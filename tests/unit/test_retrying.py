@@ -22,8 +22,8 @@ from notiflow.adapters.cassandra.recipients import StateContention
 from notiflow.adapters.kafka_io import DeliveryFailed
 from notiflow.adapters.outages import OUTAGE
 from notiflow.adapters.retrying import until_up
-from notiflow.flows.client_webhooks import Resolver
-from notiflow.flows.reconcile import RETRY_ON, ApplyStep
+from notiflow.flows.receipts.reconcile import RETRY_ON, ApplyStep
+from notiflow.flows.webhooks.client_webhooks import Resolver
 
 log = logging.getLogger("test.retrying")
 

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from notiflow.flows.routing import (
+from notiflow.flows.send.routing import (
     Choice,
     Unavailable,
     Waiting,

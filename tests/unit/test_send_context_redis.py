@@ -14,7 +14,7 @@ from cryptography.fernet import Fernet
 from redis.exceptions import TimeoutError as RedisTimeout
 
 from notiflow.adapters.dlq_crypto import DlqCipher
-from notiflow.flows.sending.context import REDIS_RECHECK, SendContext
+from notiflow.flows.send.stages.context import REDIS_RECHECK, SendContext
 from notiflow.schemas.enums import Tier
 from notiflow.settings import Settings
 from tests.fakes import Clock

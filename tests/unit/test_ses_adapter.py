@@ -141,7 +141,7 @@ def test_the_table() -> None:
 
 
 def test_ses_is_an_email_route_once_its_key_is_configured() -> None:
-    from notiflow.flows.routing import rank_routes
+    from notiflow.flows.send.routing import rank_routes
     from notiflow.settings import Settings
 
     off = Settings(sendgrid={"api_key": "SG.x"}, smtp={"username": "u", "password": "p"})

@@ -21,7 +21,7 @@ from notiflow.adapters.providers.ses import receipts, sns
 from notiflow.adapters.providers.ses.sns_http import SnsCertificates, SnsUnreachable
 from notiflow.adapters.providers.webhook import WebhookRefused
 from notiflow.fakes.sns import self_signed
-from notiflow.flows.reconcile import suppression_for
+from notiflow.flows.receipts.reconcile import suppression_for
 from notiflow.schemas.enums import Status
 from notiflow.settings import SesSettings
 from tests.fakes import Clock

@@ -10,12 +10,12 @@ import orjson
 from notiflow.adapters.cancel_gate import SENDING
 from notiflow.adapters.memory import Answer
 from notiflow.adapters.providers.base import Outcome
-from notiflow.flows.model import Out, Retry
-from notiflow.flows.sending.batch import Prepared
-from notiflow.flows.sending.call import Call
-from notiflow.flows.sending.classify import Classify
-from notiflow.flows.sending.confirm import Confirm
-from notiflow.flows.sending.route import Quota
+from notiflow.flows.common.model import Out, Retry
+from notiflow.flows.send.stages.batch import Prepared
+from notiflow.flows.send.stages.call import Call
+from notiflow.flows.send.stages.classify import Classify
+from notiflow.flows.send.stages.confirm import Confirm
+from notiflow.flows.send.stages.route import Quota
 from notiflow.schemas.enums import Status, Tier
 from notiflow.schemas.messages import StatusEvent
 from tests.unit.memory_send import Setup, leased, prepared, setup, step, work

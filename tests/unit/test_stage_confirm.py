@@ -7,7 +7,7 @@ from datetime import timedelta
 
 from notiflow.adapters.cancel_gate import SENDING
 from notiflow.adapters.memory.leases import MemoryLeases
-from notiflow.flows.sending.confirm import Confirm
+from notiflow.flows.send.stages.confirm import Confirm
 from notiflow.schemas.campaigns import row_message_id
 from notiflow.schemas.enums import Status
 from notiflow.schemas.messages import StatusEvent

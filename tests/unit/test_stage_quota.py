@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from notiflow.flows.model import Out, Retry
-from notiflow.flows.sending.route import Quota
+from notiflow.flows.common.model import Out, Retry
+from notiflow.flows.send.stages.route import Quota
 from notiflow.schemas.enums import Status, Tier
 from notiflow.schemas.messages import StatusEvent
 from tests.unit.memory_send import prepared, setup, step, work

@@ -19,10 +19,10 @@ from notiflow.adapters.dlq_crypto import DlqCipher
 from notiflow.adapters.kafka_io import DeliveryFailed
 from notiflow.adapters.preferences import PreferenceStore
 from notiflow.adapters.providers.base import Outcome, SendResult
-from notiflow.flows.model import SourcedReceipt, SourceRef, Work
-from notiflow.flows.reconcile import ApplyStep
-from notiflow.flows.sending.classify import Classify
-from notiflow.flows.sending.context import InfraUnavailable, SendContext
+from notiflow.flows.common.model import SourcedReceipt, SourceRef, Work
+from notiflow.flows.receipts.reconcile import ApplyStep
+from notiflow.flows.send.stages.classify import Classify
+from notiflow.flows.send.stages.context import InfraUnavailable, SendContext
 from notiflow.schemas.enums import Status, Tier
 from notiflow.schemas.messages import DlqRecord, IngestRecord, Receipt, StatusEvent
 from notiflow.settings import Settings

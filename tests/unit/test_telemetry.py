@@ -23,9 +23,9 @@ from notiflow import names, telemetry
 from notiflow.adapters.dlq_crypto import DlqCipher
 from notiflow.adapters.kafka_io import header
 from notiflow.adapters.providers.base import Outcome, SendResult
-from notiflow.flows.model import SourceRef, Work
-from notiflow.flows.sending.metrics import attempt_outcome, error_type
-from notiflow.flows.steps import Encoder, parse_reconcile, status_event, suppression_reason
+from notiflow.flows.common.model import SourceRef, Work
+from notiflow.flows.common.steps import Encoder, parse_reconcile, status_event, suppression_reason
+from notiflow.flows.send.stages.metrics import attempt_outcome, error_type
 from notiflow.schemas.enums import Status
 from notiflow.schemas.messages import IngestRecord, StatusEvent
 from notiflow.settings import Settings

@@ -20,13 +20,13 @@ from jinja2 import meta
 from jinja2.sandbox import SandboxedEnvironment
 
 from notiflow.adapters.dlq_crypto import DlqCipher
-from notiflow.flows.dispatch import ChannelPressure, Dispatcher
-from notiflow.flows.model import SourceRef, Work
-from notiflow.flows.sending import SendStages
-from notiflow.flows.sending.admit import counts_as_crash
-from notiflow.flows.sending.batch import Batch
-from notiflow.flows.sending.context import InfraUnavailable, SendContext
-from notiflow.flows.sending.render import (
+from notiflow.flows.common.model import SourceRef, Work
+from notiflow.flows.send.dispatch import ChannelPressure, Dispatcher
+from notiflow.flows.send.stages import SendStages
+from notiflow.flows.send.stages.admit import counts_as_crash
+from notiflow.flows.send.stages.batch import Batch
+from notiflow.flows.send.stages.context import InfraUnavailable, SendContext
+from notiflow.flows.send.stages.render import (
     RENDER_ERROR,
     Job,
     RenderFailure,
@@ -291,7 +291,7 @@ class Finished:
 
 def test_the_render_stage_ends_a_failing_template_failed_render_error(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    from notiflow.flows.sending import render as stage
+    from notiflow.flows.send.stages import render as stage
 
     seen = Finished()
 

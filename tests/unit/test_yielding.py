@@ -1,4 +1,4 @@
-"""Bulk work yields to P0: the AIMD window (``flows/yielding.py``), its resizable slots, and
+"""Bulk work yields to P0: the AIMD window (``flows/common/yielding.py``), its resizable slots, and
 the latency window the P0 flow reports from (``adapters/pressure.py``)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from notiflow.adapters.pressure import LatencyWindow
-from notiflow.flows.yielding import Slots, YieldWindow
+from notiflow.flows.common.yielding import Slots, YieldWindow
 from notiflow.settings import YieldRule
 from tests.helpers import loop_turns
 

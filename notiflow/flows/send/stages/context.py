@@ -1,0 +1,170 @@
+"""What every stage of the send step shares: settings, the ports, and the rules for calling
+them (Redis down → wait or fall back by tier; Cassandra down → wait, then stop the flow)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import TypeVar
+
+from notiflow.adapters.dlq_crypto import DlqCipher
+from notiflow.adapters.outages import OUTAGE, REDIS_DOWN
+from notiflow.adapters.ports import SendPorts
+from notiflow.adapters.pressure import LatencyWindow
+from notiflow.adapters.redis_health import HOLD_S, RedisHealth
+from notiflow.adapters.retrying import until_up
+from notiflow.flows.common.model import Work
+from notiflow.flows.common.steps import Clock, dead_letter, scaled_lease_ttl, status_event
+from notiflow.flows.send.caps import LocalCaps
+from notiflow.schemas.enums import Status, Tier
+from notiflow.schemas.messages import AttemptRecord, DlqRecord, StatusEvent
+from notiflow.settings import Settings, TierPolicy
+
+log = logging.getLogger("notiflow.flows.dispatch")
+T = TypeVar("T")
+
+INFRA_RETRY_FOR = timedelta(seconds=60)
+REDIS_PAUSE_S = 0.5
+REDIS_RECHECK = timedelta(seconds=HOLD_S)
+"""After a failed Redis call (:class:`RedisHealth` down), a tier on ``local`` takes its
+fallback without asking for this long, and then lets one dedup call at a time ask again: a
+Redis that stops answering costs one call a second its ``redis_timeout``, not every call."""
+STALE_MARGIN = timedelta(seconds=2)
+
+
+class InfraUnavailable(RuntimeError):
+    """Kafka, Cassandra or Redis stayed unavailable: the flow stops, no record is to blame."""
+
+
+@dataclass
+class SendContext:
+    """One dispatcher's shared state. ``source`` names the flow in events and crash counts;
+    ``ports`` are attached once opened (:meth:`attach`)."""
+
+    settings: Settings
+    tier: Tier
+    policy: TierPolicy
+    cipher: DlqCipher
+    clock: Clock
+    rng: random.Random
+    source: str
+    workers: int = 1
+    redis_ok: bool = True
+    redis_probing: bool = False
+    """A dedup call is asking a Redis that failed whether it is back (one at a time)."""
+    crashes: dict[str, int] = field(default_factory=dict)
+    p0_latencies: LatencyWindow = field(default_factory=LatencyWindow)
+    local_caps: LocalCaps = field(init=False)
+    own_health: RedisHealth = field(init=False)
+    webhook_prefixes: dict[str, tuple[str, ...]] = field(init=False)
+    _ports: SendPorts | None = None
+
+    def __post_init__(self) -> None:
+        self.webhook_prefixes = self.settings.webhook_prefixes()
+        self.local_caps = LocalCaps(share=self.workers)
+        self.own_health = RedisHealth(REDIS_RECHECK.total_seconds(),
+                                      clock=lambda: self.clock().timestamp())
+
+    @property
+    def redis_health(self) -> RedisHealth:
+        """The ports' shared view of Redis (``adapters/redis_health.py``), else this
+        context's own (ports without one)."""
+        ports = self._ports
+        return ports.health if ports is not None and ports.health is not None \
+            else self.own_health
+
+    def attach(self, ports: SendPorts) -> None:
+        self._ports = ports
+
+    @property
+    def opened(self) -> SendPorts | None:
+        """The ports once attached, else None (for loops that run before they open)."""
+        return self._ports
+
+    @property
+    def ports(self) -> SendPorts:
+        if self._ports is None:
+            raise RuntimeError("the send step's ports are not open")
+        return self._ports
+
+    @property
+    def content_window(self) -> timedelta:
+        return self.settings.scaled(self.settings.content_dedup_window)
+
+    async def redis(self, fn: Callable[[], Awaitable[T]], fallback: T) -> T:
+        """A dedup call. Redis down: tiers on ``local`` continue without cluster dedup
+        (``fallback``, without asking while :attr:`redis_health` says down); tiers on
+        ``pause`` wait until Redis answers again."""
+        local = self.policy.redis_down == "local"
+        health = self.redis_health
+        while True:
+            if local and (health.down or (self.redis_probing and not self.redis_ok)):
+                return fallback
+            probing = local and not self.redis_ok
+            self.redis_probing = self.redis_probing or probing
+            try:
+                result = await fn()
+            except REDIS_DOWN as exc:
+                if self.redis_ok:
+                    log.warning("redis unavailable (%s): %s", exc,
+                                "sending without cluster dedup" if local else "pausing sends")
+                self.redis_ok = False
+                health.failed()
+                if local:
+                    return fallback
+                await asyncio.sleep(REDIS_PAUSE_S)
+                continue
+            finally:
+                if probing:
+                    self.redis_probing = False
+            if not self.redis_ok:
+                log.warning("redis is back")
+            self.redis_ok = True
+            health.answered()
+            return result
+
+    async def infra(self, what: str, fn: Callable[[], Awaitable[T]]) -> T:
+        """Retry a store call while the store is down; the message waits meanwhile (its
+        source pauses once the channel's bound is reached). Gives up after
+        ``INFRA_RETRY_FOR``: :class:`InfraUnavailable` stops the flow."""
+        try:
+            return await until_up(what, fn, log, first=0.2, most=5.0,
+                                  give_up_after=INFRA_RETRY_FOR)
+        except OUTAGE as exc:
+            raise InfraUnavailable(f"{what} unavailable for {INFRA_RETRY_FOR}") from exc
+
+    def lease_key(self, w: Work) -> str:
+        return self.ports.leases.lease_key(w.message_id, w.record.attempt)
+
+    def gate_key(self, w: Work) -> str:
+        """The message's cancel gate (``adapters/cancel_gate.py``)."""
+        return self.ports.leases.gate_key(w.message_id)
+
+    def lease_ttl(self, w: Work) -> timedelta:
+        return scaled_lease_ttl(self.settings, w.record.tier)
+
+    def stale_after(self, w: Work) -> timedelta:
+        """How long another process's pending lease is respected: the tier's provider
+        timeout twice over plus a margin (an owner confirms its lease just before calling)."""
+        return self.settings.policy(w.record.tier).provider_timeout * 2 + STALE_MARGIN
+
+    def event(self, w: Work, status: Status, at: datetime, *, reason: str | None = None,
+              attempt: int | None = None, detail: AttemptRecord | None = None,
+              next_attempt_at: datetime | None = None) -> StatusEvent:
+        """A status event of ``w`` from this flow."""
+        return status_event(w, status, at, self.source, reason=reason, attempt=attempt,
+                            detail=detail, next_attempt_at=next_attempt_at)
+
+    def dead_letter(self, w: Work, reason: str, error_class: str, category: str,
+                    now: datetime, attempts: Iterable[AttemptRecord] = ()) -> DlqRecord:
+        """The DLQ record of ``w`` (its original bytes, encrypted), with a ``channel``
+        header (who a dead letter is charged to may depend on it, ``flows/common/guard.py``)."""
+        channel = ("channel", w.record.channel.value.encode())
+        return dead_letter(raw=w.raw, source=w.source, reason=reason, error_class=error_class,
+                           category=category, tier=w.record.tier, cipher=self.cipher, now=now,
+                           message_id=w.message_id, tenant_id=w.record.tenant_id,
+                           headers=(*w.headers, channel), attempts=tuple(attempts))

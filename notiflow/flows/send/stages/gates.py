@@ -1,0 +1,127 @@
+"""Gates: the reasons a leased attempt is not sent. Expired → EXPIRED; over a recipient or
+tenant cap → SUPPRESSED; the same content sent to the same recipient within the window →
+SUPPRESSED; a strong-consent category (marketing) opted out in Cassandra → SUPPRESSED."""
+
+from __future__ import annotations
+
+import functools
+from datetime import timedelta
+
+import orjson
+
+from notiflow.adapters.ports import Verdict
+from notiflow.flows.common.model import Work
+from notiflow.flows.common.steps import is_expired, retry_record
+from notiflow.flows.send.caps import cap_check
+from notiflow.flows.send.stages.batch import Batch, attempt_key
+from notiflow.flows.send.stages.context import SendContext
+from notiflow.flows.send.stages.emit import finish
+from notiflow.redact import hasher, recipient_hashes
+from notiflow.schemas.enums import Status
+from notiflow.schemas.preferences import PreferenceState, combined_state, state_key
+
+REDIS_CLOSED_WAIT = timedelta(seconds=30)
+"""How long a fail-closed cap check waits for Redis before it is tried again."""
+
+
+def content_fingerprint(work: Work) -> str:
+    """Same recipient, channel, template, version and variables → same fingerprint (the
+    tenant is part of the Redis key); keyed like recipient hashes, so a fingerprint cannot be
+    matched to a recipient by enumeration."""
+    r = work.record
+    doc = orjson.dumps(
+        [r.recipient_key(), r.channel.value, r.template_id, r.template_version, r.variables],
+        option=orjson.OPT_SORT_KEYS,
+    )
+    return hasher().digest(doc)
+
+
+class Expiry:
+    """Past ``expires_at`` → EXPIRED (``ttl``)."""
+
+    async def __call__(self, batch: Batch, ctx: SendContext) -> None:
+        for w in batch.live:
+            if is_expired(w, batch.now):
+                batch.decide(w, await finish(ctx, w, ctx.event(
+                    w, Status.EXPIRED, batch.now, reason="ttl")))
+
+
+class Caps:
+    """Recipient and tenant caps (``flows/send/caps.py``), counted in Redis; over a cap →
+    SUPPRESSED. Redis down on a tier that keeps sending: the process's share of each limit
+    in memory (``LocalCaps``), except that marketing waits (fails closed)."""
+
+    async def __call__(self, batch: Batch, ctx: SendContext) -> None:
+        now = batch.now
+        checked = [(w, c) for w in batch.live
+                   if (c := cap_check(w, ctx.settings, now)) is not None]
+        if not checked:
+            return
+        caps = ctx.ports.caps
+        checks = [c for _, c in checked]
+        counted: list[Verdict] | None = await ctx.redis(lambda: caps.admit(checks, now), None)
+        verdicts: list[Verdict | None] = (
+            list(counted) if counted is not None
+            else [None if c.fail_closed else ctx.local_caps.admit(c, now) for c in checks])
+        waiting: list[str] = []
+        for (w, _), verdict in zip(checked, verdicts, strict=True):
+            if verdict is None:
+                batch.decide(w, [retry_record(w, w.record.attempt, now + REDIS_CLOSED_WAIT)])
+                waiting.append(ctx.lease_key(w))
+            elif verdict is not Verdict.OK:
+                batch.decide(w, await finish(ctx, w, ctx.event(
+                    w, Status.SUPPRESSED, now, reason=verdict.value)))
+        if waiting:
+            leases = ctx.ports.leases
+            await ctx.redis(lambda: leases.release(waiting), None)
+
+
+class ContentDedup:
+    """A message without an idempotency key claims its content fingerprint for the window;
+    a fingerprint another message holds → SUPPRESSED (``duplicate_content_of:<id>``)."""
+
+    async def __call__(self, batch: Batch, ctx: SendContext) -> None:
+        leases = ctx.ports.leases
+        fresh = [w for w in batch.live if w.record.idempotency_key is None]
+        if not fresh:
+            return
+        claims = [(leases.content_key(w.record.tenant_id, content_fingerprint(w)),
+                   w.message_id) for w in fresh]
+        unclaimed: list[str | None] = [None] * len(claims)
+        holders = await ctx.redis(lambda: leases.claim_content(claims, ctx.content_window),
+                                  unclaimed)
+        for w, (ckey, _), holder in zip(fresh, claims, holders, strict=True):
+            if holder:
+                batch.decide(w, await finish(ctx, w, ctx.event(
+                    w, Status.SUPPRESSED, batch.now, reason=f"duplicate_content_of:{holder}")))
+            else:
+                batch.content_keys[attempt_key(w)] = ckey
+
+
+class StrongConsent:
+    """Re-read the preferences of strong-consent categories (marketing) from Cassandra, so
+    an opt-out acknowledged by the API applies to every later send; a recipient's state is
+    combined from those under each of its hashes (``redact.recipient_hashes``,
+    ``combined_state``)."""
+
+    async def __call__(self, batch: Batch, ctx: SendContext) -> None:
+        strong = [w for w in batch.live
+                  if w.record.category in ctx.settings.strong_consent_categories]
+        if not strong:
+            return
+        hashes = {id(w): recipient_hashes(w.record.tenant_id, w.record.recipient_key())
+                  for w in strong}
+        keys = sorted({(w.record.tenant_id, h) for w in strong for h in hashes[id(w)]})
+        states: dict[str, PreferenceState] = {}
+        step = ctx.policy.store_concurrency
+        for i in range(0, len(keys), step):
+            chunk = keys[i:i + step]
+            states.update(await ctx.infra(
+                "cassandra", functools.partial(ctx.ports.preferences.get_states, chunk)))
+        for w in strong:
+            state = combined_state([states.get(state_key(w.record.tenant_id, h))
+                                    for h in hashes[id(w)]])
+            reason = state.blocks(w.record.channel, w.record.category) if state else None
+            if reason:
+                batch.decide(w, await finish(ctx, w, ctx.event(
+                    w, Status.SUPPRESSED, batch.now, reason=reason)))
