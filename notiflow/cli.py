@@ -280,7 +280,7 @@ def flow_scheduler(
     """Run a scheduler: publishes scheduled P2/P3 messages from Cassandra's time buckets when
     they fall due; run several for failover (shards are leased, docs/architecture.md)."""
     from notiflow.adapters.send_ports import sender_identity
-    from notiflow.flows.scheduling.scheduler import main
+    from notiflow.flows.scheduling.due_work import main
 
     main(_settings(), name or sender_identity())
 

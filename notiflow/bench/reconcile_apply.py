@@ -21,7 +21,7 @@ import psutil
 
 from notiflow.adapters.dlq_crypto import DlqCipher
 from notiflow.bench.cassandra_requests import cassandra_process
-from notiflow.flows.common.model import ReconcileIn, SourcedReceipt, SourceRef
+from notiflow.flows.common.items import ReconcileIn, SourcedReceipt, SourceRef
 from notiflow.flows.receipts.reconcile import ApplyStep
 from notiflow.schemas.enums import Status
 from notiflow.schemas.messages import Receipt, StatusEvent

@@ -55,7 +55,7 @@ from notiflow.adapters.kafka_io import (
     kafka_config,
     make_headers,
 )
-from notiflow.flows.common.model import SourceRef
+from notiflow.flows.common.items import SourceRef
 from notiflow.flows.common.steps import complete_record, validation_reason
 from notiflow.ingest_binding import HEADER, Verdict, binder, explain
 from notiflow.redact import mask

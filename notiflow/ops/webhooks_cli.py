@@ -29,7 +29,7 @@ def flow_webhooks(
     each message's status_webhook; exhausted ones → notify.dlq.webhooks), with recovery."""
     from notiflow.adapters.cluster_peers import PeersError
     from notiflow.flows.common.runner import membership, run_flow
-    from notiflow.flows.webhooks.client_webhooks import build_webhook_flow
+    from notiflow.flows.webhooks.status_webhooks import build_webhook_flow
 
     try:
         s = load_settings()

@@ -12,7 +12,7 @@ from notiflow.settings.section import _Frozen
 
 
 class SchedulingRule(_Frozen):
-    """Durable scheduling (``flows/scheduling/scheduler.py``, docs/architecture.md "Scheduling"): a
+    """Durable scheduling (``flows/scheduling/due_work.py``, docs/architecture.md "Scheduling"): a
     P2/P3 message due ``min_lead`` or more after acceptance waits in Cassandra's
     ``scheduled_work`` (partition ``(time_bucket, shard)``) instead of Kafka, and a scheduler
     process publishes it when due. Not scaled by ``time_scale`` (bucket layout is storage)."""

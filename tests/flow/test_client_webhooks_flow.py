@@ -23,7 +23,7 @@ from notiflow.adapters.dlq_crypto import DlqCipher
 from notiflow.adapters.kafka_io import OutRecord
 from notiflow.adapters.providers.base import Outcome
 from notiflow.bench.webhook_receiver import Hit, Receiver
-from notiflow.flows.webhooks.client_webhooks import breaker_id, build_webhook_flow
+from notiflow.flows.webhooks.status_webhooks import breaker_id, build_webhook_flow
 from notiflow.schemas.enums import Status
 from notiflow.schemas.messages import AttemptRecord, DlqRecord, MessageSnapshot, Receipt
 from notiflow.settings import BreakerRule, ClientWebhookRule, Settings

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from bytewax.testing import TestingSource
 
-from notiflow.flows.send.stages.classify import Classify
+from notiflow.flows.send.stages.classifying import Classify
 from notiflow.schemas.enums import Status
 from notiflow.settings import Settings
 from tests.flow.conftest import RUNNERS, MemorySend, kmsg, record

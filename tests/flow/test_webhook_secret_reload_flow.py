@@ -17,7 +17,7 @@ from bytewax.testing import TestingSink, TestingSource, run_main
 from notiflow.adapters.kafka_io import OutRecord
 from notiflow.bench.webhook_receiver import Receiver
 from notiflow.devenv import webhook_secret
-from notiflow.flows.webhooks.client_webhooks import build_webhook_flow
+from notiflow.flows.webhooks.status_webhooks import build_webhook_flow
 from notiflow.flows.webhooks.webhook_sender import WebhookDispatcher
 from notiflow.secrets import Keyring
 from notiflow.settings import Settings

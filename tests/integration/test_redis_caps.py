@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from notiflow.adapters.redis_caps import CapStore
 from notiflow.correlation import CorrelationKeys
-from notiflow.flows.send.caps import CapCheck, LocalCaps, Verdict
+from notiflow.flows.send.cap_rules import CapCheck, LocalCaps, Verdict
 from tests.helpers import no_ports, partial_ports, wait_until
 
 KEYS = CorrelationKeys((b"g" * 32,))
@@ -123,11 +123,11 @@ async def test_redis_down_p0_caps_locally_and_marketing_waits(
     from notiflow.adapters.dlq_crypto import DlqCipher
     from notiflow.adapters.redis_dedup import DedupStore
     from notiflow.devenv import free_port
-    from notiflow.flows.common.model import Retry, SourceRef, Work
+    from notiflow.flows.common.items import Retry, SourceRef, Work
     from notiflow.flows.send.dispatch import ChannelPressure, Dispatcher
     from notiflow.flows.send.flow import send_stages
-    from notiflow.flows.send.stages.batch import Batch, attempt_key
     from notiflow.flows.send.stages.gates import Caps
+    from notiflow.flows.send.stages.send_batch import Batch, attempt_key
     from notiflow.schemas.enums import Tier
     from notiflow.schemas.messages import IngestRecord, StatusEvent
     from notiflow.settings import CapRule, Settings

@@ -19,7 +19,7 @@ from notiflow.adapters.cassandra.values import to_ms
 from notiflow.adapters.envelope import envelope, load
 from notiflow.adapters.kafka_io import AsyncProducer, OutRecord, header, make_headers
 from notiflow.adapters.scheduled_store import ScheduledStore
-from notiflow.flows.scheduling.scheduler import Scheduler
+from notiflow.flows.scheduling.due_work import Scheduler
 from notiflow.ops.procs import ManagedProcess, ProcessGroup
 from notiflow.schemas.enums import Channel, Tier
 from notiflow.schemas.messages import IngestRecord, new_message_id

@@ -15,9 +15,9 @@ from cryptography.fernet import Fernet
 from notiflow.adapters.dlq_crypto import DlqCipher
 from notiflow.adapters.memory import ManualClock, MemoryState, memory_ports
 from notiflow.adapters.providers.base import OutboundMessage
-from notiflow.flows.common.model import Out, SourceRef, Work
-from notiflow.flows.send.stages.batch import Prepared
+from notiflow.flows.common.items import Out, SourceRef, Work
 from notiflow.flows.send.stages.context import SendContext
+from notiflow.flows.send.stages.send_batch import Prepared
 from notiflow.schemas.enums import Channel, Tier
 from notiflow.schemas.messages import IngestRecord
 from notiflow.settings import Settings

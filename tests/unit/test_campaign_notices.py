@@ -16,7 +16,7 @@ from notiflow.adapters.campaign_notices import Notice, notice_of
 from notiflow.adapters.campaign_store import CampaignRow, Progress
 from notiflow.adapters.client_webhooks import AttemptResult, Verdict, signed_headers
 from notiflow.devenv import webhook_secret
-from notiflow.flows.campaigns.campaign_notices import Notifier
+from notiflow.flows.campaigns.state_notices import Notifier
 from notiflow.schemas.campaigns import CampaignRequest
 from notiflow.settings import Settings, TenantConfig
 

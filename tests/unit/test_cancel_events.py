@@ -13,7 +13,7 @@ from bytewax.connectors.kafka import KafkaSourceMessage
 from cryptography.fernet import Fernet
 
 from notiflow.adapters.kafka_io import OutRecord, header
-from notiflow.flows.webhooks.client_webhooks import WebhookLogic, WebhookPolicy, parse_change
+from notiflow.flows.webhooks.status_webhooks import WebhookLogic, WebhookPolicy, parse_change
 from notiflow.flows.webhooks.webhook_resolve import Resolver
 from notiflow.gateway.cancel import cancel_record, snapshot_of_row
 from notiflow.schemas.enums import TERMINAL_STATUSES, Status

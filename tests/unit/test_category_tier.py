@@ -17,7 +17,7 @@ from pydantic import ValidationError
 
 from notiflow.adapters.dlq_crypto import DlqCipher
 from notiflow.flows.common.guard import charged_to_tenant, source_of
-from notiflow.flows.common.model import Work
+from notiflow.flows.common.items import Work
 from notiflow.flows.common.steps import IngestParser
 from notiflow.gateway.checks import check_sender
 from notiflow.gateway.errors import ApiError

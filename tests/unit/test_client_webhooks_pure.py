@@ -31,8 +31,8 @@ from notiflow.adapters.client_webhooks import (
 )
 from notiflow.adapters.dlq_crypto import DlqCipher
 from notiflow.adapters.providers.base import Outcome
-from notiflow.flows.common.model import SourceRef
-from notiflow.flows.webhooks.client_webhooks import (
+from notiflow.flows.common.items import SourceRef
+from notiflow.flows.webhooks.status_webhooks import (
     Refused,
     Request,
     Result,

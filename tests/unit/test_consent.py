@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from notiflow.flows.common.model import SourceRef, Work
-from notiflow.flows.send.caps import LocalCaps, Verdict, cap_check
+from notiflow.flows.common.items import SourceRef, Work
+from notiflow.flows.send.cap_rules import LocalCaps, Verdict, cap_check
 from notiflow.flows.send.consent import (
     PolicyStep,
     PreferenceJoin,

@@ -13,8 +13,8 @@ import pytest
 
 from notiflow.adapters.preferences import PreferenceStore
 from notiflow.adapters.providers.base import Outcome, SendResult
-from notiflow.flows.common.model import SourceRef, Work
-from notiflow.flows.send.stages.classify import Classify
+from notiflow.flows.common.items import SourceRef, Work
+from notiflow.flows.send.stages.classifying import Classify
 from notiflow.flows.send.stages.context import InfraUnavailable
 from notiflow.redact import recipient_hash
 from notiflow.schemas.messages import IngestRecord

@@ -24,7 +24,7 @@ from notiflow.flows.common.guard import (
     source_of,
     uncounted,
 )
-from notiflow.flows.common.model import SourceRef, Work
+from notiflow.flows.common.items import SourceRef, Work
 from notiflow.flows.send.stages.context import SendContext
 from notiflow.schemas.enums import Channel, Status, Tier
 from notiflow.schemas.messages import DlqRecord, IngestRecord, StatusEvent

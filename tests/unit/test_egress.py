@@ -50,7 +50,7 @@ from notiflow.egress import (
     check_url,
     embedded_ipv4,
 )
-from notiflow.flows.campaigns.campaign_notices import Notifier
+from notiflow.flows.campaigns.state_notices import Notifier
 from notiflow.flows.webhooks.webhook_sender import Request, WebhookDispatcher
 from notiflow.gateway.app import build_app
 from notiflow.settings import EgressSettings, Settings, TenantConfig

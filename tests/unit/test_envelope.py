@@ -25,7 +25,7 @@ from notiflow.adapters.envelope import (
     new_key,
     parse_keys,
 )
-from notiflow.flows.common.model import Retry, SourceRef, Work
+from notiflow.flows.common.items import Retry, SourceRef, Work
 from notiflow.flows.send.stages.emit import lease_outcome
 from notiflow.schemas.messages import IngestRecord, StatusEvent
 from notiflow.settings import Settings

@@ -18,7 +18,7 @@ EXTRAS_ONLY = {"aiosmtpd": "emulators", "h2": "emulators", "trustme": "emulators
 """Package → the extra that carries it (none of them in the core dependencies)."""
 
 CORE_MODULES = ("notiflow.cli", "notiflow.gateway.app", "notiflow.flows.send.flow",
-                "notiflow.flows.receipts.reconcile", "notiflow.flows.scheduling.scheduler",
+                "notiflow.flows.receipts.reconcile", "notiflow.flows.scheduling.due_work",
                 "notiflow.flows.campaigns.expander", "notiflow.flows.common.runner",
                 "notiflow.inbox.server",
                 "notiflow.adapters.providers", "notiflow.ops.demo", "notiflow.ops.archive_cli")

@@ -48,7 +48,7 @@ from notiflow.flows.campaigns.manifest import (
     RowReader,
     map_row,
 )
-from notiflow.flows.common.model import Work
+from notiflow.flows.common.items import Work
 from notiflow.flows.common.steps import IngestParser, parse_reconcile
 from notiflow.schemas.campaigns import ColumnMapping, LocalWindow
 from notiflow.schemas.enums import Category, Channel, Tier

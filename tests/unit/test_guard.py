@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from notiflow.flows.common.guard import DlqGuard, DlqLimitBreached, source_of
-from notiflow.flows.common.model import Retry
+from notiflow.flows.common.items import Retry
 from notiflow.schemas.enums import Channel, Status, Tier
 from notiflow.schemas.messages import DlqRecord, StatusEvent
 from notiflow.settings import DlqRule

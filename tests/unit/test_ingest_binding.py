@@ -23,9 +23,9 @@ from notiflow.client import ingest_headers
 from notiflow.devenv import dev_environment
 from notiflow.flows.common import steps
 from notiflow.flows.common.guard import UNATTRIBUTED, DlqGuard, charged_to_tenant, source_of
-from notiflow.flows.common.model import Retry, SourceRef, Work
+from notiflow.flows.common.items import Retry, SourceRef, Work
 from notiflow.flows.common.steps import Encoder, IngestParser, retry_record
-from notiflow.flows.scheduling.scheduler import Scheduler, ingest_record
+from notiflow.flows.scheduling.due_work import Scheduler, ingest_record
 from notiflow.gateway.outbox import out_record
 from notiflow.ops.dlq_actions import Refusal, plan_replay
 from notiflow.schemas.enums import Tier

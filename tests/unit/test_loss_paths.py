@@ -25,7 +25,7 @@ from notiflow.adapters.dlq_crypto import DlqCipher
 from notiflow.adapters.inbox_store import InboxItem, InboxStore
 from notiflow.adapters.kafka_io import OutRecord
 from notiflow.flows.common.guard import charged_to_tenant, source_of
-from notiflow.flows.webhooks.client_webhooks import build_webhook_flow, parse_change
+from notiflow.flows.webhooks.status_webhooks import build_webhook_flow, parse_change
 from notiflow.flows.webhooks.webhook_age import (
     HISTORY_HEADER,
     Fresh,

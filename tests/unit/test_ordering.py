@@ -12,7 +12,7 @@ from typing import Any, cast
 from hypothesis import given
 from hypothesis import strategies as st
 
-from notiflow.flows.common.model import SourceRef, Work
+from notiflow.flows.common.items import SourceRef, Work
 from notiflow.flows.send.dispatch import SendLogic
 from notiflow.flows.send.ordering import (
     OVERFLOW_REASON,

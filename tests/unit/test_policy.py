@@ -89,7 +89,7 @@ def test_attempt_below_its_base_never_retries() -> None:
 
 
 def test_every_exhausted_budget_is_dead_lettered_an_expiry_only_when_unexplained() -> None:
-    from notiflow.flows.send.stages.classify import EXHAUSTED, UNEXPLAINED, exhaustion_letter
+    from notiflow.flows.send.stages.classifying import EXHAUSTED, UNEXPLAINED, exhaustion_letter
 
     for reason in ("server_error", "rate_limited", None, "connect_error", "timeout"):
         assert exhaustion_letter("retries_exhausted", reason) == EXHAUSTED

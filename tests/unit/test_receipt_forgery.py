@@ -22,7 +22,7 @@ from notiflow.adapters.providers.vonage import signature as vonage_signature
 from notiflow.adapters.providers.webhook import WebhookRefused
 from notiflow.correlation import CorrelationKeyMissing, CorrelationKeys
 from notiflow.fakes.smtp import build_dsn
-from notiflow.flows.common.model import SourcedReceipt, SourceRef
+from notiflow.flows.common.items import SourcedReceipt, SourceRef
 from notiflow.flows.receipts import receipt_match
 from notiflow.flows.receipts.reconcile import ApplyStep
 from notiflow.schemas.enums import Channel, Status, Tier

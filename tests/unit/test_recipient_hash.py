@@ -28,13 +28,13 @@ from notiflow.adapters.inbox_store import channel_key
 from notiflow.adapters.preferences import PreferenceStore
 from notiflow.adapters.providers.base import Outcome, SendResult
 from notiflow.devenv import dev_environment
-from notiflow.flows.common.model import SourceRef, Work
+from notiflow.flows.common.items import SourceRef, Work
 from notiflow.flows.common.steps import snapshot_of
-from notiflow.flows.send.caps import cap_check
+from notiflow.flows.send.cap_rules import cap_check
 from notiflow.flows.send.consent import PolicyStep, WithPreferences, join_preferences
 from notiflow.flows.send.stages import gates
-from notiflow.flows.send.stages.batch import Batch
-from notiflow.flows.send.stages.classify import Classify
+from notiflow.flows.send.stages.classifying import Classify
+from notiflow.flows.send.stages.send_batch import Batch
 from notiflow.gateway import messages, recipients
 from notiflow.gateway.errors import ApiError
 from notiflow.gateway.outbox import ACCEPTED

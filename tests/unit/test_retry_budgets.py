@@ -24,9 +24,9 @@ from pydantic import ValidationError
 from notiflow.adapters.dlq_crypto import DlqCipher
 from notiflow.adapters.providers.base import Outcome, SendResult
 from notiflow.flows.common.guard import DlqGuard
-from notiflow.flows.common.model import Retry, SourceRef, Work
+from notiflow.flows.common.items import Retry, SourceRef, Work
 from notiflow.flows.send.policy import RetryPolicy
-from notiflow.flows.send.stages.classify import Classify
+from notiflow.flows.send.stages.classifying import Classify
 from notiflow.flows.send.stages.context import SendContext
 from notiflow.flows.send.stages.route import candidates
 from notiflow.schemas.enums import Channel, Status, Tier

@@ -23,7 +23,7 @@ from notiflow.adapters.kafka_io import DeliveryFailed
 from notiflow.adapters.outages import OUTAGE
 from notiflow.adapters.retrying import until_up
 from notiflow.flows.receipts.reconcile import RETRY_ON, ApplyStep
-from notiflow.flows.webhooks.client_webhooks import Resolver
+from notiflow.flows.webhooks.status_webhooks import Resolver
 
 log = logging.getLogger("test.retrying")
 

@@ -16,9 +16,9 @@ from hypothesis import strategies as st
 from notiflow.adapters.delayed_intake import Delayed
 from notiflow.adapters.kafka_io import OutRecord
 from notiflow.adapters.scheduled_store import ShardLease
-from notiflow.flows.common.model import Retry, SourceRef, Work
+from notiflow.flows.common.items import Retry, SourceRef, Work
 from notiflow.flows.common.steps import Encoder
-from notiflow.flows.scheduling.scheduler import Scheduler
+from notiflow.flows.scheduling.due_work import Scheduler
 from notiflow.ingest_binding import binder
 from notiflow.schemas.messages import IngestRecord
 from notiflow.schemas.scheduling import ScheduledRow, bucket_of, fair_share, shard_of

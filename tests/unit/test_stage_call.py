@@ -9,9 +9,9 @@ from dataclasses import replace
 from notiflow.adapters.breaker import State
 from notiflow.adapters.memory import Answer
 from notiflow.adapters.providers.base import OutboundMessage, Outcome
-from notiflow.flows.send.stages.batch import Prepared
 from notiflow.flows.send.stages.call import Call
 from notiflow.flows.send.stages.route import Quota
+from notiflow.flows.send.stages.send_batch import Prepared
 from notiflow.schemas.enums import Tier
 from tests.unit.memory_send import Setup, prepared, setup, step, work
 

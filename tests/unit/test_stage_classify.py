@@ -10,12 +10,12 @@ import orjson
 from notiflow.adapters.cancel_gate import SENDING
 from notiflow.adapters.memory import Answer
 from notiflow.adapters.providers.base import Outcome
-from notiflow.flows.common.model import Out, Retry
-from notiflow.flows.send.stages.batch import Prepared
+from notiflow.flows.common.items import Out, Retry
 from notiflow.flows.send.stages.call import Call
-from notiflow.flows.send.stages.classify import Classify
+from notiflow.flows.send.stages.classifying import Classify
 from notiflow.flows.send.stages.confirm import Confirm
 from notiflow.flows.send.stages.route import Quota
+from notiflow.flows.send.stages.send_batch import Prepared
 from notiflow.schemas.enums import Status, Tier
 from notiflow.schemas.messages import StatusEvent
 from tests.unit.memory_send import Setup, leased, prepared, setup, step, work

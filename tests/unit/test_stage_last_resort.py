@@ -7,11 +7,11 @@ from datetime import datetime, timedelta
 
 from notiflow.adapters.cancel_gate import SENDING
 from notiflow.adapters.providers.base import Outcome, SendResult
-from notiflow.flows.common.model import Retry
+from notiflow.flows.common.items import Retry
 from notiflow.flows.send.routing import Choice
-from notiflow.flows.send.stages.batch import Prepared
 from notiflow.flows.send.stages.confirm import Confirm
 from notiflow.flows.send.stages.route import LastResort
+from notiflow.flows.send.stages.send_batch import Prepared
 from notiflow.schemas.enums import Status, Tier
 from notiflow.schemas.messages import StatusEvent
 from tests.unit.memory_send import Setup, leased, prepared, setup, step, work

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from notiflow.flows.common.model import Out, Retry
+from notiflow.flows.common.items import Out, Retry
 from notiflow.flows.send.stages.route import Quota
 from notiflow.schemas.enums import Status, Tier
 from notiflow.schemas.messages import StatusEvent

@@ -13,7 +13,7 @@ from pydantic import ValidationError
 
 from notiflow.adapters.dlq_crypto import DlqCipher
 from notiflow.adapters.envelope import dump, envelope, new_key
-from notiflow.flows.common.model import Retry, SourceRef, Work
+from notiflow.flows.common.items import Retry, SourceRef, Work
 from notiflow.flows.common.steps import Encoder, Hold, IngestParser, complete_record, retry_record
 from notiflow.schemas.enums import Status, Tier
 from notiflow.schemas.messages import DlqRecord, IngestRecord, StatusEvent

@@ -19,9 +19,9 @@ from notiflow.adapters.dlq_crypto import DlqCipher
 from notiflow.adapters.kafka_io import DeliveryFailed
 from notiflow.adapters.preferences import PreferenceStore
 from notiflow.adapters.providers.base import Outcome, SendResult
-from notiflow.flows.common.model import SourcedReceipt, SourceRef, Work
+from notiflow.flows.common.items import SourcedReceipt, SourceRef, Work
 from notiflow.flows.receipts.reconcile import ApplyStep
-from notiflow.flows.send.stages.classify import Classify
+from notiflow.flows.send.stages.classifying import Classify
 from notiflow.flows.send.stages.context import InfraUnavailable, SendContext
 from notiflow.schemas.enums import Status, Tier
 from notiflow.schemas.messages import DlqRecord, IngestRecord, Receipt, StatusEvent

@@ -23,7 +23,7 @@ from notiflow import names, telemetry
 from notiflow.adapters.dlq_crypto import DlqCipher
 from notiflow.adapters.kafka_io import header
 from notiflow.adapters.providers.base import Outcome, SendResult
-from notiflow.flows.common.model import SourceRef, Work
+from notiflow.flows.common.items import SourceRef, Work
 from notiflow.flows.common.steps import Encoder, parse_reconcile, status_event, suppression_reason
 from notiflow.flows.send.stages.metrics import attempt_outcome, error_type
 from notiflow.schemas.enums import Status

@@ -20,11 +20,10 @@ from jinja2 import meta
 from jinja2.sandbox import SandboxedEnvironment
 
 from notiflow.adapters.dlq_crypto import DlqCipher
-from notiflow.flows.common.model import SourceRef, Work
+from notiflow.flows.common.items import SourceRef, Work
 from notiflow.flows.send.dispatch import ChannelPressure, Dispatcher
 from notiflow.flows.send.stages import SendStages
 from notiflow.flows.send.stages.admit import counts_as_crash
-from notiflow.flows.send.stages.batch import Batch
 from notiflow.flows.send.stages.context import InfraUnavailable, SendContext
 from notiflow.flows.send.stages.render import (
     RENDER_ERROR,
@@ -33,6 +32,7 @@ from notiflow.flows.send.stages.render import (
     render_all,
     rendered,
 )
+from notiflow.flows.send.stages.send_batch import Batch
 from notiflow.gateway.errors import ApiError
 from notiflow.gateway.templates import _checked
 from notiflow.schemas.enums import Tier

@@ -29,13 +29,13 @@ from notiflow.adapters.providers.chat import (
     shared_host,
 )
 from notiflow.adapters.webhook_pace import Slot, webhook_key
-from notiflow.flows.common.model import SourceRef, Work
+from notiflow.flows.common.items import SourceRef, Work
 from notiflow.flows.send.routing import Choice
-from notiflow.flows.send.stages.batch import Prepared
 from notiflow.flows.send.stages.call import Call
 from notiflow.flows.send.stages.context import SendContext
 from notiflow.flows.send.stages.endpoints import endpoint_of, reports
 from notiflow.flows.send.stages.route import Quota
+from notiflow.flows.send.stages.send_batch import Prepared
 from notiflow.flows.webhooks.webhook_sender import Request, WebhookDispatcher, breaker_id
 from notiflow.schemas.enums import Channel, Status, Tier
 from notiflow.schemas.messages import IngestRecord, StatusEvent

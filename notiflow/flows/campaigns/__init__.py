@@ -5,5 +5,5 @@ Modules in recipe order:
 
 - :mod:`.expander`: leases on campaigns, read, map, pace, write, checkpoint; ``main``;
 - :mod:`.manifest`: manifests read incrementally and rows mapped to ingest records (pure);
-- :mod:`.campaign_notices`: campaign state webhooks to the campaign's ``webhook``.
+- :mod:`.state_notices`: campaign state webhooks to the campaign's ``webhook``.
 """

@@ -44,7 +44,6 @@ from notiflow.adapters.envelope import dump, envelope
 from notiflow.adapters.kafka_io import OutRecord, make_headers
 from notiflow.adapters.manifests import ManifestNotAllowed, ManifestUnreadable
 from notiflow.correlation import CorrelationKeys
-from notiflow.flows.campaigns.campaign_notices import NoticeBoard, Notifier
 from notiflow.flows.campaigns.manifest import (
     CampaignSpec,
     ManifestError,
@@ -54,7 +53,8 @@ from notiflow.flows.campaigns.manifest import (
     RowReader,
     map_row,
 )
-from notiflow.flows.common.model import utcnow
+from notiflow.flows.campaigns.state_notices import NoticeBoard, Notifier
+from notiflow.flows.common.items import utcnow
 from notiflow.flows.common.runner import run_until_signalled
 from notiflow.flows.common.yielding import YieldWindow
 from notiflow.ingest_binding import Binder, binder

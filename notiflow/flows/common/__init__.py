@@ -1,6 +1,6 @@
 """What more than one pipeline is built from.
 
-- :mod:`.model`: the items that travel between the steps of the dataflows;
+- :mod:`.items`: the items that travel between the steps of the dataflows;
 - :mod:`.steps`: pure steps of the send and reconcile dataflows (no I/O);
 - :mod:`.toolbox`: composite steps (parse or dead-letter, hold until due, guard and emit);
 - :mod:`.guard`: the DLQ limit that halts a flow on a systemic flood of dead letters;

@@ -19,7 +19,7 @@ from notiflow import ingest_binding, names
 from notiflow.adapters.dlq_crypto import DlqCipher
 from notiflow.adapters.envelope import EnvelopeError, dump, envelope
 from notiflow.adapters.kafka_io import OutRecord, header, make_headers
-from notiflow.flows.common.model import Out, Retry, SourcedReceipt, SourceRef, Work, utcnow
+from notiflow.flows.common.items import Out, Retry, SourcedReceipt, SourceRef, Work, utcnow
 from notiflow.redact import mask, recipient_hash
 from notiflow.schemas.enums import Channel, Status, Tier
 from notiflow.schemas.messages import (

@@ -55,7 +55,7 @@ from notiflow.adapters.retrying import until_up
 from notiflow.adapters.worker import WorkerLoop
 from notiflow.correlation import CorrelationKeys
 from notiflow.flows.common.guard import DlqGuard
-from notiflow.flows.common.model import ReconcileIn, SourcedReceipt, utcnow
+from notiflow.flows.common.items import ReconcileIn, SourcedReceipt, utcnow
 from notiflow.flows.common.steps import Clock, Encoder, dead_letter, parse_reconcile
 from notiflow.flows.common.toolbox import guard_and_emit, hold_until_due, parse_or_dlq
 from notiflow.flows.common.yielding import Slots, YieldWindow

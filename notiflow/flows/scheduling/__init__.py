@@ -3,6 +3,6 @@
 
 Modules in recipe order:
 
-- :mod:`.scheduler`: leases on shards, release of due rows, ``main``;
+- :mod:`.due_work`: leases on shards, release of due rows, ``main``;
 - :mod:`.recurring`: each occurrence a horizon ahead becomes an accepted message.
 """

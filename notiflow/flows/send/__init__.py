@@ -8,7 +8,7 @@ Modules in recipe order:
 - :mod:`.consent`: the join with recipient preferences and the policy step;
 - :mod:`.dispatch`: the keyed send logic and the per-process dispatcher;
 - :mod:`.stages`: the send step, stage by stage (admit, gates, render, route, call, ...);
-- :mod:`.caps`: recipient frequency caps and the tenant's daily marketing cap;
+- :mod:`.cap_rules`: recipient frequency caps and the tenant's daily marketing cap;
 - :mod:`.routing`: which provider account sends an attempt;
 - :mod:`.policy`: retry rules.
 """

@@ -24,7 +24,7 @@ import bytewax.operators as op
 from bytewax.dataflow import Stream
 from bytewax.operators import StatefulLogic
 
-from notiflow.flows.common.model import Work
+from notiflow.flows.common.items import Work
 from notiflow.flows.common.steps import Clock, status_event
 from notiflow.flows.send.ordering import Skip
 from notiflow.redact import recipient_hashes

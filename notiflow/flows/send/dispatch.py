@@ -41,15 +41,15 @@ from notiflow.adapters.ports import OpenSendPorts
 from notiflow.adapters.pressure import REPORT_EVERY_S
 from notiflow.adapters.providers.chat import breaker_label
 from notiflow.adapters.worker import loop_thread, register
-from notiflow.flows.common.model import Out, Retry, Work
+from notiflow.flows.common.items import Out, Retry, Work
 from notiflow.flows.common.steps import Clock
 from notiflow.flows.common.yielding import Slots, YieldWindow
 from notiflow.flows.send.ordering import KeyOrder, OrderedState, Skip, order_key, refused_events
 from notiflow.flows.send.stages import SendStages
 from notiflow.flows.send.stages.admit import count_crash, count_crashes
-from notiflow.flows.send.stages.batch import Batch, Prepared, attempt_key
 from notiflow.flows.send.stages.context import InfraUnavailable, SendContext
 from notiflow.flows.send.stages.metrics import attempt_outcome, metrics
+from notiflow.flows.send.stages.send_batch import Batch, Prepared, attempt_key
 from notiflow.names import Stage
 from notiflow.schemas.enums import Channel, Tier
 from notiflow.settings import Settings, TierPolicy

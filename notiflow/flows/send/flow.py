@@ -54,7 +54,7 @@ from notiflow.adapters.kafka_io import OutRecord
 from notiflow.adapters.ports import OpenSendPorts
 from notiflow.adapters.send_ports import opener, sender_identity
 from notiflow.flows.common.guard import DlqGuard
-from notiflow.flows.common.model import Out, Work, utcnow
+from notiflow.flows.common.items import Out, Work, utcnow
 from notiflow.flows.common.steps import Clock, Encoder, IngestParser, RawMessage, scaled_lease_ttl
 from notiflow.flows.common.toolbox import (
     guard_and_emit,
@@ -68,7 +68,7 @@ from notiflow.flows.send.ordering import Skip, number_ordered
 from notiflow.flows.send.stages import SendStages
 from notiflow.flows.send.stages.admit import AlreadyFinal, CrashLoop, Lease, UnknownChecks
 from notiflow.flows.send.stages.call import Call
-from notiflow.flows.send.stages.classify import Classify
+from notiflow.flows.send.stages.classifying import Classify
 from notiflow.flows.send.stages.confirm import Confirm
 from notiflow.flows.send.stages.gates import Caps, ContentDedup, Expiry, StrongConsent
 from notiflow.flows.send.stages.render import Render

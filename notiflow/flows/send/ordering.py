@@ -39,7 +39,7 @@ import bytewax.operators as op
 from bytewax.dataflow import Stream
 from bytewax.operators import StatefulLogic
 
-from notiflow.flows.common.model import Work
+from notiflow.flows.common.items import Work
 from notiflow.flows.common.steps import Clock, status_event
 from notiflow.schemas.enums import Status
 from notiflow.schemas.messages import IngestRecord, StatusEvent

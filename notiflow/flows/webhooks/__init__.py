@@ -3,7 +3,7 @@
 
 Modules in recipe order:
 
-- :mod:`.client_webhooks`: ``build_webhook_flow``, the dataflow and its deliver logic;
+- :mod:`.status_webhooks`: ``build_webhook_flow``, the dataflow and its deliver logic;
 - :mod:`.webhook_items`: the status change read from Kafka and the webhook job it becomes;
 - :mod:`.webhook_age`: changes too old to announce (history skipped, the rest dead-lettered);
 - :mod:`.webhook_resolve`: each change's tenant and URL;

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from notiflow.flows.common.model import SourceRef
+from notiflow.flows.common.items import SourceRef
 from notiflow.schemas.enums import Status, Tier
 from notiflow.schemas.status import rank
 

@@ -12,11 +12,11 @@ from datetime import UTC, datetime, timedelta
 
 from notiflow.adapters.outages import REDIS_DOWN
 from notiflow.adapters.redis_dedup import LeaseState
-from notiflow.flows.common.model import Work
+from notiflow.flows.common.items import Work
 from notiflow.flows.common.steps import retry_record
-from notiflow.flows.send.stages.batch import Batch
 from notiflow.flows.send.stages.context import InfraUnavailable, SendContext
 from notiflow.flows.send.stages.emit import release, replayed
+from notiflow.flows.send.stages.send_batch import Batch
 from notiflow.schemas.enums import Status
 from notiflow.schemas.status import rank
 

@@ -12,10 +12,10 @@ import time
 
 from notiflow import names, stages, telemetry
 from notiflow.adapters.providers.base import Outcome, SendResult
-from notiflow.flows.send.stages.batch import Prepared
 from notiflow.flows.send.stages.context import SendContext
 from notiflow.flows.send.stages.endpoints import reports
 from notiflow.flows.send.stages.metrics import metrics
+from notiflow.flows.send.stages.send_batch import Prepared
 from notiflow.names import Stage
 
 log = logging.getLogger("notiflow.flows.dispatch")

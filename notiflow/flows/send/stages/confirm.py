@@ -11,10 +11,10 @@ import time
 
 from notiflow import stages
 from notiflow.adapters.cancel_gate import Confirm as Gate
-from notiflow.flows.common.model import Out
-from notiflow.flows.send.stages.batch import Prepared
+from notiflow.flows.common.items import Out
 from notiflow.flows.send.stages.context import SendContext
 from notiflow.flows.send.stages.emit import cancelled
+from notiflow.flows.send.stages.send_batch import Prepared
 from notiflow.names import Stage
 
 log = logging.getLogger("notiflow.flows.dispatch")

@@ -17,9 +17,9 @@ from notiflow.adapters.ports import SendPorts
 from notiflow.adapters.pressure import LatencyWindow
 from notiflow.adapters.redis_health import HOLD_S, RedisHealth
 from notiflow.adapters.retrying import until_up
-from notiflow.flows.common.model import Work
+from notiflow.flows.common.items import Work
 from notiflow.flows.common.steps import Clock, dead_letter, scaled_lease_ttl, status_event
-from notiflow.flows.send.caps import LocalCaps
+from notiflow.flows.send.cap_rules import LocalCaps
 from notiflow.schemas.enums import Status, Tier
 from notiflow.schemas.messages import AttemptRecord, DlqRecord, StatusEvent
 from notiflow.settings import Settings, TierPolicy

@@ -9,7 +9,7 @@ from datetime import datetime
 from typing import Any
 
 from notiflow.adapters.envelope import SEALED, EnvelopeError, Sealer, envelope
-from notiflow.flows.common.model import Out, Retry, Work
+from notiflow.flows.common.items import Out, Retry, Work
 from notiflow.flows.send.stages.context import SendContext
 from notiflow.schemas.enums import Status
 from notiflow.schemas.messages import AttemptRecord, DlqRecord, IngestRecord, StatusEvent

@@ -14,7 +14,7 @@ from typing import Any
 
 from notiflow.adapters.providers.base import Outcome, SendResult
 from notiflow.adapters.providers.chat import endpoint_breaker, provider_evidence
-from notiflow.flows.common.model import Work
+from notiflow.flows.common.items import Work
 from notiflow.flows.send.routing import Choice
 from notiflow.schemas.enums import Channel
 

@@ -10,12 +10,12 @@ from datetime import timedelta
 import orjson
 
 from notiflow.adapters.ports import Verdict
-from notiflow.flows.common.model import Work
+from notiflow.flows.common.items import Work
 from notiflow.flows.common.steps import is_expired, retry_record
-from notiflow.flows.send.caps import cap_check
-from notiflow.flows.send.stages.batch import Batch, attempt_key
+from notiflow.flows.send.cap_rules import cap_check
 from notiflow.flows.send.stages.context import SendContext
 from notiflow.flows.send.stages.emit import finish
+from notiflow.flows.send.stages.send_batch import Batch, attempt_key
 from notiflow.redact import hasher, recipient_hashes
 from notiflow.schemas.enums import Status
 from notiflow.schemas.preferences import PreferenceState, combined_state, state_key
@@ -47,7 +47,7 @@ class Expiry:
 
 
 class Caps:
-    """Recipient and tenant caps (``flows/send/caps.py``), counted in Redis; over a cap →
+    """Recipient and tenant caps (``flows/send/cap_rules.py``), counted in Redis; over a cap →
     SUPPRESSED. Redis down on a tier that keeps sending: the process's share of each limit
     in memory (``LocalCaps``), except that marketing waits (fails closed)."""
 

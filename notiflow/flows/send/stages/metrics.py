@@ -7,7 +7,7 @@ from opentelemetry.trace import Span
 
 from notiflow import names, telemetry
 from notiflow.adapters.providers.base import Outcome, SendResult
-from notiflow.flows.common.model import Work
+from notiflow.flows.common.items import Work
 
 
 def attempt_outcome(result: SendResult) -> str:

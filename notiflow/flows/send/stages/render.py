@@ -18,10 +18,10 @@ from cachetools import LRUCache
 
 from notiflow.adapters.providers.base import OutboundMessage
 from notiflow.chat_hooks import served, slack_escaped, teams_escaped
-from notiflow.flows.common.model import Work
-from notiflow.flows.send.stages.batch import Batch, attempt_key
+from notiflow.flows.common.items import Work
 from notiflow.flows.send.stages.context import SendContext
 from notiflow.flows.send.stages.emit import finish
+from notiflow.flows.send.stages.send_batch import Batch, attempt_key
 from notiflow.schemas.enums import Channel, Status
 from notiflow.settings import RenderLimits
 from notiflow.templating import MissingVariable, OverBudget, RenderError, render

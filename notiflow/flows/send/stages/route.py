@@ -17,14 +17,14 @@ from datetime import timedelta
 from typing import Any
 
 from notiflow.adapters.providers.base import Outcome, SendResult
-from notiflow.flows.common.model import Out, Retry, Work
+from notiflow.flows.common.items import Out, Retry, Work
 from notiflow.flows.common.steps import retry_record
 from notiflow.flows.send.policy import held_for, waiting
 from notiflow.flows.send.routing import Choice, Unavailable, admission_kind, rank_routes, reserve
-from notiflow.flows.send.stages.batch import Batch, Prepared
 from notiflow.flows.send.stages.context import SendContext
 from notiflow.flows.send.stages.emit import finish, release
 from notiflow.flows.send.stages.endpoints import endpoint_of
+from notiflow.flows.send.stages.send_batch import Batch, Prepared
 from notiflow.schemas.enums import Channel, Status
 from notiflow.settings import ProviderRoute
 

@@ -70,7 +70,7 @@ from notiflow.adapters.client_webhooks import (
 from notiflow.adapters.dlq_crypto import DlqCipher
 from notiflow.adapters.kafka_io import OutRecord, make_headers
 from notiflow.egress import Refusal, check_url
-from notiflow.flows.common.model import SourceRef, utcnow
+from notiflow.flows.common.items import SourceRef, utcnow
 from notiflow.flows.common.steps import Clock, RawMessage, source_of
 from notiflow.flows.common.toolbox import guard_and_emit
 from notiflow.flows.webhooks.webhook_age import Fresh, HistorySource, is_history, too_old

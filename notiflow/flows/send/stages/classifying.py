@@ -23,14 +23,14 @@ from notiflow.adapters.kafka_io import DeliveryFailed
 from notiflow.adapters.outages import OUTAGE
 from notiflow.adapters.providers.base import OutboundMessage, Outcome, SendResult
 from notiflow.adapters.retrying import until_up
-from notiflow.flows.common.model import Out, Retry, Work
+from notiflow.flows.common.items import Out, Retry, Work
 from notiflow.flows.common.steps import retry_record
 from notiflow.flows.send.policy import RetryDecision, RetryPolicy, held_for, provider_waits
-from notiflow.flows.send.stages.batch import Prepared
 from notiflow.flows.send.stages.context import INFRA_RETRY_FOR, InfraUnavailable, SendContext
 from notiflow.flows.send.stages.emit import finish
 from notiflow.flows.send.stages.metrics import metrics
 from notiflow.flows.send.stages.route import candidates
+from notiflow.flows.send.stages.send_batch import Prepared
 from notiflow.redact import recipient_hashes
 from notiflow.schemas.enums import Channel, Status, Tier
 from notiflow.schemas.messages import AttemptRecord, DlqRecord

@@ -23,7 +23,7 @@ from datetime import datetime, timedelta
 
 from notiflow.adapters.memory.caps import LocalCaps
 from notiflow.adapters.ports import CapCheck, Verdict
-from notiflow.flows.common.model import Work
+from notiflow.flows.common.items import Work
 from notiflow.schemas.enums import Category
 from notiflow.settings import Settings
 

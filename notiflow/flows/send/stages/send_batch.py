@@ -12,7 +12,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Protocol
 
 from notiflow.adapters.providers.base import OutboundMessage, ProviderClient, SendResult
-from notiflow.flows.common.model import Out, Work
+from notiflow.flows.common.items import Out, Work
 from notiflow.flows.send.routing import Choice
 
 if TYPE_CHECKING:

@@ -21,8 +21,8 @@ from pydantic import SecretStr
 
 from notiflow.adapters.campaign_notices import Notice
 from notiflow.adapters.client_webhooks import AttemptResult, Verdict
-from notiflow.flows.common.model import utcnow
-from notiflow.flows.webhooks.client_webhooks import tenant_secrets
+from notiflow.flows.common.items import utcnow
+from notiflow.flows.webhooks.status_webhooks import tenant_secrets
 from notiflow.settings import Settings
 
 log = logging.getLogger("notiflow.flows.campaign_notices")

@@ -44,7 +44,7 @@ from notiflow.adapters.dlq_crypto import DlqCipher
 from notiflow.adapters.envelope import Sealer, envelope, load
 from notiflow.adapters.kafka_io import OutRecord, make_headers
 from notiflow.adapters.scheduled_store import ShardLease
-from notiflow.flows.common.model import SourceRef, utcnow
+from notiflow.flows.common.items import SourceRef, utcnow
 from notiflow.flows.common.runner import run_until_signalled
 from notiflow.flows.common.steps import Encoder, dead_letter, snapshot_of
 from notiflow.flows.scheduling.recurring import Materializer
