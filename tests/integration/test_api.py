@@ -463,6 +463,13 @@ def ms(d: datetime) -> datetime:
     return d.replace(microsecond=d.microsecond // 1000 * 1000)
 
 
+async def settled_reservation(store: CassandraStore, tenant_id: str,
+                              idem_key: str) -> ReservationRow | None:
+    """The key's reservation once it is settled (``ACCEPTED``), else None."""
+    rec = await store.idempotency.get_reservation(tenant_id, idem_key)
+    return rec if rec is not None and rec.state == "ACCEPTED" else None
+
+
 async def outbox_has(cql: Session, tenant_id: str, idem_key: str) -> bool:
     """Whether any outbox bucket of the last hour holds the key's row."""
     shard = outbox_shard(tenant_id, idem_key)
@@ -481,12 +488,8 @@ async def test_sweeper_publishes_a_crashed_acceptance(
     record = await crashed_acceptance(store, settings, "acme", k, sms(tier="P2"), long_ago)
     assert record.message_id is not None
 
-    async def accepted() -> bool:
-        rec = await store.idempotency.get_reservation("acme", k)
-        return rec is not None and rec.state == "ACCEPTED"
-
-    assert await wait_until(accepted, timeout=120, interval=0.2,
-                            what="the sweeper settling the pending acceptance")
+    assert await wait_until(lambda: settled_reservation(store, "acme", k), timeout=120,
+                            interval=0.2, what="the sweeper settling the pending acceptance")
     msg = await asyncio.to_thread(find_record, settings,
                                   settings.ingest_topic(Channel.SMS, Tier.P2),
                                   record.message_id)
@@ -520,12 +523,8 @@ async def test_retry_finishes_a_pending_acceptance(
                                   record.message_id)
     assert load(msg.value(), envelope(settings)) == record
 
-    async def settled() -> ReservationRow | None:
-        rec = await store.idempotency.get_reservation("globex", k)
-        return rec if rec is not None and rec.state == "ACCEPTED" else None
-
-    rec = await wait_until(settled, timeout=10, interval=0.05,
-                           what="the settle after the 202 (gateway/settler.py)")
+    rec = await wait_until(lambda: settled_reservation(store, "globex", k), timeout=10,
+                           interval=0.05, what="the settle after the 202 (gateway/settler.py)")
     assert rec.response is not None
     assert json.loads(rec.response) == r.json()
     assert not await outbox_has(cql, "globex", k)
