@@ -44,7 +44,9 @@ eval "$($NF stack env)"
 # Two pytest sessions share the stack at once (pytest-xdist, a file per worker at a time):
 # each session has its own topic prefix, keyspace and ports (tests/conftest.py), and the
 # tests that stop shared servers or judge latency wait for the second part, which runs them
-# alone. Exit status 5 is "nothing selected" (arguments that pick only one kind of test).
+# alone. Files are handed out costliest first (tests/file_order.py; xdist's own reordering, by
+# number of tests, is off). Exit status 5 is "nothing selected" (arguments that pick only
+# one kind of test).
 pytest_part() {
   local rc=0
   .venv/bin/python -m pytest -q -p no:cacheprovider "$@" || rc=$?
@@ -53,7 +55,8 @@ pytest_part() {
 }
 status=0
 echo "==> tests, two sessions in parallel"
-pytest_part -n 2 --dist loadfile -m "not solo and not disruptive" --durations=25 "$@" \
+pytest_part -n 2 --dist loadfile --no-loadscope-reorder \
+  -m "not solo and not disruptive" --durations=25 "$@" \
   || status=$?
 echo "==> tests that run alone (they judge latency or stop a shared server)"
 pytest_part -m "solo or disruptive" --durations=10 "$@" || status=$?

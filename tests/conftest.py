@@ -18,6 +18,7 @@ from hypothesis import settings as hypothesis_settings
 from notiflow.devenv import dev_environment, free_port
 from notiflow.ops.procs import ManagedProcess, ProcessGroup
 from notiflow.settings import Settings
+from tests.file_order import Tally, load_costs, order
 
 ROOT = Path(__file__).resolve().parent.parent
 RUN_ID = uuid.uuid4().hex[:8]
@@ -122,6 +123,26 @@ def api(stack: Settings, fakes: str, processes: ProcessGroup, log_dir: Path) -> 
     base = f"http://127.0.0.1:{stack.api_port}"
     processes.add(ManagedProcess("api", ["api"], log_dir)).start().wait_http(f"{base}/healthz")
     return base
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Costliest files first, disruptive tests last (``tests/file_order.py``)."""
+    order(items, load_costs())
+
+
+TALLY = Tally()
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    TALLY.add(report)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """The session's seconds per test file, for refreshing ``tests/file_costs.json``
+    (written by a plain session or xdist's controller, not by its workers)."""
+    if TALLY.seconds and not hasattr(session.config, "workerinput"):
+        stack_dir = Path(os.environ.get("NOTIFLOW_STACK_DIR", str(ROOT / ".stack")))
+        TALLY.write(stack_dir / "logs" / f"test-costs-{RUN_ID}.json")
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

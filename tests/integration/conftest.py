@@ -25,12 +25,6 @@ pytestmark = pytest.mark.integration
 OTP_TEMPLATE = "Your code is {{ code }}"
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Tests marked ``disruptive`` (they kill shared infrastructure, e.g. Kafka) run after
-    every other test of the session."""
-    items.sort(key=lambda item: item.get_closest_marker("disruptive") is not None)
-
-
 @pytest.fixture(scope="session")
 def cql(stack: Settings) -> Iterator[Session]:
     cluster, session = connect(stack)
