@@ -229,8 +229,9 @@ def test_cancels_at_the_due_instant_of_scheduled_messages_end_in_exactly_one_out
 
         async def one(client: httpx.AsyncClient, i: int, gate: asyncio.Semaphore
                       ) -> tuple[str, int, dict[str, Any]]:
-            due = base + timedelta(milliseconds=50 * i)
             async with gate:
+                due = max(base + timedelta(milliseconds=50 * i),
+                          datetime.now(UTC) + timedelta(seconds=1))
                 r = await client.post("/v1/messages", headers={
                     **auth(token), "Idempotency-Key": uuid.uuid4().hex}, json={
                     "channel": "EMAIL", "tier": "P3", "category": "transactional",
