@@ -96,14 +96,20 @@ def pct(values: list[float], p: int) -> float:
     return percentile(values, p) or float("nan")
 
 
+@pytest.fixture(scope="session")
+def three_nodes(stack: Settings) -> None:
+    """Skips before the session's processes start for a test that needs them."""
+    if Stack(stack, log=lambda _m: None).nodes < 3:
+        pytest.skip("needs the three-node stack (`make test-cluster`)")
+
+
 @pytest.mark.timeout(1500)
 def test_one_broker_and_one_cassandra_node_killed_lose_nothing(
-        stack: Settings, api: str, tokens: dict[str, str], otp_template: dict[str, int],
-        send_p0: Any, send_p1: Any, send_p3: Any, fakes: str, cql: Session,
+        three_nodes: None, stack: Settings, api: str, tokens: dict[str, str],
+        otp_template: dict[str, int], send_p0: Any, send_p1: Any, send_p3: Any,
+        fakes: str, cql: Session,
         capsys: pytest.CaptureFixture[str]) -> None:
     local = Stack(stack, log=lambda _m: None)
-    if local.nodes < 3:
-        pytest.skip("needs the three-node stack (`make test-cluster`)")
     version, token = otp_template["acme"], tokens["acme"]
     ticker = P0Ticker(api, token, version)
     ticker.start()
