@@ -22,7 +22,7 @@ from typing import Any
 
 from notiflow.bench.harness import CampaignProducer, Phase, send_otps, wait_until
 from notiflow.bench.workload import PhoneFactory, Workload, records
-from notiflow.ops.demo import Verdict, Wave, quantile, warmup_verdict
+from notiflow.ops.demo_report import Verdict, Wave, quantile, warmup_verdict
 from notiflow.schemas.enums import Channel, Tier
 
 WAVE_S = 10.0

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from notiflow.ops.demo import (
+from notiflow.ops.demo_report import (
     REPORT_COLUMNS,
     WARMUP_BOUND,
     Sent,
