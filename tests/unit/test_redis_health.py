@@ -18,9 +18,9 @@ from notiflow.schemas.enums import Tier
 from notiflow.settings import Settings
 from tests.fakes import Clock
 from tests.helpers import partial_ports
-from tests.unit.test_breaker_model import DEFAULT
-from tests.unit.test_breaker_model import T0 as BREAKER_T0
-from tests.unit.test_breaker_model import FlakyStore as FlakyBreakerStore
+from tests.unit.test_circuit_breakers import DEFAULT
+from tests.unit.test_circuit_breakers import T0 as BREAKER_T0
+from tests.unit.test_circuit_breakers import FlakyStore as FlakyBreakerStore
 from tests.unit.test_ratelimit_model import limiter_for
 from tests.unit.test_send_context_redis import START as WALL_START
 
