@@ -3,25 +3,15 @@ producer that keeps what it is given."""
 
 from __future__ import annotations
 
-from typing import Any, Generic, TypeVar
+from typing import Any
 
 from notiflow.adapters.kafka_io import DeliveryFailed
+from notiflow.clocks import ManualClock
 
-T = TypeVar("T")
-
-
-class Clock(Generic[T]):
-    """An injected clock that stands still until the test moves ``now`` (seconds,
-    microseconds or a datetime, whatever the code under test reads)."""
-
-    def __init__(self, now: T) -> None:
-        self.now = now
-
-    def __call__(self) -> T:
-        return self.now
+__all__ = ["ManualClock", "Producer", "SleepingClock"]
 
 
-class SleepingClock(Clock[float]):
+class SleepingClock(ManualClock[float]):
     """A seconds clock with the ``sleep`` to inject beside it: sleeping moves the clock on at
     once and is noted in ``slept``."""
 

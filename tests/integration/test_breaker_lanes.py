@@ -20,7 +20,7 @@ from notiflow.adapters.breaker import (
 from notiflow.adapters.breaker_lanes import BulkBreakers
 from notiflow.adapters.providers.base import Outcome
 from notiflow.settings import BreakerRule
-from tests.fakes import Clock
+from tests.fakes import ManualClock
 
 pytestmark = pytest.mark.integration
 
@@ -29,7 +29,7 @@ T0 = 1_700_000_000_000_000
 PARAMS = BreakerParams.from_rule(BreakerRule())
 
 
-def lanes(url: str, clock: Clock[int]) -> tuple[CircuitBreakers, BulkBreakers, str]:
+def lanes(url: str, clock: ManualClock[int]) -> tuple[CircuitBreakers, BulkBreakers, str]:
     ns = f"lanes{uuid.uuid4().hex[:10]}."
 
     def store(lane: str) -> BreakerStore:
@@ -42,14 +42,14 @@ def lanes(url: str, clock: Clock[int]) -> tuple[CircuitBreakers, BulkBreakers, s
     return priority, bulk, ns
 
 
-async def fail(breakers: CircuitBreakers | BulkBreakers, n: int, clock: Clock[int]) -> None:
+async def fail(breakers: CircuitBreakers | BulkBreakers, n: int, clock: ManualClock[int]) -> None:
     for _ in range(n):
         await breakers.record("tw", Outcome.AMBIGUOUS, "timeout", 5.0)
         clock.now += 1000
 
 
 async def test_bulk_failures_open_only_the_bulk_lane(redis_url: str) -> None:
-    clock = Clock(T0)
+    clock = ManualClock(T0)
     priority, bulk, ns = lanes(redis_url, clock)
     changes: list[StateChange] = []
     bulk.on_change(changes.append)
@@ -68,7 +68,7 @@ async def test_bulk_failures_open_only_the_bulk_lane(redis_url: str) -> None:
 
 async def test_a_priority_outage_stops_bulk_and_its_probes_stay_with_priority(
         redis_url: str) -> None:
-    clock = Clock(T0)
+    clock = ManualClock(T0)
     priority, bulk, _ = lanes(redis_url, clock)
     await fail(priority, 5, clock)
     refused = await bulk.allow("tw")

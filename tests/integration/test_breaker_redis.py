@@ -36,7 +36,7 @@ from notiflow.adapters.breaker import (
 from notiflow.adapters.providers.base import Outcome
 from notiflow.devenv import free_port
 from notiflow.settings import BreakerRule, Settings
-from tests.fakes import Clock
+from tests.fakes import ManualClock
 from tests.helpers import loop_turns, wait_until
 from tests.integration.conftest import RedisServer
 
@@ -116,7 +116,7 @@ async def test_new_bucket_layout_starts_an_empty_window(client: aioredis.Redis) 
 
 
 async def test_two_processes_agree_and_emit_each_transition_once(redis_url: str) -> None:
-    ns, clock = namespace(), Clock(T0)
+    ns, clock = namespace(), ManualClock(T0)
     a = CircuitBreakers(store_for(redis_url, ns), clock_us=clock, cache_ttl=0.2)
     b = CircuitBreakers(store_for(redis_url, ns), clock_us=clock, cache_ttl=0.2)
     events: list[tuple[str, StateChange]] = []
@@ -176,7 +176,7 @@ async def test_concurrent_failures_open_exactly_once(redis_url: str) -> None:
 
 
 async def test_state_changes_as_an_async_iterator(redis_url: str) -> None:
-    ns, clock = namespace(), Clock(T0)
+    ns, clock = namespace(), ManualClock(T0)
     cb = CircuitBreakers(store_for(redis_url, ns), clock_us=clock)
     received: list[StateChange] = []
 
@@ -203,7 +203,7 @@ async def test_state_changes_as_an_async_iterator(redis_url: str) -> None:
 
 async def test_redis_down_local_breaker_then_converges(
         caplog: pytest.LogCaptureFixture, private_redis: RedisServer) -> None:
-    clock = Clock(T0)
+    clock = ManualClock(T0)
     s = Settings(redis_url=private_redis.url, topic_prefix=namespace())
     cb = CircuitBreakers(s, clock_us=clock, retry_interval=0.5)
     events: list[StateChange] = []

@@ -36,7 +36,7 @@ from notiflow.adapters.ratelimit import (
 from notiflow.flows.send.routing import Choice, rank_routes, reserve
 from notiflow.schemas.enums import Channel, Tier
 from notiflow.settings import ProviderRoute, Settings
-from tests.fakes import Clock
+from tests.fakes import ManualClock
 from tests.helpers import hold_async, loop_turns, wait_until
 from tests.integration.conftest import RedisServer
 
@@ -288,7 +288,7 @@ async def test_two_limiters_never_exceed_the_rate_in_real_time(redis_url: str) -
 
 async def test_redis_down_local_keeps_granting_pause_waits_then_recovers(
         caplog: pytest.LogCaptureFixture, private_redis: RedisServer) -> None:
-    clock = Clock(1000.0)
+    clock = ManualClock(1000.0)
     s = Settings(redis_url=private_redis.url, provider_rates={"down": 1000.0},
                  topic_prefix=namespace())
     limiter = CapacityLimiter(s, clock=clock)

@@ -25,7 +25,7 @@ from notiflow.schemas.enums import Channel, Tier
 from notiflow.schemas.messages import IngestRecord, new_message_id
 from notiflow.schemas.scheduling import ScheduledRow
 from notiflow.settings import Settings
-from tests.fakes import Clock
+from tests.fakes import ManualClock
 from tests.helpers import hold_async, read_topic, signed, wait_until
 
 pytestmark = pytest.mark.integration
@@ -195,7 +195,7 @@ async def test_a_message_scheduled_25_days_ahead_is_sent_and_stays_queryable(
     retention = stack.operational_ttl.total_seconds()
     assert ttl >= (due - datetime.now(UTC)).total_seconds() + retention - 60
 
-    clock = Clock(due + timedelta(seconds=1))
+    clock = ManualClock(due + timedelta(seconds=1))
     board = ScheduledStore(cql, stack, ring=f"future-{uuid.uuid4().hex[:6]}")
     producer = AsyncProducer(stack)
 

@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 from cryptography.fernet import Fernet
 
 from notiflow.adapters.dlq_crypto import DlqCipher
-from notiflow.adapters.memory import ManualClock, MemoryState, memory_ports
+from notiflow.adapters.memory import MemoryState, memory_ports
 from notiflow.adapters.providers.base import OutboundMessage
 from notiflow.flows.common.items import Out, SourceRef, Work
 from notiflow.flows.send.stages.context import SendContext
@@ -21,6 +21,7 @@ from notiflow.flows.send.stages.send_batch import Prepared
 from notiflow.schemas.enums import Channel, Tier
 from notiflow.schemas.messages import IngestRecord
 from notiflow.settings import Settings
+from tests.fakes import ManualClock
 from tests.helpers import memory_settings
 
 T0 = datetime(2026, 12, 7, 12, 0, tzinfo=UTC)
@@ -30,7 +31,7 @@ T = TypeVar("T")
 @dataclass
 class Setup:
     settings: Settings
-    clock: ManualClock
+    clock: ManualClock[datetime]
     state: MemoryState
     ctx: SendContext
 

@@ -42,7 +42,7 @@ from notiflow.fakes.apns import ApnsEmulator, Request, TokenState
 from notiflow.schemas.enums import Channel, PushPlatform, Tier
 from notiflow.schemas.messages import PushRecipient
 from notiflow.settings import ApnsSettings, Settings
-from tests.fakes import Clock
+from tests.fakes import ManualClock
 from tests.unit.classification_cases import STATUS_CLASSES as STATUS_CLASS_ROWS
 from tests.unit.classification_cases import status_class_cases
 
@@ -247,7 +247,7 @@ def test_verify_es256_round_trip_and_forgeries() -> None:
 
 
 def test_token_is_reused_until_refresh_after() -> None:
-    clock = Clock(NOW)
+    clock = ManualClock(NOW)
     tokens = ProviderTokens(TEAM, KID, KEY, clock=clock)
     first = tokens.current()
     for minutes in (1, 20, 44):
@@ -263,7 +263,7 @@ def test_token_refresh_stays_within_apples_window() -> None:
     for bad in (timedelta(minutes=19, seconds=59), timedelta(minutes=60)):
         with pytest.raises(ValueError):
             ProviderTokens(TEAM, KID, KEY, refresh_after=bad)
-    clock = Clock(NOW)
+    clock = ManualClock(NOW)
     tokens = ProviderTokens(TEAM, KID, KEY, clock=clock, refresh_after=timedelta(minutes=20))
     issued = []
     for second in range(0, 3 * 3600, 30):
@@ -276,7 +276,7 @@ def test_token_refresh_stays_within_apples_window() -> None:
 
 
 def test_expired_forces_one_early_refresh_per_20_minutes() -> None:
-    clock = Clock(NOW)
+    clock = ManualClock(NOW)
     tokens = ProviderTokens(TEAM, KID, KEY, clock=clock)
     first = tokens.current()
     clock.now += timedelta(minutes=1)

@@ -22,7 +22,7 @@ from notiflow.gateway.auditor import Auditor
 from notiflow.ops.audit_cli import p0_totals, select
 from notiflow.schemas.enums import Tier
 from notiflow.settings import Settings, TenantConfig
-from tests.fakes import Clock
+from tests.fakes import ManualClock
 from tests.helpers import wait_until
 
 T0 = datetime(2026, 12, 5, 12, 0, tzinfo=UTC)
@@ -96,23 +96,23 @@ def configure(auditor: Auditor, log: MemoryLog) -> None:
 
 def test_a_configuration_change_is_recorded_once_across_processes() -> None:
     log = MemoryLog()
-    configure(Auditor(settings(), Clock(T0)), log)
+    configure(Auditor(settings(), ManualClock(T0)), log)
     assert {e.subject for e in log.events} == {"tenant:acme", "credentials:twilio",
                                                 "credentials:dlq"}
     assert all(e.detail["first"] for e in log.events)
     log.events.clear()
-    configure(Auditor(settings(), Clock(T0)), log)
+    configure(Auditor(settings(), ManualClock(T0)), log)
     assert log.events == []
     changed = settings(channels=["SMS"])
-    configure(Auditor(changed, Clock(T0)), log)
-    configure(Auditor(changed, Clock(T0)), log)
+    configure(Auditor(changed, ManualClock(T0)), log)
+    configure(Auditor(changed, ManualClock(T0)), log)
     (event,) = log.events
     assert (event.action, event.tenant_id) == (Action.TENANT_POLICY, "acme")
     assert event.detail["changed"] == ["channels"] and not event.detail["first"]
 
 
 def test_p0_use_is_written_per_tenant_and_interval() -> None:
-    clock = Clock(T0)
+    clock = ManualClock(T0)
     auditor, log = Auditor(settings(), clock), MemoryLog()
     auditor.attach(log)  # type: ignore[arg-type]
     for tenant in ("acme", "acme", "globex"):
@@ -128,7 +128,7 @@ def test_p0_use_is_written_per_tenant_and_interval() -> None:
 
 
 def test_events_wait_while_cassandra_is_down_and_are_written_after() -> None:
-    auditor, log = Auditor(settings(), Clock(T0)), MemoryLog()
+    auditor, log = Auditor(settings(), ManualClock(T0)), MemoryLog()
     event = AuditEvent(T0, Action.TEMPLATE_CREATE, "token:acme", "acme", "template:otp@1")
     auditor.record(event)
     asyncio.run(auditor.drain())
@@ -142,7 +142,7 @@ def test_events_wait_while_cassandra_is_down_and_are_written_after() -> None:
 
 
 def test_the_run_loop_writes_what_is_recorded() -> None:
-    auditor, log = Auditor(settings(), Clock(T0)), MemoryLog()
+    auditor, log = Auditor(settings(), ManualClock(T0)), MemoryLog()
 
     async def run() -> None:
         auditor.attach(log)  # type: ignore[arg-type]

@@ -20,7 +20,7 @@ from notiflow.schemas.enums import TERMINAL_STATUSES, Status
 from notiflow.schemas.messages import StatusEvent
 from notiflow.schemas.status import rank
 from notiflow.settings import EgressSettings, Settings, TenantConfig
-from tests.fakes import Clock
+from tests.fakes import ManualClock
 from tests.unit.test_client_webhooks_pure import START, VECTOR_SECRET, FakeSender, status_of
 
 AT = datetime(2026, 3, 1, 12, 0, 0, 123000, tzinfo=UTC)
@@ -78,7 +78,7 @@ def test_a_row_missing_snapshot_fields_gives_an_event_without_snapshot() -> None
 
 
 def test_the_client_webhook_announces_cancelled_once() -> None:
-    s, sender, clock = settings(), FakeSender(), Clock(START)
+    s, sender, clock = settings(), FakeSender(), ManualClock(START)
     clock.now = AT + timedelta(seconds=1)
     api = parse_change(kafka(cancel_record(s, row(), "msg_c", AT, TRACE)), s.receipts_topic)
     flow_ev = StatusEvent.model_validate_json(cancel_record(

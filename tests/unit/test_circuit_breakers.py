@@ -25,7 +25,7 @@ from notiflow.adapters.breaker import (
 )
 from notiflow.adapters.providers.base import Outcome, SendResult
 from notiflow.settings import BreakerRule
-from tests.fakes import Clock
+from tests.fakes import ManualClock
 from tests.helpers import loop_turns, wait_until
 
 T0 = 1_700_000_000_000_000
@@ -34,7 +34,7 @@ DEFAULT = BreakerParams.from_rule(BreakerRule())
 
 
 class FlakyStore(ModelStore):
-    def __init__(self, params: BreakerParams, clock: Clock[int]) -> None:
+    def __init__(self, params: BreakerParams, clock: ManualClock[int]) -> None:
         super().__init__(params, clock)
         self.down = False
         self.calls: list[int] = []
@@ -48,8 +48,8 @@ class FlakyStore(ModelStore):
         return await super().run(provider_id, ops, now_us)
 
 
-def breakers(p: BreakerParams = DEFAULT) -> tuple[CircuitBreakers, FlakyStore, Clock[int]]:
-    clock = Clock(T0)
+def breakers(p: BreakerParams = DEFAULT) -> tuple[CircuitBreakers, FlakyStore, ManualClock[int]]:
+    clock = ManualClock(T0)
     store = FlakyStore(p, clock)
     return CircuitBreakers(store, clock_us=clock), store, clock
 
@@ -91,7 +91,7 @@ async def test_successes_are_deferred_and_ride_with_the_next_call_in_order() -> 
 
 
 async def test_deferred_successes_flush_on_their_own() -> None:
-    clock = Clock(T0)
+    clock = ManualClock(T0)
     store = FlakyStore(DEFAULT, clock)
     cb = CircuitBreakers(store, clock_us=clock, flush_interval=0.01)
     await cb.record("tw", Outcome.ACCEPTED, None, 0.1)

@@ -42,7 +42,7 @@ from notiflow.flows.webhooks.status_webhooks import (
 )
 from notiflow.schemas.enums import Status
 from notiflow.settings import ClientWebhookRule, EgressSettings, Settings, TenantConfig
-from tests.fakes import Clock
+from tests.fakes import ManualClock
 
 # The Standard Webhooks reference vector (standard-webhooks libraries' test suites).
 VECTOR_SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
@@ -325,7 +325,7 @@ def job(status: Status, mid: str = "msg_a", tenant: str | None = "acme",
 START = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 
 
-def logic(settings: Settings, sender: FakeSender, clock: Clock[datetime],
+def logic(settings: Settings, sender: FakeSender, clock: ManualClock[datetime],
           resume: object = None) -> WebhookLogic:
     return WebhookLogic(resume, sender=sender, settings=settings,  # type: ignore[arg-type]
                         policy=WebhookPolicy.from_settings(settings),
@@ -338,7 +338,7 @@ def status_of(req: Request) -> str:
 
 
 def test_one_at_a_time_in_status_order_and_a_late_lower_status_is_dropped() -> None:
-    s, sender, clock = make_settings(), FakeSender(), Clock(START)
+    s, sender, clock = make_settings(), FakeSender(), ManualClock(START)
     lg = logic(s, sender, clock)
     lg.on_item(job(Status.DELIVERED))
     lg.on_item(job(Status.SENT))
@@ -354,7 +354,7 @@ def test_one_at_a_time_in_status_order_and_a_late_lower_status_is_dropped() -> N
 
 
 def test_lower_statuses_queued_behind_a_failing_head_go_first() -> None:
-    s, sender, clock = make_settings(), FakeSender(), Clock(START)
+    s, sender, clock = make_settings(), FakeSender(), ManualClock(START)
     lg = logic(s, sender, clock)
     lg.on_item(job(Status.SENT))
     sender.answer(500)
@@ -379,7 +379,7 @@ def test_lower_statuses_queued_behind_a_failing_head_go_first() -> None:
 
 
 def test_failures_follow_the_schedule_then_dead_letter() -> None:
-    s, sender, clock = make_settings(), FakeSender(), Clock(START)
+    s, sender, clock = make_settings(), FakeSender(), ManualClock(START)
     lg = logic(s, sender, clock)
     policy = lg.policy
     lg.on_item(job(Status.PROVIDER_ACCEPTED))
@@ -412,7 +412,7 @@ def test_failures_follow_the_schedule_then_dead_letter() -> None:
 
 def test_open_breaker_delays_without_spending_attempts_until_the_deadline() -> None:
     s = make_settings(schedule=[timedelta(0), timedelta(seconds=1)])
-    sender, clock = FakeSender(), Clock(START)
+    sender, clock = FakeSender(), ManualClock(START)
     lg = logic(s, sender, clock)
     lg.on_item(job(Status.SENT))
     for _ in range(5):
@@ -434,7 +434,7 @@ def test_open_breaker_delays_without_spending_attempts_until_the_deadline() -> N
 
 
 def test_gone_stops_at_once() -> None:
-    s, sender, clock = make_settings(), FakeSender(), Clock(START)
+    s, sender, clock = make_settings(), FakeSender(), ManualClock(START)
     lg = logic(s, sender, clock)
     lg.on_item(job(Status.SENT))
     sender.answer(410)
@@ -443,7 +443,7 @@ def test_gone_stops_at_once() -> None:
 
 
 def test_configuration_problems_dead_letter_without_a_request() -> None:
-    s, sender, clock = make_settings(), FakeSender(), Clock(START)
+    s, sender, clock = make_settings(), FakeSender(), ManualClock(START)
     [a] = logic(s, sender, clock).on_item(job(Status.SENT, tenant="nosecret"))[0]
     [b] = logic(s, sender, clock).on_item(job(Status.SENT, url="ftp://x/y"))[0]
     assert (a.error_class, b.error_class) == ("webhook_no_secret", "webhook_invalid_url")
@@ -455,7 +455,7 @@ def test_configuration_problems_dead_letter_without_a_request() -> None:
     "https://[::ffff:169.254.169.254]/", "https://metadata.google.internal/x",
     "https://2130706433/hook"])
 def test_a_url_the_egress_rules_refuse_is_dead_lettered_without_a_request(url: str) -> None:
-    s, sender, clock = make_settings(), FakeSender(), Clock(START)
+    s, sender, clock = make_settings(), FakeSender(), ManualClock(START)
     [dlq] = logic(s, sender, clock).on_item(job(Status.SENT, url=url))[0]
     assert (dlq.error_class, dlq.category, dlq.tenant_id) == (
         "webhook_url_not_allowed", "invalid_data", "acme")
@@ -463,7 +463,7 @@ def test_a_url_the_egress_rules_refuse_is_dead_lettered_without_a_request(url: s
 
 
 def test_a_url_refused_when_vetted_before_the_post_is_dead_lettered_at_once() -> None:
-    s, sender, clock = make_settings(), FakeSender(), Clock(START)
+    s, sender, clock = make_settings(), FakeSender(), ManualClock(START)
     lg = logic(s, sender, clock)
     lg.on_item(job(Status.SENT, url="https://rebinds.example/hook"))
     sender.answer(AttemptResult(Verdict.REFUSED, "url_not_allowed:not_public", clock.now,
@@ -474,7 +474,7 @@ def test_a_url_refused_when_vetted_before_the_post_is_dead_lettered_at_once() ->
 
 
 def test_snapshot_resumes_a_pending_retry_and_resends_what_was_in_flight() -> None:
-    s, sender, clock = make_settings(), FakeSender(), Clock(START)
+    s, sender, clock = make_settings(), FakeSender(), ManualClock(START)
     lg = logic(s, sender, clock)
     lg.on_item(job(Status.SENT))
     sender.answer(500)
@@ -496,7 +496,7 @@ def test_snapshot_resumes_a_pending_retry_and_resends_what_was_in_flight() -> No
 
 
 def test_each_attempt_of_a_per_attempt_status_is_announced() -> None:
-    s, sender, clock = make_settings(), FakeSender(), Clock(START)
+    s, sender, clock = make_settings(), FakeSender(), ManualClock(START)
     lg = logic(s, sender, clock)
     lg.on_item(job(Status.RETRY_PENDING, attempt=1))
     sender.answer(200)
@@ -513,7 +513,7 @@ def test_each_attempt_of_a_per_attempt_status_is_announced() -> None:
 def test_a_change_without_url_waits_for_its_message_to_be_known() -> None:
     """A receipt that overtook its message's first event (no row in Cassandra yet) waits in
     the message's key; the event brings the URL and both go out, lowest status first."""
-    s, sender, clock = make_settings(), FakeSender(), Clock(START)
+    s, sender, clock = make_settings(), FakeSender(), ManualClock(START)
     lg = logic(s, sender, clock)
     outs, keep = lg.on_item(job(Status.DELIVERED, tenant=None, url=None))
     assert list(outs) == [] and keep is StatefulLogic.RETAIN and sender.requests == []
@@ -533,7 +533,7 @@ def test_a_change_without_url_waits_for_its_message_to_be_known() -> None:
 
 def test_a_change_whose_url_never_becomes_known_is_logged_not_dead_lettered(
         caplog: pytest.LogCaptureFixture) -> None:
-    s, sender, clock = make_settings(), FakeSender(), Clock(START)
+    s, sender, clock = make_settings(), FakeSender(), ManualClock(START)
     lg = logic(s, sender, clock)
     lg.on_item(job(Status.SENT, tenant=None, url=None))
     clock.now += lg.policy.park_for
@@ -545,7 +545,7 @@ def test_a_change_whose_url_never_becomes_known_is_logged_not_dead_lettered(
 
 def test_status_filter_still_learns_the_url_from_unannounced_statuses() -> None:
     s = make_settings(statuses=frozenset({"delivered"}))
-    sender, clock = FakeSender(), Clock(START)
+    sender, clock = FakeSender(), ManualClock(START)
     lg = logic(s, sender, clock)
     lg.on_item(job(Status.PROVIDER_ACCEPTED))
     lg.on_item(job(Status.SENT, tenant=None, url=None))
@@ -559,7 +559,7 @@ def test_dead_letter_ids_are_deterministic() -> None:
     s = make_settings(schedule=[timedelta(0)])
     ids = []
     for _ in range(2):
-        sender, clock = FakeSender(), Clock(START)
+        sender, clock = FakeSender(), ManualClock(START)
         lg = logic(s, sender, clock)
         lg.on_item(job(Status.SENT))
         sender.answer(500)
@@ -570,7 +570,7 @@ def test_dead_letter_ids_are_deterministic() -> None:
 
 def test_a_sender_failure_is_a_failed_attempt() -> None:
     s = make_settings(schedule=[timedelta(0), timedelta(seconds=1)])
-    sender, clock = FakeSender(), Clock(START)
+    sender, clock = FakeSender(), ManualClock(START)
     lg = logic(s, sender, clock)
     lg.on_item(job(Status.SENT))
     _, fut = sender.requests[0]

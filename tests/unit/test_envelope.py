@@ -29,7 +29,7 @@ from notiflow.flows.common.items import Retry, SourceRef, Work
 from notiflow.flows.send.stages.emit import lease_outcome
 from notiflow.schemas.messages import IngestRecord, StatusEvent
 from notiflow.settings import Settings
-from tests.fakes import Clock
+from tests.fakes import ManualClock
 
 PHONE = "+14155550123"
 
@@ -107,7 +107,7 @@ def test_rotation_new_key_seals_every_listed_key_opens() -> None:
 
 
 def test_a_data_key_serves_its_ttl_then_the_next_is_drawn() -> None:
-    clock = Clock(0.0)
+    clock = ManualClock(0.0)
     env = sealer(clock=clock, data_key_ttl_s=60)
 
     def data_key() -> str:

@@ -14,7 +14,7 @@ from notiflow.inbox.server import InboxServer
 from notiflow.inbox.tokens import mint
 from notiflow.settings import InboxSettings, Settings, TenantConfig
 from notiflow.token_bucket import TokenBucket
-from tests.fakes import Clock
+from tests.fakes import ManualClock
 
 KEY = "k" * 43
 
@@ -35,7 +35,7 @@ def test_the_bucket_gives_its_burst_then_its_rate() -> None:
 
 
 def test_one_tenant_at_its_cap_leaves_room_for_another() -> None:
-    gate = Gate(rules(max_connections_per_tenant=2, connect_burst=100), Clock(1000.0))
+    gate = Gate(rules(max_connections_per_tenant=2, connect_burst=100), ManualClock(1000.0))
     assert gate.admit("a") is None and gate.admit("a") is None
     assert gate.admit("a") == Refusal(429, "tenant_connections", 5)
     assert gate.admit("b") is None
@@ -45,7 +45,7 @@ def test_one_tenant_at_its_cap_leaves_room_for_another() -> None:
 
 
 def test_the_process_cap_refuses_everyone_with_503() -> None:
-    gate = Gate(rules(max_connections=3, connect_burst=100), Clock(1000.0))
+    gate = Gate(rules(max_connections=3, connect_burst=100), ManualClock(1000.0))
     for tenant in ("a", "b", "c"):
         assert gate.admit(tenant) is None
     assert gate.admit("d") == Refusal(503, "server_full", 5)
@@ -54,7 +54,7 @@ def test_the_process_cap_refuses_everyone_with_503() -> None:
 
 
 def test_a_reconnect_storm_is_paced_per_tenant_and_a_refusal_takes_no_token() -> None:
-    clock = Clock(1000.0)
+    clock = ManualClock(1000.0)
     gate = Gate(rules(connect_rate=2.0, connect_burst=3), clock)
     for _ in range(3):
         assert gate.admit("a") is None
@@ -70,7 +70,7 @@ def test_a_reconnect_storm_is_paced_per_tenant_and_a_refusal_takes_no_token() ->
 
 
 def test_a_release_without_an_admit_changes_nothing() -> None:
-    gate = Gate(rules(), Clock(1000.0))
+    gate = Gate(rules(), ManualClock(1000.0))
     gate.release("a")
     assert (gate.live, gate.by_tenant) == (0, {})
 

@@ -27,7 +27,7 @@ from notiflow.gateway.errors import ApiError
 from notiflow.gateway.jwt_auth import looks_like_jwt, principal, verify
 from notiflow.schemas.enums import Channel, Tier
 from notiflow.settings import JwtAuth, TenantConfig
-from tests.fakes import Clock
+from tests.fakes import ManualClock
 
 ISSUER, AUDIENCE = "https://idp.example.test/", "notiflow-api"
 RULE = JwtAuth(jwks_url="https://idp.example.test/jwks", issuer=ISSUER, audience=AUDIENCE)
@@ -183,13 +183,13 @@ class Idp:
         return httpx.Response(self.status, json=self.body)
 
 
-def cache(idp: Idp, clock: Clock[float]) -> JwksCache:
+def cache(idp: Idp, clock: ManualClock[float]) -> JwksCache:
     http = httpx.AsyncClient(transport=httpx.MockTransport(idp.handle))
     return JwksCache("https://idp/jwks", http, ttl=600, min_refetch=30, clock=clock)
 
 
 def test_keys_are_fetched_once_and_reused() -> None:
-    idp, clock = Idp((RSA_KEY, "k1")), Clock(1000.0)
+    idp, clock = Idp((RSA_KEY, "k1")), ManualClock(1000.0)
 
     async def run() -> None:
         c = cache(idp, clock)
@@ -205,7 +205,7 @@ def test_keys_are_fetched_once_and_reused() -> None:
 
 
 def test_a_rotated_key_is_found_by_one_refetch_and_made_up_ids_cost_little() -> None:
-    idp, clock = Idp((RSA_KEY, "k1")), Clock(1000.0)
+    idp, clock = Idp((RSA_KEY, "k1")), ManualClock(1000.0)
 
     async def run() -> None:
         c = cache(idp, clock)
@@ -222,7 +222,7 @@ def test_a_rotated_key_is_found_by_one_refetch_and_made_up_ids_cost_little() -> 
 
 
 def test_a_failed_fetch_keeps_the_known_keys() -> None:
-    idp, clock = Idp((RSA_KEY, "k1")), Clock(1000.0)
+    idp, clock = Idp((RSA_KEY, "k1")), ManualClock(1000.0)
 
     async def run() -> None:
         c = cache(idp, clock)
@@ -237,7 +237,7 @@ def test_a_failed_fetch_keeps_the_known_keys() -> None:
 
 
 def test_without_any_key_set_the_cache_says_so() -> None:
-    idp, clock = Idp(), Clock(1000.0)
+    idp, clock = Idp(), ManualClock(1000.0)
     idp.status = 500
 
     async def run() -> None:
@@ -247,7 +247,7 @@ def test_without_any_key_set_the_cache_says_so() -> None:
 
 
 def test_encryption_keys_are_not_used_for_signatures() -> None:
-    idp, clock = Idp(), Clock(1000.0)
+    idp, clock = Idp(), ManualClock(1000.0)
     idp.body = {"keys": [{**jwk(RSA_KEY, "enc1"), "use": "enc"}, jwk(EC_KEY, "e1")]}
 
     async def run() -> None:

@@ -20,7 +20,7 @@ from notiflow.gateway.kafka_window import (
 )
 from notiflow.schemas.enums import Tier
 from notiflow.settings import OutageWindow
-from tests.fakes import Clock
+from tests.fakes import ManualClock
 
 POLICY = OutageWindow(max_messages=3, max_age=timedelta(seconds=60),
                       ack_wait=timedelta(milliseconds=50),
@@ -57,7 +57,7 @@ class Producer:
 
 class Harness:
     def __init__(self, policy: OutageWindow = POLICY) -> None:
-        self.clock = Clock(1000.0)
+        self.clock = ManualClock(1000.0)
         self.window = Window(policy, self.clock)
         self.producer = Producer()
         self.p0_producer = self.producer

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from notiflow.secrets import Keyring, Reload, differing
 from notiflow.settings import Settings, TenantConfig
-from tests.fakes import Clock
+from tests.fakes import ManualClock
 
 WINDOW = 60.0
 
@@ -49,7 +49,7 @@ def test_an_unchanged_reload_retires_nothing() -> None:
 
 
 def test_a_retired_token_is_the_tenant_as_configured_now_until_the_window_ends() -> None:
-    clock = Clock(1000.0)
+    clock = ManualClock(1000.0)
     ring = Keyring(configured(), clock=clock)
     fresh = configured("t2")
     tenants = [t.model_copy(update={"rate_limit": 99.0}) if t.id == "acme" else t
@@ -74,7 +74,7 @@ def test_a_tenant_removed_by_a_reload_loses_its_retired_token_at_once() -> None:
 
 
 def test_sections_are_current_first_then_retired_each_once() -> None:
-    clock = Clock(1000.0)
+    clock = ManualClock(1000.0)
     ring = Keyring(configured(twilio="a"), clock=clock)
     ring.reload(configured(twilio="b"))
     clock.now += 1
@@ -87,7 +87,7 @@ def test_sections_are_current_first_then_retired_each_once() -> None:
 
 
 def test_the_window_in_force_at_a_reload_is_the_one_that_counts() -> None:
-    clock = Clock(1000.0)
+    clock = ManualClock(1000.0)
     ring = Keyring(configured(), clock=clock)
     longer = configured("t2").model_copy(update={
         "secrets_rotation_window": timedelta(seconds=10 * WINDOW)})
@@ -105,7 +105,7 @@ Op = tuple[str, int]
 def test_tokens_accepted_match_a_model_of_rotations(ops: list[Op]) -> None:
     """Model: a token is accepted when it is acme's current one, or was replaced less than
     the window ago."""
-    clock = Clock(1000.0)
+    clock = ManualClock(1000.0)
     ring = Keyring(configured("tok0"), clock=clock)
     current, retired_at = "tok0", {}
     issued = ["tok0"]

@@ -13,10 +13,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from notiflow.adapters.cancel_gate import CANCELLED, SENDING, Confirm, GateModel
-from notiflow.adapters.memory import ManualClock
 from notiflow.adapters.memory.leases import LeaseTable, MemoryLeases
 from notiflow.correlation import CorrelationKeys
 from notiflow.schemas.campaigns import row_message_id
+from tests.fakes import ManualClock
 
 KEYS = CorrelationKeys((b"g" * 32,))
 T0 = datetime(2026, 12, 7, 12, 0, tzinfo=UTC)
@@ -24,7 +24,7 @@ TTL = timedelta(seconds=10)
 T = TypeVar("T")
 
 
-def pair() -> tuple[ManualClock, MemoryLeases, MemoryLeases]:
+def pair() -> tuple[ManualClock[datetime], MemoryLeases, MemoryLeases]:
     clock = ManualClock(T0)
     table = LeaseTable(clock)
     return clock, MemoryLeases(table, "us", "ns.", KEYS), MemoryLeases(table, "them", "ns.",

@@ -10,12 +10,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from notiflow.adapters.breaker import BreakerParams, ModelStore, Op, State, Verdict
-from notiflow.adapters.memory import ManualClock, memory_ports
+from notiflow.adapters.memory import memory_ports
 from notiflow.adapters.memory.limits import SharedBreakerModel, SharedDecisions
 from notiflow.adapters.providers.base import Outcome
 from notiflow.adapters.ratelimit import CapacityRules, Request
 from notiflow.adapters.ratelimit import ModelStore as DecisionModel
 from notiflow.schemas.enums import Tier
+from tests.fakes import ManualClock
 from tests.helpers import memory_settings
 
 T0 = datetime(2026, 12, 7, 12, 0, tzinfo=UTC)

@@ -5,9 +5,10 @@ from __future__ import annotations
 import asyncio
 from datetime import UTC, datetime
 
-from notiflow.adapters.memory import Answer, ManualClock, MemoryProvider
+from notiflow.adapters.memory import Answer, MemoryProvider
 from notiflow.adapters.providers.base import OutboundMessage, Outcome
 from notiflow.schemas.enums import Channel, Tier
+from tests.fakes import ManualClock
 
 T0 = datetime(2026, 12, 7, 12, 0, tzinfo=UTC)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from datetime import UTC, datetime, timedelta
 
-from notiflow.adapters.memory import ManualClock, memory_ports
+from notiflow.adapters.memory import memory_ports
 from notiflow.adapters.memory.boards import BoardTable, MemoryBoards
 from notiflow.adapters.memory.stores import MemoryMessages, MemoryPreferences
 from notiflow.adapters.ports import SendPorts
@@ -13,6 +13,7 @@ from notiflow.adapters.pressure import STALE_AFTER_S
 from notiflow.schemas.enums import Status, Tier
 from notiflow.schemas.preferences import PreferenceState
 from notiflow.schemas.status import rank
+from tests.fakes import ManualClock
 from tests.helpers import memory_settings
 
 T0 = datetime(2026, 12, 7, 12, 0, tzinfo=UTC)

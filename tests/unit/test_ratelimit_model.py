@@ -42,7 +42,7 @@ from notiflow.adapters.ratelimit import (
 )
 from notiflow.schemas.enums import Tier
 from notiflow.settings import Settings
-from tests.fakes import Clock
+from tests.fakes import ManualClock
 from tests.helpers import loop_turns
 
 W = 1_000_000
@@ -365,7 +365,7 @@ def test_b_p0_takes_its_share_back_within_a_second(rate: float, p3_token_us: int
 
 
 class FlakyStore(ModelStore):
-    def __init__(self, rules: CapacityRules, clock: Clock[float]) -> None:
+    def __init__(self, rules: CapacityRules, clock: ManualClock[float]) -> None:
         super().__init__(rules, lambda: round(clock.now * 1_000_000))
         self.down = False
         self.hang = asyncio.Event()
@@ -383,8 +383,8 @@ class FlakyStore(ModelStore):
 
 
 def limiter_for(rate: float = 1000.0, **kwargs: Any) -> tuple[CapacityLimiter, FlakyStore,
-                                                                  Clock[float]]:
-    clock = Clock(100.0)
+                                                                  ManualClock[float]]:
+    clock = ManualClock(100.0)
     store = FlakyStore(CapacityRules.from_settings(Settings(provider_rates={"tw": rate})),
                        clock)
     return CapacityLimiter(store, clock=clock, **kwargs), store, clock  # type: ignore[arg-type]

@@ -18,7 +18,7 @@ from notiflow.schemas.messages import MessageSnapshot, SendRequest
 from notiflow.schemas.schedules import occurrence_message_id
 from notiflow.schemas.scheduling import ScheduledRow
 from notiflow.settings import SchedulingRule, Settings
-from tests.fakes import Clock
+from tests.fakes import ManualClock
 
 
 @dataclass
@@ -62,14 +62,14 @@ def schedule(cron: str, zone: str, starts_at: datetime,
                        materialized_until, starts_at, starts_at)
 
 
-def materializer(fakes: Fakes, clock: Clock[datetime]) -> Materializer:
+def materializer(fakes: Fakes, clock: ManualClock[datetime]) -> Materializer:
     settings = Settings(dlq_key=Fernet.generate_key().decode(),
                         scheduling=SchedulingRule(horizon=timedelta(days=1)))
     return Materializer(settings, fakes, fakes, fakes, fakes.publish, clock)
 
 
 async def test_a_daily_0230_fires_once_on_the_us_spring_forward_day() -> None:
-    clock = Clock(datetime(2027, 3, 13, 12, 0, tzinfo=UTC))
+    clock = ManualClock(datetime(2027, 3, 13, 12, 0, tzinfo=UTC))
     fakes = Fakes(schedule("30 2 * * *", "America/New_York",
                            datetime(2027, 3, 10, tzinfo=UTC), clock.now))
     m = materializer(fakes, clock)
@@ -85,7 +85,7 @@ async def test_a_daily_0230_fires_once_on_the_us_spring_forward_day() -> None:
 
 async def test_a_daily_0230_fires_once_on_the_eu_fall_back_day_and_again_is_idempotent(
         ) -> None:
-    clock = Clock(datetime(2027, 10, 30, 12, 0, tzinfo=UTC))
+    clock = ManualClock(datetime(2027, 10, 30, 12, 0, tzinfo=UTC))
     fakes = Fakes(schedule("30 2 * * *", "Europe/Paris", datetime(2027, 10, 1, tzinfo=UTC),
                            clock.now))
     m = materializer(fakes, clock)
@@ -101,7 +101,7 @@ async def test_a_daily_0230_fires_once_on_the_eu_fall_back_day_and_again_is_idem
 async def test_a_scheduler_down_for_a_month_catches_up_only_the_tier_ttl() -> None:
     """Occurrences older than the tier's TTL would expire unsent: skipped; a missed one
     within it goes to Kafka at once (late), the coming one to its bucket."""
-    clock = Clock(datetime(2027, 10, 30, 12, 0, tzinfo=UTC))
+    clock = ManualClock(datetime(2027, 10, 30, 12, 0, tzinfo=UTC))
     fakes = Fakes(schedule("30 2 * * *", "Europe/Paris", datetime(2027, 9, 1, tzinfo=UTC),
                            datetime(2027, 9, 30, tzinfo=UTC)))
     m = materializer(fakes, clock)
@@ -115,7 +115,7 @@ async def test_a_scheduler_down_for_a_month_catches_up_only_the_tier_ttl() -> No
 
 async def test_paused_schedules_and_other_shards_make_nothing() -> None:
     fakes = Fakes(schedule("*/5 * * * *", "UTC", datetime(2027, 1, 1, tzinfo=UTC)))
-    m = materializer(fakes, Clock(datetime(2027, 1, 2, tzinfo=UTC)))
+    m = materializer(fakes, ManualClock(datetime(2027, 1, 2, tzinfo=UTC)))
     assert await m.tick([1, 2]) == 0
     fakes.row = replace(fakes.row, state="paused")
     assert await m.tick([0]) == 0

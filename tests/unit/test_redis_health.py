@@ -16,7 +16,7 @@ from notiflow.adapters.redis_health import RedisHealth
 from notiflow.flows.send.stages.context import SendContext
 from notiflow.schemas.enums import Tier
 from notiflow.settings import Settings
-from tests.fakes import Clock
+from tests.fakes import ManualClock
 from tests.helpers import partial_ports
 from tests.unit.test_circuit_breakers import DEFAULT
 from tests.unit.test_circuit_breakers import T0 as BREAKER_T0
@@ -26,7 +26,7 @@ from tests.unit.test_send_context_redis import START as WALL_START
 
 
 def test_health_is_down_for_hold_after_a_failure_until_an_answer() -> None:
-    clock = Clock(100.0)
+    clock = ManualClock(100.0)
     health = RedisHealth(hold_s=1.0, clock=clock)
     assert not health.down
     health.failed()
@@ -40,14 +40,14 @@ def test_health_is_down_for_hold_after_a_failure_until_an_answer() -> None:
 
 
 async def test_a_breaker_timeout_spares_the_limiter_and_the_dedup_calls() -> None:
-    health = RedisHealth(hold_s=1.0, clock=Clock(100.0))
-    bclock = Clock(BREAKER_T0)
+    health = RedisHealth(hold_s=1.0, clock=ManualClock(100.0))
+    bclock = ManualClock(BREAKER_T0)
     bstore = FlakyBreakerStore(DEFAULT, bclock)
     cb = CircuitBreakers(bstore, clock_us=bclock, health=health)
     limiter, lstore, _ = limiter_for(health=health)
     settings = Settings()
     ctx = SendContext(settings, Tier.P0, settings.policy(Tier.P0),
-                      DlqCipher(Fernet.generate_key()), Clock(WALL_START), random.Random(1),
+                      DlqCipher(Fernet.generate_key()), ManualClock(WALL_START), random.Random(1),
                       "send.p0")
     ctx.attach(partial_ports(health=health))
     asked: list[str] = []
@@ -71,8 +71,8 @@ async def test_a_breaker_timeout_spares_the_limiter_and_the_dedup_calls() -> Non
 
 
 async def test_a_down_health_keeps_a_healthy_breaker_off_redis() -> None:
-    health = RedisHealth(hold_s=1.0, clock=Clock(100.0))
-    bclock = Clock(BREAKER_T0)
+    health = RedisHealth(hold_s=1.0, clock=ManualClock(100.0))
+    bclock = ManualClock(BREAKER_T0)
     bstore = FlakyBreakerStore(DEFAULT, bclock)
     cb = CircuitBreakers(bstore, clock_us=bclock, health=health)
     health.failed()

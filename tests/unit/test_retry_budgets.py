@@ -32,7 +32,7 @@ from notiflow.flows.send.stages.route import candidates
 from notiflow.schemas.enums import Channel, Status, Tier
 from notiflow.schemas.messages import DlqRecord, IngestRecord, StatusEvent
 from notiflow.settings import DlqRule, RetryBudget, Settings, TierPolicy
-from tests.fakes import Clock
+from tests.fakes import ManualClock
 from tests.helpers import partial_ports
 
 NOW = datetime(2026, 12, 6, 12, 0, tzinfo=UTC)
@@ -111,7 +111,7 @@ def drive(tier: Tier, seed: int, answer: Any = failing, rec: IngestRecord | None
     """Send ``rec`` (a fresh message of ``tier``) until its outcome has no retry: each
     attempt goes to the account the router ranks first, at the time its record is due, and
     ``answer(t, provider)`` is what that account answers."""
-    clock = Clock(start)
+    clock = ManualClock(start)
     attempts = Attempts()
     ctx = SendContext(settings, tier, settings.policy(tier), DlqCipher(Fernet.generate_key()),
                       clock, random.Random(seed), f"send.{tier.value.lower()}")

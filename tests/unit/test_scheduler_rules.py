@@ -23,7 +23,7 @@ from notiflow.ingest_binding import binder
 from notiflow.schemas.messages import IngestRecord
 from notiflow.schemas.scheduling import ScheduledRow, bucket_of, fair_share, shard_of
 from notiflow.settings import SchedulingRule, Settings
-from tests.fakes import Clock
+from tests.fakes import ManualClock
 
 T0 = datetime(2027, 3, 1, 12, 0, 0, tzinfo=UTC)
 
@@ -111,7 +111,7 @@ def row(s: Settings, mid: str, due: datetime, expires_at: datetime | None = None
                         expires_at=record.expires_at)
 
 
-def scheduler(s: Settings, board: FakeBoard, clock: Clock[datetime], owner: str = "a"
+def scheduler(s: Settings, board: FakeBoard, clock: ManualClock[datetime], owner: str = "a"
               ) -> tuple[Scheduler, list[OutRecord]]:
     out: list[OutRecord] = []
 
@@ -127,7 +127,7 @@ def ids(out: list[OutRecord]) -> list[str]:
 
 
 async def test_due_rows_are_released_in_order_once_and_later_ones_wait() -> None:
-    s, board, clock = settings(), FakeBoard(), Clock(T0)
+    s, board, clock = settings(), FakeBoard(), ManualClock(T0)
     rows = [row(s, f"m{i}", T0 + timedelta(seconds=10 * i)) for i in range(12)]
     for r in rows:
         board.put(r)
@@ -151,7 +151,7 @@ async def test_due_rows_are_released_in_order_once_and_later_ones_wait() -> None
 
 
 async def test_a_new_owner_resumes_from_the_watermark_and_skips_released_rows() -> None:
-    s, board, clock = settings(), FakeBoard(), Clock(T0)
+    s, board, clock = settings(), FakeBoard(), ManualClock(T0)
     first = [row(s, f"m{i}", T0 + timedelta(seconds=i)) for i in range(5)]
     for r in first:
         board.put(r)
@@ -174,7 +174,7 @@ async def test_a_new_owner_resumes_from_the_watermark_and_skips_released_rows() 
 
 
 async def test_a_crash_between_publish_and_mark_publishes_again_once() -> None:
-    s, board, clock = settings(), FakeBoard(), Clock(T0)
+    s, board, clock = settings(), FakeBoard(), ManualClock(T0)
     board.put(row(s, "m", T0 + timedelta(seconds=1)))
     a, out_a = scheduler(s, board, clock, "a")
     await a.tick_leases()
@@ -198,7 +198,7 @@ async def test_a_crash_between_publish_and_mark_publishes_again_once() -> None:
 
 
 async def test_shares_are_fair_and_a_lost_lease_stops_releases() -> None:
-    s, board, clock = settings(), FakeBoard(), Clock(T0)
+    s, board, clock = settings(), FakeBoard(), ManualClock(T0)
     a, _ = scheduler(s, board, clock, "a")
     b, out_b = scheduler(s, board, clock, "b")
     await a.tick_leases()
@@ -217,7 +217,7 @@ async def test_shares_are_fair_and_a_lost_lease_stops_releases() -> None:
 
 
 async def test_expired_rows_become_expired_events_and_bad_payloads_pass_on() -> None:
-    s, board, clock = settings(), FakeBoard(), Clock(T0)
+    s, board, clock = settings(), FakeBoard(), ManualClock(T0)
     board.put(row(s, "old", T0 + timedelta(seconds=1), expires_at=T0 + timedelta(seconds=2)))
     board.put(row(s, "bad", T0 + timedelta(seconds=1), payload="{not json"))
     sched, out = scheduler(s, board, clock)
@@ -274,7 +274,7 @@ def delayed(s: Settings, mid: str, not_before: datetime, offset: int) -> Delayed
 
 
 async def test_long_retries_move_into_buckets_short_ones_and_bad_ones_pass_on() -> None:
-    s, board, clock = settings(), FakeBoard(), Clock(T0)
+    s, board, clock = settings(), FakeBoard(), ManualClock(T0)
     intake = FakeIntake([delayed(s, "far", T0 + timedelta(minutes=5), 0),
                          delayed(s, "near", T0 + timedelta(milliseconds=500), 1),
                          Delayed(b"{oops", s.delayed_topic, 0, 2, None, None)])
@@ -296,7 +296,7 @@ async def test_long_retries_move_into_buckets_short_ones_and_bad_ones_pass_on() 
 
 
 async def test_a_batch_that_cannot_be_stored_is_read_again() -> None:
-    s, board, clock = settings(), FakeBoard(), Clock(T0)
+    s, board, clock = settings(), FakeBoard(), ManualClock(T0)
     intake = FakeIntake([delayed(s, "far", T0 + timedelta(minutes=5), 7)])
 
     async def down(r: ScheduledRow, now: datetime) -> None:
@@ -315,7 +315,7 @@ def test_the_encoder_sends_long_waits_to_the_delayed_topic() -> None:
     r = row(s, "m", T0)
     record = IngestRecord.model_validate_json(r.payload)
     work = Work(record, SourceRef("t", 0, 0), b"", b"m", ())
-    enc = Encoder(s, Clock(T0))
+    enc = Encoder(s, ManualClock(T0))
     soon = Retry(work, record.model_copy(update={"not_before": T0 + timedelta(seconds=29)}))
     later = Retry(work, record.model_copy(update={"not_before": T0 + timedelta(seconds=30)}))
     assert enc(soon).topic == s.ingest_topic("SMS", "P3")  # type: ignore[arg-type]
@@ -323,7 +323,7 @@ def test_the_encoder_sends_long_waits_to_the_delayed_topic() -> None:
 
 
 async def test_a_quiet_shard_is_read_again_only_when_a_row_can_be_due() -> None:
-    s, board, clock = settings(shards=1), FakeBoard(), Clock(T0)
+    s, board, clock = settings(shards=1), FakeBoard(), ManualClock(T0)
     reads: list[datetime] = []
     inner = board.due
 

@@ -17,7 +17,7 @@ from notiflow.adapters.dlq_crypto import DlqCipher
 from notiflow.flows.send.stages.context import REDIS_RECHECK, SendContext
 from notiflow.schemas.enums import Tier
 from notiflow.settings import Settings
-from tests.fakes import Clock
+from tests.fakes import ManualClock
 from tests.helpers import loop_turns
 
 START = datetime(2026, 1, 1, tzinfo=UTC)
@@ -25,7 +25,7 @@ START = datetime(2026, 1, 1, tzinfo=UTC)
 
 def test_a_local_tier_stops_asking_a_failed_redis_for_a_while() -> None:
     settings = Settings()
-    clock = Clock(START)
+    clock = ManualClock(START)
     ctx = SendContext(settings, Tier.P0, settings.policy(Tier.P0),
                       DlqCipher(Fernet.generate_key()), clock, random.Random(1), "send.p0")
     calls: list[str] = []
@@ -58,7 +58,7 @@ def test_a_local_tier_stops_asking_a_failed_redis_for_a_while() -> None:
 
 def test_one_call_at_a_time_asks_a_failed_redis_again() -> None:
     settings = Settings()
-    clock = Clock(START)
+    clock = ManualClock(START)
     ctx = SendContext(settings, Tier.P0, settings.policy(Tier.P0),
                       DlqCipher(Fernet.generate_key()), clock, random.Random(1), "send.p0")
 
@@ -85,7 +85,7 @@ def test_one_call_at_a_time_asks_a_failed_redis_again() -> None:
 
 def test_a_probe_that_raises_something_else_does_not_stop_later_probes() -> None:
     settings = Settings()
-    clock = Clock(START)
+    clock = ManualClock(START)
     ctx = SendContext(settings, Tier.P0, settings.policy(Tier.P0),
                       DlqCipher(Fernet.generate_key()), clock, random.Random(1), "send.p0")
 

@@ -24,7 +24,7 @@ from notiflow.fakes.sns import self_signed
 from notiflow.flows.receipts.reconcile import suppression_for
 from notiflow.schemas.enums import Status
 from notiflow.settings import SesSettings
-from tests.fakes import Clock
+from tests.fakes import ManualClock
 from tests.helpers import loop_turns
 
 TOPIC = "arn:aws:sns:us-east-1:123456789012:ses-events"
@@ -253,9 +253,9 @@ def test_malformed_events(message: str, problem: str) -> None:
 # the certificate cache -----------------------------------------------------------------------
 
 
-def certs(handler: Any, clock: Clock[float] | None = None) -> SnsCertificates:
+def certs(handler: Any, clock: ManualClock[float] | None = None) -> SnsCertificates:
     return SnsCertificates(httpx.AsyncClient(transport=httpx.MockTransport(handler)), ttl=60,
-                           clock=clock or Clock(0.0))
+                           clock=clock or ManualClock(0.0))
 
 
 def test_certificates_are_fetched_once_per_ttl() -> None:
@@ -266,7 +266,7 @@ def test_certificates_are_fetched_once_per_ttl() -> None:
         await loop_turns(3)
         return httpx.Response(200, content=PEM)
 
-    clock = Clock(0.0)
+    clock = ManualClock(0.0)
 
     async def run() -> None:
         cache = certs(handler, clock)

@@ -40,7 +40,7 @@ from notiflow.flows.webhooks.webhook_sender import Request, WebhookDispatcher, b
 from notiflow.schemas.enums import Channel, Status, Tier
 from notiflow.schemas.messages import IngestRecord, StatusEvent
 from notiflow.settings import BreakerRule, PaceRule, Settings
-from tests.fakes import Clock
+from tests.fakes import ManualClock
 from tests.helpers import partial_ports
 
 NOW = datetime(2026, 12, 6, 12, 0, tzinfo=UTC)
@@ -50,7 +50,7 @@ B_HOOK = "https://globex.webhook.office.com/webhookb2/b1"
 SLACK_HOOK = "https://hooks.slack.com/services/T0001/B0001/abcd"
 
 
-class DualClock(Clock[int]):
+class DualClock(ManualClock[int]):
     """Microseconds for the breakers; the same moment as a datetime for the send step."""
 
     def __init__(self) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 
 Clock = Callable[[], datetime]
 """Now, as an aware datetime (the send flow's clock type)."""
@@ -20,17 +20,3 @@ def epoch_ms(clock: Clock) -> int:
 def epoch_us(clock: Clock) -> int:
     return round(clock().timestamp() * 1_000_000)
 
-
-class ManualClock:
-    """A clock a test moves by hand (:meth:`advance`); starts at ``start``."""
-
-    def __init__(self, start: datetime) -> None:
-        self.now = start
-
-    def __call__(self) -> datetime:
-        return self.now
-
-    def advance(self, by: timedelta | float) -> datetime:
-        """Move on by ``by`` (seconds when a float); returns the new time."""
-        self.now += by if isinstance(by, timedelta) else timedelta(seconds=by)
-        return self.now
