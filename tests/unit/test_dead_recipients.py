@@ -19,7 +19,7 @@ from notiflow.flows.send.stages.context import InfraUnavailable
 from notiflow.redact import recipient_hash
 from notiflow.schemas.messages import IngestRecord
 from notiflow.schemas.preferences import PreferenceState
-from tests.fakes import Producer
+from tests.fakes import Producer, SleepingClock
 from tests.helpers import partial_ports
 
 NOW = datetime(2026, 12, 6, 5, 0, tzinfo=UTC)
@@ -85,17 +85,23 @@ async def test_a_dead_address_is_suppressed(channel: str, recipient: str, reason
 
 async def test_a_store_failure_is_retried_then_stops_the_flow(
         caplog: pytest.LogCaptureFixture) -> None:
-    """Never only logged (tests/unit/test_suppression_writes.py has the whole contract)."""
+    """Never only logged: retried for ``retry_for`` on the step's clock, then the flow stops
+    (tests/unit/test_suppression_writes.py has the whole contract)."""
     prefs = Recorder(fail=True)
+    clock = SleepingClock()
+    budget = 60.0
 
-    async def no_wait(_: float) -> None:
-        return None
+    async def sleep(seconds: float) -> None:
+        if clock.now > 10 * budget:
+            pytest.fail(f"still retrying after {clock.now:.0f} s of a {budget:.0f} s budget")
+        clock.sleep(seconds)
 
+    step = Classify(retry_for=timedelta(seconds=budget), sleep=sleep, monotonic=clock)
     with caplog.at_level(logging.WARNING), pytest.raises(InfraUnavailable):
-        await Classify(retry_for=timedelta(milliseconds=1), sleep=no_wait)._suppress(
-            ctx(prefs), work("PUSH", {"device_token": TOKEN, "platform": "ios"}),
-            dead("apns", "unregistered"))
-    assert len(prefs.calls) >= 2
+        await step._suppress(ctx(prefs), work("PUSH", {"device_token": TOKEN, "platform": "ios"}),
+                             dead("apns", "unregistered"))
+    assert len(prefs.calls) == len(clock.slept) + 1 > 2
+    assert sum(clock.slept[:-1]) < budget <= sum(clock.slept)
 
 
 class FakeStore:

@@ -21,9 +21,10 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from notiflow.adapters.cassandra.recipients import StateContention
 from notiflow.adapters.kafka_io import DeliveryFailed
 from notiflow.adapters.outages import OUTAGE
-from notiflow.adapters.retrying import until_up
+from notiflow.adapters.retrying import patience, until_up
 from notiflow.flows.receipts.reconcile import RETRY_ON, ApplyStep
 from notiflow.flows.webhooks.status_webhooks import Resolver
+from tests.fakes import SleepingClock
 
 log = logging.getLogger("test.retrying")
 
@@ -100,6 +101,26 @@ async def test_gives_up_after_give_up_after_raising_the_last_error() -> None:
     assert calls > 1
     assert str(raised.value) == f"attempt {calls}"
     assert 0.1 <= elapsed < 2.0
+
+
+async def test_give_up_after_runs_on_monotonic_from_each_runs_first_attempt() -> None:
+    """The budget is read on the injected clock: the last attempt is the first to fail at or
+    after ``give_up_after``; a controller used again starts a budget of its own."""
+    clock = SleepingClock(1000.0)
+
+    async def sleep(seconds: float) -> None:
+        clock.sleep(seconds)
+
+    down = Flaky(*(OSError() for _ in range(100)))
+    retrying = patience("read", log, first=1.0, most=4.0, give_up_after=timedelta(seconds=10),
+                        sleep=sleep, monotonic=clock)
+    with pytest.raises(OSError):
+        await retrying(down)
+    assert (down.calls, clock.slept) == (5, [1.0, 2.0, 4.0, 4.0])
+    clock.now += 3600
+    with pytest.raises(OSError):
+        await retrying(down)
+    assert down.calls == 10
 
 
 async def test_each_retry_is_logged_with_what_failed(caplog: pytest.LogCaptureFixture) -> None:

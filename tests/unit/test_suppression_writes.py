@@ -26,7 +26,7 @@ from notiflow.flows.send.stages.context import InfraUnavailable, SendContext
 from notiflow.schemas.enums import Status, Tier
 from notiflow.schemas.messages import DlqRecord, IngestRecord, Receipt, StatusEvent
 from notiflow.settings import Settings
-from tests.fakes import Producer
+from tests.fakes import Producer, SleepingClock
 from tests.helpers import partial_ports
 from tests.unit.test_dead_recipients import FakeStore
 
@@ -99,14 +99,15 @@ def dead(provider: str = "sendgrid", reason: str = "invalid_recipient") -> SendR
                       deactivate_recipient=True)
 
 
-async def no_wait(_: float) -> None:
-    return None
-
-
-def classify(prefs: FlakyPreferences, w: Work, result: SendResult,
-             retry_for: timedelta = timedelta(seconds=60)) -> tuple[list[Any], Leases]:
+def classify(prefs: FlakyPreferences, w: Work, result: SendResult) -> tuple[list[Any], Leases]:
+    """Run the step with a 60 s retry budget on a clock that its sleep moves on."""
     leases = Leases()
-    step = Classify(retry_for=retry_for, sleep=no_wait)
+    clock = SleepingClock()
+
+    async def sleep(seconds: float) -> None:
+        clock.sleep(seconds)
+
+    step = Classify(retry_for=timedelta(seconds=60), sleep=sleep, monotonic=clock)
     outs = asyncio.run(step.classify(context(prefs, leases), w, result, None))
     return outs, leases
 
@@ -130,7 +131,7 @@ def test_a_store_down_for_good_stops_the_flow_instead_of_dropping_the_write(
     (:class:`InfraUnavailable`), and the record is sent and written again on restart."""
     prefs = FlakyPreferences(10**6, error)
     with pytest.raises(InfraUnavailable):
-        classify(prefs, work(), dead(), retry_for=timedelta(milliseconds=1))
+        classify(prefs, work(), dead())
     assert prefs.written == []
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -22,7 +23,7 @@ from notiflow.adapters.cassandra.recipients import StateContention
 from notiflow.adapters.kafka_io import DeliveryFailed
 from notiflow.adapters.outages import OUTAGE
 from notiflow.adapters.providers.base import OutboundMessage, Outcome, SendResult
-from notiflow.adapters.retrying import until_up
+from notiflow.adapters.retrying import Monotonic, until_up
 from notiflow.flows.common.items import Out, Retry, Work
 from notiflow.flows.common.steps import retry_record
 from notiflow.flows.send.policy import RetryDecision, RetryPolicy, held_for, provider_waits
@@ -127,13 +128,16 @@ def suppression_of(reason: str, channel: Channel) -> Suppression:
 
 class Classify:
     """Per message, last: the outputs of the attempt's ``item.result`` (its end recorded on
-    its lease), from :meth:`classify`. ``retry_for`` and ``sleep``: how long and how a
-    suppression write is retried (tests shorten them)."""
+    its lease), from :meth:`classify`. ``retry_for``, ``sleep`` and ``monotonic``: how long
+    a suppression write is retried, how it waits between tries and the clock ``retry_for``
+    is measured on (tests pass a ``sleep`` that moves their clock)."""
 
     def __init__(self, retry_for: timedelta = INFRA_RETRY_FOR,
-                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+                 monotonic: Monotonic = time.monotonic) -> None:
         self.retry_for = retry_for
         self.sleep = sleep
+        self.monotonic = monotonic
 
     def __call__(self, item: Prepared, ctx: SendContext) -> Awaitable[list[Out]]:
         assert item.result is not None
@@ -217,7 +221,8 @@ class Classify:
 
         try:
             await until_up("suppression", write, log, first=0.2, most=5.0,
-                           give_up_after=self.retry_for, on=WRITE_RETRY_ON, sleep=self.sleep)
+                           give_up_after=self.retry_for, on=WRITE_RETRY_ON, sleep=self.sleep,
+                           monotonic=self.monotonic)
         except WRITE_RETRY_ON as exc:
             raise InfraUnavailable(f"suppression store unavailable for {self.retry_for}") \
                 from exc
