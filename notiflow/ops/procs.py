@@ -2,26 +2,75 @@
 plain asyncio server process runs until it is told to stop (:func:`serve_until_signalled`).
 
 Each child writes to its own log file (never to the parent's stdout), runs in its own process
-group, and is stopped when the owner exits.
+group, and is stopped when the owner exits; on Linux it also gets :data:`PARENT_DEATH_SIGNAL`
+when the owner dies without stopping it (SIGKILL, a crash), so no child outlives a killed test
+session or demo. The stack's servers are not started here: they outlive the command that
+started them.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import TypeVar
 
 import httpx
+
+T = TypeVar("T")
+
+PARENT_DEATH_SIGNAL = signal.SIGTERM
+"""What a child gets when its owner dies: the stop every notiflow process shuts down on, so a
+child with processes of its own (the API's workers) stops them too."""
+_PR_SET_PDEATHSIG = 1
+
+_spawner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="notiflow-spawn")
+"""Starts the children asked for off the main thread: Linux sends the parent-death signal
+when the *thread* that forked a child ends, so every child is forked by a thread that lasts
+as long as this process (the main thread, or this executor's one worker)."""
 
 
 class ProcessFailed(RuntimeError):
     pass
+
+
+def dies_with_parent() -> Callable[[], None] | None:
+    """A ``preexec_fn`` that has the child receive :data:`PARENT_DEATH_SIGNAL` when this
+    process dies, and exit at once if it died before the child could ask; None off Linux.
+    The child must be forked by a thread that lives as long as this process
+    (:func:`on_lasting_thread`)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong,
+                      ctypes.c_ulong]
+    prctl.restype = ctypes.c_int
+    parent, sig = os.getpid(), int(PARENT_DEATH_SIGNAL)
+
+    def preexec() -> None:
+        if prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+        if os.getppid() != parent:
+            os._exit(1)
+
+    return preexec
+
+
+def on_lasting_thread(start: Callable[[], T]) -> T:
+    """``start()`` on the main thread, or on the spawner thread when called from another
+    (which may end before the child it would fork)."""
+    if threading.current_thread() is threading.main_thread():
+        return start()
+    return _spawner.submit(start).result()
 
 
 def serve_until_signalled(run: Callable[[asyncio.Event], Awaitable[None]]) -> None:
@@ -60,10 +109,16 @@ class ManagedProcess:
         return self.argv or [sys.executable, "-m", "notiflow.cli", *self.args]
 
     def start(self) -> ManagedProcess:
-        with open(self.log_path, "ab") as log, open(os.devnull, "rb") as devnull:
-            self.proc = subprocess.Popen(self.command, stdin=devnull, stdout=log,
-                                         stderr=subprocess.STDOUT, env=self.env,
-                                         start_new_session=True)
+        """Start the child in a session of its own, tied to this process's life
+        (:func:`dies_with_parent`)."""
+        def spawn() -> subprocess.Popen[bytes]:
+            with open(self.log_path, "ab") as log, open(os.devnull, "rb") as devnull:
+                return subprocess.Popen(self.command, stdin=devnull, stdout=log,
+                                        stderr=subprocess.STDOUT, env=self.env,
+                                        start_new_session=True,
+                                        preexec_fn=dies_with_parent())
+
+        self.proc = on_lasting_thread(spawn)
         return self
 
     @property
