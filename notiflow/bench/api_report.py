@@ -44,7 +44,7 @@ def _targets(t: Mapping[str, Any]) -> list[str]:
     open_ended = [m for m, hit in (t.get("saturated") or {}).items() if not hit]
     note = ([f"Not saturated (every rate ran; the maximum is a lower bound): "
              f"{', '.join(open_ended)}.", ""] if open_ended else [])
-    return ["## Targets (issue 17)", "", "| target | measured | goal |", "|---|---|---|",
+    return ["## Targets", "", "| target | measured | goal |", "|---|---|---|",
             f"| single P0 accepted/s ÷ ceiling | {_share(t.get('single_p0_over_ceiling'))} "
             "| ≥ 50 % |",
             f"| single P3 accepted/s ÷ ceiling | {_share(t.get('single_p3_over_ceiling'))} "

@@ -45,4 +45,4 @@ def test_bench_api_smoke(stack: Settings, tmp_path: Path) -> None:
     paths = write(tmp_path, "api", doc, md)
     assert json.loads(paths[0].read_text())["bench"] == "api"
     assert api_plot(doc, tmp_path / "api.png").stat().st_size > 10_000
-    assert "## Targets (issue 17)" in md and "## Steps" in md
+    assert "## Targets" in md and "## Steps" in md

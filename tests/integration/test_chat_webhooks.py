@@ -1,4 +1,4 @@
-"""The CHAT channel end to end (issue 20, item 4): messages to Slack and Microsoft Teams
+"""The CHAT channel end to end: messages to Slack and Microsoft Teams
 incoming webhooks through the API, the P1 send flow and the emulators; webhook URLs no chat
 provider serves refused at the API; a dead webhook suppressed for the next message; posts to
 one webhook paced; Teams' connector answers; and Slack's SDK and an Adaptive Cards client

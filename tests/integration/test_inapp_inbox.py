@@ -1,4 +1,4 @@
-"""The in-app inbox end to end (issue 20, item 3): messages to ``inapp:<user id>`` through the
+"""The in-app inbox end to end: messages to ``inapp:<user id>`` through the
 API and the P0/P1 send flows into the user's inbox (Cassandra), pushed live to a WebSocket and
 to an event stream (with ``Last-Event-ID`` catch-up); user tokens a tenant signs (PyJWT);
 monotonic read / seen / archived states synced to the user's other devices and reported as

@@ -1,12 +1,12 @@
 """The Kafka-outage window against the real stack: the broker is SIGKILLed for 60 s while
 1,000 P2 messages are submitted; every one is answered 202, P0 in the same outage gets 503,
-and after the restart every P2 message reaches a provider (issue 17, item 5).
+and after the restart every P2 message reaches a provider.
 
 The dataflows do not ride out the broker's death: their Kafka sinks raise on failed
 deliveries (by design: progress is never committed past an unconfirmed write) and Bytewax
 panics a worker thread, which leaves the process up but stuck. The test plays the supervisor
 and restarts the P2 send flow and the reconciler from their recovery stores once Kafka is
-back (issue 19 tracks making a stuck flow exit so any supervisor restarts it)."""
+back."""
 
 from __future__ import annotations
 

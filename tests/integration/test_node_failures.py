@@ -1,4 +1,4 @@
-"""Node failures on the three-node stack (issue 18, item 3; `make test-cluster`): while
+"""Node failures on the three-node stack (`make test-cluster`): while
 P1 and P3 messages are submitted through the API with P0 OTPs at 20/s beside them, one Kafka
 broker and one Cassandra node are SIGKILLed, then restarted. Every acknowledged message
 reaches a provider, no message's row holds less than its recorded history, every refusal is

@@ -1,4 +1,4 @@
-"""A recipient its provider calls dead, end to end (issue 20, item 2): APNs 410, FCM
+"""A recipient its provider calls dead, end to end: APNs 410, FCM
 UNREGISTERED and an SMTP relay's ``550 5.1.1`` fail the message, mark the device token
 inactive (push) and suppress the recipient; the next message to it ends ``SUPPRESSED`` with
 the reason and never reaches the provider. Through the API, the P1 and P3 send flows, the

@@ -78,7 +78,7 @@ def test_every_scenario_can_be_undone() -> None:
 
 
 def test_every_process_kind_and_store_has_its_faults() -> None:
-    """Issue 19's list: each process kind SIGKILLed, each store killed or paused and reached
+    """The fault list: each process kind SIGKILLed, each store killed or paused and reached
     through a proxy (latency and a partition)."""
     kinds = ("api", "api-bulk", "send-p0", "send-p1", "send-p2", "send-p3", "reconciler",
              "webhooks", "scheduler", "expander")

@@ -1,4 +1,4 @@
-"""Metrics of issue 6 emitted by the rate limiter, the Hold step, the ingest parser and the
+"""Metrics emitted by the rate limiter, the Hold step, the ingest parser and the
 Kafka source, read back with an in-memory OpenTelemetry reader."""
 
 from __future__ import annotations
