@@ -96,6 +96,7 @@ done
 # emulators extra) are installed: the full profile then installs the other extras, the demo's
 # takes either.
 stamp=.venv/.notiflow-deps
+UV_VERSION=0.13.8
 want=$(cat pyproject.toml constraints.txt | sha256sum | cut -d' ' -f1)
 have=$(cat "$stamp" 2>/dev/null || true)
 if step venv-full; then
@@ -107,8 +108,10 @@ fi
 if [ ! -x .venv/bin/python ] || { [ "$have" != "$want" ] && [ "$have" != "$made" ]; }; then
   say "creating .venv and installing pinned Python dependencies ($what)"
   [ -x .venv/bin/python ] || "$PY" -m venv .venv
-  .venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip==25.3
-  .venv/bin/python -m pip install -q --disable-pip-version-check -c constraints.txt -e "$spec"
+  # uv installs the same pins as pip in a fraction of the time (docs/architecture.md,
+  # "Dependencies")
+  .venv/bin/python -m pip install -q --disable-pip-version-check pip==25.3 "uv==$UV_VERSION"
+  .venv/bin/uv pip install -q --python .venv/bin/python -c constraints.txt -e "$spec"
   echo "$made" > "$stamp"
 fi
 
