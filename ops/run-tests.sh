@@ -30,6 +30,9 @@ echo "==> lint"
 echo "==> layers (import-linter)"
 .venv/bin/lint-imports
 echo "==> local stack, while mypy checks the types"
+# a stack started here only serves this run and is stopped cleanly (flushed) at its end, so
+# its schema changes may skip their flush (settings: cassandra_flush_schema)
+if [ "$started_here" = 1 ]; then export NOTIFLOW_CASSANDRA_FLUSH_SCHEMA=false; fi
 mypy_log=$(mktemp)
 .venv/bin/mypy >"$mypy_log" 2>&1 &
 mypy_pid=$!

@@ -162,6 +162,12 @@ class Settings(BaseSettings):
     cassandra_version: str = "5.0.6"
     kafka_heap_mb: int = 384
     cassandra_heap_mb: int = 1024
+    cassandra_flush_schema: bool = True
+    """False: the local Cassandra keeps schema changes in its commit log without flushing the
+    schema tables on each one (``cassandra.test.flush_local_schema_changes``), so creating a
+    keyspace's tables takes about half as long. Only for a throw-away stack no one kills: a
+    node SIGKILLed before its next flush may come back without the newest tables. The test
+    command sets it for the stack it starts."""
     jvm_gc_realtime: int = Field(1, ge=0, le=99)
     """Real-time priority (``SCHED_RR``) ``notiflow stack up`` gives the local JVMs'
     stop-the-world collector threads (0: leave them at the normal priority). Every thread of

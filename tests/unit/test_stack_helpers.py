@@ -9,8 +9,8 @@ from pathlib import Path
 import yaml
 
 from notiflow.ops.stack import kafka, s3
-from notiflow.ops.stack.base import component_name, paths
-from notiflow.ops.stack.cassandra import node_yaml
+from notiflow.ops.stack.base import Paths, component_name, paths
+from notiflow.ops.stack.cassandra import component, node_yaml
 from notiflow.ops.stack.process import tail
 from notiflow.settings import Settings
 
@@ -32,6 +32,20 @@ def test_each_cassandra_node_has_its_address_and_token_and_node_one_seeds() -> N
     assert {n["native_transport_port"] for n in nodes} == {s.cassandra_port}
     one = yaml.safe_load(node_yaml(s, 1, 1, Path("/d")))
     assert (one["initial_token"], one["num_tokens"]) == (0, 1)
+
+
+def test_only_a_stack_told_so_skips_the_schema_flush(tmp_path: Path) -> None:
+    p = Paths(tmp_path / "stack", tmp_path / "cache")
+    libs = p.libs("cassandra", Settings().cassandra_version)
+    libs.mkdir(parents=True)
+    (libs / "jamm-0.4.0.jar").touch()
+    flag = "-Dcassandra.test.flush_local_schema_changes=false"
+
+    def argv(**update: object) -> list[str]:
+        return component(Settings().model_copy(update=update), p, 1, 1, print).start()
+
+    assert flag not in argv()
+    assert flag in argv(cassandra_flush_schema=False)
 
 
 def test_the_filer_keeps_its_store_under_the_data_directory_with_small_buffers() -> None:

@@ -167,6 +167,8 @@ def component(s: Settings, p: Paths, node: int, nodes: int,
             f"-Dlogback.configurationFile=file://{logback}",
             f"-Dcassandra.jmx.local.port={cluster.jmx_port(s, node)}",
             "-Dcassandra.skip_wait_for_gossip_to_settle=0",
+            *([] if s.cassandra_flush_schema
+              else ["-Dcassandra.test.flush_local_schema_changes=false"]),
             *cassandra_tuning_flags(),
             "-cp", f"{libs}/*", "org.apache.cassandra.service.CassandraDaemon",
         ]
