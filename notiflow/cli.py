@@ -311,15 +311,15 @@ def status(message_id: str) -> None:
         raise typer.Exit(1)
     msg, attempts, events = history
     console.print(
-        f"[bold]{message_id}[/bold]  status=[bold]{msg['status']}[/bold]"
-        f"{'  reason=' + msg['reason'] if msg.get('reason') else ''}  tenant={msg['tenant_id']}  "
-        f"{msg['channel']}/{msg['tier']}  recipient={msg.get('recipient_masked')}",
+        f"[bold]{message_id}[/bold]  status=[bold]{msg.status}[/bold]"
+        f"{'  reason=' + msg.reason if msg.reason else ''}  tenant={msg.tenant_id}  "
+        f"{msg.channel}/{msg.tier}  recipient={msg.recipient_masked}",
         highlight=False,
     )
     table = Table("time (UTC)", "status", "attempt", "reason", "source", "applied", title="history")
     for e in events:
-        table.add_row(str(e["occurred_at"]), e["status"], str(e["attempt"]), e["reason"] or "",
-                      e["source"] or "", "yes" if e["applied"] else "no (superseded)")
+        table.add_row(str(e.occurred_at), e.status, str(e.attempt), e.reason or "",
+                      e.source or "", "yes" if e.applied else "no (superseded)")
     console.print(table)
     if attempts:
         at = Table("#", "provider", "outcome", "provider message id", "error", "started",

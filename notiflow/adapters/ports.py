@@ -21,6 +21,7 @@ from notiflow.adapters.cancel_gate import Confirm
 from notiflow.adapters.providers.base import Outcome, ProviderClient
 from notiflow.adapters.redis_dedup import LeaseState
 from notiflow.adapters.redis_health import RedisHealth
+from notiflow.adapters.rows import MessageRow
 from notiflow.adapters.webhook_pace import Pace
 from notiflow.schemas.enums import Tier
 from notiflow.schemas.preferences import PreferenceState, Suppression
@@ -97,7 +98,7 @@ class Leases(Protocol):
 class Messages(Protocol):
     """Reads of delivery state and templates (Cassandra, the source of truth)."""
 
-    async def get_message(self, message_id: str) -> dict[str, Any] | None: ...
+    async def message(self, message_id: str) -> MessageRow | None: ...
 
     async def get_template(self, tenant_id: str, template_id: str,
                            version: int) -> dict[str, Any] | None: ...

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import logging
 from datetime import datetime
-from typing import Any
 
 from fastapi import APIRouter, Response
 from opentelemetry import trace as trace_api
@@ -28,9 +27,9 @@ from pydantic import ValidationError
 from notiflow import names, telemetry
 from notiflow.adapters.cancel_gate import CancelGate, hold_for
 from notiflow.adapters.cassandra.store import CassandraStore
-from notiflow.adapters.cassandra.values import utc
 from notiflow.adapters.kafka_io import OutRecord, make_headers
 from notiflow.adapters.outages import CASSANDRA_DOWN, REDIS_DOWN
+from notiflow.adapters.rows import MessageRow
 from notiflow.gateway.auth import RuntimeDep, Tenant
 from notiflow.gateway.errors import ApiError, not_found, unavailable
 from notiflow.gateway.messages import MESSAGE_ID, MessageIdPath
@@ -49,24 +48,28 @@ REASON = "cancelled"
 SOURCE = "api"
 
 
-def snapshot_of_row(row: dict[str, Any]) -> MessageSnapshot | None:
+def snapshot_of_row(row: MessageRow) -> MessageSnapshot | None:
     """The event's snapshot from the message row (None when the row lacks a field)."""
-    fields = MessageSnapshot.model_fields
     try:
-        return MessageSnapshot.model_validate(
-            {k: utc(v) if isinstance(v, datetime) else v for k, v in row.items()
-             if k in fields and v is not None})
+        return MessageSnapshot(
+            tenant_id=row.tenant_id, channel=row.channel, tier=row.tier,
+            category=row.category, template_id=row.template_id,
+            template_version=row.template_version, recipient_hash=row.recipient_hash,
+            recipient_masked=row.recipient_masked, accepted_at=row.accepted_at,
+            expires_at=row.expires_at, scheduled_at=row.scheduled_at,
+            idempotency_key=row.idempotency_key, ordering_key=row.ordering_key,
+            status_webhook=row.status_webhook)
     except ValidationError:
         return None
 
 
-def cancel_record(settings: Settings, row: dict[str, Any], message_id: str, at: datetime,
+def cancel_record(settings: Settings, row: MessageRow, message_id: str, at: datetime,
                   trace: str) -> OutRecord:
     """The CANCELLED status event of the message ``row`` as a ``notify.events`` record."""
-    attempt = int(row.get("attempt") or 0)
+    attempt = int(row.attempt or 0)
     ev = StatusEvent(event_id=StatusEvent.make_id(message_id, Status.CANCELLED, attempt),
-                     message_id=message_id, tenant_id=row["tenant_id"],
-                     channel=row["channel"], tier=row["tier"], status=Status.CANCELLED,
+                     message_id=message_id, tenant_id=row.tenant_id,
+                     channel=row.channel, tier=row.tier, status=Status.CANCELLED,
                      attempt=attempt, reason=REASON, occurred_at=at, source=SOURCE,
                      message=snapshot_of_row(row))
     return OutRecord(settings.events_topic, message_id.encode(),
@@ -74,14 +77,13 @@ def cancel_record(settings: Settings, row: dict[str, Any], message_id: str, at: 
                      make_headers(message_id, ev.tenant_id, ev.tier.value, trace))
 
 
-async def first_cancel(store: CassandraStore, message_id: str,
-                       row: dict[str, Any]) -> datetime:
+async def first_cancel(store: CassandraStore, message_id: str, row: MessageRow) -> datetime:
     """When a CANCELLED message was first cancelled: its earliest CANCELLED history row
     (else the row's last update)."""
     events = await store.messages.events(message_id)
-    first = min((t for e in events if e.get("status") == Status.CANCELLED.value
-                 and (t := utc(e.get("occurred_at"))) is not None), default=None)
-    return first or utc(row.get("updated_at")) or now_ms()
+    first = min((e.occurred_at for e in events if e.status == Status.CANCELLED.value),
+                default=None)
+    return first or row.updated_at or now_ms()
 
 
 def _answer(message_id: str, at: datetime) -> Response:
@@ -129,10 +131,10 @@ async def cancel_message(message_id: MessageIdPath, tenant: Tenant,
             raise not_found()
         trace_api.get_current_span().set_attribute(names.ATTR_MESSAGE_ID, message_id)
         store = rt.store()
-        row = await store.get_message(message_id)
-        if row is None or row.get("tenant_id") != tenant.id:
+        row = await store.messages.get_message(message_id)
+        if row is None or row.tenant_id != tenant.id:
             raise not_found()
-        status = Status(row["status"])
+        status = row.current()
         if status is Status.CANCELLED:
             return _answer(message_id, await first_cancel(store, message_id, row))
         if status not in CANCELLABLE:
@@ -145,24 +147,24 @@ async def cancel_message(message_id: MessageIdPath, tenant: Tenant,
         return _answer(message_id, now)
 
 
-async def cancel_row(rt: Runtime, message_id: str, row: dict[str, Any], now: datetime,
+async def cancel_row(rt: Runtime, message_id: str, row: MessageRow, now: datetime,
                      trace: str) -> None:
     """Cancel a cancellable message whose row is ``row``: the gate (409 ``already_sending``,
     503), the CANCELLED event, its ``scheduled_work`` row."""
-    status = Status(row["status"])
-    await _close_gate(rt, message_id, utc(row.get("expires_at")), now)
+    status = row.current()
+    await _close_gate(rt, message_id, row.expires_at, now)
     await rt.producer().produce(cancel_record(rt.settings, row, message_id, now, trace))
     if status is Status.SCHEDULED:
-        await _unschedule(rt, message_id, utc(row.get("scheduled_at")))
+        await _unschedule(rt, message_id, row.scheduled_at)
     elif status is Status.RETRY_PENDING:
-        await _unschedule(rt, message_id, utc(row.get("next_attempt_at")))
+        await _unschedule(rt, message_id, row.next_attempt_at)
 
 
 async def cancel_if_pending(rt: Runtime, message_id: str, now: datetime, trace: str) -> bool:
     """Cancel a message if it is still cancellable (a paused or deleted schedule's coming
     occurrence): False when it does not exist, already ended or is being sent."""
-    row = await rt.store().get_message(message_id)
-    if row is None or Status(row["status"]) not in CANCELLABLE:
+    row = await rt.store().messages.get_message(message_id)
+    if row is None or row.current() not in CANCELLABLE:
         return False
     try:
         await cancel_row(rt, message_id, row, now, trace)

@@ -21,7 +21,6 @@ from fastapi import APIRouter, Query, Response
 from pydantic import AwareDatetime
 
 from notiflow.adapters.cassandra.listing import Cursor
-from notiflow.adapters.cassandra.values import utc
 from notiflow.gateway.auth import RuntimeDep, Tenant
 from notiflow.gateway.errors import unprocessable
 from notiflow.gateway.openapi import tenant_errors
@@ -97,11 +96,10 @@ async def list_messages(
     body = MessageList(
         messages=tuple(
             MessageSummary(
-                message_id=r["message_id"], status=Status(r["status"]), reason=r.get("reason"),
-                channel=r["channel"], tier=r["tier"], category=r.get("category"),
-                template_id=r.get("template_id"), template_version=r.get("template_version"),
-                attempt=r.get("attempt"), accepted_at=utc(r.get("accepted_at")),
-                updated_at=utc(r.get("updated_at")))
+                message_id=r.message_id, status=r.current(), reason=r.reason,
+                channel=r.channel, tier=r.tier, category=r.category,
+                template_id=r.template_id, template_version=r.template_version,
+                attempt=r.attempt, accepted_at=r.accepted_at, updated_at=r.updated_at)
             for r in page.messages),
         next_cursor=nxt,
         next=f"{PATH}?{urlencode({**query, 'cursor': nxt})}" if nxt else None,

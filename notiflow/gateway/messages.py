@@ -23,7 +23,6 @@ from pydantic import ValidationError
 
 from notiflow import names, telemetry
 from notiflow.adapters.cassandra.idempotency import ReservationRow
-from notiflow.adapters.cassandra.values import utc
 from notiflow.adapters.envelope import dump, envelope, load
 from notiflow.adapters.kafka_io import DeliveryFailed
 from notiflow.adapters.outages import CASSANDRA_DOWN
@@ -71,7 +70,7 @@ from notiflow.gateway.reservation import Claim, Taken, release, reserve
 from notiflow.gateway.runtime import Runtime, now_ms
 from notiflow.names import Stage
 from notiflow.redact import hasher, mask
-from notiflow.schemas.enums import Status, Tier
+from notiflow.schemas.enums import Tier
 from notiflow.schemas.messages import (
     Accepted,
     AttemptView,
@@ -404,21 +403,21 @@ async def get_message(message_id: MessageIdPath, tenant: Tenant, rt: RuntimeDep)
     if not MESSAGE_ID.fullmatch(message_id):
         raise not_found()
     store = rt.store()
-    row, attempts = await asyncio.gather(store.get_message(message_id),
+    row, attempts = await asyncio.gather(store.messages.get_message(message_id),
                                          store.delivery.attempts(message_id))
-    if row is None or row.get("tenant_id") != tenant.id:
+    if row is None or row.tenant_id != tenant.id:
         raise not_found()
     view = MessageView(
         message_id=message_id,
-        status=Status(row["status"]),
-        reason=row.get("reason"),
-        channel=row["channel"],
-        tier=row["tier"],
-        category=row.get("category"),
-        template_id=row.get("template_id"),
-        template_version=row.get("template_version"),
-        accepted_at=utc(row.get("accepted_at")),
-        updated_at=utc(row.get("updated_at")),
+        status=row.current(),
+        reason=row.reason,
+        channel=row.channel,
+        tier=row.tier,
+        category=row.category,
+        template_id=row.template_id,
+        template_version=row.template_version,
+        accepted_at=row.accepted_at,
+        updated_at=row.updated_at,
         attempts=tuple(
             AttemptView(
                 attempt_no=a.attempt_no, provider_id=a.provider_id,

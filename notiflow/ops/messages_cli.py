@@ -14,12 +14,13 @@ import asyncio
 import re
 import sys
 from datetime import UTC, datetime, timedelta
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
+from notiflow.adapters.rows import MessageRow
 from notiflow.schemas.enums import Status
 from notiflow.settings import Settings
 
@@ -39,7 +40,7 @@ def parse_since(text: str, now: datetime) -> datetime:
 
 
 async def collect(settings: Settings, tenants: list[str], since: datetime, limit: int,
-                  status: Status | None, now: datetime) -> list[dict[str, Any]]:
+                  status: Status | None, now: datetime) -> list[MessageRow]:
     """Up to ``limit`` newest message rows of ``tenants`` accepted at or after ``since``
     (paging through each tenant's list until ``limit`` or its end)."""
     from notiflow.adapters.cassandra.session import connect
@@ -49,8 +50,8 @@ async def collect(settings: Settings, tenants: list[str], since: datetime, limit
     try:
         store = CassandraStore(session, settings)
 
-        async def one(tenant_id: str) -> list[dict[str, Any]]:
-            rows: list[dict[str, Any]] = []
+        async def one(tenant_id: str) -> list[MessageRow]:
+            rows: list[MessageRow] = []
             after = None
             while len(rows) < limit:
                 page = await store.listing.recent_messages(
@@ -66,22 +67,15 @@ async def collect(settings: Settings, tenants: list[str], since: datetime, limit
     finally:
         cluster.shutdown()
     epoch = datetime.fromtimestamp(0, UTC)
-    found.sort(key=lambda r: _aware(r.get("accepted_at")) or epoch, reverse=True)
+    found.sort(key=lambda r: r.accepted_at or epoch, reverse=True)
     return found[:limit]
 
 
-def _aware(d: datetime | None) -> datetime | None:
-    if d is None:
-        return None
-    return d.replace(tzinfo=UTC) if d.tzinfo is None else d
-
-
 def _when(d: datetime | None) -> str:
-    d = _aware(d)
     return d.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] if d else ""
 
 
-def messages_table(rows: list[dict[str, Any]], title: str) -> Table:
+def messages_table(rows: list[MessageRow], title: str) -> Table:
     """The rows as a rich table; the recipient column is the stored mask, never the value."""
     table = Table(title=title)
     for name in ("accepted (UTC)", "message id", "tenant", "channel", "tier", "status"):
@@ -91,10 +85,9 @@ def messages_table(rows: list[dict[str, Any]], title: str) -> Table:
     table.add_column("recipient", no_wrap=True)
     table.add_column("updated (UTC)")
     for r in rows:
-        table.add_row(_when(r.get("accepted_at")), r["message_id"], r.get("tenant_id") or "",
-                      r.get("channel") or "", r.get("tier") or "", r.get("status") or "",
-                      r.get("reason") or "", str(r.get("attempt") or 0),
-                      r.get("recipient_masked") or "", _when(r.get("updated_at")))
+        table.add_row(_when(r.accepted_at), r.message_id, r.tenant_id or "", r.channel or "",
+                      r.tier or "", r.status or "", r.reason or "", str(r.attempt or 0),
+                      r.recipient_masked or "", _when(r.updated_at))
     return table
 
 

@@ -86,7 +86,7 @@ async def test_a_compare_and_set_row_keeps_that_path_and_never_regresses(
     cql.execute("UPDATE messages SET status = 'SENT', status_rank = %s WHERE message_id = %s "
                 "IF status_rank < %s", (rank(Status.SENT, 1), mid, rank(Status.SENT, 1)))
     head = await store.messages.head(mid)
-    assert head is not None and head["status_wt"] > head["created_wt"] + rank(Status.SENT, 1)
+    assert head is not None and head.status_wt > head.created_wt + rank(Status.SENT, 1)
     now = datetime.now(UTC)
     assert await store.messages.transition(mid, Status.PROVIDER_ACCEPTED, 1, None,
                                            now) == (False, True)

@@ -12,7 +12,9 @@ import orjson
 from bytewax.connectors.kafka import KafkaSourceMessage
 from cryptography.fernet import Fernet
 
+from notiflow.adapters.cassandra.messages import message_row
 from notiflow.adapters.kafka_io import OutRecord, header
+from notiflow.adapters.rows import MessageRow
 from notiflow.flows.webhooks.status_webhooks import WebhookLogic, WebhookPolicy, parse_change
 from notiflow.flows.webhooks.webhook_resolve import Resolver
 from notiflow.gateway.cancel import cancel_record, snapshot_of_row
@@ -35,8 +37,8 @@ def settings() -> Settings:
                                           allow_networks=(IPv4Network("127.0.0.0/8"),)))
 
 
-def row(**over: object) -> dict[str, object]:
-    """A ``messages`` row as the driver returns it (naive UTC timestamps)."""
+def row(**over: object) -> MessageRow:
+    """A ``messages`` row as the driver returns it (naive UTC timestamps), mapped."""
     naive = AT.replace(tzinfo=None)
     r: dict[str, object] = {
         "message_id": "msg_c", "tenant_id": "acme", "channel": "SMS", "tier": "P2",
@@ -46,7 +48,7 @@ def row(**over: object) -> dict[str, object]:
         "status_rank": rank(Status.QUEUED), "attempt": 0, "accepted_at": naive,
         "expires_at": naive + timedelta(hours=4), "scheduled_at": None, "updated_at": naive}
     r.update(over)
-    return r
+    return message_row(r)
 
 
 def kafka(rec: OutRecord) -> KafkaSourceMessage:

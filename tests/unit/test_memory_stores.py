@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from datetime import UTC, datetime, timedelta
+
+import pytest
 
 from notiflow.adapters.memory import memory_ports
 from notiflow.adapters.memory.boards import BoardTable, MemoryBoards
 from notiflow.adapters.memory.stores import MemoryMessages, MemoryPreferences
 from notiflow.adapters.ports import SendPorts
 from notiflow.adapters.pressure import STALE_AFTER_S
+from notiflow.adapters.rows import MessageRow
 from notiflow.schemas.enums import Status, Tier
 from notiflow.schemas.preferences import PreferenceState
 from notiflow.schemas.status import rank
@@ -25,12 +29,27 @@ def test_templates_heads_and_attempts() -> None:
     row = asyncio.run(messages.get_template("acme", "otp", 1))
     assert row is not None and row["channel"] == "SMS" and row["variables"] == ("code",)
     assert asyncio.run(messages.get_template("acme", "otp", 2)) is None
-    assert asyncio.run(messages.get_message("m1")) is None
+    assert asyncio.run(messages.message("m1")) is None
     messages.set_status("m1", Status.UNKNOWN, 1)
-    head = asyncio.run(messages.get_message("m1"))
-    assert head is not None and head["status_rank"] == rank(Status.UNKNOWN, 1)
+    head = asyncio.run(messages.message("m1"))
+    assert head is not None and head.status_rank == rank(Status.UNKNOWN, 1)
     messages.add_attempt("m1", {"attempt_no": 1, "provider_id": "twilio"})
     assert asyncio.run(messages.attempts("m1")) == [{"attempt_no": 1, "provider_id": "twilio"}]
+
+
+def test_message_rows_keep_their_columns_across_status_changes() -> None:
+    messages = MemoryMessages(ManualClock(T0))
+    messages.set_status("m1", Status.QUEUED, tenant_id="acme", channel="SMS", tier="P1",
+                        accepted_at=T0)
+    messages.set_status("m1", Status.FAILED, 2, reason="invalid_recipient")
+    row = asyncio.run(messages.message("m1"))
+    assert row == MessageRow("m1", tenant_id="acme", channel="SMS", tier="P1",
+                             status="FAILED", status_rank=rank(Status.FAILED, 2),
+                             reason="invalid_recipient", attempt=2, accepted_at=T0)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        row.status = "QUEUED"  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        messages.set_status("m1", Status.SENT, 1, no_such_column=1)
 
 
 def test_preference_writes_make_new_versions() -> None:

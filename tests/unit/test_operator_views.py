@@ -20,6 +20,7 @@ from notiflow.adapters.cassandra import listing, messages
 from notiflow.adapters.cassandra.listing import Cursor
 from notiflow.adapters.cassandra.store import CassandraStore
 from notiflow.adapters.cassandra.values import operator_shard
+from notiflow.adapters.rows import MessageHeadRow
 from notiflow.gateway.message_list import check_since
 from notiflow.ops.messages_cli import messages_table, parse_since
 from notiflow.ops.top import (
@@ -181,7 +182,7 @@ def test_messages_table_shows_only_the_mask() -> None:
            "recipient_hash": "ab" * 16, "recipient_masked": "+1415*****71",
            "accepted_at": T0.replace(tzinfo=None), "updated_at": T0}
     console = Console(width=200, record=True, no_color=True)
-    console.print(messages_table([row], "t"))
+    console.print(messages_table([messages.message_row(row)], "t"))
     text = console.export_text()
     assert "+1415*****71" in text and "ab" * 16 not in text and "2026-11-30 12:00:00.000" in text
 
@@ -257,7 +258,7 @@ def _walk(store: CassandraStore, tenant: str, since: datetime, limit: int,
             page = await store.listing.recent_messages(tenant, since, limit=limit, now=T0,
                                                        status=status, after=after,
                                                        max_scan=max_scan)
-            pages.append([m["message_id"] for m in page.messages])
+            pages.append([m.message_id for m in page.messages])
             if page.next is None:
                 return
             after = Cursor.decode(page.next.encode())
@@ -420,7 +421,7 @@ def test_rank_write_times_converge_on_the_highest_rank_in_any_interleaving(
         if todo and (not pending or rnd.random() < 0.5):
             status, attempt = todo.pop(0)
             r = rank(status, attempt)
-            head = {"created_wt": CREATED_WT, "status_wt": cell[0], "status_rank": cell[1]}
+            head = MessageHeadRow(created_wt=CREATED_WT, status_wt=cell[0], status_rank=cell[1])
             at = rank_write_time(head, r)
             assert at is not None
             if cell[1] < r:

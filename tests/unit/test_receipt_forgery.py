@@ -20,6 +20,7 @@ from notiflow.adapters.providers.smtp import receipts as smtp_receipts
 from notiflow.adapters.providers.smtp.client import SmtpEmail
 from notiflow.adapters.providers.vonage import signature as vonage_signature
 from notiflow.adapters.providers.webhook import WebhookRefused
+from notiflow.adapters.rows import MessageHeadRow
 from notiflow.correlation import CorrelationKeyMissing, CorrelationKeys
 from notiflow.fakes.smtp import build_dsn
 from notiflow.flows.common.items import SourcedReceipt, SourceRef
@@ -102,8 +103,8 @@ class FakeStore:
     async def attempts(self, message_id: str) -> list[AttemptRow]:
         return self.attempt_rows.get(message_id, [])
 
-    async def heads(self, ids: list[str]) -> list[dict[str, Any]]:
-        return [{"status": "PROVIDER_ACCEPTED"} for _ in ids]
+    async def heads(self, ids: list[str]) -> list[MessageHeadRow]:
+        return [MessageHeadRow(status="PROVIDER_ACCEPTED") for _ in ids]
 
     async def receipt_records(self, keys: list[tuple[str, str]]) -> list[None]:
         return [None for _ in keys]
@@ -112,7 +113,7 @@ class FakeStore:
                            now: datetime, provider_id: str | None = None,
                            provider_message_id: str | None = None,
                            next_attempt_at: datetime | None = None, *,
-                           head: dict[str, Any]) -> tuple[bool, list[Any]]:
+                           head: MessageHeadRow) -> tuple[bool, list[Any]]:
         self.moved.append((mid, status, attempt, provider_id, provider_message_id))
         return True, []
 

@@ -19,6 +19,7 @@ from notiflow.adapters.dlq_crypto import DlqCipher
 from notiflow.adapters.kafka_io import DeliveryFailed
 from notiflow.adapters.preferences import PreferenceStore
 from notiflow.adapters.providers.base import Outcome, SendResult
+from notiflow.adapters.rows import MessageHeadRow, MessageRow
 from notiflow.flows.common.items import SourcedReceipt, SourceRef, Work
 from notiflow.flows.receipts.reconcile import ApplyStep
 from notiflow.flows.send.stages.classifying import Classify
@@ -187,13 +188,13 @@ class ReceiptStore:
     async def attempts(self, message_id: str) -> list[AttemptRow]:
         return []
 
-    async def heads(self, ids: list[str]) -> list[dict[str, Any]]:
-        return [{"status": "PROVIDER_ACCEPTED"} for _ in ids]
+    async def heads(self, ids: list[str]) -> list[MessageHeadRow]:
+        return [MessageHeadRow(status="PROVIDER_ACCEPTED") for _ in ids]
 
     async def receipt_records(self, keys: list[tuple[str, str]]) -> list[ReceiptRecord | None]:
         return [ReceiptRecord(NOW) if k in self.seen else None for k in keys]
 
-    def planned_transition(self, *args: Any, head: dict[str, Any]) -> tuple[bool, list[Any]]:
+    def planned_transition(self, *args: Any, head: MessageHeadRow) -> tuple[bool, list[Any]]:
         return True, []
 
     def receipt_writes(self, provider_id: str, event_id: str, *args: Any) -> list[Any]:
@@ -209,8 +210,8 @@ class ReceiptStore:
                     self.seen.add((w[1], w[2]))
         return []
 
-    async def get_message(self, message_id: str) -> dict[str, Any]:
-        return {"tenant_id": "acme", "recipient_hash": "h1"}
+    async def get_message(self, message_id: str) -> MessageRow:
+        return MessageRow(message_id, tenant_id="acme", recipient_hash="h1")
 
 
 class Suppressions:

@@ -11,6 +11,7 @@ from datetime import UTC, date, datetime, timedelta
 from notiflow.adapters.cassandra.messages import MessageStore
 from notiflow.adapters.cassandra.session import Row, Statements
 from notiflow.adapters.cassandra.values import date_of, utc
+from notiflow.adapters.rows import MessageRow
 from notiflow.schemas.enums import Status
 
 LIST_MAX_SCAN = 1000
@@ -51,7 +52,7 @@ class MessagePage:
     acceptance first, and ``next``, where the following page starts (None when the range is
     exhausted)."""
 
-    messages: list[Row]
+    messages: list[MessageRow]
     next: Cursor | None
 
 
@@ -80,11 +81,11 @@ class MessageListing:
         start = (after.created_at if after else now).astimezone(UTC)
         day, first_day = date_of(start), date_of(since)
         position = after
-        found: list[Row] = []
+        found: list[MessageRow] = []
         scanned = 0
         sem = asyncio.Semaphore(LIST_JOIN_CONCURRENCY)
 
-        async def joined(message_id: str) -> Row | None:
+        async def joined(message_id: str) -> MessageRow | None:
             async with sem:
                 return await self.messages.get_message(message_id)
 
@@ -97,9 +98,9 @@ class MessageListing:
             for i, row in zip(index, rows, strict=True):
                 scanned += 1
                 position = Cursor(utc(i["created_at"]) or since, i["message_id"])
-                if row is None or row.get("tenant_id") != tenant_id:
+                if row is None or row.tenant_id != tenant_id:
                     continue
-                if status is not None and row.get("status") != status.value:
+                if status is not None and row.status != status.value:
                     continue
                 found.append(row)
                 if len(found) >= limit:

@@ -14,6 +14,7 @@ from datetime import UTC, datetime, timedelta
 
 from notiflow.adapters.cassandra.session import Row, Statements, Write
 from notiflow.adapters.cassandra.values import date_of, operator_shard, to_ms, ts, utc
+from notiflow.adapters.rows import MessageEventRow, MessageHeadRow, MessageRow
 from notiflow.schemas.enums import Status
 from notiflow.schemas.messages import MessageSnapshot
 from notiflow.schemas.status import rank, write_offset_us
@@ -27,19 +28,48 @@ FAILURE_STATUSES = frozenset({Status.FAILED, Status.EXPIRED, Status.BOUNCED})
 """Statuses indexed in ``failures_by_tier_day``."""
 
 
+def message_head(row: Row) -> MessageHeadRow:
+    """A ``msg_head`` read as a :class:`MessageHeadRow`."""
+    g = row.get
+    return MessageHeadRow(g("status_rank"), g("status"), g("attempt"), g("reason"),
+                       utc(g("updated_at")), g("provider_id"), g("tier"), g("tenant_id"),
+                       g("channel"), g("category"), g("created_wt"), g("status_wt"))
+
+
+def message_row(row: Row) -> MessageRow:
+    """A ``messages`` row (``SELECT *``) as a :class:`MessageRow`."""
+    g = row.get
+    return MessageRow(
+        row["message_id"], g("tenant_id"), g("channel"), g("tier"), g("category"),
+        g("recipient_hash"), g("recipient_masked"), g("template_id"), g("template_version"),
+        g("idempotency_key"), g("ordering_key"), g("status_webhook"), g("status"),
+        g("status_rank"), g("reason"), g("attempt"), g("provider_id"),
+        g("provider_message_id"), utc(g("next_attempt_at")), utc(g("scheduled_at")),
+        utc(g("expires_at")), utc(g("accepted_at")), utc(g("created_at")),
+        utc(g("updated_at")))
+
+
+def message_event(row: Row) -> MessageEventRow:
+    """A ``message_events`` row as a :class:`MessageEventRow`."""
+    return MessageEventRow(
+        row["message_id"], utc(row["occurred_at"]), row["event_id"], row["status"],
+        int(row.get("attempt") or 0), row.get("reason"), row.get("source"),
+        bool(row.get("applied")))
+
+
 def created_write_time(snap: MessageSnapshot) -> int:
     """Write time (micro-seconds) of a message row's creation: its acceptance time."""
     return int(snap.accepted_at.timestamp() * 1_000_000)
 
 
-def rank_write_time(head: Row, r: int) -> int | None:
+def rank_write_time(head: MessageHeadRow, r: int) -> int | None:
     """Write time of a transition to rank ``r``: the row's creation write time +
     :func:`write_offset_us` of ``r``, so a higher rank always carries a later time, at most
     0.13 s after acceptance. None when the row's status cells carry another time (written by
     compare-and-set: an older release, a DLQ replay's re-queue) or a rank has no offset: such
     rows keep using compare-and-set."""
-    created, written = head.get("created_wt"), head.get("status_wt")
-    offset, current = write_offset_us(r), write_offset_us(head.get("status_rank") or 0)
+    created, written = head.created_wt, head.status_wt
+    offset, current = write_offset_us(r), write_offset_us(head.status_rank or 0)
     if created is None or written is None or offset is None or current is None:
         return None
     if written not in (created, created + current):
@@ -110,26 +140,30 @@ class MessageStore:
                    int((LAST_EXPIRY - now).total_seconds()))
 
     @staticmethod
-    def created_head(snap: MessageSnapshot, status: Status, now: datetime) -> Row:
+    def created_head(snap: MessageSnapshot, status: Status, now: datetime) -> MessageHeadRow:
         """The :meth:`head` of a row :meth:`create_message` just wrote (no read needed)."""
         at = created_write_time(snap)
-        return {"status_rank": rank(status), "status": status.value, "attempt": 0,
-                "reason": None, "updated_at": now, "provider_id": None,
-                "tier": snap.tier.value, "tenant_id": snap.tenant_id,
-                "channel": snap.channel.value, "category": snap.category.value,
-                "created_wt": at, "status_wt": at}
+        return MessageHeadRow(rank(status), status.value, 0, None, now, None, snap.tier.value,
+                           snap.tenant_id, snap.channel.value, snap.category.value, at, at)
 
-    async def head(self, message_id: str) -> Row | None:
+    async def head(self, message_id: str) -> MessageHeadRow | None:
         """The message row's status columns and write times (for :meth:`transition`)."""
-        return await self.cql.read("msg_head", (), message_id)
+        row = await self.cql.read("msg_head", (), message_id)
+        return message_head(row) if row is not None else None
 
-    def heads(self, message_ids: Sequence[str]) -> Awaitable[list[Row | None]]:
+    def heads(self, message_ids: Sequence[str]) -> Awaitable[list[MessageHeadRow | None]]:
         """:meth:`head` of each id, in order (``IN`` reads of ``max_keys`` ids when
-        coalescing)."""
-        return self.cql.read_each("msg_head", [((), m) for m in message_ids])
+        coalescing; the reads are queued by this call, not when awaited)."""
+        reads = self.cql.read_each("msg_head", [((), m) for m in message_ids])
 
-    async def get_message(self, message_id: str) -> Row | None:
-        return await self.cql.first("msg_get", (message_id,))
+        async def mapped() -> list[MessageHeadRow | None]:
+            return [message_head(r) if r is not None else None for r in await reads]
+
+        return mapped()
+
+    async def get_message(self, message_id: str) -> MessageRow | None:
+        row = await self.cql.first("msg_get", (message_id,))
+        return message_row(row) if row is not None else None
 
     async def delete_unsent_message(
         self, message_id: str, tenant_id: str, accepted_at: datetime, max_status: Status
@@ -151,7 +185,7 @@ class MessageStore:
     async def transition(
         self, message_id: str, status: Status, attempt: int, reason: str | None,
         now: datetime, provider_id: str | None = None, provider_message_id: str | None = None,
-        next_attempt_at: datetime | None = None, *, head: Row | None = None,
+        next_attempt_at: datetime | None = None, *, head: MessageHeadRow | None = None,
         then: Callable[[bool], Sequence[Write]] | None = None,
     ) -> tuple[bool, bool]:
         """Move the status forward if ``status`` outranks the current one; returns
@@ -187,7 +221,7 @@ class MessageStore:
     def planned_transition(
         self, message_id: str, status: Status, attempt: int, reason: str | None,
         now: datetime, provider_id: str | None = None, provider_message_id: str | None = None,
-        next_attempt_at: datetime | None = None, *, head: Row,
+        next_attempt_at: datetime | None = None, *, head: MessageHeadRow,
     ) -> tuple[bool, list[Write]] | None:
         """Whether :meth:`transition` from the existing row ``head`` applies, and its writes
         (nothing is sent); None when the row keeps the compare-and-set path."""
@@ -195,7 +229,7 @@ class MessageStore:
         at = rank_write_time(head, r)
         if at is None:
             return None
-        current = head.get("status_rank")
+        current = head.status_rank
         applied = current is None or current < r
         writes: list[Write] = []
         if applied:
@@ -212,7 +246,7 @@ class MessageStore:
     async def _cas_transition(
         self, message_id: str, status: Status, attempt: int, reason: str | None,
         now: datetime, provider_id: str | None, provider_message_id: str | None,
-        next_attempt_at: datetime | None, head: Row,
+        next_attempt_at: datetime | None, head: MessageHeadRow,
     ) -> tuple[bool, bool]:
         """The compare-and-set transition (``head``: the row as read before it)."""
         r = rank(status, attempt)
@@ -231,26 +265,25 @@ class MessageStore:
 
     def _failure_write(
         self, message_id: str, status: Status, r: int, attempt: int, reason: str | None,
-        provider_id: str | None, failed_at: datetime | None, msg: Row | None,
+        provider_id: str | None, failed_at: datetime | None, msg: MessageHeadRow | None,
     ) -> Write | None:
         """The ``failures_by_tier_day`` row of a transition into a failure status.
         ``failed_at`` None: a replayed transition that was already applied; the row is
         rewritten from the message row (same key, its ``updated_at``) while the message is
         still in that status, so replays never add a second row. ``msg``: the message row
         as it was before the transition."""
-        if not self.cql.has("failure_insert") or msg is None or not msg.get("tier"):
+        if not self.cql.has("failure_insert") or msg is None or not msg.tier:
             return None
         if failed_at is None:
-            if msg.get("status_rank") != r or msg.get("updated_at") is None:
+            if msg.status_rank != r or msg.updated_at is None:
                 return None
-            failed_at = utc(msg["updated_at"])
-            assert failed_at is not None
-            attempt, reason = int(msg.get("attempt") or 0), msg.get("reason")
-            provider_id = msg.get("provider_id")
+            failed_at = msg.updated_at
+            attempt, reason = int(msg.attempt or 0), msg.reason
+            provider_id = msg.provider_id
         return ("failure_insert", (
-            msg["tier"], date_of(failed_at), operator_shard(message_id), failed_at, message_id,
-            status.value, reason, msg.get("tenant_id"), msg.get("channel"),
-            msg.get("category"), attempt, provider_id or msg.get("provider_id"),
+            msg.tier, date_of(failed_at), operator_shard(message_id), failed_at, message_id,
+            status.value, reason, msg.tenant_id, msg.channel, msg.category, attempt,
+            provider_id or msg.provider_id,
         ))
 
     @staticmethod
@@ -262,8 +295,9 @@ class MessageStore:
         return ("event_insert", (message_id, ts(occurred_at), event_id, status.value, attempt,
                                  reason, source, applied))
 
-    async def events(self, message_id: str) -> list[Row]:
-        return await self.cql.run("events_get", (message_id,))
+    async def events(self, message_id: str) -> list[MessageEventRow]:
+        """The message's status history, oldest first."""
+        return [message_event(r) for r in await self.cql.run("events_get", (message_id,))]
 
 
 STATEMENTS: dict[str, str] = {

@@ -16,6 +16,7 @@ from notiflow.adapters.cassandra.messages import MessageStore
 from notiflow.adapters.cassandra.recipients import RecipientStore
 from notiflow.adapters.cassandra.session import Statements, Write
 from notiflow.adapters.cassandra.templates import TemplateStore
+from notiflow.adapters.rows import MessageRow
 from notiflow.settings import Settings
 
 
@@ -55,8 +56,13 @@ class CassandraStore:
         """One cheap read at the configured consistency; raises when Cassandra cannot answer."""
         await self.cql.run("ping", ())
 
-    async def get_message(self, message_id: str) -> dict[str, Any] | None:
+    async def message(self, message_id: str) -> MessageRow | None:
         return await self.messages.get_message(message_id)
+
+    async def get_message(self, message_id: str) -> dict[str, Any] | None:
+        """The message row's columns as the driver returns them (naive UTC timestamps),
+        for tools that print or compare whole rows; :meth:`message` is the typed read."""
+        return await self.cql.first("msg_get", (message_id,))
 
     async def get_template(self, tenant_id: str, template_id: str,
                            version: int) -> dict[str, Any] | None:

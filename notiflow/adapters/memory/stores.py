@@ -4,12 +4,14 @@ and token deactivations the send step writes). Dict-backed, guarded by a lock.""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
 from notiflow.adapters.memory.clock import Clock
+from notiflow.adapters.rows import MessageRow
 from notiflow.schemas.enums import Status
 from notiflow.schemas.preferences import PreferenceState, Suppression, state_key
 from notiflow.schemas.status import rank
@@ -22,7 +24,7 @@ class MemoryMessages:
     def __init__(self, clock: Clock) -> None:
         self.clock = clock
         self.templates: dict[tuple[str, str, int], dict[str, Any]] = {}
-        self.heads: dict[str, dict[str, Any]] = {}
+        self.heads: dict[str, MessageRow] = {}
         self.attempt_rows: dict[str, list[dict[str, Any]]] = {}
         self._lock = threading.Lock()
 
@@ -40,20 +42,21 @@ class MemoryMessages:
 
     def set_status(self, message_id: str, status: Status, attempt: int = 0,
                    **row: Any) -> None:
-        """Make ``status`` of ``attempt`` the message head's current status."""
+        """Make ``status`` of ``attempt`` the message row's current status (``row``: other
+        columns of :class:`MessageRow` to set)."""
         with self._lock:
-            head = self.heads.setdefault(message_id, {"message_id": message_id})
-            head.update(row, status=status.value, attempt=attempt,
-                        status_rank=rank(status, attempt))
+            head = self.heads.get(message_id) or MessageRow(message_id)
+            self.heads[message_id] = dataclasses.replace(
+                head, **row, status=status.value, attempt=attempt,
+                status_rank=rank(status, attempt))
 
     def add_attempt(self, message_id: str, row: Mapping[str, Any]) -> None:
         with self._lock:
             self.attempt_rows.setdefault(message_id, []).append(dict(row))
 
-    async def get_message(self, message_id: str) -> dict[str, Any] | None:
+    async def message(self, message_id: str) -> MessageRow | None:
         with self._lock:
-            head = self.heads.get(message_id)
-            return None if head is None else dict(head)
+            return self.heads.get(message_id)
 
     async def get_template(self, tenant_id: str, template_id: str,
                            version: int) -> dict[str, Any] | None:

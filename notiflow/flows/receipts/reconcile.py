@@ -52,6 +52,7 @@ from notiflow.adapters.dlq_crypto import DlqCipher
 from notiflow.adapters.kafka_io import DeliveryFailed, OutRecord
 from notiflow.adapters.outages import OUTAGE, REDIS_DOWN
 from notiflow.adapters.retrying import until_up
+from notiflow.adapters.rows import MessageHeadRow
 from notiflow.adapters.worker import WorkerLoop
 from notiflow.correlation import CorrelationKeys
 from notiflow.flows.common.guard import DlqGuard
@@ -266,7 +267,7 @@ class ApplyStep:
                                      "status": p.top.status.value})
         await self.tally.mark((mid, e.status) for mid, evs in groups.items() for e in evs)
 
-    def _planned(self, message_id: str, evs: list[StatusEvent], head: dict[str, Any] | None,
+    def _planned(self, message_id: str, evs: list[StatusEvent], head: MessageHeadRow | None,
                  store: CassandraStore, now: datetime) -> _Plan[StatusEvent]:
         """A message's events against its row as read (``head``): the row created if a
         direct-producer message is new, moved to the highest event's status, the history,
@@ -296,7 +297,7 @@ class ApplyStep:
         return self._plan(store, top, span, head, args, then)
 
     @staticmethod
-    def _plan(store: CassandraStore, top: T, span: trace.Span, head: dict[str, Any],
+    def _plan(store: CassandraStore, top: T, span: trace.Span, head: MessageHeadRow,
               args: tuple[Any, ...], then: Callable[[bool], list[Write]]) -> _Plan[T]:
         """The plan of a transition (``args`` as :meth:`MessageStore.transition` takes
         them) from the row ``head``, followed by ``then(applied)``'s writes."""
@@ -463,13 +464,13 @@ class ApplyStep:
         from notiflow.adapters.kafka_io import AsyncProducer
         from notiflow.adapters.preferences import PreferenceStore
 
-        row = await store.get_message(message_id)
-        if row is None or not row.get("recipient_hash"):
+        row = await store.messages.get_message(message_id)
+        if row is None or not row.recipient_hash or row.tenant_id is None:
             return
         if self._preferences is None:
             self._preferences = PreferenceStore(store.recipients, AsyncProducer(self.settings),
                                                 self.settings.preferences_topic)
-        await self._preferences.suppress(row["tenant_id"], row["recipient_hash"], reason)
+        await self._preferences.suppress(row.tenant_id, row.recipient_hash, reason)
 
 
 G = TypeVar("G")

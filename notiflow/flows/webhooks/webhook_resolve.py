@@ -134,9 +134,9 @@ class Resolver:
 
         async def row_of(mid: str, ref: tuple[str, str] | None = None) -> None:
             async with sem:
-                row = await store.get_message(mid)
+                row = await store.messages.get_message(mid)
             if row is not None:
-                self._remember(mid, (str(row["tenant_id"]), row.get("status_webhook")), ref)
+                self._remember(mid, (str(row.tenant_id), row.status_webhook), ref)
 
         async def by_provider(ref: tuple[str, str]) -> None:
             async with sem:

@@ -52,10 +52,10 @@ class UnknownChecks:
             return
         store = ctx.ports.messages
         rows = await ctx.infra("cassandra", lambda: asyncio.gather(
-            *(store.get_message(w.message_id) for w in checks)))
+            *(store.message(w.message_id) for w in checks)))
         for w, row in zip(checks, rows, strict=True):
             attempt = w.record.unknown_check or w.record.attempt
-            current = int(row.get("status_rank") or 0) if row else 0
+            current = int(row.status_rank or 0) if row else 0
             if current <= rank(Status.UNKNOWN, attempt):
                 batch.decide(w, [ctx.event(w, Status.FAILED, batch.now, reason="ambiguous",
                                            attempt=attempt)])
@@ -107,9 +107,9 @@ class AlreadyFinal:
             return
         store = ctx.ports.messages
         rows = await ctx.infra("cassandra", lambda: asyncio.gather(
-            *(store.get_message(w.message_id) for w in old)))
+            *(store.message(w.message_id) for w in old)))
         for w, row in zip(old, rows, strict=True):
-            if row and row.get("status_rank", 0) >= rank(Status.SUPPRESSED):
+            if row and (row.status_rank or 0) >= rank(Status.SUPPRESSED):
                 batch.decide(w, [])
 
 
