@@ -7,12 +7,23 @@ importing a driver itself; :mod:`notiflow.adapters.ports` stays driver-free.
 - :data:`REDIS_DOWN`: a Redis call failed, whatever the reason (a fallback is the answer);
 - :data:`REDIS_UNREACHABLE`: Redis did not answer at all (an error answer is not an outage);
 - :data:`CASSANDRA_DOWN`: the Cassandra driver's "try again later";
-- :data:`OUTAGE`: any of them, or a timeout: what :mod:`notiflow.adapters.retrying` waits out.
+- :data:`OUTAGE`: any of them, or a timeout: what :mod:`notiflow.adapters.retrying` waits out;
+- :data:`STORE_FAILURE`: an :data:`OUTAGE` or any other Cassandra driver error: what a caller
+  answers "unavailable" to instead of failing (the API before its schema exists, the inbox).
+
+Whether Redis counts as down for the whole process is decided by
+:class:`notiflow.adapters.redis_health.RedisHealth` on :data:`REDIS_UNREACHABLE` alone.
 """
 
 from __future__ import annotations
 
-from cassandra import CoordinationFailure, OperationTimedOut, Timeout, Unavailable
+from cassandra import (
+    CoordinationFailure,
+    DriverException,
+    OperationTimedOut,
+    Timeout,
+    Unavailable,
+)
 from cassandra.cluster import NoHostAvailable
 from cassandra.connection import ConnectionException
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -37,3 +48,7 @@ CASSANDRA_DOWN: tuple[type[Exception], ...] = (
 
 OUTAGE: tuple[type[Exception], ...] = (*CASSANDRA_DOWN, *REDIS_DOWN, TimeoutError)
 """What a store raises while it is down or unreachable (any socket error included)."""
+
+STORE_FAILURE: tuple[type[Exception], ...] = (*OUTAGE, DriverException)
+"""A store call failed for a reason no caller's input explains: an :data:`OUTAGE`, or any
+other error of the Cassandra driver (a table not created yet, a statement refused)."""

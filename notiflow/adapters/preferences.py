@@ -23,8 +23,9 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any, Protocol
 
-from notiflow.adapters.cassandra.recipients import RecipientStore
-from notiflow.adapters.kafka_io import OutRecord
+from notiflow.adapters.cassandra.recipients import RecipientStore, StateContention
+from notiflow.adapters.kafka_io import DeliveryFailed, OutRecord
+from notiflow.adapters.outages import OUTAGE
 from notiflow.schemas.messages import SCHEMA_VERSION
 from notiflow.schemas.preferences import (
     PreferenceState,
@@ -36,6 +37,9 @@ from notiflow.schemas.preferences import (
 log = logging.getLogger(__name__)
 
 MAX_PUBLISH_ROUNDS = 5
+PREFERENCE_OUTAGE: tuple[type[BaseException], ...] = (*OUTAGE, StateContention, DeliveryFailed)
+"""What a preference write raises that is waited out, not a bug: a store outage, a lost race
+on the recipient's state, the preference topic's broker not acknowledging."""
 
 
 class RecordProducer(Protocol):

@@ -23,7 +23,6 @@ from typing import Any
 
 import httpx
 import jwt
-from cassandra import DriverException
 from cassandra.cluster import Cluster
 from confluent_kafka.admin import AdminClient
 
@@ -40,7 +39,7 @@ from notiflow.adapters.idempotency_fence import Fence
 from notiflow.adapters.jwks import JwksCache
 from notiflow.adapters.kafka_io import AsyncProducer, kafka_config
 from notiflow.adapters.manifests import Manifests
-from notiflow.adapters.outages import OUTAGE
+from notiflow.adapters.outages import STORE_FAILURE
 from notiflow.adapters.preferences import PreferenceStore
 from notiflow.adapters.providers.ses.sns_http import SnsCertificates
 from notiflow.adapters.retrying import until_up
@@ -62,8 +61,6 @@ DELIVERY_TIMEOUT_MS = 5_000
 CONNECT_TIMEOUT_S = 5.0
 RECONNECT_FIRST_S = 0.5
 RECONNECT_MAX_S = 5.0
-NOT_READY: tuple[type[BaseException], ...] = (*OUTAGE, DriverException)
-"""What Cassandra raises before it can serve the API: down, or its schema not there yet."""
 PROBE_TIMEOUT_S = 2.0
 TEMPLATE_CACHE_SIZE = 4096
 TOPICS_TTL_S = 30.0
@@ -168,7 +165,7 @@ class Runtime:
             self.spawn(watch.run(), "secrets")
         try:
             await self._connect()
-        except NOT_READY as exc:
+        except STORE_FAILURE as exc:
             log.warning("cassandra not reachable yet (%s); retrying in background",
                         type(exc).__name__)
             self.spawn(self._connect_loop(), "cassandra-connect")
@@ -209,7 +206,7 @@ class Runtime:
     async def _connect_loop(self) -> None:
         await asyncio.sleep(RECONNECT_FIRST_S)
         await until_up("cassandra connect", self._connect, log, first=RECONNECT_FIRST_S,
-                       most=RECONNECT_MAX_S, on=NOT_READY)
+                       most=RECONNECT_MAX_S, on=STORE_FAILURE)
 
     @property
     def connected(self) -> bool:

@@ -32,7 +32,6 @@ from typing import Any, Final
 
 import orjson
 from aiohttp import WSMsgType, web
-from cassandra import DriverException
 from opentelemetry.metrics import CallbackOptions, Observation
 
 from notiflow import names, telemetry
@@ -46,7 +45,7 @@ from notiflow.adapters.inbox_store import (
     channel_pattern,
 )
 from notiflow.adapters.kafka_io import AsyncProducer, DeliveryFailed, OutRecord, make_headers
-from notiflow.adapters.outages import OUTAGE, REDIS_DOWN
+from notiflow.adapters.outages import REDIS_DOWN, STORE_FAILURE
 from notiflow.inbox.hub import Connection, Hub, listen
 from notiflow.inbox.limits import Gate
 from notiflow.inbox.states import COLUMNS, InboxState
@@ -64,8 +63,6 @@ REPLAY_LIMIT: Final = 200
 RECEIPT_TIMEOUT_MS: Final = 5_000
 """How long a mark waits for Kafka to acknowledge its receipts before it is refused."""
 RETRY_AFTER_S: Final = 1
-STORE_FAILURES: Final[tuple[type[BaseException], ...]] = (*OUTAGE, DriverException)
-"""What a failed read or write of the inbox store raises (answered ``store_unavailable``)."""
 REFUSALS: Final[dict[int, type[web.HTTPException]]] = {
     400: web.HTTPBadRequest, 401: web.HTTPUnauthorized, 404: web.HTTPNotFound,
     422: web.HTTPUnprocessableEntity, 429: web.HTTPTooManyRequests,
@@ -193,7 +190,7 @@ class InboxServer:
         now = datetime.now(UTC)
         try:
             moved = await self.store.plan(user.tenant_id, user.user_id, message_id, state, now)
-        except STORE_FAILURES:
+        except STORE_FAILURE:
             return NotRecorded("store_unavailable")
         if moved is None:
             return None
@@ -208,7 +205,7 @@ class InboxServer:
             return NotRecorded("receipts_unavailable")
         try:
             await self.store.apply(before, after, now)
-        except STORE_FAILURES:
+        except STORE_FAILURE:
             return NotRecorded("store_unavailable")
         with contextlib.suppress(*REDIS_DOWN):
             await self.feed.publish(user.tenant_id, user.user_id, {

@@ -4,14 +4,27 @@ waits out, what the limiter and the breakers fall back from, or what the API ans
 
 from __future__ import annotations
 
-from cassandra import CoordinationFailure, InvalidRequest, OperationTimedOut, Timeout, Unavailable
+from cassandra import (
+    CoordinationFailure,
+    DriverException,
+    InvalidRequest,
+    OperationTimedOut,
+    Timeout,
+    Unavailable,
+)
 from cassandra.cluster import NoHostAvailable
 from cassandra.connection import ConnectionException
 from redis.exceptions import BusyLoadingError, NoScriptError, RedisError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from notiflow.adapters.outages import CASSANDRA_DOWN, OUTAGE, REDIS_DOWN, REDIS_UNREACHABLE
+from notiflow.adapters.outages import (
+    CASSANDRA_DOWN,
+    OUTAGE,
+    REDIS_DOWN,
+    REDIS_UNREACHABLE,
+    STORE_FAILURE,
+)
 
 
 def caught(exc: BaseException, by: tuple[type[BaseException], ...]) -> bool:
@@ -24,6 +37,7 @@ def test_each_name_holds_exactly_its_exceptions() -> None:
     assert set(CASSANDRA_DOWN) == {NoHostAvailable, OperationTimedOut, Unavailable, Timeout,
                                    CoordinationFailure, ConnectionException}
     assert set(OUTAGE) == {*CASSANDRA_DOWN, *REDIS_DOWN, TimeoutError}
+    assert set(STORE_FAILURE) == {*OUTAGE, DriverException}
 
 
 def test_an_error_answer_from_redis_is_down_but_not_unreachable() -> None:
@@ -48,3 +62,9 @@ def test_bad_input_and_bugs_are_no_outage() -> None:
     for exc in (InvalidRequest("bad cql"), ValueError(), KeyError(), TypeError()):
         assert not caught(exc, OUTAGE)
     assert caught(NoHostAvailable("none", {}), OUTAGE)
+
+
+def test_a_refused_statement_is_a_store_failure_but_no_outage() -> None:
+    assert caught(InvalidRequest("unconfigured table messages"), STORE_FAILURE)
+    assert caught(NoHostAvailable("none", {}), STORE_FAILURE)
+    assert not caught(ValueError(), STORE_FAILURE)

@@ -21,8 +21,9 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from notiflow.adapters.cassandra.recipients import StateContention
 from notiflow.adapters.kafka_io import DeliveryFailed
 from notiflow.adapters.outages import OUTAGE
+from notiflow.adapters.preferences import PREFERENCE_OUTAGE
 from notiflow.adapters.retrying import patience, until_up
-from notiflow.flows.receipts.reconcile import RETRY_ON, ApplyStep
+from notiflow.flows.receipts.reconcile import ApplyStep
 from notiflow.flows.webhooks.status_webhooks import Resolver
 from tests.fakes import SleepingClock
 
@@ -161,10 +162,10 @@ class FakeApply:
 
 
 def test_the_reconciler_retries_outages_and_contention_only() -> None:
-    assert set(OUTAGE) <= set(RETRY_ON)
-    assert StateContention in RETRY_ON and DeliveryFailed in RETRY_ON
+    assert set(OUTAGE) <= set(PREFERENCE_OUTAGE)
+    assert StateContention in PREFERENCE_OUTAGE and DeliveryFailed in PREFERENCE_OUTAGE
     assert not any(issubclass(e, t) for e in (ValueError, KeyError, TypeError, AssertionError)
-                   for t in RETRY_ON)
+                   for t in PREFERENCE_OUTAGE)
 
 
 async def test_a_reconcile_batch_is_retried_after_contention() -> None:

@@ -45,12 +45,12 @@ from opentelemetry import trace
 from notiflow import names, telemetry
 from notiflow.adapters.bytewax_kafka import ConfirmingSink, kafka_source
 from notiflow.adapters.cassandra.attempts import ProviderIndexRow, ReceiptRecord
-from notiflow.adapters.cassandra.recipients import StateContention
 from notiflow.adapters.cassandra.session import Write, connect
 from notiflow.adapters.cassandra.store import CassandraStore
 from notiflow.adapters.dlq_crypto import DlqCipher
-from notiflow.adapters.kafka_io import DeliveryFailed, OutRecord
-from notiflow.adapters.outages import OUTAGE, REDIS_DOWN
+from notiflow.adapters.kafka_io import OutRecord
+from notiflow.adapters.outages import REDIS_DOWN
+from notiflow.adapters.preferences import PREFERENCE_OUTAGE
 from notiflow.adapters.retrying import until_up
 from notiflow.adapters.rows import MessageHeadRow
 from notiflow.adapters.worker import WorkerLoop
@@ -75,9 +75,6 @@ CONCURRENCY = 512
 """Messages of a batch applied at once; their reads and writes share requests
 (adapters/cassandra_coalesce.py), so more at once means fewer requests."""
 INFRA_RETRY_FOR = timedelta(minutes=5)
-RETRY_ON: tuple[type[BaseException], ...] = (*OUTAGE, StateContention, DeliveryFailed)
-"""What a batch is retried on: a store outage (timeouts included), lost compare-and-set races
-on a recipient's state, the preference topic's broker not acknowledging a suppression."""
 PARK_FIRST_WAIT = timedelta(seconds=5)
 PARK_MAX_WAIT = timedelta(minutes=1)
 HARD_BOUNCES = {"bounce": "hard_bounce", "unsubscribe": "unsubscribed",
@@ -210,11 +207,13 @@ class ApplyStep:
     async def _with_retries(self, batch: list[ReconcileIn],
                             store: CassandraStore) -> list[DlqRecord | Receipt]:
         """Cassandra or Redis down, Kafka not acknowledging a suppression, or a recipient's
-        state contended (:data:`RETRY_ON`) → wait and retry the whole batch (writes are
-        idempotent); nothing is committed meanwhile. Gives up (the flow stops, raising the
-        last error) after ``INFRA_RETRY_FOR``; any other exception stops it at once."""
+        state contended (``preferences.PREFERENCE_OUTAGE``) → wait and retry the whole batch
+        (writes are idempotent); nothing is committed meanwhile. Gives up (the flow stops,
+        raising the last error) after ``INFRA_RETRY_FOR``; any other exception stops it at
+        once."""
         return await until_up("reconcile batch", lambda: self._apply(batch, store), log,
-                              first=0.5, most=10.0, give_up_after=INFRA_RETRY_FOR, on=RETRY_ON)
+                              first=0.5, most=10.0, give_up_after=INFRA_RETRY_FOR,
+                              on=PREFERENCE_OUTAGE)
 
     async def _apply(self, batch: list[ReconcileIn],
                      store: CassandraStore) -> list[DlqRecord | Receipt]:

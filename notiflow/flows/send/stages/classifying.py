@@ -19,9 +19,7 @@ from typing import Any
 
 import orjson
 
-from notiflow.adapters.cassandra.recipients import StateContention
-from notiflow.adapters.kafka_io import DeliveryFailed
-from notiflow.adapters.outages import OUTAGE
+from notiflow.adapters.preferences import PREFERENCE_OUTAGE
 from notiflow.adapters.providers.base import OutboundMessage, Outcome, SendResult
 from notiflow.adapters.retrying import Monotonic, until_up
 from notiflow.flows.common.items import Out, Retry, Work
@@ -39,9 +37,6 @@ from notiflow.schemas.preferences import Suppression
 
 log = logging.getLogger("notiflow.flows.dispatch")
 
-WRITE_RETRY_ON: tuple[type[BaseException], ...] = (*OUTAGE, StateContention, DeliveryFailed)
-"""Failures of a suppression write that are waited out: the store down or contended, the
-preference topic's broker not acknowledging."""
 
 NO_ANSWER = frozenset({"connect_error", "connect_timeout", "timeout", "connection_lost"})
 """Transient reasons where no provider answered: an outage of the provider or of the path."""
@@ -201,10 +196,10 @@ class Classify:
         """The provider says the address or token is dead: suppress it for later messages;
         a dead push token's registered devices are also marked inactive
         (``<provider>:<reason>``). Done before the outcome leaves, never dropped: while the
-        store or the preference topic is down (:data:`WRITE_RETRY_ON`) the write is retried
-        and the message waits, for ``retry_for``, then :class:`InfraUnavailable` stops the
-        flow (the record is sent and written again after the restart: the writes are
-        idempotent); any other failure is returned as a dead letter
+        store or the preference topic is down (``preferences.PREFERENCE_OUTAGE``) the write
+        is retried and the message waits, for ``retry_for``, then :class:`InfraUnavailable`
+        stops the flow (the record is sent and written again after the restart: the writes
+        are idempotent); any other failure is returned as a dead letter
         (``suppression_not_recorded``, category ``bug``) that leaves with the outcome."""
         reason = result.reason or "deactivated"
         suppression = suppression_of(reason, w.record.channel)
@@ -221,9 +216,9 @@ class Classify:
 
         try:
             await until_up("suppression", write, log, first=0.2, most=5.0,
-                           give_up_after=self.retry_for, on=WRITE_RETRY_ON, sleep=self.sleep,
+                           give_up_after=self.retry_for, on=PREFERENCE_OUTAGE, sleep=self.sleep,
                            monotonic=self.monotonic)
-        except WRITE_RETRY_ON as exc:
+        except PREFERENCE_OUTAGE as exc:
             raise InfraUnavailable(f"suppression store unavailable for {self.retry_for}") \
                 from exc
         except Exception as exc:
