@@ -1,18 +1,22 @@
 """One process's Redis clients share what they have seen (``adapters/redis_health.py``): a
 timeout in one of them (the breakers here) sends the limiter and the dedup calls to their
 fallbacks at once, without each waiting out a timeout of its own; an answer clears it, and
-after ``hold_s`` the next call asks Redis again."""
+after ``hold_s`` the next call asks Redis again. Each client's :class:`RedisGuard` goes off
+Redis only when Redis does not answer, and comes back by one probe at a time."""
 
 from __future__ import annotations
 
 import asyncio
 import random
 
+import pytest
 from cryptography.fernet import Fernet
+from redis.exceptions import ResponseError
+from redis.exceptions import TimeoutError as RedisTimeout
 
 from notiflow.adapters.breaker import CircuitBreakers
 from notiflow.adapters.dlq_crypto import DlqCipher
-from notiflow.adapters.redis_health import RedisHealth
+from notiflow.adapters.redis_health import RedisGuard, RedisHealth, RedisUnreachable
 from notiflow.flows.send.stages.context import SendContext
 from notiflow.schemas.enums import Tier
 from notiflow.settings import Settings
@@ -78,3 +82,60 @@ async def test_a_down_health_keeps_a_healthy_breaker_off_redis() -> None:
     health.failed()
     assert (await cb.allow("tw")).admitted
     assert bstore.calls == [] and cb.redis_ok
+
+
+def test_a_guard_goes_off_redis_only_when_redis_does_not_answer() -> None:
+    clock = Clock(100.0)
+    health = RedisHealth(hold_s=1.0, clock=clock)
+    guard = RedisGuard(health, probe_interval=0.5, clock=clock)
+    assert guard.asks
+    assert not guard.failed(ResponseError("ERR user_script:1: boom"))
+    assert guard.asks and not health.down
+    assert guard.failed(RedisTimeout("Timeout reading from socket"))
+    assert not guard.failed(ConnectionRefusedError())
+    assert not guard.asks and health.down and not guard.ok
+    assert not guard.may_probe()
+    clock.now += 0.5
+    assert guard.may_probe() and not guard.may_probe()
+    guard.probe_done()
+    assert guard.answered() and guard.asks and not health.down
+    assert not guard.answered()
+
+
+def test_a_failed_probe_pushes_the_next_one_back_and_keeps_the_health_down() -> None:
+    clock = Clock(100.0)
+    health = RedisHealth(hold_s=1.0, clock=clock)
+    guard = RedisGuard(health, probe_interval=0.5, clock=clock)
+    guard.failed(RedisTimeout())
+    clock.now += 1.0
+    assert not health.down and guard.may_probe()
+    guard.failed(RedisTimeout())
+    guard.probe_done()
+    assert health.down and not guard.may_probe()
+    clock.now += 0.5
+    assert guard.may_probe()
+
+
+def test_a_guard_stays_off_redis_while_another_client_finds_it_down() -> None:
+    clock = Clock(100.0)
+    health = RedisHealth(hold_s=1.0, clock=clock)
+    guard = RedisGuard(health, clock=clock)
+    health.failed()
+    assert guard.ok and not guard.asks and not guard.may_probe()
+
+
+async def test_ask_does_not_mark_redis_down_on_an_error_answer() -> None:
+    health = RedisHealth(hold_s=1.0, clock=Clock(100.0))
+
+    async def script_error() -> None:
+        raise ResponseError("ERR user_script:1: boom")
+
+    async def no_answer() -> None:
+        raise RedisTimeout("Timeout reading from socket")
+
+    with pytest.raises(RedisUnreachable) as answered:
+        await health.ask(script_error, 0.1)
+    assert not answered.value.fresh and not health.down
+    with pytest.raises(RedisUnreachable) as silent:
+        await health.ask(no_answer, 0.1)
+    assert silent.value.fresh and health.down

@@ -11,6 +11,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from cryptography.fernet import Fernet
+from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeout
 
 from notiflow.adapters.dlq_crypto import DlqCipher
@@ -106,3 +107,23 @@ def test_a_probe_that_raises_something_else_does_not_stop_later_probes() -> None
         return await ctx.redis(answers, "fallback")
 
     assert asyncio.run(scenario()) == "answer"
+
+
+def test_an_error_answer_takes_the_fallback_without_putting_the_tier_off_redis() -> None:
+    settings = Settings()
+    clock = Clock(START)
+    ctx = SendContext(settings, Tier.P0, settings.policy(Tier.P0),
+                      DlqCipher(Fernet.generate_key()), clock, random.Random(1), "send.p0")
+    answers = iter([ResponseError("ERR user_script:1: boom"), "answer"])
+
+    async def call() -> str:
+        answer = next(answers)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    async def scenario() -> list[str]:
+        return [await ctx.redis(call, "fallback"), await ctx.redis(call, "fallback")]
+
+    assert asyncio.run(scenario()) == ["fallback", "answer"]
+    assert ctx.redis_ok and not ctx.redis_health.down

@@ -34,7 +34,7 @@ from notiflow.adapters.breaker.model import (
 from notiflow.adapters.breaker.store import BreakerSource, BreakerStore, wall_us
 from notiflow.adapters.outages import REDIS_UNREACHABLE
 from notiflow.adapters.providers.base import Outcome, SendResult
-from notiflow.adapters.redis_health import RedisHealth
+from notiflow.adapters.redis_health import RedisGuard, RedisHealth
 from notiflow.settings import Settings
 
 log = logging.getLogger("notiflow.adapters.breaker")
@@ -165,15 +165,14 @@ class CircuitBreakers:
         self._max_entries = max_entries
         self._listeners: list[Callable[[StateChange], None]] = []
         self._queues: list[asyncio.Queue[StateChange]] = []
-        self._redis_ok = True
-        self._retry_at = 0
         self._probe: asyncio.Future[None] | None = None
         self.health = health or RedisHealth()
+        self.guard = RedisGuard(self.health, self._retry_us, self._clock)
 
     @property
     def redis_ok(self) -> bool:
         """False while Redis is unreachable (local breakers decide)."""
-        return self._redis_ok
+        return self.guard.ok
 
     # decisions
 
@@ -405,18 +404,18 @@ class CircuitBreakers:
 
     async def _run(self, provider_id: str, e: _Entry, ops: list[Op]) -> StepResult:
         now = self._clock()
-        if self._redis_ok and not self.health.down:
+        if self.guard.asks:
             try:
                 result = await self.store.run(provider_id, ops, now if self._driven else None)
             except REDIS_UNREACHABLE as exc:
                 self._mark_down(exc, self._clock())
             else:
-                self.health.answered()
+                self.guard.answered()
                 self.stats.round_trips += 1
                 self.stats.ops += len(ops)
                 self._adopt(provider_id, e, result, shared=True)
                 return result
-        elif not self._redis_ok and self._probe is None and now >= self._retry_at:
+        elif self.guard.may_probe():
             self._probe = asyncio.ensure_future(self._probe_redis(provider_id, e))
         if e.local is None:
             e.local = self._seed(e.snap)
@@ -433,15 +432,15 @@ class CircuitBreakers:
         except Exception as exc:
             if not isinstance(exc, REDIS_UNREACHABLE):
                 log.exception("circuit breakers: Redis probe failed")
-            self._retry_at = self._clock() + self._retry_us
+            self.guard.failed(exc)
         else:
             log.warning("circuit breakers: Redis reachable again; shared state resumes")
-            self._redis_ok = True
-            self.health.answered()
+            self.guard.answered()
             self.stats.round_trips += 1
             self._adopt(provider_id, e, result, shared=True)
         finally:
             self._probe = None
+            self.guard.probe_done()
 
     @staticmethod
     def _seed(snap: Snapshot | None) -> ModelState:
@@ -487,12 +486,9 @@ class CircuitBreakers:
             queue.put_nowait(change)
 
     def _mark_down(self, exc: BaseException, now: int) -> None:
-        if self._redis_ok:
+        if self.guard.failed(exc, now):
             log.warning("circuit breakers: Redis unreachable (%s); local breakers decide "
                         "until it returns", exc)
-        self._redis_ok = False
-        self._retry_at = now + self._retry_us
-        self.health.failed()
 
 
 def _at(at_us: int) -> datetime:

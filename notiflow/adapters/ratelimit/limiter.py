@@ -21,7 +21,7 @@ from notiflow import names
 from notiflow.adapters.outages import REDIS_UNREACHABLE
 from notiflow.adapters.ratelimit.model import ProviderRule, Request
 from notiflow.adapters.ratelimit.store import CapacityStore, DecisionSource
-from notiflow.adapters.redis_health import RedisHealth
+from notiflow.adapters.redis_health import RedisGuard, RedisHealth
 from notiflow.schemas.enums import Tier
 from notiflow.settings import Settings
 from notiflow.token_bucket import TokenBucket
@@ -93,11 +93,9 @@ class CapacityLimiter:
         self.stats = LimiterStats()
         self._leases: dict[_LeaseKey, _Lease] = {}
         self._local: dict[tuple[str, Tier] | tuple[str, str], TokenBucket] = {}
-        self._redis_ok = True
-        self._next_probe = 0.0
-        self._probing = False
         self._probes: set[asyncio.Task[None]] = set()
         self.health = health or RedisHealth(clock=clock)
+        self.guard = RedisGuard(self.health, probe_interval, clock)
         self.fill: dict[tuple[str, Tier], tuple[float, float]] = {}
         """(provider, tier) → (room left / provider rate, clock reading) of the last decision."""
         _limiters.add(self)
@@ -105,7 +103,7 @@ class CapacityLimiter:
     @property
     def redis_ok(self) -> bool:
         """False while Redis is unreachable (the flow exposes it as a health signal)."""
-        return self._redis_ok
+        return self.guard.ok
 
     async def acquire(self, provider_id: str, tier: Tier, tenant_id: str | None = None,
                       tenant_rate: float | None = None) -> float | None:
@@ -125,8 +123,8 @@ class CapacityLimiter:
             now = self.clock()
             if lease.blocked_until > now:
                 return lease.blocked_until - now
-            if not self._redis_ok or self.health.down:
-                if not self._redis_ok and not self._probing and now >= self._next_probe:
+            if not self.guard.asks:
+                if self.guard.may_probe():
                     self._probe(provider_id, Request(tier, 1, key[2],
                                                      tenant_rate if limited else None))
                 return self._fallback(rule, tier, key[2], tenant_rate, now)
@@ -169,8 +167,6 @@ class CapacityLimiter:
         """Ask Redis again in the background (one probe at a time; its token, if granted,
         is not used): a caller never waits on a Redis that stopped answering, it takes the
         fallback while the probe runs."""
-        self._probing = True
-
         async def probe() -> None:
             try:
                 await self.store.request(provider_id, request)
@@ -179,7 +175,7 @@ class CapacityLimiter:
             else:
                 self._mark_up()
             finally:
-                self._probing = False
+                self.guard.probe_done()
 
         task = asyncio.get_running_loop().create_task(probe())
         self._probes.add(task)
@@ -210,18 +206,13 @@ class CapacityLimiter:
         return min(ceiling, size)
 
     def _mark_down(self, exc: BaseException, now: float) -> None:
-        if self._redis_ok:
+        if self.guard.failed(exc, now):
             log.warning("capacity limiter: Redis unreachable (%s); tiers fall back to their "
                         "redis_down policy", exc)
-        self._redis_ok = False
-        self._next_probe = now + self.probe_interval
-        self.health.failed()
 
     def _mark_up(self) -> None:
-        self.health.answered()
-        if not self._redis_ok:
+        if self.guard.answered():
             log.warning("capacity limiter: Redis reachable again; cluster limits resume")
-            self._redis_ok = True
             self._local.clear()
 
     def _bucket(self, key: tuple[str, Tier] | tuple[str, str], rate: float,

@@ -12,10 +12,10 @@ from datetime import datetime, timedelta
 from typing import TypeVar
 
 from notiflow.adapters.dlq_crypto import DlqCipher
-from notiflow.adapters.outages import OUTAGE, REDIS_DOWN
+from notiflow.adapters.outages import OUTAGE, REDIS_DOWN, REDIS_UNREACHABLE
 from notiflow.adapters.ports import SendPorts
 from notiflow.adapters.pressure import LatencyWindow
-from notiflow.adapters.redis_health import HOLD_S, RedisHealth
+from notiflow.adapters.redis_health import HOLD_S, RedisGuard, RedisHealth
 from notiflow.adapters.retrying import until_up
 from notiflow.flows.common.items import Work
 from notiflow.flows.common.steps import Clock, dead_letter, scaled_lease_ttl, status_event
@@ -53,13 +53,13 @@ class SendContext:
     rng: random.Random
     source: str
     workers: int = 1
-    redis_ok: bool = True
-    redis_probing: bool = False
-    """A dedup call is asking a Redis that failed whether it is back (one at a time)."""
     crashes: dict[str, int] = field(default_factory=dict)
     p0_latencies: LatencyWindow = field(default_factory=LatencyWindow)
     local_caps: LocalCaps = field(init=False)
     own_health: RedisHealth = field(init=False)
+    redis_guard: RedisGuard = field(init=False)
+    """The dedup calls' rule over :attr:`redis_health`: off Redis after it did not answer,
+    back by one probing call at a time once the health's hold is over."""
     webhook_prefixes: dict[str, tuple[str, ...]] = field(init=False)
     _ports: SendPorts | None = None
 
@@ -68,6 +68,7 @@ class SendContext:
         self.local_caps = LocalCaps(share=self.workers)
         self.own_health = RedisHealth(REDIS_RECHECK.total_seconds(),
                                       clock=lambda: self.clock().timestamp())
+        self.redis_guard = RedisGuard(self.own_health)
 
     @property
     def redis_health(self) -> RedisHealth:
@@ -79,6 +80,12 @@ class SendContext:
 
     def attach(self, ports: SendPorts) -> None:
         self._ports = ports
+        self.redis_guard.health = self.redis_health
+
+    @property
+    def redis_ok(self) -> bool:
+        """Redis answered the last dedup call (the flow's health signal)."""
+        return self.redis_guard.ok
 
     @property
     def opened(self) -> SendPorts | None:
@@ -96,35 +103,39 @@ class SendContext:
         return self.settings.scaled(self.settings.content_dedup_window)
 
     async def redis(self, fn: Callable[[], Awaitable[T]], fallback: T) -> T:
-        """A dedup call. Redis down: tiers on ``local`` continue without cluster dedup
-        (``fallback``, without asking while :attr:`redis_health` says down); tiers on
-        ``pause`` wait until Redis answers again."""
+        """A dedup call; any Redis failure takes the tier's ``redis_down`` rule. Tiers on
+        ``local`` continue without cluster dedup (``fallback``): without asking while
+        :attr:`redis_guard` is off Redis or the health is down, and once the hold is over the
+        call that finds the guard free probes (:class:`RedisGuard`, no probe interval of its
+        own: the health's hold spaces the probes). Tiers on ``pause`` keep asking every
+        ``REDIS_PAUSE_S`` until Redis answers, whatever the health says: the answer is what
+        they wait for."""
         local = self.policy.redis_down == "local"
-        health = self.redis_health
+        guard = self.redis_guard
         while True:
-            if local and (health.down or (self.redis_probing and not self.redis_ok)):
-                return fallback
-            probing = local and not self.redis_ok
-            self.redis_probing = self.redis_probing or probing
+            probing = False
+            if local and not guard.asks:
+                if guard.health.down or not guard.may_probe():
+                    return fallback
+                probing = True
             try:
                 result = await fn()
             except REDIS_DOWN as exc:
-                if self.redis_ok:
+                if guard.failed(exc):
                     log.warning("redis unavailable (%s): %s", exc,
                                 "sending without cluster dedup" if local else "pausing sends")
-                self.redis_ok = False
-                health.failed()
+                elif not isinstance(exc, REDIS_UNREACHABLE):
+                    log.error("redis answered a dedup call with an error (%r): %s", exc,
+                              "sending without cluster dedup" if local else "pausing sends")
                 if local:
                     return fallback
                 await asyncio.sleep(REDIS_PAUSE_S)
                 continue
             finally:
                 if probing:
-                    self.redis_probing = False
-            if not self.redis_ok:
+                    guard.probe_done()
+            if guard.answered():
                 log.warning("redis is back")
-            self.redis_ok = True
-            health.answered()
             return result
 
     async def infra(self, what: str, fn: Callable[[], Awaitable[T]]) -> T:
