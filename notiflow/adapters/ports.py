@@ -21,7 +21,7 @@ from notiflow.adapters.cancel_gate import Confirm
 from notiflow.adapters.providers.base import Outcome, ProviderClient
 from notiflow.adapters.redis_dedup import LeaseState
 from notiflow.adapters.redis_health import RedisHealth
-from notiflow.adapters.rows import MessageRow
+from notiflow.adapters.rows import AttemptRow, MessageRow, TemplateRow
 from notiflow.adapters.webhook_pace import Pace
 from notiflow.schemas.enums import Tier
 from notiflow.schemas.preferences import PreferenceState, Suppression
@@ -101,9 +101,9 @@ class Messages(Protocol):
     async def message(self, message_id: str) -> MessageRow | None: ...
 
     async def get_template(self, tenant_id: str, template_id: str,
-                           version: int) -> dict[str, Any] | None: ...
+                           version: int) -> TemplateRow | None: ...
 
-    async def attempts(self, message_id: str) -> list[dict[str, Any]]: ...
+    async def attempts(self, message_id: str) -> list[AttemptRow]: ...
 
 
 class Preferences(Protocol):

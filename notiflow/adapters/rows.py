@@ -1,5 +1,5 @@
-"""The rows of a message as the stores return them and the ports declare them: frozen,
-slotted values that name no driver.
+"""The rows of a message and of its template as the stores return them and the ports
+declare them: frozen, slotted values that name no driver.
 
 Each mirrors its Cassandra table (``schemas/cql``): columns keep their stored types (a
 status is its ``Status`` value, a channel its ``Channel`` value), timestamps are aware UTC,
@@ -88,3 +88,34 @@ class MessageEventRow:
     reason: str | None = None
     source: str | None = None
     applied: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptRow:
+    """One delivery attempt of a message."""
+
+    message_id: str
+    attempt_no: int
+    provider_id: str | None = None
+    provider_message_id: str | None = None
+    outcome: str | None = None
+    normalized_error: str | None = None
+    error_code: str | None = None
+    started_at: datetime | None = None
+    completed_at: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TemplateRow:
+    """One version of a template, as stored."""
+
+    tenant_id: str
+    template_id: str
+    version: int
+    channel: str
+    subject: str | None
+    body: str
+    variables: tuple[str, ...]
+    checksum: str
+    created_at: datetime
+    description: str | None = None

@@ -33,7 +33,6 @@ from notiflow.adapters.campaign_store import CampaignStore
 from notiflow.adapters.campaign_tally import CampaignTally
 from notiflow.adapters.cassandra.session import connect
 from notiflow.adapters.cassandra.store import CassandraStore
-from notiflow.adapters.cassandra.templates import TemplateRow
 from notiflow.adapters.egress import EgressGuard
 from notiflow.adapters.idempotency_fence import Fence
 from notiflow.adapters.jwks import JwksCache
@@ -43,6 +42,7 @@ from notiflow.adapters.outages import STORE_FAILURE
 from notiflow.adapters.preferences import PreferenceStore
 from notiflow.adapters.providers.ses.sns_http import SnsCertificates
 from notiflow.adapters.retrying import until_up
+from notiflow.adapters.rows import TemplateRow
 from notiflow.adapters.schedule_store import ScheduleStore
 from notiflow.adapters.scheduled_store import ScheduledStore
 from notiflow.adapters.secret_watch import watcher

@@ -20,7 +20,7 @@ from fastapi import APIRouter, Path, Request, Response
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from notiflow.adapters.cassandra.store import CassandraStore
-from notiflow.adapters.cassandra.templates import TemplateRow
+from notiflow.adapters.rows import TemplateRow
 from notiflow.audit import Action, AuditEvent
 from notiflow.gateway import examples
 from notiflow.gateway.auth import RuntimeDep, Tenant, actor_of, read_json_object

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import asyncio
 
-from notiflow.adapters.cassandra.attempts import AttemptRow
 from notiflow.adapters.cassandra.session import connect
 from notiflow.adapters.cassandra.store import CassandraStore
-from notiflow.adapters.rows import MessageEventRow, MessageRow
+from notiflow.adapters.rows import AttemptRow, MessageEventRow, MessageRow
 from notiflow.settings import Settings
 
 

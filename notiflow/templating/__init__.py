@@ -18,7 +18,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import jinja2
 from jinja2 import nodes
@@ -246,11 +246,25 @@ def _render_once(compiled: _Compiled, variables: Mapping[str, Any], limits: Rend
         return subject, _generate(compiled.body, variables, budget)
 
 
-def render(template_row: Mapping[str, Any], variables: Mapping[str, Any],
+class StoredTemplate(Protocol):
+    """A stored template version as :func:`render` reads it (``checksum`` empty or None:
+    computed)."""
+
+    @property
+    def subject(self) -> str | None: ...
+
+    @property
+    def body(self) -> str: ...
+
+    @property
+    def checksum(self) -> str | None: ...
+
+
+def render(template: StoredTemplate, variables: Mapping[str, Any],
            limits: RenderLimits = DEFAULT_LIMITS,
            clock: Clock = time.thread_time) -> tuple[str | None, str]:
-    """Render a stored template version (``subject``, ``body``, optional ``checksum``)
-    within ``limits`` (``clock``: CPU seconds of the calling thread).
+    """Render a stored template version within ``limits`` (``clock``: CPU seconds of the
+    calling thread).
 
     Returns ``(subject, body)``; raises :class:`MissingVariable` naming every absent variable,
     :class:`OverBudget` when CPU time (twice in a row: one overrun can be a pause of the
@@ -259,8 +273,7 @@ def render(template_row: Mapping[str, Any], variables: Mapping[str, Any],
     exception of the template's own code). Nothing else escapes.
     """
     try:
-        compiled = _compile(template_row.get("subject"), template_row["body"],
-                            template_row.get("checksum"))
+        compiled = _compile(template.subject, template.body, template.checksum)
     except TemplateError as exc:
         raise RenderError(f"template does not parse: {exc}") from None
     except Exception as exc:

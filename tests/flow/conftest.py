@@ -45,7 +45,7 @@ def put_template(stack: Settings, tenant: str, template_id: str, channel: str, b
     """Write version 1 of a template straight to Cassandra; returns the version."""
     from notiflow.adapters.cassandra.session import connect
     from notiflow.adapters.cassandra.store import CassandraStore
-    from notiflow.adapters.cassandra.templates import TemplateRow
+    from notiflow.adapters.rows import TemplateRow
     from notiflow.templating import analyse
 
     info = analyse(subject, body)

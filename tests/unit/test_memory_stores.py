@@ -13,7 +13,7 @@ from notiflow.adapters.memory.boards import BoardTable, MemoryBoards
 from notiflow.adapters.memory.stores import MemoryMessages, MemoryPreferences
 from notiflow.adapters.ports import SendPorts
 from notiflow.adapters.pressure import STALE_AFTER_S
-from notiflow.adapters.rows import MessageRow
+from notiflow.adapters.rows import AttemptRow, MessageRow
 from notiflow.schemas.enums import Status, Tier
 from notiflow.schemas.preferences import PreferenceState
 from notiflow.schemas.status import rank
@@ -27,14 +27,14 @@ def test_templates_heads_and_attempts() -> None:
     messages = MemoryMessages(ManualClock(T0))
     assert messages.put_template("acme", "otp", "SMS", "Code {{ code }}") == 1
     row = asyncio.run(messages.get_template("acme", "otp", 1))
-    assert row is not None and row["channel"] == "SMS" and row["variables"] == ("code",)
+    assert row is not None and row.channel == "SMS" and row.variables == ("code",)
     assert asyncio.run(messages.get_template("acme", "otp", 2)) is None
     assert asyncio.run(messages.message("m1")) is None
     messages.set_status("m1", Status.UNKNOWN, 1)
     head = asyncio.run(messages.message("m1"))
     assert head is not None and head.status_rank == rank(Status.UNKNOWN, 1)
-    messages.add_attempt("m1", {"attempt_no": 1, "provider_id": "twilio"})
-    assert asyncio.run(messages.attempts("m1")) == [{"attempt_no": 1, "provider_id": "twilio"}]
+    messages.add_attempt(AttemptRow("m1", 1, provider_id="twilio"))
+    assert asyncio.run(messages.attempts("m1")) == [AttemptRow("m1", 1, provider_id="twilio")]
 
 
 def test_message_rows_keep_their_columns_across_status_changes() -> None:

@@ -1,5 +1,5 @@
-"""The message rows of ``adapters/rows.py`` as the Cassandra mappers build them from driver
-rows (naive UTC timestamps, every selected column present, empty ones None)."""
+"""The rows of ``adapters/rows.py`` as the Cassandra mappers build them from driver rows
+(naive UTC timestamps, every selected column present, empty ones None)."""
 
 from __future__ import annotations
 
@@ -11,13 +11,21 @@ from typing import Any
 
 import pytest
 
+from notiflow.adapters.cassandra.attempts import attempt_row
 from notiflow.adapters.cassandra.messages import (
     MessageStore,
     message_event,
     message_head,
     message_row,
 )
-from notiflow.adapters.rows import MessageEventRow, MessageHeadRow, MessageRow
+from notiflow.adapters.cassandra.templates import template_row
+from notiflow.adapters.rows import (
+    AttemptRow,
+    MessageEventRow,
+    MessageHeadRow,
+    MessageRow,
+    TemplateRow,
+)
 from notiflow.schemas.enums import Category, Channel, Status, Tier
 from notiflow.schemas.messages import MessageSnapshot
 from notiflow.schemas.status import rank
@@ -115,3 +123,17 @@ def test_heads_are_asked_for_when_called_and_mapped_when_awaited() -> None:
 
 async def _await(pending: Awaitable[list[MessageHeadRow | None]]) -> list[MessageHeadRow | None]:
     return await pending
+
+
+def test_template_and_attempt_rows_map_with_aware_times() -> None:
+    template = template_row({"tenant_id": "acme", "template_id": "otp", "version": 2,
+                             "channel": "SMS", "subject": None, "body": "Code {{ code }}",
+                             "variables": ["code"], "checksum": None, "created_at": NAIVE,
+                             "description": None})
+    assert template == TemplateRow("acme", "otp", 2, "SMS", None, "Code {{ code }}",
+                                   ("code",), "", AT)
+    attempt = attempt_row({"message_id": "msg_1", "attempt_no": 1, "provider_id": "twilio",
+                           "provider_message_id": "SM1", "outcome": "accepted",
+                           "normalized_error": None, "error_code": None,
+                           "started_at": NAIVE, "completed_at": None})
+    assert attempt == AttemptRow("msg_1", 1, "twilio", "SM1", "accepted", None, None, AT, None)

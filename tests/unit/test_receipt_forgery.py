@@ -12,7 +12,7 @@ import pytest
 from cryptography.fernet import Fernet
 from pydantic import SecretStr
 
-from notiflow.adapters.cassandra.attempts import AttemptRow, ProviderIndexRow
+from notiflow.adapters.cassandra.attempts import ProviderIndexRow
 from notiflow.adapters.dlq_crypto import DlqCipher
 from notiflow.adapters.providers.base import OutboundMessage
 from notiflow.adapters.providers.smtp import bounces
@@ -20,7 +20,7 @@ from notiflow.adapters.providers.smtp import receipts as smtp_receipts
 from notiflow.adapters.providers.smtp.client import SmtpEmail
 from notiflow.adapters.providers.vonage import signature as vonage_signature
 from notiflow.adapters.providers.webhook import WebhookRefused
-from notiflow.adapters.rows import MessageHeadRow
+from notiflow.adapters.rows import AttemptRow, MessageHeadRow
 from notiflow.correlation import CorrelationKeyMissing, CorrelationKeys
 from notiflow.fakes.smtp import build_dsn
 from notiflow.flows.common.items import SourcedReceipt, SourceRef

@@ -23,6 +23,7 @@ from pydantic import ValidationError
 
 from notiflow.adapters.dlq_crypto import DlqCipher
 from notiflow.adapters.providers.base import Outcome, SendResult
+from notiflow.adapters.rows import AttemptRow
 from notiflow.flows.common.guard import DlqGuard
 from notiflow.flows.common.items import Retry, SourceRef, Work
 from notiflow.flows.send.policy import RetryPolicy
@@ -58,9 +59,9 @@ class Leases:
 class Attempts:
     """Cassandra's ``attempts`` rows of the message, as the reconciler writes them."""
 
-    rows: list[dict[str, Any]] = field(default_factory=list)
+    rows: list[AttemptRow] = field(default_factory=list)
 
-    async def attempts(self, message_id: str) -> list[dict[str, Any]]:
+    async def attempts(self, message_id: str) -> list[AttemptRow]:
         return list(self.rows)
 
 
@@ -132,7 +133,10 @@ def drive(tier: Tier, seed: int, answer: Any = failing, rec: IngestRecord | None
         outs += out
         ev = out[0]
         assert isinstance(ev, StatusEvent) and ev.attempt_detail is not None
-        attempts.rows.append(ev.attempt_detail.model_dump())
+        d = ev.attempt_detail
+        attempts.rows.append(AttemptRow(
+            w.message_id, d.attempt_no, d.provider_id, d.provider_message_id, d.outcome,
+            d.normalized_error, d.error_code, d.started_at, d.completed_at))
         retries = [o for o in out if isinstance(o, Retry)]
         if not retries:
             return Run(tries, outs, clock.now)

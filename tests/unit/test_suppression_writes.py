@@ -14,12 +14,12 @@ from typing import Any
 import pytest
 from cryptography.fernet import Fernet
 
-from notiflow.adapters.cassandra.attempts import AttemptRow, ProviderIndexRow, ReceiptRecord
+from notiflow.adapters.cassandra.attempts import ProviderIndexRow, ReceiptRecord
 from notiflow.adapters.dlq_crypto import DlqCipher
 from notiflow.adapters.kafka_io import DeliveryFailed
 from notiflow.adapters.preferences import PreferenceStore
 from notiflow.adapters.providers.base import Outcome, SendResult
-from notiflow.adapters.rows import MessageHeadRow, MessageRow
+from notiflow.adapters.rows import AttemptRow, MessageHeadRow, MessageRow
 from notiflow.flows.common.items import SourcedReceipt, SourceRef, Work
 from notiflow.flows.receipts.reconcile import ApplyStep
 from notiflow.flows.send.stages.classifying import Classify

@@ -20,6 +20,7 @@ from jinja2 import meta
 from jinja2.sandbox import SandboxedEnvironment
 
 from notiflow.adapters.dlq_crypto import DlqCipher
+from notiflow.adapters.rows import TemplateRow
 from notiflow.flows.common.items import SourceRef, Work
 from notiflow.flows.send.dispatch import ChannelPressure, Dispatcher
 from notiflow.flows.send.stages import SendStages
@@ -49,6 +50,14 @@ from notiflow.templating import (
 )
 from notiflow.templating.sandbox import BudgetedEnvironment
 from tests.helpers import partial_ports
+
+T0 = datetime(2026, 12, 7, tzinfo=UTC)
+
+
+def stored(body: str) -> TemplateRow:
+    """An SMS template version with ``body`` and no subject (its checksum computed)."""
+    return TemplateRow(tenant_id="acme", template_id="t", version=1, channel="SMS",
+                       subject=None, body=body, variables=(), checksum="", created_at=T0)
 
 QUICK_S = 2.0
 HARD_S = 30.0
@@ -98,7 +107,7 @@ def _attempt(source: str, variables: dict[str, Any], conn: Connection) -> None:
     started = time.monotonic()
     try:
         check(None, source)
-        render({"body": source}, variables)
+        render(stored(source), variables)
         outcome = "rendered"
     except TemplateError as exc:
         outcome = f"refused: {type(exc).__name__}"
@@ -157,7 +166,7 @@ def test_cpu_budget_uses_the_given_clock() -> None:
     ticks = iter(range(1000))
     limits = RenderLimits(cpu_time=timedelta(seconds=5))
     with pytest.raises(OverBudget):
-        render({"body": "{% for i in range(100) %}{{ i }}{% endfor %}"}, {}, limits,
+        render(stored("{% for i in range(100) %}{{ i }}{% endfor %}"), {}, limits,
                clock=lambda: float(next(ticks)))
 
 
@@ -166,7 +175,7 @@ def test_one_cpu_overrun_is_a_pause_not_a_verdict() -> None:
     rendered again; a template over its time twice in a row is refused."""
     readings = iter([0.0, 10.0, 0.0] + [0.0] * 100)
     limits = RenderLimits(cpu_time=timedelta(seconds=5))
-    row = {"body": "{% for i in range(3) %}{{ i }}{% endfor %}"}
+    row = stored("{% for i in range(3) %}{{ i }}{% endfor %}")
     assert render(row, {}, limits, clock=lambda: next(readings))[1] == "012"
     ticks = iter(range(10_000))
     with pytest.raises(OverBudget):
@@ -174,14 +183,14 @@ def test_one_cpu_overrun_is_a_pause_not_a_verdict() -> None:
 
 
 def test_limits_are_configurable() -> None:
-    row = {"body": "{% for i in range(50) %}.{% endfor %}"}
+    row = stored("{% for i in range(50) %}.{% endfor %}")
     assert render(row, {})[1] == "." * 50
     with pytest.raises(OverBudget):
         render(row, {}, RenderLimits(max_iterations=10))
     with pytest.raises(RenderError):
-        render({"body": "{{ range(50)|list }}"}, {}, RenderLimits(max_range=10))
+        render(stored("{{ range(50)|list }}"), {}, RenderLimits(max_range=10))
     with pytest.raises(RenderError):
-        render({"body": "{{ s }}"}, {"s": "a" * 2000}, RenderLimits(max_output=1024))
+        render(stored("{{ s }}"), {"s": "a" * 2000}, RenderLimits(max_output=1024))
 
 
 @pytest.mark.parametrize(("source", "variables", "expected"), [
@@ -200,7 +209,7 @@ def test_limits_are_configurable() -> None:
 ])
 def test_ordinary_templates_render_as_before(source: str, variables: dict[str, Any],
                                              expected: str) -> None:
-    assert render({"body": source}, variables) == (None, expected)
+    assert render(stored(source), variables) == (None, expected)
 
 
 _NAMES = st.sampled_from(["a", "b", "c", "items", "loop", "caller", "x"])
@@ -256,24 +265,20 @@ def work(template_id: str = "t", n: int = 1, **variables: Any) -> Work:
     return Work(IngestRecord.model_validate(doc), SourceRef("t", 0, n), b"", None)
 
 
-def sms(body: str) -> dict[str, Any]:
-    return {"channel": "SMS", "body": body, "subject": None}
-
-
 def test_a_template_failure_is_an_outcome_never_an_exception() -> None:
     for body, variables in [HOSTILE[0], HOSTILE[2], HOSTILE[8], HOSTILE[11]]:
-        out = rendered(work(**variables), sms(body))
+        out = rendered(work(**variables), stored(body))
         assert isinstance(out, RenderFailure)
-    out = rendered(work(v=None), sms("{{ v.x }}"))
+    out = rendered(work(v=None), stored("{{ v.x }}"))
     assert isinstance(out, RenderFailure) and not out.spent
 
 
 def test_a_template_that_spent_its_budget_fails_the_rest_of_its_batch_without_rendering(
         ) -> None:
-    costly = sms("{% for i in range(10000) %}{% for j in range(10000) %}{% endfor %}"
+    costly = stored("{% for i in range(10000) %}{% for j in range(10000) %}{% endfor %}"
                  "{% endfor %}")
     jobs: list[Job] = [(work("t", i), ("acme", "t", 1), costly, None) for i in range(20)]
-    jobs.append((work("ok", 99, code=7), ("acme", "ok", 1), sms("code {{ code }}"), None))
+    jobs.append((work("ok", 99, code=7), ("acme", "ok", 1), stored("code {{ code }}"), None))
     started = time.monotonic()
     out = render_all(jobs, RenderLimits())
     assert time.monotonic() - started < QUICK_S
@@ -305,8 +310,8 @@ def test_the_render_stage_ends_a_failing_template_failed_render_error(
                       lambda: datetime.now(UTC), random.Random(0), "send.p1", 1)
 
     class Store:
-        async def get_template(self, tenant: str, tid: str, version: int) -> dict[str, Any]:
-            return sms("{{ 10**5000 }}" if tid == "bad" else "ok {{ code }}")
+        async def get_template(self, tenant: str, tid: str, version: int) -> TemplateRow:
+            return stored("{{ 10**5000 }}" if tid == "bad" else "ok {{ code }}")
 
     ctx.attach(partial_ports(messages=Store()))
     works = [work("bad", 1), work("good", 2, code=1)]

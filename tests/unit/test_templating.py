@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import pytest
 
 from notiflow import templating
@@ -16,8 +18,17 @@ from notiflow.templating import (
 )
 
 
-def row(body: str, subject: str | None = None) -> dict[str, object]:
-    return {"subject": subject, "body": body, "checksum": checksum(subject, body)}
+@dataclass(frozen=True)
+class Stored:
+    """A stored template version as ``render`` reads it."""
+
+    body: str
+    subject: str | None = None
+    checksum: str | None = None
+
+
+def row(body: str, subject: str | None = None) -> Stored:
+    return Stored(body, subject, checksum(subject, body))
 
 
 def test_variables_are_collected_from_subject_and_body_sorted() -> None:
@@ -92,7 +103,7 @@ def test_compiled_templates_are_cached_by_checksum() -> None:
 
 
 def test_row_without_checksum_still_renders() -> None:
-    assert render({"body": "x {{ y }}"}, {"y": "z"}) == (None, "x z")
+    assert render(Stored("x {{ y }}"), {"y": "z"}) == (None, "x z")
 
 
 def test_render_of_a_template_that_does_not_parse_is_a_render_error() -> None:

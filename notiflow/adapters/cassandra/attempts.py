@@ -4,44 +4,25 @@ belongs to), receipt deduplication, and their ``provider_outcomes_by_hour`` rows
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
 
 from notiflow.adapters.cassandra.session import Row, Statements, Write
 from notiflow.adapters.cassandra.values import hour_of, operator_shard, to_ms, ts, utc
+from notiflow.adapters.rows import AttemptRow
 from notiflow.schemas.enums import Status
 from notiflow.schemas.messages import AttemptRecord
 
 
-@dataclass(frozen=True, slots=True)
-class AttemptRow:
-    """One delivery attempt of a message (timestamps in UTC)."""
-
-    message_id: str
-    attempt_no: int
-    provider_id: str | None = None
-    provider_message_id: str | None = None
-    outcome: str | None = None
-    normalized_error: str | None = None
-    error_code: str | None = None
-    started_at: datetime | None = None
-    completed_at: datetime | None = None
-
-    @classmethod
-    def of(cls, row: Row) -> AttemptRow:
-        return cls(
-            message_id=row["message_id"], attempt_no=int(row["attempt_no"]),
-            provider_id=row.get("provider_id"),
-            provider_message_id=row.get("provider_message_id"), outcome=row.get("outcome"),
-            normalized_error=row.get("normalized_error"), error_code=row.get("error_code"),
-            started_at=utc(row.get("started_at")), completed_at=utc(row.get("completed_at")))
-
-    def columns(self) -> dict[str, Any]:
-        """The row as a mapping of its columns (the ``Messages`` port's form)."""
-        return dataclasses.asdict(self)
+def attempt_row(row: Row) -> AttemptRow:
+    """An ``attempts`` row as an :class:`AttemptRow`."""
+    return AttemptRow(
+        message_id=row["message_id"], attempt_no=int(row["attempt_no"]),
+        provider_id=row.get("provider_id"),
+        provider_message_id=row.get("provider_message_id"), outcome=row.get("outcome"),
+        normalized_error=row.get("normalized_error"), error_code=row.get("error_code"),
+        started_at=utc(row.get("started_at")), completed_at=utc(row.get("completed_at")))
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,7 +97,7 @@ class AttemptStore:
 
     async def attempts(self, message_id: str) -> list[AttemptRow]:
         """A message's attempts, in attempt order."""
-        return [AttemptRow.of(r) for r in await self.cql.run("attempts_get", (message_id,))]
+        return [attempt_row(r) for r in await self.cql.run("attempts_get", (message_id,))]
 
     async def message_for_provider_id(
         self, provider_id: str, provider_message_id: str

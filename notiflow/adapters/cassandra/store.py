@@ -16,7 +16,7 @@ from notiflow.adapters.cassandra.messages import MessageStore
 from notiflow.adapters.cassandra.recipients import RecipientStore
 from notiflow.adapters.cassandra.session import Statements, Write
 from notiflow.adapters.cassandra.templates import TemplateStore
-from notiflow.adapters.rows import MessageRow
+from notiflow.adapters.rows import AttemptRow, MessageRow, TemplateRow
 from notiflow.settings import Settings
 
 
@@ -65,9 +65,8 @@ class CassandraStore:
         return await self.cql.first("msg_get", (message_id,))
 
     async def get_template(self, tenant_id: str, template_id: str,
-                           version: int) -> dict[str, Any] | None:
-        row = await self.templates.get_template(tenant_id, template_id, version)
-        return row.columns() if row else None
+                           version: int) -> TemplateRow | None:
+        return await self.templates.get_template(tenant_id, template_id, version)
 
-    async def attempts(self, message_id: str) -> list[dict[str, Any]]:
-        return [a.columns() for a in await self.delivery.attempts(message_id)]
+    async def attempts(self, message_id: str) -> list[AttemptRow]:
+        return await self.delivery.attempts(message_id)

@@ -3,42 +3,19 @@ version first in their partition."""
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass
-from datetime import datetime
-from typing import Any
-
 from notiflow.adapters.cassandra.session import Row, Statements
 from notiflow.adapters.cassandra.values import utc
+from notiflow.adapters.rows import TemplateRow
 
 
-@dataclass(frozen=True, slots=True)
-class TemplateRow:
-    """One version of a template, as stored (``created_at`` in UTC)."""
-
-    tenant_id: str
-    template_id: str
-    version: int
-    channel: str
-    subject: str | None
-    body: str
-    variables: tuple[str, ...]
-    checksum: str
-    created_at: datetime
-    description: str | None = None
-
-    @classmethod
-    def of(cls, row: Row) -> TemplateRow:
-        return cls(
-            tenant_id=row["tenant_id"], template_id=row["template_id"],
-            version=int(row["version"]), channel=row["channel"], subject=row.get("subject"),
-            body=row["body"], variables=tuple(row.get("variables") or ()),
-            checksum=row.get("checksum") or "", created_at=utc(row["created_at"]),
-            description=row.get("description"))
-
-    def columns(self) -> dict[str, Any]:
-        """The row as a mapping of its columns (the ``Messages`` port's form)."""
-        return dataclasses.asdict(self)
+def template_row(row: Row) -> TemplateRow:
+    """A ``templates`` row as a :class:`TemplateRow`."""
+    return TemplateRow(
+        tenant_id=row["tenant_id"], template_id=row["template_id"],
+        version=int(row["version"]), channel=row["channel"], subject=row.get("subject"),
+        body=row["body"], variables=tuple(row.get("variables") or ()),
+        checksum=row.get("checksum") or "", created_at=utc(row["created_at"]),
+        description=row.get("description"))
 
 
 class TemplateStore:
@@ -57,12 +34,12 @@ class TemplateStore:
         )) or {}
         if row.get("[applied]"):
             return True, None
-        return False, TemplateRow.of(row) if row.get("checksum") else None
+        return False, template_row(row) if row.get("checksum") else None
 
     async def get_template(self, tenant_id: str, template_id: str,
                            version: int) -> TemplateRow | None:
         row = await self.cql.first("template_get", (tenant_id, template_id, version))
-        return TemplateRow.of(row) if row else None
+        return template_row(row) if row else None
 
     async def latest_template_version(self, tenant_id: str, template_id: str) -> int:
         row = await self.cql.first("template_latest", (tenant_id, template_id))
@@ -71,7 +48,7 @@ class TemplateStore:
     async def latest_template(self, tenant_id: str, template_id: str) -> TemplateRow | None:
         """The highest version of a template, or None."""
         row = await self.cql.first("template_latest_row", (tenant_id, template_id))
-        return TemplateRow.of(row) if row else None
+        return template_row(row) if row else None
 
 
 STATEMENTS: dict[str, str] = {

@@ -11,7 +11,7 @@ from datetime import datetime
 from typing import Any
 
 from notiflow.adapters.memory.clock import Clock
-from notiflow.adapters.rows import MessageRow
+from notiflow.adapters.rows import AttemptRow, MessageRow, TemplateRow
 from notiflow.schemas.enums import Status
 from notiflow.schemas.preferences import PreferenceState, Suppression, state_key
 from notiflow.schemas.status import rank
@@ -23,9 +23,9 @@ class MemoryMessages:
 
     def __init__(self, clock: Clock) -> None:
         self.clock = clock
-        self.templates: dict[tuple[str, str, int], dict[str, Any]] = {}
+        self.templates: dict[tuple[str, str, int], TemplateRow] = {}
         self.heads: dict[str, MessageRow] = {}
-        self.attempt_rows: dict[str, list[dict[str, Any]]] = {}
+        self.attempt_rows: dict[str, list[AttemptRow]] = {}
         self._lock = threading.Lock()
 
     def put_template(self, tenant_id: str, template_id: str, channel: str, body: str,
@@ -33,11 +33,10 @@ class MemoryMessages:
         """Store a template row as the API writes it; returns its version."""
         info = analyse(subject, body)
         with self._lock:
-            self.templates[(tenant_id, template_id, version)] = {
-                "tenant_id": tenant_id, "template_id": template_id, "version": version,
-                "channel": channel, "subject": subject, "body": body,
-                "variables": info.variables, "checksum": info.checksum,
-                "created_at": self.clock()}
+            self.templates[(tenant_id, template_id, version)] = TemplateRow(
+                tenant_id=tenant_id, template_id=template_id, version=version,
+                channel=channel, subject=subject, body=body, variables=info.variables,
+                checksum=info.checksum, created_at=self.clock())
         return version
 
     def set_status(self, message_id: str, status: Status, attempt: int = 0,
@@ -50,23 +49,22 @@ class MemoryMessages:
                 head, **row, status=status.value, attempt=attempt,
                 status_rank=rank(status, attempt))
 
-    def add_attempt(self, message_id: str, row: Mapping[str, Any]) -> None:
+    def add_attempt(self, row: AttemptRow) -> None:
         with self._lock:
-            self.attempt_rows.setdefault(message_id, []).append(dict(row))
+            self.attempt_rows.setdefault(row.message_id, []).append(row)
 
     async def message(self, message_id: str) -> MessageRow | None:
         with self._lock:
             return self.heads.get(message_id)
 
     async def get_template(self, tenant_id: str, template_id: str,
-                           version: int) -> dict[str, Any] | None:
+                           version: int) -> TemplateRow | None:
         with self._lock:
-            row = self.templates.get((tenant_id, template_id, version))
-            return None if row is None else dict(row)
+            return self.templates.get((tenant_id, template_id, version))
 
-    async def attempts(self, message_id: str) -> list[dict[str, Any]]:
+    async def attempts(self, message_id: str) -> list[AttemptRow]:
         with self._lock:
-            return [dict(r) for r in self.attempt_rows.get(message_id, ())]
+            return list(self.attempt_rows.get(message_id, ()))
 
 
 class MemoryPreferences:

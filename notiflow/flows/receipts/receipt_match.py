@@ -15,8 +15,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from notiflow.adapters.cassandra.attempts import AttemptRow, ProviderIndexRow
+from notiflow.adapters.cassandra.attempts import ProviderIndexRow
 from notiflow.adapters.providers.smtp.message import message_id_header
+from notiflow.adapters.rows import AttemptRow
 from notiflow.schemas.messages import Receipt
 
 

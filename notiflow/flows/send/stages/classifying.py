@@ -14,14 +14,14 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from datetime import UTC, datetime, timedelta
-from typing import Any
+from datetime import datetime, timedelta
 
 import orjson
 
 from notiflow.adapters.preferences import PREFERENCE_OUTAGE
 from notiflow.adapters.providers.base import OutboundMessage, Outcome, SendResult
 from notiflow.adapters.retrying import Monotonic, until_up
+from notiflow.adapters.rows import AttemptRow
 from notiflow.flows.common.items import Out, Retry, Work
 from notiflow.flows.common.steps import retry_record
 from notiflow.flows.send.policy import RetryDecision, RetryPolicy, held_for, provider_waits
@@ -97,18 +97,15 @@ def attempt_detail(work: Work, result: SendResult) -> AttemptRecord:
     )
 
 
-def attempt_from_row(row: dict[str, Any]) -> AttemptRecord | None:
+def attempt_from_row(row: AttemptRow) -> AttemptRecord | None:
     """A row of Cassandra ``attempts`` as an :class:`AttemptRecord` (None if incomplete)."""
-    def aware(d: datetime | None) -> datetime | None:
-        return d.replace(tzinfo=UTC) if d is not None and d.tzinfo is None else d
-
     try:
         return AttemptRecord(
-            attempt_no=row["attempt_no"], provider_id=row["provider_id"],
-            outcome=row["outcome"], provider_message_id=row.get("provider_message_id"),
-            normalized_error=row.get("normalized_error"), error_code=row.get("error_code"),
-            started_at=aware(row.get("started_at")), completed_at=aware(row.get("completed_at")))
-    except (KeyError, ValueError):
+            attempt_no=row.attempt_no, provider_id=row.provider_id, outcome=row.outcome,
+            provider_message_id=row.provider_message_id,
+            normalized_error=row.normalized_error, error_code=row.error_code,
+            started_at=row.started_at, completed_at=row.completed_at)
+    except ValueError:
         return None
 
 

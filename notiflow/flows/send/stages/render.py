@@ -12,11 +12,11 @@ import concurrent.futures
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from cachetools import LRUCache
 
 from notiflow.adapters.providers.base import OutboundMessage
+from notiflow.adapters.rows import TemplateRow
 from notiflow.chat_hooks import served, slack_escaped, teams_escaped
 from notiflow.flows.common.items import Work
 from notiflow.flows.send.stages.context import SendContext
@@ -44,7 +44,7 @@ class RenderFailure:
     spent: bool = False
 
 
-def rendered(w: Work, template: dict[str, Any] | None,
+def rendered(w: Work, template: TemplateRow | None,
              escape: Callable[[str], str] | None = None,
              limits: RenderLimits | None = None) -> OutboundMessage | str | RenderFailure:
     """``w`` rendered with ``template`` (its string variables through ``escape`` first)
@@ -52,7 +52,7 @@ def rendered(w: Work, template: dict[str, Any] | None,
     r = w.record
     if template is None:
         return "unknown_template"
-    if template["channel"] != r.channel.value:
+    if template.channel != r.channel.value:
         return "template_channel_mismatch"
     try:
         variables = r.variables if escape is None else {
@@ -86,7 +86,7 @@ def escaping(ctx: SendContext, w: Work) -> Callable[[str], str] | None:
     return None
 
 
-Job = tuple[Work, TemplateKey, dict[str, Any] | None, Callable[[str], str] | None]
+Job = tuple[Work, TemplateKey, TemplateRow | None, Callable[[str], str] | None]
 
 
 def render_all(jobs: list[Job],
@@ -116,7 +116,7 @@ class Render:
     dispatcher's loop goes on with other batches meanwhile."""
 
     def __init__(self, cache_size: int = TEMPLATE_CACHE) -> None:
-        self.templates: LRUCache[TemplateKey, dict[str, Any]] = LRUCache(maxsize=cache_size)
+        self.templates: LRUCache[TemplateKey, TemplateRow] = LRUCache(maxsize=cache_size)
         self._pool = concurrent.futures.ThreadPoolExecutor(
             RENDER_THREADS, thread_name_prefix="render")
 
@@ -141,7 +141,7 @@ class Render:
                 batch.rendered[attempt_key(w)] = out
 
     async def _fetch(self, works: list[Work],
-                     ctx: SendContext) -> dict[TemplateKey, dict[str, Any]]:
+                     ctx: SendContext) -> dict[TemplateKey, TemplateRow]:
         """The templates of ``works`` (cached or read now; an unknown one is absent)."""
         keys = {template_key(w) for w in works}
         found = {k: row for k in keys if (row := self.templates.get(k)) is not None}
