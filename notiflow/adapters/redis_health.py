@@ -65,16 +65,17 @@ class RedisHealth:
         an error answer does not).
 
         No probing one call at a time, unlike :class:`RedisGuard`: every call after the
-        hold asks. Its callers answer API requests, which have no local decision to fall
-        back on for long (a fence, a shared bucket), and each call is bounded by
-        ``timeout_s``."""
+        hold asks, each bounded by ``timeout_s``. Its callers answer API requests, whose
+        fallbacks (refuse, or admit unchecked) are not worth taking for the requests that
+        arrive while one probe runs on a Redis that is back."""
         if self.down:
             raise RedisUnreachable("redis failed recently", fresh=False)
         try:
             answer = await asyncio.wait_for(call(), timeout_s)
         except REDIS_DOWN as exc:  # wait_for's TimeoutError is an OSError
-            fresh = isinstance(exc, REDIS_UNREACHABLE) and not self.down
-            if isinstance(exc, REDIS_UNREACHABLE):
+            unreachable = isinstance(exc, REDIS_UNREACHABLE)
+            fresh = unreachable and not self.down
+            if unreachable:
                 self.failed()
             raise RedisUnreachable(f"redis: {type(exc).__name__}", fresh=fresh) from exc
         self.answered()
