@@ -19,7 +19,7 @@ import logging
 from collections import OrderedDict
 from collections.abc import Coroutine
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 import jwt
@@ -81,6 +81,16 @@ def now_ms() -> datetime:
     """Current UTC time truncated to milliseconds (Cassandra's timestamp precision)."""
     now = datetime.now(UTC)
     return now.replace(microsecond=now.microsecond // 1000 * 1000)
+
+
+_T = TypeVar("_T")
+
+
+def _reached(store: _T | None) -> _T:
+    """``store`` once Cassandra has been reached; raises a ``503`` error before."""
+    if store is None:
+        raise unavailable("cassandra_unavailable", "the message store is unavailable")
+    return store
 
 
 class Runtime:
@@ -214,22 +224,16 @@ class Runtime:
 
     def store(self) -> CassandraStore:
         """The store; raises a ``503`` error while Cassandra has not been reached."""
-        if self._store is None:
-            raise unavailable("cassandra_unavailable", "the message store is unavailable")
-        return self._store
+        return _reached(self._store)
 
     def scheduled(self) -> ScheduledStore:
         """Scheduled work in Cassandra; raises a ``503`` error while Cassandra has not been
         reached."""
-        if self._scheduled is None:
-            raise unavailable("cassandra_unavailable", "the message store is unavailable")
-        return self._scheduled
+        return _reached(self._scheduled)
 
     def schedules(self) -> ScheduleStore:
         """Recurring schedules in Cassandra; 503 while Cassandra has not been reached."""
-        if self._schedules is None:
-            raise unavailable("cassandra_unavailable", "the message store is unavailable")
-        return self._schedules
+        return _reached(self._schedules)
 
     def manifests(self) -> Manifests:
         """Campaign manifests in object storage."""
@@ -246,15 +250,11 @@ class Runtime:
 
     def notices(self) -> NoticeStore:
         """Campaign state webhooks to send; 503 while Cassandra has not been reached."""
-        if self._notices is None:
-            raise unavailable("cassandra_unavailable", "the message store is unavailable")
-        return self._notices
+        return _reached(self._notices)
 
     def campaigns(self) -> CampaignStore:
         """Campaigns in Cassandra; 503 while Cassandra has not been reached."""
-        if self._campaigns is None:
-            raise unavailable("cassandra_unavailable", "the message store is unavailable")
-        return self._campaigns
+        return _reached(self._campaigns)
 
     async def template(self, tenant_id: str, template_id: str,
                        version: int) -> TemplateRow | None:
