@@ -4,17 +4,19 @@ several aggregates can share a request (:meth:`CassandraStore.write_all`)."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from cassandra.cluster import Session
+from cassandra.cluster import Cluster, Session
 
 from notiflow.adapters.cassandra.attempts import AttemptStore
 from notiflow.adapters.cassandra.idempotency import IdempotencyStore
 from notiflow.adapters.cassandra.listing import MessageListing
 from notiflow.adapters.cassandra.messages import MessageStore
 from notiflow.adapters.cassandra.recipients import RecipientStore
-from notiflow.adapters.cassandra.session import Statements, Write
+from notiflow.adapters.cassandra.session import Statements, Write, connect
 from notiflow.adapters.cassandra.templates import TemplateStore
 from notiflow.adapters.rows import AttemptRow, MessageRow, TemplateRow
 from notiflow.settings import Settings
@@ -70,3 +72,21 @@ class CassandraStore:
 
     async def attempts(self, message_id: str) -> list[AttemptRow]:
         return await self.delivery.attempts(message_id)
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterStore:
+    """A store and the cluster its session belongs to, held as one worker resource: closing
+    the worker (``WorkerLoop.close``) calls :meth:`shutdown`."""
+
+    cluster: Cluster
+    store: CassandraStore
+
+    @classmethod
+    async def open(cls, settings: Settings) -> ClusterStore:
+        """Connect (on a thread: the driver blocks) and build the store over the session."""
+        cluster, session = await asyncio.to_thread(connect, settings)
+        return cls(cluster, CassandraStore(session, settings))
+
+    def shutdown(self) -> None:
+        self.cluster.shutdown()

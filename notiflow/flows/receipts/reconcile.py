@@ -45,8 +45,8 @@ from opentelemetry import trace
 from notiflow import names, telemetry
 from notiflow.adapters.bytewax_kafka import ConfirmingSink, kafka_source
 from notiflow.adapters.cassandra.attempts import ProviderIndexRow, ReceiptRecord
-from notiflow.adapters.cassandra.session import Write, connect
-from notiflow.adapters.cassandra.store import CassandraStore
+from notiflow.adapters.cassandra.session import Write
+from notiflow.adapters.cassandra.store import CassandraStore, ClusterStore
 from notiflow.adapters.dlq_crypto import DlqCipher
 from notiflow.adapters.kafka_io import OutRecord
 from notiflow.adapters.outages import REDIS_DOWN
@@ -104,15 +104,6 @@ class _Plan(Generic[T]):
     writes: list[Write] = field(default_factory=list)
     applied: bool = False
     cas: Callable[[], Awaitable[tuple[bool, bool]]] | None = None
-
-
-class _Store:
-    def __init__(self, cluster: Any, store: CassandraStore) -> None:
-        self.cluster = cluster
-        self.store = store
-
-    def shutdown(self) -> None:
-        self.cluster.shutdown()
 
 
 class BulkYield:
@@ -191,12 +182,11 @@ class ApplyStep:
         self._channels = {route.provider_id: route.channel.value for route in settings.routes}
 
     def _store(self) -> CassandraStore:
-        async def open_store() -> _Store:
-            cluster, session = await asyncio.to_thread(connect, self.settings)
-            store = CassandraStore(session, self.settings).coalesce(
-                max_keys=self.settings.cassandra_read_keys,
-                max_rows=self.settings.cassandra_batch_rows)
-            return _Store(cluster, store)
+        async def open_store() -> ClusterStore:
+            opened = await ClusterStore.open(self.settings)
+            opened.store.coalesce(max_keys=self.settings.cassandra_read_keys,
+                                  max_rows=self.settings.cassandra_batch_rows)
+            return opened
 
         return self.runtime.resource("cassandra", open_store).store
 

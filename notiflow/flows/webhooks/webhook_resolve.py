@@ -23,15 +23,6 @@ LOOKUP_CONCURRENCY = 64
 CACHE_SIZE = 100_000
 
 
-class _Store:
-    def __init__(self, cluster: Any, store: Any) -> None:
-        self.cluster = cluster
-        self.store = store
-
-    def shutdown(self) -> None:
-        self.cluster.shutdown()
-
-
 Target = tuple[str, str | None]
 """(tenant_id, status_webhook) of a message."""
 
@@ -113,14 +104,9 @@ class Resolver:
                 self._index.popitem(last=False)
 
     def _store(self) -> Any:
-        from notiflow.adapters.cassandra.session import connect
-        from notiflow.adapters.cassandra.store import CassandraStore
+        from notiflow.adapters.cassandra.store import ClusterStore
 
-        async def open_store() -> _Store:
-            cluster, session = await asyncio.to_thread(connect, self.settings)
-            return _Store(cluster, CassandraStore(session, self.settings))
-
-        return self.runtime.resource("cassandra", open_store).store
+        return self.runtime.resource("cassandra", lambda: ClusterStore.open(self.settings)).store
 
     async def _with_retries(self, changes: list[StatusChange], store: Any) -> None:
         """Cassandra down or timing out (``OUTAGE``) → wait and retry (nothing is committed
