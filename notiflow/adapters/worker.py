@@ -13,7 +13,7 @@ import contextlib
 import logging
 import threading
 import weakref
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar, cast
 
 import uvloop
@@ -49,6 +49,21 @@ def loop_thread(name: str) -> tuple[asyncio.AbstractEventLoop, threading.Thread]
     thread.start()
     ready.wait()
     return loop, thread
+
+
+def stop_loop_thread(loop: asyncio.AbstractEventLoop, thread: threading.Thread | None,
+                     shutdown: Coroutine[Any, Any, None], logger: logging.Logger,
+                     what: str) -> None:
+    """Stop a loop of :func:`loop_thread`: run ``shutdown`` on it (waiting up to 10 s; a
+    failure or timeout is logged to ``logger`` as ``what``'s and does not stop the rest),
+    then stop the loop and join its thread (up to 5 s)."""
+    try:
+        asyncio.run_coroutine_threadsafe(shutdown, loop).result(timeout=10)
+    except Exception as exc:
+        logger.warning("%s shutdown: %r", what, exc)
+    loop.call_soon_threadsafe(loop.stop)
+    if thread is not None:
+        thread.join(timeout=5)
 
 
 def register(closeable: Any) -> None:

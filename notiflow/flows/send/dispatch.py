@@ -40,7 +40,7 @@ from notiflow.adapters.outages import REDIS_DOWN
 from notiflow.adapters.ports import OpenSendPorts
 from notiflow.adapters.pressure import REPORT_EVERY_S
 from notiflow.adapters.providers.chat import breaker_label
-from notiflow.adapters.worker import loop_thread, register
+from notiflow.adapters.worker import loop_thread, register, stop_loop_thread
 from notiflow.flows.common.items import Out, Retry, Work
 from notiflow.flows.common.steps import Clock
 from notiflow.flows.common.yielding import Slots, YieldWindow
@@ -250,13 +250,7 @@ class Dispatcher:
             if self.ctx.opened is not None:
                 await self.ctx.opened.close()
 
-        try:
-            asyncio.run_coroutine_threadsafe(shutdown(), loop).result(timeout=10)
-        except Exception as exc:
-            log.warning("dispatcher shutdown: %r", exc)
-        loop.call_soon_threadsafe(loop.stop)
-        if self._thread is not None:
-            self._thread.join(timeout=5)
+        stop_loop_thread(loop, self._thread, shutdown(), log, "dispatcher")
         self._loop = None
 
     # ------------------------------------------------------------------ submission

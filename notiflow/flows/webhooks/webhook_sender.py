@@ -18,7 +18,7 @@ from notiflow import names, telemetry
 from notiflow.adapters.client_webhooks import AttemptResult, Verdict, WebhookClient
 from notiflow.adapters.egress import EgressGuard
 from notiflow.adapters.secret_watch import watcher
-from notiflow.adapters.worker import loop_thread, register
+from notiflow.adapters.worker import loop_thread, register, stop_loop_thread
 from notiflow.secrets import Keyring
 from notiflow.settings import Settings
 
@@ -234,11 +234,5 @@ class WebhookDispatcher:
             if self._breakers is not None:
                 await self._breakers.aclose()
 
-        try:
-            asyncio.run_coroutine_threadsafe(shutdown(), loop).result(timeout=10)
-        except Exception as exc:
-            log.warning("webhook dispatcher shutdown: %r", exc)
-        loop.call_soon_threadsafe(loop.stop)
-        if self._thread is not None:
-            self._thread.join(timeout=5)
+        stop_loop_thread(loop, self._thread, shutdown(), log, "webhook dispatcher")
         self._loop = None
