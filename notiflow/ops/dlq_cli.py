@@ -89,6 +89,15 @@ UntilOpt = Annotated[str | None, typer.Option(help="failed_at before (ISO 8601).
 JsonOpt = Annotated[bool, typer.Option("--json", help="One JSON object per line.")]
 ActorOpt = Annotated[str, typer.Option(help="Who does this (recorded in the audit row).")]
 WhyOpt = Annotated[str, typer.Option(help="Why (recorded in the audit row).")]
+IdsArg = Annotated[list[str] | None, typer.Argument(help="dlq_id of each dead letter.",
+                                                   show_default=False)]
+LimitOpt = Annotated[int | None, typer.Option(min=1, help="At most this many.")]
+
+
+def _audited(actor: str, why: str) -> None:
+    """Raise a usage error unless a change names who makes it and why."""
+    if not actor.strip() or not why.strip():
+        raise UsageError("--actor and --why must not be empty")
 
 
 def _when(value: str | None, option: str) -> datetime | None:
@@ -396,8 +405,7 @@ def _report(outcomes: list[Outcome], missing: set[str], verb: str) -> int:
 @dlq_app.command("replay")
 def replay_cmd(
     actor: ActorOpt, why: WhyOpt,
-    ids: Annotated[list[str] | None, typer.Argument(help="dlq_id of each dead letter.",
-                                                    show_default=False)] = None,
+    ids: IdsArg = None,
     all_: Annotated[bool, typer.Option("--all", help="Every unresolved dead letter that "
                                        "matches the filters (tier DLQs unless --tier).")
                     ] = False,
@@ -405,7 +413,7 @@ def replay_cmd(
     error_class: ClassOpt = None, category: CategoryOpt = None,
     message_id: MessageOpt = None, tenant: TenantOpt = None, since: SinceOpt = None,
     until: UntilOpt = None,
-    limit: Annotated[int | None, typer.Option(min=1, help="At most this many.")] = None,
+    limit: LimitOpt = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Show what would happen; change "
                                           "nothing.")] = False,
     again: Annotated[bool, typer.Option("--again", help="Replay ids that were already "
@@ -418,8 +426,7 @@ def replay_cmd(
     (a message that ended FAILED or EXPIRED is reopened; see docs/dlq.md for refusals)."""
 
     async def main(settings: Settings) -> int:
-        if not actor.strip() or not why.strip():
-            raise UsageError("--actor and --why must not be empty")
+        _audited(actor, why)
         if again and all_:
             raise UsageError("--again applies to explicit ids only")
         flt = _selection(ids, all_, _filter(
@@ -448,8 +455,7 @@ def replay_cmd(
 @dlq_app.command("purge")
 def purge_cmd(
     actor: ActorOpt, why: WhyOpt,
-    ids: Annotated[list[str] | None, typer.Argument(help="dlq_id of each dead letter.",
-                                                    show_default=False)] = None,
+    ids: IdsArg = None,
     all_: Annotated[bool, typer.Option("--all", help="Every unresolved dead letter that "
                                        "matches the filters.")] = False,
     before: Annotated[str | None, typer.Option(
@@ -459,14 +465,13 @@ def purge_cmd(
     error_class: ClassOpt = None, category: CategoryOpt = None,
     message_id: MessageOpt = None, tenant: TenantOpt = None, since: SinceOpt = None,
     until: UntilOpt = None,
-    limit: Annotated[int | None, typer.Option(min=1, help="At most this many.")] = None,
+    limit: LimitOpt = None,
     dry_run: Annotated[bool, typer.Option("--dry-run")] = False,
 ) -> None:
     """Resolve dead letters without replaying them; --before also deletes old records."""
 
     async def main(settings: Settings) -> int:
-        if not actor.strip() or not why.strip():
-            raise UsageError("--actor and --why must not be empty")
+        _audited(actor, why)
         flt = _filter(channel=channel, reason=reason, error_class=error_class,
                       category=category, message_id=message_id, tenant=tenant, since=since,
                       until=until)
