@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import BaseModel
 
 from notiflow.adapters.jwks import JwksUnavailable
 from notiflow.gateway import jwt_auth
 from notiflow.gateway.bodies import read_limited
-from notiflow.gateway.errors import ApiError, bad_request, unavailable
+from notiflow.gateway.errors import ApiError, bad_request, unavailable, validated
 from notiflow.gateway.runtime import Runtime
 from notiflow.settings import TenantConfig
 
@@ -91,3 +92,12 @@ async def read_json_object(request: Request, limit: int = MAX_BODY_BYTES) -> dic
                        details=[{"loc": [], "msg": "body must be a JSON object",
                                  "type": "model_type"}])
     return data
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+async def read_model(request: Request, model: type[M]) -> M:
+    """The body as ``model``: the errors of :func:`read_json_object`, then ``422`` when the
+    object does not validate (:func:`~notiflow.gateway.errors.validated`)."""
+    return validated(model, await read_json_object(request))

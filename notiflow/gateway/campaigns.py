@@ -29,7 +29,6 @@ from datetime import datetime, timedelta
 from typing import Final
 
 from fastapi import APIRouter, Path, Query, Request, Response
-from pydantic import ValidationError
 
 from notiflow.adapters.campaign_notices import notice_of
 from notiflow.adapters.campaign_store import (
@@ -44,12 +43,11 @@ from notiflow.adapters.manifests import ManifestNotAllowed, ManifestUnreadable, 
 from notiflow.adapters.outages import REDIS_DOWN
 from notiflow.correlation import CorrelationKeyMissing, CorrelationKeys
 from notiflow.gateway import examples
-from notiflow.gateway.auth import RuntimeDep, Tenant, read_json_object
+from notiflow.gateway.auth import RuntimeDep, Tenant, read_model
 from notiflow.gateway.checks import check_lane, check_sender, check_template
 from notiflow.gateway.egress_check import check_webhook_url
 from notiflow.gateway.errors import (
     ApiError,
-    invalid_body,
     not_found,
     rate_limited,
     unavailable,
@@ -171,10 +169,7 @@ async def _check_quota(store: CampaignStore, tenant: TenantConfig) -> None:
 async def create_campaign(request: Request, tenant: Tenant, rt: RuntimeDep) -> Response:
     """Create a campaign: 201 with its view (state ``scheduled`` until an expander takes
     it)."""
-    try:
-        req = CampaignRequest.model_validate(await read_json_object(request))
-    except ValidationError as exc:
-        raise invalid_body(exc) from None
+    req = await read_model(request, CampaignRequest)
     settings = rt.settings
     check_lane(settings, req)
     check_sender(settings, tenant, req)

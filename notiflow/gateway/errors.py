@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -128,6 +128,18 @@ def validation_details(errors: Sequence[Any]) -> list[dict[str, Any]]:
 def invalid_body(exc: ValidationError) -> ApiError:
     return ApiError(422, "validation_failed", "invalid_body",
                     details=validation_details(exc.errors(include_input=False)))
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def validated(model: type[M], data: Any) -> M:
+    """``data`` as ``model``; raises the ``422`` :func:`invalid_body` error when it does not
+    validate."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise invalid_body(exc) from None
 
 
 def store_unavailable(exc: BaseException) -> ApiError:

@@ -19,7 +19,6 @@ from typing import Annotated, Any, Final
 from fastapi import APIRouter, Path, Request, Response
 from opentelemetry import trace as trace_api
 from opentelemetry.trace import StatusCode
-from pydantic import ValidationError
 
 from notiflow import names, telemetry
 from notiflow.adapters.cassandra.idempotency import ReservationRow
@@ -40,12 +39,12 @@ from notiflow.gateway.errors import (
     ApiError,
     bad_request,
     idempotency_conflict,
-    invalid_body,
     kafka_unavailable,
     not_found,
     store_unavailable,
     unavailable,
     unprocessable,
+    validated,
 )
 from notiflow.gateway.kafka_window import Unconfirmed
 from notiflow.gateway.openapi import (
@@ -360,10 +359,7 @@ async def accept_request(rt: Runtime, tenant: TenantConfig, data: Any, key: str 
     """One send request from its JSON body to its ``202`` (fresh, or the original answer of
     ``key``); raises :class:`ApiError` for a refusal. ``labels`` gets its channel and
     tier."""
-    try:
-        req = SendRequest.model_validate(data)
-    except ValidationError as exc:
-        raise invalid_body(exc) from None
+    req = validated(SendRequest, data)
     labels.update(channel=req.channel.value, tier=req.tier.value)
     check_lane(rt.settings, req)
     trace_api.get_current_span().set_attributes(

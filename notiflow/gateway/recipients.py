@@ -16,12 +16,11 @@ from datetime import datetime
 from typing import Annotated, Final, TypeVar
 
 from fastapi import APIRouter, Path, Request, Response
-from pydantic import ValidationError
 
 from notiflow.adapters.cassandra.recipients import DeviceRow, StateContention
 from notiflow.gateway import examples
-from notiflow.gateway.auth import RuntimeDep, Tenant, read_json_object
-from notiflow.gateway.errors import ApiError, invalid_body, not_found, unavailable
+from notiflow.gateway.auth import RuntimeDep, Tenant, read_model
+from notiflow.gateway.errors import ApiError, not_found, unavailable
 from notiflow.gateway.openapi import json_body, link, tenant_errors
 from notiflow.gateway.runtime import Runtime, now_ms
 from notiflow.redact import mask, recipient_hash, recipient_hashes
@@ -120,11 +119,7 @@ async def put_preferences(recipient: Address, request: Request, tenant: Tenant,
     """Replace timezone, quiet hours and opt-outs (the suppression is kept); ``200`` with
     the new state once it is in Cassandra and on ``notify.preferences``."""
     key = recipient_key(recipient)
-    data = await read_json_object(request)
-    try:
-        update = PreferencesUpdate.model_validate(data)
-    except ValidationError as exc:
-        raise invalid_body(exc) from None
+    update = await read_model(request, PreferencesUpdate)
     await carry_forward(rt, tenant.id, key)
     state = await _changed(rt.preferences().set_preferences(
         tenant.id, recipient_hash(tenant.id, key), update))
@@ -178,11 +173,7 @@ async def put_device(recipient: Owner, token: Token, request: Request, tenant: T
     """Register or reactivate a device token of a recipient and clear the token's
     suppression; idempotent. ``200`` with the device."""
     owner = owner_key(recipient)
-    data = await read_json_object(request)
-    try:
-        reg = DeviceRegistration.model_validate(data)
-    except ValidationError as exc:
-        raise invalid_body(exc) from None
+    reg = await read_model(request, DeviceRegistration)
     push = token_key(reg.platform, token)
     now = now_ms()
     push_hash = recipient_hash(tenant.id, push)

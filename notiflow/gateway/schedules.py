@@ -21,16 +21,15 @@ from datetime import datetime, timedelta
 from typing import Final
 
 from fastapi import APIRouter, Request, Response
-from pydantic import ValidationError
 
 from notiflow.adapters.schedule_store import ScheduleRow, ScheduleStore
 from notiflow.correlation import CorrelationKeyMissing, CorrelationKeys
 from notiflow.gateway import examples
-from notiflow.gateway.auth import RuntimeDep, Tenant, read_json_object
+from notiflow.gateway.auth import RuntimeDep, Tenant, read_model
 from notiflow.gateway.cancel import cancel_if_pending
 from notiflow.gateway.checks import check_lane, check_template
 from notiflow.gateway.egress_check import check_webhook_url
-from notiflow.gateway.errors import invalid_body, not_found, unavailable, unprocessable
+from notiflow.gateway.errors import not_found, unavailable, unprocessable
 from notiflow.gateway.messages import check_policy
 from notiflow.gateway.openapi import json_body, link, location, success, tenant_errors
 from notiflow.gateway.outbox import traceparent
@@ -125,10 +124,7 @@ async def resolve_zone(rt: Runtime, tenant: TenantConfig, req: ScheduleRequest) 
 async def create_schedule(request: Request, tenant: Tenant, rt: RuntimeDep) -> Response:
     """Create a recurring schedule of one message: 201 with the schedule and its next
     occurrences."""
-    try:
-        req = ScheduleRequest.model_validate(await read_json_object(request))
-    except ValidationError as exc:
-        raise invalid_body(exc) from None
+    req = await read_model(request, ScheduleRequest)
     msg = req.message
     check_lane(rt.settings, msg)
     check_policy(rt.settings, tenant, msg)

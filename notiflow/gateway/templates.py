@@ -17,17 +17,16 @@ from datetime import UTC, datetime
 from typing import Annotated, Final
 
 from fastapi import APIRouter, Path, Request, Response
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict
 
 from notiflow.adapters.cassandra.store import CassandraStore
 from notiflow.adapters.rows import TemplateRow
 from notiflow.audit import Action, AuditEvent
 from notiflow.gateway import examples
-from notiflow.gateway.auth import RuntimeDep, Tenant, actor_of, read_json_object
+from notiflow.gateway.auth import RuntimeDep, Tenant, actor_of, read_model
 from notiflow.gateway.errors import (
     ApiError,
     forbidden,
-    invalid_body,
     not_found,
     unavailable,
     unprocessable,
@@ -126,11 +125,7 @@ async def _insert_next(store: CassandraStore, new: TemplateRow) -> tuple[Templat
                             examples.TEMPLATE))
 async def create_template(request: Request, tenant: Tenant, rt: RuntimeDep) -> Response:
     """Create an immutable template version; 201, 200 (identical), 409, 422."""
-    data = await read_json_object(request)
-    try:
-        tc = TemplateCreate.model_validate(data)
-    except ValidationError as exc:
-        raise invalid_body(exc) from None
+    tc = await read_model(request, TemplateCreate)
     if not tenant.allows_template(tc.template_id):
         raise forbidden("template_not_allowed",
                         f"tenant {tenant.id} may not use template {tc.template_id}")
