@@ -54,81 +54,61 @@ WEEKDAYS_0930 = ["30 9 * * 1-5", "RRULE:FREQ=WEEKLY;BYDAY=MO,TU,WE,TH,FR;BYHOUR=
 # --- DST: the documented semantics -------------------------------------------------------
 
 
-@pytest.mark.parametrize("expression", daily(2, 30))
-def test_us_spring_forward_nonexistent_time_fires_once_shifted_by_the_gap(expression):
+DstCase = tuple[str, list[str], datetime, datetime, list[datetime]]
+
+ACROSS_DST: dict[str, DstCase] = {
     # 02:30 does not exist on 2027-03-14 in New York: it fires at 03:30 EDT = 07:30 UTC.
-    got = between(expression, NY, utc(2027, 3, 13, 0), utc(2027, 3, 16, 0))
-    assert got == [utc(2027, 3, 13, 7, 30), utc(2027, 3, 14, 7, 30), utc(2027, 3, 15, 6, 30)]
-
-
-@pytest.mark.parametrize("expression", daily(1, 30))
-def test_us_fall_back_ambiguous_time_fires_once_at_its_first_occurrence(expression):
+    "daily-us-spring-forward": (
+        NY, daily(2, 30), utc(2027, 3, 13, 0), utc(2027, 3, 16, 0),
+        [utc(2027, 3, 13, 7, 30), utc(2027, 3, 14, 7, 30), utc(2027, 3, 15, 6, 30)]),
     # 01:30 happens twice on 2027-11-07: it fires at 01:30 EDT = 05:30 UTC only.
-    got = between(expression, NY, utc(2027, 11, 6, 0), utc(2027, 11, 9, 0))
-    assert got == [utc(2027, 11, 6, 5, 30), utc(2027, 11, 7, 5, 30), utc(2027, 11, 8, 6, 30)]
-
-
-@pytest.mark.parametrize("expression", daily(2, 30))
-def test_eu_spring_forward_nonexistent_time_fires_once_shifted_by_the_gap(expression):
+    "daily-us-fall-back": (
+        NY, daily(1, 30), utc(2027, 11, 6, 0), utc(2027, 11, 9, 0),
+        [utc(2027, 11, 6, 5, 30), utc(2027, 11, 7, 5, 30), utc(2027, 11, 8, 6, 30)]),
     # 02:00 CET jumps to 03:00 CEST on 2027-03-28: 02:30 fires at 03:30 CEST = 01:30 UTC.
-    got = between(expression, PARIS, utc(2027, 3, 27, 0), utc(2027, 3, 30, 0))
-    assert got == [utc(2027, 3, 27, 1, 30), utc(2027, 3, 28, 1, 30), utc(2027, 3, 29, 0, 30)]
-
-
-@pytest.mark.parametrize("expression", daily(2, 30))
-def test_eu_fall_back_ambiguous_time_fires_once_at_its_first_occurrence(expression):
+    "daily-eu-spring-forward": (
+        PARIS, daily(2, 30), utc(2027, 3, 27, 0), utc(2027, 3, 30, 0),
+        [utc(2027, 3, 27, 1, 30), utc(2027, 3, 28, 1, 30), utc(2027, 3, 29, 0, 30)]),
     # 03:00 CEST falls back to 02:00 CET on 2027-10-31: 02:30 fires at 02:30 CEST = 00:30 UTC.
-    got = between(expression, PARIS, utc(2027, 10, 30, 0), utc(2027, 11, 2, 0))
-    assert got == [utc(2027, 10, 30, 0, 30), utc(2027, 10, 31, 0, 30), utc(2027, 11, 1, 1, 30)]
-
-
-@pytest.mark.parametrize("expression", HOURLY)
-def test_us_hourly_fires_once_at_three_on_spring_forward_night(expression):
+    "daily-eu-fall-back": (
+        PARIS, daily(2, 30), utc(2027, 10, 30, 0), utc(2027, 11, 2, 0),
+        [utc(2027, 10, 30, 0, 30), utc(2027, 10, 31, 0, 30), utc(2027, 11, 1, 1, 30)]),
     # local 00:00 EST, 01:00 EST, 02:00 (-> 03:00 EDT), 03:00 EDT (same instant), 04:00 EDT
-    got = between(expression, NY, utc(2027, 3, 14, 4), utc(2027, 3, 14, 8))
-    assert got == [
-        utc(2027, 3, 14, 5),
-        utc(2027, 3, 14, 6),
-        utc(2027, 3, 14, 7),
-        utc(2027, 3, 14, 8),
-    ]
-
-
-@pytest.mark.parametrize("expression", HOURLY)
-def test_us_hourly_skips_the_repeated_hour_on_fall_back_night(expression):
+    "hourly-us-spring-forward": (
+        NY, HOURLY, utc(2027, 3, 14, 4), utc(2027, 3, 14, 8),
+        [utc(2027, 3, 14, 5), utc(2027, 3, 14, 6), utc(2027, 3, 14, 7), utc(2027, 3, 14, 8)]),
     # local 00:00 EDT, 01:00 EDT, (01:00 EST skipped), 02:00 EST, 03:00 EST
-    got = between(expression, NY, utc(2027, 11, 7, 3), utc(2027, 11, 7, 8))
-    assert got == [
-        utc(2027, 11, 7, 4),
-        utc(2027, 11, 7, 5),
-        utc(2027, 11, 7, 7),
-        utc(2027, 11, 7, 8),
-    ]
-
-
-@pytest.mark.parametrize("expression", HOURLY)
-def test_eu_hourly_across_spring_forward_night(expression):
-    got = between(expression, PARIS, utc(2027, 3, 27, 22), utc(2027, 3, 28, 3))
-    assert got == [
-        utc(2027, 3, 27, 23),
-        utc(2027, 3, 28, 0),
-        utc(2027, 3, 28, 1),
-        utc(2027, 3, 28, 2),
-        utc(2027, 3, 28, 3),
-    ]
-
-
-@pytest.mark.parametrize("expression", HOURLY)
-def test_eu_hourly_across_fall_back_night(expression):
+    "hourly-us-fall-back": (
+        NY, HOURLY, utc(2027, 11, 7, 3), utc(2027, 11, 7, 8),
+        [utc(2027, 11, 7, 4), utc(2027, 11, 7, 5), utc(2027, 11, 7, 7), utc(2027, 11, 7, 8)]),
+    "hourly-eu-spring-forward": (
+        PARIS, HOURLY, utc(2027, 3, 27, 22), utc(2027, 3, 28, 3),
+        [utc(2027, 3, 27, 23), utc(2027, 3, 28, 0), utc(2027, 3, 28, 1), utc(2027, 3, 28, 2),
+         utc(2027, 3, 28, 3)]),
     # local 00:00, 01:00, 02:00 CEST, (02:00 CET skipped), 03:00 CET, 04:00 CET
-    got = between(expression, PARIS, utc(2027, 10, 30, 21), utc(2027, 10, 31, 3))
-    assert got == [
-        utc(2027, 10, 30, 22),
-        utc(2027, 10, 30, 23),
-        utc(2027, 10, 31, 0),
-        utc(2027, 10, 31, 2),
-        utc(2027, 10, 31, 3),
-    ]
+    "hourly-eu-fall-back": (
+        PARIS, HOURLY, utc(2027, 10, 30, 21), utc(2027, 10, 31, 3),
+        [utc(2027, 10, 30, 22), utc(2027, 10, 30, 23), utc(2027, 10, 31, 0),
+         utc(2027, 10, 31, 2), utc(2027, 10, 31, 3)]),
+}
+
+
+def each_form(cases: dict[str, DstCase]) -> list[object]:
+    """One ``(expression, zone, after, until, expected)`` case per expression of each
+    named case (its cron and its RRULE form)."""
+    return [pytest.param(expression, zone, after, until, expected,
+                         id=f"{name}-{'rrule' if expression.startswith('RRULE:') else 'cron'}")
+            for name, (zone, expressions, after, until, expected) in cases.items()
+            for expression in expressions]
+
+
+@pytest.mark.parametrize(("expression", "zone", "after", "until", "expected"),
+                         each_form(ACROSS_DST))
+def test_across_a_dst_change_each_local_time_fires_once(expression, zone, after, until,
+                                                         expected):
+    """A nonexistent local time fires once, shifted by the gap; an ambiguous one once, at
+    its first occurrence."""
+    assert between(expression, zone, after, until) == expected
 
 
 @pytest.mark.parametrize("expression", HOURLY)
