@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
@@ -72,6 +72,20 @@ def hold(seconds: float) -> None:
 async def hold_async(seconds: float) -> None:
     """:func:`hold` inside an event loop (also a fake's injected latency)."""
     await asyncio.sleep(max(0.0, seconds))
+
+
+def max_window(points: Iterable[tuple[int, int]], width: int) -> int:
+    """The largest sum of ``k`` over the ``(at - width, at]`` windows ending at a point of
+    ``(at, k)`` points (any order; every ``k`` >= 0)."""
+    ordered = sorted(points)
+    best, total, lo = 0, 0, 0
+    for at, k in ordered:
+        total += k
+        while ordered[lo][0] <= at - width:
+            total -= ordered[lo][1]
+            lo += 1
+        best = max(best, total)
+    return best
 
 
 def signed(settings: Settings, record: OutRecord) -> OutRecord:

@@ -37,7 +37,7 @@ from notiflow.flows.send.routing import Choice, rank_routes, reserve
 from notiflow.schemas.enums import Channel, Tier
 from notiflow.settings import ProviderRoute, Settings
 from tests.fakes import ManualClock
-from tests.helpers import hold_async, loop_turns, wait_until
+from tests.helpers import hold_async, loop_turns, max_window, wait_until
 from tests.integration.conftest import RedisServer
 
 pytestmark = pytest.mark.integration
@@ -54,19 +54,6 @@ def namespace() -> str:
 def rules_for(*providers: ProviderRule) -> CapacityRules:
     return CapacityRules({p.provider_id: p for p in providers},
                          {t: Settings().policy(t).redis_down for t in TIERS})
-
-
-def max_window(points: list[tuple[int, int]]) -> int:
-    """The largest sum over ``(at - W, at]`` windows ending at a point (sorted by time)."""
-    points = sorted(points)
-    best, total, lo = 0, 0, 0
-    for at, k in points:
-        total += k
-        while points[lo][0] <= at - W:
-            total -= points[lo][1]
-            lo += 1
-        best = max(best, total)
-    return best
 
 
 # Lua == model, and the window bound, with driven time ---------------------------------------
@@ -95,7 +82,7 @@ async def test_lua_decides_exactly_like_the_model(
         got = await store.request("p", req, now_us=at)
         assert got == decide(model, req, at)
         grants.append((got.now_us, got.granted - got.emergency))
-    assert max_window(grants) <= rate
+    assert max_window(grants, W) <= rate
 
 
 async def test_long_trace_matches_the_model_and_the_window_sums(
@@ -181,7 +168,7 @@ async def test_p3_alone_gets_at_least_90_percent(client: aioredis.Redis) -> None
     store = CapacityStore(client, rules_for(ProviderRule("p", rate, SHARES)), namespace())
     grants = await simulate(store, [(Tier.P3, 9, i * 700, 2000) for i in range(3)], 3 * W)
     assert sum(k for *_, k in grants) >= 0.9 * rate * 3
-    assert max_window([(at, k) for at, _, k in grants]) <= rate
+    assert max_window([(at, k) for at, _, k in grants], W) <= rate
 
 
 async def test_p0_takes_its_share_back_from_saturating_p3(client: aioredis.Redis) -> None:
@@ -276,9 +263,9 @@ async def test_two_limiters_never_exceed_the_rate_in_real_time(redis_url: str) -
     for limiter in limiters:
         await limiter.aclose()
     grants = [(d.now_us, d.granted) for s in stores for d in s.decisions]
-    assert max_window(grants) <= rate
+    assert max_window(grants, W) <= rate
     leases = 6 + 6 + 5
-    assert max_window([(int(t * 1e6), 1) for t in taken]) <= rate + leases
+    assert max_window([(int(t * 1e6), 1) for t in taken], W) <= rate + leases
     assert len(taken) >= 0.8 * rate * seconds
     assert sum(len(s.decisions) for s in stores) < len(taken)
 

@@ -43,7 +43,7 @@ from notiflow.adapters.ratelimit import (
 from notiflow.schemas.enums import Tier
 from notiflow.settings import Settings
 from tests.fakes import ManualClock
-from tests.helpers import loop_turns
+from tests.helpers import loop_turns, max_window
 
 W = 1_000_000
 T0 = 5_000_000
@@ -98,23 +98,11 @@ def window_sum(points: list[tuple[int, int]], end: int) -> int:
     return sum(k for _, k in points[lo:hi])
 
 
-def max_window(points: list[tuple[int, int]]) -> int:
-    """The largest window sum over windows ending at a point (sorted by time)."""
-    best, total, lo = 0, 0, 0
-    for at, k in points:
-        total += k
-        while points[lo][0] <= at - W:
-            total -= points[lo][1]
-            lo += 1
-        best = max(best, total)
-    return best
-
-
 def check_window_bound(steps: list[Step], rule: ProviderRule) -> None:
     regular = [(s.decision.now_us, s.decision.granted - s.decision.emergency) for s in steps]
     emergency = [(s.decision.now_us, s.decision.emergency) for s in steps]
-    assert max_window(regular) <= rule.rate
-    assert max_window(emergency) <= rule.emergency_rate
+    assert max_window(regular, W) <= rule.rate
+    assert max_window(emergency, W) <= rule.emergency_rate
 
 
 # rules from settings -----------------------------------------------------------------------
@@ -333,7 +321,7 @@ def test_c_p3_alone_gets_at_least_90_percent(rate: float,
                for i, (n, speed, jit) in enumerate(raw)]
     grants = simulate(rule, clients, 3 * W)
     assert sum(k for *_, k in grants) >= 0.9 * rate * 3
-    assert max_window([(at, k) for at, _, k in grants]) <= rate
+    assert max_window([(at, k) for at, _, k in grants], W) <= rate
 
 
 @pytest.mark.parametrize(("rate", "p3_token_us"), [
