@@ -146,30 +146,24 @@ def test_request_validation() -> None:
 # the decision ------------------------------------------------------------------------------
 
 
-def test_borrowing_is_downward_only() -> None:
-    rule = ProviderRule("p", 100.0, DEFAULT_SHARES)
-    state = ModelState(rule)
-    assert decide(state, Request(Tier.P0, 100), T0).granted == 20
-    state = ModelState(rule)
-    assert decide(state, Request(Tier.P1, 100), T0).granted == 45
-    assert decide(state, Request(Tier.P3, 100), T0).granted == 55
+GRANTS: dict[str, list[tuple[Tier, int, int, int]]] = {
+    "borrowing-is-downward-only-p0": [(Tier.P0, 100, 0, 20)],
+    "borrowing-is-downward-only-p1": [(Tier.P1, 100, 0, 45), (Tier.P3, 100, 0, 55)],
+    "double-borrowing-does-not-eat-a-lower-reservation": [
+        (Tier.P1, 100, 0, 45), (Tier.P2, 100, 0, 25), (Tier.P3, 100, 0, 30)],
+    "higher-tier-demand-holds-its-reservation-back": [
+        (Tier.P3, 100, 0, 100), (Tier.P0, 15, W // 2, 0), (Tier.P3, 100, W, 85),
+        (Tier.P0, 15, W, 15)],
+}
+"""``(tier, count, at - T0, granted)`` of each request in turn, on a fresh 100/s provider
+with the default shares."""
 
 
-def test_double_borrowing_does_not_eat_a_lower_reservation() -> None:
-    rule = ProviderRule("p", 100.0, DEFAULT_SHARES)
-    state = ModelState(rule)
-    assert decide(state, Request(Tier.P1, 100), T0).granted == 45
-    assert decide(state, Request(Tier.P2, 100), T0).granted == 25
-    assert decide(state, Request(Tier.P3, 100), T0).granted == 30
-
-
-def test_higher_tier_demand_holds_its_reservation_back() -> None:
-    rule = ProviderRule("p", 100.0, DEFAULT_SHARES)
-    state = ModelState(rule)
-    assert decide(state, Request(Tier.P3, 100), T0).granted == 100
-    assert decide(state, Request(Tier.P0, 15), T0 + W // 2).granted == 0
-    assert decide(state, Request(Tier.P3, 100), T0 + W).granted == 85
-    assert decide(state, Request(Tier.P0, 15), T0 + W).granted == 15
+@pytest.mark.parametrize("steps", list(GRANTS.values()), ids=list(GRANTS))
+def test_grants_in_turn(steps: list[tuple[Tier, int, int, int]]) -> None:
+    state = ModelState(ProviderRule("p", 100.0, DEFAULT_SHARES))
+    granted = [decide(state, Request(tier, n), T0 + at).granted for tier, n, at, _ in steps]
+    assert granted == [g for *_, g in steps]
 
 
 def test_p0_emergency_quota_is_extra_and_p0_only() -> None:
