@@ -337,6 +337,18 @@ def status_of(req: Request) -> str:
     return str(orjson.loads(req.body)["data"]["status"])
 
 
+def behind_a_failing_head() -> tuple[FakeSender, ManualClock[datetime], WebhookLogic]:
+    """A key whose SENT webhook was answered 500 (its retry pending), with
+    PROVIDER_ACCEPTED queued behind it."""
+    sender, clock = FakeSender(), ManualClock(START)
+    lg = logic(make_settings(), sender, clock)
+    lg.on_item(job(Status.SENT))
+    sender.answer(500)
+    lg.on_notify()
+    lg.on_item(job(Status.PROVIDER_ACCEPTED))
+    return sender, clock, lg
+
+
 def test_one_at_a_time_in_status_order_and_a_late_lower_status_is_dropped() -> None:
     s, sender, clock = make_settings(), FakeSender(), ManualClock(START)
     lg = logic(s, sender, clock)
@@ -354,12 +366,7 @@ def test_one_at_a_time_in_status_order_and_a_late_lower_status_is_dropped() -> N
 
 
 def test_lower_statuses_queued_behind_a_failing_head_go_first() -> None:
-    s, sender, clock = make_settings(), FakeSender(), ManualClock(START)
-    lg = logic(s, sender, clock)
-    lg.on_item(job(Status.SENT))
-    sender.answer(500)
-    lg.on_notify()
-    lg.on_item(job(Status.PROVIDER_ACCEPTED))
+    sender, clock, lg = behind_a_failing_head()
     lg.on_item(job(Status.DELIVERED))
     lg.on_item(job(Status.SENT))
     clock.now += lg.policy.delays[0]
@@ -474,12 +481,8 @@ def test_a_url_refused_when_vetted_before_the_post_is_dead_lettered_at_once() ->
 
 
 def test_snapshot_resumes_a_pending_retry_and_resends_what_was_in_flight() -> None:
-    s, sender, clock = make_settings(), FakeSender(), ManualClock(START)
-    lg = logic(s, sender, clock)
-    lg.on_item(job(Status.SENT))
-    sender.answer(500)
-    lg.on_notify()
-    lg.on_item(job(Status.PROVIDER_ACCEPTED))
+    _, clock, lg = behind_a_failing_head()
+    s = lg.settings
     clock.now += timedelta(seconds=6)
     lg.on_notify()
     snap = lg.snapshot()
