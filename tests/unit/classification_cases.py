@@ -1,12 +1,14 @@
 """Expected rows the provider classification tests share, written out independently of the
 code under test: the HTTP status table of the JSON-over-HTTP providers and the status-class
-fallback."""
+fallback; and one send through an HTTP client."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
-from notiflow.adapters.providers.base import Outcome
+import aiohttp
+
+from notiflow.adapters.providers.base import OutboundMessage, Outcome, ProviderClient, SendResult
 
 T, P, A = Outcome.TRANSIENT, Outcome.PERMANENT, Outcome.AMBIGUOUS
 
@@ -42,3 +44,11 @@ def status_class_cases(*statuses: int,
     """``(status, expected)`` for each status: its class row, AMBIGUOUS ``unexpected_status``
     outside 1xx to 5xx."""
     return [(s, classes.get(s // 100, (A, "unexpected_status"))) for s in statuses]
+
+
+async def send_once(client_of: Callable[[aiohttp.ClientSession], ProviderClient],
+                    message: OutboundMessage) -> SendResult:
+    """The result of sending ``message`` once with the client ``client_of`` builds over a
+    fresh HTTP session (closed before this returns)."""
+    async with aiohttp.ClientSession() as session:
+        return await client_of(session).send(message)

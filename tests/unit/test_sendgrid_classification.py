@@ -35,7 +35,7 @@ from notiflow.devenv import provider_credentials
 from notiflow.schemas.enums import Channel, PushPlatform, Tier
 from notiflow.schemas.messages import PushRecipient
 from notiflow.settings import SendGridSettings, Settings
-from tests.unit.classification_cases import HTTP_DEFAULT_STATUSES, status_class_cases
+from tests.unit.classification_cases import HTTP_DEFAULT_STATUSES, send_once, status_class_cases
 
 T, P, A = Outcome.TRANSIENT, Outcome.PERMANENT, Outcome.AMBIGUOUS
 
@@ -211,10 +211,11 @@ async def test_request_body() -> None:
 
 
 async def test_push_recipient_is_permanent_without_a_request() -> None:
-    async with aiohttp.ClientSession() as session:
-        client = SendGridEmail(_config(base_url="http://127.0.0.1:9"), session, timeout=1.0)
-        token = PushRecipient(device_token="d" * 40, platform=PushPlatform.ANDROID)
-        result = await client.send(_message(recipient=token))
+    token = PushRecipient(device_token="d" * 40, platform=PushPlatform.ANDROID)
+    result = await send_once(
+        lambda session: SendGridEmail(_config(base_url="http://127.0.0.1:9"), session,
+                                      timeout=1.0),
+        _message(recipient=token))
     assert (result.outcome, result.reason) == (P, "invalid_recipient")
 
 

@@ -41,7 +41,7 @@ from notiflow.devenv import vonage_smtp_credentials
 from notiflow.schemas.enums import Channel, PushPlatform, Status, Tier
 from notiflow.schemas.messages import PushRecipient
 from notiflow.settings import Settings, VonageSettings
-from tests.unit.classification_cases import HTTP_DEFAULT_STATUSES, status_class_cases
+from tests.unit.classification_cases import HTTP_DEFAULT_STATUSES, send_once, status_class_cases
 
 T, P, A = Outcome.TRANSIENT, Outcome.PERMANENT, Outcome.AMBIGUOUS
 
@@ -257,18 +257,18 @@ async def test_request_form() -> None:
         assert (form["callback"], form["status-report-req"]) == ("https://example.com/dlr", "1")
 
 
+def _unreachable(session: aiohttp.ClientSession) -> VonageSms:
+    return VonageSms(_config(base_url="http://127.0.0.1:9"), session, timeout=1.0)
+
+
 async def test_push_recipient_is_permanent_without_a_request() -> None:
-    async with aiohttp.ClientSession() as session:
-        client = VonageSms(_config(base_url="http://127.0.0.1:9"), session, timeout=1.0)
-        token = PushRecipient(device_token="d" * 40, platform=PushPlatform.ANDROID)
-        result = await client.send(_message(recipient=token))
+    token = PushRecipient(device_token="d" * 40, platform=PushPlatform.ANDROID)
+    result = await send_once(_unreachable, _message(recipient=token))
     assert (result.outcome, result.reason) == (P, "invalid_recipient")
 
 
 async def test_connection_refused_is_transient() -> None:
-    async with aiohttp.ClientSession() as session:
-        client = VonageSms(_config(base_url="http://127.0.0.1:9"), session, timeout=1.0)
-        result = await client.send(_message())
+    result = await send_once(_unreachable, _message())
     assert (result.outcome, result.reason) == (T, "connect_error")
 
 
