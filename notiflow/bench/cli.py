@@ -12,7 +12,7 @@ import contextlib
 import signal
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -25,6 +25,7 @@ bench_app = typer.Typer(help="Benchmarks on the local stack (figures, not tests)
 console = Console()
 
 Out = Annotated[Path, typer.Option(help="Where results and process logs go.")]
+RESULTS = Path("bench/results")
 WarmupRounds = Annotated[int | None, typer.Option(
     help="Most warm-up rounds (default 10): they repeat until the JIT compilers of Kafka and "
          "Cassandra use under 5 % of those JVMs' CPU in a round.")]
@@ -67,6 +68,18 @@ def _show(paths: list[Path], markdown: str) -> None:
     console.print("wrote " + ", ".join(str(p) for p in paths), highlight=False)
 
 
+def _publish(out: Path, name: str, doc: dict[str, Any], markdown: str,
+             plot: Callable[[dict[str, Any], Path], Path] | None = None) -> None:
+    """Write a run's ``doc`` and ``markdown`` as ``out/<name>.json`` and ``.md`` (and its
+    ``plot`` as ``out/<name>.png``), then show them."""
+    from notiflow.bench.report import write
+
+    paths = write(out, name, doc, markdown)
+    if plot is not None:
+        paths.append(plot(doc, out / f"{name}.png"))
+    _show(paths, markdown)
+
+
 @bench_app.command("isolation")
 def isolation(
     n: Annotated[int, typer.Option("-n", help="P3 campaign size.")] = 200_000,
@@ -76,20 +89,17 @@ def isolation(
     max_drain: Annotated[float, typer.Option(help="Give up a mode after this many s.")] = 1800,
     warmup: Warmup = None,
     budget: Budget = True,
-    out: Out = Path("bench/results"),
+    out: Out = RESULTS,
 ) -> None:
     """P0 latency while a P3 campaign floods the platform: tier-isolated vs shared."""
     from notiflow.bench import isolation as iso
-    from notiflow.bench.report import isolation_markdown, isolation_plot, write
+    from notiflow.bench.report import isolation_markdown, isolation_plot
 
     modes = mode or ["tiered", "shared"]
     with _stack():
         doc = iso.run(out, n=n, otp_rate=otp_rate, modes=modes, max_drain=max_drain,
                       log=_log, warmup=warmup, record_budget=budget)
-    md = isolation_markdown(doc)
-    paths = write(out, "isolation", doc, md)
-    paths.append(isolation_plot(doc, out / "isolation.png"))
-    _show(paths, md)
+    _publish(out, "isolation", doc, isolation_markdown(doc), isolation_plot)
 
 
 @bench_app.command("throughput")
@@ -101,17 +111,16 @@ def throughput(
     warmup: Annotated[int | None, typer.Option(
         help="Messages per warm-up round through each pipeline (default n/2).")] = None,
     warmup_rounds: WarmupRounds = None,
-    out: Out = Path("bench/results"),
+    out: Out = RESULTS,
 ) -> None:
     """P2 end to end next to the minimal-pipeline and passthrough ceilings (same run)."""
     from notiflow.bench import throughput as tp
-    from notiflow.bench.report import throughput_markdown, write
+    from notiflow.bench.report import throughput_markdown
 
     with _stack():
         doc = tp.run(out, n=n, profile=profile, log=_log, warmup=warmup,
                      warmup_rounds=warmup_rounds)
-    md = throughput_markdown(doc)
-    _show(write(out, "throughput", doc, md), md)
+    _publish(out, "throughput", doc, throughput_markdown(doc))
 
 
 @bench_app.command("scale")
@@ -122,17 +131,16 @@ def scale(
     warmup: Annotated[int | None, typer.Option(
         help="Messages per warm-up round of the platform (default n/2).")] = None,
     warmup_rounds: WarmupRounds = None,
-    out: Out = Path("bench/results"),
+    out: Out = RESULTS,
 ) -> None:
     """The P2 send flow on 1, 2 and 4 Bytewax processes: the speed-up curve."""
     from notiflow.bench import throughput as tp
-    from notiflow.bench.report import scale_markdown, write
+    from notiflow.bench.report import scale_markdown
 
     with _stack():
         doc = tp.run_scale(out, n=n, processes=processes or [1, 2, 4], log=_log,
                            warmup=warmup, warmup_rounds=warmup_rounds)
-    md = scale_markdown(doc)
-    _show(write(out, "scale", doc, md), md)
+    _publish(out, "scale", doc, scale_markdown(doc))
 
 
 @bench_app.command("scheduler")
@@ -142,20 +150,16 @@ def scheduler(
     failover_n: Annotated[int, typer.Option(help="Rows of the failover phase.")] = 1000,
     window: Annotated[float, typer.Option(
         help="Seconds the failover phase's rows fall due over.")] = 120.0,
-    out: Out = Path("bench/results"),
+    out: Out = RESULTS,
 ) -> None:
     """Durable scheduling: a scheduler SIGKILLed mid-run (lost, early, late), then ``n``
     rows released at ``rate``/s (published per second, lateness, scheduler CPU and RSS)."""
     from notiflow.bench import scheduler as sb
-    from notiflow.bench.report import write
     from notiflow.bench.scheduler_report import scheduler_markdown, scheduler_plot
 
     with _stack():
         doc = sb.run(out, n=n, rate=rate, failover_n=failover_n, window=window, log=_log)
-    md = scheduler_markdown(doc)
-    paths = write(out, "scheduler", doc, md)
-    paths.append(scheduler_plot(doc, out / "scheduler.png"))
-    _show(paths, md)
+    _publish(out, "scheduler", doc, scheduler_markdown(doc), scheduler_plot)
 
 
 @bench_app.command("campaign")
@@ -171,14 +175,13 @@ def campaign(
     provider_batch: Annotated[int | None, typer.Option(
         help="P3's provider_batch (messages per provider request; default the tier's).")
     ] = None,
-    out: Out = Path("bench/results"),
+    out: Out = RESULTS,
 ) -> None:
     """A campaign of ``n`` rows from a manifest in S3, through the API and an expander,
     while P0 OTPs go through the API: expansion rate, expander CPU and RSS, P3 drain and the
     send flow's CPU per message (email: SendGrid requests per message), P0 latency."""
     from notiflow.bench import campaign as cb
     from notiflow.bench.campaign_report import campaign_markdown, campaign_plot
-    from notiflow.bench.report import write
     from notiflow.schemas.enums import Channel
 
     with _stack():
@@ -186,10 +189,7 @@ def campaign(
                      log=_log, channel=Channel(channel.upper()),
                      provider_batch=provider_batch)
     name = "campaign" if doc["channel"] == "SMS" else "campaign-email"
-    md = campaign_markdown(doc)
-    paths = write(out, name, doc, md)
-    paths.append(campaign_plot(doc, out / f"{name}.png"))
-    _show(paths, md)
+    _publish(out, name, doc, campaign_markdown(doc), campaign_plot)
 
 
 @bench_app.command("outbox")
@@ -198,37 +198,29 @@ def outbox(
                  ] = 1_000_000,
     pending: Annotated[int, typer.Option(help="Crashed acceptances to sweep.")] = 100,
     spread: Annotated[float, typer.Option(help="Seconds the history spans.")] = 3600.0,
-    out: Out = Path("bench/results"),
+    out: Out = RESULTS,
 ) -> None:
     """What one outbox sweep reads after ``n`` completed acceptances: the former layout
     (shards read from the oldest row) next to the time buckets with the sweeper's cursor."""
     from notiflow.bench import outbox as ob
-    from notiflow.bench.report import write
 
     with _stack():
         doc = ob.run(n=n, pending=pending, spread_s=spread, log=_log)
-    md = ob.outbox_markdown(doc)
-    paths = write(out, "outbox", doc, md)
-    paths.append(ob.outbox_plot(doc, out / "outbox.png"))
-    _show(paths, md)
+    _publish(out, "outbox", doc, ob.outbox_markdown(doc), ob.outbox_plot)
 
 
 @bench_app.command("envelope")
 def envelope(
     n: Annotated[int, typer.Option("-n", help="Workload records per round.")] = 20_000,
     rounds: Annotated[int, typer.Option(help="Timed rounds (after one warm-up).")] = 7,
-    out: Out = Path("bench/results"),
+    out: Out = RESULTS,
 ) -> None:
     """CPU per message of sealing and opening the recipient and variables of ingest
     records, next to the same records in clear (offline: no stack)."""
     from notiflow.bench import envelope as ev
-    from notiflow.bench.report import write
 
     doc = ev.run(n=n, rounds=rounds, log=_log)
-    md = ev.envelope_markdown(doc)
-    paths = write(out, "envelope", doc, md)
-    paths.append(ev.envelope_plot(doc, out / "envelope.png"))
-    _show(paths, md)
+    _publish(out, "envelope", doc, ev.envelope_markdown(doc), ev.envelope_plot)
 
 
 @bench_app.command("api")
@@ -255,7 +247,7 @@ def api(
     api_processes: Annotated[int, typer.Option(
         min=1, max=64, help="Worker processes of each API lane (notiflow api --processes).")
                              ] = 1,
-    out: Out = Path("bench/results"),
+    out: Out = RESULTS,
 ) -> None:
     """The acceptance path (POST /v1/messages, single and batch, P0 and P3) under open-loop
     load at ascending fixed rates, next to the minimal acceptance ceiling (one Cassandra
@@ -266,7 +258,6 @@ def api(
 
     from notiflow.bench import api as ab
     from notiflow.bench.api_report import api_markdown, api_plot
-    from notiflow.bench.report import write
 
     given: dict[str, Any] = {
         "duration_s": duration, "warmup_s": warmup, "steps": steps, "start": start,
@@ -277,10 +268,7 @@ def api(
     with _stack():
         doc = ab.run(out, plan=plan, modes=mode or list(ab.MODES), log=_log,
                      api_processes=api_processes)
-    md = api_markdown(doc)
-    paths = write(out, "api", doc, md)
-    paths.append(api_plot(doc, out / "api.png"))
-    _show(paths, md)
+    _publish(out, "api", doc, api_markdown(doc), api_plot)
 
 
 @bench_app.command("soak")
@@ -293,20 +281,19 @@ def soak(
              "7 days), so the caps' Redis sets reach their steady size early.")] = 60.0,
     warmup: Warmup = None,
     budget: Budget = True,
-    out: Out = Path("bench/results"),
+    out: Out = RESULTS,
 ) -> None:
     """Steady load on the tier-isolated platform: is each process's memory flat?"""
     from datetime import timedelta
 
     from notiflow.bench import isolation as iso
-    from notiflow.bench.report import soak_markdown, write
+    from notiflow.bench.report import soak_markdown
 
     with _stack():
         doc = iso.run_soak(out, minutes=minutes, p3_rate=p3_rate, otp_rate=otp_rate, log=_log,
                            cap_window=timedelta(seconds=cap_window), warmup=warmup,
                            record_budget=budget)
-    md = soak_markdown(doc)
-    _show(write(out, "soak", doc, md), md)
+    _publish(out, "soak", doc, soak_markdown(doc))
 
 
 @bench_app.command("summarize")
