@@ -197,11 +197,8 @@ class KeyOrder:
     """Messages refused for ``cap`` not taken by :func:`refused_events` yet."""
 
     def offer(self, w: Work) -> list[Work]:
-        self.last_at = datetime.now(UTC)
-        epoch, n = sequence_of(w)
-        if self.epoch is None:
-            self.epoch = epoch
-        if epoch != self.epoch:
+        current, n = self._arrived(w)
+        if not current:
             if self.full():
                 self.refused += (w,)
                 self.passed_later = with_number(self.passed_later, n)
@@ -221,16 +218,22 @@ class KeyOrder:
         self.waiting.setdefault(n, []).append(w)
         return self._release()
 
+    def _arrived(self, w: Work) -> tuple[bool, int]:
+        """Note that ``w`` arrived (the first arrival sets the key's epoch): whether it is of
+        the key's epoch, and its number."""
+        self.last_at = datetime.now(UTC)
+        epoch, n = sequence_of(w)
+        if self.epoch is None:
+            self.epoch = epoch
+        return epoch == self.epoch, n
+
     def full(self) -> bool:
         """Whether the key holds ``cap`` messages waiting."""
         return len(self.waiting) + len(self.later) >= self.cap
 
     def skip(self, w: Work) -> list[Work]:
-        self.last_at = datetime.now(UTC)
-        epoch, n = sequence_of(w)
-        if self.epoch is None:
-            self.epoch = epoch
-        if epoch != self.epoch:
+        current, n = self._arrived(w)
+        if not current:
             self.later.append(Skip(w))
             return self._release()
         if w.message_id == self.awaiting:
