@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from notiflow.adapters.cassandra.session import Row, Statements, Write
-from notiflow.adapters.cassandra.values import hour_of, operator_shard, to_ms, ts, utc
+from notiflow.adapters.cassandra.values import from_row, hour_of, operator_shard, to_ms, ts, utc
 from notiflow.adapters.rows import AttemptRow
 from notiflow.schemas.enums import Status
 from notiflow.schemas.messages import AttemptRecord
@@ -17,12 +17,7 @@ from notiflow.schemas.messages import AttemptRecord
 
 def attempt_row(row: Row) -> AttemptRow:
     """An ``attempts`` row as an :class:`AttemptRow`."""
-    return AttemptRow(
-        message_id=row["message_id"], attempt_no=int(row["attempt_no"]),
-        provider_id=row.get("provider_id"),
-        provider_message_id=row.get("provider_message_id"), outcome=row.get("outcome"),
-        normalized_error=row.get("normalized_error"), error_code=row.get("error_code"),
-        started_at=utc(row.get("started_at")), completed_at=utc(row.get("completed_at")))
+    return from_row(AttemptRow, row, attempt_no=int, started_at=utc, completed_at=utc)
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,12 +32,7 @@ class ProviderIndexRow:
 
     @classmethod
     def of(cls, row: Row) -> ProviderIndexRow:
-        attempt = row.get("attempt_no")
-        return cls(provider_id=row["provider_id"],
-                   provider_message_id=row["provider_message_id"],
-                   message_id=row["message_id"],
-                   attempt_no=int(attempt) if attempt is not None else None,
-                   traceparent=row.get("traceparent"))
+        return from_row(cls, row, attempt_no=lambda a: int(a) if a is not None else None)
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from notiflow.adapters.cassandra.session import Row, Statements, Write
-from notiflow.adapters.cassandra.values import utc
+from notiflow.adapters.cassandra.values import from_row, utc
 from notiflow.settings import Settings
 
 OUTBOX_SHARDS = 16
@@ -38,11 +38,7 @@ class ReservationRow:
 
     @classmethod
     def of(cls, row: Row) -> ReservationRow:
-        return cls(
-            tenant_id=row["tenant_id"], idempotency_key=row["idempotency_key"],
-            request_hash=row.get("request_hash"), message_id=row.get("message_id"),
-            state=row.get("state"), topic=row.get("topic"), payload=row.get("payload"),
-            response=row.get("response"), created_at=utc(row.get("created_at")))
+        return from_row(cls, row, created_at=utc)
 
 
 @dataclass(frozen=True)
@@ -65,7 +61,7 @@ class OutboxRow:
 
     @classmethod
     def of(cls, row: Row) -> OutboxRow:
-        return cls(utc(row["created_at"]), row["tenant_id"], row["idempotency_key"])
+        return from_row(cls, row, created_at=utc)
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,7 +16,7 @@ from cassandra import ConsistencyLevel, WriteTimeout
 from cassandra.policies import WriteType
 
 from notiflow.adapters.cassandra.session import Row, Statements
-from notiflow.adapters.cassandra.values import to_ms, utc
+from notiflow.adapters.cassandra.values import from_row, to_ms, utc
 from notiflow.schemas.preferences import OptOut, PreferenceState, QuietWindow, Suppression
 
 MAX_STATE_RACES = 16
@@ -47,11 +47,7 @@ class DeviceRow:
 
     @classmethod
     def of(cls, row: Row) -> DeviceRow:
-        return cls(
-            tenant_id=row["tenant_id"], recipient_id=row["recipient_id"],
-            device_token=row["device_token"], platform=row.get("platform"),
-            active=row.get("active"), deactivated_reason=row.get("deactivated_reason"),
-            updated_at=utc(row.get("updated_at")))
+        return from_row(cls, row, updated_at=utc)
 
 
 def _paxos_timeout(exc: WriteTimeout) -> None:

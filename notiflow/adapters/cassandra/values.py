@@ -1,11 +1,19 @@
 """Values as Cassandra stores them: UTC timestamps at millisecond precision, days, hours
-and the shards of the operators' query tables (``ops/queries.md``)."""
+and the shards of the operators' query tables (``ops/queries.md``); rows as dataclasses."""
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import zlib
+from collections.abc import Callable, Mapping
 from datetime import UTC, date, datetime
-from typing import overload
+from typing import TYPE_CHECKING, Any, TypeVar, overload
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+D = TypeVar("D", bound="DataclassInstance")
 
 OPERATOR_SHARDS = 32
 """Shards of each ``failures_by_tier_day`` day and ``provider_outcomes_by_hour`` hour
@@ -46,3 +54,22 @@ def hour_of(d: datetime) -> datetime:
 def operator_shard(message_id: str) -> int:
     """The shard of a message's rows in the operators' query tables."""
     return zlib.crc32(message_id.encode()) % OPERATOR_SHARDS
+
+
+def from_row(cls: type[D], row: Mapping[str, Any], **convert: Callable[[Any], Any]) -> D:
+    """The dataclass ``cls`` from the columns of ``row`` named like its fields: a field
+    without a default needs its column (``KeyError`` without it), one with a default is None
+    when its column is absent; ``convert[field]``, where given, maps the column's value."""
+    values: dict[str, Any] = {}
+    for name, required in _columns(cls):
+        value = row[name] if required else row.get(name)
+        values[name] = convert[name](value) if name in convert else value
+    return cls(**values)
+
+
+@functools.cache
+def _columns(cls: type[DataclassInstance]) -> tuple[tuple[str, bool], ...]:
+    """Each field of ``cls``: its name, and whether it has no default."""
+    return tuple((f.name, f.default is dataclasses.MISSING
+                  and f.default_factory is dataclasses.MISSING)
+                 for f in dataclasses.fields(cls))
