@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import AsyncIterable, AsyncIterator
+from collections.abc import AsyncIterator
 
 import pytest
 from obstore.store import S3Store
@@ -20,6 +20,7 @@ from notiflow.adapters.object_store import (
     ObjectStoreError,
 )
 from notiflow.settings import Settings
+from tests.object_store_checks import check_replace_and_delete, check_round_trip, collect
 
 pytestmark = pytest.mark.integration
 
@@ -38,28 +39,14 @@ def uri(stack: Settings, key: str) -> str:
     return f"s3://{stack.object_store.bucket}/{key}"
 
 
-async def collect(chunks: AsyncIterable[bytes]) -> list[bytes]:
-    return [c async for c in chunks]
-
-
 async def test_put_head_stream_list_delete(stack: Settings, prefix: str) -> None:
     store, key = ObjectStore.open(uri(stack, f"{prefix}/manifests/m1.csv"), stack.object_store)
     assert key == f"{prefix}/manifests/m1.csv"
     assert store.uri(key) == uri(stack, key)
-    await store.put(key, b"phone,name\n+15550001,Ann\n")
-
-    info = await store.head(key)
-    assert info.size == 25 and info.etag and info.last_modified is not None
-    assert b"".join(await collect(store.stream(key))) == b"phone,name\n+15550001,Ann\n"
+    assert (await check_round_trip(store, key)).last_modified is not None
     await store.put(f"{prefix}/manifestsX/other", b".")
     assert await store.list(f"{prefix}/manifests") == [key]
-
-    await store.put(key, b"replaced")
-    assert (await store.head(key)).size == 8
-    await store.delete(key)
-    await store.delete(key)  # idempotent
-    with pytest.raises(ObjectNotFound):
-        await store.head(key)
+    await check_replace_and_delete(store, key)
 
 
 async def test_ranged_stream_from_the_middle_of_3_mb(stack: Settings, prefix: str) -> None:

@@ -20,6 +20,7 @@ from notiflow.adapters.object_store import (
 )
 from notiflow.devenv import free_port
 from notiflow.settings import ObjectStoreSettings
+from tests.object_store_checks import check_replace_and_delete, check_round_trip, collect
 
 SETTINGS = ObjectStoreSettings()
 
@@ -28,27 +29,13 @@ def opened(path: Path) -> tuple[ObjectStore, str]:
     return ObjectStore.open(path.as_uri(), SETTINGS)
 
 
-async def collect(chunks: AsyncIterable[bytes]) -> list[bytes]:
-    return [c async for c in chunks]
-
-
 async def test_put_head_stream_list_delete(tmp_path: Path) -> None:
     store, key = opened(tmp_path / "manifests" / "m1.csv")
     assert key == str(tmp_path / "manifests" / "m1.csv").lstrip("/")
     before = datetime.now(UTC) - timedelta(seconds=2)
-    await store.put(key, b"phone,name\n+15550001,Ann\n")
-
-    info = await store.head(key)
-    assert info.size == 25 and info.etag and info.last_modified >= before
-    assert b"".join(await collect(store.stream(key))) == b"phone,name\n+15550001,Ann\n"
+    assert (await check_round_trip(store, key)).last_modified >= before
     assert await store.list(str(tmp_path / "manifests").lstrip("/")) == [key]
-
-    await store.put(key, b"replaced")
-    assert (await store.head(key)).size == 8
-    await store.delete(key)
-    await store.delete(key)  # idempotent
-    with pytest.raises(ObjectNotFound):
-        await store.head(key)
+    await check_replace_and_delete(store, key)
 
 
 @pytest.mark.parametrize("start", [0, 1, 499, 500, 999, 1000, 1001, 5000])
