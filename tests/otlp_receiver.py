@@ -17,8 +17,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
-from notiflow.bench.otlp import otlp_server
-from notiflow.devenv import free_port
+from notiflow.bench.otlp import OtlpEndpoint
 
 KINDS = {0: "UNSPECIFIED", 1: "INTERNAL", 2: "SERVER", 3: "CLIENT", 4: "PRODUCER",
          5: "CONSUMER"}
@@ -53,31 +52,16 @@ class ReceivedSpan:
     resource: dict[str, Any] = field(default_factory=dict)
 
 
-class OtlpReceiver:
+class OtlpReceiver(OtlpEndpoint):
     """``with OtlpReceiver() as rx:`` → export to ``rx.endpoint``; read ``rx.spans`` and
     ``rx.metric_names`` (``service.name`` → metric names)."""
 
     def __init__(self) -> None:
-        self.port = free_port()
         self.spans: list[ReceivedSpan] = []
         self.metrics: dict[str, set[str]] = {}
         self.metric_points: list[tuple[str, str, dict[str, Any], Any]] = []
         self._lock = threading.Lock()
-        self._server = otlp_server(self.port, on_metrics=self._metrics,
-                                   on_traces=self._traces)
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
-
-    @property
-    def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def __enter__(self) -> OtlpReceiver:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+        super().__init__(self._metrics, self._traces)
 
     def _traces(self, body: bytes) -> None:
         req = ExportTraceServiceRequest()

@@ -16,7 +16,7 @@ import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, Self
 
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
@@ -112,36 +112,49 @@ def otlp_server(port: int, on_metrics: Callable[[bytes], None],
     return ThreadingHTTPServer(("127.0.0.1", port), Handler)
 
 
-class StageCollector:
-    """``with StageCollector() as c:`` → processes export to ``c.endpoint``; ``c.points()``."""
+class OtlpEndpoint:
+    """An :func:`otlp_server` on a free loopback port, served from a daemon thread between
+    ``__enter__`` and ``__exit__``; exporters send to :attr:`endpoint`."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_metrics: Callable[[bytes], None],
+                 on_traces: Callable[[bytes], None] | None = None,
+                 thread_name: str | None = None) -> None:
         self.port = free_port()
-        self._points: list[StagePoint] = []
-        self._gauges: dict[str, list[tuple[float, float]]] = {}
-        self._gc: list[tuple[str, float, int, float, float]] = []
-        self._lock = threading.Lock()
-        self._server = otlp_server(self.port, on_metrics=self._receive)
-        self._thread = threading.Thread(target=self._serve, daemon=True, name="bench-otlp")
+        self._server = otlp_server(self.port, on_metrics=on_metrics, on_traces=on_traces)
+        self._thread = threading.Thread(target=self._serve, daemon=True, name=thread_name)
 
     def _serve(self) -> None:
-        """The server's thread (and the handler threads it starts, which inherit it) at
-        :data:`COLLECTOR_NICE`: parsing every process's exports is the benchmark's work, not
-        the platform's, and must not take the cores from it."""
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), COLLECTOR_NICE)
         self._server.serve_forever()
 
     @property
     def endpoint(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def __enter__(self) -> StageCollector:
+    def __enter__(self) -> Self:
         self._thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._server.shutdown()
         self._server.server_close()
+
+
+class StageCollector(OtlpEndpoint):
+    """``with StageCollector() as c:`` → processes export to ``c.endpoint``; ``c.points()``."""
+
+    def __init__(self) -> None:
+        self._points: list[StagePoint] = []
+        self._gauges: dict[str, list[tuple[float, float]]] = {}
+        self._gc: list[tuple[str, float, int, float, float]] = []
+        self._lock = threading.Lock()
+        super().__init__(self._receive, thread_name="bench-otlp")
+
+    def _serve(self) -> None:
+        """The server's thread (and the handler threads it starts, which inherit it) at
+        :data:`COLLECTOR_NICE`: parsing every process's exports is the benchmark's work, not
+        the platform's, and must not take the cores from it."""
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), COLLECTOR_NICE)
+        super()._serve()
 
     def points(self) -> list[StagePoint]:
         with self._lock:
