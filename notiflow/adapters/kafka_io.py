@@ -157,6 +157,11 @@ class AsyncProducer:
             raise DeliveryFailed(str(exc)) from exc
         return await fut
 
+    async def produce_all(self, records: Iterable[OutRecord]) -> None:
+        """:meth:`produce` of every record at once; returns once all are acknowledged, and
+        raises the first failure otherwise."""
+        await asyncio.gather(*(self.produce(r) for r in records))
+
     def close(self, timeout: float = 10.0) -> None:
         self._stop.set()
         self._poller.join(timeout=2)

@@ -462,9 +462,7 @@ async def serve(settings: Settings, owner: str, stop: asyncio.Event) -> None:
     signals = AdmissionStore.open(settings)
     client = WebhookClient(settings.client_webhooks.timeout,
                            egress=EgressGuard(settings.egress))
-
-    async def publish(records: Sequence[OutRecord]) -> None:
-        await asyncio.gather(*(producer.produce(r) for r in records))
+    publish = producer.produce_all
 
     try:
         scheduled = ScheduledStore(session, settings)

@@ -425,9 +425,7 @@ async def serve(settings: Settings, owner: str, stop: asyncio.Event) -> None:
     cluster, session = await asyncio.to_thread(connect, settings)
     producer = AsyncProducer(settings)
     intake = DelayedIntake(settings)
-
-    async def publish(records: Sequence[OutRecord]) -> None:
-        await asyncio.gather(*(producer.produce(r) for r in records))
+    publish = producer.produce_all
 
     try:
         board = ScheduledStore(session, settings)
