@@ -88,6 +88,15 @@ def max_window(points: Iterable[tuple[int, int]], width: int) -> int:
     return best
 
 
+def create_template(api: str, token: str, **template: Any) -> int:
+    """The version ``POST /v1/templates`` answers for ``template`` (created, or identical to
+    one there), as the tenant of ``token``."""
+    r = httpx.post(f"{api}/v1/templates", headers={"Authorization": f"Bearer {token}"},
+                   json=template)
+    assert r.status_code in (200, 201), r.text
+    return int(r.json()["version"])
+
+
 def signed(settings: Settings, record: OutRecord) -> OutRecord:
     """``record`` as a direct producer writes it: a record for an ingest topic (or
     ``notify.delayed``) without an ``nf-binding`` header gets one, by the key of the tenant

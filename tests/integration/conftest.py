@@ -18,7 +18,7 @@ from notiflow.devenv import free_port
 from notiflow.ops.procs import ManagedProcess, ProcessGroup
 from notiflow.schemas.enums import Tier
 from notiflow.settings import Settings
-from tests.helpers import SMS_PROVIDERS, wait_for
+from tests.helpers import SMS_PROVIDERS, create_template, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -140,13 +140,9 @@ def isolated(stack: Settings, fakes: str, log_dir: Path,
 @pytest.fixture(scope="session")
 def otp_template(api: str, tokens: dict[str, str]) -> dict[str, int]:
     """tenant id → version of template ``otp`` (SMS, one variable ``code``)."""
-    versions = {}
-    for tenant, token in tokens.items():
-        r = httpx.post(f"{api}/v1/templates", headers={"Authorization": f"Bearer {token}"},
-                       json={"template_id": "otp", "channel": "SMS", "body": OTP_TEMPLATE})
-        assert r.status_code in (200, 201), r.text
-        versions[tenant] = r.json()["version"]
-    return versions
+    return {tenant: create_template(api, token, template_id="otp", channel="SMS",
+                                    body=OTP_TEMPLATE)
+            for tenant, token in tokens.items()}
 
 
 class RedisServer:

@@ -21,7 +21,7 @@ from notiflow.adapters.providers.teams.client import TeamsWebhook
 from notiflow.ops.procs import ManagedProcess
 from notiflow.schemas.enums import Channel, Tier
 from notiflow.settings import Settings
-from tests.helpers import emulator_records, message_row, wait_for
+from tests.helpers import create_template, emulator_records, message_row, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -43,11 +43,8 @@ def teams_url(settings: Settings, kind: str = "workflows") -> str:
 
 @pytest.fixture(scope="module")
 def version(api: str, tokens: dict[str, str]) -> int:
-    r = httpx.post(f"{api}/v1/templates", headers=bearer(tokens["acme"]), json={
-        "template_id": "chat-deploy", "channel": "CHAT", "subject": "Release",
-        "body": "Deploy of {{ service }} done"})
-    assert r.status_code in (200, 201), r.text
-    return int(r.json()["version"])
+    return create_template(api, tokens["acme"], template_id="chat-deploy", channel="CHAT",
+                           subject="Release", body="Deploy of {{ service }} done")
 
 
 def send(api: str, token: str, recipient: str, version: int, service: str = "api",

@@ -21,7 +21,7 @@ from cassandra.cluster import Session
 from notiflow.inbox.tokens import mint
 from notiflow.ops.procs import ManagedProcess
 from notiflow.settings import Settings
-from tests.helpers import message_row, wait_for
+from tests.helpers import create_template, message_row, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -39,11 +39,8 @@ def token(settings: Settings, user: str, tenant: str = "acme", **kw: Any) -> str
 
 @pytest.fixture(scope="module")
 def version(api: str, tokens: dict[str, str]) -> int:
-    r = httpx.post(f"{api}/v1/templates", headers={"Authorization": f"Bearer {tokens['acme']}"},
-                   json={"template_id": "inapp-alert", "channel": "INAPP",
-                         "subject": "Security alert", "body": "New sign-in from {{ place }}"})
-    assert r.status_code in (200, 201), r.text
-    return int(r.json()["version"])
+    return create_template(api, tokens["acme"], template_id="inapp-alert", channel="INAPP",
+                           subject="Security alert", body="New sign-in from {{ place }}")
 
 
 def send(api: str, api_token: str, user: str, version: int, tier: str = "P0",

@@ -32,7 +32,7 @@ from notiflow.correlation import CorrelationKeys
 from notiflow.fakes.smtp import build_dsn
 from notiflow.ops.procs import ManagedProcess
 from notiflow.settings import Settings
-from tests.helpers import hold, message_row, read_topic, wait_for
+from tests.helpers import create_template, hold, message_row, read_topic, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -173,11 +173,8 @@ def status_is(cql: Session, mid: str, *statuses: str) -> dict[str, Any] | None:
 @pytest.fixture(scope="module")
 def email_template(api: str, tokens: dict[str, str]) -> int:
     """Version of the acme template ``order-mail`` (EMAIL, one variable ``order``)."""
-    r = httpx.post(f"{api}/v1/templates", headers={"Authorization": f"Bearer {tokens['acme']}"},
-                   json={"template_id": "order-mail", "channel": "EMAIL",
-                         "subject": "Order {{ order }}", "body": "Order {{ order }} confirmed"})
-    assert r.status_code in (200, 201), r.text
-    return int(r.json()["version"])
+    return create_template(api, tokens["acme"], template_id="order-mail", channel="EMAIL",
+                           subject="Order {{ order }}", body="Order {{ order }} confirmed")
 
 
 @pytest.fixture
