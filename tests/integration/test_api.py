@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -123,6 +124,21 @@ def start_api(name: str, log_dir: Path, **env: str) -> tuple[ManagedProcess, str
     base = f"http://127.0.0.1:{port}"
     proc.start().wait_http(f"{base}/healthz")
     return proc, base
+
+
+@contextlib.asynccontextmanager
+async def kafka_less_api(name: str, log_dir: Path,
+                         window: int) -> AsyncIterator[httpx.AsyncClient]:
+    """A client of an API process of its own whose Kafka bootstrap is a port nothing listens
+    on, with an outage window of ``window`` messages (stopped on exit)."""
+    proc, base = await asyncio.to_thread(
+        start_api, name, log_dir, NOTIFLOW_KAFKA_BOOTSTRAP=f"127.0.0.1:{free_port()}",
+        NOTIFLOW_KAFKA_WINDOW__MAX_MESSAGES=str(window))
+    try:
+        async with httpx.AsyncClient(base_url=base, timeout=30.0) as bad:
+            yield bad
+    finally:
+        await asyncio.to_thread(proc.stop)
 
 
 # ------------------------------------------------------------------------------ basics
@@ -539,27 +555,20 @@ async def test_retry_finishes_a_pending_acceptance(
 async def test_kafka_unreachable_is_503_and_leaves_nothing(
         client: httpx.Client, auth: Callable[..., dict[str, str]], settings: Settings,
         store: CassandraStore, log_dir: Path, otp_template: str, cql: Session) -> None:
-    proc, base = await asyncio.to_thread(
-        start_api, "api-nokafka", log_dir,
-        NOTIFLOW_KAFKA_BOOTSTRAP=f"127.0.0.1:{free_port()}",
-        NOTIFLOW_KAFKA_WINDOW__MAX_MESSAGES="0")
-    try:
-        async with httpx.AsyncClient(base_url=base, timeout=30.0) as bad:
-            k = key()
-            started = time.monotonic()
-            r = await bad.post("/v1/messages", headers=auth("acme", k), json=sms())
-            elapsed = time.monotonic() - started
-            assert r.status_code == 503, r.text
-            assert r.headers["Retry-After"] == "5"
-            assert r.json()["error"] == "unavailable"
-            assert r.json()["reason"] == "kafka_unavailable"
-            assert elapsed < 15
-            ready = await bad.get("/readyz")
-            assert ready.status_code == 503
-            assert ready.json()["checks"]["cassandra"] == "ok"
-            assert ready.json()["checks"]["kafka"] != "ok"
-    finally:
-        await asyncio.to_thread(proc.stop)
+    async with kafka_less_api("api-nokafka", log_dir, window=0) as bad:
+        k = key()
+        started = time.monotonic()
+        r = await bad.post("/v1/messages", headers=auth("acme", k), json=sms())
+        elapsed = time.monotonic() - started
+        assert r.status_code == 503, r.text
+        assert r.headers["Retry-After"] == "5"
+        assert r.json()["error"] == "unavailable"
+        assert r.json()["reason"] == "kafka_unavailable"
+        assert elapsed < 15
+        ready = await bad.get("/readyz")
+        assert ready.status_code == 503
+        assert ready.json()["checks"]["cassandra"] == "ok"
+        assert ready.json()["checks"]["kafka"] != "ok"
 
     assert await store.idempotency.get_reservation("acme", k) is None
     assert not await outbox_has(cql, "acme", k)
@@ -573,39 +582,32 @@ async def test_unreachable_kafka_opens_the_outage_window(
         otp_template: str, cql: Session) -> None:
     """P1-P3 durable in Cassandra are answered 202 (replays too) up to the window's count;
     beyond, 503 ``outage_window_full``; P0 is refused within its ack wait, then at once."""
-    proc, base = await asyncio.to_thread(
-        start_api, "api-window", log_dir,
-        NOTIFLOW_KAFKA_BOOTSTRAP=f"127.0.0.1:{free_port()}",
-        NOTIFLOW_KAFKA_WINDOW__MAX_MESSAGES="2")
-    try:
-        async with httpx.AsyncClient(base_url=base, timeout=30.0) as bad:
-            k1 = key()
+    async with kafka_less_api("api-window", log_dir, window=2) as bad:
+        k1 = key()
+        started = time.monotonic()
+        first = await bad.post("/v1/messages", headers=auth("acme", k1), json=sms("P2"))
+        assert first.status_code == 202, first.text
+        assert time.monotonic() - started < 3.0
+        mid = first.json()["message_id"]
+        replay = await bad.post("/v1/messages", headers=auth("acme", k1), json=sms("P2"))
+        assert replay.status_code == 202 and replay.json() == first.json()
+        p0 = []
+        for _ in range(2):
             started = time.monotonic()
-            first = await bad.post("/v1/messages", headers=auth("acme", k1), json=sms("P2"))
-            assert first.status_code == 202, first.text
-            assert time.monotonic() - started < 3.0
-            mid = first.json()["message_id"]
-            replay = await bad.post("/v1/messages", headers=auth("acme", k1), json=sms("P2"))
-            assert replay.status_code == 202 and replay.json() == first.json()
-            p0 = []
-            for _ in range(2):
-                started = time.monotonic()
-                r = await bad.post("/v1/messages", headers=auth("acme", key()), json=sms("P0"))
-                p0.append((r, time.monotonic() - started))
-            assert [(r.status_code, r.json()["reason"]) for r, _ in p0] == [
-                (503, "kafka_unavailable")] * 2
-            assert p0[1][1] < 0.3, "P0 waited although Kafka was known down"
-            second = await bad.post("/v1/messages", headers=auth("acme", key()), json=sms())
-            assert second.status_code == 202, second.text
-            full = await bad.post("/v1/messages", headers=auth("acme", key()), json=sms("P3"))
-            assert (full.status_code, full.json()["reason"]) == (503, "outage_window_full")
-            assert full.headers["Retry-After"] == "1"
-            ready = (await bad.get("/readyz")).json()
-            assert ready["checks"]["kafka"] != "ok"
-            view = await bad.get(f"/v1/messages/{mid}", headers=auth("acme"))
-            assert view.json()["status"] == "QUEUED"
-    finally:
-        await asyncio.to_thread(proc.stop)
+            r = await bad.post("/v1/messages", headers=auth("acme", key()), json=sms("P0"))
+            p0.append((r, time.monotonic() - started))
+        assert [(r.status_code, r.json()["reason"]) for r, _ in p0] == [
+            (503, "kafka_unavailable")] * 2
+        assert p0[1][1] < 0.3, "P0 waited although Kafka was known down"
+        second = await bad.post("/v1/messages", headers=auth("acme", key()), json=sms())
+        assert second.status_code == 202, second.text
+        full = await bad.post("/v1/messages", headers=auth("acme", key()), json=sms("P3"))
+        assert (full.status_code, full.json()["reason"]) == (503, "outage_window_full")
+        assert full.headers["Retry-After"] == "1"
+        ready = (await bad.get("/readyz")).json()
+        assert ready["checks"]["kafka"] != "ok"
+        view = await bad.get(f"/v1/messages/{mid}", headers=auth("acme"))
+        assert view.json()["status"] == "QUEUED"
     record = await store.idempotency.get_reservation("acme", k1)
     assert record is not None and record.state == "PENDING"
     assert await outbox_has(cql, "acme", k1)
