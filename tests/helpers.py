@@ -15,6 +15,7 @@ import pytest
 from cassandra.cluster import Session
 from confluent_kafka import Consumer, TopicPartition
 
+from notiflow.adapters.breaker import CircuitBreakers, StateChange
 from notiflow.adapters.kafka_io import OutRecord, SyncProducer, producer_config
 from notiflow.devenv import dev_environment
 from notiflow.ingest_binding import HEADER, binder, claimed_target, tenant_signer
@@ -60,6 +61,20 @@ async def loop_turns(n: int = 1) -> None:
     loop, no real time."""
     for _ in range(n):
         await asyncio.sleep(0)
+
+
+def first_changes(breakers: CircuitBreakers, n: int) -> asyncio.Task[list[StateChange]]:
+    """A task that follows ``breakers.changes()`` from now and ends with its first ``n``
+    state changes."""
+    async def take() -> list[StateChange]:
+        got: list[StateChange] = []
+        async for change in breakers.changes():
+            got.append(change)
+            if len(got) == n:
+                break
+        return got
+
+    return asyncio.ensure_future(take())
 
 
 def hold(seconds: float) -> None:

@@ -37,7 +37,7 @@ from notiflow.adapters.providers.base import Outcome
 from notiflow.devenv import free_port
 from notiflow.settings import BreakerRule, Settings
 from tests.fakes import ManualClock
-from tests.helpers import loop_turns, wait_until
+from tests.helpers import first_changes, loop_turns, wait_until
 from tests.integration.conftest import RedisServer
 
 pytestmark = pytest.mark.integration
@@ -178,21 +178,13 @@ async def test_concurrent_failures_open_exactly_once(redis_url: str) -> None:
 async def test_state_changes_as_an_async_iterator(redis_url: str) -> None:
     ns, clock = namespace(), ManualClock(T0)
     cb = CircuitBreakers(store_for(redis_url, ns), clock_us=clock)
-    received: list[StateChange] = []
-
-    async def consume() -> None:
-        async for change in cb.changes():
-            received.append(change)
-            if len(received) == 2:
-                return
-
-    task = asyncio.ensure_future(consume())
+    task = first_changes(cb, 2)
     await loop_turns()
     for _ in range(5):
         await cb.record("fcm", Outcome.TRANSIENT, "server_error", 0.1)
     clock.now += 60 * S
     assert (await cb.allow("fcm")).kind is AdmissionKind.PROBE
-    await asyncio.wait_for(task, 2)
+    received = await asyncio.wait_for(task, 2)
     assert [(c.provider_id, c.new, c.why) for c in received] == [
         ("fcm", State.OPEN, "failures:5"), ("fcm", State.HALF_OPEN, "open_elapsed")]
     await cb.aclose()

@@ -26,7 +26,7 @@ from notiflow.adapters.breaker import (
 from notiflow.adapters.providers.base import Outcome, SendResult
 from notiflow.settings import BreakerRule
 from tests.fakes import ManualClock
-from tests.helpers import loop_turns, wait_until
+from tests.helpers import first_changes, loop_turns, wait_until
 
 T0 = 1_700_000_000_000_000
 S = 1_000_000
@@ -185,17 +185,9 @@ async def test_local_breaker_starts_from_the_last_shared_state() -> None:
 
 async def test_changes_iterator() -> None:
     cb, _, _ = breakers()
-    received: list[StateChange] = []
-
-    async def consume() -> None:
-        async for change in cb.changes():
-            received.append(change)
-            if len(received) == 1:
-                return
-
-    task = asyncio.ensure_future(consume())
+    task = first_changes(cb, 1)
     await loop_turns()
     for _ in range(5):
         await cb.record("tw", Outcome.TRANSIENT, "server_error", 0.1)
-    await asyncio.wait_for(task, 1)
+    received = await asyncio.wait_for(task, 1)
     assert [(c.provider_id, c.new) for c in received] == [("tw", State.OPEN)]
