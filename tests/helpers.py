@@ -17,10 +17,12 @@ from confluent_kafka import Consumer, TopicPartition
 
 from notiflow.adapters.breaker import CircuitBreakers, StateChange
 from notiflow.adapters.kafka_io import OutRecord, SyncProducer, producer_config
+from notiflow.adapters.ratelimit import CapacityLimiter
 from notiflow.devenv import dev_environment
 from notiflow.ingest_binding import HEADER, binder, claimed_target, tenant_signer
 from notiflow.schemas.enums import Channel, Tier
 from notiflow.settings import Settings
+from tests.fakes import Clock
 
 T = TypeVar("T")
 SUCCESS = frozenset({"PROVIDER_ACCEPTED", "SENT", "DELIVERED"})
@@ -75,6 +77,18 @@ def first_changes(breakers: CircuitBreakers, n: int) -> asyncio.Task[list[StateC
         return got
 
     return asyncio.ensure_future(take())
+
+
+async def granted_over(limiter: CapacityLimiter, provider_id: str, tier: Tier,
+                       clock: Clock[float], ms: int) -> int:
+    """How many of ``ms`` calls of ``limiter.acquire``, one per millisecond of ``clock``
+    (which it moves on), took a token."""
+    granted = 0
+    for _ in range(ms):
+        if await limiter.acquire(provider_id, tier) is None:
+            granted += 1
+        clock.now += 0.001
+    return granted
 
 
 def hold(seconds: float) -> None:

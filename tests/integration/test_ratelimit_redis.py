@@ -37,7 +37,7 @@ from notiflow.flows.send.routing import Choice, rank_routes, reserve
 from notiflow.schemas.enums import Channel, Tier
 from notiflow.settings import ProviderRoute, Settings
 from tests.fakes import ManualClock
-from tests.helpers import hold_async, loop_turns, max_window, wait_until
+from tests.helpers import granted_over, hold_async, loop_turns, max_window, wait_until
 from tests.integration.conftest import RedisServer
 
 pytestmark = pytest.mark.integration
@@ -282,12 +282,8 @@ async def test_redis_down_local_keeps_granting_pause_waits_then_recovers(
     assert await limiter.acquire("down", Tier.P0) is None
     assert await limiter.acquire("down", Tier.P2) is None
     private_redis.stop()
-    granted = 0
     with caplog.at_level(logging.WARNING, "notiflow.adapters.ratelimit"):
-        for _ in range(1000):
-            if await limiter.acquire("down", Tier.P0) is None:
-                granted += 1
-            clock.now += 0.001
+        granted = await granted_over(limiter, "down", Tier.P0, clock, 1000)
         assert await limiter.acquire("down", Tier.P2) == 0.5
         assert await limiter.acquire("down", Tier.P3) == 0.5
     assert not limiter.redis_ok

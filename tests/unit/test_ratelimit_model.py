@@ -43,7 +43,7 @@ from notiflow.adapters.ratelimit import (
 from notiflow.schemas.enums import Tier
 from notiflow.settings import Settings
 from tests.fakes import ManualClock
-from tests.helpers import loop_turns, max_window
+from tests.helpers import granted_over, loop_turns, max_window
 
 W = 1_000_000
 T0 = 5_000_000
@@ -418,12 +418,8 @@ async def test_redis_down_local_tier_uses_a_conservative_local_bucket(
     limiter, store, clock = limiter_for(expected_workers=2)
     assert await limiter.acquire("tw", Tier.P0) is None
     store.down = True
-    granted = 0
     with caplog.at_level(logging.WARNING, "notiflow.adapters.ratelimit"):
-        for _ in range(2000):
-            if await limiter.acquire("tw", Tier.P0) is None:
-                granted += 1
-            clock.now += 0.001
+        granted = await granted_over(limiter, "tw", Tier.P0, clock, 2000)
     local_rate = 0.5 * 200.0 / 2
     burst = local_rate * 0.25
     assert local_rate * 2 <= granted <= local_rate * 2 + burst + 1
