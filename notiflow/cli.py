@@ -215,11 +215,14 @@ def fakes(
     from notiflow import tuning
     from notiflow.extras import needs
 
+    settings = _settings()
     with needs("emulators", "notiflow fakes"):
-        from notiflow.fakes.server import serve
+        from notiflow.fakes.server import factories, serve
+
+        factories(settings)
 
     tuning.set_realtime(realtime)
-    serve(_settings())
+    serve(settings)
 
 
 @flow_app.command("send")

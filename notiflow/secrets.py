@@ -19,9 +19,11 @@ from typing import Any, Final
 
 from notiflow.settings import Settings, TenantConfig
 
-RELOADABLE: Final = ("tenants", "twilio", "vonage", "sendgrid", "ses", "smtp", "fcm", "apns")
+RELOADABLE: Final = ("tenants", *(name for name, spec in Settings.section_specs().items()
+                                  if spec.reloadable))
 """Settings fields a running process takes from a reload: each tenant's token, policy and
-webhook secrets, and each provider account's credentials and parameters."""
+webhook secrets, and the credentials and parameters of each provider account whose plug-in
+says so (``SectionSpec.reloadable``)."""
 
 
 @dataclass(frozen=True, slots=True)

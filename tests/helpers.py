@@ -22,7 +22,7 @@ from notiflow.devenv import dev_environment
 from notiflow.ingest_binding import HEADER, binder, claimed_target, tenant_signer
 from notiflow.schemas.enums import Channel, Tier
 from notiflow.settings import Settings
-from tests.fakes import Clock
+from tests.fakes import ManualClock
 
 T = TypeVar("T")
 SUCCESS = frozenset({"PROVIDER_ACCEPTED", "SENT", "DELIVERED"})
@@ -80,7 +80,7 @@ def first_changes(breakers: CircuitBreakers, n: int) -> asyncio.Task[list[StateC
 
 
 async def granted_over(limiter: CapacityLimiter, provider_id: str, tier: Tier,
-                       clock: Clock[float], ms: int) -> int:
+                       clock: ManualClock[float], ms: int) -> int:
     """How many of ``ms`` calls of ``limiter.acquire``, one per millisecond of ``clock``
     (which it moves on), took a token."""
     granted = 0

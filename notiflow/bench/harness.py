@@ -25,6 +25,7 @@ from typing import Any
 import httpx
 
 from notiflow.adapters.kafka_io import kafka_config
+from notiflow.adapters.providers import provider_specs
 from notiflow.bench.sampler import ProcessFigures, ProcSample, Sampler
 from notiflow.bench.traffic import (
     OTP_CONNECTIONS,
@@ -46,7 +47,9 @@ __all__ = [
     "Sampler", "drop_keys", "send_otps", "wait_until",
 ]
 
-PROVIDERS = ("twilio", "vonage", "sendgrid", "ses", "smtp", "fcm", "apns")
+PROVIDERS = tuple(name for name, spec in provider_specs(Settings).items()
+                  if spec.emulator is not None)
+"""The registered providers ``notiflow fakes`` emulates (its ``/_admin/{provider}/...``)."""
 KEYSPACE = "notiflow_bench"
 EMULATOR_REALTIME = 1
 """The emulators' real-time priority in benchmarks. A provider runs on someone else's

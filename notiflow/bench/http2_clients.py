@@ -1,7 +1,8 @@
 """HTTP/2 client candidates for APNs, measured against the APNs emulator on loopback.
 
-The emulator (``notiflow.fakes.apns``, an ``h2`` server on uvloop) runs in a child process with
-a throw-away ``trustme`` CA and certificate (TLS, ALPN ``h2``, provider-token checks on). Each
+The emulator (``notiflow.providers.apns.emulator``, an ``h2`` server on uvloop) runs in a child
+process with a throw-away ``trustme`` CA and certificate (TLS, ALPN ``h2``, provider-token
+checks on). Each
 candidate sends N notifications at a bounded concurrency over one client, and the script prints
 requests/s, the client process's CPU time per request (all its threads), how many answers were
 200, and errors by exception type. Client and emulator share the machine's cores.
@@ -33,13 +34,14 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from pydantic import SecretStr
 from pyreqwest.client import ClientBuilder
 
-from notiflow.adapters.providers.apns.client import ApnsPush
-from notiflow.adapters.providers.apns.tokens import ProviderTokens
 from notiflow.adapters.providers.base import OutboundMessage, Outcome
 from notiflow.devenv import apns_tls_files, free_port
+from notiflow.providers.apns.client import ApnsPush
+from notiflow.providers.apns.config import ApnsSettings
+from notiflow.providers.apns.tokens import ProviderTokens
 from notiflow.schemas.enums import Channel, PushPlatform, Tier
 from notiflow.schemas.messages import PushRecipient
-from notiflow.settings import ApnsSettings, Settings
+from notiflow.settings import Settings
 
 Send = Callable[[int], Awaitable[int]]
 """i → HTTP status of the i-th request."""
@@ -87,7 +89,7 @@ def bench_settings(spec: dict[str, str]) -> Settings:
 
 def serve(spec: dict[str, str]) -> None:
     """Child process: the APNs emulator alone, until killed."""
-    from notiflow.fakes.apns import ApnsEmulator
+    from notiflow.providers.apns.emulator import ApnsEmulator
 
     async def main() -> None:
         emulator = ApnsEmulator(bench_settings(spec))

@@ -36,11 +36,11 @@ import orjson
 import psutil
 
 from notiflow.adapters.providers.base import OutboundMessage
-from notiflow.adapters.providers.inbox.client import InboxDelivery
 from notiflow.bench.stats import percentile
 from notiflow.devenv import dev_environment, free_port
 from notiflow.inbox.tokens import mint
 from notiflow.ops.procs import ManagedProcess
+from notiflow.providers.inbox.client import InboxDelivery
 from notiflow.schemas.enums import Channel, Tier
 from notiflow.settings import Settings
 

@@ -22,7 +22,7 @@ from zoneinfo import ZoneInfo
 import orjson
 import phonenumbers
 
-from notiflow.fakes.apns import MAGIC_TOKENS as APNS_MAGIC_TOKENS
+from notiflow.providers.apns.emulator import MAGIC_TOKENS as APNS_MAGIC_TOKENS
 from notiflow.schemas.enums import Category, Channel, PushPlatform, Tier
 from notiflow.schemas.preferences import phone_timezone
 

@@ -1,4 +1,5 @@
-"""``notiflow fakes``: the provider emulators on one loopback HTTP server.
+"""``notiflow fakes``: the emulators of the registered provider plug-ins (each plug-in's
+``emulator`` module) on one loopback HTTP server.
 
 Routes: each emulator under its provider prefix (``/twilio/...``, ``/sendgrid/...``,
 ``/fcm/...``, ``/vonage/...``, ``/slack/...``, ``/teams/...``), its admin API under
@@ -16,28 +17,15 @@ import logging
 
 from aiohttp import web
 
-from notiflow.fakes.apns import ApnsEmulator
-from notiflow.fakes.chat import SlackEmulator, TeamsEmulator
-from notiflow.fakes.fcm import FcmEmulator
-from notiflow.fakes.sendgrid import SendGridEmulator
-from notiflow.fakes.ses import SesEmulator
-from notiflow.fakes.smtp import SmtpEmulator
-from notiflow.fakes.twilio import TwilioEmulator
-from notiflow.fakes.vonage import VonageEmulator
+from notiflow.adapters.providers import provider_specs
+from notiflow.adapters.providers.base import Emulator, EmulatorFactory
 from notiflow.ops.procs import serve_until_signalled
 from notiflow.settings import Settings
 
 log = logging.getLogger(__name__)
 
-TWILIO = web.AppKey("twilio", TwilioEmulator)
-SENDGRID = web.AppKey("sendgrid", SendGridEmulator)
-SES = web.AppKey("ses", SesEmulator)
-FCM = web.AppKey("fcm", FcmEmulator)
-VONAGE = web.AppKey("vonage", VonageEmulator)
-SMTP = web.AppKey("smtp", SmtpEmulator)
-APNS = web.AppKey("apns", ApnsEmulator)
-SLACK = web.AppKey("slack", SlackEmulator)
-TEAMS = web.AppKey("teams", TeamsEmulator)
+EMULATORS = web.AppKey("emulators", dict[str, Emulator])
+"""Plug-in name → its emulator, in registry order."""
 
 
 async def _health(_request: web.Request) -> web.Response:
@@ -45,57 +33,33 @@ async def _health(_request: web.Request) -> web.Response:
 
 
 async def _reset(request: web.Request) -> web.Response:
-    request.app[TWILIO].reset()
-    request.app[SENDGRID].reset()
-    request.app[SES].reset()
-    request.app[FCM].reset()
-    request.app[VONAGE].reset()
-    request.app[SMTP].reset()
-    request.app[APNS].reset()
-    request.app[SLACK].reset()
-    request.app[TEAMS].reset()
+    for emulator in request.app[EMULATORS].values():
+        emulator.reset()
     return web.json_response({"reset": True})
 
 
+def factories(settings: Settings) -> dict[str, EmulatorFactory]:
+    """Plug-in name → its emulator's factory, for every registered plug-in that has one;
+    imports the emulators (the ``emulators`` extra)."""
+    return {name: spec.emulator() for name, spec in provider_specs(type(settings)).items()
+            if spec.emulator is not None}
+
+
+def emulators(settings: Settings) -> dict[str, Emulator]:
+    """Plug-in name → a new emulator, for every registered plug-in that has one."""
+    return {name: factory(settings) for name, factory in factories(settings).items()}
+
+
 def build_app(settings: Settings) -> web.Application:
-    """The emulators' application; the callback dispatchers and the SMTP listener run while
-    it is started."""
+    """The emulators' application; each emulator's ``lifecycle`` (callback dispatchers,
+    the SMTP and APNs listeners) runs while it is started."""
     app = web.Application(client_max_size=1024 * 1024)
-    twilio = TwilioEmulator(settings)
-    app[TWILIO] = twilio
-    app.add_routes(twilio.routes())
-    sendgrid = SendGridEmulator(settings)
-    app[SENDGRID] = sendgrid
-    app.add_routes(sendgrid.routes())
-    ses = SesEmulator(settings)
-    app[SES] = ses
-    app.add_routes(ses.routes())
-    fcm = FcmEmulator(settings)
-    app[FCM] = fcm
-    app.add_routes(fcm.routes())
-    vonage = VonageEmulator(settings)
-    app[VONAGE] = vonage
-    app.add_routes(vonage.routes())
-    smtp = SmtpEmulator(settings)
-    app[SMTP] = smtp
-    app.add_routes(smtp.routes())
-    apns = ApnsEmulator(settings)
-    app[APNS] = apns
-    app.add_routes(apns.routes())
-    slack = SlackEmulator()
-    app[SLACK] = slack
-    app.add_routes(slack.routes())
-    teams = TeamsEmulator()
-    app[TEAMS] = teams
-    app.add_routes(teams.routes())
+    app[EMULATORS] = emulators(settings)
+    for emulator in app[EMULATORS].values():
+        app.add_routes(emulator.routes())
+        app.cleanup_ctx.append(emulator.lifecycle)
     app.router.add_get("/_admin/health", _health)
     app.router.add_post("/_admin/reset", _reset)
-    app.cleanup_ctx.append(twilio.lifecycle)
-    app.cleanup_ctx.append(sendgrid.lifecycle)
-    app.cleanup_ctx.append(ses.lifecycle)
-    app.cleanup_ctx.append(vonage.lifecycle)
-    app.cleanup_ctx.append(smtp.lifecycle)
-    app.cleanup_ctx.append(apns.lifecycle)
     return app
 
 

@@ -30,6 +30,8 @@ from uvicorn.supervisors import Multiprocess
 
 from notiflow import names, redact, telemetry, tuning
 from notiflow.adapters.dlq import watch_depth
+from notiflow.adapters.providers import provider_specs
+from notiflow.adapters.providers.base import ReceiptRoutes
 from notiflow.gateway import (
     batch,
     campaigns,
@@ -41,9 +43,7 @@ from notiflow.gateway import (
     openapi,
     recipients,
     schedules,
-    ses_webhook,
     templates,
-    webhooks,
 )
 from notiflow.gateway.access_log import AccessLog, route_template
 from notiflow.gateway.bodies import BodyCeiling
@@ -56,8 +56,17 @@ from notiflow.settings import Settings, load_settings
 log = logging.getLogger("notiflow.gateway")
 
 GRACEFUL_SHUTDOWN_S = 10
-MAX_ANY_BODY = max(batch.MAX_BATCH_BYTES, webhooks.MAX_DSN_BODY)
-"""The largest body any route takes (:class:`~notiflow.gateway.bodies.BodyCeiling`)."""
+
+
+def receipt_routes(settings: Settings) -> list[ReceiptRoutes]:
+    """The delivery-webhook routes of every registered provider plug-in that has them."""
+    return [spec.receipt_routes() for spec in provider_specs(type(settings)).values()
+            if spec.receipt_routes is not None]
+
+
+def max_any_body(settings: Settings) -> int:
+    """The largest body any route takes (:class:`~notiflow.gateway.bodies.BodyCeiling`)."""
+    return max(batch.MAX_BATCH_BYTES, *(r.max_body for r in receipt_routes(settings)))
 
 REPEAT_INTERVAL_S = 60.0
 _NOISY_WHEN_DOWN = ("notiflow.kafka.producer", "notiflow.kafka.admin", "cassandra.cluster",
@@ -166,7 +175,7 @@ def build_app(settings: Settings) -> FastAPI:
     app.state.runtime = runtime
     telemetry.instrument_api(app, route_template)
     errors.install(app)
-    app.add_middleware(BodyCeiling, limit=MAX_ANY_BODY)
+    app.add_middleware(BodyCeiling, limit=max_any_body(settings))
     app.add_middleware(AccessLog)
     app.include_router(batch.router)
     app.include_router(messages.router)
@@ -178,8 +187,8 @@ def build_app(settings: Settings) -> FastAPI:
     app.include_router(schedules.router)
     app.include_router(campaigns.router)
     if settings.api_lane != "priority":
-        app.include_router(webhooks.router)
-        app.include_router(ses_webhook.router)
+        for routes in receipt_routes(settings):
+            app.include_router(routes.router)
 
     @app.get("/healthz", response_model=Health)
     async def healthz() -> JSONResponse:

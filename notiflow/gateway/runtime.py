@@ -40,7 +40,6 @@ from notiflow.adapters.kafka_io import AsyncProducer, kafka_config
 from notiflow.adapters.manifests import Manifests
 from notiflow.adapters.outages import STORE_FAILURE
 from notiflow.adapters.preferences import PreferenceStore
-from notiflow.adapters.providers.ses.sns_http import SnsCertificates
 from notiflow.adapters.retrying import until_up
 from notiflow.adapters.rows import TemplateRow
 from notiflow.adapters.schedule_store import ScheduleStore
@@ -51,6 +50,7 @@ from notiflow.gateway.auditor import Auditor
 from notiflow.gateway.errors import unavailable
 from notiflow.gateway.kafka_window import Publisher, Window
 from notiflow.gateway.settler import Settler
+from notiflow.providers.ses.sns_http import SnsCertificates
 from notiflow.schemas.enums import Tier
 from notiflow.secrets import Keyring, Reload
 from notiflow.settings import Settings

@@ -4,7 +4,7 @@ The signature of a receipt covers its body, so it can only be verified once the 
 these checks look at what comes first (the receiver being configured, the signature headers
 present and shaped as the provider sends them, a fresh timestamp, the SNS topic header), so
 that a post no provider sent is refused ``403`` for the price of its headers. The full check
-(``adapters/providers/*/signature.py``) still runs on the body afterwards.
+(``providers/*/signature.py``) still runs on the body afterwards.
 
 Each function takes the provider account's settings sections in force (current, then those of
 an open rotation window) and raises :class:`WebhookRefused` with the reason the full check
@@ -18,11 +18,13 @@ from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import Final
 
-from notiflow.adapters.providers.sendgrid import signature as sendgrid_signature
-from notiflow.adapters.providers.ses import sns
-from notiflow.adapters.providers.twilio import signature as twilio_signature
 from notiflow.adapters.providers.webhook import WebhookRefused
-from notiflow.settings import SendGridSettings, SesSettings, TwilioSettings
+from notiflow.providers.sendgrid import signature as sendgrid_signature
+from notiflow.providers.sendgrid.config import SendGridSettings
+from notiflow.providers.ses import sns
+from notiflow.providers.ses.config import SesSettings
+from notiflow.providers.twilio import signature as twilio_signature
+from notiflow.providers.twilio.config import TwilioSettings
 
 TWILIO_SIGNATURE: Final = twilio_signature.SIGNATURE_HEADER
 SENDGRID_SIGNATURE: Final = sendgrid_signature.EVENT_SIGNATURE_HEADER

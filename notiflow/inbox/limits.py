@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from notiflow.settings import InboxSettings
+from notiflow.providers.inbox.config import InboxSettings
 from notiflow.token_bucket import TokenBucket
 
 Clock = Callable[[], float]

@@ -25,10 +25,10 @@ import httpx
 import orjson
 
 from notiflow.adapters.manifests import tenant_location
-from notiflow.adapters.providers.twilio.signature import SIGNATURE_HEADER
 from notiflow.bench.harness import Phase
 from notiflow.bench.workload import TEMPLATE_IDS, PhoneFactory
 from notiflow.inbox.tokens import mint
+from notiflow.providers.twilio.signature import SIGNATURE_HEADER
 from notiflow.schemas.enums import Channel
 
 TENANT_A = "globex"

@@ -13,10 +13,10 @@ import orjson
 from confluent_kafka import Producer
 
 from notiflow.adapters.kafka_io import producer_config
-from notiflow.adapters.providers.twilio.signature import SIGNATURE_HEADER, signature
-from notiflow.adapters.providers.vonage.signature import signature as vonage_signature
 from notiflow.ingest_binding import Signer
 from notiflow.ops.chaos_hostile_attacks import TENANT_A, TENANT_B, Attack, answer_of
+from notiflow.providers.twilio.signature import SIGNATURE_HEADER, signature
+from notiflow.providers.vonage.signature import signature as vonage_signature
 from notiflow.schemas.enums import Channel, Tier
 
 

@@ -9,32 +9,27 @@ Redis (``TRANSPORT_SECURITY``) from the environment only.
 :class:`Settings` is in ``core``; each family of sections has a module of its own: ``tiers``
 (tier policy, caps, quiet hours, category tiers, bulk yielding), ``tenants`` (tenants, their
 senders and status webhooks), ``security`` (JWTs, egress, ingest encryption and binding),
-``transport`` (TLS and credentials towards the stores), ``providers`` (provider accounts,
-routes, breakers), ``serving`` (the API's and the inbox's servers, the Kafka outage window),
+``transport`` (TLS and credentials towards the stores), ``providers`` (what every provider
+account shares: routes, breakers, chat webhooks), ``plugin`` (how a provider plug-in adds its
+section), ``serving`` (the API's server, the Kafka outage window),
 ``planning`` (scheduling, campaigns), ``storage`` (object store, archive), ``rendering``,
-``dead_letters`` and ``observability``. Import every name from this package.
+``dead_letters`` and ``observability``. Each provider's own section is in its plug-in
+(``notiflow.providers.<name>.config``), registered in :mod:`notiflow.providers.registry`.
+Import every other name from this package.
 """
 
 from __future__ import annotations
 
+from notiflow.providers.registry import DEFAULT_ROUTES
 from notiflow.settings.core import Settings, load_settings
 from notiflow.settings.dead_letters import DlqRule
 from notiflow.settings.observability import TelemetrySettings
 from notiflow.settings.planning import CampaignRule, SchedulingRule
 from notiflow.settings.providers import (
-    DEFAULT_ROUTES,
-    ApnsSettings,
     BreakerRule,
-    FcmSettings,
+    ChatSettings,
     PaceRule,
     ProviderRoute,
-    SendGridSettings,
-    SesSettings,
-    SlackSettings,
-    SmtpSettings,
-    TeamsSettings,
-    TwilioSettings,
-    VonageSettings,
     WebhookPrefixes,
     insecure_endpoint,
 )
@@ -43,7 +38,6 @@ from notiflow.settings.security import EgressSettings, IngestBinding, IngestEncr
 from notiflow.settings.serving import (
     ApiRedisTimeout,
     ApiTls,
-    InboxSettings,
     OutageWindow,
     ServerLimits,
 )
@@ -94,18 +88,16 @@ __all__ = [
     "WEBHOOK_SECRET_BYTES",
     "ApiRedisTimeout",
     "ApiTls",
-    "ApnsSettings",
     "ArchiveSettings",
     "BreakerRule",
     "CampaignRule",
     "CapRule",
     "CassandraSecurity",
     "CategoryTiers",
+    "ChatSettings",
     "ClientWebhookRule",
     "DlqRule",
     "EgressSettings",
-    "FcmSettings",
-    "InboxSettings",
     "IngestBinding",
     "IngestEncryption",
     "JwtAuth",
@@ -121,19 +113,12 @@ __all__ = [
     "RetryBudget",
     "SaslMechanism",
     "SchedulingRule",
-    "SendGridSettings",
     "ServerLimits",
-    "SesSettings",
     "Settings",
-    "SlackSettings",
-    "SmtpSettings",
-    "TeamsSettings",
     "TelemetrySettings",
     "TenantConfig",
     "TierPolicy",
     "TlsFiles",
-    "TwilioSettings",
-    "VonageSettings",
     "WebhookPrefixes",
     "YieldRule",
     "insecure_endpoint",

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, Literal
@@ -18,24 +19,17 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
+from notiflow.providers.registry import DEFAULT_ROUTES, ProviderSections
 from notiflow.schemas.enums import Category, Channel, Tier
 from notiflow.settings.dead_letters import DlqRule
 from notiflow.settings.observability import TelemetrySettings
 from notiflow.settings.planning import CampaignRule, SchedulingRule
+from notiflow.settings.plugin import ProviderSection, SectionSpec, section_specs, sections_of
 from notiflow.settings.providers import (
-    DEFAULT_ROUTES,
-    ApnsSettings,
     BreakerRule,
-    FcmSettings,
+    ChatSettings,
     PaceRule,
     ProviderRoute,
-    SendGridSettings,
-    SesSettings,
-    SlackSettings,
-    SmtpSettings,
-    TeamsSettings,
-    TwilioSettings,
-    VonageSettings,
     insecure_endpoint,
 )
 from notiflow.settings.rendering import RenderLimits
@@ -43,7 +37,6 @@ from notiflow.settings.security import EgressSettings, IngestBinding, IngestEncr
 from notiflow.settings.serving import (
     ApiRedisTimeout,
     ApiTls,
-    InboxSettings,
     OutageWindow,
     ServerLimits,
 )
@@ -67,8 +60,9 @@ from notiflow.settings.transport import (
 )
 
 
-class Settings(BaseSettings):
-    """Runtime configuration shared by every notiflow process."""
+class Settings(BaseSettings, ProviderSections):
+    """Runtime configuration shared by every notiflow process; each registered provider
+    plug-in (``ProviderSections``) adds its settings section as a field."""
 
     model_config = SettingsConfigDict(
         env_prefix="NOTIFLOW_",
@@ -272,16 +266,6 @@ class Settings(BaseSettings):
     tenants: tuple[TenantConfig, ...] = ()
     jwt: JwtAuth = JwtAuth()
     """OAuth2 client-credentials JWTs (off by default: static tokens)."""
-    twilio: TwilioSettings = TwilioSettings()
-    sendgrid: SendGridSettings = SendGridSettings()
-    ses: SesSettings = SesSettings()
-    fcm: FcmSettings = FcmSettings()
-    vonage: VonageSettings = VonageSettings()
-    smtp: SmtpSettings = SmtpSettings()
-    apns: ApnsSettings = ApnsSettings()
-    slack: SlackSettings = SlackSettings()
-    teams: TeamsSettings = TeamsSettings()
-    inbox: InboxSettings = InboxSettings()
     routes: tuple[ProviderRoute, ...] = DEFAULT_ROUTES
     breaker: BreakerRule = BreakerRule()
     """Circuit breakers per provider account (``notiflow.adapters.breaker``)."""
@@ -391,14 +375,9 @@ class Settings(BaseSettings):
     def provider_endpoints(self) -> list[tuple[str, str]]:
         """(setting, URL) of every endpoint the platform sends credentials or messages to:
         provider APIs, chat webhook prefixes, the identity provider's keys."""
-        found = [("twilio.base_url", self.twilio.base_url),
-                 ("sendgrid.base_url", self.sendgrid.base_url),
-                 ("ses.endpoint_url", self.ses.endpoint_url),
-                 ("fcm.base_url", self.fcm.base_url), ("fcm.token_uri", self.fcm.token_uri),
-                 ("vonage.base_url", self.vonage.base_url),
-                 ("apns.base_url", self.apns.base_url)]
-        found += [("slack.webhook_prefixes", p) for p in self.slack.webhook_prefixes]
-        found += [("teams.webhook_prefixes", p) for p in self.teams.webhook_prefixes]
+        found = [(f"{name}.{field}", url)
+                 for name, spec in section_specs(type(self)).items()
+                 for field, url in spec.endpoints(getattr(self, name))]
         if self.jwt.jwks_url:
             found.append(("jwt.jwks_url", self.jwt.jwks_url))
         return found
@@ -518,40 +497,36 @@ class Settings(BaseSettings):
     def tenant(self, tenant_id: str) -> TenantConfig | None:
         return _tenant_index(self.tenants).get(tenant_id)
 
+    @classmethod
+    def section_specs(cls) -> Mapping[str, SectionSpec]:
+        """Section name → how to read it, for every provider plug-in of this settings class
+        (the registry's, in its order)."""
+        return section_specs(cls)
+
+    def provider_sections(self) -> dict[str, ProviderSection]:
+        """Section name → the provider account's settings section, in registry order."""
+        return {name: getattr(self, name) for name in section_specs(type(self))}
+
     def enabled_providers(self) -> frozenset[str]:
         """Provider accounts whose credentials are configured (the router's candidates)."""
-        def present(secret: SecretStr | None) -> bool:
-            return secret is not None and bool(secret.get_secret_value())
-
         enabled = set()
-        if present(self.twilio.auth_token):
-            enabled.add(self.twilio.provider_id)
-        if self.vonage.api_key and present(self.vonage.api_secret):
-            enabled.add(self.vonage.provider_id)
-        if present(self.sendgrid.api_key):
-            enabled.add(self.sendgrid.provider_id)
-        if self.smtp.username is not None and present(self.smtp.password):
-            enabled.add(self.smtp.provider_id)
-        if self.ses.access_key_id and present(self.ses.secret_access_key):
-            enabled.add(self.ses.provider_id)
-        if self.fcm.client_email and present(self.fcm.private_key):
-            enabled.add(self.fcm.provider_id)
-        if self.apns.team_id and self.apns.key_id and present(self.apns.private_key):
-            enabled.add(self.apns.provider_id)
-        for chat in (self.slack, self.teams):
-            if chat.enabled and chat.webhook_prefixes:
-                enabled.add(chat.provider_id)
-        if self.inbox.enabled:
-            enabled.add(self.inbox.provider_id)
+        for name, spec in section_specs(type(self)).items():
+            section = getattr(self, name)
+            if spec.enabled(section):
+                enabled.add(section.provider_id)
         return frozenset(enabled)
+
+    def chat_sections(self) -> list[ChatSettings]:
+        """The sections of the incoming-webhook chat providers."""
+        return [getattr(self, name) for name in sections_of(type(self), ChatSettings)]
 
     def webhook_prefixes(self) -> dict[str, tuple[str, ...]]:
         """Chat provider id → the webhook URL prefixes it serves."""
-        return {c.provider_id: c.webhook_prefixes for c in (self.slack, self.teams)}
+        return {c.provider_id: c.webhook_prefixes for c in self.chat_sections()}
 
     def pace(self, provider_id: str) -> PaceRule | None:
         """The per-webhook pace of a chat provider; None for every other provider."""
-        for chat in (self.slack, self.teams):
+        for chat in self.chat_sections():
             if chat.provider_id == provider_id:
                 return chat.pace
         return None

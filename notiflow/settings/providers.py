@@ -1,5 +1,7 @@
-"""Provider accounts (SMS, email, push, chat), what the router knows about each, their
-circuit breakers, and which provider endpoints count as insecure outside development."""
+"""What every provider account shares: what the router knows about each, their circuit
+breakers, the chat providers' section base and pace, and which provider endpoints count as
+insecure outside development. Each provider's own section is in its plug-in
+(``notiflow.providers.<name>.config``)."""
 
 from __future__ import annotations
 
@@ -8,152 +10,11 @@ from datetime import timedelta
 from typing import Annotated
 from urllib.parse import urlsplit
 
-from pydantic import AfterValidator, Field, SecretStr, model_validator
+from pydantic import AfterValidator, Field, model_validator
 
 from notiflow.chat_hooks import parse_prefix
 from notiflow.schemas.enums import Channel, PushPlatform
 from notiflow.settings.section import _Frozen
-
-
-class TwilioSettings(_Frozen):
-    """Twilio Messages API account; the base URL points at Twilio or at ``notiflow fakes``."""
-
-    provider_id: str = "twilio"
-    base_url: str = "http://127.0.0.1:18090/twilio"
-    account_sid: str = "AC00000000000000000000000000000000"
-    auth_token: SecretStr | None = None
-    from_number: str = "+15005550006"
-    status_callback_url: str | None = None
-
-
-class SendGridSettings(_Frozen):
-    """SendGrid v3 Mail Send account; the base URL points at SendGrid
-    (``https://api.sendgrid.com``) or at ``notiflow fakes``."""
-
-    provider_id: str = "sendgrid"
-    base_url: str = "http://127.0.0.1:18090/sendgrid"
-    api_key: SecretStr | None = None
-    from_email: str = "notifications@example.com"
-    """A verified Sender Identity of the account."""
-    from_name: str | None = "notiflow"
-    event_webhook_url: str | None = None
-    """Where the account's Event Webhook posts (set in the SendGrid account, not per message);
-    the emulator posts there when its ``callbacks_enabled`` knob is on."""
-    event_webhook_public_key: str | None = None
-    """Verification key of the signed Event Webhook: base64 DER (SubjectPublicKeyInfo) of an
-    ECDSA P-256 key, as SendGrid shows it."""
-    event_webhook_signing_key: SecretStr | None = None
-    """Emulator only: the PEM private key ``notiflow fakes`` signs events with (SendGrid keeps
-    its own); never set in production."""
-    max_personalizations: int = Field(1000, ge=1, le=1000)
-    """Most recipients one Mail Send request carries when a tier batches its email
-    (``provider_batch``); SendGrid's own limit is 1,000."""
-
-
-class SesSettings(_Frozen):
-    """Amazon SES v2 (``SendEmail``) with an IAM access key; requests are signed with AWS
-    Signature Version 4 (botocore). ``endpoint_url`` is ``https://email.<region>.amazonaws.com``
-    or ``notiflow fakes``. SES is an email route once the key is configured."""
-
-    provider_id: str = "ses"
-    endpoint_url: str = "http://127.0.0.1:18090/ses"
-    region: str = "us-east-1"
-    access_key_id: str | None = None
-    secret_access_key: SecretStr | None = None
-    session_token: SecretStr | None = None
-    """Temporary credentials (an assumed role) carry one."""
-    from_email: str = "notifications@example.com"
-    """A verified identity (address or domain) of the account."""
-    configuration_set: str | None = None
-    """The configuration set whose event destination publishes delivery events (SNS)."""
-    sns_topic_arns: tuple[str, ...] = ()
-    """The SNS topics whose deliveries ``POST /webhooks/ses`` takes (SES events); none:
-    every post is refused."""
-    sns_host_pattern: str = r"sns\.[a-z0-9-]+\.amazonaws\.com(\.cn)?"
-    """Hosts a ``SigningCertURL`` or ``SubscribeURL`` may name (a regular expression the
-    whole host must match): SNS's public endpoints."""
-    sns_require_https: bool = True
-    """Off only for the emulator on loopback."""
-    sns_cert_ttl: timedelta = timedelta(hours=24)
-    """How long a fetched signing certificate is used before it is fetched again."""
-    sns_max_age: timedelta = Field(timedelta(hours=1), gt=timedelta(0))
-    """Oldest (and furthest future) ``Timestamp`` a delivery may carry; older ones are
-    refused as replays. Keep it above the subscription's retry span (SNS's default policy
-    retries for about 20 seconds). Wall-clock, not scaled by ``time_scale``."""
-    sns_signature_v1: bool = False
-    """Also accept ``SignatureVersion`` 1 (SHA-1); off: only 2 (SHA-256), which the topic
-    must be set to (its ``SignatureVersion`` attribute)."""
-
-
-class FcmSettings(_Frozen):
-    """Firebase Cloud Messaging HTTP v1 with a service account; ``base_url`` points at
-    ``https://fcm.googleapis.com`` and ``token_uri`` at ``https://oauth2.googleapis.com/token``,
-    or both at ``notiflow fakes``."""
-
-    provider_id: str = "fcm"
-    base_url: str = "http://127.0.0.1:18090/fcm"
-    project_id: str = "notiflow-dev"
-    client_email: str | None = None
-    """The service account's ``client_email``."""
-    private_key: SecretStr | None = None
-    """The service account's RSA ``private_key`` (PEM)."""
-    private_key_id: str | None = None
-    token_uri: str = "http://127.0.0.1:18090/fcm/token"
-
-
-class VonageSettings(_Frozen):
-    """Vonage SMS API account (second SMS vendor); ``base_url`` points at
-    ``https://rest.nexmo.com`` or at ``notiflow fakes``."""
-
-    provider_id: str = "vonage"
-    base_url: str = "http://127.0.0.1:18090/vonage"
-    api_key: str | None = None
-    api_secret: SecretStr | None = None
-    signature_secret: SecretStr | None = None
-    """Shared secret of signed requests / delivery receipts (Vonage "signature secret")."""
-    from_name: str = "Notiflow"
-    status_callback_url: str | None = None
-    """Delivery-receipt webhook (``callback`` per message, or the account default)."""
-
-
-class SmtpSettings(_Frozen):
-    """An SMTP relay (second email route); ``notiflow fakes`` serves one on ``port``."""
-
-    provider_id: str = "smtp"
-    host: str = "127.0.0.1"
-    port: int = 18025
-    username: str | None = None
-    password: SecretStr | None = None
-    starttls: bool = False
-    from_email: str = "notifications@example.com"
-    max_connections: int = Field(50, ge=1, le=1000)
-    """Concurrent SMTP connections per send process (one transaction at a time each; 50 is
-    Postfix's default per-client limit). A send waiting longer than half its timeout for one
-    fails as ``pool_exhausted`` (transient, counted by the breaker), so this should cover the
-    email sends a tier keeps in flight (``max_in_flight``): with 4, and with 16, the
-    benchmark's campaign flood queued sends behind a slow relay until they failed."""
-    dsn_webhook_secret: SecretStr | None = None
-    """Bearer token the relay's bounce pipe sends to ``POST /webhooks/smtp-dsn``; unset, every
-    DSN post is refused."""
-    dsn_webhook_url: str | None = None
-    """Where the relay's bounce pipe posts DSNs (configured in the MTA, not here); the
-    emulator posts its DSNs there."""
-
-
-class ApnsSettings(_Frozen):
-    """Apple Push Notification service with a token-based (ES256 JWT) provider key;
-    ``base_url`` points at ``https://api.push.apple.com`` or at ``notiflow fakes``."""
-
-    provider_id: str = "apns"
-    base_url: str = "https://127.0.0.1:18443"
-    team_id: str | None = None
-    key_id: str | None = None
-    private_key: SecretStr | None = None
-    """The .p8 signing key (PEM, EC P-256)."""
-    topic: str = "com.example.notiflow"
-    """The app's bundle id (``apns-topic``)."""
-    ca_file: str | None = None
-    """Extra CA certificate to trust (the emulator's test CA); None = system trust."""
 
 
 class PaceRule(_Frozen):
@@ -175,32 +36,15 @@ WebhookPrefixes = Annotated[tuple[str, ...], AfterValidator(_webhook_prefixes)]
 """``scheme://host[:port]/path`` prefixes a chat provider posts to (:mod:`notiflow.chat_hooks`)."""
 
 
-class SlackSettings(_Frozen):
-    """Slack incoming webhooks: a message's recipient is the webhook URL (which is the
-    credential), so the provider has no account secret; it serves the URLs under
-    ``webhook_prefixes`` and nothing else."""
+class ChatSettings(_Frozen):
+    """An incoming-webhook chat provider: a message's recipient is the webhook URL (which is
+    the credential), so the account has no secret; it serves the URLs under
+    ``webhook_prefixes`` and nothing else, each at its ``pace``."""
 
-    provider_id: str = "slack"
+    provider_id: str
     enabled: bool = True
-    webhook_prefixes: WebhookPrefixes = ("https://hooks.slack.com/services/",)
-    pace: PaceRule = PaceRule(rate=1.0, burst=1)
-    """Slack allows one post per second per webhook, with short bursts it does not promise."""
-
-
-class TeamsSettings(_Frozen):
-    """Microsoft Teams incoming webhooks: Workflows (Power Automate) webhooks answer ``202``
-    and the retired Office 365 connectors ``200`` ``1``; the recipient is the URL."""
-
-    provider_id: str = "teams"
-    enabled: bool = True
-    webhook_prefixes: WebhookPrefixes = (
-        "https://*.webhook.office.com/webhookb2/",
-        "https://*.logic.azure.com/workflows/",
-        "https://*.environment.api.powerplatform.com/powerautomate/automations/direct/",
-    )
-    pace: PaceRule = PaceRule(rate=2.0, burst=4)
-    """Teams connectors take 4 posts in a second and 60 in 30 seconds per webhook; its longer
-    windows (100 an hour) answer ``429``, which the message then waits out."""
+    webhook_prefixes: WebhookPrefixes
+    pace: PaceRule
 
 
 class ProviderRoute(_Frozen):
@@ -216,22 +60,6 @@ class ProviderRoute(_Frozen):
     """E.164 calling codes served (e.g. "1", "44"); empty = every country."""
     platforms: frozenset[PushPlatform] = frozenset()
     """Push platforms served; empty = all."""
-
-
-DEFAULT_ROUTES: tuple[ProviderRoute, ...] = (
-    ProviderRoute(provider_id="twilio", channel=Channel.SMS, cost=1.0, reliability=0.995),
-    ProviderRoute(provider_id="vonage", channel=Channel.SMS, cost=0.8, reliability=0.99),
-    ProviderRoute(provider_id="sendgrid", channel=Channel.EMAIL, cost=1.0, reliability=0.995),
-    ProviderRoute(provider_id="smtp", channel=Channel.EMAIL, cost=0.4, reliability=0.98),
-    ProviderRoute(provider_id="ses", channel=Channel.EMAIL, cost=0.3, reliability=0.99),
-    ProviderRoute(provider_id="fcm", channel=Channel.PUSH, reliability=0.995,
-                  platforms=frozenset({PushPlatform.ANDROID, PushPlatform.WEB})),
-    ProviderRoute(provider_id="apns", channel=Channel.PUSH, reliability=0.995,
-                  platforms=frozenset({PushPlatform.IOS})),
-    ProviderRoute(provider_id="slack", channel=Channel.CHAT, reliability=0.995),
-    ProviderRoute(provider_id="teams", channel=Channel.CHAT, reliability=0.99),
-    ProviderRoute(provider_id="inbox", channel=Channel.INAPP, cost=0.0, reliability=0.999),
-)
 
 
 class BreakerRule(_Frozen):
@@ -316,3 +144,12 @@ def insecure_endpoint(url: str) -> bool:
         return parts.scheme != "http" or not ipaddress.ip_address(host).is_loopback
     except ValueError:
         return True
+
+
+def chat_enabled(section: ChatSettings) -> bool:
+    """The chat provider is on and serves at least one webhook prefix."""
+    return section.enabled and bool(section.webhook_prefixes)
+
+
+def chat_endpoints(section: ChatSettings) -> list[tuple[str, str]]:
+    return [("webhook_prefixes", prefix) for prefix in section.webhook_prefixes]

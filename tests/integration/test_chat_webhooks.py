@@ -17,8 +17,8 @@ from cassandra.cluster import Session
 from slack_sdk.webhook import WebhookClient
 
 from notiflow.adapters.providers.base import OutboundMessage, Outcome
-from notiflow.adapters.providers.teams.client import TeamsWebhook
 from notiflow.ops.procs import ManagedProcess
+from notiflow.providers.teams.client import TeamsWebhook
 from notiflow.schemas.enums import Channel, Tier
 from notiflow.settings import Settings
 from tests.helpers import create_template, emulator_records, message_row, wait_for

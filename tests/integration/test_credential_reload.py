@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from notiflow.adapters.providers.twilio.signature import signed_url
+from notiflow.providers.twilio.signature import signed_url
 from notiflow.settings import Settings
 from tests.helpers import wait_for
 from tests.integration.contract.test_contract_twilio import twilio_documented_signature

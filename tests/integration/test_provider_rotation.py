@@ -14,7 +14,7 @@ from notiflow.adapters.providers import open_provider
 from notiflow.adapters.providers.base import OutboundMessage, Outcome
 from notiflow.adapters.providers.swappable import Swappable
 from notiflow.adapters.send_ports import reopen_providers
-from notiflow.fakes.twilio import TwilioEmulator
+from notiflow.providers.twilio.emulator import TwilioEmulator
 from notiflow.schemas.enums import Channel, Tier
 from notiflow.secrets import Keyring
 from notiflow.settings import Settings

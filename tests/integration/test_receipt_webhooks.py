@@ -21,16 +21,16 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from notiflow.adapters.kafka_io import header
-from notiflow.adapters.providers.sendgrid.signature import (
+from notiflow.correlation import CorrelationKeys
+from notiflow.ops.procs import ManagedProcess
+from notiflow.providers.sendgrid.signature import (
     EVENT_SIGNATURE_HEADER,
     EVENT_TIMESTAMP_HEADER,
     event_signature,
 )
-from notiflow.adapters.providers.smtp.bounces import bounce_address
-from notiflow.adapters.providers.vonage.signature import signature as vonage_signature
-from notiflow.correlation import CorrelationKeys
-from notiflow.fakes.smtp import build_dsn
-from notiflow.ops.procs import ManagedProcess
+from notiflow.providers.smtp.bounces import bounce_address
+from notiflow.providers.smtp.emulator import build_dsn
+from notiflow.providers.vonage.signature import signature as vonage_signature
 from notiflow.settings import Settings
 from tests.helpers import create_template, hold, message_row, read_topic, wait_for
 

@@ -15,7 +15,7 @@ from sendgrid import SendGridAPIClient
 from sendgrid.helpers.mail import Content, CustomArg, Mail, Personalization, Substitution, To
 
 from notiflow.adapters.providers.base import OutboundMessage, Outcome
-from notiflow.adapters.providers.sendgrid.client import MAX_SUBSTITUTIONS_BYTES, SendGridEmail
+from notiflow.providers.sendgrid.client import MAX_SUBSTITUTIONS_BYTES, SendGridEmail
 from notiflow.schemas.enums import Channel, Tier
 from notiflow.settings import Settings
 from tests.integration.contract.harness import Emulator, _serve

@@ -20,8 +20,8 @@ from cassandra.cluster import Session
 from sns_message_validator import SNSMessageValidator
 
 from notiflow.adapters.providers.base import OutboundMessage, Outcome
-from notiflow.adapters.providers.ses.client import SesEmail
 from notiflow.ops.procs import ManagedProcess
+from notiflow.providers.ses.client import SesEmail
 from notiflow.schemas.enums import Channel, Tier
 from notiflow.settings import Settings
 from tests.helpers import hold, read_topic, wait_for

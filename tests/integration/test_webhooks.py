@@ -9,8 +9,8 @@ import httpx
 import pytest
 from cassandra.cluster import Session
 
-from notiflow.adapters.providers.twilio.signature import signature
 from notiflow.ops.procs import ManagedProcess
+from notiflow.providers.twilio.signature import signature
 from notiflow.settings import Settings
 from tests.helpers import message_row, wait_for
 

@@ -25,19 +25,15 @@ from notiflow.gateway.admission import (
     shed_retry_after_s,
 )
 from notiflow.gateway.errors import ApiError
+from notiflow.providers.apns.config import ApnsSettings
+from notiflow.providers.fcm.config import FcmSettings
+from notiflow.providers.sendgrid.config import SendGridSettings
+from notiflow.providers.smtp.config import SmtpSettings
+from notiflow.providers.twilio.config import TwilioSettings
+from notiflow.providers.vonage.config import VonageSettings
 from notiflow.schemas.enums import Channel, Tier
 from notiflow.schemas.messages import SendRequest
-from notiflow.settings import (
-    ApnsSettings,
-    FcmSettings,
-    ProviderRoute,
-    SendGridSettings,
-    Settings,
-    SmtpSettings,
-    TenantConfig,
-    TwilioSettings,
-    VonageSettings,
-)
+from notiflow.settings import ProviderRoute, Settings, TenantConfig
 
 
 def tenant(rate_limit: float | None = None) -> TenantConfig:

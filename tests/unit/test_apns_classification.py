@@ -24,7 +24,10 @@ from jwt.utils import base64url_encode
 from pydantic import SecretStr
 from pyreqwest import exceptions as rq
 
-from notiflow.adapters.providers.apns.classify import (
+from notiflow.adapters.providers.base import OutboundMessage, Outcome
+from notiflow.adapters.providers.common import Rule
+from notiflow.devenv import apns_tls_files, provider_credentials
+from notiflow.providers.apns.classify import (
     HTTP_STATUSES,
     REASONS,
     STATUS_CLASSES,
@@ -33,15 +36,13 @@ from notiflow.adapters.providers.apns.classify import (
     reason_of,
     transport_code,
 )
-from notiflow.adapters.providers.apns.client import APNS_ID_NAMESPACE, ApnsPush, apns_id
-from notiflow.adapters.providers.apns.tokens import ProviderTokens, provider_token
-from notiflow.adapters.providers.base import OutboundMessage, Outcome
-from notiflow.adapters.providers.common import Rule
-from notiflow.devenv import apns_tls_files, provider_credentials
-from notiflow.fakes.apns import ApnsEmulator, Request, TokenState
+from notiflow.providers.apns.client import APNS_ID_NAMESPACE, ApnsPush, apns_id
+from notiflow.providers.apns.config import ApnsSettings
+from notiflow.providers.apns.emulator import ApnsEmulator, Request, TokenState
+from notiflow.providers.apns.tokens import ProviderTokens, provider_token
 from notiflow.schemas.enums import Channel, PushPlatform, Tier
 from notiflow.schemas.messages import PushRecipient
-from notiflow.settings import ApnsSettings, Settings
+from notiflow.settings import Settings
 from tests.fakes import ManualClock
 from tests.unit.classification_cases import STATUS_CLASSES as STATUS_CLASS_ROWS
 from tests.unit.classification_cases import status_class_cases

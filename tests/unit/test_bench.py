@@ -57,7 +57,7 @@ def test_workload_mix_size_and_validity() -> None:
 def test_push_tokens_never_hit_an_emulator_error_prefix() -> None:
     """A benchmark message must not fail by chance: no generated token starts with a prefix
     the APNs emulator answers with an error (1 in ~13,000 random hex tokens would)."""
-    from notiflow.fakes.apns import MAGIC_TOKENS
+    from notiflow.providers.apns.emulator import MAGIC_TOKENS
 
     w = Workload("tok")
     tokens = [w.recipient(Channel.PUSH)[0] for _ in range(60_000)]
@@ -104,7 +104,7 @@ def test_profile_charges_each_sample_to_its_innermost_project_step() -> None:
         "<module> (notiflow/cli.py:1);run_flow (flows/runner.py:9);"
         "SendLogic.on_batch (flows/dispatch.py:5);send (aiohttp/client.py:3) 30",
         "<module> (notiflow/cli.py:1);run_flow (flows/runner.py:9);"
-        "build_message (notiflow/adapters/providers/smtp.py:7);as_bytes (email/message.py:2) 50",
+        "build_message (notiflow/providers/smtp.py:7);as_bytes (email/message.py:2) 50",
         "<module> (notiflow/cli.py:1);run_flow (flows/runner.py:9) 20",
     ])
     top = profile_top(collapsed)

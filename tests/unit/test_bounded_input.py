@@ -21,12 +21,12 @@ from uvicorn.server import ServerState
 
 from notiflow.devenv import SES_TOPIC
 from notiflow.gateway import webhook_guard
-from notiflow.gateway.app import MAX_ANY_BODY, build_app
+from notiflow.gateway.app import build_app, max_any_body
 from notiflow.gateway.auth import MAX_BODY_BYTES
 from notiflow.gateway.batch import MAX_BATCH_BYTES
 from notiflow.gateway.bodies import BodyCeiling, read_limited
 from notiflow.gateway.server_limits import BoundedHttpTools, uvicorn_options
-from notiflow.gateway.webhooks import MAX_SENDGRID_BODY
+from notiflow.providers.sendgrid.routes import MAX_SENDGRID_BODY
 from notiflow.settings import ServerLimits, Settings
 from tests.helpers import dev_environ, hold_async
 
@@ -109,7 +109,7 @@ async def test_the_ceiling_stops_a_streamed_body_an_app_would_buffer_whole() -> 
         r = await c.post("/", content=body)
     assert r.status_code == 413
     assert body.pulled <= limit + CHUNK
-    assert MAX_ANY_BODY == MAX_BATCH_BYTES
+    assert max_any_body(Settings()) == MAX_BATCH_BYTES
 
 
 def _with_errors(inner: Any) -> FastAPI:

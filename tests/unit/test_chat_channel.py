@@ -18,13 +18,13 @@ from slack_sdk.models.blocks import Block
 from slack_sdk.webhook.internal_utils import _build_body
 
 from notiflow.adapters.providers.base import OutboundMessage, Outcome
-from notiflow.adapters.providers.slack import classify as slack_classify
-from notiflow.adapters.providers.slack.client import payload as slack_payload
-from notiflow.adapters.providers.teams import classify as teams_classify
-from notiflow.adapters.providers.teams.client import payload as teams_payload
 from notiflow.adapters.webhook_pace import Slot, decide, interval_us
 from notiflow.chat_hooks import parse_prefix, served, slack_escaped, webhook_url
 from notiflow.flows.send.routing import rank_routes
+from notiflow.providers.slack import classify as slack_classify
+from notiflow.providers.slack.client import payload as slack_payload
+from notiflow.providers.teams import classify as teams_classify
+from notiflow.providers.teams.client import payload as teams_payload
 from notiflow.redact import mask
 from notiflow.schemas.enums import Channel, Tier
 from notiflow.schemas.messages import SendRequest

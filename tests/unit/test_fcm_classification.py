@@ -19,15 +19,17 @@ from pydantic import SecretStr
 
 from notiflow.adapters.providers.base import OutboundMessage, Outcome
 from notiflow.adapters.providers.common import Rule
-from notiflow.adapters.providers.fcm.classify import (
+from notiflow.devenv import provider_credentials
+from notiflow.providers.fcm.classify import (
     ERROR_CODES,
     HTTP_STATUSES,
     STATUS_CLASSES,
     classify_response,
     error_of,
 )
-from notiflow.adapters.providers.fcm.client import FcmPush
-from notiflow.adapters.providers.fcm.tokens import (
+from notiflow.providers.fcm.client import FcmPush
+from notiflow.providers.fcm.config import FcmSettings
+from notiflow.providers.fcm.tokens import (
     SCOPE,
     AccessTokens,
     ServiceAccount,
@@ -35,10 +37,9 @@ from notiflow.adapters.providers.fcm.tokens import (
     assertion_claims,
     service_account_assertion,
 )
-from notiflow.devenv import provider_credentials
 from notiflow.schemas.enums import Channel, PushPlatform, Tier
 from notiflow.schemas.messages import PushRecipient
-from notiflow.settings import FcmSettings, Settings
+from notiflow.settings import Settings
 from tests.helpers import loop_turns
 from tests.unit.classification_cases import HTTP_DEFAULT_STATUSES, status_class_cases
 

@@ -27,19 +27,8 @@ from pydantic import SecretStr, ValidationError
 
 from notiflow.adapters.dlq_crypto import DlqCipher
 from notiflow.adapters.envelope import dump, envelope, new_key
-from notiflow.adapters.providers.sendgrid import receipts as sendgrid_receipts
-from notiflow.adapters.providers.sendgrid import signature as sendgrid_signature
-from notiflow.adapters.providers.ses import receipts as ses_receipts
-from notiflow.adapters.providers.ses import sns
-from notiflow.adapters.providers.smtp import receipts as smtp_receipts
-from notiflow.adapters.providers.smtp import signature as smtp_signature
-from notiflow.adapters.providers.twilio import receipts as twilio_receipts
-from notiflow.adapters.providers.twilio import signature as twilio_signature
-from notiflow.adapters.providers.vonage import receipts as vonage_receipts
-from notiflow.adapters.providers.vonage import signature as vonage_signature
 from notiflow.adapters.providers.webhook import WebhookRefused
 from notiflow.correlation import CorrelationKeys
-from notiflow.fakes.smtp import build_dsn
 from notiflow.flows.campaigns.manifest import (
     CampaignSpec,
     ManifestError,
@@ -50,17 +39,24 @@ from notiflow.flows.campaigns.manifest import (
 )
 from notiflow.flows.common.items import Work
 from notiflow.flows.common.steps import IngestParser, parse_reconcile
+from notiflow.providers.sendgrid import receipts as sendgrid_receipts
+from notiflow.providers.sendgrid import signature as sendgrid_signature
+from notiflow.providers.sendgrid.config import SendGridSettings
+from notiflow.providers.ses import receipts as ses_receipts
+from notiflow.providers.ses import sns
+from notiflow.providers.smtp import receipts as smtp_receipts
+from notiflow.providers.smtp import signature as smtp_signature
+from notiflow.providers.smtp.emulator import build_dsn
+from notiflow.providers.twilio import receipts as twilio_receipts
+from notiflow.providers.twilio import signature as twilio_signature
+from notiflow.providers.twilio.config import TwilioSettings
+from notiflow.providers.vonage import receipts as vonage_receipts
+from notiflow.providers.vonage import signature as vonage_signature
+from notiflow.providers.vonage.config import VonageSettings
 from notiflow.schemas.campaigns import ColumnMapping, LocalWindow
 from notiflow.schemas.enums import Category, Channel, Tier
 from notiflow.schemas.messages import DlqRecord, IngestRecord, Receipt, StatusEvent
-from notiflow.settings import (
-    IngestBinding,
-    IngestEncryption,
-    SendGridSettings,
-    Settings,
-    TwilioSettings,
-    VonageSettings,
-)
+from notiflow.settings import IngestBinding, IngestEncryption, Settings
 
 EXAMPLES = int(os.environ.get("NOTIFLOW_FUZZ_EXAMPLES", "1000"))
 """Inputs per parser: 1,000 in the test command, 10,000 or more with ``make fuzz``."""

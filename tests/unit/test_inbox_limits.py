@@ -12,7 +12,8 @@ from aiohttp.test_utils import make_mocked_request
 from notiflow.inbox.limits import Gate, Refusal
 from notiflow.inbox.server import InboxServer
 from notiflow.inbox.tokens import mint
-from notiflow.settings import InboxSettings, Settings, TenantConfig
+from notiflow.providers.inbox.config import InboxSettings
+from notiflow.settings import Settings, TenantConfig
 from notiflow.token_bucket import TokenBucket
 from tests.fakes import ManualClock
 

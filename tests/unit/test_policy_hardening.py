@@ -17,16 +17,17 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from fastapi.testclient import TestClient
 from pydantic import ValidationError
 
-from notiflow.adapters.providers.ses import sns
 from notiflow.adapters.providers.webhook import WebhookRefused
 from notiflow.chat_hooks import teams_escaped
 from notiflow.gateway.app import build_app
 from notiflow.gateway.auth import authenticate
 from notiflow.gateway.errors import ApiError
-from notiflow.gateway.ses_webhook import authentic
+from notiflow.providers.ses import sns
+from notiflow.providers.ses.config import SesSettings
+from notiflow.providers.ses.routes import authentic
 from notiflow.schemas.enums import Channel
 from notiflow.secrets import Keyring
-from notiflow.settings import JwtAuth, SesSettings, Settings, TenantConfig
+from notiflow.settings import JwtAuth, Settings, TenantConfig
 
 TOKEN = "nf_acme_" + "x" * 32
 JWT_ON = JwtAuth(jwks_url="https://idp.example.test/jwks", issuer="https://idp.example.test",

@@ -9,27 +9,25 @@ import pytest
 from pydantic import SecretStr
 
 from notiflow.adapters.providers import (
-    PROVIDERS as OPENERS,
-)
-from notiflow.adapters.providers import (
     open_provider,
     open_providers,
     provider_kinds,
+    provider_specs,
 )
-from notiflow.adapters.providers.sendgrid.client import SendGridEmail
-from notiflow.adapters.providers.slack.client import SlackWebhook
-from notiflow.adapters.providers.smtp.client import SmtpEmail
-from notiflow.adapters.providers.teams.client import TeamsWebhook
-from notiflow.adapters.providers.twilio.client import TwilioSms
-from notiflow.adapters.providers.vonage.client import VonageSms
+from notiflow.providers.sendgrid.client import SendGridEmail
+from notiflow.providers.sendgrid.config import SendGridSettings
+from notiflow.providers.slack.client import SlackWebhook
+from notiflow.providers.smtp.client import SmtpEmail
+from notiflow.providers.smtp.config import SmtpSettings
+from notiflow.providers.teams.client import TeamsWebhook
+from notiflow.providers.twilio.client import TwilioSms
+from notiflow.providers.twilio.config import TwilioSettings
+from notiflow.providers.vonage.client import VonageSms
+from notiflow.providers.vonage.config import VonageSettings
 from notiflow.schemas.enums import Channel
-from notiflow.settings import (
-    SendGridSettings,
-    Settings,
-    SmtpSettings,
-    TwilioSettings,
-    VonageSettings,
-)
+from notiflow.settings import Settings
+
+OPENERS = provider_specs(Settings)
 
 
 def _settings(**kw: object) -> Settings:
@@ -87,7 +85,7 @@ async def test_unknown_and_unconfigured_providers() -> None:
 
 
 async def test_apns_without_its_module(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(sys.modules, "notiflow.adapters.providers.apns.client", None)
+    monkeypatch.setitem(sys.modules, "notiflow.providers.apns.client", None)
     with pytest.raises(ValueError, match="APNs adapter is not installed"):
         await open_provider(Settings(), "apns", timeout=1.0)
 
@@ -104,7 +102,7 @@ async def test_open_providers_closes_on_failure() -> None:
 def test_registry_holds_each_package_spec_once() -> None:
     for name, spec in OPENERS.items():
         assert spec.name == name
-        assert importlib.import_module(f"notiflow.adapters.providers.{name}").SPEC is spec
+        assert importlib.import_module(f"notiflow.providers.{name}.spec").SPEC is spec
     with_receipts = {name for name, spec in OPENERS.items() if spec.receipts is not None}
     with_checks = {name for name, spec in OPENERS.items() if spec.verify is not None}
     assert with_receipts == with_checks == {"twilio", "vonage", "sendgrid", "smtp"}

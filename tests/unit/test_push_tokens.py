@@ -18,10 +18,10 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from pydantic import SecretStr
 
-from notiflow.adapters.providers.apns.tokens import provider_token
-from notiflow.adapters.providers.fcm.tokens import SCOPE, ServiceAccount, service_account_assertion
-from notiflow.fakes.apns import ApnsEmulator, TokenState, verify_provider_token
-from notiflow.fakes.fcm import (
+from notiflow.providers.apns.config import ApnsSettings
+from notiflow.providers.apns.emulator import ApnsEmulator, TokenState, verify_provider_token
+from notiflow.providers.apns.tokens import provider_token
+from notiflow.providers.fcm.emulator import (
     BAD_AUDIENCE,
     BAD_SIGNATURE,
     SHORT_LIVED,
@@ -29,7 +29,8 @@ from notiflow.fakes.fcm import (
     GrantRefused,
     verify_assertion,
 )
-from notiflow.settings import ApnsSettings, Settings
+from notiflow.providers.fcm.tokens import SCOPE, ServiceAccount, service_account_assertion
+from notiflow.settings import Settings
 
 RSA_KEY = rsa.generate_private_key(public_exponent=65537, key_size=2048)
 RSA_OTHER = rsa.generate_private_key(public_exponent=65537, key_size=2048)

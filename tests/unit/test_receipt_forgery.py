@@ -15,20 +15,22 @@ from pydantic import SecretStr
 from notiflow.adapters.cassandra.attempts import ProviderIndexRow
 from notiflow.adapters.dlq_crypto import DlqCipher
 from notiflow.adapters.providers.base import OutboundMessage
-from notiflow.adapters.providers.smtp import bounces
-from notiflow.adapters.providers.smtp import receipts as smtp_receipts
-from notiflow.adapters.providers.smtp.client import SmtpEmail
-from notiflow.adapters.providers.vonage import signature as vonage_signature
 from notiflow.adapters.providers.webhook import WebhookRefused
 from notiflow.adapters.rows import AttemptRow, MessageHeadRow
 from notiflow.correlation import CorrelationKeyMissing, CorrelationKeys
-from notiflow.fakes.smtp import build_dsn
 from notiflow.flows.common.items import SourcedReceipt, SourceRef
 from notiflow.flows.receipts import receipt_match
 from notiflow.flows.receipts.reconcile import ApplyStep
+from notiflow.providers.smtp import bounces
+from notiflow.providers.smtp import receipts as smtp_receipts
+from notiflow.providers.smtp.client import SmtpEmail
+from notiflow.providers.smtp.config import SmtpSettings
+from notiflow.providers.smtp.emulator import build_dsn
+from notiflow.providers.vonage import signature as vonage_signature
+from notiflow.providers.vonage.config import VonageSettings
 from notiflow.schemas.enums import Channel, Status, Tier
 from notiflow.schemas.messages import Receipt
-from notiflow.settings import Settings, SmtpSettings, VonageSettings
+from notiflow.settings import Settings
 
 NOW = datetime(2026, 12, 6, 12, 0, tzinfo=UTC)
 KEYS = CorrelationKeys((b"k" * 32,))
@@ -56,11 +58,12 @@ def test_vonage_receipts_signed_with_the_secret_still_pass() -> None:
 
 
 def test_every_receipt_route_refuses_an_unconfigured_account() -> None:
-    from notiflow.adapters.providers.sendgrid import signature as sendgrid_signature
-    from notiflow.adapters.providers.ses import sns
-    from notiflow.adapters.providers.smtp import signature as smtp_signature
-    from notiflow.adapters.providers.twilio import signature as twilio_signature
-    from notiflow.settings import SendGridSettings, TwilioSettings
+    from notiflow.providers.sendgrid import signature as sendgrid_signature
+    from notiflow.providers.sendgrid.config import SendGridSettings
+    from notiflow.providers.ses import sns
+    from notiflow.providers.smtp import signature as smtp_signature
+    from notiflow.providers.twilio import signature as twilio_signature
+    from notiflow.providers.twilio.config import TwilioSettings
 
     checks = [
         lambda: twilio_signature.check_callback(TwilioSettings(), "https://x/webhooks/twilio",

@@ -85,7 +85,7 @@ async def test_a_down_health_keeps_a_healthy_breaker_off_redis() -> None:
 
 
 def test_a_guard_goes_off_redis_only_when_redis_does_not_answer() -> None:
-    clock = Clock(100.0)
+    clock = ManualClock(100.0)
     health = RedisHealth(hold_s=1.0, clock=clock)
     guard = RedisGuard(health, probe_interval=0.5, clock=clock)
     assert guard.asks
@@ -103,7 +103,7 @@ def test_a_guard_goes_off_redis_only_when_redis_does_not_answer() -> None:
 
 
 def test_a_failed_probe_pushes_the_next_one_back_and_keeps_the_health_down() -> None:
-    clock = Clock(100.0)
+    clock = ManualClock(100.0)
     health = RedisHealth(hold_s=1.0, clock=clock)
     guard = RedisGuard(health, probe_interval=0.5, clock=clock)
     guard.failed(RedisTimeout())
@@ -117,7 +117,7 @@ def test_a_failed_probe_pushes_the_next_one_back_and_keeps_the_health_down() -> 
 
 
 def test_a_guard_stays_off_redis_while_another_client_finds_it_down() -> None:
-    clock = Clock(100.0)
+    clock = ManualClock(100.0)
     health = RedisHealth(hold_s=1.0, clock=clock)
     guard = RedisGuard(health, clock=clock)
     health.failed()
@@ -125,7 +125,7 @@ def test_a_guard_stays_off_redis_while_another_client_finds_it_down() -> None:
 
 
 async def test_ask_does_not_mark_redis_down_on_an_error_answer() -> None:
-    health = RedisHealth(hold_s=1.0, clock=Clock(100.0))
+    health = RedisHealth(hold_s=1.0, clock=ManualClock(100.0))
 
     async def script_error() -> None:
         raise ResponseError("ERR user_script:1: boom")

@@ -111,7 +111,7 @@ def test_a_probe_that_raises_something_else_does_not_stop_later_probes() -> None
 
 def test_an_error_answer_takes_the_fallback_without_putting_the_tier_off_redis() -> None:
     settings = Settings()
-    clock = Clock(START)
+    clock = ManualClock(START)
     ctx = SendContext(settings, Tier.P0, settings.policy(Tier.P0),
                       DlqCipher(Fernet.generate_key()), clock, random.Random(1), "send.p0")
     answers = iter([ResponseError("ERR user_script:1: boom"), "answer"])

@@ -16,13 +16,13 @@ from pydantic import ValidationError
 from sendgrid.helpers.mail import From, Mail
 
 from notiflow.adapters.providers.base import OutboundMessage, Outcome, SendResult
-from notiflow.adapters.providers.sendgrid.client import SendGridEmail
-from notiflow.adapters.providers.twilio.client import TwilioSms
-from notiflow.adapters.providers.vonage.client import VonageSms
 from notiflow.gateway.checks import check_sender
 from notiflow.gateway.errors import ApiError
 from notiflow.gateway.jwt_auth import principal
 from notiflow.gateway.messages import request_hash
+from notiflow.providers.sendgrid.client import SendGridEmail
+from notiflow.providers.twilio.client import TwilioSms
+from notiflow.providers.vonage.client import VonageSms
 from notiflow.redact import hasher
 from notiflow.schemas.campaigns import CampaignRequest
 from notiflow.schemas.enums import Channel, Tier

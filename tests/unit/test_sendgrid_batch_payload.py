@@ -25,14 +25,14 @@ from sendgrid.helpers.mail import (
 )
 
 from notiflow.adapters.providers.base import OutboundMessage
-from notiflow.adapters.providers.sendgrid.client import (
+from notiflow.providers.sendgrid.client import (
     BODY_TAG,
     MAX_SUBSTITUTIONS_BYTES,
     SendGridEmail,
 )
-from notiflow.fakes.sendgrid import _parse, _validate
+from notiflow.providers.sendgrid.config import SendGridSettings
+from notiflow.providers.sendgrid.emulator import _parse, _validate
 from notiflow.schemas.enums import Channel, Tier
-from notiflow.settings import SendGridSettings
 
 CONFIG = SendGridSettings(api_key=SecretStr("SG.test"), from_email="news@example.com",
                           from_name="Example News")

@@ -16,7 +16,8 @@ from pydantic import SecretStr
 
 from notiflow.adapters.providers.base import OutboundMessage, Outcome
 from notiflow.adapters.providers.common import Rule
-from notiflow.adapters.providers.sendgrid.classify import (
+from notiflow.devenv import provider_credentials
+from notiflow.providers.sendgrid.classify import (
     FIELD_RULES,
     HTTP_STATUSES,
     STATUS_CLASSES,
@@ -25,16 +26,16 @@ from notiflow.adapters.providers.sendgrid.classify import (
     field_rule,
     rate_limit_wait,
 )
-from notiflow.adapters.providers.sendgrid.client import SendGridEmail
-from notiflow.adapters.providers.sendgrid.signature import (
+from notiflow.providers.sendgrid.client import SendGridEmail
+from notiflow.providers.sendgrid.config import SendGridSettings
+from notiflow.providers.sendgrid.signature import (
     event_signature,
     load_event_public_key,
     verify_event_signature,
 )
-from notiflow.devenv import provider_credentials
 from notiflow.schemas.enums import Channel, PushPlatform, Tier
 from notiflow.schemas.messages import PushRecipient
-from notiflow.settings import SendGridSettings, Settings
+from notiflow.settings import Settings
 from tests.unit.classification_cases import HTTP_DEFAULT_STATUSES, send_once, status_class_cases
 
 T, P, A = Outcome.TRANSIENT, Outcome.PERMANENT, Outcome.AMBIGUOUS

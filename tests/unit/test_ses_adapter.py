@@ -14,16 +14,16 @@ from botocore.validate import ParamValidator
 from pydantic import SecretStr
 
 from notiflow.adapters.providers.base import OutboundMessage, Outcome
-from notiflow.adapters.providers.ses.classify import (
+from notiflow.providers.ses.classify import (
     ERROR_TYPES,
     classify_response,
     error_message,
     error_type,
 )
-from notiflow.adapters.providers.ses.client import credentials, send_email_body, signed_headers
-from notiflow.fakes.ses import Refused, verify_signature
+from notiflow.providers.ses.client import credentials, send_email_body, signed_headers
+from notiflow.providers.ses.config import SesSettings
+from notiflow.providers.ses.emulator import Refused, verify_signature
 from notiflow.schemas.enums import Channel, Tier
-from notiflow.settings import SesSettings
 
 CONFIG = SesSettings(endpoint_url="http://127.0.0.1:18090/ses", region="eu-west-1",
                      access_key_id="AKIAEXAMPLE000000001",

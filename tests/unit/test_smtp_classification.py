@@ -17,7 +17,7 @@ from pydantic import SecretStr
 
 from notiflow.adapters.providers.base import OutboundMessage, Outcome
 from notiflow.adapters.providers.common import Rule
-from notiflow.adapters.providers.smtp.classify import (
+from notiflow.providers.smtp.classify import (
     AUTH,
     CONNECT,
     DATA,
@@ -40,8 +40,9 @@ from notiflow.adapters.providers.smtp.classify import (
     queue_id_of,
     reply_code_text,
 )
-from notiflow.adapters.providers.smtp.client import SmtpEmail
-from notiflow.adapters.providers.smtp.message import (
+from notiflow.providers.smtp.client import SmtpEmail
+from notiflow.providers.smtp.config import SmtpSettings
+from notiflow.providers.smtp.message import (
     Mail,
     build_message,
     message_id_header,
@@ -51,7 +52,7 @@ from notiflow.adapters.providers.smtp.message import (
 )
 from notiflow.schemas.enums import Channel, PushPlatform, Tier
 from notiflow.schemas.messages import PushRecipient
-from notiflow.settings import Settings, SmtpSettings
+from notiflow.settings import Settings
 
 T, P, A = Outcome.TRANSIENT, Outcome.PERMANENT, Outcome.AMBIGUOUS
 

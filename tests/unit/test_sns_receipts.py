@@ -17,13 +17,13 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from sns_message_validator import SignatureVerificationFailureException, SNSMessageValidator
 
-from notiflow.adapters.providers.ses import receipts, sns
-from notiflow.adapters.providers.ses.sns_http import SnsCertificates, SnsUnreachable
 from notiflow.adapters.providers.webhook import WebhookRefused
-from notiflow.fakes.sns import self_signed
 from notiflow.flows.receipts.reconcile import suppression_for
+from notiflow.providers.ses import receipts, sns
+from notiflow.providers.ses.config import SesSettings
+from notiflow.providers.ses.sns_emulator import self_signed
+from notiflow.providers.ses.sns_http import SnsCertificates, SnsUnreachable
 from notiflow.schemas.enums import Status
-from notiflow.settings import SesSettings
 from tests.fakes import ManualClock
 from tests.helpers import loop_turns
 

@@ -11,14 +11,14 @@ from aiohttp.client_reqrep import ConnectionKey
 
 from notiflow.adapters.providers.base import Outcome
 from notiflow.adapters.providers.common import Rule, classify_exception, parse_retry_after
-from notiflow.adapters.providers.twilio.classify import (
+from notiflow.providers.twilio.classify import (
     ERROR_CODES,
     HTTP_STATUSES,
     STATUS_CLASSES,
     classify_response,
     error_code_of,
 )
-from notiflow.adapters.providers.twilio.client import status_callback
+from notiflow.providers.twilio.client import status_callback
 from tests.unit.classification_cases import HTTP_DEFAULT_STATUSES, status_class_cases
 
 T, P, A = Outcome.TRANSIENT, Outcome.PERMANENT, Outcome.AMBIGUOUS

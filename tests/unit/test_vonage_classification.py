@@ -13,7 +13,8 @@ from pydantic import SecretStr
 
 from notiflow.adapters.providers.base import OutboundMessage, Outcome
 from notiflow.adapters.providers.common import Rule
-from notiflow.adapters.providers.vonage.classify import (
+from notiflow.devenv import vonage_smtp_credentials
+from notiflow.providers.vonage.classify import (
     HTTP_STATUSES,
     PARAMETERS,
     STATUS_CLASSES,
@@ -26,21 +27,21 @@ from notiflow.adapters.providers.vonage.classify import (
     read_answer,
     throttle_wait,
 )
-from notiflow.adapters.providers.vonage.client import VonageSms, e164_digits
-from notiflow.adapters.providers.vonage.receipts import (
+from notiflow.providers.vonage.client import VonageSms, e164_digits
+from notiflow.providers.vonage.config import VonageSettings
+from notiflow.providers.vonage.receipts import (
     DLR_STATUSES,
     client_ref,
     parse_client_ref,
 )
-from notiflow.adapters.providers.vonage.signature import (
+from notiflow.providers.vonage.signature import (
     signature,
     signature_base,
     verify_signature,
 )
-from notiflow.devenv import vonage_smtp_credentials
 from notiflow.schemas.enums import Channel, PushPlatform, Status, Tier
 from notiflow.schemas.messages import PushRecipient
-from notiflow.settings import Settings, VonageSettings
+from notiflow.settings import Settings
 from tests.unit.classification_cases import HTTP_DEFAULT_STATUSES, send_once, status_class_cases
 
 T, P, A = Outcome.TRANSIENT, Outcome.PERMANENT, Outcome.AMBIGUOUS

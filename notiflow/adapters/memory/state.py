@@ -17,7 +17,7 @@ from notiflow.adapters.memory.limits import Limits
 from notiflow.adapters.memory.providers import MemoryProvider, memory_providers
 from notiflow.adapters.memory.stores import MemoryMessages, MemoryPreferences
 from notiflow.adapters.ports import OpenSendPorts, SendPorts
-from notiflow.adapters.providers import PROVIDERS, provider_kinds
+from notiflow.adapters.providers import provider_kinds, provider_specs
 from notiflow.adapters.providers.base import ProviderClient
 from notiflow.adapters.redis_health import RedisHealth
 from notiflow.correlation import CorrelationKeys
@@ -127,7 +127,7 @@ class MemoryState:
 def configured_providers(settings: Settings, clock: Clock = wall) -> dict[str, MemoryProvider]:
     """One :class:`MemoryProvider` per enabled provider account, on its channel."""
     kinds = provider_kinds(settings)
-    return memory_providers({pid: PROVIDERS[kinds[pid]].channel
+    return memory_providers({pid: provider_specs(type(settings))[kinds[pid]].channel
                              for pid in sorted(settings.enabled_providers())}, clock)
 
 

@@ -1,45 +1,51 @@
-"""Provider adapters, one package per provider, and the registry that opens them by provider id.
+"""The provider plug-ins' framework: the adapter interface (``base``), the shared tables and
+HTTP plumbing (``common``, ``sms``, ``webhook``, ``chat``, ``batching``, ``swappable``), and
+opening a provider account by provider id.
 
-Each provider package (``twilio``, ``vonage``, ...) exposes one ``SPEC``
-(:class:`~notiflow.adapters.providers.base.ProviderSpec`); :data:`PROVIDERS` lists them, one
-entry per provider. :func:`open_provider` opens the client of one configured provider account:
-the id is matched against ``settings.<spec.name>.provider_id``. Adapter modules are imported on
-first use, so importing this package stays cheap.
+The plug-ins themselves are the packages of :mod:`notiflow.providers`, listed by
+:mod:`notiflow.providers.registry`. :func:`provider_specs` finds each plug-in's
+:class:`~notiflow.adapters.providers.base.ProviderSpec` (its package's ``SPEC``) from the
+plug-ins of a settings class (``provider_specs(Settings)``: the registry's).
+:func:`open_provider`
+opens the client of one configured provider account: the id is matched against
+``settings.<spec.name>.provider_id``. Adapter modules are imported on first use, so
+importing this package stays cheap.
 """
 
 from __future__ import annotations
 
+import functools
+import importlib
 from collections.abc import Iterable, Mapping
 from datetime import timedelta
-from typing import Final
 
-from notiflow.adapters.providers import (
-    apns,
-    fcm,
-    inbox,
-    sendgrid,
-    ses,
-    slack,
-    smtp,
-    teams,
-    twilio,
-    vonage,
-)
+from pydantic import BaseModel
+
 from notiflow.adapters.providers.base import ProviderClient, ProviderSpec
 from notiflow.settings import Settings
+from notiflow.settings.plugin import plugins
 
-PROVIDERS: Final[Mapping[str, ProviderSpec]] = {spec.name: spec for spec in (
-    twilio.SPEC, vonage.SPEC, sendgrid.SPEC, ses.SPEC, smtp.SPEC, fcm.SPEC, apns.SPEC,
-    slack.SPEC, teams.SPEC, inbox.SPEC)}
-"""Settings section (= provider package) → its spec."""
+
+@functools.cache
+def provider_specs(settings_type: type[BaseModel]) -> Mapping[str, ProviderSpec]:
+    """Section name → ``SPEC`` of each plug-in of ``settings_type``, in registry order: the
+    ``spec`` module next to the plug-in's ``config`` module holds it."""
+    specs: dict[str, ProviderSpec] = {}
+    for plugin in plugins(settings_type):
+        module = plugin.__module__.rpartition(".")[0] + ".spec"
+        spec = importlib.import_module(module).SPEC
+        if not isinstance(spec, ProviderSpec) or spec.name != plugin.SECTION.name:
+            raise TypeError(f"{module}.SPEC is not the ProviderSpec of {plugin.SECTION.name!r}")
+        specs[spec.name] = spec
+    return specs
 
 
 def provider_kinds(settings: Settings) -> dict[str, str]:
     """Configured provider id → settings section (``{"twilio": "twilio", ...}``); raises
     ``ValueError`` when two sections share a provider id."""
     kinds: dict[str, str] = {}
-    for kind in PROVIDERS:
-        provider_id = getattr(settings, kind).provider_id
+    for kind, section in settings.provider_sections().items():
+        provider_id = section.provider_id
         if provider_id in kinds:
             raise ValueError(f"provider id {provider_id!r} is configured for both "
                              f"{kinds[provider_id]} and {kind}")
@@ -59,7 +65,7 @@ async def open_provider(settings: Settings, provider_id: str, *,
     kind = provider_kinds(settings).get(provider_id)
     if kind is None:
         raise ValueError(f"unknown provider id {provider_id!r}")
-    return await PROVIDERS[kind].open(settings, timeout)
+    return await provider_specs(type(settings))[kind].open(settings, timeout)
 
 
 async def open_providers(settings: Settings, provider_ids: Iterable[str], *,

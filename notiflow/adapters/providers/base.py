@@ -8,11 +8,11 @@ transport failures: those are outcomes (errors are data).
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from notiflow.schemas.enums import Channel, Tier
 from notiflow.schemas.messages import PushRecipient
@@ -109,20 +109,60 @@ Opener = Callable[[Settings, float | timedelta], Awaitable[ProviderClient]]
 """(settings, per-send timeout) → the open client of the provider's configured account."""
 
 
+class Emulator(Protocol):
+    """A provider's emulator as ``notiflow fakes`` serves it (an ``aiohttp`` application's
+    part: ``notiflow.fakes.common.Emulator``)."""
+
+    def routes(self) -> Sequence[Any]:
+        """Its ``aiohttp`` routes: the provider's API under its prefix and its admin API under
+        ``/_admin/<name>/``."""
+        ...
+
+    def reset(self) -> None:
+        """Forget every record, pending callback and knob."""
+        ...
+
+    def lifecycle(self, app: Any, /) -> AsyncIterator[None]:
+        """``cleanup_ctx`` hook: what runs while the application runs (callbacks, other
+        listeners)."""
+        ...
+
+
+EmulatorFactory = Callable[[Settings], Emulator]
+"""settings → the provider's emulator."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReceiptRoutes:
+    """The API's routes for a provider's delivery webhooks (its plug-in's ``routes`` module)."""
+
+    router: Any
+    """A ``fastapi.APIRouter`` holding them."""
+    max_body: int
+    """The largest body (bytes) they read; the API's body ceiling covers it."""
+
+
 @dataclass(frozen=True, slots=True)
 class ProviderSpec:
-    """One provider package as the registry sees it (its ``SPEC``).
+    """What a provider plug-in gives the adapters and the API (its package's ``SPEC``).
 
-    ``open`` imports the adapter on first use, so the registry stays cheap to import.
+    ``open``, ``emulator`` and ``receipt_routes`` import their modules on first use, so the
+    registry stays cheap to import (emulators need the ``emulators`` extra, receipt routes
+    belong to the API).
     ``receipts`` and ``verify`` name the package's delivery-webhook parser and signature (or
-    auth) check for the gateway's routes; their arguments are the provider's own, so the
-    gateway calls them through their modules and these fields document what exists.
+    auth) check; their arguments are the provider's own, so the receipt routes call them
+    through their modules and these fields document what exists.
     """
 
     name: str
-    """Settings section (``settings.<name>``) and default provider id."""
+    """The plug-in's package and settings section (``settings.<name>``)."""
     channel: Channel
     open: Opener
+    emulator: Callable[[], EmulatorFactory] | None = None
+    """Imports the provider's emulator (served by ``notiflow fakes``)."""
+    receipt_routes: Callable[[], ReceiptRoutes] | None = None
+    """Imports the API's delivery-webhook routes of the provider (mounted by the API unless
+    it serves the priority lane only)."""
     receipts: Callable[..., object] | None = None
     """Delivery webhook payload → :class:`~notiflow.schemas.messages.Receipt` (s)."""
     verify: Callable[..., object] | None = None

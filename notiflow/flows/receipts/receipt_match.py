@@ -16,8 +16,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from notiflow.adapters.cassandra.attempts import ProviderIndexRow
-from notiflow.adapters.providers.smtp.message import message_id_header
 from notiflow.adapters.rows import AttemptRow
+from notiflow.providers.smtp.message import message_id_header
 from notiflow.schemas.messages import Receipt
 
 

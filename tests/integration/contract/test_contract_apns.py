@@ -16,9 +16,9 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from notiflow.adapters.providers.apns.client import ApnsPush
-from notiflow.adapters.providers.apns.tokens import provider_token
 from notiflow.adapters.providers.base import Outcome
+from notiflow.providers.apns.client import ApnsPush
+from notiflow.providers.apns.tokens import provider_token
 from notiflow.schemas.enums import Channel, PushPlatform, Tier
 from notiflow.schemas.messages import PushRecipient
 from notiflow.settings import Settings

@@ -13,8 +13,8 @@ import httpx
 import pytest
 
 from notiflow.adapters.providers.base import Outcome
-from notiflow.adapters.providers.slack.client import SlackWebhook
-from notiflow.adapters.providers.teams.client import TeamsWebhook
+from notiflow.providers.slack.client import SlackWebhook
+from notiflow.providers.teams.client import TeamsWebhook
 from notiflow.schemas.enums import Channel
 from notiflow.settings import Settings
 from tests.integration.contract.harness import (

@@ -16,8 +16,8 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
 from notiflow.adapters.providers.base import Outcome
-from notiflow.adapters.providers.fcm.client import FcmPush
-from notiflow.adapters.providers.fcm.tokens import AccessTokens, ServiceAccount
+from notiflow.providers.fcm.client import FcmPush
+from notiflow.providers.fcm.tokens import AccessTokens, ServiceAccount
 from notiflow.schemas.enums import Channel, PushPlatform, Tier
 from notiflow.schemas.messages import PushRecipient
 from notiflow.settings import Settings

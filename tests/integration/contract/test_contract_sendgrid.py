@@ -20,7 +20,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from notiflow.adapters.providers.base import Outcome
-from notiflow.adapters.providers.sendgrid.client import SendGridEmail
+from notiflow.providers.sendgrid.client import SendGridEmail
 from notiflow.schemas.enums import Channel
 from notiflow.settings import Settings
 from tests.integration.contract.harness import (

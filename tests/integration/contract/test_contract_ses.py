@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from notiflow.adapters.providers.base import Outcome
-from notiflow.adapters.providers.ses.client import SesEmail
+from notiflow.providers.ses.client import SesEmail
 from notiflow.schemas.enums import Channel
 from notiflow.settings import Settings
 from tests.integration.contract.harness import (
@@ -102,7 +102,7 @@ async def test_ses_sdk_and_emulator_agree(harness: Harness, provider_settings: S
                                           emulator: Emulator) -> None:
     """botocore's own ``sesv2`` client (the SDK: its serializer, SigV4 signer and error
     parser) against the emulator: accepted, and SES's error types read back as the SDK reads
-    them, the ones :mod:`~notiflow.adapters.providers.ses.classify` keys on."""
+    them, the ones :mod:`~notiflow.providers.ses.classify` keys on."""
     import botocore.session
     from botocore.exceptions import ClientError
 

@@ -15,9 +15,9 @@ import pytest
 from pydantic import SecretStr
 
 from notiflow.adapters.providers.base import Outcome
-from notiflow.adapters.providers.smtp.bounces import bounce_address
-from notiflow.adapters.providers.smtp.client import SmtpEmail
 from notiflow.correlation import CorrelationKeys
+from notiflow.providers.smtp.bounces import bounce_address
+from notiflow.providers.smtp.client import SmtpEmail
 from notiflow.schemas.enums import Channel
 from notiflow.settings import Settings
 from tests.integration.contract.harness import (

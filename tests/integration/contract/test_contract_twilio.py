@@ -14,8 +14,8 @@ import httpx
 import pytest
 
 from notiflow.adapters.providers.base import Outcome
-from notiflow.adapters.providers.twilio.client import TwilioSms
-from notiflow.adapters.providers.twilio.signature import signature
+from notiflow.providers.twilio.client import TwilioSms
+from notiflow.providers.twilio.signature import signature
 from notiflow.schemas.enums import Channel
 from notiflow.settings import Settings
 from tests.integration.contract.harness import (

@@ -19,8 +19,8 @@ import pytest
 from aiohttp import web
 
 from notiflow.adapters.providers.base import Outcome
-from notiflow.adapters.providers.vonage.client import VonageSms
-from notiflow.adapters.providers.vonage.signature import verify_signature
+from notiflow.providers.vonage.client import VonageSms
+from notiflow.providers.vonage.signature import verify_signature
 from notiflow.schemas.enums import Channel
 from notiflow.settings import Settings
 from tests.integration.contract.harness import (

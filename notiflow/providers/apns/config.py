@@ -1,0 +1,48 @@
+"""The APNs plug-in's settings section (``NOTIFLOW_APNS__...``)."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from pydantic import SecretStr
+
+from notiflow.schemas.enums import Channel, PushPlatform
+from notiflow.settings.plugin import ProviderPlugin, SectionSpec
+from notiflow.settings.providers import ProviderRoute
+from notiflow.settings.section import _Frozen, present
+
+
+class ApnsSettings(_Frozen):
+    """Apple Push Notification service with a token-based (ES256 JWT) provider key;
+    ``base_url`` points at ``https://api.push.apple.com`` or at ``notiflow fakes``."""
+
+    provider_id: str = "apns"
+    base_url: str = "https://127.0.0.1:18443"
+    team_id: str | None = None
+    key_id: str | None = None
+    private_key: SecretStr | None = None
+    """The .p8 signing key (PEM, EC P-256)."""
+    topic: str = "com.example.notiflow"
+    """The app's bundle id (``apns-topic``)."""
+    ca_file: str | None = None
+    """Extra CA certificate to trust (the emulator's test CA); None = system trust."""
+
+
+def enabled(section: ApnsSettings) -> bool:
+    """The team, key id and signing key are configured."""
+    return bool(section.team_id and section.key_id) and present(section.private_key)
+
+
+def endpoints(section: ApnsSettings) -> list[tuple[str, str]]:
+    return [("base_url", section.base_url)]
+
+
+class ApnsPlugin(ProviderPlugin):
+    """The plug-in's field of :class:`~notiflow.settings.Settings`."""
+
+    SECTION: ClassVar[SectionSpec] = SectionSpec(
+        "apns", ApnsSettings, enabled,
+        ProviderRoute(provider_id="apns", channel=Channel.PUSH, reliability=0.995,
+                      platforms=frozenset({PushPlatform.IOS})),
+        endpoints=endpoints)
+    apns: ApnsSettings = ApnsSettings()

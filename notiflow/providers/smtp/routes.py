@@ -1,0 +1,77 @@
+"""The API's SMTP receipt route: ``POST /webhooks/smtp-dsn``, bounces (RFC 3464 DSNs) from the
+relay's mail pipe, ``Authorization: Bearer <smtp.dsn_webhook_secret>`` (the shared HTTP side
+is :mod:`notiflow.gateway.webhooks`)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Final
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import JSONResponse
+
+from notiflow.adapters.providers.base import ReceiptRoutes
+from notiflow.adapters.providers.webhook import WebhookRefused
+from notiflow.correlation import CorrelationKeyMissing, CorrelationKeys
+from notiflow.gateway.auth import RuntimeDep
+from notiflow.gateway.errors import ApiError, unprocessable
+from notiflow.gateway.webhook_openapi import DSN_BODY, DSN_SECRET, DsnAnswer, webhook_errors
+from notiflow.gateway.webhooks import publish, read_body, refused, verified
+from notiflow.providers.smtp import receipts as smtp_receipts
+from notiflow.providers.smtp import signature as smtp_signature
+from notiflow.settings import Settings
+
+router = APIRouter()
+
+MAX_DSN_BODY: Final = 2 * 1024 * 1024
+
+
+ENVELOPE_TO_HEADER: Final = "X-Envelope-To"
+"""The envelope recipient of the bounce, as the relay's pipe names it."""
+
+
+def bounce_keys(settings: Settings) -> CorrelationKeys:
+    """The keys of the bounce addresses' tags; ``403`` when none is configured."""
+    try:
+        return CorrelationKeys.from_settings(settings)
+    except CorrelationKeyMissing:
+        raise refused(WebhookRefused("webhook_not_configured",
+                                     "no correlation key is configured")) from None
+
+
+@router.post("/webhooks/smtp-dsn", response_model=DsnAnswer,
+             responses=webhook_errors(401, 413, 422, r413="Bodies are limited to 2 MiB.",
+                                      r401="`missing_token`: no `Authorization` header.",
+                                      r422="`not_a_dsn`, `uncorrelated_dsn`."),
+             openapi_extra=DSN_BODY, dependencies=[Depends(DSN_SECRET)])
+async def smtp_dsn(request: Request, runtime: RuntimeDep) -> JSONResponse:
+    """One bounce from the relay's mail pipe → its receipts. ``401`` without an
+    ``Authorization`` header, ``403`` with another secret (or no correlation key); ``422``
+    when the body is not a DSN or is not addressed to a tagged bounce address
+    (``X-Envelope-To``, the envelope recipient, when the pipe sends it; else the DSN's own
+    recipient headers)."""
+    settings = runtime.settings
+    if not request.headers.get("authorization"):
+        raise ApiError(401, "unauthorized", "missing_token",
+                       "Authorization: Bearer <DSN webhook secret> required",
+                       headers={"WWW-Authenticate": "Bearer"})
+    verified(runtime, "smtp", lambda config: smtp_signature.check_bearer(
+        config.dsn_webhook_secret, request.headers.get("authorization")))
+    raw = await read_body(request, MAX_DSN_BODY)
+    try:
+        report = smtp_receipts.parse_dsn(raw, request.headers.get("content-type"))
+    except ValueError as exc:
+        raise unprocessable("not_a_dsn", str(exc)) from None
+    attempt = smtp_receipts.attempt_of(report, bounce_keys(settings),
+                                       request.headers.get(ENVELOPE_TO_HEADER))
+    if attempt is None:
+        raise unprocessable("uncorrelated_dsn", "the DSN is not addressed to a bounce address "
+                                                "with a valid tag")
+    receipts = smtp_receipts.dsn_receipts(report, settings.smtp.provider_id, datetime.now(UTC),
+                                          attempt)
+    await publish(runtime, receipts)
+    return JSONResponse({"receipts": len(receipts),
+                         "ignored": len(report.recipients) - len(receipts)})
+
+
+ROUTES: Final = ReceiptRoutes(router, MAX_DSN_BODY)

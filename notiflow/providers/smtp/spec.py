@@ -1,0 +1,42 @@
+"""The SMTP plug-in's :class:`~notiflow.adapters.providers.base.ProviderSpec`."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Final
+
+from notiflow.adapters.providers.base import (
+    EmulatorFactory,
+    ProviderClient,
+    ProviderSpec,
+    ReceiptRoutes,
+)
+from notiflow.providers.smtp import receipts, signature
+from notiflow.schemas.enums import Channel
+from notiflow.settings import Settings
+
+
+async def _open(settings: Settings, timeout: float | timedelta) -> ProviderClient:
+    from notiflow.providers.smtp.client import SmtpEmail
+
+    return await SmtpEmail.open(settings, timeout=timeout,
+                                max_connections=settings.smtp.max_connections)
+
+
+def _emulator() -> EmulatorFactory:
+    from notiflow.providers.smtp.emulator import SmtpEmulator
+
+    return SmtpEmulator
+
+
+def _receipt_routes() -> ReceiptRoutes:
+    from notiflow.providers.smtp.routes import ROUTES
+
+    return ROUTES
+
+
+SPEC: Final = ProviderSpec("smtp", Channel.EMAIL, _open,
+                           emulator=_emulator,
+                           receipt_routes=_receipt_routes,
+                           receipts=receipts.dsn_receipts,
+                           verify=signature.check_bearer)

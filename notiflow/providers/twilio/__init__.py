@@ -1,0 +1,4 @@
+"""Twilio SMS: ``client`` (:class:`~.client.TwilioSms`, the wire format), ``classify`` (its
+tables), ``receipts`` (status callbacks) and ``signature`` (``X-Twilio-Signature``).
+Its settings section and registry entry are in ``config``, its ``SPEC`` in ``spec``, its
+emulator in ``emulator`` and the API's receipt routes in ``routes``."""

@@ -1,0 +1,54 @@
+"""``X-Twilio-Signature`` of Twilio's webhooks (status callbacks): computing, verifying, and the
+gateway's check of one callback (pure)."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+from collections.abc import Mapping
+from typing import Final
+from urllib.parse import urlsplit
+
+from notiflow.adapters.providers.webhook import WebhookRefused
+from notiflow.providers.twilio.config import TwilioSettings
+
+SIGNATURE_HEADER: Final = "X-Twilio-Signature"
+
+
+def signature(auth_token: str, url: str, params: Mapping[str, str]) -> str:
+    """``X-Twilio-Signature`` of a webhook: base64(HMAC-SHA1(auth token, full URL followed by
+    every POST parameter name and value, sorted by name, without separators))."""
+    payload = url + "".join(name + params[name] for name in sorted(params))
+    digest = hmac.new(auth_token.encode(), payload.encode(), hashlib.sha1).digest()
+    return base64.b64encode(digest).decode()
+
+
+def verify_signature(auth_token: str, url: str, params: Mapping[str, str],
+                     header: str | None) -> bool:
+    """True when ``header`` is the signature Twilio computes for this request (constant time)."""
+    if not header:
+        return False
+    return hmac.compare_digest(signature(auth_token, url, params).encode(),
+                               header.encode(errors="surrogateescape"))
+
+
+def signed_url(request_url: str, configured: str | None) -> str:
+    """The URL Twilio signed: the configured public callback URL (scheme, host, path) with the
+    request's query, or the request URL itself when none is configured."""
+    if not configured:
+        return request_url
+    base = urlsplit(configured)
+    query = urlsplit(request_url).query
+    return f"{base.scheme}://{base.netloc}{base.path}" + (f"?{query}" if query else "")
+
+
+def check_callback(config: TwilioSettings, request_url: str, params: Mapping[str, str],
+                   header: str | None) -> None:
+    """Raise :class:`WebhookRefused` unless ``header`` is the account's signature of this
+    callback (``request_url`` as received, ``params`` its form body)."""
+    token = config.auth_token
+    url = signed_url(request_url, config.status_callback_url)
+    if token is None or not verify_signature(token.get_secret_value(), url, params, header):
+        raise WebhookRefused("invalid_signature",
+                             f"{SIGNATURE_HEADER} does not match this request")

@@ -1,0 +1,46 @@
+"""The Vonage plug-in's settings section (``NOTIFLOW_VONAGE__...``)."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from pydantic import SecretStr
+
+from notiflow.schemas.enums import Channel
+from notiflow.settings.plugin import ProviderPlugin, SectionSpec
+from notiflow.settings.providers import ProviderRoute
+from notiflow.settings.section import _Frozen, present
+
+
+class VonageSettings(_Frozen):
+    """Vonage SMS API account (second SMS vendor); ``base_url`` points at
+    ``https://rest.nexmo.com`` or at ``notiflow fakes``."""
+
+    provider_id: str = "vonage"
+    base_url: str = "http://127.0.0.1:18090/vonage"
+    api_key: str | None = None
+    api_secret: SecretStr | None = None
+    signature_secret: SecretStr | None = None
+    """Shared secret of signed requests / delivery receipts (Vonage "signature secret")."""
+    from_name: str = "Notiflow"
+    status_callback_url: str | None = None
+    """Delivery-receipt webhook (``callback`` per message, or the account default)."""
+
+
+def enabled(section: VonageSettings) -> bool:
+    """The API key and secret are configured."""
+    return bool(section.api_key) and present(section.api_secret)
+
+
+def endpoints(section: VonageSettings) -> list[tuple[str, str]]:
+    return [("base_url", section.base_url)]
+
+
+class VonagePlugin(ProviderPlugin):
+    """The plug-in's field of :class:`~notiflow.settings.Settings`."""
+
+    SECTION: ClassVar[SectionSpec] = SectionSpec(
+        "vonage", VonageSettings, enabled,
+        ProviderRoute(provider_id="vonage", channel=Channel.SMS, cost=0.8, reliability=0.99),
+        endpoints=endpoints)
+    vonage: VonageSettings = VonageSettings()

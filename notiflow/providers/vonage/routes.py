@@ -1,0 +1,83 @@
+"""The API's Vonage receipt route: ``GET`` / ``POST /webhooks/vonage``, delivery receipts with
+``sig`` made with the signature secret (the shared HTTP side is
+:mod:`notiflow.gateway.webhooks`)."""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime
+from typing import Final
+from urllib.parse import parse_qsl
+
+import orjson
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import JSONResponse
+from pydantic import ValidationError
+
+from notiflow.adapters.providers.base import ReceiptRoutes
+from notiflow.gateway.auth import RuntimeDep
+from notiflow.gateway.errors import bad_request
+from notiflow.gateway.webhook_openapi import (
+    VONAGE_BODY,
+    VONAGE_SIGNATURE,
+    VonageAnswer,
+    webhook_errors,
+)
+from notiflow.gateway.webhooks import MAX_BODY, problem, publish, read_body, verified
+from notiflow.providers.vonage import receipts as vonage_receipts
+from notiflow.providers.vonage import signature as vonage_signature
+
+router = APIRouter()
+
+
+async def vonage_params(request: Request) -> dict[str, str]:
+    """The receipt's parameters: the query, overlaid by a form or JSON object body."""
+    params = dict(request.query_params)
+    raw = await read_body(request, MAX_BODY)
+    if not raw.strip():
+        return params
+    if request.headers.get("content-type", "").split(";")[0].strip() == "application/json":
+        try:
+            body = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            raise bad_request("invalid_json", "the body is not JSON") from None
+        if not isinstance(body, dict) or not all(
+                v is None or isinstance(v, str | int | float) for v in body.values()):
+            raise bad_request("invalid_receipt", "expected a flat JSON object")
+        params.update({str(k): str(v) for k, v in body.items() if v is not None})
+        return params
+    try:
+        params.update(parse_qsl(raw.decode(), keep_blank_values=True))
+    except UnicodeDecodeError:
+        raise bad_request("invalid_receipt", "the form body is not UTF-8") from None
+    return params
+
+
+VONAGE_ERRORS: Final = webhook_errors(400, 413, r400="`invalid_json`, `invalid_receipt`, "
+                                                     "`unknown_receipt`.")
+
+
+@router.get("/webhooks/vonage", operation_id="vonage_dlr_get", response_model=VonageAnswer,
+            responses=VONAGE_ERRORS, dependencies=[Depends(VONAGE_SIGNATURE)])
+@router.post("/webhooks/vonage", operation_id="vonage_dlr_post", response_model=VonageAnswer,
+             responses=VONAGE_ERRORS, dependencies=[Depends(VONAGE_SIGNATURE)],
+             openapi_extra=VONAGE_BODY)
+async def vonage_dlr(request: Request, runtime: RuntimeDep) -> JSONResponse:
+    """One Vonage delivery receipt (GET query, form or JSON POST) → at most one receipt;
+    ``403`` as :func:`~notiflow.providers.vonage.signature.check_receipt` says (every
+    receipt, when no signature secret is configured); ``400`` when it is not a delivery
+    receipt."""
+    settings = runtime.settings
+    params = await vonage_params(request)
+    verified(runtime, "vonage", lambda config: vonage_signature.check_receipt(
+        config, settings.provider_webhook_max_age, params, time.time()))
+    try:
+        receipt = vonage_receipts.dlr_receipt(params, settings.vonage.provider_id,
+                                              datetime.now(UTC))
+    except (ValueError, ValidationError) as exc:
+        raise bad_request("unknown_receipt", problem(exc)) from None
+    await publish(runtime, [receipt] if receipt else [])
+    return JSONResponse({"receipts": 1 if receipt else 0})
+
+
+ROUTES: Final = ReceiptRoutes(router, MAX_BODY)

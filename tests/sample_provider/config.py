@@ -1,0 +1,39 @@
+"""The sample plug-in's settings section and registry entry."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from pydantic import SecretStr
+
+from notiflow.schemas.enums import Channel
+from notiflow.settings import Settings
+from notiflow.settings.plugin import ProviderPlugin, SectionSpec
+from notiflow.settings.providers import ProviderRoute
+from notiflow.settings.section import _Frozen, present
+
+
+class SampleSettings(_Frozen):
+    provider_id: str = "sample"
+    base_url: str = "http://127.0.0.1:18090/sample"
+    token: SecretStr | None = None
+
+
+def enabled(section: SampleSettings) -> bool:
+    return present(section.token)
+
+
+def endpoints(section: SampleSettings) -> list[tuple[str, str]]:
+    return [("base_url", section.base_url)]
+
+
+class SamplePlugin(ProviderPlugin):
+    SECTION: ClassVar[SectionSpec] = SectionSpec(
+        "sample", SampleSettings, enabled,
+        ProviderRoute(provider_id="sample", channel=Channel.SMS, cost=0.5),
+        endpoints=endpoints)
+    sample: SampleSettings = SampleSettings()
+
+
+class SettingsWithSample(Settings, SamplePlugin):
+    """The settings object of a registry with the sample plug-in added (its one line)."""
