@@ -6,6 +6,9 @@ the harnesses with a :class:`CallbackSpec`. A provider's own cases are in its
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -26,20 +29,22 @@ from tests.integration.contract.harness import (
     message,
     send_once,
 )
-from tests.integration.contract.test_contract_apns import APNS
-from tests.integration.contract.test_contract_chat import SLACK, TEAMS
-from tests.integration.contract.test_contract_fcm import FCM
-from tests.integration.contract.test_contract_sendgrid import SENDGRID
-from tests.integration.contract.test_contract_ses import SES
-from tests.integration.contract.test_contract_smtp import SMTP
-from tests.integration.contract.test_contract_twilio import TWILIO
-from tests.integration.contract.test_contract_vonage import VONAGE
 
 pytestmark = pytest.mark.integration
 
 
-HARNESSES = [TWILIO, SENDGRID, SES, FCM, APNS, VONAGE, SMTP, SLACK, TEAMS]
-"""Every provider's harness (each defined in its ``test_contract_<provider>.py``)."""
+def provider_harnesses() -> list[Harness]:
+    """Every :class:`Harness` defined by a provider's ``test_contract_<provider>.py`` next to
+    this module (``test_contract_chat.py`` holds Slack's and Teams'), in file order."""
+    found: dict[int, Harness] = {}
+    for name in sorted(m.name for m in pkgutil.iter_modules([str(Path(__file__).parent)])):
+        if name.startswith("test_contract_") and name != Path(__file__).stem:
+            module = importlib.import_module(f"tests.integration.contract.{name}")
+            found.update({id(v): v for v in vars(module).values() if isinstance(v, Harness)})
+    return list(found.values())
+
+
+HARNESSES = provider_harnesses()
 HTTP_HARNESSES = [h for h in HARNESSES if h.http]
 CALLBACK_HARNESSES = [h for h in HARNESSES if h.callbacks is not None]
 REJECTIONS = [(h, r) for h in HARNESSES for r in h.rejections]
