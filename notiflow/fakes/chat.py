@@ -1,22 +1,9 @@
 """What the Slack and Microsoft Teams incoming-webhook emulators share (``notiflow fakes``;
 dev, tests, benchmarks); each is in its plug-in (``notiflow.providers.{slack,teams}.emulator``).
 
-Slack: ``POST /slack/services/{team}/{bot}/{token}`` takes Slack's JSON (``text`` and/or
-``blocks``) and answers ``200`` ``ok``, or a status with the error's name as plain text.
-Teams: ``POST /teams/workflows/{...}`` (a Workflows webhook) answers ``202`` with no body, or a
-status with ``{"error": {"code", "message"}}``; ``POST /teams/webhookb2/{...}`` (an Office 365
-connector) answers ``200`` ``1``, and reports a throttled post (429) inside a ``200`` text as
-connectors do. Both take a ``message`` activity with one Adaptive Card.
-
 Knobs (``/_admin/{slack,teams}/config``): the common ones (latency, 5xx, 429 with
 ``Retry-After``, outage, accepted-then-hang) and ``pace_limit`` posts per ``pace_window_s`` per
 webhook URL, past which a post is throttled as the real service throttles it (off: 0).
-
-Magic tokens (the URL's last segment starts with): Slack ``revoked`` → 403 ``invalid_token``,
-``gone`` → 404 ``no_service``, ``archived`` → 410 ``channel_is_archived``, ``prohibited`` →
-403 ``action_prohibited``; Teams ``gone`` → 404 ``WorkflowNotFound`` (a connector: 410),
-``unauthorized`` → 401 ``DirectApiAuthorizationRequired``. The statuses of the Teams rows are
-this emulator's reading of Logic Apps' answers; the adapter classifies by code first.
 
 Every post is recorded with its URL (``to``) and text; the adapter's ``X-Notiflow-Message``
 header gives ``message_id`` and ``attempt``, and ``sid`` is that header's value.
