@@ -42,7 +42,7 @@ def test_isolation_smoke(stack: Settings, tmp_path: Path) -> None:
 
 
 def test_throughput_and_scale_smoke(stack: Settings, tmp_path: Path) -> None:
-    doc = throughput.run(tmp_path, n=300, profile=True, log=print, warmup=30, warmup_rounds=1)
+    doc = throughput.run(tmp_path, n=300, profile=True, log=print, warmup=0)
     assert doc["e2e"]["status_written"] == 300 and doc["e2e"]["provider_done"]
     assert doc["minimal"]["n"] == 300 and doc["passthrough"]["n"] == 300
     assert doc["minimal"]["outcomes"] == {"accepted": 300}
@@ -50,7 +50,7 @@ def test_throughput_and_scale_smoke(stack: Settings, tmp_path: Path) -> None:
     assert doc["profile"]["send-p2"]["stages"], "py-spy saw the send flow"
     assert "Profile of send-p2" in throughput_markdown(doc)
     assert set(doc["e2e"]["jit_ms_per_msg"]) == {"kafka", "cassandra"}
-    assert len(doc["warmup_rounds"]) == 1
+    assert doc["warmup_rounds"] == []
     for phase in ("e2e", "minimal"):
         assert doc[phase]["machine_cpu_ms_per_msg"] > 0
         assert 0 <= doc[phase]["machine_idle_share"] < 1
