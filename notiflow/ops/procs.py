@@ -175,7 +175,7 @@ class ManagedProcess:
 
 
 class ProcessGroup:
-    """Start several children; stop them all (in reverse order) on exit."""
+    """Start several children; stop them all together on exit."""
 
     def __init__(self) -> None:
         self.procs: list[ManagedProcess] = []
@@ -184,9 +184,16 @@ class ProcessGroup:
         self.procs.append(proc)
         return proc
 
-    def stop_all(self) -> None:
-        for p in reversed(self.procs):
-            p.stop()
+    def stop_all(self, timeout: float = 20.0) -> None:
+        """SIGTERM every child at once (graceful), SIGKILL those still running ``timeout``
+        seconds later. At once, because the processes of one Bytewax cluster stop only
+        together: one signalled alone waits for its peers until it is killed."""
+        procs = list(reversed(self.procs))
+        for p in procs:
+            p._signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        for p in procs:
+            p._wait(max(0.0, deadline - time.monotonic()))
 
     def __enter__(self) -> ProcessGroup:
         return self

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from notiflow.ops.procs import PARENT_DEATH_SIGNAL
+from notiflow.ops.procs import PARENT_DEATH_SIGNAL, ManagedProcess, ProcessGroup
 from tests.helpers import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -151,3 +151,44 @@ def test_children_die_with_a_killed_owner_and_stack_servers_do_not(tmp_path: Pat
                 os.kill(pid, signal.SIGKILL)
         assert parent.stderr is not None
         parent.stderr.close()
+
+
+PEER = """
+import os, signal, sys, time
+from pathlib import Path
+
+me, peer = Path(sys.argv[1]), Path(sys.argv[2])
+
+
+def on_term(signum, frame):
+    me.touch()
+    while not peer.exists():
+        time.sleep(0.01)
+    os._exit(0)
+
+
+signal.signal(signal.SIGTERM, on_term)
+me.with_suffix(".ready").touch()
+while True:
+    time.sleep(1)
+"""
+"""A child that, on SIGTERM, exits only once its peer was signalled too, as each process of
+a Bytewax cluster does."""
+
+
+def test_a_group_stops_a_cluster_whose_processes_stop_only_together(tmp_path: Path) -> None:
+    a, b = tmp_path / "a", tmp_path / "b"
+    group = ProcessGroup()
+    procs = [group.add(ManagedProcess(me.name, [], tmp_path / "logs",
+                                      argv=[sys.executable, "-c", PEER, str(me), str(peer)]))
+             for me, peer in ((a, b), (b, a))]
+    try:
+        for p in procs:
+            p.start()
+        wait_for(lambda: a.with_suffix(".ready").exists() and b.with_suffix(".ready").exists(),
+                 timeout=30, interval=0.05, what="both children ready")
+        group.stop_all(timeout=10)
+        assert [p.proc.returncode for p in procs if p.proc] == [0, 0], "one was SIGKILLed"
+    finally:
+        for p in procs:
+            p.kill()
