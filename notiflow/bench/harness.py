@@ -143,13 +143,22 @@ class Phase:
 
     def start(self, name: str, args: list[str], *, ready: str | None = None,
               http: str | None = None, timeout: float = 120.0) -> ManagedProcess:
-        proc = self.group.add(ManagedProcess(name, args, self.log_dir, self.env)).start()
+        """Start ``name`` and return once it answers ``http`` or logged ``ready``."""
+        return self.await_ready(self.launch(name, args), ready=ready, http=http,
+                                timeout=timeout)
+
+    def launch(self, name: str, args: list[str]) -> ManagedProcess:
+        """Start ``name`` without waiting for it (:meth:`await_ready`)."""
+        return self.group.add(ManagedProcess(name, args, self.log_dir, self.env)).start()
+
+    def await_ready(self, proc: ManagedProcess, *, ready: str | None = None,
+                    http: str | None = None, timeout: float = 120.0) -> ManagedProcess:
         if http:
             proc.wait_http(http, timeout=timeout)
         if ready:
             proc.wait_until(lambda: ready in _read(proc.log_path), timeout=timeout)
         assert proc.proc is not None
-        self.sampler.watch(name, proc.proc.pid)
+        self.sampler.watch(proc.name, proc.proc.pid)
         return proc
 
     def watch_stack(self) -> None:
@@ -164,20 +173,28 @@ class Phase:
     def start_platform(self, *, api: bool = True, reconcile: bool = True) -> None:
         """Emulators, the API (tier-isolated: a priority-lane process for P0/P1 and a bulk-lane
         one for P2/P3 and the providers' webhooks; shared mode: one for everything), the
-        reconciler and a scheduler (long retry waits and scheduled messages)."""
+        reconciler and a scheduler (long retry waits and scheduled messages), started
+        together."""
         self.watch_stack()
-        self.start("fakes", ["fakes", "--realtime", str(EMULATOR_REALTIME)],
-                   http=f"{self.fakes}/_admin/health")
+        waits: list[tuple[ManagedProcess, str | None, str | None]] = [
+            (self.launch("fakes", ["fakes", "--realtime", str(EMULATOR_REALTIME)]), None,
+             f"{self.fakes}/_admin/health")]
         if api and self.lanes:
-            self.start("api", ["api", "--lane", "priority"], http=f"{self.api}/healthz")
-            self.start("api-bulk", ["api", "--lane", "bulk", "--port", str(self.bulk_port)],
-                       http=f"{self.bulk_api}/healthz")
+            waits += [(self.launch("api", ["api", "--lane", "priority"]), None,
+                       f"{self.api}/healthz"),
+                      (self.launch("api-bulk", ["api", "--lane", "bulk", "--port",
+                                                str(self.bulk_port)]), None,
+                       f"{self.bulk_api}/healthz")]
         elif api:
-            self.start("api", ["api"], http=f"{self.api}/healthz")
+            waits.append((self.launch("api", ["api"]), None, f"{self.api}/healthz"))
         if reconcile:
-            self.start("reconcile", ["flow", "reconcile", "--recovery-dir",
-                                     str(self.recovery / "reconcile")], ready="starting")
-            self.start("scheduler", ["flow", "scheduler"], ready="starting scheduler")
+            waits += [(self.launch("reconcile", ["flow", "reconcile", "--recovery-dir",
+                                                 str(self.recovery / "reconcile")]),
+                       "starting", None),
+                      (self.launch("scheduler", ["flow", "scheduler"]), "starting scheduler",
+                       None)]
+        for proc, ready, http in waits:
+            self.await_ready(proc, ready=ready, http=http)
 
     def start_send(self, tier: Tier | None, *, processes: int = 1) -> list[ManagedProcess]:
         """The send flow of ``tier`` (None: the shared baseline) as a Bytewax cluster of
