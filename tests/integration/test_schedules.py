@@ -113,19 +113,17 @@ def _place(iso: Isolated, message_id: str, at: datetime) -> tuple[datetime, int]
       "ends_at": "2000-01-01T00:00:00Z"}, "ends_at"),
 ])
 def test_bad_schedules_are_422_naming_the_field(
-        scheduled: tuple[Isolated, str], tokens: dict[str, str],
+        api: str, tokens: dict[str, str],
         otp_template: dict[str, int], extra: dict[str, str], field: str) -> None:
-    _, api = scheduled
     r = httpx.post(f"{api}/v1/schedules", headers=auth(tokens["mkt"]),
                    json=body(otp_template["mkt"], **extra))
     assert r.status_code == 422, r.text
     assert r.json()["reason"] == "invalid_schedule" and r.json()["field"] == field, r.text
 
 
-def test_schedule_shape_errors_are_422(scheduled: tuple[Isolated, str],
+def test_schedule_shape_errors_are_422(api: str,
                                        tokens: dict[str, str],
                                        otp_template: dict[str, int]) -> None:
-    _, api = scheduled
     both = body(otp_template["mkt"], cron="0 9 * * *", rrule="FREQ=DAILY")
     p1 = body(otp_template["mkt"], cron="0 9 * * *")
     p1["message"]["tier"] = "P1"
@@ -137,9 +135,8 @@ def test_schedule_shape_errors_are_422(scheduled: tuple[Isolated, str],
 
 
 def test_the_zone_defaults_to_the_tenants_or_is_the_recipients(
-        scheduled: tuple[Isolated, str], tokens: dict[str, str],
+        api: str, tokens: dict[str, str],
         otp_template: dict[str, int]) -> None:
-    _, api = scheduled
     token = tokens["mkt"]
     tenant_zone = httpx.post(f"{api}/v1/schedules", headers=auth(token),
                              json=body(otp_template["mkt"], cron="0 9 * * *"))
