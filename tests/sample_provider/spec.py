@@ -5,12 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any, Final
 
-from notiflow.adapters.providers.base import (
-    EmulatorFactory,
-    ProviderClient,
-    ProviderSpec,
-    ReceiptRoutes,
-)
+from notiflow.adapters.providers.base import ProviderClient, ProviderSpec, imported
 from notiflow.schemas.enums import Channel
 from notiflow.settings import Settings
 
@@ -21,21 +16,11 @@ async def _open(settings: Settings, timeout: float | timedelta) -> ProviderClien
     return SampleClient(settings.sample.provider_id)
 
 
-def _emulator() -> EmulatorFactory:
-    from tests.sample_provider.emulator import SampleEmulator
-
-    return SampleEmulator
-
-
-def _receipt_routes() -> ReceiptRoutes:
-    from tests.sample_provider.routes import ROUTES
-
-    return ROUTES
-
-
 def _receipts(*_args: Any) -> None:
     return None
 
 
-SPEC: Final = ProviderSpec("sample", Channel.SMS, _open, emulator=_emulator,
-                           receipt_routes=_receipt_routes, receipts=_receipts)
+SPEC: Final = ProviderSpec("sample", Channel.SMS, _open,
+                           emulator=imported(f"{__package__}.emulator", "SampleEmulator"),
+                           receipt_routes=imported(f"{__package__}.routes", "ROUTES"),
+                           receipts=_receipts)

@@ -8,6 +8,7 @@ transport failures: those are outcomes (errors are data).
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -130,6 +131,27 @@ class Emulator(Protocol):
 
 EmulatorFactory = Callable[[Settings], Emulator]
 """settings → the provider's emulator."""
+
+
+def imported(module: str, name: str) -> Callable[[], Any]:
+    """A loader of ``name`` from ``module``, imported when first called: a plug-in's client,
+    emulator and receipt routes load only in the processes that use them."""
+    def load() -> Any:
+        return getattr(importlib.import_module(module), name)
+
+    return load
+
+
+def opener(module: str, name: str) -> Opener:
+    """An :data:`Opener` of the client class ``name`` of ``module``
+    (``await cls.open(settings, timeout=timeout)``), imported when first called."""
+    load = imported(module, name)
+
+    async def open_client(settings: Settings, timeout: float | timedelta) -> ProviderClient:
+        client: ProviderClient = await load().open(settings, timeout=timeout)
+        return client
+
+    return open_client
 
 
 @dataclass(frozen=True, slots=True)

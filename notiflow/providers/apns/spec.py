@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Final
 
-from notiflow.adapters.providers.base import EmulatorFactory, ProviderClient, ProviderSpec
+from notiflow.adapters.providers.base import ProviderClient, ProviderSpec, imported
 from notiflow.schemas.enums import Channel
 from notiflow.settings import Settings
 
@@ -23,10 +23,5 @@ async def _open(settings: Settings, timeout: float | timedelta) -> ProviderClien
     return client
 
 
-def _emulator() -> EmulatorFactory:
-    from notiflow.providers.apns.emulator import ApnsEmulator
-
-    return ApnsEmulator
-
-
-SPEC: Final = ProviderSpec("apns", Channel.PUSH, _open, emulator=_emulator)
+SPEC: Final = ProviderSpec("apns", Channel.PUSH, _open,
+                           emulator=imported(f"{__package__}.emulator", "ApnsEmulator"))

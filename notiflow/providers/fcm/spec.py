@@ -2,24 +2,11 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
 from typing import Final
 
-from notiflow.adapters.providers.base import EmulatorFactory, ProviderClient, ProviderSpec
+from notiflow.adapters.providers.base import ProviderSpec, imported, opener
 from notiflow.schemas.enums import Channel
-from notiflow.settings import Settings
 
-
-async def _open(settings: Settings, timeout: float | timedelta) -> ProviderClient:
-    from notiflow.providers.fcm.client import FcmPush
-
-    return await FcmPush.open(settings, timeout=timeout)
-
-
-def _emulator() -> EmulatorFactory:
-    from notiflow.providers.fcm.emulator import FcmEmulator
-
-    return FcmEmulator
-
-
-SPEC: Final = ProviderSpec("fcm", Channel.PUSH, _open, emulator=_emulator)
+SPEC: Final = ProviderSpec(
+    "fcm", Channel.PUSH, opener(f"{__package__}.client", "FcmPush"),
+    emulator=imported(f"{__package__}.emulator", "FcmEmulator"))

@@ -5,12 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Final
 
-from notiflow.adapters.providers.base import (
-    EmulatorFactory,
-    ProviderClient,
-    ProviderSpec,
-    ReceiptRoutes,
-)
+from notiflow.adapters.providers.base import ProviderClient, ProviderSpec, imported
 from notiflow.extras import needs
 from notiflow.schemas.enums import Channel
 from notiflow.settings import Settings
@@ -23,18 +18,6 @@ async def _open(settings: Settings, timeout: float | timedelta) -> ProviderClien
     return await SesEmail.open(settings, timeout=timeout)
 
 
-def _emulator() -> EmulatorFactory:
-    from notiflow.providers.ses.emulator import SesEmulator
-
-    return SesEmulator
-
-
-def _receipt_routes() -> ReceiptRoutes:
-    from notiflow.providers.ses.routes import ROUTES
-
-    return ROUTES
-
-
 SPEC: Final = ProviderSpec("ses", Channel.EMAIL, _open,
-                           emulator=_emulator,
-                           receipt_routes=_receipt_routes)
+                           emulator=imported(f"{__package__}.emulator", "SesEmulator"),
+                           receipt_routes=imported(f"{__package__}.routes", "ROUTES"))

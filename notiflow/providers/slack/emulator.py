@@ -16,6 +16,7 @@ from aiohttp import web
 
 from notiflow.fakes.chat import ChatEmulator, json_body, magic, text_response
 from notiflow.fakes.common import ACCEPTED, retry_after_text
+from notiflow.settings import Settings
 
 SLACK_MAGIC: Final[Mapping[str, tuple[int, str]]] = {
     "revoked": (403, "invalid_token"),
@@ -28,7 +29,8 @@ SLACK_MAGIC: Final[Mapping[str, tuple[int, str]]] = {
 class SlackEmulator(ChatEmulator):
     """Slack's incoming webhooks."""
 
-    def __init__(self) -> None:
+    def __init__(self, settings: Settings | None = None) -> None:
+        """``settings``: unused (an incoming webhook has no account to configure)."""
         super().__init__("slack")
 
     def routes(self) -> list[web.RouteDef]:

@@ -5,12 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Final
 
-from notiflow.adapters.providers.base import (
-    EmulatorFactory,
-    ProviderClient,
-    ProviderSpec,
-    ReceiptRoutes,
-)
+from notiflow.adapters.providers.base import ProviderClient, ProviderSpec, imported
 from notiflow.providers.smtp import receipts, signature
 from notiflow.schemas.enums import Channel
 from notiflow.settings import Settings
@@ -23,20 +18,8 @@ async def _open(settings: Settings, timeout: float | timedelta) -> ProviderClien
                                 max_connections=settings.smtp.max_connections)
 
 
-def _emulator() -> EmulatorFactory:
-    from notiflow.providers.smtp.emulator import SmtpEmulator
-
-    return SmtpEmulator
-
-
-def _receipt_routes() -> ReceiptRoutes:
-    from notiflow.providers.smtp.routes import ROUTES
-
-    return ROUTES
-
-
 SPEC: Final = ProviderSpec("smtp", Channel.EMAIL, _open,
-                           emulator=_emulator,
-                           receipt_routes=_receipt_routes,
+                           emulator=imported(f"{__package__}.emulator", "SmtpEmulator"),
+                           receipt_routes=imported(f"{__package__}.routes", "ROUTES"),
                            receipts=receipts.dsn_receipts,
                            verify=signature.check_bearer)

@@ -19,6 +19,7 @@ from aiohttp import web
 
 from notiflow.fakes.chat import ChatEmulator, json_body, magic, text_response
 from notiflow.fakes.common import ACCEPTED, json_response, retry_after_text
+from notiflow.settings import Settings
 
 TEAMS_MAGIC: Final[Mapping[str, tuple[int, str]]] = {
     "gone": (404, "WorkflowNotFound"),
@@ -32,7 +33,8 @@ CARD_TYPE: Final = "application/vnd.microsoft.card.adaptive"
 class TeamsEmulator(ChatEmulator):
     """Teams' Workflows webhooks and Office 365 connectors."""
 
-    def __init__(self) -> None:
+    def __init__(self, settings: Settings | None = None) -> None:
+        """``settings``: unused (an incoming webhook has no account to configure)."""
         super().__init__("teams")
 
     def routes(self) -> list[web.RouteDef]:
