@@ -34,6 +34,14 @@ def _no_endpoints(_section: Any) -> Iterable[tuple[str, str]]:
     return ()
 
 
+def url_fields(*names: str) -> Callable[[Any], Iterable[tuple[str, str]]]:
+    """The ``endpoints`` of a section whose endpoints are its URL fields ``names``."""
+    def endpoints(section: Any) -> Iterable[tuple[str, str]]:
+        return [(name, getattr(section, name)) for name in names]
+
+    return endpoints
+
+
 @dataclass(frozen=True, slots=True)
 class SectionSpec:
     """How the settings object reads one provider plug-in's section."""

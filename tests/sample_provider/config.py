@@ -8,7 +8,7 @@ from pydantic import SecretStr
 
 from notiflow.schemas.enums import Channel
 from notiflow.settings import Settings
-from notiflow.settings.plugin import ProviderPlugin, SectionSpec
+from notiflow.settings.plugin import ProviderPlugin, SectionSpec, url_fields
 from notiflow.settings.providers import ProviderRoute
 from notiflow.settings.section import _Frozen, present
 
@@ -23,15 +23,11 @@ def enabled(section: SampleSettings) -> bool:
     return present(section.token)
 
 
-def endpoints(section: SampleSettings) -> list[tuple[str, str]]:
-    return [("base_url", section.base_url)]
-
-
 class SamplePlugin(ProviderPlugin):
     SECTION: ClassVar[SectionSpec] = SectionSpec(
         "sample", SampleSettings, enabled,
         ProviderRoute(provider_id="sample", channel=Channel.SMS, cost=0.5),
-        endpoints=endpoints)
+        endpoints=url_fields("base_url"))
     sample: SampleSettings = SampleSettings()
 
 

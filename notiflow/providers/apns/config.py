@@ -7,7 +7,7 @@ from typing import ClassVar
 from pydantic import SecretStr
 
 from notiflow.schemas.enums import Channel, PushPlatform
-from notiflow.settings.plugin import ProviderPlugin, SectionSpec
+from notiflow.settings.plugin import ProviderPlugin, SectionSpec, url_fields
 from notiflow.settings.providers import ProviderRoute
 from notiflow.settings.section import _Frozen, present
 
@@ -33,10 +33,6 @@ def enabled(section: ApnsSettings) -> bool:
     return bool(section.team_id and section.key_id) and present(section.private_key)
 
 
-def endpoints(section: ApnsSettings) -> list[tuple[str, str]]:
-    return [("base_url", section.base_url)]
-
-
 class ApnsPlugin(ProviderPlugin):
     """The plug-in's field of :class:`~notiflow.settings.Settings`."""
 
@@ -44,5 +40,5 @@ class ApnsPlugin(ProviderPlugin):
         "apns", ApnsSettings, enabled,
         ProviderRoute(provider_id="apns", channel=Channel.PUSH, reliability=0.995,
                       platforms=frozenset({PushPlatform.IOS})),
-        endpoints=endpoints)
+        endpoints=url_fields("base_url"))
     apns: ApnsSettings = ApnsSettings()

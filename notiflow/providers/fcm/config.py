@@ -7,7 +7,7 @@ from typing import ClassVar
 from pydantic import SecretStr
 
 from notiflow.schemas.enums import Channel, PushPlatform
-from notiflow.settings.plugin import ProviderPlugin, SectionSpec
+from notiflow.settings.plugin import ProviderPlugin, SectionSpec, url_fields
 from notiflow.settings.providers import ProviderRoute
 from notiflow.settings.section import _Frozen, present
 
@@ -33,10 +33,6 @@ def enabled(section: FcmSettings) -> bool:
     return bool(section.client_email) and present(section.private_key)
 
 
-def endpoints(section: FcmSettings) -> list[tuple[str, str]]:
-    return [("base_url", section.base_url), ("token_uri", section.token_uri)]
-
-
 class FcmPlugin(ProviderPlugin):
     """The plug-in's field of :class:`~notiflow.settings.Settings`."""
 
@@ -44,5 +40,5 @@ class FcmPlugin(ProviderPlugin):
         "fcm", FcmSettings, enabled,
         ProviderRoute(provider_id="fcm", channel=Channel.PUSH, reliability=0.995,
                       platforms=frozenset({PushPlatform.ANDROID, PushPlatform.WEB})),
-        endpoints=endpoints)
+        endpoints=url_fields("base_url", "token_uri"))
     fcm: FcmSettings = FcmSettings()

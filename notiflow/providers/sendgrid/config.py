@@ -7,7 +7,7 @@ from typing import ClassVar
 from pydantic import Field, SecretStr
 
 from notiflow.schemas.enums import Channel
-from notiflow.settings.plugin import ProviderPlugin, SectionSpec
+from notiflow.settings.plugin import ProviderPlugin, SectionSpec, url_fields
 from notiflow.settings.providers import ProviderRoute
 from notiflow.settings.section import _Frozen, present
 
@@ -41,10 +41,6 @@ def enabled(section: SendGridSettings) -> bool:
     return present(section.api_key)
 
 
-def endpoints(section: SendGridSettings) -> list[tuple[str, str]]:
-    return [("base_url", section.base_url)]
-
-
 class SendGridPlugin(ProviderPlugin):
     """The plug-in's field of :class:`~notiflow.settings.Settings`."""
 
@@ -52,5 +48,5 @@ class SendGridPlugin(ProviderPlugin):
         "sendgrid", SendGridSettings, enabled,
         ProviderRoute(provider_id="sendgrid", channel=Channel.EMAIL, cost=1.0,
                       reliability=0.995),
-        endpoints=endpoints)
+        endpoints=url_fields("base_url"))
     sendgrid: SendGridSettings = SendGridSettings()

@@ -8,7 +8,7 @@ from typing import ClassVar
 from pydantic import Field, SecretStr
 
 from notiflow.schemas.enums import Channel
-from notiflow.settings.plugin import ProviderPlugin, SectionSpec
+from notiflow.settings.plugin import ProviderPlugin, SectionSpec, url_fields
 from notiflow.settings.providers import ProviderRoute
 from notiflow.settings.section import _Frozen, present
 
@@ -53,15 +53,11 @@ def enabled(section: SesSettings) -> bool:
     return bool(section.access_key_id) and present(section.secret_access_key)
 
 
-def endpoints(section: SesSettings) -> list[tuple[str, str]]:
-    return [("endpoint_url", section.endpoint_url)]
-
-
 class SesPlugin(ProviderPlugin):
     """The plug-in's field of :class:`~notiflow.settings.Settings`."""
 
     SECTION: ClassVar[SectionSpec] = SectionSpec(
         "ses", SesSettings, enabled,
         ProviderRoute(provider_id="ses", channel=Channel.EMAIL, cost=0.3, reliability=0.99),
-        endpoints=endpoints)
+        endpoints=url_fields("endpoint_url"))
     ses: SesSettings = SesSettings()

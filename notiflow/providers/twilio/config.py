@@ -7,7 +7,7 @@ from typing import ClassVar
 from pydantic import SecretStr
 
 from notiflow.schemas.enums import Channel
-from notiflow.settings.plugin import ProviderPlugin, SectionSpec
+from notiflow.settings.plugin import ProviderPlugin, SectionSpec, url_fields
 from notiflow.settings.providers import ProviderRoute
 from notiflow.settings.section import _Frozen, present
 
@@ -28,15 +28,11 @@ def enabled(section: TwilioSettings) -> bool:
     return present(section.auth_token)
 
 
-def endpoints(section: TwilioSettings) -> list[tuple[str, str]]:
-    return [("base_url", section.base_url)]
-
-
 class TwilioPlugin(ProviderPlugin):
     """The plug-in's field of :class:`~notiflow.settings.Settings`."""
 
     SECTION: ClassVar[SectionSpec] = SectionSpec(
         "twilio", TwilioSettings, enabled,
         ProviderRoute(provider_id="twilio", channel=Channel.SMS, cost=1.0, reliability=0.995),
-        endpoints=endpoints)
+        endpoints=url_fields("base_url"))
     twilio: TwilioSettings = TwilioSettings()

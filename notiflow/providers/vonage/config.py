@@ -7,7 +7,7 @@ from typing import ClassVar
 from pydantic import SecretStr
 
 from notiflow.schemas.enums import Channel
-from notiflow.settings.plugin import ProviderPlugin, SectionSpec
+from notiflow.settings.plugin import ProviderPlugin, SectionSpec, url_fields
 from notiflow.settings.providers import ProviderRoute
 from notiflow.settings.section import _Frozen, present
 
@@ -32,15 +32,11 @@ def enabled(section: VonageSettings) -> bool:
     return bool(section.api_key) and present(section.api_secret)
 
 
-def endpoints(section: VonageSettings) -> list[tuple[str, str]]:
-    return [("base_url", section.base_url)]
-
-
 class VonagePlugin(ProviderPlugin):
     """The plug-in's field of :class:`~notiflow.settings.Settings`."""
 
     SECTION: ClassVar[SectionSpec] = SectionSpec(
         "vonage", VonageSettings, enabled,
         ProviderRoute(provider_id="vonage", channel=Channel.SMS, cost=0.8, reliability=0.99),
-        endpoints=endpoints)
+        endpoints=url_fields("base_url"))
     vonage: VonageSettings = VonageSettings()
