@@ -23,7 +23,7 @@ from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import httpx
 from rich.console import Console
@@ -48,7 +48,7 @@ from notiflow.ops.demo_report import (
 from notiflow.ops.procs import ManagedProcess, ProcessGroup
 from notiflow.ops.stack import Stack
 from notiflow.ops.stack.process import port_open
-from notiflow.schemas.enums import Tier
+from notiflow.schemas.enums import Status, Tier
 from notiflow.settings import Settings
 
 if TYPE_CHECKING:
@@ -200,21 +200,21 @@ async def _store(settings: Settings) -> AsyncIterator[CassandraStore]:
 
 
 async def _wait_terminal(store: CassandraStore, sent: Sequence[Sent], timeout: float
-                         ) -> dict[str, dict[str, Any]]:
-    """The latest row of every message of ``sent`` that has one, once all are terminal or
-    after ``timeout`` seconds."""
-    rows: dict[str, dict[str, Any]] = {}
+                         ) -> dict[str, Status]:
+    """The latest status of every message of ``sent`` that has one, once all are terminal
+    or after ``timeout`` seconds."""
+    statuses: dict[str, Status] = {}
     deadline = time.monotonic() + timeout
     pending = [s.message_id for s in sent]
     while pending and time.monotonic() < deadline:
-        got = await asyncio.gather(*(store.get_message(m) for m in pending))
+        got = await asyncio.gather(*(store.message(m) for m in pending))
         for mid, row in zip(pending, got, strict=True):
-            if row is not None:
-                rows[mid] = row
-        pending = [m for m in pending if not terminal(rows, m)]
+            if row is not None and row.status is not None:
+                statuses[mid] = row.current()
+        pending = [m for m in pending if not terminal(statuses, m)]
         if pending:
             await asyncio.sleep(0.5)
-    return rows
+    return statuses
 
 
 async def _latencies(fakes: str, sent: Sequence[Sent]) -> dict[str, float]:
@@ -247,8 +247,8 @@ async def _warm_up(store: CassandraStore, api: str, fakes: str, tokens: dict[str
 
     probe = await _send_all(api, tokens, versions, len(Tier), invalid_every=0)
     add(probe)
-    warm.rows.update(await _wait_terminal(store, probe.sent, READY_TIMEOUT))
-    if not probe.sent or not all(terminal(warm.rows, s.message_id) for s in probe.sent):
+    warm.statuses.update(await _wait_terminal(store, probe.sent, READY_TIMEOUT))
+    if not probe.sent or not all(terminal(warm.statuses, s.message_id) for s in probe.sent):
         console.print(f"[red]the flows did not process one message per tier within "
                       f"{READY_TIMEOUT:.0f} s[/red]")
     console.print(f"flows ready after {time.monotonic() - t0:.0f} s; warming up in "
@@ -262,7 +262,7 @@ async def _warm_up(store: CassandraStore, api: str, fakes: str, tokens: dict[str
                                 rate=SEND_RATE, invalid_every=0)
         add(batch)
         remaining = WARMUP_BOUND - (time.monotonic() - waves_t0)
-        warm.rows.update(await _wait_terminal(store, batch.sent, max(remaining, 1.0)))
+        warm.statuses.update(await _wait_terminal(store, batch.sent, max(remaining, 1.0)))
         p0 = sorted((await _latencies(fakes, [s for s in batch.sent
                                               if s.tier is Tier.P0])).values())
         warm.waves.append(Wave(batch.requests, time.monotonic() - w0,
@@ -274,12 +274,12 @@ async def _warm_up(store: CassandraStore, api: str, fakes: str, tokens: dict[str
 
 @dataclass(frozen=True)
 class Traffic:
-    """The warm-up, the measured run, the rows of both (message_id → Cassandra row), the
+    """The warm-up, the measured run, the statuses of both (message_id → status), the
     measured run's latencies (message_id → ms) and the load average when it started."""
 
     warm: WarmUp
     measured: Batch
-    rows: dict[str, dict[str, Any]]
+    statuses: dict[str, Status]
     latency: dict[str, float]
     load: float | None
     versions: dict[str, int]
@@ -304,10 +304,11 @@ async def _traffic(settings: Settings, api: str, fakes: str, tokens: dict[str, s
         console.print(f"measured run: {measured.requests} requests in {measured.seconds:.1f} s,"
                       f" {len(measured.sent)} accepted (202), {rejected} rejected"
                       + (f" {dict(measured.rejected)}" if rejected else ""), highlight=False)
-        unfinished = [s for s in warm.sent if not terminal(warm.rows, s.message_id)]
-        rows = {**warm.rows, **await _wait_terminal(store, [*measured.sent, *unfinished],
-                                                    DRAIN_TIMEOUT)}
-    return Traffic(warm, measured, rows, await _latencies(fakes, measured.sent), load,
+        unfinished = [s for s in warm.sent if not terminal(warm.statuses, s.message_id)]
+        statuses = {**warm.statuses,
+                    **await _wait_terminal(store, [*measured.sent, *unfinished],
+                                           DRAIN_TIMEOUT)}
+    return Traffic(warm, measured, statuses, await _latencies(fakes, measured.sent), load,
                    versions)
 
 
@@ -374,7 +375,7 @@ def _run(settings: Settings, tokens: dict[str, str], log_dir: Path, *, messages:
         for p in group.procs:
             if not p.alive:
                 console.print(f"[red]{p.name} exited[/red]:\n{p.tail()}", highlight=False)
-        rows = tier_rows(traffic.measured.sent, traffic.rows, traffic.latency,
+        rows = tier_rows(traffic.measured.sent, traffic.statuses, traffic.latency,
                          {tier: settings.policy(tier).sla for tier in Tier})
         report(console, report_heading(
             requests=traffic.measured.requests, seconds=traffic.measured.seconds,
@@ -384,7 +385,7 @@ def _run(settings: Settings, tokens: dict[str, str], log_dir: Path, *, messages:
         if sent:
             console.print(f"inspect one: notiflow status {sent[0].message_id}", highlight=False)
         unaccounted = sum(r.not_terminal for r in rows)
-        warm_unaccounted = sum(not terminal(traffic.rows, s.message_id)
+        warm_unaccounted = sum(not terminal(traffic.statuses, s.message_id)
                                for s in traffic.warm.sent)
         if unaccounted or warm_unaccounted:
             console.print(f"[red]{unaccounted} measured and {warm_unaccounted} warm-up "

@@ -11,7 +11,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import StrEnum
-from typing import Any
 
 from rich import box
 from rich.console import Console
@@ -58,7 +57,7 @@ class WarmUp:
     """Everything the warm-up sent (the readiness probe and the waves) and what it found."""
 
     sent: list[Sent] = field(default_factory=list)
-    rows: dict[str, dict[str, Any]] = field(default_factory=dict)
+    statuses: dict[str, Status] = field(default_factory=dict)
     rejected: Counter[str] = field(default_factory=Counter)
     waves: list[Wave] = field(default_factory=list)
     verdict: Verdict = Verdict.GO_ON
@@ -173,15 +172,15 @@ def report_heading(*, requests: int, seconds: float, warm_requests: int, warm_se
             f"machine ({machine}), one clock")
 
 
-def terminal(rows: Mapping[str, Mapping[str, Any]], message_id: str) -> bool:
-    """Whether ``rows`` (message_id → Cassandra row) holds ``message_id`` with a terminal
+def terminal(statuses: Mapping[str, Status], message_id: str) -> bool:
+    """Whether ``statuses`` (message_id → status) holds ``message_id`` with a terminal
     status."""
-    return message_id in rows and Status(rows[message_id]["status"]) in TERMINAL_STATUSES
+    return statuses.get(message_id) in TERMINAL_STATUSES
 
 
-def tier_rows(sent: Sequence[Sent], rows: Mapping[str, Mapping[str, Any]],
+def tier_rows(sent: Sequence[Sent], statuses: Mapping[str, Status],
               latency: Mapping[str, float], slas: Mapping[Tier, timedelta]) -> list[TierRow]:
-    """Per tier, in tier order: counts by status from ``rows`` (message_id → Cassandra row),
+    """Per tier, in tier order: counts by status from ``statuses`` (message_id → status),
     latency quantiles from ``latency`` (message_id → ms), each tier's SLA from ``slas``."""
     by_tier: dict[Tier, list[Sent]] = defaultdict(list)
     for s in sent:
@@ -189,15 +188,14 @@ def tier_rows(sent: Sequence[Sent], rows: Mapping[str, Mapping[str, Any]],
     out = []
     for tier in Tier:
         items = by_tier.get(tier, [])
-        statuses = Counter(rows[s.message_id]["status"] if s.message_id in rows else "MISSING"
-                           for s in items)
-        ok = sum(statuses[x] for x in ("PROVIDER_ACCEPTED", "SENT", "DELIVERED"))
-        other = statuses["EXPIRED"] + statuses["SUPPRESSED"]
+        counts = Counter(statuses.get(s.message_id, "MISSING") for s in items)
+        ok = sum(counts[x] for x in (Status.PROVIDER_ACCEPTED, Status.SENT, Status.DELIVERED))
+        other = counts[Status.EXPIRED] + counts[Status.SUPPRESSED]
         lat = sorted(latency[s.message_id] for s in items if s.message_id in latency)
         out.append(TierRow(
             tier=tier, sla=slas[tier], accepted=len(items), provider_accepted=ok,
-            failed=statuses["FAILED"], expired_suppressed=other,
-            not_terminal=sum(not terminal(rows, s.message_id) for s in items),
+            failed=counts[Status.FAILED], expired_suppressed=other,
+            not_terminal=sum(not terminal(statuses, s.message_id) for s in items),
             p50=quantile(lat, 50), p99=quantile(lat, 99), max=lat[-1] if lat else None))
     return out
 

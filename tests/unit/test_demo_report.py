@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from collections import Counter
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
 import pytest
 from rich.console import Console
@@ -29,7 +28,7 @@ from notiflow.ops.demo_report import (
     warmup_summary,
     warmup_verdict,
 )
-from notiflow.schemas.enums import Tier
+from notiflow.schemas.enums import Status, Tier
 from notiflow.settings import DEFAULT_TIERS
 
 SLA_MS = 1000.0
@@ -102,12 +101,12 @@ def _sent(tier: Tier, n: int) -> list[Sent]:
 
 def test_tier_rows_counts_latencies_and_sla() -> None:
     p0, p1, p3 = _sent(Tier.P0, 4), _sent(Tier.P1, 3), _sent(Tier.P3, 2)
-    rows: dict[str, dict[str, Any]] = {
-        "P0-0": {"status": "PROVIDER_ACCEPTED"}, "P0-1": {"status": "DELIVERED"},
-        "P0-2": {"status": "FAILED"}, "P0-3": {"status": "QUEUED"},
-        "P1-0": {"status": "SENT"}, "P1-1": {"status": "SUPPRESSED"},
-        "P1-2": {"status": "EXPIRED"},
-        "P3-0": {"status": "PROVIDER_ACCEPTED"},
+    rows = {
+        "P0-0": Status.PROVIDER_ACCEPTED, "P0-1": Status.DELIVERED,
+        "P0-2": Status.FAILED, "P0-3": Status.QUEUED,
+        "P1-0": Status.SENT, "P1-1": Status.SUPPRESSED,
+        "P1-2": Status.EXPIRED,
+        "P3-0": Status.PROVIDER_ACCEPTED,
     }
     latency = {"P0-0": 40.0, "P0-1": 1200.0, "P1-0": 300.0, "P3-0": 5000.0}
     by_tier = {r.tier: r for r in tier_rows([*p0, *p1, *p3], rows, latency, SLAS)}
@@ -172,7 +171,7 @@ def test_warmup_summary_settled_and_bound() -> None:
 
 def test_report_prints_heading_and_every_tier() -> None:
     console = Console(width=160, record=True, color_system=None)
-    rows = tier_rows(_sent(Tier.P0, 1), {"P0-0": {"status": "PROVIDER_ACCEPTED"}},
+    rows = tier_rows(_sent(Tier.P0, 1), {"P0-0": Status.PROVIDER_ACCEPTED},
                      {"P0-0": 80.0}, SLAS)
     report(console, "measured run of 1 messages", rows)
     text = console.export_text()

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from cassandra.cluster import Cluster, Session
 
@@ -60,11 +59,6 @@ class CassandraStore:
 
     async def message(self, message_id: str) -> MessageRow | None:
         return await self.messages.get_message(message_id)
-
-    async def get_message(self, message_id: str) -> dict[str, Any] | None:
-        """The message row's columns as the driver returns them (naive UTC timestamps),
-        for tools that print or compare whole rows; :meth:`message` is the typed read."""
-        return await self.cql.first("msg_get", (message_id,))
 
     async def get_template(self, tenant_id: str, template_id: str,
                            version: int) -> TemplateRow | None:
