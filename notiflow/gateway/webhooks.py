@@ -56,8 +56,11 @@ async def read_body(request: Request, limit: int) -> bytes:
 
 
 def precheck(check: Callable[[], T]) -> T:
-    """``check()`` (one of ``webhook_guard``'s, run before the body is read); ``403`` when
-    it refuses."""
+    """``check()``, a plug-in's look at a post's headers before its body is read (e.g.
+    ``providers/twilio/signature.check_headers``: the receiver configured, the signature
+    headers present and shaped, a fresh timestamp), so that a post no provider sent is
+    refused for the price of its headers; ``403`` when it refuses. The full check on the
+    body still runs afterwards."""
     try:
         return check()
     except WebhookRefused as exc:

@@ -20,13 +20,15 @@ from starlette.responses import Response
 from uvicorn.server import ServerState
 
 from notiflow.devenv import SES_TOPIC
-from notiflow.gateway import webhook_guard
 from notiflow.gateway.app import build_app, max_any_body
 from notiflow.gateway.auth import MAX_BODY_BYTES
 from notiflow.gateway.batch import MAX_BATCH_BYTES
 from notiflow.gateway.bodies import BodyCeiling, read_limited
 from notiflow.gateway.server_limits import BoundedHttpTools, uvicorn_options
 from notiflow.providers.sendgrid.routes import MAX_SENDGRID_BODY
+from notiflow.providers.sendgrid.signature import EVENT_SIGNATURE_HEADER as SIGNATURE
+from notiflow.providers.sendgrid.signature import EVENT_TIMESTAMP_HEADER as TIMESTAMP
+from notiflow.providers.ses import sns
 from notiflow.settings import ServerLimits, Settings
 from tests.helpers import dev_environ, hold_async
 
@@ -144,11 +146,11 @@ async def test_sendgrid_without_its_signature_headers_is_refused_before_its_body
     now = str(int(time.time()))
     good_sig = "A" * 96
     cases = [({}, "missing_signature"),
-             ({webhook_guard.SENDGRID_TIMESTAMP: now}, "missing_signature"),
-             ({webhook_guard.SENDGRID_SIGNATURE: good_sig,
-               webhook_guard.SENDGRID_TIMESTAMP: "1"}, "stale_timestamp"),
-             ({webhook_guard.SENDGRID_SIGNATURE: "not base64 at all!" * 3,
-               webhook_guard.SENDGRID_TIMESTAMP: now}, "invalid_signature")]
+             ({TIMESTAMP: now}, "missing_signature"),
+             ({SIGNATURE: good_sig,
+               TIMESTAMP: "1"}, "stale_timestamp"),
+             ({SIGNATURE: "not base64 at all!" * 3,
+               TIMESTAMP: now}, "invalid_signature")]
     async with client(app) as c:
         for headers, reason in cases:
             body = Source()
@@ -160,8 +162,8 @@ async def test_sendgrid_without_its_signature_headers_is_refused_before_its_body
 async def test_a_signed_looking_sendgrid_post_is_read_only_up_to_one_mib(
         app: FastAPI) -> None:
     body = Source()
-    headers = {webhook_guard.SENDGRID_SIGNATURE: "A" * 96,
-               webhook_guard.SENDGRID_TIMESTAMP: str(int(time.time()))}
+    headers = {SIGNATURE: "A" * 96,
+               TIMESTAMP: str(int(time.time()))}
     async with client(app) as c:
         r = await c.post("/webhooks/sendgrid", content=body, headers=headers)
     assert r.status_code == 413
@@ -187,9 +189,8 @@ async def test_twilio_and_ses_posts_are_refused_on_their_headers_before_their_bo
 
 def test_the_sns_header_check_lets_a_configured_topic_through() -> None:
     settings = Settings(ses={"sns_topic_arns": (SES_TOPIC,)})
-    assert webhook_guard.sns_headers([settings.ses], {"x-amz-sns-topic-arn": SES_TOPIC,
-                                                      "x-amz-sns-message-type":
-                                                      "Notification"}) is None
+    assert sns.check_headers(settings.ses.sns_topic_arns, {
+        "x-amz-sns-topic-arn": SES_TOPIC, "x-amz-sns-message-type": "Notification"}) is None
 
 
 class Transport(asyncio.Transport):

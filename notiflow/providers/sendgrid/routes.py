@@ -12,22 +12,35 @@ from typing import Final
 import orjson
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
-from pydantic import ValidationError
+from fastapi.security import APIKeyHeader
+from pydantic import BaseModel, ValidationError
 
 from notiflow.adapters.providers.base import ReceiptRoutes
-from notiflow.gateway import webhook_guard
 from notiflow.gateway.auth import RuntimeDep
 from notiflow.gateway.errors import bad_request
-from notiflow.gateway.webhook_openapi import (
-    SENDGRID_BODY,
-    SENDGRID_SIGNATURE,
-    SendgridAnswer,
-    webhook_errors,
-)
+from notiflow.gateway.openapi import raw_body
+from notiflow.gateway.webhook_openapi import webhook_errors
 from notiflow.gateway.webhooks import precheck, problem, publish, read_body, verified
 from notiflow.providers.sendgrid import receipts as sendgrid_receipts
 from notiflow.providers.sendgrid import signature as sendgrid_signature
 from notiflow.schemas.messages import Receipt
+
+SENDGRID_SIGNATURE: Final = APIKeyHeader(
+    name="X-Twilio-Email-Event-Webhook-Signature", scheme_name="SendGridSignature",
+    auto_error=False,
+    description="ECDSA P-256 signature over `X-Twilio-Email-Event-Webhook-Timestamp` and the "
+                "raw body, checked with the Event Webhook's public key.")
+
+
+class SendgridAnswer(BaseModel):
+    receipts: int
+    malformed: int
+    ignored: int
+
+
+SENDGRID_BODY: Final = raw_body("An Event Webhook batch.", {"application/json": {"schema": {
+    "type": "array", "items": {"type": "object"}}}})
+
 
 log = logging.getLogger("notiflow.gateway.webhooks")
 router = APIRouter()
@@ -45,7 +58,7 @@ async def sendgrid_events(request: Request, runtime: RuntimeDep) -> JSONResponse
     signed and fresh; ``400`` when the body is not a JSON array. Malformed events are logged
     and skipped (the answer counts them): a retry of the batch would not mend them."""
     settings = runtime.settings
-    precheck(lambda: webhook_guard.sendgrid_headers(
+    precheck(lambda: sendgrid_signature.check_headers(
         runtime.keyring.sections("sendgrid"), request.headers,
         settings.provider_webhook_max_age, time.time()))
     raw = await read_body(request, MAX_SENDGRID_BODY)

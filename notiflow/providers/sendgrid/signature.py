@@ -8,7 +8,8 @@ import base64
 import binascii
 import functools
 import logging
-from collections.abc import Mapping
+import re
+from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import Final
 
@@ -89,3 +90,29 @@ def check_event_post(config: SendGridSettings, max_age: timedelta,
     if not verify_event_signature(key, body, signature, stamp):
         raise WebhookRefused("invalid_signature", f"{EVENT_SIGNATURE_HEADER} does not match "
                                                   "this request")
+
+
+SIGNATURE_SHAPE: Final = re.compile(r"[A-Za-z0-9+/]{64,128}={0,2}")
+"""Base64 of a DER ECDSA P-256 signature (70 to 72 bytes; some slack either way)."""
+TIMESTAMP_SHAPE: Final = re.compile(r"[0-9]{1,12}")
+
+
+def check_headers(sections: Sequence[SendGridSettings], headers: Mapping[str, str],
+                  max_age: timedelta, now: float) -> None:
+    """Before the body is read: a verification key is configured (in one of ``sections``,
+    the account's sections in force), both signature headers are present and shaped, and
+    the timestamp is within ``max_age`` of ``now`` (Unix seconds)."""
+    if not any(s.event_webhook_public_key for s in sections):
+        raise WebhookRefused("signature_not_configured",
+                             "no Event Webhook verification key is configured")
+    signature = headers.get(EVENT_SIGNATURE_HEADER)
+    stamp = headers.get(EVENT_TIMESTAMP_HEADER)
+    if not signature or not stamp:
+        raise WebhookRefused("missing_signature", f"{EVENT_SIGNATURE_HEADER} and "
+                                                  f"{EVENT_TIMESTAMP_HEADER} are required")
+    if not TIMESTAMP_SHAPE.fullmatch(stamp) or abs(now - int(stamp)) > max_age.total_seconds():
+        raise WebhookRefused("stale_timestamp", f"{EVENT_TIMESTAMP_HEADER} is not within "
+                                                f"{int(max_age.total_seconds())} s of now")
+    if not SIGNATURE_SHAPE.fullmatch(signature):
+        raise WebhookRefused("invalid_signature",
+                             f"{EVENT_SIGNATURE_HEADER} does not match this request")

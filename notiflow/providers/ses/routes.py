@@ -23,25 +23,66 @@ from __future__ import annotations
 
 import logging
 from datetime import UTC, datetime
-from typing import Final
+from typing import Any, Final
 
 import orjson
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
-from pydantic import ValidationError
+from fastapi.security import APIKeyHeader
+from pydantic import BaseModel, ValidationError
 
 from notiflow.adapters.providers.base import ReceiptRoutes
 from notiflow.adapters.providers.webhook import WebhookRefused
-from notiflow.gateway import webhook_guard
 from notiflow.gateway.auth import RuntimeDep
 from notiflow.gateway.errors import ApiError, bad_request
+from notiflow.gateway.openapi import raw_body
 from notiflow.gateway.runtime import Runtime
-from notiflow.gateway.webhook_openapi import SES_BODY, SNS_SIGNATURE, SesAnswer, webhook_errors
+from notiflow.gateway.webhook_openapi import webhook_errors
 from notiflow.gateway.webhooks import precheck, publish, read_body, refused
 from notiflow.providers.ses import receipts as ses_receipts
 from notiflow.providers.ses import sns
 from notiflow.providers.ses.config import SesSettings
 from notiflow.providers.ses.sns_http import SnsUnreachable
+
+SNS_SIGNATURE: Final = APIKeyHeader(
+    name="x-amz-sns-message-type", scheme_name="SnsSignature", auto_error=False,
+    description="SNS signs the body itself: `Signature` (RSA, SHA-256 for `SignatureVersion` "
+                "2; SHA-1 for 1 only where `ses.sns_signature_v1` allows it) over the "
+                "message's fields, checked with the key of the certificate at "
+                "`SigningCertURL`, which must be on an SNS host; the message must come from a "
+                "configured topic, its `Timestamp` within `ses.sns_max_age` of now. The "
+                "header names the message type.")
+
+
+class SesAnswer(BaseModel):
+    receipts: int
+    malformed: int
+    ignored: int
+    confirmed: bool
+    """A ``SubscriptionConfirmation`` was confirmed."""
+
+
+_SNS_COMMON: Final = ("Type", "MessageId", "TopicArn", "Message", "Timestamp",
+                      "SignatureVersion", "Signature", "SigningCertURL")
+
+
+_SNS_FIELDS: Final[dict[str, Any]] = {
+    **{name: {"type": "string"} for name in _SNS_COMMON},
+    "SignatureVersion": {"type": "string", "enum": ["1", "2"]},
+    "Subject": {"type": "string"}, "Token": {"type": "string"},
+    "SubscribeURL": {"type": "string"}, "UnsubscribeURL": {"type": "string"}}
+
+
+SES_BODY: Final = raw_body(
+    "An SNS HTTP delivery: a notification whose `Message` is an SES event (JSON text), or "
+    "a subscription (un)confirmation. SNS labels it `text/plain`; it is read as JSON "
+    "whatever its content type.", {"application/json": {"schema": {"oneOf": [
+        {"type": "object", "required": list(_SNS_COMMON), "properties": {
+            **_SNS_FIELDS, "Type": {"const": "Notification"}}},
+        {"type": "object", "required": [*_SNS_COMMON, "Token", "SubscribeURL"],
+         "properties": {**_SNS_FIELDS, "Type": {"enum": ["SubscriptionConfirmation",
+                                                         "UnsubscribeConfirmation"]}}}]}}})
+
 
 log = logging.getLogger("notiflow.gateway.ses_webhook")
 router = APIRouter()
@@ -92,8 +133,9 @@ async def ses_events(request: Request, runtime: RuntimeDep) -> JSONResponse:
     """One SNS delivery: a confirmation is confirmed, a notification's SES event becomes at
     most one receipt."""
     config = runtime.settings.ses
-    precheck(lambda: webhook_guard.sns_headers(runtime.keyring.sections("ses"),
-                                               request.headers))
+    precheck(lambda: sns.check_headers(
+        {arn for s in runtime.keyring.sections("ses") for arn in s.sns_topic_arns},
+        request.headers))
     raw = await read_body(request, MAX_SNS_BODY)
     msg = await authentic(runtime, config, raw)
     answer = SesAnswer(receipts=0, malformed=0, ignored=0, confirmed=False)

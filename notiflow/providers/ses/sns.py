@@ -17,6 +17,7 @@ from __future__ import annotations
 import base64
 import binascii
 import re
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Final
@@ -179,3 +180,22 @@ def sign(fields: dict[str, str], key: rsa.RSAPrivateKey, version: str = "1") -> 
     msg = SnsMessage({**fields, "SignatureVersion": version})
     return base64.b64encode(key.sign(string_to_sign(msg), padding.PKCS1v15(),
                                      HASHES[version]())).decode()
+
+
+TOPIC_HEADER: Final = "x-amz-sns-topic-arn"
+TYPES: Final = frozenset({NOTIFICATION, SUBSCRIPTION_CONFIRMATION, UNSUBSCRIBE_CONFIRMATION})
+
+
+def check_headers(topics: Collection[str], headers: Mapping[str, str]) -> None:
+    """Before the body is read: a topic is configured (``topics``), the topic SNS names in
+    ``x-amz-sns-topic-arn`` (when sent) is one of them, and ``x-amz-sns-message-type`` (when
+    sent) is a type SNS sends (``not_sns``)."""
+    if not topics:
+        raise WebhookRefused("webhook_not_configured",
+                             "no SNS topic is configured (ses.sns_topic_arns)")
+    topic = headers.get(TOPIC_HEADER)
+    if topic is not None and topic not in topics:
+        raise WebhookRefused("wrong_account", "the message is from a topic not configured")
+    kind = headers.get(TYPE_HEADER)
+    if kind is not None and kind not in TYPES:
+        raise WebhookRefused("not_sns", f"{TYPE_HEADER} is not a message type SNS sends")

@@ -9,17 +9,35 @@ from typing import Final
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
+from fastapi.security import HTTPBearer
+from pydantic import BaseModel
 
 from notiflow.adapters.providers.base import ReceiptRoutes
 from notiflow.adapters.providers.webhook import WebhookRefused
 from notiflow.correlation import CorrelationKeyMissing, CorrelationKeys
 from notiflow.gateway.auth import RuntimeDep
 from notiflow.gateway.errors import ApiError, unprocessable
-from notiflow.gateway.webhook_openapi import DSN_BODY, DSN_SECRET, DsnAnswer, webhook_errors
+from notiflow.gateway.openapi import raw_body
+from notiflow.gateway.webhook_openapi import webhook_errors
 from notiflow.gateway.webhooks import publish, read_body, refused, verified
 from notiflow.providers.smtp import receipts as smtp_receipts
 from notiflow.providers.smtp import signature as smtp_signature
 from notiflow.settings import Settings
+
+DSN_SECRET: Final = HTTPBearer(
+    scheme_name="DsnWebhookSecret", auto_error=False,
+    description="`smtp.dsn_webhook_secret` (the relay's mail pipe cannot sign).")
+
+
+class DsnAnswer(BaseModel):
+    receipts: int
+    ignored: int
+
+
+DSN_BODY: Final = raw_body("An RFC 3464 delivery status notification, raw.", {
+    "message/rfc822": {"schema": {"type": "string"}},
+    "multipart/report": {"schema": {"type": "string"}}})
+
 
 router = APIRouter()
 

@@ -8,15 +8,28 @@ from typing import Final
 from urllib.parse import parse_qsl
 
 from fastapi import APIRouter, Depends, Request, Response
+from fastapi.security import APIKeyHeader
 
 from notiflow.adapters.providers.base import ReceiptRoutes
-from notiflow.gateway import webhook_guard
 from notiflow.gateway.auth import RuntimeDep
 from notiflow.gateway.errors import bad_request
-from notiflow.gateway.webhook_openapi import TWILIO_BODY, TWILIO_SIGNATURE, webhook_errors
+from notiflow.gateway.openapi import raw_body
+from notiflow.gateway.webhook_openapi import FLAT_OBJECT, FORM, webhook_errors
 from notiflow.gateway.webhooks import MAX_BODY, precheck, publish, read_body, verified
 from notiflow.providers.twilio import receipts as twilio_receipts
 from notiflow.providers.twilio import signature as twilio_signature
+
+TWILIO_SIGNATURE: Final = APIKeyHeader(
+    name="X-Twilio-Signature", scheme_name="TwilioSignature", auto_error=False,
+    description="HMAC-SHA1 of the callback URL and form parameters with the account's auth "
+                "token (Twilio's request validation).")
+
+
+TWILIO_BODY: Final = raw_body("A Twilio status callback.", {FORM: {"schema": {
+    **FLAT_OBJECT, "properties": {"MessageSid": {"type": "string"},
+                            "MessageStatus": {"type": "string"},
+                            "ErrorCode": {"type": "string"}}}}})
+
 
 router = APIRouter()
 
@@ -28,8 +41,8 @@ router = APIRouter()
 async def twilio_status(request: Request, runtime: RuntimeDep) -> Response:
     """One Twilio status callback → at most one receipt; ``403`` unless signed."""
     settings = runtime.settings
-    precheck(lambda: webhook_guard.twilio_headers(runtime.keyring.sections("twilio"),
-                                                  request.headers))
+    precheck(lambda: twilio_signature.check_headers(runtime.keyring.sections("twilio"),
+                                                    request.headers))
     raw = await read_body(request, MAX_BODY)
     params = dict(parse_qsl(raw.decode(errors="replace"), keep_blank_values=True))
     verified(runtime, "twilio", lambda config: twilio_signature.check_callback(

@@ -6,7 +6,8 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
-from collections.abc import Mapping
+import re
+from collections.abc import Mapping, Sequence
 from typing import Final
 from urllib.parse import urlsplit
 
@@ -50,5 +51,19 @@ def check_callback(config: TwilioSettings, request_url: str, params: Mapping[str
     token = config.auth_token
     url = signed_url(request_url, config.status_callback_url)
     if token is None or not verify_signature(token.get_secret_value(), url, params, header):
+        raise WebhookRefused("invalid_signature",
+                             f"{SIGNATURE_HEADER} does not match this request")
+
+
+SIGNATURE_SHAPE: Final = re.compile(r"[A-Za-z0-9+/]{27}=")
+"""Base64 of an HMAC-SHA1 (20 bytes)."""
+
+
+def check_headers(sections: Sequence[TwilioSettings], headers: Mapping[str, str]) -> None:
+    """Before the body is read: an auth token is configured (in one of ``sections``, the
+    account's sections in force) and ``X-Twilio-Signature`` looks like one."""
+    if not any(s.auth_token is not None for s in sections):
+        raise WebhookRefused("invalid_signature", "no Twilio auth token is configured")
+    if not SIGNATURE_SHAPE.fullmatch(headers.get(SIGNATURE_HEADER) or ""):
         raise WebhookRefused("invalid_signature",
                              f"{SIGNATURE_HEADER} does not match this request")

@@ -12,20 +12,33 @@ from urllib.parse import parse_qsl
 import orjson
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
-from pydantic import ValidationError
+from fastapi.security import APIKeyQuery
+from pydantic import BaseModel, ValidationError
 
 from notiflow.adapters.providers.base import ReceiptRoutes
 from notiflow.gateway.auth import RuntimeDep
 from notiflow.gateway.errors import bad_request
-from notiflow.gateway.webhook_openapi import (
-    VONAGE_BODY,
-    VONAGE_SIGNATURE,
-    VonageAnswer,
-    webhook_errors,
-)
+from notiflow.gateway.openapi import raw_body
+from notiflow.gateway.webhook_openapi import FLAT_OBJECT, FORM, webhook_errors
 from notiflow.gateway.webhooks import MAX_BODY, problem, publish, read_body, verified
 from notiflow.providers.vonage import receipts as vonage_receipts
 from notiflow.providers.vonage import signature as vonage_signature
+
+VONAGE_SIGNATURE: Final = APIKeyQuery(
+    name="sig", scheme_name="VonageSignature", auto_error=False,
+    description="SHA-256 HMAC of the other parameters with the signature secret (in the "
+                "query, form or JSON body); without a configured secret every receipt is "
+                "refused.")
+
+
+class VonageAnswer(BaseModel):
+    receipts: int
+
+
+VONAGE_BODY: Final = {"requestBody": {**raw_body("A delivery receipt (or in the query).", {
+    FORM: {"schema": FLAT_OBJECT}, "application/json": {"schema": FLAT_OBJECT}})["requestBody"],
+    "required": False}}
+
 
 router = APIRouter()
 
