@@ -1,6 +1,10 @@
-"""The Kafka-outage window against the real stack: the broker is SIGKILLed for 60 s while
+"""The Kafka-outage window on a broker of its own: the broker is SIGKILLed for 60 s while
 1,000 P2 messages are submitted; every one is answered 202, P0 in the same outage gets 503,
 and after the restart every P2 message reaches a provider.
+
+The broker is private (its own port and data, started by :class:`PrivateKafka`), as are the
+API, the P2 send flow and the reconciler that use it; Cassandra, Redis and the emulators are
+the session's. So the outage stops nothing another test uses and the test runs beside them.
 
 The dataflows do not ride out the broker's death: their Kafka sinks raise on failed
 deliveries (by design: progress is never committed past an unconfirmed write) and Bytewax
@@ -17,6 +21,7 @@ import signal
 import time
 import uuid
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,13 +29,16 @@ import httpx
 import pytest
 from cassandra.cluster import Session
 
+from notiflow.devenv import free_port
+from notiflow.ops.procs import ManagedProcess, ProcessGroup
 from notiflow.ops.stack import Stack
-from notiflow.schemas.enums import Tier
+from notiflow.ops.topics import ensure_topics
 from notiflow.settings import Settings
 from tests.helpers import SUCCESS, accepted_counts, hold, report, statuses, wait_for
+from tests.integration.conftest import ready
 from tests.integration.test_pipeline import NUMBERS
 
-pytestmark = [pytest.mark.integration, pytest.mark.disruptive]
+pytestmark = pytest.mark.integration
 
 OUTAGE_S = 60.0
 P2_MESSAGES = 1000
@@ -48,14 +56,47 @@ def kill(stack: Stack, names: list[str]) -> None:
              what=f"{', '.join(names)} gone")
 
 
-def kill_kafka(settings: Settings) -> None:
-    """SIGKILL every broker (all three of a three-node stack: one alone is no outage)."""
-    stack = Stack(settings, log=lambda _m: None)
-    kill(stack, [c.name for c in stack.components() if c.name.split("-")[0] == "kafka"])
+class PrivateKafka:
+    """A one-node broker of its own on free loopback ports, with the session's topics under
+    a prefix of its own; ``env`` points a process at it."""
+
+    def __init__(self, session: Settings, root: Path) -> None:
+        port = free_port()
+        self.settings = session.model_copy(update={
+            "stack_dir": root, "kafka_bootstrap": f"127.0.0.1:{port}",
+            "kafka_controller_port": free_port(), "kafka_proxied_port": free_port(),
+            "kafka_proxy_port": free_port(), "kafka_heap_mb": 256,
+            "kafka_replication_factor": 1, "kafka_min_insync_replicas": 1,
+            "topic_prefix": f"{session.topic_prefix}outage."})
+        self.stack = Stack(self.settings, log=lambda _m: None, nodes=1, object_store=False)
+        self.env = {**os.environ,
+                    "NOTIFLOW_KAFKA_BOOTSTRAP": self.settings.kafka_bootstrap,
+                    "NOTIFLOW_KAFKA_REPLICATION_FACTOR": "1",
+                    "NOTIFLOW_KAFKA_MIN_INSYNC_REPLICAS": "1",
+                    "NOTIFLOW_TOPIC_PREFIX": self.settings.topic_prefix}
+
+    def start(self) -> None:
+        self.stack.start(["kafka"])
+
+    def kill(self) -> None:
+        kill(self.stack, ["kafka"])
+
+    def running(self) -> bool:
+        return all(self.stack.pid(c) is not None for c in self.stack.components()
+                   if c.name == "kafka")
 
 
-def restart_kafka(settings: Settings) -> None:
-    Stack(settings, log=lambda _m: None).up()
+@pytest.fixture(scope="module")
+def private_kafka(stack: Settings, tmp_path_factory: pytest.TempPathFactory
+                  ) -> Iterator[PrivateKafka]:
+    broker = PrivateKafka(stack, tmp_path_factory.mktemp("kafka-outage"))
+    broker.start()
+    try:
+        ensure_topics(broker.settings)
+        yield broker
+    finally:
+        if broker.running():
+            broker.kill()
 
 
 def body(tier: str, version: int) -> dict[str, Any]:
@@ -84,41 +125,66 @@ async def submit(api: str, token: str, bodies: list[dict[str, Any]],
 
 @pytest.mark.timeout(900)
 def test_kafka_outage_window_accepts_p2_refuses_p0_and_publishes_after_recovery(
-        stack: Settings, api: str, tokens: dict[str, str], otp_template: dict[str, int],
-        start_flow, reconciler, recovery_root: Path, fakes: str, cql: Session,
-        capsys) -> None:
+        private_kafka: PrivateKafka, tokens: dict[str, str], otp_template: dict[str, int],
+        fakes: str, cql: Session, log_dir: Path, tmp_path: Path, capsys) -> None:
     version = otp_template["acme"]
-    flow = start_flow("send", tier=Tier.P2, name="send-p2-outage")
-    for _ in range(30):  # a 503 with Retry-After (e.g. Redis restarted by an earlier test)
-        warm = asyncio.run(submit(api, tokens["acme"], [body("P2", version)]))
-        if warm[0][1].status_code != 503:
-            break
-        hold(float(warm[0][1].headers.get("Retry-After", "1")))
-    assert warm[0][1].status_code == 202
+    logs, recovery = log_dir / "kafka-outage", tmp_path / "recovery"
+    port = free_port()
+    api = f"http://127.0.0.1:{port}"
+    group = ProcessGroup()
 
-    kill_kafka(stack)
-    killed = time.monotonic()
+    def start(name: str, args: list[str], **env: str) -> ManagedProcess:
+        return group.add(ManagedProcess(name, args, logs, {**private_kafka.env, **env})).start()
+
+    def flow(name: str, args: list[str], store: str) -> ManagedProcess:
+        proc = start(name, ["flow", *args, "--recovery-dir", str(recovery / store)])
+        return proc.wait_until(lambda: ready(proc), timeout=60)
+
     try:
-        first = asyncio.run(submit(api, tokens["acme"],
-                                   [body("P2", version) for _ in range(P2_MESSAGES // 2)]))
-        p0_body = body("P0", version)
-        p0 = asyncio.run(submit(api, tokens["acme"], [p0_body]))
-        rest = asyncio.run(submit(api, tokens["acme"],
-                                  [body("P2", version)
-                                   for _ in range(P2_MESSAGES - len(first))]))
-        during = time.monotonic() - killed
-        ready = httpx.get(f"{api}/readyz", timeout=10)
-        assert during < OUTAGE_S, f"submitting took {during:.0f} s, longer than the outage"
-        hold(OUTAGE_S - during)
-    finally:
-        restart_kafka(stack)
-    recovered = time.monotonic()
-    for proc in (flow, reconciler):
-        proc.stop()
-    start_flow("reconcile", name="reconcile-after-outage", recovery=recovery_root / "reconcile")
-    start_flow("send", tier=Tier.P2, name="send-p2-after-outage",
-               recovery=recovery_root / "send-p2-outage")
+        start("api", ["api"], NOTIFLOW_API_PORT=str(port)).wait_http(f"{api}/healthz")
+        reconciler = flow("reconcile", ["reconcile"], "reconcile")
+        sender = flow("send-p2", ["send", "--tier", "P2"], "send-p2")
+        for _ in range(30):  # a 503 with Retry-After (e.g. Redis restarted by another test)
+            warm = asyncio.run(submit(api, tokens["acme"], [body("P2", version)]))
+            if warm[0][1].status_code != 503:
+                break
+            hold(float(warm[0][1].headers.get("Retry-After", "1")))
+        assert warm[0][1].status_code == 202
 
+        private_kafka.kill()
+        killed = time.monotonic()
+        try:
+            first = asyncio.run(submit(api, tokens["acme"],
+                                       [body("P2", version) for _ in range(P2_MESSAGES // 2)]))
+            p0_body = body("P0", version)
+            p0 = asyncio.run(submit(api, tokens["acme"], [p0_body]))
+            rest = asyncio.run(submit(api, tokens["acme"],
+                                      [body("P2", version)
+                                       for _ in range(P2_MESSAGES - len(first))]))
+            during = time.monotonic() - killed
+            ready_answer = httpx.get(f"{api}/readyz", timeout=10)
+            assert during < OUTAGE_S, f"submitting took {during:.0f} s, longer than the outage"
+            hold(OUTAGE_S - during)
+        finally:
+            private_kafka.start()
+        recovered = time.monotonic()
+        for proc in (sender, reconciler):
+            proc.stop()
+        flow("reconcile-after-outage", ["reconcile"], "reconcile")
+        flow("send-p2-after-outage", ["send", "--tier", "P2"], "send-p2")
+        check_outage(api, tokens, fakes, cql, first, rest, p0, p0_body, ready_answer,
+                     recovered, capsys)
+    finally:
+        group.stop_all()
+
+
+def check_outage(api: str, tokens: dict[str, str], fakes: str, cql: Session,
+                 first: list[tuple[str, httpx.Response, float]],
+                 rest: list[tuple[str, httpx.Response, float]],
+                 p0: list[tuple[str, httpx.Response, float]], p0_body: dict[str, Any],
+                 ready: httpx.Response, recovered: float, capsys: Any) -> None:
+    """Every P2 answered 202 and provider-accepted after the restart, none lost; P0 refused
+    with 503 in under a second and accepted anew once Kafka is back."""
     p2 = first + rest
     codes = Counter(r.status_code for _, r, _ in p2)
     assert codes == {202: P2_MESSAGES}, codes

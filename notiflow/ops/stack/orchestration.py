@@ -7,7 +7,7 @@ import os
 import shutil
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 
 from notiflow.ops import cluster, toxiproxy
@@ -111,6 +111,21 @@ class Stack:
                 c.after_healthy()
         self._prioritise_collectors()
         self.init(topics=topics, migrations=migrations)
+
+    def start(self, names: Collection[str]) -> None:
+        """Start the components ``names`` that are not running and wait until each is
+        healthy, leaving the others alone (no topics, migrations or bucket); a test's private
+        broker, or one restarted after an outage."""
+        comps = [c for c in self.components() if c.name in names]
+        missing = set(names) - {c.name for c in comps}
+        if missing:
+            raise StackError(f"no such component: {', '.join(sorted(missing))}")
+        self.p.make()
+        for c in comps:
+            self._start(c)
+        for c in comps:
+            self._wait_healthy(c)
+            c.after_healthy()
 
     def _start(self, c: Component) -> None:
         if self.pid(c) is not None:
