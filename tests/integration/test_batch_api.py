@@ -15,7 +15,7 @@ import pytest
 
 from notiflow.schemas.enums import Channel, Tier
 from notiflow.settings import Settings
-from tests.integration.test_api import find_record
+from tests.integration.api.support import find_record
 
 pytestmark = pytest.mark.integration
 
