@@ -17,6 +17,7 @@ from confluent_kafka import Consumer, TopicPartition
 
 from notiflow.adapters.breaker import CircuitBreakers, StateChange
 from notiflow.adapters.kafka_io import OutRecord, SyncProducer, producer_config
+from notiflow.adapters.providers import provider_specs
 from notiflow.adapters.ratelimit import CapacityLimiter
 from notiflow.devenv import dev_environment
 from notiflow.ingest_binding import HEADER, binder, claimed_target, tenant_signer
@@ -237,8 +238,9 @@ def statuses(session: Session, ids: list[str]) -> dict[str, str | None]:
     return out
 
 
-SMS_PROVIDERS = ("twilio", "vonage")
-ALL_PROVIDERS = ("twilio", "vonage", "sendgrid", "smtp", "fcm", "apns")
+SMS_PROVIDERS = tuple(name for name, spec in provider_specs(Settings).items()
+                      if spec.channel is Channel.SMS)
+"""The registered SMS plug-ins (their emulators are where the tests' SMS messages land)."""
 
 
 def emulator_records(fakes: str, message_id: str | None = None,
