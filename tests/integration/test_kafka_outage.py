@@ -2,9 +2,11 @@
 1,000 P2 messages are submitted; every one is answered 202, P0 in the same outage gets 503,
 and after the restart every P2 message reaches a provider.
 
-The broker is private (its own port and data, started by :class:`PrivateKafka`), as are the
-API, the P2 send flow and the reconciler that use it; Cassandra, Redis and the emulators are
-the session's. So the outage stops nothing another test uses and the test runs beside them.
+The broker is private (its own port and data) and so is the keyspace, both made by
+:class:`PrivateStack`, as are the API, the P2 send flow and the reconciler that use them;
+the Cassandra and Redis servers and the emulators are the session's. So the outage stops
+nothing another test uses, and what it leaves behind (a P0 message accepted after the
+restart and never sent) is seen by no other test: it runs beside them.
 
 The dataflows do not ride out the broker's death: their Kafka sinks raise on failed
 deliveries (by design: progress is never committed past an unconfirmed write) and Bytewax
@@ -29,13 +31,22 @@ import httpx
 import pytest
 from cassandra.cluster import Session
 
+from notiflow.adapters.cassandra.session import connect
 from notiflow.devenv import free_port
 from notiflow.ops.procs import ManagedProcess, ProcessGroup
 from notiflow.ops.stack import Stack
 from notiflow.ops.topics import ensure_topics
 from notiflow.settings import Settings
-from tests.helpers import SUCCESS, accepted_counts, hold, report, statuses, wait_for
-from tests.integration.conftest import ready
+from tests.helpers import (
+    SUCCESS,
+    accepted_counts,
+    create_template,
+    hold,
+    report,
+    statuses,
+    wait_for,
+)
+from tests.integration.conftest import OTP_TEMPLATE, ready
 from tests.integration.test_pipeline import NUMBERS
 
 pytestmark = pytest.mark.integration
@@ -56,9 +67,9 @@ def kill(stack: Stack, names: list[str]) -> None:
              what=f"{', '.join(names)} gone")
 
 
-class PrivateKafka:
-    """A one-node broker of its own on free loopback ports, with the session's topics under
-    a prefix of its own; ``env`` points a process at it."""
+class PrivateStack:
+    """A one-node broker of its own on free loopback ports with the topics, and a keyspace of
+    its own on the session's Cassandra; ``env`` points a process at both."""
 
     def __init__(self, session: Settings, root: Path) -> None:
         port = free_port()
@@ -67,13 +78,15 @@ class PrivateKafka:
             "kafka_controller_port": free_port(), "kafka_proxied_port": free_port(),
             "kafka_proxy_port": free_port(), "kafka_heap_mb": 256,
             "kafka_replication_factor": 1, "kafka_min_insync_replicas": 1,
-            "topic_prefix": f"{session.topic_prefix}outage."})
+            "topic_prefix": f"{session.topic_prefix}outage.",
+            "cassandra_keyspace": f"{session.cassandra_keyspace}_outage"})
         self.stack = Stack(self.settings, log=lambda _m: None, nodes=1, object_store=False)
         self.env = {**os.environ,
                     "NOTIFLOW_KAFKA_BOOTSTRAP": self.settings.kafka_bootstrap,
                     "NOTIFLOW_KAFKA_REPLICATION_FACTOR": "1",
                     "NOTIFLOW_KAFKA_MIN_INSYNC_REPLICAS": "1",
-                    "NOTIFLOW_TOPIC_PREFIX": self.settings.topic_prefix}
+                    "NOTIFLOW_TOPIC_PREFIX": self.settings.topic_prefix,
+                    "NOTIFLOW_CASSANDRA_KEYSPACE": self.settings.cassandra_keyspace}
 
     def start(self) -> None:
         self.stack.start(["kafka"])
@@ -87,16 +100,23 @@ class PrivateKafka:
 
 
 @pytest.fixture(scope="module")
-def private_kafka(stack: Settings, tmp_path_factory: pytest.TempPathFactory
-                  ) -> Iterator[PrivateKafka]:
-    broker = PrivateKafka(stack, tmp_path_factory.mktemp("kafka-outage"))
-    broker.start()
+def private_stack(stack: Settings, tmp_path_factory: pytest.TempPathFactory
+                  ) -> Iterator[PrivateStack]:
+    own = PrivateStack(stack, tmp_path_factory.mktemp("kafka-outage"))
+    own.start()
     try:
-        ensure_topics(broker.settings)
-        yield broker
+        ensure_topics(own.settings)
+        own.stack.migrate()
+        yield own
     finally:
-        if broker.running():
-            broker.kill()
+        if own.running():
+            own.kill()
+        cluster, session = connect(own.settings, keyspace=None)
+        try:
+            session.execute(f"DROP KEYSPACE IF EXISTS {own.settings.cassandra_keyspace}",
+                            timeout=120)
+        finally:
+            cluster.shutdown()
 
 
 def body(tier: str, version: int) -> dict[str, Any]:
@@ -125,16 +145,15 @@ async def submit(api: str, token: str, bodies: list[dict[str, Any]],
 
 @pytest.mark.timeout(900)
 def test_kafka_outage_window_accepts_p2_refuses_p0_and_publishes_after_recovery(
-        private_kafka: PrivateKafka, tokens: dict[str, str], otp_template: dict[str, int],
-        fakes: str, cql: Session, log_dir: Path, tmp_path: Path, capsys) -> None:
-    version = otp_template["acme"]
+        private_stack: PrivateStack, tokens: dict[str, str], fakes: str, log_dir: Path,
+        tmp_path: Path, capsys) -> None:
     logs, recovery = log_dir / "kafka-outage", tmp_path / "recovery"
     port = free_port()
     api = f"http://127.0.0.1:{port}"
     group = ProcessGroup()
 
     def start(name: str, args: list[str], **env: str) -> ManagedProcess:
-        return group.add(ManagedProcess(name, args, logs, {**private_kafka.env, **env})).start()
+        return group.add(ManagedProcess(name, args, logs, {**private_stack.env, **env})).start()
 
     def flow(name: str, args: list[str], store: str) -> ManagedProcess:
         proc = start(name, ["flow", *args, "--recovery-dir", str(recovery / store)])
@@ -142,6 +161,8 @@ def test_kafka_outage_window_accepts_p2_refuses_p0_and_publishes_after_recovery(
 
     try:
         start("api", ["api"], NOTIFLOW_API_PORT=str(port)).wait_http(f"{api}/healthz")
+        version = create_template(api, tokens["acme"], template_id="otp", channel="SMS",
+                                  body=OTP_TEMPLATE)
         reconciler = flow("reconcile", ["reconcile"], "reconcile")
         sender = flow("send-p2", ["send", "--tier", "P2"], "send-p2")
         for _ in range(30):  # a 503 with Retry-After (e.g. Redis restarted by another test)
@@ -151,7 +172,7 @@ def test_kafka_outage_window_accepts_p2_refuses_p0_and_publishes_after_recovery(
             hold(float(warm[0][1].headers.get("Retry-After", "1")))
         assert warm[0][1].status_code == 202
 
-        private_kafka.kill()
+        private_stack.kill()
         killed = time.monotonic()
         try:
             first = asyncio.run(submit(api, tokens["acme"],
@@ -166,14 +187,18 @@ def test_kafka_outage_window_accepts_p2_refuses_p0_and_publishes_after_recovery(
             assert during < OUTAGE_S, f"submitting took {during:.0f} s, longer than the outage"
             hold(OUTAGE_S - during)
         finally:
-            private_kafka.start()
+            private_stack.start()
         recovered = time.monotonic()
         for proc in (sender, reconciler):
             proc.stop()
         flow("reconcile-after-outage", ["reconcile"], "reconcile")
         flow("send-p2-after-outage", ["send", "--tier", "P2"], "send-p2")
-        check_outage(api, tokens, fakes, cql, first, rest, p0, p0_body, ready_answer,
-                     recovered, capsys)
+        cluster, cql = connect(private_stack.settings)
+        try:
+            check_outage(api, tokens, fakes, cql, first, rest, p0, p0_body, ready_answer,
+                         recovered, capsys)
+        finally:
+            cluster.shutdown()
     finally:
         group.stop_all()
 
