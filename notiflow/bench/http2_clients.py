@@ -35,9 +35,10 @@ from pydantic import SecretStr
 from pyreqwest.client import ClientBuilder
 
 from notiflow.adapters.providers.base import OutboundMessage, Outcome
-from notiflow.devenv import apns_tls_files, free_port
+from notiflow.devenv import free_port
 from notiflow.providers.apns.client import ApnsPush
 from notiflow.providers.apns.config import ApnsSettings
+from notiflow.providers.apns.dev import apns_tls_files
 from notiflow.providers.apns.tokens import ProviderTokens
 from notiflow.schemas.enums import Channel, PushPlatform, Tier
 from notiflow.schemas.messages import PushRecipient

@@ -279,7 +279,7 @@ class Settings(BaseSettings, ProviderSections):
     fakes_apns_port: int = 18443
     fakes_apns_cert_file: Path | None = None
     """PEM certificate chain of the APNs emulator's TLS listener (a throw-away test CA's;
-    ``notiflow.devenv`` writes one). Unset: the APNs emulator does not listen."""
+    ``notiflow.providers.apns.dev`` writes one). Unset: the APNs emulator does not listen."""
     fakes_apns_key_file: Path | None = None
     """PEM private key of that certificate."""
 

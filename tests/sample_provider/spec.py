@@ -23,4 +23,5 @@ def _receipts(*_args: Any) -> None:
 SPEC: Final = ProviderSpec("sample", Channel.SMS, _open,
                            emulator=imported(f"{__package__}.emulator", "SampleEmulator"),
                            receipt_routes=imported(f"{__package__}.routes", "ROUTES"),
+                           dev_environment=imported(f"{__package__}.dev", "environment"),
                            receipts=_receipts)

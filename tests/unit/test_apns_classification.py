@@ -24,9 +24,8 @@ from jwt.utils import base64url_encode
 from pydantic import SecretStr
 from pyreqwest import exceptions as rq
 
-from notiflow.adapters.providers.base import OutboundMessage, Outcome
+from notiflow.adapters.providers.base import DevEndpoints, OutboundMessage, Outcome
 from notiflow.adapters.providers.common import Rule
-from notiflow.devenv import apns_tls_files, provider_credentials
 from notiflow.providers.apns.classify import (
     HTTP_STATUSES,
     REASONS,
@@ -38,6 +37,7 @@ from notiflow.providers.apns.classify import (
 )
 from notiflow.providers.apns.client import APNS_ID_NAMESPACE, ApnsPush, apns_id
 from notiflow.providers.apns.config import ApnsSettings
+from notiflow.providers.apns.dev import environment as dev_environment
 from notiflow.providers.apns.emulator import ApnsEmulator, Request, TokenState
 from notiflow.providers.apns.tokens import ProviderTokens, provider_token
 from notiflow.schemas.enums import Channel, PushPlatform, Tier
@@ -403,22 +403,27 @@ def test_apns_is_enabled_by_team_key_id_and_key() -> None:
                                   ).enabled_providers()
 
 
+def dev_endpoints(tls_dir: Path) -> DevEndpoints:
+    return DevEndpoints.loopback(fakes_port=2, webhook_port=1, apns_port=3, tls_dir=tls_dir)
+
+
 def test_dev_credentials_are_a_usable_apns_key(tmp_path: Path) -> None:
-    env = provider_credentials(api_port=1, fakes_port=2, apns_port=3)
+    env = dev_environment(dev_endpoints(tmp_path / "tls"))
     assert env["NOTIFLOW_APNS__BASE_URL"] == "https://127.0.0.1:3"
+    assert env["NOTIFLOW_FAKES_APNS_PORT"] == "3"
     assert len(env["NOTIFLOW_APNS__TEAM_ID"]) == len(env["NOTIFLOW_APNS__KEY_ID"]) == 10
     config = ApnsSettings(team_id=env["NOTIFLOW_APNS__TEAM_ID"],
                           key_id=env["NOTIFLOW_APNS__KEY_ID"],
                           private_key=SecretStr(env["NOTIFLOW_APNS__PRIVATE_KEY"]))
     assert ProviderTokens.from_settings(config).current()
-    assert provider_credentials(api_port=1, fakes_port=2)["NOTIFLOW_APNS__PRIVATE_KEY"] != (
+    assert dev_environment(dev_endpoints(tmp_path / "again"))["NOTIFLOW_APNS__PRIVATE_KEY"] != (
         env["NOTIFLOW_APNS__PRIVATE_KEY"])
-    files = apns_tls_files(tmp_path / "tls")
-    assert (Path(files["NOTIFLOW_FAKES_APNS_KEY_FILE"]).stat().st_mode & 0o777) == 0o600
+    assert Path(env["NOTIFLOW_APNS__CA_FILE"]).parent == tmp_path / "tls"
+    assert (Path(env["NOTIFLOW_FAKES_APNS_KEY_FILE"]).stat().st_mode & 0o777) == 0o600
     server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    server.load_cert_chain(files["NOTIFLOW_FAKES_APNS_CERT_FILE"],
-                           files["NOTIFLOW_FAKES_APNS_KEY_FILE"])
-    client = ssl.create_default_context(cafile=files["NOTIFLOW_APNS__CA_FILE"])
+    server.load_cert_chain(env["NOTIFLOW_FAKES_APNS_CERT_FILE"],
+                           env["NOTIFLOW_FAKES_APNS_KEY_FILE"])
+    client = ssl.create_default_context(cafile=env["NOTIFLOW_APNS__CA_FILE"])
     assert client.verify_mode is ssl.CERT_REQUIRED
 
 

@@ -19,7 +19,6 @@ from starlette.requests import Request
 from starlette.responses import Response
 from uvicorn.server import ServerState
 
-from notiflow.devenv import SES_TOPIC
 from notiflow.gateway.app import build_app, max_any_body
 from notiflow.gateway.auth import MAX_BODY_BYTES
 from notiflow.gateway.batch import MAX_BATCH_BYTES
@@ -29,6 +28,7 @@ from notiflow.providers.sendgrid.routes import MAX_SENDGRID_BODY
 from notiflow.providers.sendgrid.signature import EVENT_SIGNATURE_HEADER as SIGNATURE
 from notiflow.providers.sendgrid.signature import EVENT_TIMESTAMP_HEADER as TIMESTAMP
 from notiflow.providers.ses import sns
+from notiflow.providers.ses.dev import SES_TOPIC
 from notiflow.settings import ServerLimits, Settings
 from tests.helpers import dev_environ, hold_async
 

@@ -8,6 +8,7 @@ import base64
 import json
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -17,9 +18,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
 from pydantic import SecretStr
 
-from notiflow.adapters.providers.base import OutboundMessage, Outcome
+from notiflow.adapters.providers.base import DevEndpoints, OutboundMessage, Outcome
 from notiflow.adapters.providers.common import Rule
-from notiflow.devenv import provider_credentials
 from notiflow.providers.fcm.classify import (
     ERROR_CODES,
     HTTP_STATUSES,
@@ -29,6 +29,7 @@ from notiflow.providers.fcm.classify import (
 )
 from notiflow.providers.fcm.client import FcmPush
 from notiflow.providers.fcm.config import FcmSettings
+from notiflow.providers.fcm.dev import environment as dev_environment
 from notiflow.providers.fcm.tokens import (
     SCOPE,
     AccessTokens,
@@ -385,8 +386,9 @@ def test_push_is_enabled_by_the_service_account() -> None:
     assert on.provider_rates["fcm"] > 0
 
 
-def test_dev_credentials_are_a_usable_service_account() -> None:
-    env = provider_credentials(api_port=1, fakes_port=2)
+def test_dev_credentials_are_a_usable_service_account(tmp_path: Path) -> None:
+    env = dev_environment(DevEndpoints.loopback(fakes_port=2, webhook_port=1, apns_port=3,
+                                                tls_dir=tmp_path))
     config = FcmSettings(
         base_url=env["NOTIFLOW_FCM__BASE_URL"], token_uri=env["NOTIFLOW_FCM__TOKEN_URI"],
         project_id=env["NOTIFLOW_FCM__PROJECT_ID"],

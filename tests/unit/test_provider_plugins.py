@@ -1,21 +1,25 @@
 """A provider is one plug-in package and one registry entry: a plug-in added to a copy of
 the registry (``tests/sample_provider``) is picked up by the settings (its section, read from
 ``NOTIFLOW_SAMPLE__...``; enabled providers; endpoints; routes), by ``open_provider``, by
-``notiflow fakes`` and by the API's receipt routes, and nothing else names it. Every package
-of ``notiflow/providers`` is registered."""
+``notiflow fakes``, by the API's receipt routes and by the development environment, and
+nothing else names it. Every package of ``notiflow/providers`` is registered."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import pkgutil
+from collections.abc import Iterable
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 from pydantic import SecretStr, ValidationError
 
 import notiflow.providers
 from notiflow.adapters.providers import open_provider, provider_kinds, provider_specs
-from notiflow.adapters.providers.base import OutboundMessage, Outcome
+from notiflow.adapters.providers.base import DevEndpoints, OutboundMessage, Outcome
+from notiflow.devenv import dev_environment, provider_environment
 from notiflow.fakes.server import build_app as build_fakes
 from notiflow.fakes.server import emulators
 from notiflow.gateway.app import build_app as build_api
@@ -87,6 +91,59 @@ def test_the_api_mounts_its_receipt_route() -> None:
     assert max_any_body(Settings()) == MAX_BATCH_BYTES
     priority = build_api(SettingsWithSample(api_lane="priority")).openapi()["paths"]
     assert not any(path.startswith("/webhooks/") for path in priority)
+
+
+def _owner(variable: str, names: Iterable[str]) -> str | None:
+    """The plug-in whose ``NOTIFLOW_<NAME>__`` or ``NOTIFLOW_FAKES_<NAME>_`` ``variable`` is."""
+    return next((name for name in names
+                 if variable.startswith((f"NOTIFLOW_{name.upper()}__",
+                                         f"NOTIFLOW_FAKES_{name.upper()}_"))), None)
+
+
+def _endpoints(tmp_path: Path) -> DevEndpoints:
+    return DevEndpoints.loopback(fakes_port=2, webhook_port=4, apns_port=3,
+                                 tls_dir=tmp_path / "tls")
+
+
+def test_the_dev_environment_is_the_union_of_the_plugins(tmp_path: Path) -> None:
+    env, _ = dev_environment(api_port=1, fakes_port=2, apns_port=3, webhook_port=4,
+                             tls_dir=tmp_path / "dev-tls",
+                             extra={"NOTIFLOW_STACK_DIR": str(tmp_path / "stack")})
+    names = list(Settings.section_specs())
+    parts = {name: spec.dev_environment()(_endpoints(tmp_path))
+             for name, spec in provider_specs(Settings).items()
+             if spec.dev_environment is not None}
+    for name, part in parts.items():
+        assert {_owner(variable, names) for variable in part} == {name}
+    assert {v for v in env if _owner(v, names)} == {v for part in parts.values() for v in part}
+    receipts = [v for v in env.values() if "/webhooks/" in v]
+    assert receipts and all(v.startswith("http://127.0.0.1:4/webhooks/") for v in receipts)
+
+
+def test_a_plugins_dev_environment_is_picked_up(tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    env = provider_environment(SettingsWithSample, _endpoints(tmp_path))
+    assert env.keys() - provider_environment(Settings, _endpoints(tmp_path)).keys() == {
+        "NOTIFLOW_SAMPLE__BASE_URL", "NOTIFLOW_SAMPLE__TOKEN"}
+    monkeypatch.setenv("NOTIFLOW_SAMPLE__TOKEN", env["NOTIFLOW_SAMPLE__TOKEN"])
+    monkeypatch.setenv("NOTIFLOW_SAMPLE__BASE_URL", env["NOTIFLOW_SAMPLE__BASE_URL"])
+    settings = SettingsWithSample()
+    assert "sample" in settings.enabled_providers()
+    assert settings.sample.base_url == "http://127.0.0.1:2/sample"
+
+
+def test_two_plugins_may_not_set_one_variable(tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    class Clashing(SettingsWithSample):
+        pass
+
+    def clash(_endpoints: DevEndpoints) -> dict[str, str]:
+        return {"NOTIFLOW_TWILIO__AUTH_TOKEN": "sample's"}
+
+    monkeypatch.setattr(sample_spec, "SPEC", dataclasses.replace(
+        sample_spec.SPEC, dev_environment=lambda: clash))
+    with pytest.raises(ValueError, match=r"sample plug-in sets \['NOTIFLOW_TWILIO__AUTH_TOKEN'\]"):
+        provider_environment(Clashing, _endpoints(tmp_path))
 
 
 def test_every_provider_package_is_registered() -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -14,9 +15,8 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from pydantic import SecretStr
 
-from notiflow.adapters.providers.base import OutboundMessage, Outcome
+from notiflow.adapters.providers.base import DevEndpoints, OutboundMessage, Outcome
 from notiflow.adapters.providers.common import Rule
-from notiflow.devenv import provider_credentials
 from notiflow.providers.sendgrid.classify import (
     FIELD_RULES,
     HTTP_STATUSES,
@@ -28,6 +28,7 @@ from notiflow.providers.sendgrid.classify import (
 )
 from notiflow.providers.sendgrid.client import SendGridEmail
 from notiflow.providers.sendgrid.config import SendGridSettings
+from notiflow.providers.sendgrid.dev import environment as dev_environment
 from notiflow.providers.sendgrid.signature import (
     event_signature,
     load_event_public_key,
@@ -232,14 +233,16 @@ def test_email_is_enabled_by_the_api_key() -> None:
     assert on.provider_rates["sendgrid"] > 0
 
 
-def test_dev_credentials_carry_a_matching_webhook_key_pair() -> None:
-    env = provider_credentials(api_port=1, fakes_port=2)
+def test_dev_credentials_carry_a_matching_webhook_key_pair(tmp_path: Path) -> None:
+    endpoints = DevEndpoints.loopback(fakes_port=2, webhook_port=1, apns_port=3, tls_dir=tmp_path)
+    env = dev_environment(endpoints)
     assert env["NOTIFLOW_SENDGRID__API_KEY"].startswith("SG.")
     assert env["NOTIFLOW_SENDGRID__BASE_URL"] == "http://127.0.0.1:2/sendgrid"
+    assert env["NOTIFLOW_SENDGRID__EVENT_WEBHOOK_URL"] == "http://127.0.0.1:1/webhooks/sendgrid"
     key = serialization.load_pem_private_key(
         env["NOTIFLOW_SENDGRID__EVENT_WEBHOOK_SIGNING_KEY"].encode(), password=None)
     assert isinstance(key, ec.EllipticCurvePrivateKey)
     sig = event_signature(key, "1", b"[]")
     assert verify_event_signature(env["NOTIFLOW_SENDGRID__EVENT_WEBHOOK_PUBLIC_KEY"], b"[]", sig,
                                   "1")
-    assert provider_credentials(api_port=1, fakes_port=2) != env
+    assert dev_environment(endpoints) != env

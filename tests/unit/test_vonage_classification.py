@@ -5,15 +5,17 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
 from pydantic import SecretStr
 
-from notiflow.adapters.providers.base import OutboundMessage, Outcome
+from notiflow.adapters.providers.base import DevEndpoints, OutboundMessage, Outcome
 from notiflow.adapters.providers.common import Rule
-from notiflow.devenv import vonage_smtp_credentials
+from notiflow.providers.smtp import dev as smtp_dev
+from notiflow.providers.vonage import dev as vonage_dev
 from notiflow.providers.vonage.classify import (
     HTTP_STATUSES,
     PARAMETERS,
@@ -368,11 +370,18 @@ def test_verify_signature() -> None:
     assert not verify_signature("secret", md5, now=now)
 
 
-def test_dev_credentials() -> None:
-    env = vonage_smtp_credentials(fakes_port=2, smtp_port=3)
+def test_dev_credentials(tmp_path: Path) -> None:
+    endpoints = DevEndpoints.loopback(fakes_port=2, webhook_port=1, apns_port=3, tls_dir=tmp_path)
+    env = vonage_dev.environment(endpoints)
     assert env["NOTIFLOW_VONAGE__BASE_URL"] == "http://127.0.0.1:2/vonage"
     assert env["NOTIFLOW_VONAGE__API_KEY"] and env["NOTIFLOW_VONAGE__API_SECRET"]
     assert len(env["NOTIFLOW_VONAGE__SIGNATURE_SECRET"]) >= 32
-    assert env["NOTIFLOW_FAKES_SMTP_PORT"] == env["NOTIFLOW_SMTP__PORT"] == "3"
-    assert env["NOTIFLOW_SMTP__USERNAME"] and env["NOTIFLOW_SMTP__PASSWORD"]
-    assert vonage_smtp_credentials(fakes_port=2, smtp_port=3) != env
+    assert env["NOTIFLOW_VONAGE__STATUS_CALLBACK_URL"] == "http://127.0.0.1:1/webhooks/vonage"
+    assert vonage_dev.environment(endpoints) != env
+    smtp = smtp_dev.environment(endpoints)
+    assert smtp["NOTIFLOW_FAKES_SMTP_PORT"] == smtp["NOTIFLOW_SMTP__PORT"]
+    assert 0 < int(smtp["NOTIFLOW_SMTP__PORT"]) < 65536
+    assert smtp["NOTIFLOW_SMTP__USERNAME"] and smtp["NOTIFLOW_SMTP__PASSWORD"]
+    assert smtp["NOTIFLOW_SMTP__DSN_WEBHOOK_URL"] == "http://127.0.0.1:1/webhooks/smtp-dsn"
+    again = smtp_dev.environment(endpoints)
+    assert again["NOTIFLOW_SMTP__PASSWORD"] != smtp["NOTIFLOW_SMTP__PASSWORD"]

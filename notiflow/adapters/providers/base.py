@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
+from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from notiflow.schemas.enums import Channel, Tier
@@ -165,12 +166,43 @@ class ReceiptRoutes:
 
 
 @dataclass(frozen=True, slots=True)
+class DevEndpoints:
+    """Where a plug-in's development environment points: the loopback addresses of
+    ``notiflow fakes`` and of the API that takes the emulators' receipts, and the APNs
+    emulator's own port and TLS directory."""
+
+    fakes_url: str
+    """The emulators' base URL (``http://127.0.0.1:<fakes_port>``); each under its prefix."""
+    fakes_port: int
+    webhook_url: str
+    """The base URL the emulators post receipts to (the API's, ``http://127.0.0.1:<port>``)."""
+    apns_port: int
+    """The APNs emulator's TLS port."""
+    tls_dir: Path
+    """Where the APNs emulator's throw-away CA and certificate are written."""
+
+    @classmethod
+    def loopback(cls, *, fakes_port: int, webhook_port: int, apns_port: int,
+                 tls_dir: Path) -> DevEndpoints:
+        """The endpoints of emulators on ``fakes_port`` and an API on ``webhook_port``, both on
+        ``127.0.0.1``."""
+        return cls(f"http://127.0.0.1:{fakes_port}", fakes_port,
+                   f"http://127.0.0.1:{webhook_port}", apns_port, tls_dir)
+
+
+DevEnvironment = Callable[[DevEndpoints], dict[str, str]]
+"""endpoints → a plug-in's fresh development variables (``NOTIFLOW_<NAME>__...`` and its
+emulator's ``NOTIFLOW_FAKES_<NAME>_...``): throw-away credentials made at each call, pointed
+at the emulator."""
+
+
+@dataclass(frozen=True, slots=True)
 class ProviderSpec:
     """What a provider plug-in gives the adapters and the API (its package's ``SPEC``).
 
-    ``open``, ``emulator`` and ``receipt_routes`` import their modules on first use, so the
-    registry stays cheap to import (emulators need the ``emulators`` extra, receipt routes
-    belong to the API).
+    ``open``, ``emulator``, ``receipt_routes`` and ``dev_environment`` import their modules on
+    first use, so the registry stays cheap to import (emulators need the ``emulators`` extra,
+    receipt routes belong to the API).
     ``receipts`` and ``verify`` name the package's delivery-webhook parser and signature (or
     auth) check; their arguments are the provider's own, so the receipt routes call them
     through their modules and these fields document what exists.
@@ -185,6 +217,9 @@ class ProviderSpec:
     receipt_routes: Callable[[], ReceiptRoutes] | None = None
     """Imports the API's delivery-webhook routes of the provider (mounted by the API unless
     it serves the priority lane only)."""
+    dev_environment: Callable[[], DevEnvironment] | None = None
+    """Imports the provider's :data:`DevEnvironment` (its ``dev`` module's ``environment``;
+    merged into ``notiflow.devenv.dev_environment``); None: it needs no variables there."""
     receipts: Callable[..., object] | None = None
     """Delivery webhook payload → :class:`~notiflow.schemas.messages.Receipt` (s)."""
     verify: Callable[..., object] | None = None

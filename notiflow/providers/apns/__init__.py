@@ -4,5 +4,5 @@ are no ``receipts`` or ``signature`` modules.
 
 The client is imported behind a guard: a build without ``apns.client`` keeps the registry
 working and ``spec.SPEC.open`` raises ``ValueError``.
-Its settings section and registry entry are in ``config``, its ``SPEC`` in ``spec`` and its
-emulator in ``emulator``."""
+Its settings section and registry entry are in ``config``, its ``SPEC`` in ``spec``, its
+emulator in ``emulator`` and its development environment in ``dev``."""

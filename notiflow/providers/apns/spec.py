@@ -24,4 +24,5 @@ async def _open(settings: Settings, timeout: float | timedelta) -> ProviderClien
 
 
 SPEC: Final = ProviderSpec("apns", Channel.PUSH, _open,
-                           emulator=imported(f"{__package__}.emulator", "ApnsEmulator"))
+                           emulator=imported(f"{__package__}.emulator", "ApnsEmulator"),
+                           dev_environment=imported(f"{__package__}.dev", "environment"))

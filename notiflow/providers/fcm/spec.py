@@ -9,4 +9,5 @@ from notiflow.schemas.enums import Channel
 
 SPEC: Final = ProviderSpec(
     "fcm", Channel.PUSH, opener(f"{__package__}.client", "FcmPush"),
-    emulator=imported(f"{__package__}.emulator", "FcmEmulator"))
+    emulator=imported(f"{__package__}.emulator", "FcmEmulator"),
+    dev_environment=imported(f"{__package__}.dev", "environment"))

@@ -20,4 +20,5 @@ async def _open(settings: Settings, timeout: float | timedelta) -> ProviderClien
 
 SPEC: Final = ProviderSpec("ses", Channel.EMAIL, _open,
                            emulator=imported(f"{__package__}.emulator", "SesEmulator"),
+                           dev_environment=imported(f"{__package__}.dev", "environment"),
                            receipt_routes=imported(f"{__package__}.routes", "ROUTES"))

@@ -9,4 +9,5 @@ from notiflow.schemas.enums import Channel
 
 SPEC: Final = ProviderSpec(
     "slack", Channel.CHAT, opener(f"{__package__}.client", "SlackWebhook"),
-    emulator=imported(f"{__package__}.emulator", "SlackEmulator"))
+    emulator=imported(f"{__package__}.emulator", "SlackEmulator"),
+    dev_environment=imported(f"{__package__}.dev", "environment"))

@@ -20,6 +20,7 @@ async def _open(settings: Settings, timeout: float | timedelta) -> ProviderClien
 
 SPEC: Final = ProviderSpec("smtp", Channel.EMAIL, _open,
                            emulator=imported(f"{__package__}.emulator", "SmtpEmulator"),
+                           dev_environment=imported(f"{__package__}.dev", "environment"),
                            receipt_routes=imported(f"{__package__}.routes", "ROUTES"),
                            receipts=receipts.dsn_receipts,
                            verify=signature.check_bearer)

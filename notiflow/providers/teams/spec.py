@@ -9,4 +9,5 @@ from notiflow.schemas.enums import Channel
 
 SPEC: Final = ProviderSpec(
     "teams", Channel.CHAT, opener(f"{__package__}.client", "TeamsWebhook"),
-    emulator=imported(f"{__package__}.emulator", "TeamsEmulator"))
+    emulator=imported(f"{__package__}.emulator", "TeamsEmulator"),
+    dev_environment=imported(f"{__package__}.dev", "environment"))

@@ -11,6 +11,7 @@ from notiflow.schemas.enums import Channel
 SPEC: Final = ProviderSpec(
     "twilio", Channel.SMS, opener(f"{__package__}.client", "TwilioSms"),
     emulator=imported(f"{__package__}.emulator", "TwilioEmulator"),
+    dev_environment=imported(f"{__package__}.dev", "environment"),
     receipt_routes=imported(f"{__package__}.routes", "ROUTES"),
     receipts=receipts.callback_receipt,
     verify=signature.check_callback)
