@@ -23,33 +23,19 @@ from cassandra.cluster import Session
 from notiflow.adapters.admission import AdmissionStore, Bucket
 from notiflow.adapters.backlog import backlog_key, report
 from notiflow.devenv import free_port
-from notiflow.ops.procs import ManagedProcess
 from notiflow.redact import recipient_hash
 from notiflow.schemas.enums import Tier
 from notiflow.schemas.messages import SendRequest
 from notiflow.schemas.preferences import PreferenceState, state_key
 from notiflow.settings import Settings
 from tests.helpers import read_topic, wait_for, wait_until
+from tests.integration.api.support import TEMPLATE, key, sms, start_api
 
 pytestmark = pytest.mark.integration
 
-PHONE = "+14155550123"
-TEMPLATE = "otp"
 LIMITED_RATE = 0.2
 """Slow enough that a request taking a while on a loaded machine does not refill the bucket."""
 TWILIO_RATE = 1.0
-
-
-@pytest.fixture(scope="session")
-def fakes(stack: Settings) -> str:
-    """The Messaging API never calls a provider: these tests need no emulators."""
-    return f"http://127.0.0.1:{stack.fakes_port}"
-
-
-@pytest.fixture(scope="module")
-def client(api: str) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=api, timeout=30.0) as c:
-        yield c
 
 
 @pytest.fixture(scope="module")
@@ -83,15 +69,6 @@ def otp_template(client: httpx.Client, auth: Callable[..., dict[str, str]]) -> s
     return TEMPLATE
 
 
-def start_api(name: str, log_dir: Path, **env: str) -> tuple[ManagedProcess, str]:
-    port = free_port()
-    proc = ManagedProcess(name, ["api"], log_dir,
-                          env=os.environ | {"NOTIFLOW_API_PORT": str(port), **env})
-    base = f"http://127.0.0.1:{port}"
-    proc.start().wait_http(f"{base}/healthz")
-    return proc, base
-
-
 @pytest.fixture(scope="module")
 def tight_api(log_dir: Path, limited_token: str, stack: Settings,
               auth: Callable[..., dict[str, str]]) -> Iterator[httpx.Client]:
@@ -108,18 +85,6 @@ def tight_api(log_dir: Path, limited_token: str, stack: Settings,
             yield c
     finally:
         proc.stop()
-
-
-def sms(tier: str = "P1", **overrides: Any) -> dict[str, Any]:
-    body: dict[str, Any] = {"channel": "SMS", "tier": tier, "recipient": PHONE,
-                            "template_id": TEMPLATE, "template_version": 1,
-                            "variables": {"code": "123456"}}
-    body.update(overrides)
-    return body
-
-
-def key() -> str:
-    return f"test-{uuid.uuid4().hex}"
 
 
 def new_phone() -> str:
