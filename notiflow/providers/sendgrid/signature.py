@@ -79,14 +79,7 @@ def check_event_post(config: SendGridSettings, max_age: timedelta,
     if key is None:
         raise WebhookRefused("signature_not_configured",
                              "no Event Webhook verification key is configured")
-    signature = headers.get(EVENT_SIGNATURE_HEADER)
-    stamp = headers.get(EVENT_TIMESTAMP_HEADER)
-    if not signature or not stamp:
-        raise WebhookRefused("missing_signature", f"{EVENT_SIGNATURE_HEADER} and "
-                                                  f"{EVENT_TIMESTAMP_HEADER} are required")
-    if not stamp.isdigit() or abs(now - int(stamp)) > max_age.total_seconds():
-        raise WebhookRefused("stale_timestamp", f"{EVENT_TIMESTAMP_HEADER} is not within "
-                                                f"{int(max_age.total_seconds())} s of now")
+    signature, stamp = _fresh_signature(headers, max_age, now)
     if not verify_event_signature(key, body, signature, stamp):
         raise WebhookRefused("invalid_signature", f"{EVENT_SIGNATURE_HEADER} does not match "
                                                   "this request")
@@ -105,6 +98,16 @@ def check_headers(sections: Sequence[SendGridSettings], headers: Mapping[str, st
     if not any(s.event_webhook_public_key for s in sections):
         raise WebhookRefused("signature_not_configured",
                              "no Event Webhook verification key is configured")
+    signature, _stamp = _fresh_signature(headers, max_age, now)
+    if not SIGNATURE_SHAPE.fullmatch(signature):
+        raise WebhookRefused("invalid_signature",
+                             f"{EVENT_SIGNATURE_HEADER} does not match this request")
+
+
+def _fresh_signature(headers: Mapping[str, str], max_age: timedelta,
+                     now: float) -> tuple[str, str]:
+    """(signature, timestamp) of the signature headers, both present and the timestamp
+    within ``max_age`` of ``now`` (Unix seconds)."""
     signature = headers.get(EVENT_SIGNATURE_HEADER)
     stamp = headers.get(EVENT_TIMESTAMP_HEADER)
     if not signature or not stamp:
@@ -113,6 +116,4 @@ def check_headers(sections: Sequence[SendGridSettings], headers: Mapping[str, st
     if not TIMESTAMP_SHAPE.fullmatch(stamp) or abs(now - int(stamp)) > max_age.total_seconds():
         raise WebhookRefused("stale_timestamp", f"{EVENT_TIMESTAMP_HEADER} is not within "
                                                 f"{int(max_age.total_seconds())} s of now")
-    if not SIGNATURE_SHAPE.fullmatch(signature):
-        raise WebhookRefused("invalid_signature",
-                             f"{EVENT_SIGNATURE_HEADER} does not match this request")
+    return signature, stamp
