@@ -7,10 +7,12 @@ to child processes through their environment; none is stored in the code base.
 
 from __future__ import annotations
 
+import atexit
 import base64
 import json
 import os
 import secrets
+import shutil
 import socket
 import tempfile
 from pathlib import Path
@@ -90,6 +92,14 @@ def object_store_credentials(stack_dir: Path) -> dict[str, str]:
             "NOTIFLOW_OBJECT_STORE__SECRET_ACCESS_KEY": creds["secret_access_key"]}
 
 
+def _temporary_dir(prefix: str) -> Path:
+    """A new private directory, removed with its files when this process exits (its
+    children, which read the files at start, exit first)."""
+    path = Path(tempfile.mkdtemp(prefix=prefix))
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path
+
+
 def dev_environment(*, api_port: int, fakes_port: int, time_scale: float = 1.0,
                     extra: dict[str, str] | None = None, apns_port: int | None = None,
                     tls_dir: Path | None = None,
@@ -97,17 +107,18 @@ def dev_environment(*, api_port: int, fakes_port: int, time_scale: float = 1.0,
     """Return (NOTIFLOW_* environment, tenant id -> bearer token). The providers' part is
     :func:`provider_environment` of the registry's plug-ins. The APNs emulator gets
     ``apns_port`` (default: a free port) and TLS files in ``tls_dir`` (default: a new
-    temporary directory); the emulators post receipts to the API on ``webhook_port``
-    (default ``api_port``; the bulk lane's API when the lanes run apart). The object store's
-    credentials are the local stack's (:func:`object_store_credentials`, stack directory
-    from ``extra`` or the environment's ``NOTIFLOW_STACK_DIR``, default ``.stack``). Ingest
-    records must be bound (``notiflow/ingest_binding.py``): a fresh platform key, and a fresh
-    ``ingest_keys`` entry per tenant for direct producers."""
+    temporary directory, removed when this process exits); the emulators post receipts to
+    the API on ``webhook_port`` (default ``api_port``; the bulk lane's API when the lanes run
+    apart). The object store's credentials are the local stack's
+    (:func:`object_store_credentials`, stack directory from ``extra`` or the environment's
+    ``NOTIFLOW_STACK_DIR``, default ``.stack``). Ingest records must be bound
+    (``notiflow/ingest_binding.py``): a fresh platform key, and a fresh ``ingest_keys`` entry
+    per tenant for direct producers."""
     stack_dir = Path((extra or {}).get("NOTIFLOW_STACK_DIR")
                      or os.environ.get("NOTIFLOW_STACK_DIR") or ".stack")
     apns_port = apns_port if apns_port is not None else free_port()
     hooks = webhook_port if webhook_port is not None else api_port
-    tls_dir = tls_dir if tls_dir is not None else Path(tempfile.mkdtemp(prefix="notiflow-tls-"))
+    tls_dir = tls_dir if tls_dir is not None else _temporary_dir("notiflow-tls-")
     tokens = {tid: f"nf_{tid}_{secrets.token_urlsafe(24)}" for tid in DEV_TENANTS}
     tenants: list[dict[str, object]] = [
         {"id": tid, "token": tokens[tid], "webhook_secrets": [webhook_secret()],
