@@ -15,7 +15,8 @@ import pytest
 from cassandra.cluster import Session
 from confluent_kafka import Consumer, TopicPartition
 
-from notiflow.adapters.breaker import CircuitBreakers, StateChange
+from notiflow.adapters.breaker import StateChange
+from notiflow.adapters.breaker.facade import CircuitBreakers
 from notiflow.adapters.kafka_io import OutRecord, SyncProducer, producer_config
 from notiflow.adapters.providers import provider_specs
 from notiflow.adapters.ratelimit import CapacityLimiter

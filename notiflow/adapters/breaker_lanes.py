@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from notiflow.adapters.breaker import Admission, CircuitBreakers, State, StateChange
+from notiflow.adapters.breaker import Admission, State, StateChange
+from notiflow.adapters.breaker.facade import CircuitBreakers
 from notiflow.adapters.providers.base import Outcome
 from notiflow.adapters.redis_health import RedisHealth
 from notiflow.settings import Settings

@@ -23,11 +23,11 @@ cancel is refused. :class:`GateModel` is the reference model of the three script
 
 from __future__ import annotations
 
-import enum
 from datetime import datetime, timedelta
 
 import redis.asyncio as aioredis
 
+from notiflow.adapters.ports import Confirm
 from notiflow.correlation import CorrelationKeys
 from notiflow.schemas.campaigns import parse_row_message_id
 
@@ -75,18 +75,6 @@ end
 return 0
 """
 """KEYS: gate. ARGV: ``sending``. Deletes the gate only while it says ``sending``."""
-
-
-class Confirm(enum.IntEnum):
-    """The answer of a confirm: whether this attempt may call the provider."""
-
-    LOST = 0
-    """Another process took the lease over or finished the message: it sends (or sent),
-    this one does not."""
-    OURS = 1
-    """Send: the lease is ours and the gate says ``sending``."""
-    CANCELLED = 2
-    """The message was cancelled: end the attempt CANCELLED, never send."""
 
 
 def gate_key(namespace: str, message_id: str) -> str:

@@ -4,8 +4,9 @@ A flow sees only these Protocols and the value types they exchange; the Redis, C
 Kafka and HTTP implementations live beside them in ``notiflow/adapters/`` and are injected
 (:mod:`notiflow.adapters.send_ports` opens the send flow's set). Tests substitute fakes.
 
-What an unreachable store raises is named in :mod:`notiflow.adapters.outages`, so this
-module imports no driver.
+What an unreachable store raises is named in :mod:`notiflow.adapters.outages`. This module
+imports no driver and no implementation, not even indirectly
+(``tests/unit/test_ports_stand_alone.py``): the implementations import their values from here.
 """
 
 from __future__ import annotations
@@ -16,15 +17,14 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
-from notiflow.adapters.breaker import Admission, State, StateChange
-from notiflow.adapters.cancel_gate import Confirm
+import orjson
+
+from notiflow.adapters.breaker.model import Admission, State, StateChange
 from notiflow.adapters.providers.base import Outcome, ProviderClient
-from notiflow.adapters.redis_dedup import LeaseState
-from notiflow.adapters.redis_health import RedisHealth
 from notiflow.adapters.rows import AttemptRow, MessageRow, TemplateRow
-from notiflow.adapters.webhook_pace import Pace
 from notiflow.schemas.enums import Tier
 from notiflow.schemas.preferences import PreferenceState, Suppression
+from notiflow.settings import PaceRule
 
 
 class Verdict(enum.Enum):
@@ -54,6 +54,46 @@ class Caps(Protocol):
     """Recipient and tenant caps counted cluster-wide (``redis_caps.CapStore``)."""
 
     async def admit(self, checks: Sequence[CapCheck], now: datetime) -> list[Verdict]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseState:
+    """Result of trying to take a lease."""
+
+    acquired: bool
+    holder: str | None = None
+    """``pending:{owner}:{ms}`` or ``done:{...}`` when not acquired."""
+
+    @property
+    def done(self) -> dict[str, object] | None:
+        if self.holder and self.holder.startswith("done:"):
+            value = orjson.loads(self.holder[5:])
+            return value if isinstance(value, dict) else {}
+        return None
+
+    def pending_owner(self) -> str | None:
+        if self.holder and self.holder.startswith("pending:"):
+            return self.holder[8:].rpartition(":")[0] or self.holder[8:]
+        return None
+
+    def pending_since_ms(self) -> int | None:
+        """When the holder took or last confirmed the lease (epoch ms)."""
+        if self.holder and self.holder.startswith("pending:"):
+            tail = self.holder.rpartition(":")[2]
+            return int(tail) if tail.isdigit() else 0
+        return None
+
+
+class Confirm(enum.IntEnum):
+    """The answer of a confirm: whether this attempt may call the provider."""
+
+    LOST = 0
+    """Another process took the lease over or finished the message: it sends (or sent),
+    this one does not."""
+    OURS = 1
+    """Send: the lease is ours and the gate says ``sending``."""
+    CANCELLED = 2
+    """The message was cancelled: end the attempt CANCELLED, never send."""
 
 
 class Leases(Protocol):
@@ -148,6 +188,40 @@ class Quota(Protocol):
     async def aclose(self) -> None: ...
 
 
+@dataclass(frozen=True, slots=True)
+class Slot:
+    """The answer for one post: wait ``wait_us`` (0: now); ``reserved`` when the slot is the
+    caller's (it may post at ``now + wait`` without asking again)."""
+
+    wait_us: int
+    reserved: bool
+
+    @property
+    def wait(self) -> float:
+        return self.wait_us / 1e6
+
+
+class Pace(Protocol):
+    """What the send flow asks before a chat post (``flows/send/stages/route.py``)."""
+
+    async def reserve(self, provider_id: str, webhook: str, rule: PaceRule, *,
+                      tenant_id: str) -> Slot: ...
+
+    async def aclose(self) -> None: ...
+
+
+class Health(Protocol):
+    """A process's shared view of whether Redis answers
+    (:class:`notiflow.adapters.redis_health.RedisHealth`)."""
+
+    @property
+    def down(self) -> bool: ...
+
+    def failed(self) -> None: ...
+
+    def answered(self) -> None: ...
+
+
 class Boards(Protocol):
     """The signals a send flow publishes and follows (Redis hashes with expiring fields):
     its oldest unsent message per tier, and P0's worst latency."""
@@ -173,7 +247,7 @@ class SendPorts:
     providers: Mapping[str, ProviderClient]
     close: Callable[[], Awaitable[None]]
     """Releases every client (the providers' too)."""
-    health: RedisHealth | None = None
+    health: Health | None = None
     """The process's shared view of Redis (``adapters/redis_health.py``)."""
     pace: Pace | None = None
     """Per-webhook slots of the chat providers (``adapters/webhook_pace.py``); None: chat

@@ -24,7 +24,6 @@ import asyncio
 import functools
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -36,10 +35,10 @@ from notiflow.adapters.cancel_gate import (
     CLEAR,
     CONFIRM,
     SENDING,
-    Confirm,
     campaign_gate_key,
     gate_key,
 )
+from notiflow.adapters.ports import Confirm, LeaseState
 from notiflow.adapters.redis_pool import Coalescer, redis_client
 from notiflow.correlation import CorrelationKeys
 from notiflow.settings import Settings
@@ -76,34 +75,6 @@ def _set(pipe: Any, *, key: str, value: str, px: int) -> object:
 
 def _clear(pipe: Any, *, gate: str) -> object:
     return pipe.eval(CLEAR, 1, gate, SENDING)
-
-
-@dataclass(frozen=True, slots=True)
-class LeaseState:
-    """Result of trying to take a lease."""
-
-    acquired: bool
-    holder: str | None = None
-    """``pending:{owner}:{ms}`` or ``done:{...}`` when not acquired."""
-
-    @property
-    def done(self) -> dict[str, object] | None:
-        if self.holder and self.holder.startswith("done:"):
-            value = orjson.loads(self.holder[5:])
-            return value if isinstance(value, dict) else {}
-        return None
-
-    def pending_owner(self) -> str | None:
-        if self.holder and self.holder.startswith("pending:"):
-            return self.holder[8:].rpartition(":")[0] or self.holder[8:]
-        return None
-
-    def pending_since_ms(self) -> int | None:
-        """When the holder took or last confirmed the lease (epoch ms)."""
-        if self.holder and self.holder.startswith("pending:"):
-            tail = self.holder.rpartition(":")[2]
-            return int(tail) if tail.isdigit() else 0
-        return None
 
 
 class DedupStore:

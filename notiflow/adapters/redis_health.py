@@ -25,6 +25,7 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from notiflow.adapters.outages import REDIS_DOWN, REDIS_UNREACHABLE
+from notiflow.adapters.ports import Health
 
 HOLD_S = 1.0
 T = TypeVar("T")
@@ -83,7 +84,8 @@ class RedisHealth:
 
 
 class RedisGuard:
-    """One Redis client's rule for asking Redis, over the process's :class:`RedisHealth`.
+    """One Redis client's rule for asking Redis, over the process's :class:`RedisHealth`
+    (any :class:`~notiflow.adapters.ports.Health`).
 
     A call that finds Redis unreachable (:meth:`failed`) puts the client off Redis and
     marks the health down. While off, or while the health is down, the client takes its
@@ -92,7 +94,7 @@ class RedisGuard:
     last failure at the earliest (in ``clock``'s unit). An answer (:meth:`answered`) puts it
     back on Redis and clears the health."""
 
-    def __init__(self, health: RedisHealth, probe_interval: float = 0.0,
+    def __init__(self, health: Health, probe_interval: float = 0.0,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.health = health
         self.probe_interval = probe_interval

@@ -25,29 +25,16 @@ from __future__ import annotations
 
 import hashlib
 import math
-from dataclasses import dataclass
-from typing import Final, Protocol
+from typing import Final
 
 import redis.asyncio as aioredis
 
+from notiflow.adapters.ports import Slot
 from notiflow.adapters.redis_pool import LUA_NOW_US, redis_client
 from notiflow.settings import PaceRule, Settings
 
 HORIZON_S: Final = 3600.0
 """The furthest ahead a slot is reserved."""
-
-
-@dataclass(frozen=True, slots=True)
-class Slot:
-    """The answer for one post: wait ``wait_us`` (0: now); ``reserved`` when the slot is the
-    caller's (it may post at ``now + wait`` without asking again)."""
-
-    wait_us: int
-    reserved: bool
-
-    @property
-    def wait(self) -> float:
-        return self.wait_us / 1e6
 
 
 def interval_us(rule: PaceRule) -> int:
@@ -85,15 +72,6 @@ local new = tat + t
 redis.call('SET', KEYS[1], string.format('%d', new), 'PX', math.floor((new - now) / 1000) + 1000)
 return {wait, 1}
 """
-
-
-class Pace(Protocol):
-    """What the send flow asks before a chat post (``flows/send/stages/route.py``)."""
-
-    async def reserve(self, provider_id: str, webhook: str, rule: PaceRule, *,
-                      tenant_id: str) -> Slot: ...
-
-    async def aclose(self) -> None: ...
 
 
 def webhook_key(namespace: str, provider_id: str, webhook: str, tenant_id: str) -> str:

@@ -17,7 +17,8 @@ from bytewax.connectors.kafka import KafkaSourceMessage
 from bytewax.recovery import RecoveryConfig, init_db_dir
 from bytewax.testing import TestingSink, TestingSource, run_main
 
-from notiflow.adapters.breaker import CircuitBreakers, State
+from notiflow.adapters.breaker import State
+from notiflow.adapters.breaker.facade import CircuitBreakers
 from notiflow.adapters.client_webhooks import endpoint_id
 from notiflow.adapters.dlq_crypto import DlqCipher
 from notiflow.adapters.kafka_io import OutRecord

@@ -9,14 +9,9 @@ import uuid
 import pytest
 import redis.asyncio as aioredis
 
-from notiflow.adapters.breaker import (
-    AdmissionKind,
-    BreakerParams,
-    BreakerStore,
-    CircuitBreakers,
-    State,
-    StateChange,
-)
+from notiflow.adapters.breaker import AdmissionKind, BreakerParams, State, StateChange
+from notiflow.adapters.breaker.facade import CircuitBreakers
+from notiflow.adapters.breaker.store import BreakerStore
 from notiflow.adapters.breaker_lanes import BulkBreakers
 from notiflow.adapters.providers.base import Outcome
 from notiflow.settings import BreakerRule

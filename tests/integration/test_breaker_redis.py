@@ -24,8 +24,6 @@ from hypothesis import strategies as st
 from notiflow.adapters.breaker import (
     AdmissionKind,
     BreakerParams,
-    BreakerStore,
-    CircuitBreakers,
     ModelState,
     Op,
     State,
@@ -33,6 +31,8 @@ from notiflow.adapters.breaker import (
     Verdict,
     run_model,
 )
+from notiflow.adapters.breaker.facade import CircuitBreakers
+from notiflow.adapters.breaker.store import BreakerStore
 from notiflow.adapters.providers.base import Outcome
 from notiflow.devenv import free_port
 from notiflow.settings import BreakerRule, Settings

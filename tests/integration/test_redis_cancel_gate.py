@@ -21,9 +21,9 @@ from notiflow.adapters.cancel_gate import (
     CONFIRM,
     SENDING,
     CancelGate,
-    Confirm,
     GateModel,
 )
+from notiflow.adapters.ports import Confirm
 from notiflow.adapters.redis_dedup import DedupStore
 from notiflow.correlation import CorrelationKeys
 from notiflow.schemas.campaigns import row_message_id

@@ -12,7 +12,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 
-from notiflow.adapters.cancel_gate import Confirm
+from notiflow.adapters.ports import Confirm
 from notiflow.adapters.redis_dedup import DedupStore
 from notiflow.adapters.redis_pool import Coalescer, redis_client
 from notiflow.correlation import CorrelationKeys

@@ -33,7 +33,6 @@ from hypothesis import strategies as st
 
 from notiflow.adapters.breaker import (
     BreakerParams,
-    BreakerStore,
     ModelState,
     Op,
     State,
@@ -46,6 +45,7 @@ from notiflow.adapters.breaker import (
     snapshot,
     weight_at,
 )
+from notiflow.adapters.breaker.store import BreakerStore
 from notiflow.adapters.providers.base import Outcome
 from notiflow.settings import BreakerRule, Settings
 

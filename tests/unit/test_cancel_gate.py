@@ -13,11 +13,11 @@ from notiflow.adapters.cancel_gate import (
     CANCELLED,
     MIN_HOLD,
     SENDING,
-    Confirm,
     GateModel,
     gate_key,
     hold_for,
 )
+from notiflow.adapters.ports import Confirm
 
 LEASE, GATE, OURS, THEIRS = "lease:m:1", "gate:m", "pending:us:", "pending:them:"
 NOW = datetime(2026, 3, 1, 12, tzinfo=UTC)

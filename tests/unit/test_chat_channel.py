@@ -17,8 +17,9 @@ from pydantic import ValidationError
 from slack_sdk.models.blocks import Block
 from slack_sdk.webhook.internal_utils import _build_body
 
+from notiflow.adapters.ports import Slot
 from notiflow.adapters.providers.base import OutboundMessage, Outcome
-from notiflow.adapters.webhook_pace import Slot, decide, interval_us
+from notiflow.adapters.webhook_pace import decide, interval_us
 from notiflow.chat_hooks import parse_prefix, served, slack_escaped, webhook_url
 from notiflow.flows.send.routing import rank_routes
 from notiflow.providers.slack import classify as slack_classify

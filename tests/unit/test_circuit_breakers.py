@@ -16,13 +16,13 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from notiflow.adapters.breaker import (
     AdmissionKind,
     BreakerParams,
-    CircuitBreakers,
     ModelStore,
     Op,
     State,
     StateChange,
     StepResult,
 )
+from notiflow.adapters.breaker.facade import CircuitBreakers
 from notiflow.adapters.providers.base import Outcome, SendResult
 from notiflow.settings import BreakerRule
 from tests.fakes import ManualClock

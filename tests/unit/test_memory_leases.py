@@ -12,8 +12,9 @@ from typing import Any, TypeVar
 from hypothesis import given
 from hypothesis import strategies as st
 
-from notiflow.adapters.cancel_gate import CANCELLED, SENDING, Confirm, GateModel
+from notiflow.adapters.cancel_gate import CANCELLED, SENDING, GateModel
 from notiflow.adapters.memory.leases import LeaseTable, MemoryLeases
+from notiflow.adapters.ports import Confirm
 from notiflow.correlation import CorrelationKeys
 from notiflow.schemas.campaigns import row_message_id
 from tests.fakes import ManualClock

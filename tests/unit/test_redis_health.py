@@ -14,7 +14,7 @@ from cryptography.fernet import Fernet
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeout
 
-from notiflow.adapters.breaker import CircuitBreakers
+from notiflow.adapters.breaker.facade import CircuitBreakers
 from notiflow.adapters.dlq_crypto import DlqCipher
 from notiflow.adapters.redis_health import RedisGuard, RedisHealth, RedisUnreachable
 from notiflow.flows.send.stages.context import SendContext

@@ -12,15 +12,11 @@ from typing import Any
 import pytest
 from cryptography.fernet import Fernet
 
-from notiflow.adapters.breaker import (
-    AdmissionKind,
-    BreakerParams,
-    CircuitBreakers,
-    ModelStore,
-    State,
-)
+from notiflow.adapters.breaker import AdmissionKind, BreakerParams, ModelStore, State
+from notiflow.adapters.breaker.facade import CircuitBreakers
 from notiflow.adapters.client_webhooks import AttemptResult, Verdict
 from notiflow.adapters.dlq_crypto import DlqCipher
+from notiflow.adapters.ports import Slot
 from notiflow.adapters.providers.base import OutboundMessage, Outcome, SendResult
 from notiflow.adapters.providers.chat import (
     breaker_label,
@@ -28,7 +24,7 @@ from notiflow.adapters.providers.chat import (
     provider_evidence,
     shared_host,
 )
-from notiflow.adapters.webhook_pace import Slot, webhook_key
+from notiflow.adapters.webhook_pace import webhook_key
 from notiflow.flows.common.items import SourceRef, Work
 from notiflow.flows.send.routing import Choice
 from notiflow.flows.send.stages.call import Call

@@ -15,23 +15,28 @@ import logging
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from enum import StrEnum
 
 from notiflow.adapters.breaker.model import (
+    NORMAL,
     PEEK,
+    Admission,
+    AdmissionKind,
+    BreakerSource,
     ModelState,
     Op,
     Snapshot,
     State,
+    StateChange,
     StepResult,
     Verdict,
     classify,
     effective_state,
     run_model,
     snapshot,
+    wall_us,
     weight_at,
 )
-from notiflow.adapters.breaker.store import BreakerSource, BreakerStore, wall_us
+from notiflow.adapters.breaker.store import BreakerStore
 from notiflow.adapters.outages import REDIS_UNREACHABLE
 from notiflow.adapters.providers.base import Outcome, SendResult
 from notiflow.adapters.redis_health import RedisGuard, RedisHealth
@@ -41,50 +46,6 @@ log = logging.getLogger("notiflow.adapters.breaker")
 
 _SUCCESS = Op("r", Verdict.SUCCESS)
 _SLOW_SUCCESS = Op("r", Verdict.SUCCESS, slow=True)
-
-
-class AdmissionKind(StrEnum):
-    NORMAL = "normal"
-    PROBE = "probe"
-    REFUSED = "refused"
-
-
-@dataclass(frozen=True, slots=True)
-class Admission:
-    """:meth:`CircuitBreakers.allow`'s answer; pass ``probe`` and ``episode`` back to
-    :meth:`CircuitBreakers.record` (or use :meth:`CircuitBreakers.record_result`)."""
-
-    kind: AdmissionKind
-    retry_in: float = 0.0
-    """Seconds until admission may change (refused only)."""
-    episode: int = 0
-
-    @property
-    def admitted(self) -> bool:
-        return self.kind is not AdmissionKind.REFUSED
-
-    @property
-    def probe(self) -> bool:
-        return self.kind is AdmissionKind.PROBE
-
-
-NORMAL = Admission(AdmissionKind.NORMAL)
-
-
-@dataclass(frozen=True, slots=True)
-class StateChange:
-    """A transition of one provider's breaker; ``shared`` is False for a process's local
-    breaker (Redis down) and for ``why == "converged"`` (local view → shared state)."""
-
-    provider_id: str
-    old: State
-    new: State
-    at: datetime
-    why: str
-    at_us: int
-    shared: bool = True
-    lane: str = ""
-    """"" for the priority lane's breaker, ``bulk`` for the bulk lane's."""
 
 
 @dataclass(slots=True)

@@ -65,10 +65,12 @@ operation for operation.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from enum import StrEnum
+from typing import Protocol
 
 from notiflow.adapters.providers.base import Outcome
 from notiflow.settings import BreakerRule, Settings
@@ -406,3 +408,82 @@ def effective_state(snap: Snapshot, at_us: int) -> State:
     if snap.state is State.OPEN and at_us >= snap.until_us:
         return State.HALF_OPEN
     return snap.state
+
+
+class AdmissionKind(StrEnum):
+    NORMAL = "normal"
+    PROBE = "probe"
+    REFUSED = "refused"
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """:meth:`CircuitBreakers.allow`'s answer; pass ``probe`` and ``episode`` back to
+    :meth:`CircuitBreakers.record` (or use :meth:`CircuitBreakers.record_result`)."""
+
+    kind: AdmissionKind
+    retry_in: float = 0.0
+    """Seconds until admission may change (refused only)."""
+    episode: int = 0
+
+    @property
+    def admitted(self) -> bool:
+        return self.kind is not AdmissionKind.REFUSED
+
+    @property
+    def probe(self) -> bool:
+        return self.kind is AdmissionKind.PROBE
+
+
+NORMAL = Admission(AdmissionKind.NORMAL)
+
+
+@dataclass(frozen=True, slots=True)
+class StateChange:
+    """A transition of one provider's breaker; ``shared`` is False for a process's local
+    breaker (Redis down) and for ``why == "converged"`` (local view → shared state)."""
+
+    provider_id: str
+    old: State
+    new: State
+    at: datetime
+    why: str
+    at_us: int
+    shared: bool = True
+    lane: str = ""
+    """"" for the priority lane's breaker, ``bulk`` for the bulk lane's."""
+
+
+class BreakerSource(Protocol):
+    """Where :class:`~notiflow.adapters.breaker.facade.CircuitBreakers` runs its ops:
+    :class:`BreakerStore` or :class:`ModelStore`."""
+
+    params: BreakerParams
+
+    async def run(self, provider_id: str, ops: Sequence[Op],
+                  now_us: int | None = None) -> StepResult: ...
+
+    async def aclose(self) -> None: ...
+
+
+def wall_us() -> int:
+    """Wall-clock time in µs: the default clock of :class:`ModelStore` and
+    :class:`~notiflow.adapters.breaker.facade.CircuitBreakers`."""
+    return time.time_ns() // 1000
+
+
+class ModelStore:
+    """The reference model behind the store interface: one process only (tests, dev)."""
+
+    def __init__(self, params: BreakerParams, clock_us: Callable[[], int] = wall_us) -> None:
+        self.params = params
+        self.clock_us = clock_us
+        self.states: dict[str, ModelState] = {}
+
+    async def run(self, provider_id: str, ops: Sequence[Op],
+                  now_us: int | None = None) -> StepResult:
+        state = self.states.setdefault(provider_id, ModelState())
+        return run_model(state, self.params, ops, self.clock_us() if now_us is None else now_us)
+
+    async def aclose(self) -> None:
+        return None

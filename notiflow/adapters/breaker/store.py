@@ -2,7 +2,8 @@
 
 :class:`BreakerStore` runs ``scripts/step.lua`` (the prelude ``LUA_NOW_US``, a blank line,
 then the file), which mirrors :func:`~notiflow.adapters.breaker.model.apply`;
-:class:`ModelStore` runs the model itself behind the same interface.
+:class:`~notiflow.adapters.breaker.model.ModelStore` runs the model itself behind the same
+interface (:class:`~notiflow.adapters.breaker.model.BreakerSource`).
 
 Redis key layout (namespace = ``settings.topic_prefix``), one hash per provider account::
 
@@ -17,10 +18,9 @@ Redis key layout (namespace = ``settings.topic_prefix``), one hash per provider 
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from importlib import resources
-from typing import Final, Protocol
+from typing import Final
 
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
@@ -28,13 +28,11 @@ from redis.backoff import NoBackoff
 
 from notiflow.adapters.breaker.model import (
     BreakerParams,
-    ModelState,
     Op,
     Snapshot,
     State,
     StepResult,
     Transition,
-    run_model,
 )
 from notiflow.adapters.redis_pool import LUA_NOW_US, redis_client
 from notiflow.settings import Settings
@@ -47,18 +45,6 @@ STEP_LUA: Final = LUA_NOW_US + "\n" + (
     resources.files("notiflow.adapters.breaker") / "scripts" / "step.lua"
 ).read_text(encoding="utf-8")
 """The state machine's script, as registered with Redis (its SHA names it there)."""
-
-
-class BreakerSource(Protocol):
-    """Where :class:`~notiflow.adapters.breaker.facade.CircuitBreakers` runs its ops:
-    :class:`BreakerStore` or :class:`ModelStore`."""
-
-    params: BreakerParams
-
-    async def run(self, provider_id: str, ops: Sequence[Op],
-                  now_us: int | None = None) -> StepResult: ...
-
-    async def aclose(self) -> None: ...
 
 
 class BreakerStore:
@@ -122,26 +108,3 @@ def _parse(raw: list[object]) -> StepResult:
                    v[19 + 4 * i])
         for i in range(int(v[15])))
     return StepResult(tuple(ch == "1" for ch in v[0]), snap, transitions)
-
-
-def wall_us() -> int:
-    """Wall-clock time in µs: the default clock of :class:`ModelStore` and
-    :class:`~notiflow.adapters.breaker.facade.CircuitBreakers`."""
-    return time.time_ns() // 1000
-
-
-class ModelStore:
-    """The reference model behind the store interface: one process only (tests, dev)."""
-
-    def __init__(self, params: BreakerParams, clock_us: Callable[[], int] = wall_us) -> None:
-        self.params = params
-        self.clock_us = clock_us
-        self.states: dict[str, ModelState] = {}
-
-    async def run(self, provider_id: str, ops: Sequence[Op],
-                  now_us: int | None = None) -> StepResult:
-        state = self.states.setdefault(provider_id, ModelState())
-        return run_model(state, self.params, ops, self.clock_us() if now_us is None else now_us)
-
-    async def aclose(self) -> None:
-        return None

@@ -16,10 +16,10 @@ from datetime import timedelta
 
 import orjson
 
-from notiflow.adapters.cancel_gate import Confirm, GateModel, campaign_gate_key
+from notiflow.adapters.cancel_gate import GateModel, campaign_gate_key
 from notiflow.adapters.cancel_gate import gate_key as cancel_gate_key
 from notiflow.adapters.memory.clock import Clock, epoch_ms
-from notiflow.adapters.redis_dedup import LeaseState
+from notiflow.adapters.ports import Confirm, LeaseState
 from notiflow.correlation import CorrelationKeys
 
 

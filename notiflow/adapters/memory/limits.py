@@ -15,7 +15,6 @@ from collections.abc import Sequence
 
 from notiflow.adapters.breaker import (
     BreakerParams,
-    CircuitBreakers,
     ModelState,
     Op,
     State,
@@ -23,6 +22,7 @@ from notiflow.adapters.breaker import (
     Verdict,
     run_model,
 )
+from notiflow.adapters.breaker.facade import CircuitBreakers
 from notiflow.adapters.breaker_lanes import BULK, BulkBreakers
 from notiflow.adapters.memory.clock import Clock, epoch_us
 from notiflow.adapters.ports import Breakers

@@ -131,7 +131,7 @@ class WebhookDispatcher:
         self._opened.result(timeout)
 
     async def _open(self) -> None:
-        from notiflow.adapters.breaker import CircuitBreakers
+        from notiflow.adapters.breaker.facade import CircuitBreakers
 
         self._client = await WebhookClient(self.rule.timeout, self.rule.max_in_flight,
                                            egress=EgressGuard(self.settings.egress)).open()

@@ -11,7 +11,7 @@ import logging
 from datetime import UTC, datetime, timedelta
 
 from notiflow.adapters.outages import REDIS_DOWN
-from notiflow.adapters.redis_dedup import LeaseState
+from notiflow.adapters.ports import LeaseState
 from notiflow.flows.common.items import Work
 from notiflow.flows.common.steps import retry_record
 from notiflow.flows.send.stages.context import InfraUnavailable, SendContext

@@ -10,7 +10,7 @@ import logging
 import time
 
 from notiflow import stages
-from notiflow.adapters.cancel_gate import Confirm as Gate
+from notiflow.adapters.ports import Confirm as Gate
 from notiflow.flows.common.items import Out
 from notiflow.flows.send.stages.context import SendContext
 from notiflow.flows.send.stages.emit import cancelled

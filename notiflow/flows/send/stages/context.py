@@ -13,7 +13,7 @@ from typing import TypeVar
 
 from notiflow.adapters.dlq_crypto import DlqCipher
 from notiflow.adapters.outages import OUTAGE, REDIS_DOWN, REDIS_UNREACHABLE
-from notiflow.adapters.ports import SendPorts
+from notiflow.adapters.ports import Health, SendPorts
 from notiflow.adapters.pressure import LatencyWindow
 from notiflow.adapters.redis_health import HOLD_S, RedisGuard, RedisHealth
 from notiflow.adapters.retrying import until_up
@@ -71,7 +71,7 @@ class SendContext:
         self.redis_guard = RedisGuard(self.own_health)
 
     @property
-    def redis_health(self) -> RedisHealth:
+    def redis_health(self) -> Health:
         """The ports' shared view of Redis (``adapters/redis_health.py``), else this
         context's own (ports without one)."""
         ports = self._ports
