@@ -45,23 +45,30 @@ step() { [[ " ${steps[*]} " == *" $1 "* ]]; }
 
 say() { printf '==> %s\n' "$*"; }
 
+# apt_install WHAT PACKAGE... : install Debian packages (as root, or through sudo), refreshing
+# the package lists once if the first attempt fails; WHAT names them in the error without apt.
+apt_install() {
+  local what=$1 sudo_cmd=()
+  shift
+  [ "$(id -u)" -eq 0 ] || sudo_cmd=(sudo)
+  if ! command -v apt-get >/dev/null 2>&1; then
+    echo "error: please install $what (no apt-get here)" >&2
+    exit 1
+  fi
+  export DEBIAN_FRONTEND=noninteractive
+  "${sudo_cmd[@]}" apt-get install -y -q "$@" >/dev/null 2>&1 || {
+    "${sudo_cmd[@]}" apt-get update -q >/dev/null
+    "${sudo_cmd[@]}" apt-get install -y -q "$@" >/dev/null
+  }
+}
+
 missing=()
 command -v java >/dev/null 2>&1 || missing+=(openjdk-17-jre-headless)
 command -v mvn >/dev/null 2>&1 || missing+=(maven)
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
 if ((${#missing[@]})); then
   say "installing system packages: ${missing[*]}"
-  sudo_cmd=()
-  [ "$(id -u)" -eq 0 ] || sudo_cmd=(sudo)
-  if ! command -v apt-get >/dev/null 2>&1; then
-    echo "error: please install ${missing[*]} (no apt-get here)" >&2
-    exit 1
-  fi
-  export DEBIAN_FRONTEND=noninteractive
-  "${sudo_cmd[@]}" apt-get install -y -q "${missing[@]}" >/dev/null 2>&1 || {
-    "${sudo_cmd[@]}" apt-get update -q >/dev/null
-    "${sudo_cmd[@]}" apt-get install -y -q "${missing[@]}" >/dev/null
-  }
+  apt_install "${missing[*]}" "${missing[@]}"
 fi
 
 # promtool checks and unit-tests ops/prometheus/alerts.yml (tests/unit/test_alert_rules.py).
@@ -70,17 +77,7 @@ fi
 # :9090: `systemctl disable --now prometheus` stops it; notiflow needs only promtool.
 if step promtool && ! command -v promtool >/dev/null 2>&1; then
   say "installing promtool (Debian package prometheus)"
-  sudo_cmd=()
-  [ "$(id -u)" -eq 0 ] || sudo_cmd=(sudo)
-  if ! command -v apt-get >/dev/null 2>&1; then
-    echo "error: please install promtool (Prometheus) (no apt-get here)" >&2
-    exit 1
-  fi
-  export DEBIAN_FRONTEND=noninteractive
-  "${sudo_cmd[@]}" apt-get install -y -q --no-install-recommends prometheus >/dev/null 2>&1 || {
-    "${sudo_cmd[@]}" apt-get update -q >/dev/null
-    "${sudo_cmd[@]}" apt-get install -y -q --no-install-recommends prometheus >/dev/null
-  }
+  apt_install "promtool (Prometheus)" --no-install-recommends prometheus
 fi
 
 PY=""
