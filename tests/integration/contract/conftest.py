@@ -40,7 +40,7 @@ async def receiver() -> AsyncIterator[Receiver]:
 @pytest.fixture
 async def emulator(fakes: str, harness: Harness) -> AsyncIterator[Emulator]:
     async with httpx.AsyncClient(timeout=30) as http:
-        emu = Emulator(fakes, harness.admin, http)
+        emu = Emulator(fakes, harness.name, http)
         await emu.reset()
         yield emu
         await emu.reset()

@@ -86,23 +86,23 @@ class Harness:
     """What the contract suite needs to know about one adapter and its emulator."""
 
     name: str
-    admin: str
-    """Path segment of the emulator's admin API (``/_admin/{admin}/...``)."""
+    """The provider, and the path segment of its emulator's admin API (``/_admin/{name}/...``)."""
     channel: Channel
     recipients: Mapping[str, Recipient]
     """Scenario → recipient: ``ok`` plus one per :attr:`rejections` entry."""
     rejections: tuple[Rejection, ...]
     configure: Callable[[Settings, Overrides], Settings]
-    open: Callable[[Settings, float], Awaitable[TimedClient]]
+    adapter: Any
+    """The adapter class: ``await adapter.open(settings, timeout=...)`` gives a client."""
     unauthorized: Callable[[Settings], Awaitable[RawAnswer]]
     """A raw request with a wrong secret."""
     unauthorized_body: Mapping[str, Any]
     wrong_secret: Callable[[], str]
-    auth_rule: tuple[Outcome, str]
-    unauthorized_records: tuple[str, ...]
-    """Record outcomes the emulator keeps for one send with a wrong secret."""
     provider_message_id: re.Pattern[str]
-    empty_body_rule: tuple[Outcome, str] | None
+    auth_rule: tuple[Outcome, str] = (Outcome.TRANSIENT, "auth_failed")
+    unauthorized_records: tuple[str, ...] = ("unauthorized",)
+    """Record outcomes the emulator keeps for one send with a wrong secret."""
+    empty_body_rule: tuple[Outcome, str] | None = None
     """Classification of an empty body, if the provider refuses one."""
     exact_retry_after: bool = True
     """False when the provider gives a reset time (whole seconds) instead of Retry-After."""
@@ -126,6 +126,11 @@ class Harness:
     def recorded(self, recipient: Recipient) -> str:
         return (self.recorded_to or recipient_text)(recipient)
 
+    async def open(self, settings: Settings, timeout: float) -> TimedClient:
+        """A client of :attr:`adapter`, opened on ``settings`` with ``timeout``."""
+        client: TimedClient = await self.adapter.open(settings, timeout=timeout)
+        return client
+
 
 def recipient_text(recipient: Recipient) -> str:
     """What the emulator records as ``to``."""
@@ -144,16 +149,6 @@ def configure_section(section: str,
         return settings.model_copy(update={section: config})
 
     return configure
-
-
-def opener(adapter: Any) -> Callable[[Settings, float], Awaitable[TimedClient]]:
-    """An ``open`` that calls ``adapter.open(settings, timeout=...)``."""
-
-    async def open_client(settings: Settings, timeout: float) -> TimedClient:
-        client: TimedClient = await adapter.open(settings, timeout=timeout)
-        return client
-
-    return open_client
 
 
 def device(prefix: str = "d", platform: PushPlatform = PushPlatform.ANDROID) -> PushRecipient:

@@ -33,7 +33,6 @@ from tests.integration.contract.harness import (
     configure_section,
     device,
     message,
-    opener,
     send_once,
 )
 
@@ -79,7 +78,6 @@ def ios_device(prefix: str = "0123") -> PushRecipient:
 
 APNS = Harness(
     name="apns",
-    admin="apns",
     channel=Channel.PUSH,
     recipients={"ok": ios_device(), "bad_token": ios_device("bad0"),
                 "unregistered": ios_device("dead"), "all_zero": ios_device("0" * 64),
@@ -90,15 +88,12 @@ APNS = Harness(
                 Rejection("expired_token", "unregistered", deactivate=True),
                 Rejection("not_for_topic", "token_not_for_topic")),
     configure=configure_section("apns", {"base_url": "base_url", "secret": "private_key"}),
-    open=opener(ApnsPush),
+    adapter=ApnsPush,
     unauthorized=_apns_unauthorized,
     unauthorized_body={"reason": "InvalidProviderToken"},
     wrong_secret=_ec_pem,
-    auth_rule=(Outcome.TRANSIENT, "auth_failed"),
-    unauthorized_records=("unauthorized",),
     provider_message_id=re.compile(
         r"[0-9a-f]{8}-[0-9a-f]{4}-5[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}"),
-    empty_body_rule=None,
     retry_after=False,
     unauthorized_status=403,
 )

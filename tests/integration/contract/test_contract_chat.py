@@ -22,7 +22,6 @@ from tests.integration.contract.harness import (
     Overrides,
     Recipient,
     Rejection,
-    opener,
 )
 
 pytestmark = pytest.mark.integration
@@ -78,10 +77,10 @@ async def _no_credentials(settings: Settings) -> httpx.Response:
 CHAT_COMMON: dict[str, Any] = dict(
     channel=Channel.CHAT, unauthorized=_no_credentials, unauthorized_body={},
     wrong_secret=lambda: "", auth_rule=(Outcome.PERMANENT, "invalid_recipient"),
-    unauthorized_records=(), empty_body_rule=None, credentials=False, rebase=rebase)
+    unauthorized_records=(), credentials=False, rebase=rebase)
 
 SLACK = Harness(
-    name="slack", admin="slack",
+    name="slack",
     recipients=WebhookUrls("slack", {
         "ok": "T0001/B0001/okToken", "revoked": "T0001/B0002/revokedToken",
         "gone": "T0001/B0003/goneToken", "archived": "T0001/B0004/archivedToken",
@@ -90,16 +89,16 @@ SLACK = Harness(
                 Rejection("gone", "invalid_recipient", deactivate=True),
                 Rejection("archived", "invalid_recipient", deactivate=True),
                 Rejection("prohibited", "forbidden")),
-    configure=chat_configure("slack", "/slack/services/"), open=opener(SlackWebhook),
+    configure=chat_configure("slack", "/slack/services/"), adapter=SlackWebhook,
     provider_message_id=re.compile(r"[0-9a-f]{32}:[0-9]+"), **CHAT_COMMON)
 
 TEAMS = Harness(
-    name="teams", admin="teams",
+    name="teams",
     recipients=WebhookUrls("teams", {
         "ok": "a1b2/triggers/manual/paths/invoke?api-version=1&sig=okSig",
         "gone": "a1b2/triggers/manual/paths/goneFlow",
         "unauthorized": "a1b2/triggers/manual/paths/unauthorizedFlow"}),
     rejections=(Rejection("gone", "invalid_recipient", deactivate=True),
                 Rejection("unauthorized", "invalid_recipient", deactivate=True)),
-    configure=chat_configure("teams", "/teams/workflows/"), open=opener(TeamsWebhook),
+    configure=chat_configure("teams", "/teams/workflows/"), adapter=TeamsWebhook,
     provider_message_id=re.compile(r"[0-9a-f]{32}:[0-9]+"), **CHAT_COMMON)

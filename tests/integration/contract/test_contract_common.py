@@ -246,7 +246,7 @@ async def test_knobs_round_trip(emulator: Emulator) -> None:
 
 async def test_reset_clears_every_emulator(fakes: str, settings: Settings) -> None:
     async with httpx.AsyncClient(timeout=30) as http:
-        emulators = [Emulator(fakes, h.admin, http) for h in HARNESSES]
+        emulators = [Emulator(fakes, h.name, http) for h in HARNESSES]
         for emu in emulators:
             await emu.configure(latency_ms=1)
         await emulators[0].reset()

@@ -31,7 +31,6 @@ from tests.integration.contract.harness import (
     configure_section,
     device,
     message,
-    opener,
 )
 
 pytestmark = pytest.mark.integration
@@ -57,7 +56,6 @@ async def _fcm_unauthorized(settings: Settings) -> httpx.Response:
 
 FCM = Harness(
     name="fcm",
-    admin="fcm",
     channel=Channel.PUSH,
     recipients={"ok": device(), "unregistered": device("unregistered"),
                 "invalid": device("invalid"), "mismatch": device("mismatch")},
@@ -65,7 +63,7 @@ FCM = Harness(
                 Rejection("invalid", "rejected"),
                 Rejection("mismatch", "sender_id_mismatch")),
     configure=configure_section("fcm", {"base_url": "base_url", "secret": "private_key"}),
-    open=opener(FcmPush),
+    adapter=FcmPush,
     unauthorized=_fcm_unauthorized,
     unauthorized_body={"error": {
         "code": 401, "status": "UNAUTHENTICATED",
@@ -73,10 +71,8 @@ FCM = Harness(
                    "token, login cookie or other valid authentication credential. See "
                    "https://developers.google.com/identity/sign-in/web/devconsole-project."}},
     wrong_secret=_rsa_pem,
-    auth_rule=(Outcome.TRANSIENT, "auth_failed"),
     unauthorized_records=(),
     provider_message_id=re.compile(r"projects/[a-z0-9-]+/messages/0:\d+%[0-9a-f]{16}"),
-    empty_body_rule=None,
 )
 
 

@@ -34,7 +34,6 @@ from tests.integration.contract.harness import (
     configure_section,
     first_found,
     message,
-    opener,
     send_once,
 )
 
@@ -57,7 +56,6 @@ async def _sendgrid_unauthorized(settings: Settings) -> httpx.Response:
 SENDGRID = Harness(
     name="sendgrid",
     sender=("billing@acme.example", "from", "billing@acme.example"),
-    admin="sendgrid",
     channel=Channel.EMAIL,
     recipients={"ok": "ada@example.com", "invalid": "nobody@invalid.example.com",
                 "malformed": "not-an-address"},
@@ -65,14 +63,12 @@ SENDGRID = Harness(
                 Rejection("malformed", "invalid_recipient")),
     configure=configure_section("sendgrid", {
         "base_url": "base_url", "secret": "api_key", "sender": "from_email"}),
-    open=opener(SendGridEmail),
+    adapter=SendGridEmail,
     unauthorized=_sendgrid_unauthorized,
     unauthorized_body={"errors": [{
         "message": "The provided authorization grant is invalid, expired, or revoked",
         "field": None, "help": None}]},
     wrong_secret=lambda: "SG.wrong." + "x" * 32,
-    auth_rule=(Outcome.TRANSIENT, "auth_failed"),
-    unauthorized_records=("unauthorized",),
     provider_message_id=re.compile(r"[A-Za-z0-9_-]{22}"),
     empty_body_rule=(Outcome.PERMANENT, "invalid_content"),
     exact_retry_after=False,

@@ -25,7 +25,6 @@ from tests.integration.contract.harness import (
     assert_result,
     configure_section,
     message,
-    opener,
 )
 
 pytestmark = pytest.mark.integration
@@ -63,20 +62,16 @@ async def _ses_unauthorized(settings: Settings) -> httpx.Response:
 SES = Harness(
     name="ses",
     sender=("billing@acme.example", "from", "billing@acme.example"),
-    admin="ses",
     channel=Channel.EMAIL,
     recipients={"ok": "ada@example.com", "malformed": "not-an-address",
                 "refused": "kim@reject.example.com"},
     rejections=(Rejection("malformed", "rejected"), Rejection("refused", "content_rejected")),
     configure=_ses_configure,
-    open=opener(SesEmail),
+    adapter=SesEmail,
     unauthorized=_ses_unauthorized,
     unauthorized_body={"message": "The security token included in the request is invalid."},
     wrong_secret=lambda: "wrong/" + "x" * 34,
-    auth_rule=(Outcome.TRANSIENT, "auth_failed"),
-    unauthorized_records=("unauthorized",),
     provider_message_id=re.compile(r"0100[0-9a-f]{24}-[0-9a-f]{8}-000000"),
-    empty_body_rule=None,
     retry_after=False,
     unauthorized_status=403,
 )

@@ -29,7 +29,6 @@ from tests.integration.contract.harness import (
     _ids,
     assert_result,
     message,
-    opener,
 )
 
 pytestmark = pytest.mark.integration
@@ -86,7 +85,6 @@ async def _smtp_unauthorized(settings: Settings) -> SmtpAnswer:
 SMTP = Harness(
     name="smtp",
     sender=("billing@acme.example", "header_from", "billing@acme.example"),
-    admin="smtp",
     channel=Channel.EMAIL,
     recipients={"ok": "ada@example.com", "bounce": "nobody@bounce.example.com",
                 "syntax": "x@invalid.example.com", "disabled": "old@disabled.example.com"},
@@ -94,14 +92,12 @@ SMTP = Harness(
                 Rejection("syntax", "invalid_recipient"),
                 Rejection("disabled", "mailbox_disabled", deactivate=True)),
     configure=_smtp_configure,
-    open=opener(SmtpEmail),
+    adapter=SmtpEmail,
     unauthorized=_smtp_unauthorized,
     unauthorized_body={"message": "5.7.8 Authentication credentials invalid"},
     wrong_secret=lambda: "wrong-" + "x" * 12,
-    auth_rule=(Outcome.TRANSIENT, "auth_failed"),
     unauthorized_records=(),
     provider_message_id=re.compile(r"[0-9A-F]{12}"),
-    empty_body_rule=None,
     retry_after=False,
     unauthorized_status=535,
     http=False,

@@ -23,7 +23,6 @@ from tests.integration.contract.harness import (
     Harness,
     Rejection,
     configure_section,
-    opener,
 )
 
 pytestmark = pytest.mark.integration
@@ -64,7 +63,6 @@ def _twilio_secret(settings: Settings) -> str:
 TWILIO = Harness(
     name="twilio",
     sender=("+14155550111", "from", "+14155550111"),
-    admin="twilio",
     channel=Channel.SMS,
     recipients={"ok": "+14155550100", "invalid": "+15005550001",
                 "unsubscribed": "+15005550004", "unreachable": "+15005550002",
@@ -77,13 +75,11 @@ TWILIO = Harness(
     configure=configure_section("twilio", {
         "base_url": "base_url", "secret": "auth_token", "callback_url": "status_callback_url",
         "sender": "from_number"}),
-    open=opener(TwilioSms),
+    adapter=TwilioSms,
     unauthorized=_twilio_unauthorized,
     unauthorized_body={"code": 20003, "message": "Authenticate",
                        "more_info": "https://www.twilio.com/docs/errors/20003", "status": 401},
     wrong_secret=lambda: "x" * 32,
-    auth_rule=(Outcome.TRANSIENT, "auth_failed"),
-    unauthorized_records=("unauthorized",),
     provider_message_id=re.compile(r"SM[0-9a-f]{32}"),
     empty_body_rule=(Outcome.PERMANENT, "invalid_content"),
     callbacks=CallbackSpec(verify=_twilio_verify, secret=_twilio_secret,

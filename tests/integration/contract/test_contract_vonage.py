@@ -34,7 +34,6 @@ from tests.integration.contract.harness import (
     configure_section,
     first_found,
     message,
-    opener,
     send_once,
 )
 
@@ -55,7 +54,6 @@ async def _vonage_unauthorized(settings: Settings) -> httpx.Response:
 VONAGE = Harness(
     name="vonage",
     sender=("+14155550111", "from", "14155550111"),
-    admin="vonage",
     channel=Channel.SMS,
     recipients={"ok": "+14155550100", "invalid": "+0123", "unroutable": "+447700900006",
                 "barred": "+447700900007", "not_whitelisted": "+447700900029",
@@ -69,13 +67,11 @@ VONAGE = Harness(
     configure=configure_section("vonage", {
         "base_url": "base_url", "secret": "api_secret", "callback_url": "status_callback_url",
         "sender": "from_name"}),
-    open=opener(VonageSms),
+    adapter=VonageSms,
     unauthorized=_vonage_unauthorized,
     unauthorized_body={"message-count": "1",
                        "messages": [{"status": "4", "error-text": "Bad Credentials"}]},
     wrong_secret=lambda: "x" * 16,
-    auth_rule=(Outcome.TRANSIENT, "auth_failed"),
-    unauthorized_records=("unauthorized",),
     provider_message_id=re.compile(
         r"[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}"),
     empty_body_rule=(Outcome.PERMANENT, "invalid_content"),
