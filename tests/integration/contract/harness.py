@@ -4,7 +4,8 @@ Each adapter is one :class:`Harness` (how to build it, which recipients trigger 
 answer, what wrong credentials look like on the wire), defined in its provider's
 ``test_contract_<provider>.py`` beside that provider's own cases (SendGrid's Event Webhook, FCM's
 OAuth2 token handling, APNs' provider tokens, Vonage's delivery receipts, SMTP's replies, SES
-through the AWS SDK); add a provider by writing its file and appending its harness to
+through the AWS SDK), which run against that harness alone (:func:`for_harness` in the file's
+``pytestmark``); add a provider by writing its file and appending its harness to
 ``HARNESSES`` in ``test_contract_common.py``, where the generic cases run for every harness and
 Twilio-style per-message status callbacks for harnesses with a :class:`CallbackSpec` (so
 ``pytest tests/integration/contract -k twilio`` runs Twilio's whole contract, its generic cases
@@ -24,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 import httpx
+import pytest
 from aiohttp import web
 from pydantic import SecretStr
 
@@ -162,6 +164,11 @@ def _ids(value: object) -> str:
     if isinstance(value, Rejection):
         return value.scenario
     return str(value)
+
+
+def for_harness(harness: Harness) -> pytest.MarkDecorator:
+    """Runs the tests it marks (a provider's own cases) against ``harness`` alone."""
+    return pytest.mark.parametrize("harness", [harness], ids=_ids)
 
 
 # emulator admin and callback receivers -------------------------------------------------------

@@ -28,16 +28,13 @@ from tests.integration.contract.harness import (
     Harness,
     Rejection,
     TimedClient,
-    _ids,
     assert_result,
     configure_section,
     device,
+    for_harness,
     message,
     send_once,
 )
-
-pytestmark = pytest.mark.integration
-
 
 # the harness ----------------------------------------------------------------------------------
 
@@ -98,11 +95,12 @@ APNS = Harness(
     unauthorized_status=403,
 )
 
+pytestmark = [pytest.mark.integration, for_harness(APNS)]
+
 
 # APNs' own cases ------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("harness", [APNS], ids=_ids)
 async def test_apns_wire_format(harness: Harness, adapter: TimedClient, emulator: Emulator,
                                 provider_settings: Settings) -> None:
     cases = [(Tier.P0, "10"), (Tier.P1, "10"), (Tier.P3, "5")]
@@ -123,7 +121,6 @@ async def test_apns_wire_format(harness: Harness, adapter: TimedClient, emulator
             time.time() + ttl)
 
 
-@pytest.mark.parametrize("harness", [APNS], ids=_ids)
 async def test_apns_emulator_checks_the_provider_token(harness: Harness,
                                                        provider_settings: Settings,
                                                        emulator: Emulator) -> None:
@@ -166,7 +163,6 @@ async def test_apns_emulator_checks_the_provider_token(harness: Harness,
     assert stats["connections"]["opened"] == 1
 
 
-@pytest.mark.parametrize("harness", [APNS], ids=_ids)
 async def test_apns_unregistered_carries_a_timestamp(harness: Harness,
                                                      provider_settings: Settings,
                                                      emulator: Emulator) -> None:
@@ -184,7 +180,6 @@ async def test_apns_unregistered_carries_a_timestamp(harness: Harness,
     assert abs(r.json()["timestamp"] / 1000 - time.time()) < 60
 
 
-@pytest.mark.parametrize("harness", [APNS], ids=_ids)
 async def test_apns_expired_provider_token_refreshes_once(harness: Harness,
                                                           adapter: TimedClient,
                                                           emulator: Emulator) -> None:
@@ -209,7 +204,6 @@ async def test_apns_expired_provider_token_refreshes_once(harness: Harness,
     assert len(await emulator.records(again.message_id)) == 1
 
 
-@pytest.mark.parametrize("harness", [APNS], ids=_ids)
 async def test_apns_invalid_provider_token_is_not_retried(harness: Harness,
                                                           provider_settings: Settings,
                                                           emulator: Emulator) -> None:
@@ -227,7 +221,6 @@ async def test_apns_invalid_provider_token_is_not_retried(harness: Harness,
     assert client.tokens.signed == 1
 
 
-@pytest.mark.parametrize("harness", [APNS], ids=_ids)
 async def test_apns_only_takes_ios_tokens(harness: Harness, adapter: TimedClient,
                                           emulator: Emulator) -> None:
     result = await adapter.send(message(harness, recipient=device()))
@@ -235,7 +228,6 @@ async def test_apns_only_takes_ios_tokens(harness: Harness, adapter: TimedClient
     assert (await emulator.stats())["received"] == 0
 
 
-@pytest.mark.parametrize("harness", [APNS], ids=_ids)
 async def test_apns_500_concurrent_sends_share_one_connection(harness: Harness,
                                                               adapter: TimedClient,
                                                               emulator: Emulator) -> None:
@@ -252,7 +244,6 @@ async def test_apns_500_concurrent_sends_share_one_connection(harness: Harness,
     assert elapsed < 5.0, "streams were multiplexed, not serialised (500 x 50 ms = 25 s)"
 
 
-@pytest.mark.parametrize("harness", [APNS], ids=_ids)
 async def test_apns_untrusted_certificate_is_connect_error(harness: Harness,
                                                            provider_settings: Settings,
                                                            emulator: Emulator) -> None:
@@ -263,7 +254,6 @@ async def test_apns_untrusted_certificate_is_connect_error(harness: Harness,
     assert (await emulator.stats())["received"] == 0
 
 
-@pytest.mark.parametrize("harness", [APNS], ids=_ids)
 async def test_apns_connection_lost_after_send_is_ambiguous(harness: Harness,
                                                             adapter: TimedClient,
                                                             emulator: Emulator) -> None:

@@ -26,15 +26,12 @@ from tests.integration.contract.harness import (
     Harness,
     Rejection,
     TimedClient,
-    _ids,
     assert_result,
     configure_section,
     device,
+    for_harness,
     message,
 )
-
-pytestmark = pytest.mark.integration
-
 
 # the harness ----------------------------------------------------------------------------------
 
@@ -75,6 +72,8 @@ FCM = Harness(
     provider_message_id=re.compile(r"projects/[a-z0-9-]+/messages/0:\d+%[0-9a-f]{16}"),
 )
 
+pytestmark = [pytest.mark.integration, for_harness(FCM)]
+
 
 # FCM's own cases ------------------------------------------------------------------------------
 
@@ -100,7 +99,6 @@ def _claims(settings: Settings, **changes: Any) -> dict[str, Any]:
             "aud": settings.fcm.token_uri, "iat": now, "exp": now + 3600, **changes}
 
 
-@pytest.mark.parametrize("harness", [FCM], ids=_ids)
 async def test_fcm_token_endpoint_checks_the_assertion(harness: Harness,
                                                        provider_settings: Settings,
                                                        emulator: Emulator) -> None:
@@ -130,7 +128,6 @@ async def test_fcm_token_endpoint_checks_the_assertion(harness: Harness,
     assert (stats["requests"], stats["issued"], stats["rejected"]) == (5, 1, 4)
 
 
-@pytest.mark.parametrize("harness", [FCM], ids=_ids)
 async def test_fcm_access_token_is_cached(harness: Harness, adapter: TimedClient,
                                           emulator: Emulator) -> None:
     for _ in range(3):
@@ -139,7 +136,6 @@ async def test_fcm_access_token_is_cached(harness: Harness, adapter: TimedClient
     assert isinstance(adapter, FcmPush) and adapter.tokens.exchanges == 1
 
 
-@pytest.mark.parametrize("harness", [FCM], ids=_ids)
 async def test_fcm_cold_start_shares_one_exchange(harness: Harness, adapter: TimedClient,
                                                   emulator: Emulator) -> None:
     results = await asyncio.gather(*(adapter.send(message(harness)) for _ in range(20)))
@@ -147,7 +143,6 @@ async def test_fcm_cold_start_shares_one_exchange(harness: Harness, adapter: Tim
     assert (await emulator.stats())["token"]["requests"] == 1
 
 
-@pytest.mark.parametrize("harness", [FCM], ids=_ids)
 async def test_fcm_401_refreshes_the_token_once(harness: Harness, adapter: TimedClient,
                                                 emulator: Emulator) -> None:
     assert_result(await adapter.send(message(harness)), Outcome.ACCEPTED, None)
@@ -160,7 +155,6 @@ async def test_fcm_401_refreshes_the_token_once(harness: Harness, adapter: Timed
     assert (await emulator.stats())["token"]["requests"] == 2
 
 
-@pytest.mark.parametrize("harness", [FCM], ids=_ids)
 async def test_fcm_persistent_401_is_auth_failed(harness: Harness, provider_settings: Settings,
                                                  emulator: Emulator) -> None:
     async def bogus(_assertion: str, _timeout: float) -> tuple[str, float]:
@@ -182,7 +176,6 @@ async def test_fcm_persistent_401_is_auth_failed(harness: Harness, provider_sett
         "unauthorized", "unauthorized"]
 
 
-@pytest.mark.parametrize("harness", [FCM], ids=_ids)
 async def test_fcm_third_party_auth_error_is_not_a_token_problem(harness: Harness,
                                                                  adapter: TimedClient,
                                                                  emulator: Emulator) -> None:
@@ -194,7 +187,6 @@ async def test_fcm_third_party_auth_error_is_not_a_token_problem(harness: Harnes
     assert (await emulator.stats())["token"]["requests"] == 1
 
 
-@pytest.mark.parametrize("harness", [FCM], ids=_ids)
 async def test_fcm_ios_waits_for_apns(harness: Harness, adapter: TimedClient,
                                       emulator: Emulator) -> None:
     ios = PushRecipient(device_token="ab" * 32, platform=PushPlatform.IOS)
@@ -204,7 +196,6 @@ async def test_fcm_ios_waits_for_apns(harness: Harness, adapter: TimedClient,
     assert (stats["received"], stats["token"]["requests"]) == (0, 0)
 
 
-@pytest.mark.parametrize("harness", [FCM], ids=_ids)
 async def test_fcm_token_endpoint_outage_is_transient(harness: Harness, adapter: TimedClient,
                                                       emulator: Emulator) -> None:
     await emulator.configure(token_outage=True)
@@ -213,7 +204,6 @@ async def test_fcm_token_endpoint_outage_is_transient(harness: Harness, adapter:
     assert (await emulator.stats())["received"] == 0
 
 
-@pytest.mark.parametrize("harness", [FCM], ids=_ids)
 async def test_fcm_priority_follows_the_tier(harness: Harness, adapter: TimedClient,
                                              emulator: Emulator) -> None:
     cases = [(Tier.P0, device(), "HIGH"), (Tier.P3, device(), "NORMAL"),

@@ -28,17 +28,14 @@ from tests.integration.contract.harness import (
     Harness,
     Rejection,
     TimedClient,
-    _ids,
     _serve,
     assert_result,
     configure_section,
     first_found,
+    for_harness,
     message,
     send_once,
 )
-
-pytestmark = pytest.mark.integration
-
 
 # the harness ----------------------------------------------------------------------------------
 
@@ -73,6 +70,8 @@ SENDGRID = Harness(
     empty_body_rule=(Outcome.PERMANENT, "invalid_content"),
     exact_retry_after=False,
 )
+
+pytestmark = [pytest.mark.integration, for_harness(SENDGRID)]
 
 
 @dataclass
@@ -131,7 +130,6 @@ def sendgrid_documented_verify(public_key_b64: str, payload: bytes, signature_b6
     return True
 
 
-@pytest.mark.parametrize("harness", [SENDGRID], ids=_ids)
 async def test_sendgrid_wire_format(harness: Harness, adapter: TimedClient, emulator: Emulator,
                                     provider_settings: Settings) -> None:
     msg = message(harness, subject="Your receipt")
@@ -141,7 +139,6 @@ async def test_sendgrid_wire_format(harness: Harness, adapter: TimedClient, emul
         "Your receipt", provider_settings.sendgrid.from_email, 202)
 
 
-@pytest.mark.parametrize("harness", [SENDGRID], ids=_ids)
 async def test_sendgrid_missing_subject_is_permanent(harness: Harness, adapter: TimedClient,
                                                      emulator: Emulator) -> None:
     result = await adapter.send(message(harness, subject=None))
@@ -149,7 +146,6 @@ async def test_sendgrid_missing_subject_is_permanent(harness: Harness, adapter: 
     assert result.error_code == "http_400:subject"
 
 
-@pytest.mark.parametrize("harness", [SENDGRID], ids=_ids)
 async def test_sendgrid_unverified_sender_is_misconfiguration(harness: Harness,
                                                               provider_settings: Settings,
                                                               emulator: Emulator) -> None:
@@ -159,7 +155,6 @@ async def test_sendgrid_unverified_sender_is_misconfiguration(harness: Harness,
     assert result.error_code == "http_403:from"
 
 
-@pytest.mark.parametrize("harness", [SENDGRID], ids=_ids)
 async def test_sendgrid_events_are_off_by_default(harness: Harness, adapter: TimedClient,
                                                   emulator: Emulator) -> None:
     assert (await emulator.config())["callbacks_enabled"] is False
@@ -167,7 +162,6 @@ async def test_sendgrid_events_are_off_by_default(harness: Harness, adapter: Tim
     assert (await emulator.stats())["callbacks"]["scheduled"] == 0
 
 
-@pytest.mark.parametrize("harness", [SENDGRID], ids=_ids)
 async def test_sendgrid_event_webhook_is_signed(harness: Harness, adapter: TimedClient,
                                                 emulator: Emulator,
                                                 event_receiver: EventReceiver,
@@ -199,7 +193,6 @@ async def test_sendgrid_event_webhook_is_signed(harness: Harness, adapter: Timed
         assert not sendgrid_documented_verify(public_key, post.body, sig, str(int(ts) + 1))
 
 
-@pytest.mark.parametrize("harness", [SENDGRID], ids=_ids)
 async def test_sendgrid_bounce_event(harness: Harness, adapter: TimedClient, emulator: Emulator,
                                      event_receiver: EventReceiver) -> None:
     await emulator.configure(callbacks_enabled=True, callback_delay_ms=10,

@@ -21,14 +21,11 @@ from tests.integration.contract.harness import (
     Overrides,
     Rejection,
     TimedClient,
-    _ids,
     assert_result,
     configure_section,
+    for_harness,
     message,
 )
-
-pytestmark = pytest.mark.integration
-
 
 # the harness ----------------------------------------------------------------------------------
 
@@ -76,11 +73,12 @@ SES = Harness(
     unauthorized_status=403,
 )
 
+pytestmark = [pytest.mark.integration, for_harness(SES)]
+
 
 # SES's own cases ------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("harness", [SES], ids=_ids)
 async def test_ses_wire_format(harness: Harness, adapter: TimedClient, emulator: Emulator,
                                provider_settings: Settings) -> None:
     msg = message(harness, attempt=3, body="Grüße, your code is 1")
@@ -92,7 +90,6 @@ async def test_ses_wire_format(harness: Harness, adapter: TimedClient, emulator:
     assert record["tags"]["message_id"] == msg.message_id
 
 
-@pytest.mark.parametrize("harness", [SES], ids=_ids)
 async def test_ses_sdk_and_emulator_agree(harness: Harness, provider_settings: Settings,
                                           emulator: Emulator) -> None:
     """botocore's own ``sesv2`` client (the SDK: its serializer, SigV4 signer and error
@@ -127,7 +124,6 @@ async def test_ses_sdk_and_emulator_agree(harness: Harness, provider_settings: S
     assert record["to"] == "ada@example.com"
 
 
-@pytest.mark.parametrize("harness", [SES], ids=_ids)
 async def test_ses_unverified_sender_is_misconfiguration(harness: Harness, adapter: TimedClient,
                                                          emulator: Emulator) -> None:
     msg = message(harness, sender="news@unverified.example.com")

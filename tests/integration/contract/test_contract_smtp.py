@@ -26,13 +26,10 @@ from tests.integration.contract.harness import (
     Overrides,
     Rejection,
     TimedClient,
-    _ids,
     assert_result,
+    for_harness,
     message,
 )
-
-pytestmark = pytest.mark.integration
-
 
 # the harness ----------------------------------------------------------------------------------
 
@@ -103,11 +100,12 @@ SMTP = Harness(
     http=False,
 )
 
+pytestmark = [pytest.mark.integration, for_harness(SMTP)]
+
 
 # SMTP's own cases -----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("harness", [SMTP], ids=_ids)
 async def test_smtp_wire_format(harness: Harness, adapter: TimedClient, emulator: Emulator,
                                 provider_settings: Settings) -> None:
     msg = message(harness, attempt=2, subject="Grüße aus Zürich",
@@ -124,7 +122,6 @@ async def test_smtp_wire_format(harness: Harness, adapter: TimedClient, emulator
     assert record["sid"] == result.provider_message_id
 
 
-@pytest.mark.parametrize("harness", [SMTP], ids=_ids)
 @pytest.mark.parametrize(("knob", "expected", "code", "stage"), [
     ("error_rate_421", (Outcome.TRANSIENT, "server_error", False), "421 4.3.0", "mail"),
     ("error_rate_429", (Outcome.TRANSIENT, "rate_limited", False), "451 4.7.1", "mail"),
@@ -148,7 +145,6 @@ async def test_smtp_error_mix(harness: Harness, adapter: TimedClient, emulator: 
     assert_result(await adapter.send(message(harness)), Outcome.ACCEPTED, None)
 
 
-@pytest.mark.parametrize("harness", [SMTP], ids=_ids)
 @pytest.mark.parametrize(("recipient", "expected", "code"), [
     ("kim@full.example.com", (Outcome.TRANSIENT, "mailbox_full"), "552 5.2.2"),
     ("kim@policy.example.com", (Outcome.PERMANENT, "rejected"), "554 5.7.1"),
@@ -161,7 +157,6 @@ async def test_smtp_magic_recipients(harness: Harness, adapter: TimedClient, emu
     assert result.error_code == code and result.deactivate_recipient is False
 
 
-@pytest.mark.parametrize("harness", [SMTP], ids=_ids)
 async def test_smtp_greylisting_passes_on_retry(harness: Harness, adapter: TimedClient,
                                                 emulator: Emulator) -> None:
     recipient = f"grey-{uuid.uuid4().hex[:8]}@greylist.example.com"
@@ -174,7 +169,6 @@ async def test_smtp_greylisting_passes_on_retry(harness: Harness, adapter: Timed
         "rate_limited", "accepted"]
 
 
-@pytest.mark.parametrize("harness", [SMTP], ids=_ids)
 async def test_smtp_reuses_connections(harness: Harness, adapter: TimedClient,
                                        emulator: Emulator) -> None:
     for scenario in ("ok", "bounce", "ok", "ok"):
@@ -186,7 +180,6 @@ async def test_smtp_reuses_connections(harness: Harness, adapter: TimedClient,
     assert (stats["accepted"], stats["rejected"]) == (3, 1)
 
 
-@pytest.mark.parametrize("harness", [SMTP], ids=_ids)
 async def test_smtp_pooled_connection_refused_by_outage(harness: Harness, adapter: TimedClient,
                                                         emulator: Emulator) -> None:
     assert_result(await adapter.send(message(harness)), Outcome.ACCEPTED, None)
@@ -201,7 +194,6 @@ async def test_smtp_pooled_connection_refused_by_outage(harness: Harness, adapte
     assert (stats["received"], stats["connections"]["refused"]) == (3, 1)
 
 
-@pytest.mark.parametrize("harness", [SMTP], ids=_ids)
 async def test_smtp_requires_auth(harness: Harness, provider_settings: Settings,
                                   emulator: Emulator) -> None:
     client = await smtp_session(provider_settings)
@@ -216,7 +208,6 @@ async def test_smtp_requires_auth(harness: Harness, provider_settings: Settings,
         530, "5.7.0 Authentication required")
 
 
-@pytest.mark.parametrize("harness", [SMTP], ids=_ids)
 async def test_smtp_envid_correlates_refused_recipients(harness: Harness, adapter: TimedClient,
                                                         emulator: Emulator) -> None:
     msg = message(harness, "bounce", attempt=7)

@@ -28,17 +28,14 @@ from tests.integration.contract.harness import (
     Harness,
     Rejection,
     TimedClient,
-    _ids,
     _serve,
     assert_result,
     configure_section,
     first_found,
+    for_harness,
     message,
     send_once,
 )
-
-pytestmark = pytest.mark.integration
-
 
 # the harness ----------------------------------------------------------------------------------
 
@@ -78,6 +75,8 @@ VONAGE = Harness(
     unauthorized_status=200,
     recorded_to=lambda recipient: str(recipient).removeprefix("+"),
 )
+
+pytestmark = [pytest.mark.integration, for_harness(VONAGE)]
 
 
 # Vonage's own cases ---------------------------------------------------------------------------
@@ -136,7 +135,6 @@ async def dlr_receiver() -> AsyncIterator[DlrReceiver]:
     await runner.cleanup()
 
 
-@pytest.mark.parametrize("harness", [VONAGE], ids=_ids)
 async def test_vonage_wire_format(harness: Harness, adapter: TimedClient, emulator: Emulator,
                                   provider_settings: Settings) -> None:
     msg = message(harness, attempt=4)
@@ -150,7 +148,6 @@ async def test_vonage_wire_format(harness: Harness, adapter: TimedClient, emulat
     assert record["type"] == "unicode"
 
 
-@pytest.mark.parametrize("harness", [VONAGE], ids=_ids)
 @pytest.mark.parametrize("method", ["GET", "POST", "POST-JSON"])
 async def test_vonage_delivery_receipts_are_signed(harness: Harness, method: str,
                                                    provider_settings: Settings,
@@ -184,7 +181,6 @@ async def test_vonage_delivery_receipts_are_signed(harness: Harness, method: str
         assert not verify_signature("wrong", p)
 
 
-@pytest.mark.parametrize("harness", [VONAGE], ids=_ids)
 async def test_vonage_failed_receipt(harness: Harness, provider_settings: Settings,
                                      emulator: Emulator, dlr_receiver: DlrReceiver) -> None:
     await emulator.configure(callback_delay_ms=10, undelivered_rate=1.0)
@@ -195,7 +191,6 @@ async def test_vonage_failed_receipt(harness: Harness, provider_settings: Settin
     assert (receipt.params["status"], receipt.params["err-code"]) == ("failed", "1")
 
 
-@pytest.mark.parametrize("harness", [VONAGE], ids=_ids)
 @pytest.mark.parametrize(("status", "expected"), [
     ("1", (Outcome.TRANSIENT, "rate_limited")),
     ("5", (Outcome.TRANSIENT, "server_error")),
@@ -216,7 +211,6 @@ async def test_vonage_documented_statuses(harness: Harness, adapter: TimedClient
     assert (record["status"], record["error_code"]) == (200, int(status))
 
 
-@pytest.mark.parametrize("harness", [VONAGE], ids=_ids)
 async def test_vonage_signed_requests(harness: Harness, provider_settings: Settings,
                                       emulator: Emulator) -> None:
     v = provider_settings.vonage
