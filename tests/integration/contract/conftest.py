@@ -25,16 +25,14 @@ from tests.integration.contract.harness import (  # noqa: E402
     Harness,
     Receiver,
     TimedClient,
-    _serve,
+    listening,
 )
 
 
 @pytest.fixture(scope="module")
 async def receiver() -> AsyncIterator[Receiver]:
-    rec = Receiver("")
-    rec.url, runner = await _serve("/hooks/sms", rec.handle)
-    yield rec
-    await runner.cleanup()
+    async with listening(Receiver(), "/hooks/sms") as rec:
+        yield rec
 
 
 @pytest.fixture

@@ -20,9 +20,11 @@ from __future__ import annotations
 import asyncio
 import re
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from typing import Any, ClassVar, Protocol, TypeVar
 
 import httpx
 import pytest
@@ -232,19 +234,46 @@ class Callback:
 
 
 @dataclass
-class Receiver:
-    """A loopback webhook receiver that records every form callback, answering 200."""
+class Listener(ABC):
+    """A loopback webhook receiver at :attr:`url` (while :func:`listening`): it records each
+    request (:meth:`keep`), sets :attr:`arrived` and answers :attr:`status`."""
 
-    url: str
-    calls: list[Callback] = field(default_factory=list)
+    url: str = ""
     arrived: asyncio.Event = field(default_factory=asyncio.Event)
+    status: ClassVar[int] = 200
+
+    @abstractmethod
+    async def keep(self, request: web.Request) -> None: ...
 
     async def handle(self, request: web.Request) -> web.Response:
+        await self.keep(request)
+        self.arrived.set()
+        return web.Response(status=self.status)
+
+
+L = TypeVar("L", bound=Listener)
+
+
+@asynccontextmanager
+async def listening(listener: L, path: str, method: str = "POST") -> AsyncIterator[L]:
+    """``listener``, served on a free loopback port at ``path`` until the block ends."""
+    listener.url, runner = await _serve(path, listener.handle, method)
+    try:
+        yield listener
+    finally:
+        await runner.cleanup()
+
+
+@dataclass
+class Receiver(Listener):
+    """A loopback webhook receiver that records every form callback."""
+
+    calls: list[Callback] = field(default_factory=list)
+
+    async def keep(self, request: web.Request) -> None:
         form = await request.post()
         self.calls.append(Callback(str(request.url), {k: str(v) for k, v in form.items()},
                                    dict(request.headers)))
-        self.arrived.set()
-        return web.Response(status=200)
 
     async def wait(self, message_id: str, count: int, timeout: float = 10.0) -> list[Callback]:
         """The first ``count`` callbacks whose URL names ``message_id``."""

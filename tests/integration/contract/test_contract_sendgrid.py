@@ -3,7 +3,6 @@ verified by an independent implementation of SendGrid's documented ECDSA check."
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import re
 import time
@@ -26,13 +25,14 @@ from notiflow.settings import Settings
 from tests.integration.contract.harness import (
     Emulator,
     Harness,
+    Listener,
     Rejection,
     TimedClient,
-    _serve,
     assert_result,
     configure_section,
     first_found,
     for_harness,
+    listening,
     message,
     send_once,
 )
@@ -85,17 +85,13 @@ class EventPost:
 
 
 @dataclass
-class EventReceiver:
-    """A loopback Event Webhook receiver (JSON arrays), answering 200."""
+class EventReceiver(Listener):
+    """A loopback Event Webhook receiver (JSON arrays)."""
 
-    url: str
     posts: list[EventPost] = field(default_factory=list)
-    arrived: asyncio.Event = field(default_factory=asyncio.Event)
 
-    async def handle(self, request: web.Request) -> web.Response:
+    async def keep(self, request: web.Request) -> None:
         self.posts.append(EventPost(await request.read(), dict(request.headers)))
-        self.arrived.set()
-        return web.Response(status=200)
 
     async def wait(self, message_id: str, count: int,
                    timeout: float = 10.0) -> list[dict[str, Any]]:
@@ -107,10 +103,8 @@ class EventReceiver:
 
 @pytest.fixture(scope="module")
 async def event_receiver() -> AsyncIterator[EventReceiver]:
-    rec = EventReceiver("")
-    rec.url, runner = await _serve("/hooks/email", rec.handle)
-    yield rec
-    await runner.cleanup()
+    async with listening(EventReceiver(), "/hooks/email") as rec:
+        yield rec
 
 
 # SendGrid's own cases -------------------------------------------------------------------------

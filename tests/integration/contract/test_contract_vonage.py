@@ -4,13 +4,13 @@ documented status codes and signed requests."""
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import hmac
 import re
 import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
+from typing import ClassVar
 from urllib.parse import parse_qsl
 
 import httpx
@@ -26,13 +26,14 @@ from notiflow.settings import Settings
 from tests.integration.contract.harness import (
     Emulator,
     Harness,
+    Listener,
     Rejection,
     TimedClient,
-    _serve,
     assert_result,
     configure_section,
     first_found,
     for_harness,
+    listening,
     message,
     send_once,
 )
@@ -101,15 +102,14 @@ class Dlr:
 
 
 @dataclass
-class DlrReceiver:
+class DlrReceiver(Listener):
     """A loopback delivery-receipt receiver: GET query, form POST or JSON POST, answering 204
     as Vonage expects."""
 
-    url: str
     receipts: list[Dlr] = field(default_factory=list)
-    arrived: asyncio.Event = field(default_factory=asyncio.Event)
+    status: ClassVar[int] = 204
 
-    async def handle(self, request: web.Request) -> web.Response:
+    async def keep(self, request: web.Request) -> None:
         params = dict(request.query)
         raw = await request.read()
         if request.content_type == "application/json":
@@ -117,8 +117,6 @@ class DlrReceiver:
         elif raw:
             params.update(parse_qsl(raw.decode(), keep_blank_values=True))
         self.receipts.append(Dlr(request.method, request.content_type, params))
-        self.arrived.set()
-        return web.Response(status=204)
 
     async def wait(self, ref: str, count: int, timeout: float = 10.0) -> list[Dlr]:
         """The first ``count`` receipts whose ``client-ref`` is ``ref``."""
@@ -129,10 +127,8 @@ class DlrReceiver:
 
 @pytest.fixture(scope="module")
 async def dlr_receiver() -> AsyncIterator[DlrReceiver]:
-    rec = DlrReceiver("")
-    rec.url, runner = await _serve("/hooks/vonage", rec.handle, method="*")
-    yield rec
-    await runner.cleanup()
+    async with listening(DlrReceiver(), "/hooks/vonage", method="*") as rec:
+        yield rec
 
 
 async def test_vonage_wire_format(harness: Harness, adapter: TimedClient, emulator: Emulator,
