@@ -173,6 +173,12 @@ def for_harness(harness: Harness) -> pytest.MarkDecorator:
     return pytest.mark.parametrize("harness", [harness], ids=_ids)
 
 
+async def raw_post(url: str, **request: Any) -> httpx.Response:
+    """The answer to one POST of ``request`` (``httpx`` arguments) by a client of its own."""
+    async with httpx.AsyncClient(timeout=10) as client:
+        return await client.post(url, **request)
+
+
 # emulator admin and callback receivers -------------------------------------------------------
 
 
@@ -308,9 +314,14 @@ def message(harness: Harness, scenario: str = "ok", body: str = "Your code is 12
 async def send_once(harness: Harness, settings: Settings, msg: OutboundMessage, *,
                     timeout: float = 5.0, call_timeout: float | None = None) -> SendResult:
     """Send ``msg`` with a client of its own, opened on ``settings`` with ``timeout``."""
-    client = await harness.open(settings, timeout)
+    return await send_and_close(await harness.open(settings, timeout), msg, call_timeout)
+
+
+async def send_and_close(client: TimedClient, msg: OutboundMessage,
+                         timeout: float | None = None) -> SendResult:
+    """Send ``msg`` once with ``client`` (per-call ``timeout``), then close ``client``."""
     try:
-        return await client.send(msg, timeout=call_timeout)
+        return await client.send(msg, timeout=timeout)
     finally:
         await client.aclose()
 

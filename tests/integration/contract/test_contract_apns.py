@@ -33,6 +33,7 @@ from tests.integration.contract.harness import (
     device,
     for_harness,
     message,
+    send_and_close,
     send_once,
 )
 
@@ -51,21 +52,36 @@ def apns_http(settings: Settings) -> httpx.AsyncClient:
     return httpx.AsyncClient(http2=True, http1=False, verify=context, timeout=10)
 
 
-def apns_headers(settings: Settings, token: str) -> dict[str, str]:
-    return {"authorization": f"bearer {token}", "apns-topic": settings.apns.topic,
-            "apns-push-type": "alert"}
+def signed_token(settings: Settings, at: datetime, pem: str | None = None) -> str:
+    """A provider token of the session's team and key id issued at ``at``, signed with ``pem``
+    (default: the session's key)."""
+    a = settings.apns
+    assert a.team_id and a.key_id
+    if pem is None:
+        assert a.private_key is not None
+        pem = a.private_key.get_secret_value()
+    key = serialization.load_pem_private_key(pem.encode(), password=None)
+    assert isinstance(key, ec.EllipticCurvePrivateKey)
+    return provider_token(a.team_id, a.key_id, key, at)
+
+
+async def push_raw(client: httpx.AsyncClient, settings: Settings, token: str | None,
+                   device_token: str = "ab" * 32) -> httpx.Response:
+    """The emulator's HTTP/2 answer to a raw alert for ``device_token`` with provider token
+    ``token`` (None: no authorization header)."""
+    headers = {"apns-topic": settings.apns.topic, "apns-push-type": "alert"}
+    if token is not None:
+        headers["authorization"] = f"bearer {token}"
+    response = await client.post(f"{settings.apns.base_url}/3/device/{device_token}",
+                                 headers=headers, content=b'{"aps": {"alert": "hi"}}')
+    assert response.http_version == "HTTP/2"
+    return response
 
 
 async def _apns_unauthorized(settings: Settings) -> httpx.Response:
-    a = settings.apns
-    assert a.team_id and a.key_id
-    key = serialization.load_pem_private_key(_ec_pem().encode(), password=None)
-    assert isinstance(key, ec.EllipticCurvePrivateKey)
-    token = provider_token(a.team_id, a.key_id, key, datetime.now(UTC))
     async with apns_http(settings) as client:
-        return await client.post(f"{a.base_url}/3/device/{'ab' * 32}",
-                                 headers=apns_headers(settings, token),
-                                 content=b'{"aps": {"alert": "hi"}}')
+        return await push_raw(client, settings,
+                              signed_token(settings, datetime.now(UTC), _ec_pem()))
 
 
 def ios_device(prefix: str = "0123") -> PushRecipient:
@@ -124,31 +140,20 @@ async def test_apns_wire_format(harness: Harness, adapter: TimedClient, emulator
 async def test_apns_emulator_checks_the_provider_token(harness: Harness,
                                                        provider_settings: Settings,
                                                        emulator: Emulator) -> None:
-    a = provider_settings.apns
-    assert a.team_id and a.key_id and a.private_key
-    key = serialization.load_pem_private_key(a.private_key.get_secret_value().encode(),
-                                             password=None)
-    assert isinstance(key, ec.EllipticCurvePrivateKey)
     now = datetime.now(UTC)
-    url = f"{a.base_url}/3/device/{'ab' * 32}"
-    body = b'{"aps": {"alert": "hi"}}'
 
     async def post(client: httpx.AsyncClient, token: str | None) -> httpx.Response:
-        headers = apns_headers(provider_settings, token or "")
-        if token is None:
-            del headers["authorization"]
-        response = await client.post(url, headers=headers, content=body)
-        assert response.http_version == "HTTP/2"
-        return response
+        return await push_raw(client, provider_settings, token)
+
+    def signed(age: timedelta) -> str:
+        return signed_token(provider_settings, now - age)
 
     async with apns_http(provider_settings) as client:
         missing = await post(client, None)
         garbage = await post(client, "not.a.jwt")
-        stale = await post(client, provider_token(a.team_id, a.key_id, key,
-                                                  now - timedelta(minutes=61)))
-        good = await post(client, provider_token(a.team_id, a.key_id, key,
-                                                 now - timedelta(minutes=10)))
-        newer = await post(client, provider_token(a.team_id, a.key_id, key, now))
+        stale = await post(client, signed(timedelta(minutes=61)))
+        good = await post(client, signed(timedelta(minutes=10)))
+        newer = await post(client, signed(timedelta(0)))
     assert [(r.status_code, r.json()["reason"]) for r in (missing, garbage, stale)] == [
         (403, "MissingProviderToken"), (403, "InvalidProviderToken"),
         (403, "ExpiredProviderToken")]
@@ -166,16 +171,9 @@ async def test_apns_emulator_checks_the_provider_token(harness: Harness,
 async def test_apns_unregistered_carries_a_timestamp(harness: Harness,
                                                      provider_settings: Settings,
                                                      emulator: Emulator) -> None:
-    a = provider_settings.apns
-    assert a.team_id and a.key_id and a.private_key
-    key = serialization.load_pem_private_key(a.private_key.get_secret_value().encode(),
-                                             password=None)
-    assert isinstance(key, ec.EllipticCurvePrivateKey)
-    token = provider_token(a.team_id, a.key_id, key, datetime.now(UTC))
+    token = signed_token(provider_settings, datetime.now(UTC))
     async with apns_http(provider_settings) as client:
-        r = await client.post(f"{a.base_url}/3/device/{'0' * 64}",
-                              headers=apns_headers(provider_settings, token),
-                              content=b'{"aps": {"alert": "hi"}}')
+        r = await push_raw(client, provider_settings, token, "0" * 64)
     assert r.status_code == 410 and r.json()["reason"] == "Unregistered"
     assert abs(r.json()["timestamp"] / 1000 - time.time()) < 60
 
@@ -210,11 +208,8 @@ async def test_apns_invalid_provider_token_is_not_retried(harness: Harness,
     wrong = provider_settings.model_copy(update={
         "apns": provider_settings.apns.model_copy(update={"key_id": "WRONGKEY01"})})
     client = await ApnsPush.open(wrong, timeout=5.0)
-    try:
-        msg = message(harness)
-        result = await client.send(msg)
-    finally:
-        await client.aclose()
+    msg = message(harness)
+    result = await send_and_close(client, msg)
     assert_result(result, Outcome.TRANSIENT, "auth_failed")
     assert (result.error_code, result.deactivate_recipient) == ("InvalidProviderToken", False)
     assert len(await emulator.records(msg.message_id)) == 1

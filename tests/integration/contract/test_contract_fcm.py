@@ -31,6 +31,8 @@ from tests.integration.contract.harness import (
     device,
     for_harness,
     message,
+    raw_post,
+    send_and_close,
 )
 
 # the harness ----------------------------------------------------------------------------------
@@ -44,11 +46,9 @@ def _rsa_pem() -> str:
 
 async def _fcm_unauthorized(settings: Settings) -> httpx.Response:
     f = settings.fcm
-    async with httpx.AsyncClient(timeout=10) as client:
-        return await client.post(
-            f"{f.base_url}/v1/projects/{f.project_id}/messages:send",
-            headers={"Authorization": "Bearer ya29.not-a-token"},
-            json={"message": {"token": "d" * 64, "notification": {"body": "hi"}}})
+    return await raw_post(f"{f.base_url}/v1/projects/{f.project_id}/messages:send",
+                          headers={"Authorization": "Bearer ya29.not-a-token"},
+                          json={"message": {"token": "d" * 64, "notification": {"body": "hi"}}})
 
 
 FCM = Harness(
@@ -82,10 +82,8 @@ SHORT_LIVED = ("Invalid JWT: Token must be a short-lived token (60 minutes) and 
 
 
 async def _exchange(settings: Settings, assertion: str) -> httpx.Response:
-    async with httpx.AsyncClient(timeout=10) as client:
-        return await client.post(settings.fcm.token_uri, data={
-            "grant_type": "urn:ietf:params:oauth:grant-type:jwt-bearer",
-            "assertion": assertion})
+    return await raw_post(settings.fcm.token_uri, data={
+        "grant_type": "urn:ietf:params:oauth:grant-type:jwt-bearer", "assertion": assertion})
 
 
 def _rs256(claims: dict[str, Any], key: rsa.RSAPrivateKey) -> str:
@@ -164,11 +162,8 @@ async def test_fcm_persistent_401_is_auth_failed(harness: Harness, provider_sett
     tokens = AccessTokens(account, bogus)
     client = await FcmPush.open(provider_settings, timeout=5.0)
     client.tokens = tokens
-    try:
-        msg = message(harness)
-        result = await client.send(msg)
-    finally:
-        await client.aclose()
+    msg = message(harness)
+    result = await send_and_close(client, msg)
     assert_result(result, Outcome.TRANSIENT, "auth_failed")
     assert result.error_code == "UNAUTHENTICATED"
     assert tokens.exchanges == 2

@@ -34,6 +34,7 @@ from tests.integration.contract.harness import (
     for_harness,
     listening,
     message,
+    raw_post,
     send_once,
 )
 
@@ -42,12 +43,11 @@ from tests.integration.contract.harness import (
 
 async def _sendgrid_unauthorized(settings: Settings) -> httpx.Response:
     s = settings.sendgrid
-    async with httpx.AsyncClient(timeout=10) as client:
-        return await client.post(
-            f"{s.base_url}/v3/mail/send", headers={"Authorization": "Bearer SG.not-the-key"},
-            json={"personalizations": [{"to": [{"email": "ada@example.com"}]}],
-                  "from": {"email": s.from_email}, "subject": "hi",
-                  "content": [{"type": "text/plain", "value": "hi"}]})
+    return await raw_post(
+        f"{s.base_url}/v3/mail/send", headers={"Authorization": "Bearer SG.not-the-key"},
+        json={"personalizations": [{"to": [{"email": "ada@example.com"}]}],
+              "from": {"email": s.from_email}, "subject": "hi",
+              "content": [{"type": "text/plain", "value": "hi"}]})
 
 
 SENDGRID = Harness(

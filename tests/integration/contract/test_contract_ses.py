@@ -25,6 +25,7 @@ from tests.integration.contract.harness import (
     configure_section,
     for_harness,
     message,
+    raw_post,
 )
 
 # the harness ----------------------------------------------------------------------------------
@@ -43,17 +44,16 @@ def _ses_configure(settings: Settings, overrides: Overrides) -> Settings:
 async def _ses_unauthorized(settings: Settings) -> httpx.Response:
     s = settings.ses
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    async with httpx.AsyncClient(timeout=10) as client:
-        return await client.post(
-            f"{s.endpoint_url}/v2/email/outbound-emails", headers={
-                "X-Amz-Date": stamp, "Authorization": (
-                    f"AWS4-HMAC-SHA256 Credential=AKIANOTTHEKEY0000000/{stamp[:8]}/"
-                    f"{s.region}/ses/aws4_request, SignedHeaders=host;x-amz-date, "
-                    f"Signature={'0' * 64}")},
-            json={"FromEmailAddress": s.from_email,
-                  "Destination": {"ToAddresses": ["ada@example.com"]},
-                  "Content": {"Simple": {"Subject": {"Data": "hi"},
-                                         "Body": {"Text": {"Data": "hi"}}}}})
+    return await raw_post(
+        f"{s.endpoint_url}/v2/email/outbound-emails", headers={
+            "X-Amz-Date": stamp, "Authorization": (
+                f"AWS4-HMAC-SHA256 Credential=AKIANOTTHEKEY0000000/{stamp[:8]}/"
+                f"{s.region}/ses/aws4_request, SignedHeaders=host;x-amz-date, "
+                f"Signature={'0' * 64}")},
+        json={"FromEmailAddress": s.from_email,
+              "Destination": {"ToAddresses": ["ada@example.com"]},
+              "Content": {"Simple": {"Subject": {"Data": "hi"},
+                                     "Body": {"Text": {"Data": "hi"}}}}})
 
 
 SES = Harness(

@@ -23,6 +23,7 @@ from tests.integration.contract.harness import (
     Harness,
     Rejection,
     configure_section,
+    raw_post,
 )
 
 pytestmark = pytest.mark.integration
@@ -33,11 +34,9 @@ pytestmark = pytest.mark.integration
 
 async def _twilio_unauthorized(settings: Settings) -> httpx.Response:
     t = settings.twilio
-    async with httpx.AsyncClient(timeout=10) as client:
-        return await client.post(
-            f"{t.base_url}/2010-04-01/Accounts/{t.account_sid}/Messages.json",
-            data={"To": "+14155550100", "From": t.from_number, "Body": "hi"},
-            auth=(t.account_sid, "not-the-token"))
+    return await raw_post(f"{t.base_url}/2010-04-01/Accounts/{t.account_sid}/Messages.json",
+                          data={"To": "+14155550100", "From": t.from_number, "Body": "hi"},
+                          auth=(t.account_sid, "not-the-token"))
 
 
 def twilio_documented_signature(token: str, url: str, params: Mapping[str, str]) -> str:

@@ -35,6 +35,7 @@ from tests.integration.contract.harness import (
     for_harness,
     listening,
     message,
+    raw_post,
     send_once,
 )
 
@@ -43,10 +44,9 @@ from tests.integration.contract.harness import (
 
 async def _vonage_unauthorized(settings: Settings) -> httpx.Response:
     v = settings.vonage
-    async with httpx.AsyncClient(timeout=10) as client:
-        return await client.post(f"{v.base_url}/sms/json", data={
-            "api_key": v.api_key, "api_secret": "not-the-secret", "from": v.from_name,
-            "to": "14155550100", "text": "hi"})
+    return await raw_post(f"{v.base_url}/sms/json", data={
+        "api_key": v.api_key, "api_secret": "not-the-secret", "from": v.from_name,
+        "to": "14155550100", "text": "hi"})
 
 
 VONAGE = Harness(
@@ -214,8 +214,7 @@ async def test_vonage_signed_requests(harness: Harness, provider_settings: Setti
     secret = v.signature_secret.get_secret_value()
 
     async def status_of(params: dict[str, str]) -> str:
-        async with httpx.AsyncClient(timeout=10) as http:
-            r = await http.post(f"{v.base_url}/sms/json", data=params)
+        r = await raw_post(f"{v.base_url}/sms/json", data=params)
         assert r.status_code == 200
         return str(r.json()["messages"][0]["status"])
 
