@@ -1,6 +1,7 @@
 """Expected rows the provider classification tests share, written out independently of the
 code under test: the HTTP status table of the JSON-over-HTTP providers and the status-class
-fallback; and one send through an HTTP client."""
+fallback; the check of a provider's HTTP tables against them; and one send through an HTTP
+client."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from collections.abc import Callable, Mapping
 import aiohttp
 
 from notiflow.adapters.providers.base import OutboundMessage, Outcome, ProviderClient, SendResult
+from notiflow.adapters.providers.common import Rule
 
 T, P, A = Outcome.TRANSIENT, Outcome.PERMANENT, Outcome.AMBIGUOUS
 
@@ -44,6 +46,14 @@ def status_class_cases(*statuses: int,
     """``(status, expected)`` for each status: its class row, AMBIGUOUS ``unexpected_status``
     outside 1xx to 5xx."""
     return [(s, classes.get(s // 100, (A, "unexpected_status"))) for s in statuses]
+
+
+def assert_http_tables(statuses: Mapping[int, Rule], classes: Mapping[int, Rule],
+                       expected: Mapping[int, object] = HTTP_DEFAULT_STATUSES) -> None:
+    """A provider's HTTP status table has exactly the reviewed rows ``expected``, and its
+    status-class fallback one row for each class from 1xx to 5xx."""
+    assert set(statuses) == set(expected), sorted(set(statuses) ^ set(expected))
+    assert set(classes) == set(STATUS_CLASSES), sorted(set(classes) ^ set(STATUS_CLASSES))
 
 
 async def send_once(client_of: Callable[[aiohttp.ClientSession], ProviderClient],

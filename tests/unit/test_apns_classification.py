@@ -44,10 +44,9 @@ from notiflow.schemas.enums import Channel, PushPlatform, Tier
 from notiflow.schemas.messages import PushRecipient
 from notiflow.settings import Settings
 from tests.fakes import ManualClock
-from tests.unit.classification_cases import STATUS_CLASSES as STATUS_CLASS_ROWS
-from tests.unit.classification_cases import status_class_cases
+from tests.unit import classification_cases as cases
+from tests.unit.classification_cases import A, P, T
 
-T, P, A = Outcome.TRANSIENT, Outcome.PERMANENT, Outcome.AMBIGUOUS
 NOW = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
 KEY = ec.generate_private_key(ec.SECP256R1())
 PEM = KEY.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
@@ -106,8 +105,7 @@ EXPECTED_STATUSES: dict[int, tuple[Outcome, str, bool]] = {
 
 def test_tables_have_exactly_the_reviewed_rows() -> None:
     assert set(REASONS) == set(EXPECTED_REASONS)
-    assert set(HTTP_STATUSES) == set(EXPECTED_STATUSES)
-    assert set(STATUS_CLASSES) == {1, 2, 3, 4, 5}
+    cases.assert_http_tables(HTTP_STATUSES, STATUS_CLASSES, EXPECTED_STATUSES)
 
 
 @pytest.mark.parametrize(("reason", "expected"), sorted(EXPECTED_REASONS.items()))
@@ -123,8 +121,8 @@ def test_http_status_row_without_reason(status: int,
     assert classify_response(status, "SomeFutureReason") == Rule(*expected)
 
 
-@pytest.mark.parametrize(("status", "expected"), status_class_cases(
-    101, 204, 302, 409, 507, 600, classes={**STATUS_CLASS_ROWS, 2: (A, "unexpected_status")}))
+@pytest.mark.parametrize(("status", "expected"), cases.status_class_cases(
+    101, 204, 302, 409, 507, 600, classes={**cases.STATUS_CLASSES, 2: (A, "unexpected_status")}))
 def test_status_class_fallback(status: int, expected: tuple[Outcome, str]) -> None:
     assert classify_response(status, None) == Rule(*expected)
 

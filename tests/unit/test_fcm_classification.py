@@ -42,9 +42,9 @@ from notiflow.schemas.enums import Channel, PushPlatform, Tier
 from notiflow.schemas.messages import PushRecipient
 from notiflow.settings import Settings
 from tests.helpers import loop_turns
-from tests.unit.classification_cases import HTTP_DEFAULT_STATUSES, status_class_cases
+from tests.unit import classification_cases as cases
+from tests.unit.classification_cases import A, P, T
 
-T, P, A = Outcome.TRANSIENT, Outcome.PERMANENT, Outcome.AMBIGUOUS
 NOW = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
 KEY = rsa.generate_private_key(public_exponent=65537, key_size=2048)
 PEM = KEY.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
@@ -64,28 +64,25 @@ CODE_STATUS = {"UNREGISTERED": 404, "INVALID_ARGUMENT": 400, "SENDER_ID_MISMATCH
                "QUOTA_EXCEEDED": 429, "UNAVAILABLE": 503, "INTERNAL": 500,
                "THIRD_PARTY_AUTH_ERROR": 401}
 
-EXPECTED_STATUSES = HTTP_DEFAULT_STATUSES
-
 
 def test_tables_have_exactly_the_reviewed_rows() -> None:
     assert set(ERROR_CODES) == set(EXPECTED_CODES)
-    assert set(HTTP_STATUSES) == set(EXPECTED_STATUSES)
-    assert set(STATUS_CLASSES) == {1, 2, 3, 4, 5}
+    cases.assert_http_tables(HTTP_STATUSES, STATUS_CLASSES)
 
 
 @pytest.mark.parametrize(("code", "expected"), sorted(EXPECTED_CODES.items()))
 def test_error_code_row(code: str, expected: tuple[Outcome, str, bool]) -> None:
-    outcome, reason, deactivate = expected
-    assert classify_response(CODE_STATUS[code], code) == Rule(outcome, reason, deactivate)
+    assert classify_response(CODE_STATUS[code], code) == Rule(*expected)
 
 
-@pytest.mark.parametrize(("status", "expected"), sorted(EXPECTED_STATUSES.items()))
+@pytest.mark.parametrize(("status", "expected"), sorted(cases.HTTP_DEFAULT_STATUSES.items()))
 def test_http_status_row_without_code(status: int, expected: tuple[Outcome, str]) -> None:
     assert classify_response(status, None) == Rule(*expected)
     assert classify_response(status, "UNSPECIFIED_ERROR") == Rule(*expected)
 
 
-@pytest.mark.parametrize(("status", "expected"), status_class_cases(102, 204, 302, 409, 507, 600))
+@pytest.mark.parametrize(("status", "expected"),
+                         cases.status_class_cases(102, 204, 302, 409, 507, 600))
 def test_status_class_fallback(status: int, expected: tuple[Outcome, str]) -> None:
     assert classify_response(status, None) == Rule(*expected)
 

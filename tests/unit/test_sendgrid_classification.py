@@ -37,12 +37,11 @@ from notiflow.providers.sendgrid.signature import (
 from notiflow.schemas.enums import Channel, PushPlatform, Tier
 from notiflow.schemas.messages import PushRecipient
 from notiflow.settings import Settings
-from tests.unit.classification_cases import HTTP_DEFAULT_STATUSES, send_once, status_class_cases
-
-T, P, A = Outcome.TRANSIENT, Outcome.PERMANENT, Outcome.AMBIGUOUS
+from tests.unit import classification_cases as cases
+from tests.unit.classification_cases import A, P, T
 
 EXPECTED_STATUSES: dict[int, tuple[Outcome, str]] = {
-    **HTTP_DEFAULT_STATUSES,
+    **cases.HTTP_DEFAULT_STATUSES,
     406: (T, "misconfigured"),
     451: (T, "misconfigured"),
 }
@@ -73,8 +72,7 @@ OTHER_KEY = ("MFkwEwYHKoZIzj0CAQYIKoZIzj0DAQcDQgAEqTxd43gyp8IOEto2LdIfjRQrIbsd4S
 
 
 def test_tables_have_exactly_the_reviewed_rows() -> None:
-    assert set(HTTP_STATUSES) == set(EXPECTED_STATUSES)
-    assert set(STATUS_CLASSES) == {1, 2, 3, 4, 5}
+    cases.assert_http_tables(HTTP_STATUSES, STATUS_CLASSES, EXPECTED_STATUSES)
     assert len(FIELD_RULES) == 5
 
 
@@ -116,7 +114,7 @@ def test_fields_only_refine_a_400() -> None:
 
 
 @pytest.mark.parametrize(("status", "expected"),
-                         status_class_cases(102, 200, 302, 418, 422, 507, 600))
+                         cases.status_class_cases(102, 200, 302, 418, 422, 507, 600))
 def test_status_class_fallback(status: int, expected: tuple[Outcome, str]) -> None:
     assert classify_response(status) == Rule(*expected)
 
@@ -214,7 +212,7 @@ async def test_request_body() -> None:
 
 async def test_push_recipient_is_permanent_without_a_request() -> None:
     token = PushRecipient(device_token="d" * 40, platform=PushPlatform.ANDROID)
-    result = await send_once(
+    result = await cases.send_once(
         lambda session: SendGridEmail(_config(base_url="http://127.0.0.1:9"), session,
                                       timeout=1.0),
         _message(recipient=token))

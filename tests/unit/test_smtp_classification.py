@@ -53,8 +53,7 @@ from notiflow.providers.smtp.message import (
 from notiflow.schemas.enums import Channel, PushPlatform, Tier
 from notiflow.schemas.messages import PushRecipient
 from notiflow.settings import Settings
-
-T, P, A = Outcome.TRANSIENT, Outcome.PERMANENT, Outcome.AMBIGUOUS
+from tests.unit.classification_cases import A, P, T
 
 EXPECTED_ENHANCED: dict[str, tuple[Outcome, str, bool]] = {
     "5.1.1": (P, "invalid_recipient", True),

@@ -19,9 +19,8 @@ from notiflow.providers.twilio.classify import (
     error_code_of,
 )
 from notiflow.providers.twilio.client import status_callback
-from tests.unit.classification_cases import HTTP_DEFAULT_STATUSES, status_class_cases
-
-T, P, A = Outcome.TRANSIENT, Outcome.PERMANENT, Outcome.AMBIGUOUS
+from tests.unit import classification_cases as cases
+from tests.unit.classification_cases import A, P, T
 
 EXPECTED_CODES: dict[int, tuple[Outcome, str, bool]] = {
     20003: (T, "auth_failed", False),
@@ -47,34 +46,32 @@ EXPECTED_CODES: dict[int, tuple[Outcome, str, bool]] = {
     21617: (P, "invalid_content", False),
 }
 
-EXPECTED_STATUSES = HTTP_DEFAULT_STATUSES
+CODE_STATUS = {20003: 401, 20429: 429, 20500: 500, 20503: 503}
+"""The HTTP status Twilio answers an error code with, where it is not 400."""
 
 
 def test_tables_have_exactly_the_reviewed_rows() -> None:
     assert set(ERROR_CODES) == set(EXPECTED_CODES)
-    assert set(HTTP_STATUSES) == set(EXPECTED_STATUSES)
-    assert set(STATUS_CLASSES) == {1, 2, 3, 4, 5}
+    cases.assert_http_tables(HTTP_STATUSES, STATUS_CLASSES)
 
 
 @pytest.mark.parametrize(("code", "expected"), sorted(EXPECTED_CODES.items()))
 def test_error_code_row(code: int, expected: tuple[Outcome, str, bool]) -> None:
-    outcome, reason, deactivate = expected
-    status = {20003: 401, 20429: 429, 20500: 500, 20503: 503}.get(code, 400)
-    assert classify_response(status, code) == Rule(outcome, reason, deactivate)
+    assert classify_response(CODE_STATUS.get(code, 400), code) == Rule(*expected)
 
 
-@pytest.mark.parametrize(("status", "expected"), sorted(EXPECTED_STATUSES.items()))
+@pytest.mark.parametrize(("status", "expected"), sorted(cases.HTTP_DEFAULT_STATUSES.items()))
 def test_http_status_row_without_code(status: int, expected: tuple[Outcome, str]) -> None:
     assert classify_response(status, None) == Rule(*expected)
 
 
-@pytest.mark.parametrize(("status", "expected"), sorted(EXPECTED_STATUSES.items()))
+@pytest.mark.parametrize(("status", "expected"), sorted(cases.HTTP_DEFAULT_STATUSES.items()))
 def test_http_status_row_with_unknown_code(status: int, expected: tuple[Outcome, str]) -> None:
     assert classify_response(status, 99999) == Rule(*expected)
 
 
 @pytest.mark.parametrize(("status", "expected"),
-                         status_class_cases(102, 202, 302, 418, 422, 507, 599, 600))
+                         cases.status_class_cases(102, 202, 302, 418, 422, 507, 599, 600))
 def test_status_class_fallback(status: int, expected: tuple[Outcome, str]) -> None:
     assert classify_response(status, None) == Rule(*expected)
 

@@ -44,9 +44,8 @@ from notiflow.providers.vonage.signature import (
 from notiflow.schemas.enums import Channel, PushPlatform, Status, Tier
 from notiflow.schemas.messages import PushRecipient
 from notiflow.settings import Settings
-from tests.unit.classification_cases import HTTP_DEFAULT_STATUSES, send_once, status_class_cases
-
-T, P, A = Outcome.TRANSIENT, Outcome.PERMANENT, Outcome.AMBIGUOUS
+from tests.unit import classification_cases as cases
+from tests.unit.classification_cases import A, P, T
 
 EXPECTED_STATUSES: dict[str, tuple[Outcome, str, bool]] = {
     "1": (T, "rate_limited", False),
@@ -95,14 +94,11 @@ EXPECTED_PARAMETERS: dict[str, tuple[Outcome, str]] = {
     "message-class": (T, "misconfigured"),
 }
 
-EXPECTED_HTTP = HTTP_DEFAULT_STATUSES
-
 
 def test_tables_have_exactly_the_reviewed_rows() -> None:
     assert set(STATUSES) == set(EXPECTED_STATUSES)
     assert set(PARAMETERS) == set(EXPECTED_PARAMETERS)
-    assert set(HTTP_STATUSES) == set(EXPECTED_HTTP)
-    assert set(STATUS_CLASSES) == {1, 2, 3, 4, 5}
+    cases.assert_http_tables(HTTP_STATUSES, STATUS_CLASSES)
 
 
 @pytest.mark.parametrize(("status", "expected"), sorted(EXPECTED_STATUSES.items()))
@@ -159,12 +155,13 @@ def test_only_dead_or_opted_out_numbers_deactivate() -> None:
     assert not any(r.deactivate for r in HTTP_STATUSES.values())
 
 
-@pytest.mark.parametrize(("status", "expected"), sorted(EXPECTED_HTTP.items()))
+@pytest.mark.parametrize(("status", "expected"), sorted(cases.HTTP_DEFAULT_STATUSES.items()))
 def test_http_status_row(status: int, expected: tuple[Outcome, str]) -> None:
     assert classify_http(status) == Rule(*expected)
 
 
-@pytest.mark.parametrize(("status", "expected"), status_class_cases(102, 204, 302, 418, 507, 600))
+@pytest.mark.parametrize(("status", "expected"),
+                         cases.status_class_cases(102, 204, 302, 418, 507, 600))
 def test_http_status_class_fallback(status: int, expected: tuple[Outcome, str]) -> None:
     assert classify_http(status) == Rule(*expected)
 
@@ -266,12 +263,12 @@ def _unreachable(session: aiohttp.ClientSession) -> VonageSms:
 
 async def test_push_recipient_is_permanent_without_a_request() -> None:
     token = PushRecipient(device_token="d" * 40, platform=PushPlatform.ANDROID)
-    result = await send_once(_unreachable, _message(recipient=token))
+    result = await cases.send_once(_unreachable, _message(recipient=token))
     assert (result.outcome, result.reason) == (P, "invalid_recipient")
 
 
 async def test_connection_refused_is_transient() -> None:
-    result = await send_once(_unreachable, _message())
+    result = await cases.send_once(_unreachable, _message())
     assert (result.outcome, result.reason) == (T, "connect_error")
 
 
