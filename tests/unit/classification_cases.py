@@ -1,16 +1,20 @@
 """Expected rows the provider classification tests share, written out independently of the
 code under test: the HTTP status table of the JSON-over-HTTP providers and the status-class
-fallback; the check of a provider's HTTP tables against them; and one send through an HTTP
-client."""
+fallback; the check of a provider's HTTP tables against them; and the messages, keys and one
+send through an HTTP client those tests build."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
 import aiohttp
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.types import PrivateKeyTypes
 
 from notiflow.adapters.providers.base import OutboundMessage, Outcome, ProviderClient, SendResult
 from notiflow.adapters.providers.common import Rule
+from notiflow.schemas.enums import Channel, Tier
+from notiflow.schemas.messages import PushRecipient
 
 T, P, A = Outcome.TRANSIENT, Outcome.PERMANENT, Outcome.AMBIGUOUS
 
@@ -54,6 +58,22 @@ def assert_http_tables(statuses: Mapping[int, Rule], classes: Mapping[int, Rule]
     status-class fallback one row for each class from 1xx to 5xx."""
     assert set(statuses) == set(expected), sorted(set(statuses) ^ set(expected))
     assert set(classes) == set(STATUS_CLASSES), sorted(set(classes) ^ set(STATUS_CLASSES))
+
+
+def outbound(*, channel: Channel, recipient: str | PushRecipient, body: str,
+             subject: str | None = None, message_id: str = "msg_1", attempt: int = 1,
+             tier: Tier = Tier.P1) -> OutboundMessage:
+    """A message of tenant ``acme``: a test binds its provider's defaults with
+    :func:`functools.partial` and overrides them by keyword."""
+    return OutboundMessage(message_id=message_id, attempt=attempt, tenant_id="acme",
+                           channel=channel, tier=tier, recipient=recipient, body=body,
+                           subject=subject)
+
+
+def pkcs8_pem(key: PrivateKeyTypes) -> str:
+    """``key`` as an unencrypted PKCS #8 PEM, the form the provider settings take."""
+    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                             serialization.NoEncryption()).decode()
 
 
 async def send_once(client_of: Callable[[aiohttp.ClientSession], ProviderClient],

@@ -16,7 +16,7 @@ from typing import Any
 import jwt
 import pytest
 from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.hazmat.primitives.asymmetric.utils import encode_dss_signature
 from jwt.algorithms import ECAlgorithm
@@ -49,8 +49,7 @@ from tests.unit.classification_cases import A, P, T
 
 NOW = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
 KEY = ec.generate_private_key(ec.SECP256R1())
-PEM = KEY.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                        serialization.NoEncryption()).decode()
+PEM = cases.pkcs8_pem(KEY)
 TEAM, KID = "TEAM000001", "KEY0000001"
 CONFIG = ApnsSettings(team_id=TEAM, key_id=KID, private_key=SecretStr(PEM))
 
@@ -295,12 +294,8 @@ def test_expired_forces_one_early_refresh_per_20_minutes() -> None:
 
 def test_tokens_from_settings() -> None:
     assert ProviderTokens.from_settings(CONFIG).key_id == KID
-    rsa_pem = rsa.generate_private_key(public_exponent=65537, key_size=2048).private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption()).decode()
-    p384 = ec.generate_private_key(ec.SECP384R1()).private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption()).decode()
+    rsa_pem = cases.pkcs8_pem(rsa.generate_private_key(public_exponent=65537, key_size=2048))
+    p384 = cases.pkcs8_pem(ec.generate_private_key(ec.SECP384R1()))
     for config in (ApnsSettings(),
                    CONFIG.model_copy(update={"team_id": None}),
                    CONFIG.model_copy(update={"private_key": SecretStr(rsa_pem)}),

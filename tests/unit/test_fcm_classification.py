@@ -8,17 +8,18 @@ import base64
 import json
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import jwt
 import pytest
-from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
 from pydantic import SecretStr
 
-from notiflow.adapters.providers.base import DevEndpoints, OutboundMessage, Outcome
+from notiflow.adapters.providers.base import DevEndpoints, Outcome
 from notiflow.adapters.providers.common import Rule
 from notiflow.providers.fcm.classify import (
     ERROR_CODES,
@@ -47,8 +48,7 @@ from tests.unit.classification_cases import A, P, T
 
 NOW = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
 KEY = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-PEM = KEY.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                        serialization.NoEncryption()).decode()
+PEM = cases.pkcs8_pem(KEY)
 TOKEN_URI = "https://oauth2.example.test/token"
 
 EXPECTED_CODES: dict[str, tuple[Outcome, str, bool]] = {
@@ -186,9 +186,7 @@ def test_service_account_from_settings() -> None:
                                                          TOKEN_URI)
     with pytest.raises(ValueError, match="not configured"):
         ServiceAccount.from_settings(FcmSettings())
-    ec_pem = ec.generate_private_key(ec.SECP256R1()).private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption()).decode()
+    ec_pem = cases.pkcs8_pem(ec.generate_private_key(ec.SECP256R1()))
     with pytest.raises(ValueError, match="RSA"):
         ServiceAccount.from_settings(config.model_copy(update={"private_key": SecretStr(ec_pem)}))
 
@@ -297,11 +295,8 @@ def _config() -> FcmSettings:
                        client_email="a@proj.iam.gserviceaccount.com", private_key=SecretStr(PEM))
 
 
-def _message(recipient: str | PushRecipient, tier: Tier = Tier.P0,
-             subject: str | None = "Title") -> OutboundMessage:
-    return OutboundMessage(message_id="msg_1", attempt=3, tenant_id="acme",
-                           channel=Channel.PUSH, tier=tier, recipient=recipient, body="Body",
-                           subject=subject)
+_message = partial(cases.outbound, channel=Channel.PUSH, attempt=3, tier=Tier.P0,
+                   body="Body", subject="Title")
 
 
 ANDROID = PushRecipient(device_token="a" * 40, platform=PushPlatform.ANDROID)
@@ -320,7 +315,7 @@ async def _client(session: aiohttp.ClientSession, exchange: FakeExchange,
 async def test_android_body_priority_by_tier(tier: Tier, priority: str) -> None:
     async with aiohttp.ClientSession() as session:
         client = await _client(session, FakeExchange())
-        assert client.payload(_message(ANDROID, tier)) == {"message": {
+        assert client.payload(_message(recipient=ANDROID, tier=tier)) == {"message": {
             "token": "a" * 40,
             "notification": {"body": "Body", "title": "Title"},
             "data": {"message_id": "msg_1", "attempt": "3"},
@@ -331,7 +326,7 @@ async def test_android_body_priority_by_tier(tier: Tier, priority: str) -> None:
 async def test_web_body_uses_webpush_urgency_and_optional_title() -> None:
     async with aiohttp.ClientSession() as session:
         client = await _client(session, FakeExchange())
-        body = client.payload(_message(WEB, Tier.P3, subject=None))["message"]
+        body = client.payload(_message(recipient=WEB, tier=Tier.P3, subject=None))["message"]
     assert body["webpush"] == {"headers": {"Urgency": "normal"}}
     assert "android" not in body and body["notification"] == {"body": "Body"}
 
@@ -340,7 +335,7 @@ async def test_ios_waits_for_apns_without_any_request() -> None:
     exchange = FakeExchange()
     async with aiohttp.ClientSession() as session:
         client = await _client(session, exchange)
-        result = await client.send(_message(IOS))
+        result = await client.send(_message(recipient=IOS))
     assert (result.outcome, result.reason, result.error_code) == (
         T, "no_provider_for_platform", "ios")
     assert exchange.assertions == []
@@ -349,7 +344,7 @@ async def test_ios_waits_for_apns_without_any_request() -> None:
 async def test_text_recipient_is_permanent() -> None:
     async with aiohttp.ClientSession() as session:
         client = await _client(session, FakeExchange())
-        result = await client.send(_message("ada@example.com"))
+        result = await client.send(_message(recipient="ada@example.com"))
     assert (result.outcome, result.reason) == (P, "invalid_recipient")
 
 
@@ -358,12 +353,12 @@ async def test_token_failures_are_transient_and_never_ambiguous() -> None:
     exchange.error = TokenError(Rule(T, "auth_unavailable"), "http_503", retry_after_s=4.0)
     async with aiohttp.ClientSession() as session:
         client = await _client(session, exchange)
-        result = await client.send(_message(ANDROID))
+        result = await client.send(_message(recipient=ANDROID))
         assert (result.outcome, result.reason, result.error_code, result.retry_after_s) == (
             T, "auth_unavailable", "http_503", 4.0)
         exchange.error = None
         exchange.gate = asyncio.Event()
-        slow = await client.send(_message(ANDROID), timeout=0.05)
+        slow = await client.send(_message(recipient=ANDROID), timeout=0.05)
         exchange.gate.set()
     assert (slow.outcome, slow.reason, slow.error_code) == (T, "auth_unavailable",
                                                             "TimeoutError")

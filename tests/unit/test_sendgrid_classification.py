@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from pydantic import SecretStr
 
-from notiflow.adapters.providers.base import DevEndpoints, OutboundMessage, Outcome
+from notiflow.adapters.providers.base import DevEndpoints, Outcome
 from notiflow.adapters.providers.common import Rule
 from notiflow.providers.sendgrid.classify import (
     FIELD_RULES,
@@ -34,7 +35,7 @@ from notiflow.providers.sendgrid.signature import (
     load_event_public_key,
     verify_event_signature,
 )
-from notiflow.schemas.enums import Channel, PushPlatform, Tier
+from notiflow.schemas.enums import Channel, PushPlatform
 from notiflow.schemas.messages import PushRecipient
 from notiflow.settings import Settings
 from tests.unit import classification_cases as cases
@@ -186,12 +187,8 @@ def _config(**kw: Any) -> SendGridSettings:
     return SendGridSettings(api_key=SecretStr("SG.test"), **kw)
 
 
-def _message(**kw: Any) -> OutboundMessage:
-    fields: dict[str, Any] = {
-        "message_id": "msg_1", "attempt": 2, "tenant_id": "acme", "channel": Channel.EMAIL,
-        "tier": Tier.P1, "recipient": "ada@example.com", "body": "Hello", "subject": "Hi"}
-    fields.update(kw)
-    return OutboundMessage(**fields)
+_message = partial(cases.outbound, channel=Channel.EMAIL, attempt=2,
+                   recipient="ada@example.com", body="Hello", subject="Hi")
 
 
 async def test_request_body() -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from email import policy
 from email.parser import BytesParser
+from functools import partial
 from typing import Any
 
 import aiosmtplib
@@ -15,7 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import SecretStr
 
-from notiflow.adapters.providers.base import OutboundMessage, Outcome
+from notiflow.adapters.providers.base import Outcome
 from notiflow.adapters.providers.common import Rule
 from notiflow.providers.smtp.classify import (
     AUTH,
@@ -50,9 +51,10 @@ from notiflow.providers.smtp.message import (
     wire_bytes,
     xtext,
 )
-from notiflow.schemas.enums import Channel, PushPlatform, Tier
+from notiflow.schemas.enums import Channel, PushPlatform
 from notiflow.schemas.messages import PushRecipient
 from notiflow.settings import Settings
+from tests.unit import classification_cases as cases
 from tests.unit.classification_cases import A, P, T
 
 EXPECTED_ENHANCED: dict[str, tuple[Outcome, str, bool]] = {
@@ -280,13 +282,8 @@ def test_valid_address(address: str, valid: bool) -> None:
     assert valid_address(address) is valid
 
 
-def _message(**kw: Any) -> OutboundMessage:
-    fields: dict[str, Any] = {
-        "message_id": "msg_1", "attempt": 3, "tenant_id": "acme", "channel": Channel.EMAIL,
-        "tier": Tier.P1, "recipient": "ada@example.com", "body": "Hello\n.hidden\nbye",
-        "subject": "Grüße"}
-    fields.update(kw)
-    return OutboundMessage(**fields)
+_message = partial(cases.outbound, channel=Channel.EMAIL, attempt=3,
+                   recipient="ada@example.com", body="Hello\n.hidden\nbye", subject="Grüße")
 
 
 NOW = datetime(2024, 5, 6, 7, 8, 9, tzinfo=UTC)

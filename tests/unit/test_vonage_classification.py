@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,7 @@ import aiohttp
 import pytest
 from pydantic import SecretStr
 
-from notiflow.adapters.providers.base import DevEndpoints, OutboundMessage, Outcome
+from notiflow.adapters.providers.base import DevEndpoints, Outcome
 from notiflow.adapters.providers.common import Rule
 from notiflow.providers.smtp import dev as smtp_dev
 from notiflow.providers.vonage import dev as vonage_dev
@@ -235,12 +236,8 @@ def _config(**kw: Any) -> VonageSettings:
     return VonageSettings(**fields)
 
 
-def _message(**kw: Any) -> OutboundMessage:
-    fields: dict[str, Any] = {
-        "message_id": "msg_1", "attempt": 2, "tenant_id": "acme", "channel": Channel.SMS,
-        "tier": Tier.P0, "recipient": "+447700900123", "body": "Your code is 123456"}
-    fields.update(kw)
-    return OutboundMessage(**fields)
+_message = partial(cases.outbound, channel=Channel.SMS, attempt=2, tier=Tier.P0,
+                   recipient="+447700900123", body="Your code is 123456")
 
 
 async def test_request_form() -> None:
