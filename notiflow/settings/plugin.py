@@ -16,9 +16,10 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, ClassVar, Protocol
 
-from pydantic import BaseModel
+from pydantic import BaseModel, SecretStr
 
 from notiflow.settings.providers import ProviderRoute
+from notiflow.settings.section import present
 
 
 class ProviderSection(Protocol):
@@ -32,6 +33,19 @@ class ProviderSection(Protocol):
 
 def _no_endpoints(_section: Any) -> Iterable[tuple[str, str]]:
     return ()
+
+
+def _is_set(value: object) -> bool:
+    return present(value) if isinstance(value, SecretStr) else bool(value)
+
+
+def configured(*names: str) -> Callable[[Any], bool]:
+    """The ``enabled`` of a section whose account is on once every field ``names`` is set: a
+    secret present and not empty, any other value truthy."""
+    def enabled(section: Any) -> bool:
+        return all(_is_set(getattr(section, name)) for name in names)
+
+    return enabled
 
 
 def url_fields(*names: str) -> Callable[[Any], Iterable[tuple[str, str]]]:

@@ -8,9 +8,9 @@ from pydantic import SecretStr
 
 from notiflow.schemas.enums import Channel
 from notiflow.settings import Settings
-from notiflow.settings.plugin import ProviderPlugin, SectionSpec, url_fields
+from notiflow.settings.plugin import ProviderPlugin, SectionSpec, configured, url_fields
 from notiflow.settings.providers import ProviderRoute
-from notiflow.settings.section import _Frozen, present
+from notiflow.settings.section import _Frozen
 
 
 class SampleSettings(_Frozen):
@@ -19,13 +19,9 @@ class SampleSettings(_Frozen):
     token: SecretStr | None = None
 
 
-def enabled(section: SampleSettings) -> bool:
-    return present(section.token)
-
-
 class SamplePlugin(ProviderPlugin):
     SECTION: ClassVar[SectionSpec] = SectionSpec(
-        "sample", SampleSettings, enabled,
+        "sample", SampleSettings, configured("token"),
         ProviderRoute(provider_id="sample", channel=Channel.SMS, cost=0.5),
         endpoints=url_fields("base_url"))
     sample: SampleSettings = SampleSettings()

@@ -28,9 +28,9 @@ from notiflow.gateway.batch import MAX_BATCH_BYTES
 from notiflow.providers.registry import DEFAULT_ROUTES, ProviderSections
 from notiflow.schemas.enums import Channel, Tier
 from notiflow.settings import Settings
-from notiflow.settings.plugin import plugins
+from notiflow.settings.plugin import configured, plugins
 from tests.sample_provider import spec as sample_spec
-from tests.sample_provider.config import SamplePlugin, SettingsWithSample
+from tests.sample_provider.config import SamplePlugin, SampleSettings, SettingsWithSample
 
 
 def test_the_section_is_read_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -48,6 +48,14 @@ def test_enabled_providers_follow_the_plugins_own_rule() -> None:
     assert "sample" not in SettingsWithSample().enabled_providers()
     configured = SettingsWithSample(sample={"token": "x"})
     assert configured.enabled_providers() == Settings().enabled_providers() | {"sample"}
+
+
+def test_configured_asks_every_field_to_be_set() -> None:
+    enabled = configured("token", "base_url")
+    assert enabled(SampleSettings(token=SecretStr("t")))
+    assert not enabled(SampleSettings())
+    assert not enabled(SampleSettings(token=SecretStr("")))
+    assert not enabled(SampleSettings(token=SecretStr("t"), base_url=""))
 
 
 def test_its_endpoints_are_held_to_https_outside_development() -> None:

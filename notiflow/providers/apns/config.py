@@ -7,9 +7,9 @@ from typing import ClassVar
 from pydantic import SecretStr
 
 from notiflow.schemas.enums import Channel, PushPlatform
-from notiflow.settings.plugin import ProviderPlugin, SectionSpec, url_fields
+from notiflow.settings.plugin import ProviderPlugin, SectionSpec, configured, url_fields
 from notiflow.settings.providers import ProviderRoute
-from notiflow.settings.section import _Frozen, present
+from notiflow.settings.section import _Frozen
 
 
 class ApnsSettings(_Frozen):
@@ -28,16 +28,11 @@ class ApnsSettings(_Frozen):
     """Extra CA certificate to trust (the emulator's test CA); None = system trust."""
 
 
-def enabled(section: ApnsSettings) -> bool:
-    """The team, key id and signing key are configured."""
-    return bool(section.team_id and section.key_id) and present(section.private_key)
-
-
 class ApnsPlugin(ProviderPlugin):
     """The plug-in's field of :class:`~notiflow.settings.Settings`."""
 
     SECTION: ClassVar[SectionSpec] = SectionSpec(
-        "apns", ApnsSettings, enabled,
+        "apns", ApnsSettings, configured("team_id", "key_id", "private_key"),
         ProviderRoute(provider_id="apns", channel=Channel.PUSH, reliability=0.995,
                       platforms=frozenset({PushPlatform.IOS})),
         endpoints=url_fields("base_url"))

@@ -7,9 +7,9 @@ from typing import ClassVar
 from pydantic import SecretStr
 
 from notiflow.schemas.enums import Channel, PushPlatform
-from notiflow.settings.plugin import ProviderPlugin, SectionSpec, url_fields
+from notiflow.settings.plugin import ProviderPlugin, SectionSpec, configured, url_fields
 from notiflow.settings.providers import ProviderRoute
-from notiflow.settings.section import _Frozen, present
+from notiflow.settings.section import _Frozen
 
 
 class FcmSettings(_Frozen):
@@ -28,16 +28,11 @@ class FcmSettings(_Frozen):
     token_uri: str = "http://127.0.0.1:18090/fcm/token"
 
 
-def enabled(section: FcmSettings) -> bool:
-    """The service account is configured."""
-    return bool(section.client_email) and present(section.private_key)
-
-
 class FcmPlugin(ProviderPlugin):
     """The plug-in's field of :class:`~notiflow.settings.Settings`."""
 
     SECTION: ClassVar[SectionSpec] = SectionSpec(
-        "fcm", FcmSettings, enabled,
+        "fcm", FcmSettings, configured("client_email", "private_key"),
         ProviderRoute(provider_id="fcm", channel=Channel.PUSH, reliability=0.995,
                       platforms=frozenset({PushPlatform.ANDROID, PushPlatform.WEB})),
         endpoints=url_fields("base_url", "token_uri"))

@@ -7,9 +7,9 @@ from typing import ClassVar
 from pydantic import Field, SecretStr
 
 from notiflow.schemas.enums import Channel
-from notiflow.settings.plugin import ProviderPlugin, SectionSpec, url_fields
+from notiflow.settings.plugin import ProviderPlugin, SectionSpec, configured, url_fields
 from notiflow.settings.providers import ProviderRoute
-from notiflow.settings.section import _Frozen, present
+from notiflow.settings.section import _Frozen
 
 
 class SendGridSettings(_Frozen):
@@ -36,16 +36,11 @@ class SendGridSettings(_Frozen):
     (``provider_batch``); SendGrid's own limit is 1,000."""
 
 
-def enabled(section: SendGridSettings) -> bool:
-    """The API key is configured."""
-    return present(section.api_key)
-
-
 class SendGridPlugin(ProviderPlugin):
     """The plug-in's field of :class:`~notiflow.settings.Settings`."""
 
     SECTION: ClassVar[SectionSpec] = SectionSpec(
-        "sendgrid", SendGridSettings, enabled,
+        "sendgrid", SendGridSettings, configured("api_key"),
         ProviderRoute(provider_id="sendgrid", channel=Channel.EMAIL, cost=1.0,
                       reliability=0.995),
         endpoints=url_fields("base_url"))

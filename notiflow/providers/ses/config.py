@@ -8,9 +8,9 @@ from typing import ClassVar
 from pydantic import Field, SecretStr
 
 from notiflow.schemas.enums import Channel
-from notiflow.settings.plugin import ProviderPlugin, SectionSpec, url_fields
+from notiflow.settings.plugin import ProviderPlugin, SectionSpec, configured, url_fields
 from notiflow.settings.providers import ProviderRoute
-from notiflow.settings.section import _Frozen, present
+from notiflow.settings.section import _Frozen
 
 
 class SesSettings(_Frozen):
@@ -48,16 +48,11 @@ class SesSettings(_Frozen):
     must be set to (its ``SignatureVersion`` attribute)."""
 
 
-def enabled(section: SesSettings) -> bool:
-    """The access key pair is configured."""
-    return bool(section.access_key_id) and present(section.secret_access_key)
-
-
 class SesPlugin(ProviderPlugin):
     """The plug-in's field of :class:`~notiflow.settings.Settings`."""
 
     SECTION: ClassVar[SectionSpec] = SectionSpec(
-        "ses", SesSettings, enabled,
+        "ses", SesSettings, configured("access_key_id", "secret_access_key"),
         ProviderRoute(provider_id="ses", channel=Channel.EMAIL, cost=0.3, reliability=0.99),
         endpoints=url_fields("endpoint_url"))
     ses: SesSettings = SesSettings()

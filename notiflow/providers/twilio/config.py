@@ -7,9 +7,9 @@ from typing import ClassVar
 from pydantic import SecretStr
 
 from notiflow.schemas.enums import Channel
-from notiflow.settings.plugin import ProviderPlugin, SectionSpec, url_fields
+from notiflow.settings.plugin import ProviderPlugin, SectionSpec, configured, url_fields
 from notiflow.settings.providers import ProviderRoute
-from notiflow.settings.section import _Frozen, present
+from notiflow.settings.section import _Frozen
 
 
 class TwilioSettings(_Frozen):
@@ -23,16 +23,11 @@ class TwilioSettings(_Frozen):
     status_callback_url: str | None = None
 
 
-def enabled(section: TwilioSettings) -> bool:
-    """The auth token is configured."""
-    return present(section.auth_token)
-
-
 class TwilioPlugin(ProviderPlugin):
     """The plug-in's field of :class:`~notiflow.settings.Settings`."""
 
     SECTION: ClassVar[SectionSpec] = SectionSpec(
-        "twilio", TwilioSettings, enabled,
+        "twilio", TwilioSettings, configured("auth_token"),
         ProviderRoute(provider_id="twilio", channel=Channel.SMS, cost=1.0, reliability=0.995),
         endpoints=url_fields("base_url"))
     twilio: TwilioSettings = TwilioSettings()

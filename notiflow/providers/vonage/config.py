@@ -7,9 +7,9 @@ from typing import ClassVar
 from pydantic import SecretStr
 
 from notiflow.schemas.enums import Channel
-from notiflow.settings.plugin import ProviderPlugin, SectionSpec, url_fields
+from notiflow.settings.plugin import ProviderPlugin, SectionSpec, configured, url_fields
 from notiflow.settings.providers import ProviderRoute
-from notiflow.settings.section import _Frozen, present
+from notiflow.settings.section import _Frozen
 
 
 class VonageSettings(_Frozen):
@@ -27,16 +27,11 @@ class VonageSettings(_Frozen):
     """Delivery-receipt webhook (``callback`` per message, or the account default)."""
 
 
-def enabled(section: VonageSettings) -> bool:
-    """The API key and secret are configured."""
-    return bool(section.api_key) and present(section.api_secret)
-
-
 class VonagePlugin(ProviderPlugin):
     """The plug-in's field of :class:`~notiflow.settings.Settings`."""
 
     SECTION: ClassVar[SectionSpec] = SectionSpec(
-        "vonage", VonageSettings, enabled,
+        "vonage", VonageSettings, configured("api_key", "api_secret"),
         ProviderRoute(provider_id="vonage", channel=Channel.SMS, cost=0.8, reliability=0.99),
         endpoints=url_fields("base_url"))
     vonage: VonageSettings = VonageSettings()
