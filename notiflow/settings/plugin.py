@@ -18,7 +18,8 @@ from typing import Any, ClassVar, Protocol
 
 from pydantic import BaseModel, SecretStr
 
-from notiflow.settings.providers import ProviderRoute
+from notiflow.schemas.enums import Channel
+from notiflow.settings.providers import ChatSettings, ProviderRoute, chat_enabled, chat_endpoints
 from notiflow.settings.section import present
 
 
@@ -75,6 +76,16 @@ class SectionSpec:
     reloadable: bool = True
     """A running process takes a changed section from a secrets reload
     (``notiflow/secrets.py``); off: a change waits for a restart."""
+
+
+def chat_section(name: str, section: type[ChatSettings], *, reliability: float) -> SectionSpec:
+    """The spec of the incoming-webhook chat section ``name``: on by :func:`chat_enabled`, its
+    endpoints its webhook prefixes, a CHAT route of ``reliability`` under the provider id
+    ``name``, and a change waits for a restart."""
+    return SectionSpec(
+        name, section, chat_enabled,
+        ProviderRoute(provider_id=name, channel=Channel.CHAT, reliability=reliability),
+        endpoints=chat_endpoints, reloadable=False)
 
 
 class ProviderPlugin(BaseModel):

@@ -4,16 +4,8 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from notiflow.schemas.enums import Channel
-from notiflow.settings.plugin import ProviderPlugin, SectionSpec
-from notiflow.settings.providers import (
-    ChatSettings,
-    PaceRule,
-    ProviderRoute,
-    WebhookPrefixes,
-    chat_enabled,
-    chat_endpoints,
-)
+from notiflow.settings.plugin import ProviderPlugin, SectionSpec, chat_section
+from notiflow.settings.providers import ChatSettings, PaceRule, WebhookPrefixes
 
 
 class SlackSettings(ChatSettings):
@@ -30,8 +22,5 @@ class SlackSettings(ChatSettings):
 class SlackPlugin(ProviderPlugin):
     """The plug-in's field of :class:`~notiflow.settings.Settings`."""
 
-    SECTION: ClassVar[SectionSpec] = SectionSpec(
-        "slack", SlackSettings, chat_enabled,
-        ProviderRoute(provider_id="slack", channel=Channel.CHAT, reliability=0.995),
-        endpoints=chat_endpoints, reloadable=False)
+    SECTION: ClassVar[SectionSpec] = chat_section("slack", SlackSettings, reliability=0.995)
     slack: SlackSettings = SlackSettings()

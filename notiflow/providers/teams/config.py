@@ -4,16 +4,8 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from notiflow.schemas.enums import Channel
-from notiflow.settings.plugin import ProviderPlugin, SectionSpec
-from notiflow.settings.providers import (
-    ChatSettings,
-    PaceRule,
-    ProviderRoute,
-    WebhookPrefixes,
-    chat_enabled,
-    chat_endpoints,
-)
+from notiflow.settings.plugin import ProviderPlugin, SectionSpec, chat_section
+from notiflow.settings.providers import ChatSettings, PaceRule, WebhookPrefixes
 
 
 class TeamsSettings(ChatSettings):
@@ -34,8 +26,5 @@ class TeamsSettings(ChatSettings):
 class TeamsPlugin(ProviderPlugin):
     """The plug-in's field of :class:`~notiflow.settings.Settings`."""
 
-    SECTION: ClassVar[SectionSpec] = SectionSpec(
-        "teams", TeamsSettings, chat_enabled,
-        ProviderRoute(provider_id="teams", channel=Channel.CHAT, reliability=0.99),
-        endpoints=chat_endpoints, reloadable=False)
+    SECTION: ClassVar[SectionSpec] = chat_section("teams", TeamsSettings, reliability=0.99)
     teams: TeamsSettings = TeamsSettings()
