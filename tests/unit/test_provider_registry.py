@@ -107,3 +107,19 @@ def test_registry_holds_each_package_spec_once() -> None:
     with_checks = {name for name, spec in OPENERS.items() if spec.verify is not None}
     assert with_receipts == with_checks == {"twilio", "vonage", "sendgrid", "smtp"}
     assert {spec.channel for spec in OPENERS.values()} == set(Channel)
+
+
+def test_each_spec_loads_the_modules_of_its_own_package() -> None:
+    assert {n for n, s in OPENERS.items() if s.receipt_routes is not None} == {
+        "twilio", "vonage", "sendgrid", "smtp", "ses"}
+    assert {n for n, s in OPENERS.items() if s.emulator is None} == {"inbox"}
+    assert {n for n, s in OPENERS.items() if s.dev_environment is None} == {"inbox"}
+    for name, spec in OPENERS.items():
+        package = f"notiflow.providers.{name}"
+        if spec.receipt_routes is not None:
+            assert spec.receipt_routes() is importlib.import_module(f"{package}.routes").ROUTES
+        if spec.dev_environment is not None:
+            dev = importlib.import_module(f"{package}.dev")
+            assert spec.dev_environment() is dev.environment
+        if spec.emulator is not None:
+            assert spec.emulator().__module__ == f"{package}.emulator"

@@ -225,3 +225,25 @@ class ProviderSpec:
     verify: Callable[..., object] | None = None
     """Webhook signature or auth check; raises
     :class:`~notiflow.adapters.providers.webhook.WebhookRefused`."""
+
+    @classmethod
+    def of_package(cls, spec_module: str, channel: Channel, client: str | Opener, *,
+                   emulator: str | None = None, dev: bool = False, routes: bool = False,
+                   receipts: Callable[..., object] | None = None,
+                   verify: Callable[..., object] | None = None) -> ProviderSpec:
+        """The spec of the plug-in whose ``spec`` module is named ``spec_module``, laid out as
+        ``docs/providers.md`` says: named after its package; opened by the class ``client`` of
+        its ``client`` module (or by ``client`` itself, an :data:`Opener`); served by the
+        class ``emulator`` of its ``emulator`` module; with its ``dev`` module's
+        ``environment`` when ``dev`` and its ``routes`` module's ``ROUTES`` when ``routes``."""
+        package = spec_module.rpartition(".")[0]
+
+        def part(module: str, name: str | None) -> Callable[[], Any] | None:
+            return imported(f"{package}.{module}", name) if name else None
+
+        return cls(package.rpartition(".")[2], channel,
+                   opener(f"{package}.client", client) if isinstance(client, str) else client,
+                   emulator=part("emulator", emulator),
+                   receipt_routes=part("routes", "ROUTES" if routes else None),
+                   dev_environment=part("dev", "environment" if dev else None),
+                   receipts=receipts, verify=verify)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Final
 
-from notiflow.adapters.providers.base import ProviderClient, ProviderSpec, imported
+from notiflow.adapters.providers.base import ProviderClient, ProviderSpec
 from notiflow.schemas.enums import Channel
 from notiflow.settings import Settings
 
@@ -23,6 +23,5 @@ async def _open(settings: Settings, timeout: float | timedelta) -> ProviderClien
     return client
 
 
-SPEC: Final = ProviderSpec("apns", Channel.PUSH, _open,
-                           emulator=imported(f"{__package__}.emulator", "ApnsEmulator"),
-                           dev_environment=imported(f"{__package__}.dev", "environment"))
+SPEC: Final = ProviderSpec.of_package(__name__, Channel.PUSH, _open, emulator="ApnsEmulator",
+                                      dev=True)

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from notiflow.adapters.providers.base import ProviderSpec, opener
+from notiflow.adapters.providers.base import ProviderSpec
 from notiflow.schemas.enums import Channel
 
-SPEC: Final = ProviderSpec(
-    "inbox", Channel.INAPP, opener(f"{__package__}.client", "InboxDelivery"))
+SPEC: Final = ProviderSpec.of_package(__name__, Channel.INAPP, "InboxDelivery")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Final
 
-from notiflow.adapters.providers.base import ProviderClient, ProviderSpec, imported
+from notiflow.adapters.providers.base import ProviderClient, ProviderSpec
 from notiflow.extras import needs
 from notiflow.schemas.enums import Channel
 from notiflow.settings import Settings
@@ -18,7 +18,5 @@ async def _open(settings: Settings, timeout: float | timedelta) -> ProviderClien
     return await SesEmail.open(settings, timeout=timeout)
 
 
-SPEC: Final = ProviderSpec("ses", Channel.EMAIL, _open,
-                           emulator=imported(f"{__package__}.emulator", "SesEmulator"),
-                           dev_environment=imported(f"{__package__}.dev", "environment"),
-                           receipt_routes=imported(f"{__package__}.routes", "ROUTES"))
+SPEC: Final = ProviderSpec.of_package(__name__, Channel.EMAIL, _open, emulator="SesEmulator",
+                                      dev=True, routes=True)

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 from typing import Final
 
-from notiflow.adapters.providers.base import ProviderSpec, imported, opener
+from notiflow.adapters.providers.base import ProviderSpec
 from notiflow.schemas.enums import Channel
 
-SPEC: Final = ProviderSpec(
-    "slack", Channel.CHAT, opener(f"{__package__}.client", "SlackWebhook"),
-    emulator=imported(f"{__package__}.emulator", "SlackEmulator"),
-    dev_environment=imported(f"{__package__}.dev", "environment"))
+SPEC: Final = ProviderSpec.of_package(
+    __name__, Channel.CHAT, "SlackWebhook", emulator="SlackEmulator", dev=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Final
 
-from notiflow.adapters.providers.base import ProviderClient, ProviderSpec, imported
+from notiflow.adapters.providers.base import ProviderClient, ProviderSpec
 from notiflow.providers.smtp import receipts, signature
 from notiflow.schemas.enums import Channel
 from notiflow.settings import Settings
@@ -18,9 +18,6 @@ async def _open(settings: Settings, timeout: float | timedelta) -> ProviderClien
                                 max_connections=settings.smtp.max_connections)
 
 
-SPEC: Final = ProviderSpec("smtp", Channel.EMAIL, _open,
-                           emulator=imported(f"{__package__}.emulator", "SmtpEmulator"),
-                           dev_environment=imported(f"{__package__}.dev", "environment"),
-                           receipt_routes=imported(f"{__package__}.routes", "ROUTES"),
-                           receipts=receipts.dsn_receipts,
-                           verify=signature.check_bearer)
+SPEC: Final = ProviderSpec.of_package(__name__, Channel.EMAIL, _open, emulator="SmtpEmulator",
+                                      dev=True, routes=True, receipts=receipts.dsn_receipts,
+                                      verify=signature.check_bearer)
