@@ -14,7 +14,7 @@ import random
 import time
 from collections import Counter, deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Final, Generic, Literal, TypeVar
 
 import aiohttp
@@ -83,10 +83,21 @@ class MessageRecord:
         return self.outcome == ACCEPTED
 
     def as_json(self) -> dict[str, Any]:
-        return {"received_at": self.received_at, "outcome": self.outcome,
-                "status": self.status, "error_code": self.error_code, "sid": self.sid,
-                "message_id": self.message_id, "attempt": self.attempt, "to": self.to,
-                "from": self.from_, "body": self.body, "hang": self.hang}
+        """Every field, ``from_`` as ``from``, in the order declared: these, then those a
+        provider's record adds."""
+        return {key: getattr(self, name) for key, name in _json_keys(type(self))}
+
+
+_JSON_KEYS: dict[type[MessageRecord], tuple[tuple[str, str], ...]] = {}
+
+
+def _json_keys(record_type: type[MessageRecord]) -> tuple[tuple[str, str], ...]:
+    """(JSON key, field name) of every field of ``record_type``."""
+    keys = _JSON_KEYS.get(record_type)
+    if keys is None:
+        keys = _JSON_KEYS[record_type] = tuple(
+            ("from" if f.name == "from_" else f.name, f.name) for f in fields(record_type))
+    return keys
 
 
 MAX_PREFIXES = 16

@@ -1,12 +1,16 @@
 """The emulators' message log: the per-prefix count of accepted message ids that benchmarks
-poll stays equal to a full scan while records arrive and the oldest are evicted."""
+poll stays equal to a full scan while records arrive and the oldest are evicted; a record's
+JSON is every field of it."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from hypothesis import given
 from hypothesis import strategies as st
 
 from notiflow.fakes.common import ACCEPTED, MessageLog, MessageRecord
+from notiflow.providers.sendgrid.emulator import SendGridRecord
 
 
 def record(mid: str, accepted: bool) -> MessageRecord:
@@ -32,3 +36,21 @@ def test_prefix_counts_match_a_scan(steps: list[tuple[str, bool, bool]], size: i
                 assert log.accepted_with_prefix(prefix) == scan(log, prefix)
     for prefix in ("a", "b", "ab", ""):
         assert log.accepted_with_prefix(prefix) == scan(log, prefix)
+
+
+def test_a_records_json_is_its_fields_with_from_as_from() -> None:
+    @dataclass(slots=True)
+    class Titled(MessageRecord):
+        title: str | None = None
+
+    doc = Titled(received_at=1.0, outcome=ACCEPTED, status=202, error_code=None, sid="s",
+                 message_id="m", attempt=2, to="t", from_="f", body="b", title="x").as_json()
+    assert doc == {"received_at": 1.0, "outcome": ACCEPTED, "status": 202, "error_code": None,
+                   "sid": "s", "message_id": "m", "attempt": 2, "to": "t", "from": "f",
+                   "body": "b", "hang": False, "title": "x"}
+    assert list(doc)[-3:] == ["body", "hang", "title"]
+    assert list(record("m", True).as_json())[-2:] == ["body", "hang"]
+    sendgrid = SendGridRecord(received_at=1.0, outcome=ACCEPTED, status=202, error_code=None,
+                              sid="s", message_id="m", attempt=2, to="t", from_="f", body="b",
+                              subject="hi")
+    assert list(sendgrid.as_json())[-4:] == ["body", "hang", "subject", "error"]

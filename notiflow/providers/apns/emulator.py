@@ -105,11 +105,6 @@ class ApnsRecord(MessageRecord):
     error: str | None = None
     """APNs ``reason`` of a refused request."""
 
-    def as_json(self) -> dict[str, Any]:
-        return {**MessageRecord.as_json(self), "title": self.title, "priority": self.priority,
-                "push_type": self.push_type, "expiration": self.expiration,
-                "collapse_id": self.collapse_id, "error": self.error}
-
 
 @dataclass(frozen=True, slots=True)
 class Request:

@@ -133,10 +133,6 @@ class FcmRecord(MessageRecord):
     error: str | None = None
     """FCM errorCode, else the canonical status, of a rejected request."""
 
-    def as_json(self) -> dict[str, Any]:
-        return {**MessageRecord.as_json(self), "title": self.title, "priority": self.priority,
-                "error": self.error}
-
 
 @dataclass(frozen=True, slots=True)
 class _Message:

@@ -102,9 +102,6 @@ class SendGridRecord(MessageRecord):
     error: str | None = None
     """The first error message of a rejected request."""
 
-    def as_json(self) -> dict[str, Any]:
-        return {**MessageRecord.as_json(self), "subject": self.subject, "error": self.error}
-
 
 Event = dict[str, Any]
 

@@ -90,10 +90,6 @@ class SesRecord(MessageRecord):
     """The error type of a refused request."""
     tags: dict[str, str] | None = None
 
-    def as_json(self) -> dict[str, Any]:
-        return {**MessageRecord.as_json(self), "subject": self.subject, "error": self.error,
-                "tags": self.tags}
-
 
 class Refused(Exception):
     """An SES error answer: HTTP status, error type, message."""

@@ -132,11 +132,6 @@ class SmtpRecord(MessageRecord):
     header_from: str | None = None
     """The ``From`` header (who the reader sees; ``from`` is where bounces go)."""
 
-    def as_json(self) -> dict[str, Any]:
-        return {**MessageRecord.as_json(self), "stage": self.stage, "enhanced": self.enhanced,
-                "reply": self.reply, "subject": self.subject,
-                "smtp_message_id": self.smtp_message_id, "header_from": self.header_from}
-
 
 @dataclass(slots=True)
 class _Transaction:

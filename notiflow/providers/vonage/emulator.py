@@ -129,10 +129,6 @@ class VonageRecord(MessageRecord):
     error: str | None = None
     """The ``error-text`` of a refused message."""
 
-    def as_json(self) -> dict[str, Any]:
-        return {**MessageRecord.as_json(self), "client_ref": self.client_ref,
-                "parts": self.parts, "type": self.type, "error": self.error}
-
 
 @dataclass(frozen=True, slots=True)
 class Receipt:
