@@ -19,7 +19,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TypeVar
@@ -174,6 +174,17 @@ class ManagedProcess:
             self.proc.wait(10)
 
 
+def stop_together(procs: Sequence[ManagedProcess], timeout: float = 20.0) -> None:
+    """SIGTERM every process at once (graceful), SIGKILL those still running ``timeout``
+    seconds later. At once, because the processes of one Bytewax cluster stop only
+    together: one signalled alone waits for its peers until it is killed."""
+    for p in procs:
+        p._signal(signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    for p in procs:
+        p._wait(max(0.0, deadline - time.monotonic()))
+
+
 class ProcessGroup:
     """Start several children; stop them all together on exit."""
 
@@ -185,15 +196,8 @@ class ProcessGroup:
         return proc
 
     def stop_all(self, timeout: float = 20.0) -> None:
-        """SIGTERM every child at once (graceful), SIGKILL those still running ``timeout``
-        seconds later. At once, because the processes of one Bytewax cluster stop only
-        together: one signalled alone waits for its peers until it is killed."""
-        procs = list(reversed(self.procs))
-        for p in procs:
-            p._signal(signal.SIGTERM)
-        deadline = time.monotonic() + timeout
-        for p in procs:
-            p._wait(max(0.0, deadline - time.monotonic()))
+        """:func:`stop_together` every child, the last started first."""
+        stop_together(list(reversed(self.procs)), timeout)
 
     def __enter__(self) -> ProcessGroup:
         return self

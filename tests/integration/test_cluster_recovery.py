@@ -12,7 +12,7 @@ from datetime import timedelta
 import pytest
 
 from notiflow.devenv import free_port
-from notiflow.ops.procs import ManagedProcess
+from notiflow.ops.procs import ManagedProcess, stop_together
 from notiflow.schemas.enums import Tier
 from notiflow.settings import Settings
 from tests.helpers import (
@@ -79,5 +79,4 @@ def test_a_two_process_tier_loses_nothing_when_one_process_is_killed(
            f"{duplicates} duplicate sends")
     assert per_message[0] == 0
     assert duplicates <= 2 * settings.policy(Tier.P2).max_in_flight
-    for p in second:
-        p.stop()
+    stop_together(second)

@@ -33,7 +33,7 @@ from cassandra.cluster import Session
 
 from notiflow.adapters.cassandra.session import connect
 from notiflow.devenv import free_port
-from notiflow.ops.procs import ManagedProcess, ProcessGroup
+from notiflow.ops.procs import ManagedProcess, ProcessGroup, stop_together
 from notiflow.ops.stack import Stack
 from notiflow.ops.topics import ensure_topics
 from notiflow.settings import Settings
@@ -189,8 +189,7 @@ def test_kafka_outage_window_accepts_p2_refuses_p0_and_publishes_after_recovery(
         finally:
             private_stack.start()
         recovered = time.monotonic()
-        for proc in (sender, reconciler):
-            proc.stop()
+        stop_together([sender, reconciler])
         flow("reconcile-after-outage", ["reconcile"], "reconcile")
         flow("send-p2-after-outage", ["send", "--tier", "P2"], "send-p2")
         cluster, cql = connect(private_stack.settings)
