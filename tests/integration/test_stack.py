@@ -118,8 +118,11 @@ def test_port_in_use_is_a_clear_error(stack: Settings, tmp_path) -> None:
         busy.listen()
         port = busy.getsockname()[1]
         other = stack.model_copy(update={"redis_port": port, "stack_dir": tmp_path})
-        with pytest.raises(StackError, match=f"port {port} is already in use on 127.0.0.1"):
+        with pytest.raises(StackError, match=f"port {port} is already in use on 127.0.0.1"
+                           ) as refused:
             Stack(other, log=lambda _m: None).up()
+    assert str(tmp_path.resolve()) in str(refused.value)
+    assert "NOTIFLOW_STACK_DIR" in str(refused.value)
 
 
 def test_missing_java_is_a_clear_error(stack: Settings, tmp_path) -> None:

@@ -134,9 +134,11 @@ class Stack:
         wanted = [(c.host, port) for port in (c.port, *c.extra_ports)]
         for host, port in [*wanted, *(("127.0.0.1", port) for port in c.local_ports)]:
             if port_open(port, host):
-                raise StackError(f"{c.name}: port {port} is already in use on {host} by a "
-                                 "process notiflow did not start; stop it or change the port "
-                                 "setting")
+                raise StackError(
+                    f"{c.name}: port {port} is already in use on {host} by a process this "
+                    f"stack directory ({self.p.root}) did not start; stop it or change the "
+                    "port setting, or, if it is the stack of another checkout, use it by "
+                    "setting NOTIFLOW_STACK_DIR to that checkout's stack directory")
         c.prepare()
         cmd = c.start()
         log_path = self.p.logs / f"{c.name}.log"
