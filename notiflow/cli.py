@@ -3,25 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import importlib
 import json
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Final
 
 import typer
 from rich.console import Console
 from rich.table import Table
+from typer._click import Command, Context  # typer's own copy of click: its groups' types
+from typer.core import TyperGroup
+from typer.main import get_command_from_info, get_group
+from typer.models import CommandInfo
 
-from notiflow.bench.cli import bench_app
-from notiflow.ops.archive_cli import archive_app
-from notiflow.ops.audit_cli import audit_command
-from notiflow.ops.campaigns_cli import campaigns_app
-from notiflow.ops.chaos_cli import chaos_command
-from notiflow.ops.dlq_cli import dlq_app
-from notiflow.ops.messages_cli import messages_command
-from notiflow.ops.report_cli import report_command
-from notiflow.ops.schedules import schedules_app
-from notiflow.ops.top import top_command
 from notiflow.ops.webhooks_cli import flow_webhooks
 from notiflow.schemas.enums import Tier
 from notiflow.settings import Settings, load_settings
@@ -29,7 +24,47 @@ from notiflow.settings import Settings, load_settings
 if TYPE_CHECKING:
     from notiflow.flows.common.runner import Membership
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
+LAZY: Final = {
+    "dlq": "notiflow.ops.dlq_cli:dlq_app",
+    "schedules": "notiflow.ops.schedules:schedules_app",
+    "campaigns": "notiflow.ops.campaigns_cli:campaigns_app",
+    "archive": "notiflow.ops.archive_cli:archive_app",
+    "report": "notiflow.ops.report_cli:report_command",
+    "messages": "notiflow.ops.messages_cli:messages_command",
+    "audit": "notiflow.ops.audit_cli:audit_command",
+    "chaos": "notiflow.ops.chaos_cli:chaos_command",
+    "top": "notiflow.ops.top:top_command",
+    "bench": "notiflow.bench.cli:bench_app",
+}
+"""Operator and benchmark commands: ``name → "module:attribute"`` (a Typer app or a command
+function), imported only when named, so ``notiflow api``, ``notiflow fakes`` and the flows load
+none of their modules (and the drivers those import)."""
+
+
+class LazyCommands(TyperGroup):
+    """The root group: its own commands, then those of ``LAZY``, each built on first use."""
+
+    def list_commands(self, ctx: Context) -> list[str]:
+        own = super().list_commands(ctx)
+        return [*own, *(name for name in LAZY if name not in own)]
+
+    def get_command(self, ctx: Context, cmd_name: str) -> Command | None:
+        if cmd_name in LAZY and cmd_name not in self.commands:
+            self.commands[cmd_name] = lazy_command(cmd_name, LAZY[cmd_name])
+        return super().get_command(ctx, cmd_name)
+
+
+def lazy_command(name: str, target: str) -> Command:
+    module, attribute = target.split(":")
+    found = getattr(importlib.import_module(module), attribute)
+    command: Command = get_group(found) if isinstance(found, typer.Typer) else \
+        get_command_from_info(CommandInfo(name=name, callback=found),
+                              pretty_exceptions_short=True, rich_markup_mode="rich")
+    command.name = name
+    return command
+
+
+app = typer.Typer(cls=LazyCommands, add_completion=False, no_args_is_help=True, help=__doc__)
 stack_app = typer.Typer(no_args_is_help=True,
                         help="Local Kafka, Cassandra, Redis and SeaweedFS (S3).")
 flow_app = typer.Typer(no_args_is_help=True, help="Bytewax dataflows.")
@@ -37,11 +72,6 @@ schemas_app = typer.Typer(no_args_is_help=True, help="Wire contracts.")
 app.add_typer(stack_app, name="stack")
 app.add_typer(flow_app, name="flow")
 app.add_typer(schemas_app, name="schemas")
-app.add_typer(dlq_app, name="dlq")
-app.add_typer(schedules_app, name="schedules")
-app.add_typer(campaigns_app, name="campaigns")
-app.add_typer(archive_app, name="archive")
-app.command("report")(report_command)
 flow_app.command("webhooks")(flow_webhooks)
 console = Console(width=None if sys.stdout.isatty() else 120)
 
@@ -360,11 +390,6 @@ def schemas_export(
         console.print(f"wrote {out / name}.schema.json")
 
 
-app.command("messages")(messages_command)
-app.command("audit")(audit_command)
-app.command("chaos")(chaos_command)
-app.command("top")(top_command)
-app.add_typer(bench_app, name="bench")
 
 
 def main() -> None:
