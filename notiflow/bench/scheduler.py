@@ -37,7 +37,9 @@ from notiflow.settings import Settings
 
 WRITE_CONCURRENCY = 128
 LEAD_S = 10.0
-"""Seconds between the start of a phase's writes and its first due time."""
+"""Seconds between the start of a phase's writes and its first due time (the default of
+``run``'s ``lead``; at least twice ``scheduling.min_lead``, and long enough to write the
+phase's rows)."""
 
 
 def bench_id(due: datetime, i: int) -> str:
@@ -125,14 +127,14 @@ def lateness(seen: dict[str, list[float]], expected: int) -> dict[str, Any]:
             "lateness_mean_s": round(statistics.fmean(late), 3) if late else None}
 
 
-def failover(out: Path, run_id: str, n: int, window: float,
+def failover(out: Path, run_id: str, n: int, window: float, lead: float,
              log: Callable[[str], None]) -> dict[str, Any]:
     phase = Phase("sched-failover", out, run_id)
     phase.prepare()
     try:
         procs = [phase.start(f"scheduler-{x}", ["flow", "scheduler", "--name", x],
                              ready="claimed shard") for x in ("a", "b")]
-        start = datetime.now(UTC) + timedelta(seconds=LEAD_S)
+        start = datetime.now(UTC) + timedelta(seconds=lead)
         asyncio.run(write_rows(phase.settings, start, n, n / window, log))
         log(f"failover: {n} rows due over {window:.0f} s; SIGKILL of scheduler-a at "
             f"{window / 2:.0f} s")
@@ -146,7 +148,7 @@ def failover(out: Path, run_id: str, n: int, window: float,
     return {"n": n, "window_s": window, "killed_at": killed, **lateness(seen, n)}
 
 
-def load(out: Path, run_id: str, n: int, rate: float,
+def load(out: Path, run_id: str, n: int, rate: float, lead: float,
          log: Callable[[str], None]) -> dict[str, Any]:
     phase = Phase("sched-load", out, run_id)
     phase.prepare()
@@ -155,7 +157,7 @@ def load(out: Path, run_id: str, n: int, rate: float,
                             ready="claimed shard")
         phase.sampler.start()
         t0 = time.time()
-        start = datetime.now(UTC) + timedelta(seconds=LEAD_S)
+        start = datetime.now(UTC) + timedelta(seconds=lead)
         log(f"load: {n:,} rows due at {rate:,.0f}/s from {start:%H:%M:%S}")
         wrote = asyncio.run(write_rows(phase.settings, start, n, rate, log))
         end = start + timedelta(seconds=n / rate)
@@ -192,8 +194,8 @@ def slices(seen: dict[str, list[float]], start: datetime, width: float = 10.0
 
 
 def run(out: Path, *, n: int, rate: float, failover_n: int, window: float,
-        log: Callable[[str], None]) -> dict[str, Any]:
+        log: Callable[[str], None], lead: float = LEAD_S) -> dict[str, Any]:
     run_id = uuid.uuid4().hex[:6]
-    return {"bench": "scheduler", "run_id": run_id,
-            "failover": failover(out, run_id, failover_n, window, log),
-            "load": load(out, run_id, n, rate, log)}
+    return {"bench": "scheduler", "run_id": run_id, "lead_s": lead,
+            "failover": failover(out, run_id, failover_n, window, lead, log),
+            "load": load(out, run_id, n, rate, lead, log)}

@@ -83,7 +83,7 @@ def test_a_phase_drops_only_its_own_redis_keys(stack: Settings) -> None:
 def test_scheduler_smoke(stack: Settings, tmp_path: Path) -> None:
     from notiflow.bench import scheduler
 
-    doc = scheduler.run(tmp_path, n=300, rate=100, failover_n=60, window=12, log=print)
+    doc = scheduler.run(tmp_path, n=300, rate=100, failover_n=60, window=12, log=print, lead=4.0)
     for phase in ("failover", "load"):
         r = doc[phase]
         assert r["lost"] == 0 and r["early"] == 0, (phase, r)
