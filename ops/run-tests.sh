@@ -17,10 +17,8 @@ if ! $NF stack status >/dev/null 2>&1; then
   started_here=1
 fi
 mypy_pid=
-beside_pid=
 cleanup() {
   if [ -n "$mypy_pid" ]; then kill "$mypy_pid" 2>/dev/null || true; fi
-  if [ -n "$beside_pid" ]; then kill "$beside_pid" 2>/dev/null || true; fi
   if [ "$started_here" = 1 ]; then
     $NF stack down >/dev/null 2>&1 || true
   fi
@@ -50,10 +48,8 @@ eval "$($NF stack env)"
 # each session has its own topic prefix, keyspace and ports (tests/conftest.py), and the
 # tests that stop shared servers or judge latency wait for the second part, which runs them
 # alone. Files are handed out costliest first (tests/file_order.py; xdist's own reordering, by
-# number of tests, is off). The tests marked `beside` (a long hold that needs little CPU, on
-# servers of their own) run in a third session during the first part; its output follows
-# the first part's. Exit status 5 is "nothing selected" (arguments that pick only one kind
-# of test).
+# number of tests, is off). Exit status 5 is "nothing selected" (arguments that pick only
+# one kind of test).
 pytest_part() {
   local rc=0
   .venv/bin/python -m pytest -q -p no:cacheprovider "$@" || rc=$?
@@ -61,21 +57,10 @@ pytest_part() {
   return "$rc"
 }
 status=0
-echo "==> tests, two sessions in parallel (and the tests marked beside, in a third)"
-beside_log=$(mktemp)
-pytest_part -m "beside and not solo and not disruptive" --durations=5 "$@" \
-  >"$beside_log" 2>&1 &
-beside_pid=$!
+echo "==> tests, two sessions in parallel"
 pytest_part -n 2 --dist loadfile --no-loadscope-reorder \
-  -m "not solo and not disruptive and not beside" --durations=25 "$@" \
+  -m "not solo and not disruptive" --durations=25 "$@" \
   || status=$?
-beside_rc=0
-wait "$beside_pid" || beside_rc=$?
-beside_pid=
-echo "==> the tests marked beside (their session ran during the part above)"
-cat "$beside_log"
-rm -f "$beside_log"
-if [ "$beside_rc" != 0 ]; then status=$beside_rc; fi
 echo "==> tests that run alone (they judge latency or stop a shared server)"
 pytest_part -m "solo or disruptive" --durations=10 "$@" || status=$?
 exit "$status"

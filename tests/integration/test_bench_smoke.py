@@ -80,7 +80,6 @@ def test_a_phase_drops_only_its_own_redis_keys(stack: Settings) -> None:
         client.close()
 
 
-@pytest.mark.beside
 def test_scheduler_smoke(stack: Settings, tmp_path: Path) -> None:
     from notiflow.bench import scheduler
 

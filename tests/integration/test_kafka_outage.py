@@ -49,7 +49,7 @@ from tests.helpers import (
 from tests.integration.conftest import OTP_TEMPLATE, ready
 from tests.integration.test_pipeline import NUMBERS
 
-pytestmark = [pytest.mark.integration, pytest.mark.beside]
+pytestmark = pytest.mark.integration
 
 OUTAGE_S = 60.0
 P2_MESSAGES = 1000
