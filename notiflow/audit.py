@@ -26,6 +26,7 @@ class Action(StrEnum):
     TENANT_POLICY = "tenant.policy"
     CREDENTIALS = "credentials.rotated"
     P0_USE = "p0.use"
+    USER_ERASE = "user.erase"
 
 
 @dataclass(frozen=True)

@@ -45,6 +45,8 @@ _STATEMENTS: Final = {
               "AND (created_at, message_id) < (?, ?) LIMIT ?",
     "after": f"SELECT {_ITEM} FROM inbox_items WHERE tenant_id = ? AND user_id = ? "
              "AND (created_at, message_id) > (?, ?) LIMIT ?",
+    "erase_items": "DELETE FROM inbox_items WHERE tenant_id = ? AND user_id = ?",
+    "erase_index": "DELETE FROM inbox_index WHERE tenant_id = ? AND user_id = ?",
 }
 _MARK: Final = {frozenset(cols): "UPDATE inbox_items USING TTL ? SET " + ", ".join(
     f"{c} = ?" for c in sorted(cols)) + " WHERE tenant_id = ? AND user_id = ? AND "
@@ -143,6 +145,11 @@ class InboxStore:
             item.category, item.attempt, content, ttl))
         await self._run(self._stmts["index"], (item.tenant_id, item.user_id, item.message_id,
                                                item.created_at, ttl))
+
+    async def erase(self, tenant_id: str, user_id: str) -> None:
+        """Delete the user's inbox, every item and the index (an erasure)."""
+        await self._run(self._stmts["erase_items"], (tenant_id, user_id))
+        await self._run(self._stmts["erase_index"], (tenant_id, user_id))
 
     def _item(self, r: dict[str, Any]) -> InboxItem:
         content = orjson.loads(self.cipher.decrypt(bytes(r["content"]).decode()))

@@ -96,7 +96,8 @@ class OutRecord:
 
     topic: str
     key: bytes | None
-    value: bytes
+    value: bytes | None
+    """None: a tombstone (a compacted topic drops the key's earlier records)."""
     headers: Headers = field(default_factory=list)
 
 

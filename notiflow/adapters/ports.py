@@ -24,6 +24,7 @@ from notiflow.adapters.providers.base import Outcome, ProviderClient
 from notiflow.adapters.rows import AttemptRow, MessageRow, TemplateRow
 from notiflow.schemas.enums import Tier
 from notiflow.schemas.preferences import PreferenceState, Suppression
+from notiflow.schemas.users import UserProfile, UserView
 from notiflow.settings import PaceRule
 
 
@@ -157,6 +158,31 @@ class Preferences(Protocol):
 
     async def deactivate_token(self, tenant_id: str, token_hash: str, reason: str, *,
                                older: Sequence[str] = ()) -> Any: ...
+
+
+UserChange = Callable[[UserProfile | None], UserProfile | None]
+"""Given the stored profile (None for a new user), the wanted profile, or None when nothing
+changes."""
+
+
+class UserContention(RuntimeError):
+    """Too many concurrent writers on one user; the caller may retry."""
+
+
+class UserRecords(Protocol):
+    """The users of every tenant (Cassandra ``users``), each change a compare-and-set."""
+
+    async def get(self, tenant_id: str, user_id: str) -> UserView | None: ...
+
+    async def change(self, tenant_id: str, user_id: str, change: UserChange,
+                     now: datetime | None = None) -> tuple[UserView | None, bool]:
+        """(the user now stored, whether this call wrote it); a write makes ``version + 1``
+        (1 for a new user). Raises :class:`UserContention`."""
+        ...
+
+    async def erase(self, tenant_id: str, user_id: str) -> UserView | None:
+        """Delete the user; the user as it was, None when there was none."""
+        ...
 
 
 class Breakers(Protocol):

@@ -44,6 +44,7 @@ from notiflow.gateway import (
     recipients,
     schedules,
     templates,
+    users,
 )
 from notiflow.gateway.access_log import AccessLog, route_template
 from notiflow.gateway.bodies import BodyCeiling
@@ -184,6 +185,7 @@ def build_app(settings: Settings) -> FastAPI:
     app.include_router(message_list.router)
     app.include_router(templates.router)
     app.include_router(recipients.router)
+    app.include_router(users.router)
     app.include_router(schedules.router)
     app.include_router(campaigns.router)
     if settings.api_lane != "priority":

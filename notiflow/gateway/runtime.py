@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 
 import httpx
 import jwt
-from cassandra.cluster import Cluster
+from cassandra.cluster import Cluster, Session
 from confluent_kafka.admin import AdminClient
 
 from notiflow.adapters.admission import DOWN_BACKOFF_S, AdmissionStore
@@ -31,10 +31,14 @@ from notiflow.adapters.audit import AuditLog
 from notiflow.adapters.campaign_notices import NoticeStore
 from notiflow.adapters.campaign_store import CampaignStore
 from notiflow.adapters.campaign_tally import CampaignTally
+from notiflow.adapters.cassandra.forgetting import StoreForgetting
 from notiflow.adapters.cassandra.session import connect
 from notiflow.adapters.cassandra.store import CassandraStore
+from notiflow.adapters.cassandra.users import CassandraUsers
+from notiflow.adapters.dlq_crypto import DlqCipher
 from notiflow.adapters.egress import EgressGuard
 from notiflow.adapters.idempotency_fence import Fence
+from notiflow.adapters.inbox_store import InboxStore
 from notiflow.adapters.jwks import JwksCache
 from notiflow.adapters.kafka_io import AsyncProducer, kafka_config
 from notiflow.adapters.manifests import Manifests
@@ -45,6 +49,7 @@ from notiflow.adapters.rows import TemplateRow
 from notiflow.adapters.schedule_store import ScheduleStore
 from notiflow.adapters.scheduled_store import ScheduledStore
 from notiflow.adapters.secret_watch import watcher
+from notiflow.adapters.user_directory import UserDirectory
 from notiflow.gateway.admission import Admission
 from notiflow.gateway.auditor import Auditor
 from notiflow.gateway.errors import unavailable
@@ -75,6 +80,15 @@ def api_producer_overrides() -> dict[str, Any]:
         "request.timeout.ms": DELIVERY_TIMEOUT_MS,
         "linger.ms": 1,
     }
+
+
+def open_user_stores(session: Session, store: CassandraStore, settings: Settings
+                     ) -> tuple[CassandraUsers, InboxStore] | None:
+    """The stores of users and their inboxes; None without a DLQ key to seal them."""
+    if settings.dlq_key is None:
+        return None
+    cipher = DlqCipher.from_settings(settings)
+    return CassandraUsers(store.cql, cipher), InboxStore(session, settings, cipher)
 
 
 def now_ms() -> datetime:
@@ -108,6 +122,7 @@ class Runtime:
         self._notices: NoticeStore | None = None
         self._manifests: Manifests | None = None
         self._tally: CampaignTally | None = None
+        self._user_stores: tuple[CassandraUsers, InboxStore] | None = None
         self._cluster: Cluster | None = None
         self._producer: AsyncProducer | None = None
         self._p0_producer: AsyncProducer | None = None
@@ -201,6 +216,8 @@ class Runtime:
             campaigns = await asyncio.to_thread(CampaignStore, session, self.settings)
             notices = await asyncio.to_thread(NoticeStore, session)
             audit_log = await asyncio.to_thread(AuditLog, session)
+            user_stores = await asyncio.to_thread(open_user_stores, session, store,
+                                                  self.settings)
         except BaseException:
             await asyncio.to_thread(cluster.shutdown)
             raise
@@ -210,6 +227,7 @@ class Runtime:
         self._cluster, self._store = cluster, store
         self._scheduled, self._schedules = scheduled, schedules
         self._campaigns, self._notices = campaigns, notices
+        self._user_stores = user_stores
         self.auditor.attach(audit_log)
         log.info("connected to cassandra keyspace %s", self.settings.cassandra_keyspace)
 
@@ -283,6 +301,18 @@ class Runtime:
         if tier is Tier.P0 and self._p0_producer is not None:
             return self._p0_producer
         return self.producer()
+
+    def users(self) -> UserDirectory:
+        """Users (write to Cassandra, then publish; erasure); ``503`` while Cassandra or
+        Kafka is unavailable, or without ``NOTIFLOW_DLQ_KEY`` (profiles are sealed with it)."""
+        store = self.store()
+        if self._user_stores is None:
+            raise unavailable("users_unavailable", "users need NOTIFLOW_DLQ_KEY (profiles "
+                              "are stored encrypted with it)")
+        records, inbox = self._user_stores
+        preferences = self.preferences()
+        return UserDirectory(records, self.producer(), self.settings.users_topic,
+                             StoreForgetting(preferences, store.recipients, inbox))
 
     def preferences(self) -> PreferenceStore:
         """Recipient state (write to Cassandra, then publish); ``503`` while either is

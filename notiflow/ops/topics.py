@@ -62,6 +62,8 @@ def topic_specs(settings: Settings) -> list[TopicSpec]:
                   {"retention.ms": str(7 * _DAY_MS)}),
         TopicSpec(settings.preferences_topic, settings.events_partitions,
                   {"cleanup.policy": "compact"}),
+        TopicSpec(settings.users_topic, settings.events_partitions,
+                  {"cleanup.policy": "compact"}),
     ]
     specs += [
         TopicSpec(name, 1, {"retention.ms": str(30 * _DAY_MS)})

@@ -165,6 +165,72 @@ def push_token_rule(schema: dict[str, Any]) -> None:
     ]
 
 
+LOCALE_PATTERN: Final = r"^[A-Za-z]{2,3}(-[A-Za-z]{4})?(-(?:[A-Za-z]{2}|[0-9]{3}))?$"
+"""A BCP 47 language tag of language, optional script and optional region (``fr``,
+``fr-CA``, ``zh-Hant-TW``, ``es-419``)."""
+PROPERTY_NAME_PATTERN: Final = r"^[A-Za-z_][A-Za-z0-9_]{0,63}$"
+
+
+def user_device_rule(schema: dict[str, Any]) -> None:
+    """``json_schema_extra`` of a user's device: the token's shape follows the platform."""
+    schema["properties"]["token"]["pattern"] = FCM_TOKEN_PATTERN
+    schema["oneOf"] = [
+        {"properties": {"platform": {"const": "ios"},
+                        "token": {"pattern": APNS_TOKEN_PATTERN}}},
+        {"properties": {"platform": {"enum": ["android", "web"]}}},
+    ]
+
+
+def _user_properties() -> dict[str, dict[str, Any]]:
+    hook = {**WEBHOOK_URL, "description": "An incoming-webhook URL of a team chat. Beyond "
+            "the pattern: host labels of letters, digits and inner hyphens, a port up to "
+            "65535, and a path without dot segments, encoded slashes or dots, or control "
+            "characters."}
+    return {
+        "phones": {"type": "array", "items": PHONE, "maxItems": 8, "uniqueItems": True},
+        "emails": {"type": "array", "items": EMAIL, "maxItems": 8, "uniqueItems": True,
+                   "description": "Listed once each, compared case-insensitively."},
+        "chat_webhooks": {"type": "array", "items": hook, "maxItems": 4,
+                          "uniqueItems": True},
+        "locale": {"type": "string", "pattern": LOCALE_PATTERN, "maxLength": 20,
+                   "description": "A BCP 47 tag: language, optional script and region."},
+        "timezone": zone(),
+        "properties": {"type": "object", "maxProperties": 64,
+                       "propertyNames": {"pattern": PROPERTY_NAME_PATTERN},
+                       "additionalProperties": {"type": ["string", "number", "boolean",
+                                                         "null"]},
+                       "description": "The tenant's own attributes (at most 8 KiB as "
+                                      "JSON)."},
+    }
+
+
+def _unique_devices(devices: dict[str, Any]) -> None:
+    for rule in devices.get("anyOf", [devices]):
+        if rule.get("type") == "array":
+            rule["uniqueItems"] = True
+
+
+def user_rules(schema: dict[str, Any]) -> None:
+    """``json_schema_extra`` of a whole user profile."""
+    props = schema["properties"]
+    _unique_devices(props["devices"])
+    for name, rule in _user_properties().items():
+        keep = {k: props[name][k] for k in ("default", "title") if k in props[name]}
+        if name in ("locale", "timezone"):
+            props[name] = {**keep, **(rule if name == "timezone" else _or_null(rule))}
+        else:
+            props[name] = {**keep, **rule}
+
+
+def user_patch_rules(schema: dict[str, Any]) -> None:
+    """``json_schema_extra`` of a merge patch of a user: each field may also be null."""
+    props = schema["properties"]
+    _unique_devices(props["devices"])
+    for name, rule in _user_properties().items():
+        keep = {k: props[name][k] for k in ("default", "title") if k in props[name]}
+        props[name] = {**keep, **(rule if name == "timezone" else _or_null(rule))}
+
+
 def send_request_rules(schema: dict[str, Any]) -> None:
     """``json_schema_extra`` of a send request: the recipient's form per channel (a phone
     number for SMS, an address for EMAIL, ``{device_token, platform}`` for PUSH),

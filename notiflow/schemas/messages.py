@@ -138,6 +138,7 @@ ChannelSender = Annotated[Annotated[str, Field(max_length=254)] | None,
 it; left alone when the channel itself failed)."""
 PhoneNumber = Annotated[str, AfterValidator(_e164)]
 EmailAddress = Annotated[str, Field(max_length=254), AfterValidator(_email)]
+ChatWebhookUrl = Annotated[str, AfterValidator(_webhook)]
 
 
 class Wire(BaseModel):

@@ -482,6 +482,10 @@ class Settings(BaseSettings, ProviderSections):
     def preferences_topic(self) -> str:
         return self.topic("notify.preferences")
 
+    @property
+    def users_topic(self) -> str:
+        return self.topic("notify.users")
+
     def tenant_by_token(self, token: str) -> TenantConfig | None:
         """The tenant whose token this is (constant-time compare of the UTF-8 bytes: a header
         with non-ASCII characters is a wrong token, not an error)."""

@@ -55,11 +55,14 @@ STATE_RULES = frozenset({
 """The 422/400 reasons the document lists as rules the schema does not state."""
 NOT_STATED = ("scheduled_at must be before expires_at", "ends_at must be after starts_at",
               "window start and end must differ", "not a valid number for its country code",
-              "a webhook URL")
+              "a webhook URL", "email addresses are listed once each",
+              "properties take at most")
 """Schema failures the document names as beyond JSON Schema: rules between two fields,
 libphonenumber's validity of a number for its country (``format: e164``; the coverage
-phase builds numbers from the pattern alone), and a webhook URL's rules beyond its pattern
-(host labels, port range, dot segments, encoded slashes: ``chat_hooks.webhook_url``)."""
+phase builds numbers from the pattern alone), a webhook URL's rules beyond its pattern
+(host labels, port range, dot segments, encoded slashes: ``chat_hooks.webhook_url``), a
+user's email addresses compared case-insensitively, and the size of a user's properties as
+JSON."""
 
 
 def _phone_numbers() -> list[str]:

@@ -221,6 +221,20 @@ class RecipientStore:
             for row in owners])
         return len(owners)
 
+    async def forget_devices(self, tenant_id: str, owner_hash: str,
+                             hashing: Callable[[str, str], tuple[str, ...]]) -> int:
+        """Delete the device tokens registered under ``owner_hash`` and their owner rows
+        (under each of ``hashing(tenant_id, "<platform>:<token>")``); returns how many
+        tokens (an erasure)."""
+        rows = await self.cql.run("devices_of_owner", (tenant_id, owner_hash))
+        writes = [("device_owner_delete", (tenant_id, token_hash, owner_hash))
+                  for r in rows if r.get("platform")
+                  for token_hash in hashing(tenant_id, f"{r['platform']}:{r['device_token']}")]
+        if writes:
+            await self.cql.write_all(writes)
+        await self.cql.run("devices_delete", (tenant_id, owner_hash))
+        return len(rows)
+
     async def deactivate_device(self, tenant_id: str, owner_hash: str, device_token: str,
                                 reason: str, now: datetime) -> None:
         """``active = false`` with the reason (the row must exist: this is an upsert)."""
@@ -247,4 +261,9 @@ STATEMENTS: dict[str, str] = {
     "device_token, platform, registered_at) VALUES (?, ?, ?, ?, ?, ?)",
     "device_owners_get": "SELECT recipient_id, device_token FROM device_owners "
     "WHERE tenant_id = ? AND token_hash = ?",
+    "devices_of_owner": "SELECT device_token, platform FROM device_tokens "
+    "WHERE tenant_id = ? AND recipient_id = ?",
+    "devices_delete": "DELETE FROM device_tokens WHERE tenant_id = ? AND recipient_id = ?",
+    "device_owner_delete": "DELETE FROM device_owners WHERE tenant_id = ? AND token_hash = ? "
+    "AND recipient_id = ?",
 }
