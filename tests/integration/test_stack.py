@@ -52,7 +52,8 @@ def test_every_design_topic_exists(stack: Settings) -> None:
 
     md = AdminClient({"bootstrap.servers": stack.kafka_bootstrap}).list_topics(timeout=10)
     names = {s.name for s in topic_specs(stack)}
-    assert len(names) == 4 * len(Channel) + 1 + 4 + 6
+    assert len(names) == 4 * len(Channel) + 1 + 5 + 6
+    assert {stack.preferences_topic, stack.users_topic} <= names
     assert names <= set(md.topics)
     assert len(md.topics[stack.ingest_topic("SMS", "P0")].partitions) == stack.ingest_partitions
     list(read_topic(stack, stack.preferences_topic, timeout=2))
