@@ -10,12 +10,14 @@ from datetime import UTC, datetime
 from typing import Any
 
 import orjson
+import pytest
 
-from notiflow.adapters.kafka_io import OutRecord
+from notiflow.adapters.kafka_io import DeliveryFailed, OutRecord
 from notiflow.adapters.memory.users import MemoryUsers
 from notiflow.adapters.user_directory import UserDirectory
 from notiflow.redact import recipient_hash
 from notiflow.schemas.users import UserPatch, UserProfile
+from tests.fakes import Producer
 from tests.user_records_contract import check_user_records
 
 NOW = datetime(2026, 12, 7, 12, 0, tzinfo=UTC)
@@ -23,15 +25,8 @@ IOS = "b2" * 32
 TOPIC = "notify.users"
 
 
-class Producer:
-    def __init__(self) -> None:
-        self.records: list[OutRecord] = []
-
-    async def produce(self, record: OutRecord) -> None:
-        self.records.append(record)
-
-    def values(self) -> list[dict[str, Any] | None]:
-        return [orjson.loads(r.value) if r.value is not None else None for r in self.records]
+def values(producer: Producer) -> list[dict[str, Any] | None]:
+    return [orjson.loads(r.value) if r.value is not None else None for r in producer.records]
 
 
 class Forgetting:
@@ -72,7 +67,7 @@ def test_a_new_user_is_stored_then_published_without_addresses() -> None:
     assert record.value is not None
     for address in (b"+33612345678", b"ana@example.com", IOS.encode()):
         assert address not in record.value
-    state = producer.values()[0]
+    state = values(producer)[0]
     assert state is not None
     assert state["channels"]["SMS"] == [recipient_hash("acme", "+33612345678")]
     assert state["channels"]["PUSH"] == [recipient_hash("acme", f"ios:{IOS}")]
@@ -84,7 +79,7 @@ def test_the_same_profile_again_writes_nothing_and_publishes_again() -> None:
     asyncio.run(users.put("acme", "u-1", ana()))
     user, created = asyncio.run(users.put("acme", "u-1", ana()))
     assert not created and user.version == 1
-    assert [v["version"] for v in producer.values() if v] == [1, 1]
+    assert [v["version"] for v in values(producer) if v] == [1, 1]
 
 
 def test_a_patch_changes_a_stored_user_and_misses_an_unknown_one() -> None:
@@ -110,8 +105,8 @@ def test_a_newer_version_stored_while_publishing_is_published_too() -> None:
 
     producer.produce = racing  # type: ignore[method-assign]
     asyncio.run(users.put("acme", "u-1", ana()))
-    assert [(v or {}).get("version") for v in producer.values()] == [1, 2]
-    assert (producer.values()[-1] or {}).get("locale") == "it"
+    assert [(v or {}).get("version") for v in values(producer)] == [1, 2]
+    assert (values(producer)[-1] or {}).get("locale") == "it"
 
 
 def test_an_erasure_forgets_every_address_then_the_user_then_publishes_a_tombstone() -> None:
@@ -126,3 +121,16 @@ def test_an_erasure_forgets_every_address_then_the_user_then_publishes_a_tombsto
     last = producer.records[-1]
     assert (last.key, last.value) == (b"acme:u-1", None)
     assert asyncio.run(users.erase("acme", "u-1")) is False
+
+
+def test_a_change_the_broker_refused_is_stored_and_published_by_repeating_it() -> None:
+    users, records, producer, _ = directory()
+    producer.up = False
+    with pytest.raises(DeliveryFailed):
+        asyncio.run(users.put("acme", "u-1", ana()))
+    stored = asyncio.run(records.get("acme", "u-1"))
+    assert stored is not None and stored.version == 1
+    producer.up = True
+    user, created = asyncio.run(users.put("acme", "u-1", ana()))
+    assert (created, user.version) == (False, 1)
+    assert [(v or {}).get("version") for v in values(producer)] == [1]
