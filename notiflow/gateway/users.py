@@ -9,6 +9,7 @@ sees it. ``DELETE`` erases the user (``adapters/user_directory.py``). See ``docs
 from __future__ import annotations
 
 import asyncio
+import re
 from datetime import UTC, datetime
 from typing import Annotated, Any, Final
 
@@ -32,12 +33,14 @@ from notiflow.schemas.users import (
     UserPatch,
     UserProfile,
     UserView,
+    profile_fields,
 )
 
 router = APIRouter()
 
 JSON = "application/json"
 MAX_BATCH: Final = 1000
+USER_ID: Final = re.compile(USER_ID_PATTERN)
 NOT_STORED: Final[tuple[type[Exception], ...]] = (*CASSANDRA_DOWN, DeliveryFailed)
 """What leaves one user of a batch unstored, answered ``503`` for that user alone."""
 UserIdPath = Annotated[str, Path(description="The tenant's own id of the user.",
@@ -60,8 +63,7 @@ EXAMPLE: Final = {"ana": {"phones": ["+33612345678"], "emails": ["ana@example.co
 
 def _user_id(user_id: str) -> str:
     """``422 invalid_user_id`` for an id outside :data:`USER_ID_PATTERN`."""
-    if not (1 <= len(user_id) <= 128) or not all(
-            c.isascii() and (c.isalnum() or c in "._@+:-") for c in user_id):
+    if not USER_ID.fullmatch(user_id):
         raise ApiError(422, "validation_failed", "invalid_user_id",
                        details=[{"loc": ["path", "user_id"], "type": "value_error",
                                  "msg": "a user id is 1-128 letters, digits and ._@+:-"}])
@@ -72,8 +74,8 @@ def _view(user: UserView, status: int = 200) -> Response:
     return Response(user.model_dump_json(), status_code=status, media_type=JSON)
 
 
-async def _chat_webhooks_allowed(rt: Runtime, profile: UserProfile) -> None:
-    for i, url in enumerate(profile.chat_webhooks):
+async def _chat_webhooks_allowed(rt: Runtime, urls: tuple[str, ...] | None) -> None:
+    for i, url in enumerate(urls or ()):
         await check_webhook_url(rt, url, f"chat_webhooks[{i}]")
 
 
@@ -98,7 +100,7 @@ async def put_user(user_id: UserIdPath, request: Request, tenant: Tenant,
     user (``version`` 1 when new, one more with each change)."""
     _user_id(user_id)
     profile = await read_model(request, UserProfile)
-    await _chat_webhooks_allowed(rt, profile)
+    await _chat_webhooks_allowed(rt, profile.chat_webhooks)
     user, created = await _contended(rt.users().put(tenant.id, user_id, profile))
     return _view(user, 201 if created else 200)
 
@@ -115,9 +117,7 @@ async def patch_user(user_id: UserIdPath, request: Request, tenant: Tenant,
     clears it, ``properties`` merge name by name; ``404`` when there is no such user."""
     _user_id(user_id)
     patch = await read_model(request, UserPatch)
-    if patch.chat_webhooks:
-        for i, url in enumerate(patch.chat_webhooks):
-            await check_webhook_url(rt, url, f"chat_webhooks[{i}]")
+    await _chat_webhooks_allowed(rt, patch.chat_webhooks)
     try:
         user = await _contended(rt.users().patch(tenant.id, user_id, patch))
     except ValidationError as exc:
@@ -209,10 +209,10 @@ async def put_users(request: Request, tenant: Tenant, rt: RuntimeDep) -> Respons
             where = ".".join(str(p) for p in first.get("loc", ()))
             return BatchOutcome(user_id=uid, status=422,
                                 reason=f"invalid_body: {where}: {first.get('msg')}"[:300])
-        profile = UserProfile(**{k: getattr(parsed, k) for k in UserProfile.model_fields})
+        profile = UserProfile(**profile_fields(parsed))
         async with gate:
             try:
-                await _chat_webhooks_allowed(rt, profile)
+                await _chat_webhooks_allowed(rt, profile.chat_webhooks)
                 user, created = await users.put(tenant.id, parsed.user_id, profile)
             except ApiError as exc:
                 return BatchOutcome(user_id=uid, status=exc.status, reason=exc.reason)

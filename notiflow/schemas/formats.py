@@ -210,25 +210,22 @@ def _unique_devices(devices: dict[str, Any]) -> None:
             rule["uniqueItems"] = True
 
 
-def user_rules(schema: dict[str, Any]) -> None:
-    """``json_schema_extra`` of a whole user profile."""
+def _user_fields(schema: dict[str, Any], *, nullable: tuple[str, ...]) -> None:
     props = schema["properties"]
     _unique_devices(props["devices"])
     for name, rule in _user_properties().items():
         keep = {k: props[name][k] for k in ("default", "title") if k in props[name]}
-        if name in ("locale", "timezone"):
-            props[name] = {**keep, **(rule if name == "timezone" else _or_null(rule))}
-        else:
-            props[name] = {**keep, **rule}
+        props[name] = {**keep, **(_or_null(rule) if name in nullable else rule)}
+
+
+def user_rules(schema: dict[str, Any]) -> None:
+    """``json_schema_extra`` of a whole user profile."""
+    _user_fields(schema, nullable=("locale",))
 
 
 def user_patch_rules(schema: dict[str, Any]) -> None:
     """``json_schema_extra`` of a merge patch of a user: each field may also be null."""
-    props = schema["properties"]
-    _unique_devices(props["devices"])
-    for name, rule in _user_properties().items():
-        keep = {k: props[name][k] for k in ("default", "title") if k in props[name]}
-        props[name] = {**keep, **(rule if name == "timezone" else _or_null(rule))}
+    _user_fields(schema, nullable=tuple(n for n in _user_properties() if n != "timezone"))
 
 
 def send_request_rules(schema: dict[str, Any]) -> None:

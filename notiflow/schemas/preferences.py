@@ -76,13 +76,16 @@ class PreferencesUpdate(Wire):
     @field_validator("timezone")
     @classmethod
     def _known_zone(cls, v: str | None) -> str | None:
-        if v is None:
-            return v
-        try:
-            ZoneInfo(v)
-        except (ZoneInfoNotFoundError, ValueError, OSError):
-            raise ValueError(f"unknown IANA timezone {v!r}") from None
-        return v
+        return v if v is None else known_zone(v)
+
+
+def known_zone(value: str) -> str:
+    """``value`` when it names an IANA time zone this server knows; ValueError otherwise."""
+    try:
+        ZoneInfo(value)
+    except (ZoneInfoNotFoundError, ValueError, OSError):
+        raise ValueError(f"unknown IANA timezone {value!r}") from None
+    return value
 
 
 Suppression = Literal["token_deactivated", "hard_bounce", "unsubscribed", "complaint",

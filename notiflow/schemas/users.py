@@ -14,7 +14,6 @@ import json
 import re
 from datetime import datetime
 from typing import Annotated, Any, Final, Literal
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import (
     AfterValidator,
@@ -43,6 +42,7 @@ from notiflow.schemas.messages import (
     TenantId,
     Wire,
 )
+from notiflow.schemas.preferences import known_zone
 
 USER_ID_PATTERN: Final = r"^[A-Za-z0-9._@+:-]{1,128}$"
 """A user id: the characters of an in-app recipient's id, 1-128 of them."""
@@ -66,16 +66,8 @@ def _locale(value: str) -> str:
     return "-".join(out)
 
 
-def _zone(value: str) -> str:
-    try:
-        ZoneInfo(value)
-    except (ZoneInfoNotFoundError, ValueError, OSError):
-        raise ValueError(f"unknown IANA timezone {value!r}") from None
-    return value
-
-
 Locale = Annotated[str, Field(max_length=20), AfterValidator(_locale)]
-TimeZone = Annotated[str, Field(max_length=64), AfterValidator(_zone)]
+TimeZone = Annotated[str, Field(max_length=64), AfterValidator(known_zone)]
 
 
 class UserDevice(Wire):
