@@ -172,13 +172,19 @@ PROPERTY_NAME_PATTERN: Final = r"^[A-Za-z_][A-Za-z0-9_]{0,63}$"
 
 
 def user_device_rule(schema: dict[str, Any]) -> None:
-    """``json_schema_extra`` of a user's device: the token's shape follows the platform."""
-    schema["properties"]["token"]["pattern"] = FCM_TOKEN_PATTERN
-    schema["oneOf"] = [
-        {"properties": {"platform": {"const": "ios"},
-                        "token": {"pattern": APNS_TOKEN_PATTERN}}},
-        {"properties": {"platform": {"enum": ["android", "web"]}}},
-    ]
+    """``json_schema_extra`` of a user's device: one whole shape per platform family (an
+    ``ios`` token is 64-200 hex digits, an ``android`` or ``web`` token 32-4,096 of
+    ``A-Z a-z 0-9 _ : -``), so generators build each shape directly instead of filtering one
+    shape by the other."""
+    token = schema["properties"]["token"]
+    shapes = (({"const": "ios"}, {**token, "pattern": APNS_TOKEN_PATTERN, "minLength": 64,
+                                  "maxLength": 200}),
+              ({"enum": ["android", "web"]}, {**token, "pattern": FCM_TOKEN_PATTERN}))
+    for key in ("properties", "required", "additionalProperties", "type"):
+        schema.pop(key, None)
+    schema["oneOf"] = [{"type": "object", "properties": {"platform": platform, "token": tok},
+                        "required": ["platform", "token"], "additionalProperties": False}
+                       for platform, tok in shapes]
 
 
 def _user_properties() -> dict[str, dict[str, Any]]:
