@@ -26,7 +26,7 @@ from cassandra.cluster import Session
 from cassandra.query import BatchStatement, BatchType, PreparedStatement
 
 from notiflow.adapters.cassandra.session import aio
-from notiflow.adapters.cassandra.values import utc
+from notiflow.adapters.cassandra.values import capped_ttl, utc
 from notiflow.adapters.dlq_crypto import DlqCipher
 from notiflow.schemas.scheduling import ScheduledRow, bucket_of, shard_of
 from notiflow.settings import Settings
@@ -116,9 +116,11 @@ class ScheduledStore:
 
     async def add(self, row: ScheduledRow, now: datetime) -> None:
         """Write a row (idempotent: the same message writes the same cells). It lives until
-        its expiry (else its due time) plus :data:`RELEASED_KEEP`."""
+        its expiry (else its due time) plus :data:`RELEASED_KEEP`, within the TTL Cassandra
+        takes (:func:`~notiflow.adapters.cassandra.values.capped_ttl`)."""
         end = row.expires_at or row.scheduled_at
-        ttl = max(60, int((end - now).total_seconds() + RELEASED_KEEP.total_seconds()))
+        ttl = capped_ttl(max(60.0, (end - now).total_seconds()
+                             + RELEASED_KEEP.total_seconds()), now)
         await self._run("add", (row.time_bucket, row.shard, row.scheduled_at, row.message_id,
                                 row.topic, self.cipher.encrypt(row.payload.encode()),
                                 row.tenant_id, row.tier,

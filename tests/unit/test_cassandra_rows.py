@@ -12,7 +12,7 @@ import pytest
 from notiflow.adapters.cassandra.attempts import ProviderIndexRow, attempt_row
 from notiflow.adapters.cassandra.idempotency import OutboxRow, ReservationRow
 from notiflow.adapters.cassandra.recipients import DeviceRow
-from notiflow.adapters.cassandra.values import from_row
+from notiflow.adapters.cassandra.values import LAST_EXPIRY, MAX_TTL_S, capped_ttl, from_row
 from notiflow.adapters.rows import AttemptRow
 
 NAIVE = datetime(2026, 3, 1, 12, 0, 0)
@@ -71,3 +71,11 @@ def test_from_row_converts_only_the_named_fields() -> None:
 
     assert from_row(Pair, {"a": "x", "b": "y"}, b=str.upper) == Pair("x", "Y")
     assert from_row(Pair, {"a": "x"}) == Pair("x")
+
+
+def test_a_ttl_stays_within_what_cassandra_takes() -> None:
+    now = datetime(2026, 12, 7, tzinfo=UTC)
+    assert capped_ttl(3600.5, now) == 3600
+    assert capped_ttl(25 * 365 * 86400, datetime(2000, 1, 1, tzinfo=UTC)) == MAX_TTL_S
+    assert capped_ttl(1e12, now) == int((LAST_EXPIRY - now).total_seconds())
+    assert capped_ttl(1e12, now) < 2**31

@@ -10,20 +10,23 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
 from notiflow.adapters.cassandra.session import Row, Statements, Write
-from notiflow.adapters.cassandra.values import date_of, operator_shard, to_ms, ts, utc
+from notiflow.adapters.cassandra.values import (
+    capped_ttl,
+    date_of,
+    operator_shard,
+    to_ms,
+    ts,
+    utc,
+)
 from notiflow.adapters.rows import MessageEventRow, MessageHeadRow, MessageRow
 from notiflow.schemas.enums import Status
 from notiflow.schemas.messages import MessageSnapshot
 from notiflow.schemas.status import rank, write_offset_us
 from notiflow.settings import Settings
 
-MAX_TTL_S = 630_720_000
-"""Cassandra refuses a TTL over 20 years."""
-LAST_EXPIRY = datetime(2038, 1, 19, tzinfo=UTC)
-"""Cassandra refuses cells expiring after 2038-01-19 (its 32-bit expiration time)."""
 FAILURE_STATUSES = frozenset({Status.FAILED, Status.EXPIRED, Status.BOUNCED})
 """Statuses indexed in ``failures_by_tier_day``."""
 
@@ -136,8 +139,7 @@ class MessageStore:
         ttl = self.settings.operational_ttl
         if snap.expires_at is not None:
             ttl += max(timedelta(0), snap.expires_at - now)
-        return min(int(ttl.total_seconds()), MAX_TTL_S,
-                   int((LAST_EXPIRY - now).total_seconds()))
+        return capped_ttl(ttl.total_seconds(), now)
 
     @staticmethod
     def created_head(snap: MessageSnapshot, status: Status, now: datetime) -> MessageHeadRow:

@@ -20,6 +20,18 @@ OPERATOR_SHARDS = 32
 (``shard = crc32(message_id) % 32``); the queries in ``ops/queries.md`` list all of them."""
 
 
+MAX_TTL_S = 630_720_000
+"""Cassandra refuses a TTL over 20 years."""
+LAST_EXPIRY = datetime(2038, 1, 19, tzinfo=UTC)
+"""Cassandra refuses cells expiring after 2038-01-19 (its 32-bit expiration time)."""
+
+
+def capped_ttl(seconds: float, now: datetime) -> int:
+    """``seconds`` as a TTL Cassandra takes: at most 20 years, and expiring before
+    2038-01-19 (whatever a client's ``expires_at`` asks for)."""
+    return min(int(seconds), MAX_TTL_S, int((LAST_EXPIRY - now).total_seconds()))
+
+
 @overload
 def utc(d: datetime) -> datetime: ...
 @overload
