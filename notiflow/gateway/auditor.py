@@ -37,6 +37,7 @@ class Auditor:
         self._p0: Counter[str] = Counter()
         self._p0_since = clock()
         self._wake = asyncio.Event()
+        self._draining = asyncio.Lock()
         self._configured = False
 
     def record(self, event: AuditEvent) -> None:
@@ -86,15 +87,19 @@ class Auditor:
         self._p0_since = now
 
     async def drain(self) -> None:
-        while self._pending and self._log is not None:
-            event = self._pending[0]
-            try:
-                await self._log.append(event)
-            except Exception as exc:
-                log.warning("audit: %s not written yet (%s); retrying",
-                            event.action, type(exc).__name__)
-                return
-            self._pending.popleft()
+        """Write the pending events, oldest first, one drain at a time (the loop's and
+        :meth:`close`'s); an event dropped by :meth:`record` meanwhile is not re-popped."""
+        async with self._draining:
+            while self._pending and self._log is not None:
+                event = self._pending[0]
+                try:
+                    await self._log.append(event)
+                except Exception as exc:
+                    log.warning("audit: %s not written yet (%s); retrying",
+                                event.action, type(exc).__name__)
+                    return
+                if self._pending and self._pending[0] is event:
+                    self._pending.popleft()
 
     async def close(self) -> None:
         self.flush_p0()

@@ -141,6 +141,29 @@ def test_events_wait_while_cassandra_is_down_and_are_written_after() -> None:
     assert log.events == [event]
 
 
+def test_concurrent_drains_write_each_event_once() -> None:
+    """The run loop's drain and the shutdown's overlap: each event is written once, and an
+    event dropped while it was being written takes no other with it."""
+    auditor, log = Auditor(settings(), ManualClock(T0)), MemoryLog()
+    events = [AuditEvent(T0, Action.TEMPLATE_CREATE, "token:acme", "acme", f"template:t@{i}")
+              for i in range(3)]
+    slow = log.append
+
+    async def append(event: AuditEvent) -> None:
+        await asyncio.sleep(0)
+        await slow(event)
+
+    log.append = append  # type: ignore[method-assign]
+
+    async def run() -> None:
+        auditor.attach(log)  # type: ignore[arg-type]
+        for e in events:
+            auditor.record(e)
+        await asyncio.gather(auditor.drain(), auditor.drain(), auditor.drain())
+    asyncio.run(run())
+    assert log.events == events
+
+
 def test_the_run_loop_writes_what_is_recorded() -> None:
     auditor, log = Auditor(settings(), ManualClock(T0)), MemoryLog()
 
