@@ -35,11 +35,20 @@ PHONE: Final[dict[str, Any]] = {
     "description": "E.164 phone number that is valid for its country code (libphonenumber), "
                    "e.g. +14155550123.",
     "examples": ["+14155550123"]}
+_ATOM: Final = r'[^\x00-\x20\x7f"(),.:;<>@\[\\\]]+'
+_LABEL: Final = r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+EMAIL_PATTERN: Final = (rf"^{_ATOM}(\.{_ATOM})*@({_LABEL}\.)+"
+                        r"[A-Za-z]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?$")
+"""The shape every accepted address has: a dot-atom local part without the characters that
+need quoting, then host labels (an ASCII domain whose last label starts with a letter).
+``format: email`` is only an annotation in JSON Schema; this pattern is what a validator
+checks."""
 EMAIL: Final[dict[str, Any]] = {
-    "type": "string", "format": "email", "maxLength": 254,
+    "type": "string", "format": "email", "maxLength": 254, "pattern": EMAIL_PATTERN,
     "not": {"pattern": "[@.](" + "|".join(map(_any_case, SPECIAL_USE_DOMAINS)) + r")\.?$"},
     "description": "Email address (RFC 5321; normalised and matched case-insensitively); "
-                   "not at a special-use domain (`.test`, `.local`, `.invalid`, ...).",
+                   "not at a special-use domain (`.test`, `.local`, `.invalid`, ...). An "
+                   "internationalised domain is accepted beyond the pattern.",
     "examples": ["ana@example.com"]}
 SMS_SENDER: Final[dict[str, Any]] = {
     "anyOf": [PHONE,
