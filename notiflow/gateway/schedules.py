@@ -25,12 +25,12 @@ from fastapi import APIRouter, Request, Response
 from notiflow.adapters.schedule_store import ScheduleRow, ScheduleStore
 from notiflow.correlation import CorrelationKeyMissing, CorrelationKeys
 from notiflow.gateway import examples
+from notiflow.gateway.acceptance import check_policy
 from notiflow.gateway.auth import RuntimeDep, Tenant, read_model
 from notiflow.gateway.cancel import cancel_if_pending
 from notiflow.gateway.checks import check_lane, check_template
 from notiflow.gateway.egress_check import check_webhook_url
 from notiflow.gateway.errors import not_found, unavailable, unprocessable
-from notiflow.gateway.messages import check_policy
 from notiflow.gateway.openapi import json_body, link, location, success, tenant_errors
 from notiflow.gateway.outbox import traceparent
 from notiflow.gateway.runtime import Runtime, now_ms

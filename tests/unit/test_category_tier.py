@@ -19,9 +19,9 @@ from notiflow.adapters.dlq_crypto import DlqCipher
 from notiflow.flows.common.guard import charged_to_tenant, source_of
 from notiflow.flows.common.items import Work
 from notiflow.flows.common.steps import IngestParser
+from notiflow.gateway.acceptance import check_policy
 from notiflow.gateway.checks import check_sender
 from notiflow.gateway.errors import ApiError
-from notiflow.gateway.messages import check_policy
 from notiflow.schemas.campaigns import CampaignRequest
 from notiflow.schemas.enums import Category, Tier
 from notiflow.schemas.messages import DlqRecord, SendRequest

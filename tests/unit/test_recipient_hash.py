@@ -35,7 +35,7 @@ from notiflow.flows.send.consent import PolicyStep, WithPreferences, join_prefer
 from notiflow.flows.send.stages import gates
 from notiflow.flows.send.stages.classifying import Classify
 from notiflow.flows.send.stages.send_batch import Batch
-from notiflow.gateway import messages, recipients
+from notiflow.gateway import acceptance, recipients
 from notiflow.gateway.errors import ApiError
 from notiflow.gateway.outbox import ACCEPTED
 from notiflow.gateway.reservation import Claim, Taken
@@ -430,17 +430,17 @@ def test_the_request_hash_of_a_reservation_is_keyed() -> None:
     fields = req.model_dump(mode="json")
     del fields["sender"]
     unkeyed = hashlib.sha256(_canonical(fields)).hexdigest()
-    assert messages.request_hash(req) != unkeyed
-    assert messages.request_hash(req) == redact.hasher().digest(_canonical(fields))
-    assert unkeyed not in messages.request_hashes(req)
+    assert acceptance.request_hash(req) != unkeyed
+    assert acceptance.request_hash(req) == redact.hasher().digest(_canonical(fields))
+    assert unkeyed not in acceptance.request_hashes(req)
 
 
 def _replay(existing_hash: str) -> Any:
     existing = ReservationRow("acme", "k1", request_hash=existing_hash, state=ACCEPTED,
                               message_id="m0", response='{"message_id":"m0"}')
     req = SendRequest.model_validate(SEND)
-    return asyncio.run(messages._resume(SimpleNamespace(), "acme",  # type: ignore[arg-type]
-                                        "k1", messages.request_hashes(req), existing, "tp"))
+    return asyncio.run(acceptance.resume(SimpleNamespace(), "acme",  # type: ignore[arg-type]
+                                          "k1", acceptance.request_hashes(req), existing, "tp"))
 
 
 def test_a_reservation_made_before_the_upgrade_or_under_an_old_key_still_matches() -> None:
@@ -450,7 +450,7 @@ def test_a_reservation_made_before_the_upgrade_or_under_an_old_key_still_matches
     unkeyed = hashlib.sha256(_canonical(fields)).hexdigest()
     under_old = RecipientHasher((OLD.encode(),)).digest(_canonical(fields))
     redact.use(RecipientHasher((NEW.encode(), OLD.encode()), legacy=True))
-    for stored in (messages.request_hash(req), under_old, unkeyed):
+    for stored in (acceptance.request_hash(req), under_old, unkeyed):
         replayed = _replay(stored)
         assert replayed.status_code == 202 and replayed.headers["Idempotent-Replayed"] == "true"
     redact.use(RecipientHasher((NEW.encode(),)))

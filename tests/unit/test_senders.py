@@ -16,10 +16,10 @@ from pydantic import ValidationError
 from sendgrid.helpers.mail import From, Mail
 
 from notiflow.adapters.providers.base import OutboundMessage, Outcome, SendResult
+from notiflow.gateway.acceptance import request_hash
 from notiflow.gateway.checks import check_sender
 from notiflow.gateway.errors import ApiError
 from notiflow.gateway.jwt_auth import principal
-from notiflow.gateway.messages import request_hash
 from notiflow.providers.sendgrid.client import SendGridEmail
 from notiflow.providers.twilio.client import TwilioSms
 from notiflow.providers.vonage.client import VonageSms

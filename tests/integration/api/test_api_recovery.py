@@ -19,7 +19,7 @@ from notiflow.adapters.cassandra.idempotency import OutboxSlot, ReservationRow
 from notiflow.adapters.cassandra.store import CassandraStore
 from notiflow.adapters.envelope import envelope, load
 from notiflow.devenv import free_port
-from notiflow.gateway.messages import request_hash
+from notiflow.gateway.acceptance import request_hash
 from notiflow.gateway.outbox import outbox_shard, outbox_slot, snapshot
 from notiflow.schemas.enums import Channel, Status, Tier
 from notiflow.schemas.messages import IngestRecord, SendRequest, new_message_id
