@@ -23,6 +23,7 @@ from notiflow.settings import Settings, load_settings
 
 if TYPE_CHECKING:
     from notiflow.flows.common.runner import Membership
+    from notiflow.schemas.user_sends import UserSendRecord
 
 LAZY: Final = {
     "dlq": "notiflow.ops.dlq_cli:dlq_app",
@@ -334,14 +335,19 @@ def flow_expander(
 
 @app.command("status")
 def status(message_id: str) -> None:
-    """Print a message's current status, attempts and history from Cassandra."""
-    from notiflow.ops.inspect import message_history
+    """Print a message's current status, attempts and history from Cassandra; for a send
+    to a user, its decision and its messages."""
+    from notiflow.ops.inspect import message_history, user_send
 
     s = _settings()
     history = asyncio.run(message_history(s, message_id))
     if history is None:
-        console.print(f"[red]no message {message_id}[/red]")
-        raise typer.Exit(1)
+        decided = asyncio.run(user_send(s, message_id))
+        if decided is None:
+            console.print(f"[red]no message {message_id}[/red]")
+            raise typer.Exit(1)
+        _print_user_send(*decided)
+        return
     msg, attempts, events = history
     console.print(
         f"[bold]{message_id}[/bold]  status=[bold]{msg.status}[/bold]"
@@ -362,6 +368,23 @@ def status(message_id: str) -> None:
                        a.provider_message_id or "", a.normalized_error or "",
                        str(a.started_at), str(a.completed_at))
         console.print(at)
+
+
+def _print_user_send(record: UserSendRecord, statuses: dict[str, str | None]) -> None:
+    console.print(f"[bold]{record.message_id}[/bold]  send to a user  tenant={record.tenant_id}"
+                  f"  {record.tier.value}/{record.category.value}  deliver={record.deliver}"
+                  f"  accepted={record.accepted_at}", highlight=False)
+    sent = Table("channel", "address", "message", "status", "preferences version",
+                 title="sent to")
+    for leg, pick in zip(record.messages, record.picks, strict=True):
+        sent.add_row(leg.channel.value, leg.address, leg.message_id,
+                     statuses.get(leg.message_id) or "", str(pick.preferences_version))
+    console.print(sent)
+    skipped = Table("channel", "address #", "reason", title="skipped")
+    for skip in record.skipped:
+        skipped.add_row(skip.channel.value, "" if skip.index is None else str(skip.index),
+                        skip.reason)
+    console.print(skipped)
 
 
 @app.command("demo")

@@ -1,8 +1,8 @@
 """Durable acceptance of one message: the request's hash, the checks every message passes
 after validation (tenant policy, expiry, the Kafka window), and :func:`accept` (reserve the
 key, write outbox and message row, publish, answer ``202``), with the replay of a key
-reserved earlier (:func:`resume`). Used by ``POST /v1/messages`` and its batch, and by
-the schedules' checks."""
+reserved earlier (:func:`resume`). Used by ``POST /v1/messages``, its batch and sends to a
+user."""
 
 from __future__ import annotations
 
@@ -163,15 +163,17 @@ async def resume(rt: Runtime, tenant_id: str, key: str, req_hashes: tuple[str, .
 
 async def accept(rt: Runtime, tenant: TenantConfig, req: SendRequest, key: str | None,
                  req_hash: str, accepted_at: datetime, expires_at: datetime,
-                 trace: str, stages: StageTimes | None = None) -> Response:
+                 trace: str, stages: StageTimes | None = None, *,
+                 message_id: str | None = None) -> Response:
     """Reserve the key (``reservation.py``), write outbox + message row, publish, mark
     accepted (202).
 
     When the record is definitively not published, everything written is removed again
     and the client gets 503, so a retry with the same key starts afresh. ``stages``
-    collects the latency budget of a fresh acceptance (``Server-Timing`` of the 202)."""
+    collects the latency budget of a fresh acceptance (``Server-Timing`` of the 202);
+    ``message_id`` is minted when not given."""
     times = stages or StageTimes()
-    message_id = new_message_id()
+    message_id = message_id or new_message_id()
     trace_api.get_current_span().set_attribute(names.ATTR_MESSAGE_ID, message_id)
     internal_key = key or f"{AUTO_KEY_PREFIX}{message_id}"
     record = IngestRecord.stamped(req, tenant_id=tenant.id, message_id=message_id,

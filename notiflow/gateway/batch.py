@@ -30,7 +30,13 @@ from notiflow.gateway.errors import ApiError, unprocessable
 from notiflow.gateway.messages import accept_request, count_refusal, idempotency_key
 from notiflow.gateway.openapi import Traceparent, errors, json_body, success
 from notiflow.gateway.runtime import Runtime
-from notiflow.schemas.batch import MAX_ITEMS, BatchItem, BatchRequest, BatchResults
+from notiflow.schemas.batch import (
+    MAX_ITEMS,
+    BatchItem,
+    BatchRequest,
+    BatchResults,
+    BatchUserItem,
+)
 from notiflow.settings import TenantConfig
 
 log = logging.getLogger("notiflow.gateway.batch")
@@ -90,7 +96,7 @@ async def _accept_item(rt: Runtime, tenant: TenantConfig, item: Any, trace: str 
                                r422="`invalid_body` (not an object), `invalid_batch` "
                                     "(`messages` missing or empty), `batch_too_large`.")},
     openapi_extra=json_body(BatchRequest, "Up to 1,000 send requests.", examples.BATCH,
-                            refers_to=[BatchItem]))
+                            refers_to=[BatchItem, BatchUserItem]))
 async def send_batch(request: Request, tenant: Tenant, rt: RuntimeDep,
                      trace: Traceparent = None) -> Response:
     """Accept up to :data:`MAX_ITEMS` send requests (``{"messages": [...]}``, each item a

@@ -4,7 +4,8 @@ Order of checks: auth (401) → ``Idempotency-Key`` shape (400) → JSON (400) �
 ``details``) → tenant policy (403) → channel enabled, scheduling bounds, expiry (422) →
 admission control (429, 503; ``admission.py``) → template and its variables (422) →
 acceptance (202, 409, 503; ``acceptance.py``). A key reserved earlier is answered from its
-record even when expiry or admission would refuse the request. See ``docs/api.md``.
+record even when expiry or admission would refuse the request. A request whose recipient is
+``user:<id>`` is a send to a user (``user_sends.py``). See ``docs/api.md``.
 """
 
 from __future__ import annotations
@@ -45,12 +46,20 @@ from notiflow.gateway.openapi import (
 )
 from notiflow.gateway.outbox import traceparent
 from notiflow.gateway.runtime import Runtime, now_ms
+from notiflow.gateway.user_sends import accept_user_request, user_send_view
 from notiflow.names import Stage
 from notiflow.schemas.messages import (
     Accepted,
     AttemptView,
     MessageView,
     SendRequest,
+)
+from notiflow.schemas.user_sends import (
+    MessageRequest,
+    UserAccepted,
+    UserMessageView,
+    UserSendRequest,
+    is_user_recipient,
 )
 from notiflow.settings import TenantConfig
 from notiflow.stages import StageTimes
@@ -90,22 +99,27 @@ SEND_REFUSALS: Final = tenant_errors(
          "`expired` (`expires_at` not in the future), "
          "`scheduled_too_far` (beyond 30 days), `unknown_template` (no such version of this "
          "channel for the tenant), `missing_template_variable` (with `variables`), "
-         "`invalid_body` when `scheduled_at` is not before `expires_at`.",
+         "`invalid_body` when `scheduled_at` is not before `expires_at` or a send to a user "
+         "lists a channel twice, `unknown_user` (a send to a user the tenant does not "
+         "have).",
     r429="`tenant_rate`, `backlog`, `priority_pressure`, `p0_capacity`.",
     r503="`cassandra_unavailable`, `kafka_unavailable` (P0 while Kafka does not acknowledge, "
          "or any tier with the outage window off), `outage_window_full` (P1-P3: the API "
          "process's Kafka-outage window is full), `acceptance_in_progress`, "
-         "`admission_unavailable` (P2/P3 without Redis).")
+         "`admission_unavailable` (P2/P3 without Redis), `users_unavailable` (a send to a "
+         "user where users are not kept: no `NOTIFLOW_DLQ_KEY`).")
 
 
 @router.post(
-    "/v1/messages", status_code=202, response_model=Accepted,
+    "/v1/messages", status_code=202, response_model=Accepted | UserAccepted,
     responses={**success(202, "Accepted durably (stored and acknowledged by Kafka), or the "
                               "stored answer of a replayed `Idempotency-Key`.",
                          headers=ACCEPTED_HEADERS, links=MESSAGE_LINKS,
                          examples=examples.ACCEPTED),
                **SEND_REFUSALS},
-    openapi_extra=json_body(SendRequest, "One message.", examples.SEND))
+    openapi_extra=json_body(MessageRequest, "One message to an address, or a send to a user "
+                            "(`recipient: \"user:<id>\"`).", examples.SEND,
+                            refers_to=[SendRequest, UserSendRequest]))
 async def send_message(request: Request, tenant: Tenant, rt: RuntimeDep,
                        key: IdempotencyKey = None, trace: Traceparent = None) -> Response:
     """Accept a send request durably; 202 ``{message_id, status, accepted_at}``. Runs in a
@@ -146,6 +160,8 @@ async def accept_request(rt: Runtime, tenant: TenantConfig, data: Any, key: str 
     """One send request from its JSON body to its ``202`` (fresh, or the original answer of
     ``key``); raises :class:`ApiError` for a refusal. ``labels`` gets its channel and
     tier."""
+    if is_user_recipient(data):
+        return await accept_user_request(rt, tenant, data, key, incoming_trace, labels)
     req = validated(SendRequest, data)
     labels.update(channel=req.channel.value, tier=req.tier.value)
     check_lane(rt.settings, req)
@@ -179,16 +195,22 @@ MessageIdPath = Annotated[str, Path(description="A `message_id` of the caller.",
                                     json_schema_extra={"pattern": MESSAGE_ID.pattern})]
 
 
-@router.get("/v1/messages/{message_id}", response_model=MessageView,
+@router.get("/v1/messages/{message_id}", response_model=MessageView | UserMessageView,
             responses=tenant_errors(404))
 async def get_message(message_id: MessageIdPath, tenant: Tenant, rt: RuntimeDep) -> Response:
-    """Current status and attempts of a message owned by the caller; 404 otherwise."""
+    """Current status and attempts of a message owned by the caller, or the decision of a
+    send to a user with each of its messages' status; 404 otherwise."""
     if not MESSAGE_ID.fullmatch(message_id):
         raise not_found()
     store = rt.store()
     row, attempts = await asyncio.gather(store.messages.get_message(message_id),
                                          store.delivery.attempts(message_id))
-    if row is None or row.tenant_id != tenant.id:
+    if row is None:
+        user_send = await user_send_view(rt, tenant.id, message_id)
+        if user_send is None:
+            raise not_found()
+        return Response(user_send.model_dump_json(), media_type=JSON)
+    if row.tenant_id != tenant.id:
         raise not_found()
     view = MessageView(
         message_id=message_id,

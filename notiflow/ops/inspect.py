@@ -7,6 +7,7 @@ import asyncio
 from notiflow.adapters.cassandra.session import connect
 from notiflow.adapters.cassandra.store import CassandraStore
 from notiflow.adapters.rows import AttemptRow, MessageEventRow, MessageRow
+from notiflow.schemas.user_sends import UserSendRecord
 from notiflow.settings import Settings
 
 
@@ -23,5 +24,23 @@ async def message_history(
         attempts, events = await asyncio.gather(store.delivery.attempts(message_id),
                                                 store.messages.events(message_id))
         return msg, attempts, events
+    finally:
+        cluster.shutdown()
+
+
+async def user_send(settings: Settings, message_id: str
+                    ) -> tuple[UserSendRecord, dict[str, str | None]] | None:
+    """(the decision, each of its messages' current status) of a send to a user, or None
+    if unknown."""
+    cluster, session = await asyncio.to_thread(connect, settings)
+    try:
+        store = CassandraStore(session, settings)
+        record = await store.user_sends.get(message_id)
+        if record is None:
+            return None
+        rows = await asyncio.gather(*(store.messages.get_message(leg.message_id)
+                                      for leg in record.messages))
+        return record, {leg.message_id: row.status if row else None
+                        for leg, row in zip(record.messages, rows, strict=True)}
     finally:
         cluster.shutdown()

@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from notiflow.schemas.enums import Status
 from notiflow.schemas.messages import IdempotencyKey, SendRequest, Wire
+from notiflow.schemas.user_sends import UserAccepted, UserSendRequest
 
 MAX_ITEMS: Final = 1000
 
@@ -21,11 +22,19 @@ class BatchItem(SendRequest):
     idempotency_key: IdempotencyKey | None = None
 
 
+class BatchUserItem(UserSendRequest):
+    """One item of a batch sent to a user, with its own optional idempotency key."""
+
+    idempotency_key: IdempotencyKey | None = None
+
+
 def _items_rule(schema: dict[str, Any]) -> None:
     schema["properties"]["messages"]["items"] = {
-        "anyOf": [{"$ref": "#/components/schemas/BatchItem"}, {}],
-        "description": "A `BatchItem`. Items are validated one by one: an item that does not "
-                       "match gets its own 422 result and the call is still answered 200."}
+        "anyOf": [{"$ref": "#/components/schemas/BatchItem"},
+                  {"$ref": "#/components/schemas/BatchUserItem"}, {}],
+        "description": "A `BatchItem` or a `BatchUserItem`. Items are validated one by one: "
+                       "an item that does not match gets its own 422 result and the call is "
+                       "still answered 200."}
 
 
 class BatchRequest(BaseModel):
@@ -43,6 +52,13 @@ class BatchAccepted(Wire):
     message_id: str
     status: Literal[Status.QUEUED, Status.SCHEDULED]
     accepted_at: datetime
+    replayed: bool | None = Field(None, description="The item's key was seen before.")
+
+
+class BatchUserAccepted(UserAccepted):
+    """An item sent to a user, accepted (or the stored answer of its key)."""
+
+    code: Literal[202]
     replayed: bool | None = Field(None, description="The item's key was seen before.")
 
 
@@ -64,4 +80,4 @@ class BatchRefused(BaseModel):
 class BatchResults(Wire):
     """``200`` of ``POST /v1/messages:batch``: one result per item, in order."""
 
-    results: list[BatchAccepted | BatchRefused]
+    results: list[BatchAccepted | BatchUserAccepted | BatchRefused]

@@ -180,20 +180,27 @@ LOCALE_PATTERN: Final = r"^[A-Za-z]{2,3}(-[A-Za-z]{4})?(-(?:[A-Za-z]{2}|[0-9]{3}
 PROPERTY_NAME_PATTERN: Final = r"^[A-Za-z_][A-Za-z0-9_]{0,63}$"
 
 
-def user_device_rule(schema: dict[str, Any]) -> None:
-    """``json_schema_extra`` of a user's device: one whole shape per platform family (an
-    ``ios`` token is 64-200 hex digits, an ``android`` or ``web`` token 32-4,096 of
-    ``A-Z a-z 0-9 _ : -``), so generators build each shape directly instead of filtering one
-    shape by the other."""
-    token = schema["properties"]["token"]
-    shapes = (({"const": "ios"}, {**token, "pattern": APNS_TOKEN_PATTERN, "minLength": 64,
-                                  "maxLength": 200}),
-              ({"enum": ["android", "web"]}, {**token, "pattern": FCM_TOKEN_PATTERN}))
-    for key in ("properties", "required", "additionalProperties", "type"):
+def _one_shape_per(schema: dict[str, Any], shapes: list[dict[str, Any]]) -> None:
+    """Restate ``schema`` as one whole object shape per entry of ``shapes`` (properties
+    replacing the shared ones), so generators build each shape directly instead of
+    filtering one shape by another's rules."""
+    props, required = schema.pop("properties"), schema.pop("required", [])
+    for key in ("additionalProperties", "type"):
         schema.pop(key, None)
-    schema["oneOf"] = [{"type": "object", "properties": {"platform": platform, "token": tok},
-                        "required": ["platform", "token"], "additionalProperties": False}
-                       for platform, tok in shapes]
+    schema["oneOf"] = [{"type": "object", "properties": {**props, **shape},
+                        "required": required, "additionalProperties": False}
+                       for shape in shapes]
+
+
+def user_device_rule(schema: dict[str, Any]) -> None:
+    """``json_schema_extra`` of a user's device: an ``ios`` token is 64-200 hex digits, an
+    ``android`` or ``web`` token 32-4,096 of ``A-Z a-z 0-9 _ : -``."""
+    token = schema["properties"]["token"]
+    _one_shape_per(schema, [
+        {"platform": {"const": "ios"},
+         "token": {**token, "pattern": APNS_TOKEN_PATTERN, "minLength": 64, "maxLength": 200}},
+        {"platform": {"enum": ["android", "web"]},
+         "token": {**token, "pattern": FCM_TOKEN_PATTERN}}])
 
 
 def _user_properties() -> dict[str, dict[str, Any]]:
@@ -243,17 +250,8 @@ def user_patch_rules(schema: dict[str, Any]) -> None:
     _user_fields(schema, nullable=tuple(n for n in _user_properties() if n != "timezone"))
 
 
-def send_request_rules(schema: dict[str, Any]) -> None:
-    """``json_schema_extra`` of a send request: the recipient's form per channel (a phone
-    number for SMS, an address for EMAIL, ``{device_token, platform}`` for PUSH),
-    ``scheduled_at`` only for P2 and P3, and the variables' names and sizes."""
-    props = schema["properties"]
-    push = next(s for s in props["recipient"]["anyOf"] if "$ref" in s)
-    props["recipient"] = {"description": "Per channel: an E.164 number (SMS), an email "
-                                         "address (EMAIL), {device_token, platform} (PUSH), "
-                                         "an incoming-webhook URL (CHAT), "
-                                         "inapp:<user id> (INAPP).",
-                          "anyOf": [{"type": "string"}, push]}
+def _message_fields(props: dict[str, Any]) -> None:
+    """``variables`` and ``status_webhook`` of a send request, whoever it is addressed to."""
     props["variables"].update({
         "maxProperties": 64, "propertyNames": {"pattern": VARIABLE_NAME_PATTERN},
         "additionalProperties": {"anyOf": [
@@ -266,6 +264,41 @@ def send_request_rules(schema: dict[str, Any]) -> None:
     props["status_webhook"] = {"anyOf": [HTTP_URL, {"type": "null"}],
                                "description": "Receives a signed event at every status "
                                               "change of the message."}
+
+
+def channel_option_rules(schema: dict[str, Any]) -> None:
+    """``json_schema_extra`` of a channel of a user send: the sender's form per channel."""
+    schema["properties"]["sender"] = sender_property()
+    senders = {"SMS": _or_null(SMS_SENDER), "EMAIL": _or_null(EMAIL)}
+    _one_shape_per(schema, [
+        {"channel": {"const": c}, "sender": senders.get(c, {"type": "null"})}
+        for c in ("SMS", "EMAIL", "PUSH", "CHAT", "INAPP")])
+
+
+def user_send_rules(schema: dict[str, Any]) -> None:
+    """``json_schema_extra`` of a send request to a user: the variables' names and sizes,
+    ``scheduled_at`` only for P2 and P3."""
+    props = schema["properties"]
+    _message_fields(props)
+    props["channels"]["uniqueItems"] = True
+    props["channels"]["description"] = ("The channels the message may go out on, the "
+                                        "preferred first; a channel at most once.")
+    schema["anyOf"] = [{"properties": {"tier": {"enum": ["P2", "P3"]}}},
+                       {"properties": {"scheduled_at": {"type": "null"}}}]
+
+
+def send_request_rules(schema: dict[str, Any]) -> None:
+    """``json_schema_extra`` of a send request: the recipient's form per channel (a phone
+    number for SMS, an address for EMAIL, ``{device_token, platform}`` for PUSH),
+    ``scheduled_at`` only for P2 and P3, and the variables' names and sizes."""
+    props = schema["properties"]
+    push = next(s for s in props["recipient"]["anyOf"] if "$ref" in s)
+    props["recipient"] = {"description": "Per channel: an E.164 number (SMS), an email "
+                                         "address (EMAIL), {device_token, platform} (PUSH), "
+                                         "an incoming-webhook URL (CHAT), "
+                                         "inapp:<user id> (INAPP).",
+                          "anyOf": [{"type": "string"}, push]}
+    _message_fields(props)
     props["sender"] = sender_property()
     schema["allOf"] = [
         {"oneOf": [

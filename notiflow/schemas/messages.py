@@ -165,6 +165,27 @@ Recipient = str | PushRecipient
 VariableValue = str | int | float | bool | None
 
 
+def bounded_variables(v: dict[str, VariableValue]) -> dict[str, VariableValue]:
+    """``v`` when it holds at most :data:`MAX_VARIABLES` variables with valid names, strings
+    of at most :data:`MAX_VARIABLE_VALUE` characters and :data:`MAX_VARIABLES_BYTES` in all
+    (names and values as text); ValueError otherwise."""
+    if len(v) > MAX_VARIABLES:
+        raise ValueError(f"at most {MAX_VARIABLES} variables")
+    size = 0
+    for name, value in v.items():
+        if not _VARIABLE_NAME.fullmatch(name):
+            raise ValueError(f"invalid variable name {name!r}")
+        if isinstance(value, str) and len(value) > MAX_VARIABLE_VALUE:
+            raise ValueError(f"variable {name!r} longer than {MAX_VARIABLE_VALUE} chars")
+        size += len(name) + len(str(value))
+    if size > MAX_VARIABLES_BYTES:
+        raise ValueError(f"variables larger than {MAX_VARIABLES_BYTES} bytes")
+    return v
+
+
+Variables = Annotated[dict[str, VariableValue], AfterValidator(bounded_variables)]
+
+
 class SendRequest(Wire):
     """Body of ``POST /v1/messages`` (docs/design.md, "Send request and acceptance")."""
 
@@ -175,7 +196,7 @@ class SendRequest(Wire):
     recipient: Recipient
     template_id: TemplateId
     template_version: int = Field(ge=1, le=1_000_000)
-    variables: dict[str, VariableValue] = Field(default_factory=dict)
+    variables: Variables = Field(default_factory=dict)
     category: Category = Category.TRANSACTIONAL
     expires_at: AwareDatetime | None = None
     scheduled_at: AwareDatetime | None = None
@@ -183,22 +204,6 @@ class SendRequest(Wire):
     status_webhook: HttpUrl | None = None
     sender: ChannelSender = None
     """Who the message comes from (:func:`sender_for`); None: the provider account's own."""
-
-    @field_validator("variables")
-    @classmethod
-    def _variables_bounded(cls, v: dict[str, VariableValue]) -> dict[str, VariableValue]:
-        if len(v) > MAX_VARIABLES:
-            raise ValueError(f"at most {MAX_VARIABLES} variables")
-        size = 0
-        for name, value in v.items():
-            if not _VARIABLE_NAME.fullmatch(name):
-                raise ValueError(f"invalid variable name {name!r}")
-            if isinstance(value, str) and len(value) > MAX_VARIABLE_VALUE:
-                raise ValueError(f"variable {name!r} longer than {MAX_VARIABLE_VALUE} chars")
-            size += len(name) + len(str(value))
-        if size > MAX_VARIABLES_BYTES:
-            raise ValueError(f"variables larger than {MAX_VARIABLES_BYTES} bytes")
-        return v
 
     @field_validator("recipient")
     @classmethod

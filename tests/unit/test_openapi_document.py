@@ -68,13 +68,17 @@ def test_every_error_uses_the_error_body_and_retry_after_where_due(doc: dict[str
 def test_success_answers_have_models_and_links(doc: dict[str, Any]) -> None:
     send = doc["paths"]["/v1/messages"]["post"]
     accepted = send["responses"]["202"]
-    assert accepted["content"]["application/json"]["schema"] == {
-        "$ref": "#/components/schemas/Accepted"}
+    assert accepted["content"]["application/json"]["schema"]["anyOf"] == [
+        {"$ref": "#/components/schemas/Accepted"},
+        {"$ref": "#/components/schemas/UserAccepted"}]
     assert accepted["headers"]["Location"]["required"] is True
     assert accepted["links"]["GetMessage"]["operationId"] == "get_message"
     assert "Idempotency-Key" in {p["name"] for p in send["parameters"]}
     assert send["requestBody"]["content"]["application/json"]["schema"] == {
-        "$ref": "#/components/schemas/SendRequest"}
+        "$ref": "#/components/schemas/MessageRequest"}
+    assert doc["components"]["schemas"]["MessageRequest"]["anyOf"] == [
+        {"$ref": "#/components/schemas/SendRequest"},
+        {"$ref": "#/components/schemas/UserSendRequest"}]
     batch = doc["paths"]["/v1/messages:batch"]["post"]["responses"]["200"]
     assert batch["content"]["application/json"]["schema"] == {
         "$ref": "#/components/schemas/BatchResults"}

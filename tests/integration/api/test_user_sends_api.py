@@ -1,0 +1,157 @@
+"""Sends to a user against the real API: the channel chosen from the user's addresses and
+stored preferences, one ingest record per chosen address, the decision shown by ``GET``,
+idempotent replays, batches and refusals."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+import pytest
+
+from notiflow.adapters.envelope import envelope, load
+from notiflow.schemas.enums import Channel, PushPlatform, Tier
+from notiflow.schemas.messages import PushRecipient
+from notiflow.settings import Settings
+from tests.integration.api.support import find_record, key
+
+pytestmark = pytest.mark.integration
+
+IOS = "e4" * 32
+PHONE, EMAIL = "+33612345678", "ana@example.com"
+TEMPLATES = {"PUSH": "order-shipped-push", "SMS": "order-shipped-sms",
+             "EMAIL": "order-shipped-email"}
+
+
+@pytest.fixture(scope="module")
+def templates(client: httpx.Client, auth: Callable[..., dict[str, str]]) -> None:
+    for channel, template_id in TEMPLATES.items():
+        r = client.post("/v1/templates", headers=auth("acme"), json={
+            "template_id": template_id, "version": 1, "channel": channel,
+            "subject": "Shipped" if channel == "EMAIL" else None,
+            "body": "Order {{ order }} shipped"})
+        assert r.status_code in (200, 201), r.text
+
+
+@pytest.fixture
+def user(client: httpx.Client, auth: Callable[..., dict[str, str]],
+         templates: None) -> str:
+    uid = f"user-{uuid.uuid4().hex[:10]}"
+    r = client.put(f"/v1/users/{uid}", headers=auth("acme"), json={
+        "phones": [PHONE], "emails": [EMAIL], "devices": [{"platform": "ios", "token": IOS}],
+        "in_app": False})
+    assert r.status_code == 201, r.text
+    return uid
+
+
+def send(uid: str, *channels: str, **over: Any) -> dict[str, Any]:
+    return {"recipient": f"user:{uid}", "tier": "P1",
+            "channels": [{"channel": c, "template_id": TEMPLATES[c], "template_version": 1}
+                         for c in channels],
+            "variables": {"order": "A-1"}, **over}
+
+
+def opt_out(client: httpx.Client, auth: Callable[..., dict[str, str]], address: str,
+            channel: str) -> int:
+    r = client.put(f"/v1/recipients/{quote(address, safe='')}/preferences",
+                   headers=auth("acme"),
+                   json={"opt_outs": [{"channel": channel, "category": "transactional"}]})
+    assert r.status_code == 200, r.text
+    return int(r.json()["version"])
+
+
+def test_the_first_channel_that_may_receive_it_gets_it(
+        client: httpx.Client, auth: Callable[..., dict[str, str]], user: str,
+        stack: Settings) -> None:
+    r = client.post("/v1/messages", headers=auth("acme"),
+                    json=send(user, "PUSH", "SMS", "EMAIL"))
+    assert r.status_code == 202, r.text
+    body = r.json()
+    parent = body["message_id"]
+    assert r.headers["Location"] == f"/v1/messages/{parent}"
+    assert (body["status"], body["deliver"]) == ("QUEUED", "first")
+    assert [(m["channel"], m["message_id"]) for m in body["messages"]] == [
+        ("PUSH", f"{parent}-push0")]
+    assert body["messages"][0]["address"].startswith("ios:e4e4")
+    assert IOS not in r.text and PHONE not in r.text
+    assert body["skipped"] == [{"channel": "SMS", "index": None, "reason": "not_needed"},
+                               {"channel": "EMAIL", "index": None, "reason": "not_needed"}]
+    record = find_record(stack, stack.ingest_topic(Channel.PUSH, Tier.P1), f"{parent}-push0")
+    sent = load(record.value() or b"", envelope(stack))
+    assert (sent.recipient, sent.template_id, sent.variables) == (
+        PushRecipient(device_token=IOS, platform=PushPlatform.IOS), TEMPLATES["PUSH"],
+        {"order": "A-1"})
+
+    view = client.get(f"/v1/messages/{parent}", headers=auth("acme"))
+    assert view.status_code == 200, view.text
+    shown = view.json()
+    assert (shown["recipient"], shown["tier"], shown["category"]) == (
+        "user", "P1", "transactional")
+    assert shown["messages"][0]["status"] in ("QUEUED", "PROCESSING", "PROVIDER_ACCEPTED",
+                                              "SENT", "DELIVERED", "FAILED")
+    assert shown["skipped"] == body["skipped"]
+    child = client.get(f"/v1/messages/{parent}-push0", headers=auth("acme"))
+    assert (child.status_code, child.json()["channel"]) == (200, "PUSH")
+    assert client.get(f"/v1/messages/{parent}", headers=auth("globex")).status_code == 404
+
+
+def test_an_opt_out_moves_the_next_message_to_the_next_channel(
+        client: httpx.Client, auth: Callable[..., dict[str, str]], user: str) -> None:
+    version = opt_out(client, auth, f"ios:{IOS}", "PUSH")
+    r = client.post("/v1/messages", headers=auth("acme"),
+                    json=send(user, "PUSH", "SMS", "EMAIL"))
+    assert r.status_code == 202, r.text
+    body = r.json()
+    assert [m["channel"] for m in body["messages"]] == ["SMS"]
+    assert body["skipped"] == [{"channel": "PUSH", "index": 0, "reason": "opted_out"},
+                               {"channel": "EMAIL", "index": None, "reason": "not_needed"}]
+    assert version >= 1
+
+    every = client.post("/v1/messages", headers=auth("acme"),
+                        json=send(user, "PUSH", "SMS", "EMAIL", deliver="every"))
+    assert [m["channel"] for m in every.json()["messages"]] == ["SMS", "EMAIL"]
+
+    opt_out(client, auth, PHONE, "SMS")
+    none = client.post("/v1/messages", headers=auth("acme"), json=send(user, "PUSH", "SMS"))
+    assert none.status_code == 202, none.text
+    assert (none.json()["status"], none.json()["messages"]) == ("SUPPRESSED", [])
+    assert [s["reason"] for s in none.json()["skipped"]] == ["opted_out", "opted_out"]
+    assert client.get(f"/v1/messages/{none.json()['message_id']}",
+                      headers=auth("acme")).json()["status"] == "SUPPRESSED"
+
+
+def test_a_key_replays_the_decision_and_refuses_another_body(
+        client: httpx.Client, auth: Callable[..., dict[str, str]], user: str) -> None:
+    k = key()
+    first = client.post("/v1/messages", headers=auth("acme", k), json=send(user, "SMS"))
+    assert first.status_code == 202, first.text
+    again = client.post("/v1/messages", headers=auth("acme", k), json=send(user, "SMS"))
+    assert (again.status_code, again.json()) == (202, first.json())
+    assert again.headers["Idempotent-Replayed"] == "true"
+    other = client.post("/v1/messages", headers=auth("acme", k), json=send(user, "EMAIL"))
+    assert other.status_code == 409, other.text
+
+
+def test_refusals_name_their_rule(client: httpx.Client,
+                                  auth: Callable[..., dict[str, str]], user: str) -> None:
+    unknown = client.post("/v1/messages", headers=auth("acme"), json=send("nobody-x", "SMS"))
+    assert (unknown.status_code, unknown.json()["reason"]) == (422, "unknown_user")
+    twice = client.post("/v1/messages", headers=auth("acme"), json=send(user, "SMS", "SMS"))
+    assert twice.status_code == 422
+    assert "each channel is listed once" in twice.text
+    other_tenant = client.post("/v1/messages", headers=auth("globex"), json=send(user, "SMS"))
+    assert other_tenant.status_code == 422, other_tenant.text
+
+
+def test_a_batch_item_may_name_a_user(client: httpx.Client,
+                                      auth: Callable[..., dict[str, str]], user: str) -> None:
+    r = client.post("/v1/messages:batch", headers=auth("acme"), json={"messages": [
+        {**send(user, "EMAIL"), "idempotency_key": key()},
+        send("nobody-y", "SMS")]})
+    assert r.status_code == 200, r.text
+    ok, refused = r.json()["results"]
+    assert (ok["code"], [m["channel"] for m in ok["messages"]]) == (202, ["EMAIL"])
+    assert (refused["code"], refused["reason"]) == (422, "unknown_user")
