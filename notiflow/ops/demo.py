@@ -18,8 +18,8 @@ import os
 import random
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Iterator, Sequence
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -187,18 +187,6 @@ async def _send_all(api: str, tokens: dict[str, str], versions: dict[str, int], 
     return Batch(sent, rejected, time.perf_counter() - t0)
 
 
-@asynccontextmanager
-async def _store(settings: Settings) -> AsyncIterator[CassandraStore]:
-    from notiflow.adapters.cassandra.session import connect
-    from notiflow.adapters.cassandra.store import CassandraStore
-
-    cluster, session = await asyncio.to_thread(connect, settings)
-    try:
-        yield CassandraStore(session, settings)
-    finally:
-        cluster.shutdown()
-
-
 async def _wait_terminal(store: CassandraStore, sent: Sequence[Sent], timeout: float
                          ) -> dict[str, Status]:
     """The latest status of every message of ``sent`` that has one, once all are terminal
@@ -290,7 +278,9 @@ async def _traffic(settings: Settings, api: str, fakes: str, tokens: dict[str, s
                    messages: int, console: Console) -> Traffic:
     versions = await _templates(api, tokens)
     sla = settings.policy(Tier.P0).sla
-    async with _store(settings) as store:
+    from notiflow.ops.inspect import opened_store
+
+    async with opened_store(settings) as store:
         warm = await _warm_up(store, api, fakes, tokens, versions, console,
                               sla_ms=sla.total_seconds() * 1000)
         colour = "" if warm.verdict is Verdict.SETTLED else "yellow"

@@ -186,6 +186,18 @@ def bounded_variables(v: dict[str, VariableValue]) -> dict[str, VariableValue]:
 Variables = Annotated[dict[str, VariableValue], AfterValidator(bounded_variables)]
 
 
+def schedule_bounds(tier: Tier, scheduled_at: datetime | None,
+                    expires_at: datetime | None) -> None:
+    """ValueError unless ``scheduled_at`` is unset, or set for P2/P3 and before
+    ``expires_at``."""
+    if scheduled_at is None:
+        return
+    if tier not in (Tier.P2, Tier.P3):
+        raise ValueError("scheduled_at is allowed for P2 and P3 only")
+    if expires_at is not None and scheduled_at >= expires_at:
+        raise ValueError("scheduled_at must be before expires_at")
+
+
 class SendRequest(Wire):
     """Body of ``POST /v1/messages`` (docs/design.md, "Send request and acceptance")."""
 
@@ -228,11 +240,7 @@ class SendRequest(Wire):
 
     @model_validator(mode="after")
     def _schedule_bounds(self) -> SendRequest:
-        if self.scheduled_at is not None:
-            if self.tier not in (Tier.P2, Tier.P3):
-                raise ValueError("scheduled_at is allowed for P2 and P3 only")
-            if self.expires_at is not None and self.scheduled_at >= self.expires_at:
-                raise ValueError("scheduled_at must be before expires_at")
+        schedule_bounds(self.tier, self.scheduled_at, self.expires_at)
         return self
 
     def recipient_key(self) -> str:

@@ -32,6 +32,7 @@ from notiflow.schemas.messages import (
     TemplateId,
     Variables,
     Wire,
+    schedule_bounds,
 )
 from notiflow.schemas.users import USER_ID_PATTERN
 
@@ -97,11 +98,7 @@ class UserSendRequest(Wire):
 
     @model_validator(mode="after")
     def _schedule_bounds(self) -> UserSendRequest:
-        if self.scheduled_at is not None:
-            if self.tier not in (Tier.P2, Tier.P3):
-                raise ValueError("scheduled_at is allowed for P2 and P3 only")
-            if self.expires_at is not None and self.scheduled_at >= self.expires_at:
-                raise ValueError("scheduled_at must be before expires_at")
+        schedule_bounds(self.tier, self.scheduled_at, self.expires_at)
         return self
 
     @property
