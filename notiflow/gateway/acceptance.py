@@ -43,7 +43,7 @@ from notiflow.gateway.runtime import Runtime
 from notiflow.names import Stage
 from notiflow.redact import hasher, mask
 from notiflow.schemas.enums import Tier
-from notiflow.schemas.messages import IngestRecord, SendRequest, new_message_id
+from notiflow.schemas.messages import IngestRecord, SendRequest, UserStamp, new_message_id
 from notiflow.settings import Settings, TenantConfig
 from notiflow.stages import StageTimes
 
@@ -164,21 +164,22 @@ async def resume(rt: Runtime, tenant_id: str, key: str, req_hashes: tuple[str, .
 async def accept(rt: Runtime, tenant: TenantConfig, req: SendRequest, key: str | None,
                  req_hash: str, accepted_at: datetime, expires_at: datetime,
                  trace: str, stages: StageTimes | None = None, *,
-                 message_id: str | None = None) -> Response:
+                 message_id: str | None = None, user: UserStamp | None = None) -> Response:
     """Reserve the key (``reservation.py``), write outbox + message row, publish, mark
     accepted (202).
 
     When the record is definitively not published, everything written is removed again
     and the client gets 503, so a retry with the same key starts afresh. ``stages``
     collects the latency budget of a fresh acceptance (``Server-Timing`` of the 202);
-    ``message_id`` is minted when not given."""
+    ``message_id`` is minted when not given; ``user`` is stamped on the record of a send to
+    a user."""
     times = stages or StageTimes()
     message_id = message_id or new_message_id()
     trace_api.get_current_span().set_attribute(names.ATTR_MESSAGE_ID, message_id)
     internal_key = key or f"{AUTO_KEY_PREFIX}{message_id}"
     record = IngestRecord.stamped(req, tenant_id=tenant.id, message_id=message_id,
                                   idempotency_key=key, accepted_at=accepted_at,
-                                  expires_at=expires_at)
+                                  expires_at=expires_at, user=user)
     payload = dump(record, envelope(rt.settings))
     topic = rt.settings.ingest_topic(req.channel, req.tier)
     store = rt.store()

@@ -45,9 +45,9 @@ from notiflow.gateway.errors import (
 from notiflow.gateway.outbox import traceparent
 from notiflow.gateway.runtime import Runtime, now_ms
 from notiflow.recipient_checks import recipient_problem
-from notiflow.redact import hasher, mask, recipient_hashes
+from notiflow.redact import hasher, mask, recipient_hash, recipient_hashes
 from notiflow.schemas.enums import Category, Channel, Status, Tier
-from notiflow.schemas.messages import derived_message_id, new_message_id
+from notiflow.schemas.messages import UserStamp, derived_message_id, new_message_id
 from notiflow.schemas.preferences import PreferenceState, combined_state
 from notiflow.schemas.status import rank
 from notiflow.schemas.user_sends import (
@@ -98,6 +98,11 @@ def leg_key(key: str | None, channel: Channel, index: int) -> str | None:
     return f"{KEY_PREFIX}{digest}:{channel.value.lower()}{index}"
 
 
+def user_hash(tenant_id: str, user_id: str) -> str:
+    """The keyed hash a user's messages are counted under (caps), never reversible."""
+    return recipient_hash(tenant_id, f"user:{user_id}")
+
+
 def leg_id(message_id: str, channel: Channel, index: int) -> str:
     return f"{message_id}-{channel.value.lower()}{index}"
 
@@ -117,9 +122,9 @@ async def _states(rt: Runtime, tenant_id: str, keys: list[str]
 
 
 async def decide(rt: Runtime, tenant: TenantConfig, req: UserSendRequest
-                 ) -> tuple[Decision, dict[Channel, tuple[str, ...]]]:
-    """The decision for ``req`` and the addresses its picks index (``422 unknown_user``
-    when the tenant has no such user)."""
+                 ) -> tuple[Decision, dict[Channel, tuple[str, ...]], UserStamp]:
+    """The decision for ``req``, the addresses its picks index and the stamp of its
+    messages (``422 unknown_user`` when the tenant has no such user)."""
     user = await rt.users().get(tenant.id, req.user_id)
     if user is None:
         raise unprocessable("unknown_user", f"tenant {tenant.id} has no user {req.user_id}",
@@ -138,7 +143,9 @@ async def decide(rt: Runtime, tenant: TenantConfig, req: UserSendRequest
             return None, 0
         return state.blocks(channel, req.category), state.version  # type: ignore[return-value]
 
-    return choose(wanted, addresses, block, req.deliver, in_app=user.in_app), addresses
+    stamp = UserStamp(user_hash=user_hash(tenant.id, req.user_id), timezone=user.timezone)
+    return (choose(wanted, addresses, block, req.deliver, in_app=user.in_app), addresses,
+            stamp)
 
 
 def _replayed(record: UserSendRecord, hashes: tuple[str, ...]) -> Response:
@@ -176,7 +183,7 @@ async def accept_user_request(rt: Runtime, tenant: TenantConfig, data: Any,
             return _replayed(earlier, hashes)
         for option in options:
             await check_template(rt, tenant, option, req.variables)
-        decision, addresses = await decide(rt, tenant, req)
+        decision, addresses, stamp = await decide(rt, tenant, req)
     except CASSANDRA_DOWN as exc:
         raise store_unavailable(exc) from None
     accepted_at = now_ms()
@@ -193,7 +200,7 @@ async def accept_user_request(rt: Runtime, tenant: TenantConfig, data: Any,
         child = leg_id(message_id, pick.channel, pick.index)
         await accept(rt, tenant, leg, leg_key(key, pick.channel, pick.index),
                      request_hash(leg), accepted_at, expires_at, trace,
-                     message_id=child)
+                     message_id=child, user=stamp)
         legs.append(LegView(channel=pick.channel, address=_shown(pick.channel, address),
                             message_id=child))
     record = UserSendRecord(

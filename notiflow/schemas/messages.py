@@ -251,6 +251,14 @@ class SendRequest(Wire):
         return r.lower() if self.channel is Channel.EMAIL else r
 
 
+class UserStamp(Wire):
+    """The user a message was sent to, as the send flow needs it: a keyed hash of the user
+    id (``redact.recipient_hash`` of ``user:<id>``) and the user's time zone."""
+
+    user_hash: str = Field(min_length=1, max_length=128)
+    timezone: str | None = Field(None, max_length=64)
+
+
 class IngestRecord(SendRequest):
     """Value of an ``ingest.{channel}.{tier}`` record.
 
@@ -291,17 +299,21 @@ class IngestRecord(SendRequest):
     """Set by the send flow on a record with an ``ordering_key``: ``{epoch}:{n}``, the record's
     place among its key's messages (``flows/send/ordering.py``); its retries keep it."""
 
+    user: UserStamp | None = None
+    """Set by the API on a message of a send to a user: caps count per user, and quiet
+    hours use the user's zone when the address has none."""
+
     @classmethod
     def stamped(cls, req: SendRequest, *, tenant_id: str, message_id: str,
                 idempotency_key: str | None, accepted_at: datetime,
-                expires_at: datetime) -> IngestRecord:
+                expires_at: datetime, user: UserStamp | None = None) -> IngestRecord:
         """``req`` (validated already) with the API's stamps, not validated a second time:
         equal to ``model_validate`` of the same fields whenever the stamps are valid (the
         API mints ``message_id`` and ``accepted_at``; the tenant comes from its settings)."""
         fields = dict(req)
         fields.update(tenant_id=tenant_id, message_id=message_id,
                       idempotency_key=idempotency_key, accepted_at=accepted_at,
-                      expires_at=expires_at)
+                      expires_at=expires_at, user=user)
         return cls.model_construct(**fields)
 
     def request(self) -> SendRequest:

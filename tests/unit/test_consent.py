@@ -122,6 +122,20 @@ def test_policy_defers_p3_in_quiet_hours_but_not_p1() -> None:
     assert step(WithPreferences(work(), tokyo)) == [work()]
 
 
+def test_a_users_zone_decides_quiet_hours_when_the_address_has_none() -> None:
+    night = utc(2026, 6, 2, 3, 0)
+    step = PolicyStep(Settings(), lambda: night)
+    email = {"channel": "EMAIL", "recipient": "ana@example.com"}
+    assert step(WithPreferences(work(**email), None)) == [work(**email)]
+    in_new_york = work(**email, user={"user_hash": "u1", "timezone": "America/New_York"})
+    ev, deferred = step(WithPreferences(in_new_york, None))
+    assert ev.reason == "quiet_hours"
+    assert deferred.record.not_before == utc(2026, 6, 2, 12, 0)
+    in_tokyo = work(**email, user={"user_hash": "u1", "timezone": "Asia/Tokyo"})
+    assert step(WithPreferences(in_tokyo, None)) == [in_tokyo]
+    assert step(WithPreferences(in_new_york, state(timezone="Asia/Tokyo"))) == [in_new_york]
+
+
 def test_join_keeps_newest_state_and_pairs_messages() -> None:
     join = PreferenceJoin(None)
     out, discard = join.on_item(Probe(work(), "h"))
@@ -151,6 +165,19 @@ def test_recipient_cap_is_exact_and_counts_each_message_once() -> None:
     assert _admit(caps, s, work(category="otp", message_id="m0"), now) is Verdict.OK
     later = now + timedelta(minutes=10)
     assert _admit(caps, s, work(category="otp", message_id="m9"), later) is Verdict.OK
+
+
+def test_a_users_messages_count_against_one_cap_across_addresses() -> None:
+    now = utc(2026, 1, 1)
+    s = Settings(caps={"marketing": CapRule(limit=2, window=timedelta(days=7))})
+    caps = LocalCaps()
+    user = {"user_hash": "u1"}
+    sends = [work(message_id="m0", user=user),
+             work(message_id="m1", channel="EMAIL", recipient="ana@example.com", user=user),
+             work(message_id="m2", recipient="+12025550199", user=user),
+             work(message_id="m3", recipient="+12025550199")]
+    verdicts = [_admit(caps, s, w, now) for w in sends]
+    assert verdicts == [Verdict.OK, Verdict.OK, Verdict.RECIPIENT, Verdict.OK]
 
 
 def test_cap_memory_follows_the_window_not_every_recipient_seen() -> None:

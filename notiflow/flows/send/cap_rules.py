@@ -33,7 +33,14 @@ rule for its category)."""
 FAIL_CLOSED = frozenset({Category.MARKETING})
 
 __all__ = ["FAIL_CLOSED", "TENANT_MARKER_WINDOW", "CapCheck", "LocalCaps", "Verdict",
-           "cap_check"]
+           "cap_check", "counted_as"]
+
+
+def counted_as(work: Work) -> str:
+    """Whom a message counts against: the user of a send to a user (across all of the
+    user's addresses), else its recipient."""
+    user = work.record.user
+    return f"user:{user.user_hash}" if user is not None else work.recipient_hash
 
 
 def cap_check(work: Work, settings: Settings, now: datetime) -> CapCheck | None:
@@ -45,7 +52,7 @@ def cap_check(work: Work, settings: Settings, now: datetime) -> CapCheck | None:
     if rule is None and daily is None:
         return None
     return CapCheck(
-        recipient_key=f"{r.tenant_id}:{work.recipient_hash}:{r.category.value}",
+        recipient_key=f"{r.tenant_id}:{counted_as(work)}:{r.category.value}",
         member=work.message_id,
         window=settings.scaled(rule.window) if rule is not None else TENANT_MARKER_WINDOW,
         limit=rule.limit if rule is not None else None,

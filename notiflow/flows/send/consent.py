@@ -9,7 +9,9 @@ one hash the pairing is final at once, with several the :class:`Part`\s meet aga
 :class:`GatherParts` (keyed by :func:`part_key`) and are combined by
 :func:`~notiflow.schemas.preferences.combined_state`. ``PolicyStep`` then decides, purely:
 suppressed or opted out → SUPPRESSED; inside the recipient's quiet hours and the tier
-honours them → deferred to the end of the window (held by the timer step).
+honours them → deferred to the end of the window (held by the timer step). The zone is the
+address's own, else the user's (a message of a send to a user), else the one a phone
+number's country implies.
 """
 
 from __future__ import annotations
@@ -215,6 +217,8 @@ class PolicyStep:
         if not self.settings.policy(r.tier).quiet_hours:
             return [w]
         zone = state.timezone if state is not None else None
+        if zone is None and r.user is not None:
+            zone = r.user.timezone
         if zone is None and r.channel is Channel.SMS and isinstance(r.recipient, str):
             zone = phone_timezone(r.recipient)
         if zone is None:

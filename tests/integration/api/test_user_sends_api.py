@@ -42,7 +42,7 @@ def user(client: httpx.Client, auth: Callable[..., dict[str, str]],
     uid = f"user-{uuid.uuid4().hex[:10]}"
     r = client.put(f"/v1/users/{uid}", headers=auth("acme"), json={
         "phones": [PHONE], "emails": [EMAIL], "devices": [{"platform": "ios", "token": IOS}],
-        "in_app": False})
+        "in_app": False, "timezone": "Europe/Paris"})
     assert r.status_code == 201, r.text
     return uid
 
@@ -84,6 +84,8 @@ def test_the_first_channel_that_may_receive_it_gets_it(
     assert (sent.recipient, sent.template_id, sent.variables) == (
         PushRecipient(device_token=IOS, platform=PushPlatform.IOS), TEMPLATES["PUSH"],
         {"order": "A-1"})
+    assert sent.user is not None and sent.user.timezone == "Europe/Paris"
+    assert user not in sent.user.user_hash
 
     view = client.get(f"/v1/messages/{parent}", headers=auth("acme"))
     assert view.status_code == 200, view.text
