@@ -111,7 +111,8 @@ def dev_environment(*, api_port: int, fakes_port: int, time_scale: float = 1.0,
     the API on ``webhook_port`` (default ``api_port``; the bulk lane's API when the lanes run
     apart). The object store's credentials are the local stack's
     (:func:`object_store_credentials`, stack directory from ``extra`` or the environment's
-    ``NOTIFLOW_STACK_DIR``, default ``.stack``). Ingest records must be bound
+    ``NOTIFLOW_STACK_DIR``, default ``.stack``). Unsubscribe links point at the API on
+    ``webhook_port`` (the lane serving them). Ingest records must be bound
     (``notiflow/ingest_binding.py``): a fresh platform key, and a fresh ``ingest_keys`` entry
     per tenant for direct producers."""
     stack_dir = Path((extra or {}).get("NOTIFLOW_STACK_DIR")
@@ -138,6 +139,8 @@ def dev_environment(*, api_port: int, fakes_port: int, time_scale: float = 1.0,
             os.urandom(32)).rstrip(b"=").decode(),
         **object_store_credentials(stack_dir),
         "NOTIFLOW_TIME_SCALE": str(time_scale),
+        "NOTIFLOW_UNSUBSCRIBE__BASE_URL": f"http://127.0.0.1:{hooks}",
+        "NOTIFLOW_UNSUBSCRIBE__MAILTO": "unsubscribe@notiflow.example",
         **provider_environment(Settings, DevEndpoints.loopback(
             fakes_port=fakes_port, webhook_port=hooks, apns_port=apns_port, tls_dir=tls_dir)),
         **LOOPBACK_EGRESS,

@@ -26,8 +26,10 @@ from typing import Any, Protocol
 from notiflow.adapters.cassandra.recipients import RecipientStore, StateContention
 from notiflow.adapters.kafka_io import DeliveryFailed, OutRecord
 from notiflow.adapters.outages import OUTAGE
+from notiflow.schemas.enums import Category, Channel
 from notiflow.schemas.messages import SCHEMA_VERSION
 from notiflow.schemas.preferences import (
+    OptOut,
     PreferenceState,
     PreferencesUpdate,
     Suppression,
@@ -91,6 +93,23 @@ class PreferenceStore:
         state, _ = await self.store.change_state(tenant_id, recipient_hash, change, now)
         if state is None:
             raise RuntimeError("preferences update produced no state")
+        await self.publish(state)
+        return state
+
+    async def opt_out(self, tenant_id: str, recipient_hash: str, channel: Channel,
+                      category: Category, now: datetime | None = None) -> PreferenceState:
+        """Add an opt-out of ``category`` on ``channel`` unless one already covers it (then
+        nothing is written); returns the stored state after it was published (again, when
+        unchanged: a publish that failed earlier is repaired)."""
+        def change(st: PreferenceState) -> PreferenceState | None:
+            if any(o.matches(channel, category) for o in st.opt_outs):
+                return None
+            added = OptOut(channel=channel, category=category)
+            return st.model_copy(update={"opt_outs": (*st.opt_outs, added)})
+
+        state, _ = await self.store.change_state(tenant_id, recipient_hash, change, now)
+        if state is None:
+            raise RuntimeError("an opt-out produced no state")
         await self.publish(state)
         return state
 

@@ -44,6 +44,7 @@ from notiflow.gateway import (
     recipients,
     schedules,
     templates,
+    unsubscribe,
     users,
 )
 from notiflow.gateway.access_log import AccessLog, route_template
@@ -189,6 +190,7 @@ def build_app(settings: Settings) -> FastAPI:
     app.include_router(schedules.router)
     app.include_router(campaigns.router)
     if settings.api_lane != "priority":
+        app.include_router(unsubscribe.router)
         for routes in receipt_routes(settings):
             app.include_router(routes.router)
 

@@ -33,7 +33,7 @@ from notiflow.settings.providers import (
     WebhookPrefixes,
     insecure_endpoint,
 )
-from notiflow.settings.rendering import RenderLimits
+from notiflow.settings.rendering import RenderLimits, Unsubscribe
 from notiflow.settings.security import EgressSettings, IngestBinding, IngestEncryption, JwtAuth
 from notiflow.settings.serving import (
     ApiRedisTimeout,
@@ -119,6 +119,7 @@ __all__ = [
     "TenantConfig",
     "TierPolicy",
     "TlsFiles",
+    "Unsubscribe",
     "WebhookPrefixes",
     "YieldRule",
     "insecure_endpoint",

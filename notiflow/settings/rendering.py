@@ -27,3 +27,18 @@ class RenderLimits(_Frozen):
     """Loop iterations per render, all loops together."""
     max_depth: int = Field(20, ge=1, le=100)
     """Nested calls (macros, ``caller()``, recursive loops)."""
+
+
+class Unsubscribe(_Frozen):
+    """One-click unsubscribe (RFC 8058) of bulk email (``NOTIFLOW_UNSUBSCRIBE__*``): where
+    the links of ``List-Unsubscribe`` point, and how long a link works."""
+
+    base_url: str | None = Field(None, pattern=r"^https?://[^\s/?#]+(/[^\s?#]*)?$")
+    """The public URL of the Messaging API (``https://notify.example.com``); the links are
+    ``{base_url}/unsubscribe/{token}``. Unset: no email carries the headers (mailbox
+    providers require them of bulk senders: set it in production)."""
+    mailto: str | None = Field(None, pattern=r"^[^@\s<>]+@[^@\s<>]+$")
+    """An address whose mail the operator treats as an unsubscribe request, listed as the
+    ``mailto:`` link (RFC 2369) beside the https one; the token is its subject."""
+    max_age: timedelta = Field(timedelta(days=400), gt=timedelta(0))
+    """How long after the email was sent its link still unsubscribes."""

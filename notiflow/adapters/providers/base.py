@@ -50,6 +50,8 @@ class OutboundMessage:
     accepted_at: datetime | None = None
     """When the platform accepted the message (an inbox item's time)."""
     category: str | None = None
+    headers: tuple[tuple[str, str], ...] = ()
+    """Extra email headers, in order (``List-Unsubscribe``, ``List-Unsubscribe-Post``)."""
 
     @property
     def idempotency_key(self) -> str:

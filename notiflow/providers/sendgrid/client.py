@@ -92,7 +92,8 @@ class SendGridEmail(HttpProvider[SendGridSettings]):
 
     def payload(self, message: OutboundMessage) -> dict[str, Any]:
         """The Mail Send body SendGrid receives for ``message`` (``subject`` omitted when the
-        message has none: SendGrid then rejects it as invalid content)."""
+        message has none: SendGrid then rejects it as invalid content; the message's extra
+        headers as ``headers``)."""
         body: dict[str, Any] = {
             "personalizations": [{"to": [{"email": str(message.recipient)}]}],
             "from": self._from_of(message),
@@ -104,6 +105,8 @@ class SendGridEmail(HttpProvider[SendGridSettings]):
             body["custom_args"]["traceparent"] = trace
         if message.subject is not None:
             body["subject"] = message.subject
+        if message.headers:
+            body["headers"] = dict(message.headers)
         return body
 
     def _from_of(self, message: OutboundMessage) -> dict[str, str]:

@@ -238,6 +238,12 @@ def _domain(address: str) -> str:
     return address.rpartition("@")[2].lower()
 
 
+RESERVED_HEADERS: Final = frozenset({
+    "x-sg-id", "x-sg-eid", "received", "dkim-signature", "content-type",
+    "content-transfer-encoding", "to", "from", "subject", "reply-to", "cc", "bcc"})
+"""Headers a Mail Send body may not set (SendGrid's reserved headers)."""
+
+
 def _validate(payload: Any) -> list[tuple[str, str | None]]:
     """SendGrid's 400 errors for a Mail Send body (empty when valid)."""
     if not isinstance(payload, dict):
@@ -301,6 +307,13 @@ def _validate(payload: Any) -> list[tuple[str, str | None]]:
             if not isinstance(value, str) or not value:
                 errors.append(("The content value must be a string at least one character "
                                "in length.", f"content.{i}.value"))
+    headers = payload.get("headers")
+    if headers is not None and (
+            not isinstance(headers, dict)
+            or not all(isinstance(v, str) for v in headers.values())
+            or any(str(k).lower() in RESERVED_HEADERS for k in headers)):
+        errors.append(("Headers must be an object of string values, none of them a reserved "
+                       "header.", "headers"))
     args = payload.get("custom_args")
     if args is not None and (not isinstance(args, dict)
                              or not all(isinstance(v, str) for v in args.values())):

@@ -66,10 +66,13 @@ def signed_headers(creds: Credentials, region: str, url: str, body: bytes) -> di
 def send_email_body(config: SesSettings, message: OutboundMessage,
                     trace: str | None = None) -> dict[str, Any]:
     """The ``SendEmail`` body of ``message`` (``Subject`` omitted when the message has none:
-    SES then refuses it as a bad request); the message's own sender, else the account's."""
+    SES then refuses it as a bad request); the message's own sender, else the account's;
+    its extra headers as ``Content.Simple.Headers``."""
     simple: dict[str, Any] = {"Body": {"Text": {"Data": message.body, "Charset": "UTF-8"}}}
     if message.subject is not None:
         simple["Subject"] = {"Data": message.subject, "Charset": "UTF-8"}
+    if message.headers:
+        simple["Headers"] = [{"Name": name, "Value": value} for name, value in message.headers]
     tags = [{"Name": "message_id", "Value": message.message_id},
             {"Name": "attempt", "Value": str(message.attempt)}]
     if trace:

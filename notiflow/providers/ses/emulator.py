@@ -164,6 +164,14 @@ def _parse(payload: Any) -> tuple[str | None, str | None, str | None, str | None
             {k: v for k, v in tags.items() if isinstance(k, str) and isinstance(v, str)})
 
 
+def _valid_headers(headers: Any) -> bool:
+    """SES's rule for ``Content.Simple.Headers`` (``MessageHeader`` list)."""
+    return isinstance(headers, list) and len(headers) <= 15 and all(
+        isinstance(h, dict) and isinstance(h.get("Name"), str)
+        and isinstance(h.get("Value"), str) and 1 <= len(h["Name"]) <= 126
+        and 1 <= len(h["Value"]) <= 870 for h in headers)
+
+
 def _check(payload: Any, from_: str | None, to: str | None, subject: str | None,
            body: str | None) -> None:
     """Raise :class:`Refused` for a body SES would refuse."""
@@ -175,6 +183,10 @@ def _check(payload: Any, from_: str | None, to: str | None, subject: str | None,
         raise Refused(400, "BadRequestException", "Missing final '@domain'")
     if subject is None or body is None:
         raise Refused(400, "BadRequestException", "Simple content needs a Subject and a Body")
+    headers = ((payload.get("Content") or {}).get("Simple") or {}).get("Headers")
+    if headers is not None and not _valid_headers(headers):
+        raise Refused(400, "BadRequestException", "Headers must be at most 15 objects of a "
+                      "Name (1-126 characters) and a Value (1-870 characters)")
     if from_.rpartition("@")[2].lower() in UNVERIFIED_DOMAINS:
         raise Refused(400, "MessageRejected", "Email address is not verified. The following "
                       f"identities failed the check in region US-EAST-1: {from_}")

@@ -1,8 +1,9 @@
 """The MIME message of one SMTP attempt and its correlation headers: ``From``, ``To``,
 ``Subject``, ``Date``, ``Message-ID: <{message_id}.{attempt}@notiflow>``,
-``X-Notiflow-Message-Id`` and ``X-Notiflow-Attempt``, a quoted-printable ``text/plain;
-charset=utf-8`` body (:func:`wire_bytes`), and the ``ENVID`` xtext. The DSN parser
-(``receipts``) reads the same headers back."""
+``X-Notiflow-Message-Id`` and ``X-Notiflow-Attempt``, then the message's extra headers
+(``List-Unsubscribe``), a quoted-printable ``text/plain; charset=utf-8`` body
+(:func:`wire_bytes`), and the ``ENVID`` xtext. The DSN parser (``receipts``) reads the same
+headers back."""
 
 from __future__ import annotations
 
@@ -69,7 +70,7 @@ def build_message(message: OutboundMessage, *, sender: str, now: datetime) -> Ma
     headers += [("Date", format_datetime(now)),
                 ("Message-ID", message_id_header(message.message_id, message.attempt)),
                 (MESSAGE_ID_HEADER, message.message_id),
-                (ATTEMPT_HEADER, str(message.attempt))]
+                (ATTEMPT_HEADER, str(message.attempt)), *message.headers]
     for name, value in headers:
         if "\r" in value or "\n" in value:
             raise ValueError(f"{name} header holds a line break")

@@ -17,12 +17,14 @@ from notiflow.adapters.ports import Health, SendPorts
 from notiflow.adapters.pressure import LatencyWindow
 from notiflow.adapters.redis_health import HOLD_S, RedisGuard, RedisHealth
 from notiflow.adapters.retrying import until_up
+from notiflow.correlation import CorrelationKeys
 from notiflow.flows.common.items import Work
 from notiflow.flows.common.steps import Clock, dead_letter, scaled_lease_ttl, status_event
 from notiflow.flows.send.cap_rules import LocalCaps
 from notiflow.schemas.enums import Status, Tier
 from notiflow.schemas.messages import AttemptRecord, DlqRecord, StatusEvent
 from notiflow.settings import Settings, TierPolicy
+from notiflow.unsubscribe import UnsubscribeKeys
 
 log = logging.getLogger("notiflow.flows.dispatch")
 T = TypeVar("T")
@@ -61,10 +63,15 @@ class SendContext:
     """The dedup calls' rule over :attr:`redis_health`: off Redis after it did not answer,
     back by one probing call at a time once the health's hold is over."""
     webhook_prefixes: dict[str, tuple[str, ...]] = field(init=False)
+    unsubscribe_keys: UnsubscribeKeys | None = field(init=False)
+    """The keys of the one-click unsubscribe links; None without ``unsubscribe.base_url``."""
     _ports: SendPorts | None = None
 
     def __post_init__(self) -> None:
         self.webhook_prefixes = self.settings.webhook_prefixes()
+        self.unsubscribe_keys = (
+            UnsubscribeKeys.of(CorrelationKeys.from_settings(self.settings))
+            if self.settings.unsubscribe.base_url is not None else None)
         self.local_caps = LocalCaps(share=self.workers)
         self.own_health = RedisHealth(REDIS_RECHECK.total_seconds(),
                                       clock=lambda: self.clock().timestamp())

@@ -11,7 +11,8 @@ import asyncio
 import concurrent.futures
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from datetime import datetime
 
 from cachetools import LRUCache
 
@@ -25,6 +26,7 @@ from notiflow.flows.send.stages.send_batch import Batch, attempt_key
 from notiflow.schemas.enums import Channel, Status
 from notiflow.settings import RenderLimits
 from notiflow.templating import MissingVariable, OverBudget, RenderError, render
+from notiflow.unsubscribe import Unsubscription, list_unsubscribe, wants_unsubscribe
 
 log = logging.getLogger("notiflow.flows.sending.render")
 
@@ -105,6 +107,19 @@ def render_all(jobs: list[Job],
     return out
 
 
+def with_unsubscribe(ctx: SendContext, w: Work, message: OutboundMessage,
+                     now: datetime) -> OutboundMessage:
+    """``message`` with the one-click unsubscribe headers when it is an email that needs
+    them (``notiflow/unsubscribe.py``) and the deployment has a public URL for the links."""
+    r, keys, rule = w.record, ctx.unsubscribe_keys, ctx.settings.unsubscribe
+    if keys is None or rule.base_url is None or not wants_unsubscribe(r.channel, r.tier,
+                                                                      r.category):
+        return message
+    token = keys.issue(Unsubscription(r.tenant_id, w.recipient_hash, r.category, now))
+    return replace(message, headers=(*message.headers,
+                                     *list_unsubscribe(token, rule.base_url, rule.mailto)))
+
+
 def template_key(w: Work) -> TemplateKey:
     r = w.record
     return (r.tenant_id, r.template_id, r.template_version)
@@ -138,7 +153,7 @@ class Render:
                     w, Status.FAILED, batch.now, reason=out),
                     batch.content_keys.get(attempt_key(w))))
             else:
-                batch.rendered[attempt_key(w)] = out
+                batch.rendered[attempt_key(w)] = with_unsubscribe(ctx, w, out, batch.now)
 
     async def _fetch(self, works: list[Work],
                      ctx: SendContext) -> dict[TemplateKey, TemplateRow]:
