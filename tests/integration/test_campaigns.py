@@ -284,7 +284,9 @@ def test_state_changes_reach_the_campaign_webhook_signed(
         stack: Settings, mkt: httpx.Client, send_p3: ManagedProcess,
         expanders: dict[str, ManagedProcess]) -> None:
     """scheduled → running → paused → running → completed (in ``occurred_at`` order: several
-    expanders deliver notices concurrently), each POSTed once to the campaign's webhook,
+    expanders deliver notices concurrently; the resume waits for the pause's notice, as a
+    pause and a resume a millisecond apart may carry the same time), each POSTed once to
+    the campaign's webhook,
     signed with the tenant's secrets: the ``standardwebhooks`` library (a third party)
     verifies every one."""
     from standardwebhooks.webhooks import Webhook
@@ -299,6 +301,8 @@ def test_state_changes_reach_the_campaign_webhook_signed(
         cid = create(mkt, uri, max_rate=200, webhook=rx.url())["campaign_id"]
         campaign_when(mkt, cid, lambda c: c["counts"]["expanded"] >= 500, timeout=60)
         assert mkt.post(f"/v1/campaigns/{cid}/pause").json()["state"] == "paused"
+        wait_for(lambda: "paused" in {h.body["data"]["state"] for h in rx.delivered()},
+                 timeout=30, interval=0.1, what="the pause announced before the resume")
         assert mkt.post(f"/v1/campaigns/{cid}/resume").json()["state"] == "running"
         campaign_when(mkt, cid, lambda c: c["state"] == "completed", timeout=120)
         wait_for(lambda: len(rx.delivered()) >= 5, timeout=30, interval=0.5,
