@@ -48,7 +48,7 @@ from notiflow.recipient_checks import recipient_problem
 from notiflow.redact import hasher, mask, recipient_hash, recipient_hashes
 from notiflow.schemas.enums import Category, Channel, Status, Tier
 from notiflow.schemas.messages import UserStamp, derived_message_id, new_message_id
-from notiflow.schemas.preferences import PreferenceState, combined_state
+from notiflow.schemas.preferences import PreferenceState, combined_state, state_key
 from notiflow.schemas.status import rank
 from notiflow.schemas.user_sends import (
     ChannelOption,
@@ -117,7 +117,7 @@ async def _states(rt: Runtime, tenant_id: str, keys: list[str]
     wanted = {k: recipient_hashes(tenant_id, k) for k in keys}
     found = await rt.preferences().get_states(
         (tenant_id, h) for hashes in wanted.values() for h in hashes)
-    return {k: combined_state([found.get(f"{tenant_id}:{h}") for h in hashes])
+    return {k: combined_state([found.get(state_key(tenant_id, h)) for h in hashes])
             for k, hashes in wanted.items()}
 
 
