@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import random
+import secrets
 import time
+import uuid
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
@@ -29,6 +32,22 @@ from tests.fakes import ManualClock
 T = TypeVar("T")
 SUCCESS = frozenset({"PROVIDER_ACCEPTED", "SENT", "DELIVERED"})
 """Statuses that mean the provider took the message (receipts move it past acceptance)."""
+
+
+def fresh_phone() -> str:
+    """A valid US number no other test uses: a test that opts an address out must own it,
+    because the stack, its tenants and their preferences are shared by the whole session."""
+    return f"+1415{random.randint(2, 9)}{random.randint(0, 999_999):06d}"
+
+
+def fresh_email() -> str:
+    """An address no other test uses (see :func:`fresh_phone`)."""
+    return f"user.{uuid.uuid4().hex[:12]}@example.com"
+
+
+def fresh_ios_token() -> str:
+    """An APNs device token no other test uses."""
+    return secrets.token_hex(32)
 
 
 def wait_for(fn: Callable[[], T | None], timeout: float = 60.0, interval: float = 0.25,

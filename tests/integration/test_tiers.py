@@ -19,7 +19,7 @@ from cassandra.cluster import Session
 from notiflow.adapters.kafka_io import OutRecord
 from notiflow.ops.procs import ManagedProcess
 from notiflow.schemas.enums import Tier
-from tests.helpers import hold, message_row, produce, received_at, report, wait_for
+from tests.helpers import fresh_phone, hold, message_row, produce, received_at, report, wait_for
 from tests.integration.conftest import RedisServer, ready
 from tests.integration.test_pipeline import ids_of
 
@@ -173,7 +173,7 @@ def test_slow_sms_does_not_stall_email_and_push(isolated, tokens: dict[str, str]
 def test_acknowledged_opt_out_applies_to_the_next_marketing_message(
         api: str, tokens: dict[str, str], otp_template: dict[str, int],
         send_p3: ManagedProcess, cql: Session) -> None:
-    who = f"+1312555{uuid.uuid4().int % 10_000:04d}"
+    who = fresh_phone()
     t = tokens["acme"]
     r = httpx.put(f"{api}/v1/recipients/{who}/preferences", headers=bearer(t), json={
         "opt_outs": [{"channel": "SMS", "category": "marketing"}]})

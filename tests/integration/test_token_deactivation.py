@@ -15,7 +15,7 @@ import pytest
 from cassandra.cluster import Session
 
 from notiflow.ops.procs import ManagedProcess
-from tests.helpers import emulator_records, message_row, wait_for
+from tests.helpers import emulator_records, fresh_phone, message_row, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -71,7 +71,7 @@ def test_a_dead_push_token_is_deactivated_and_its_next_message_suppressed(
         api: str, tokens: dict[str, str], versions: dict[str, int], send_p1: ManagedProcess,
         cql: Session, fakes: str, platform: str, token: str, provider: str) -> None:
     acme = tokens["acme"]
-    owner = quote(f"+1415555{uuid.uuid4().int % 10_000:04d}", safe="")
+    owner = quote(fresh_phone(), safe="")
     device = f"{api}/v1/recipients/{owner}/devices/{token}"
     put = httpx.put(device, headers=bearer(acme), json={"platform": platform})
     assert put.status_code == 200, put.text

@@ -28,7 +28,14 @@ from notiflow.schemas.enums import Tier
 from notiflow.schemas.messages import SendRequest
 from notiflow.schemas.preferences import PreferenceState, state_key
 from notiflow.settings import Settings
-from tests.helpers import read_topic, wait_for, wait_until
+from tests.helpers import (
+    fresh_email,
+    fresh_ios_token,
+    fresh_phone,
+    read_topic,
+    wait_for,
+    wait_until,
+)
 from tests.integration.api.support import TEMPLATE, key, sms, start_api
 
 pytestmark = pytest.mark.integration
@@ -87,18 +94,6 @@ def tight_api(log_dir: Path, limited_token: str, stack: Settings,
         proc.stop()
 
 
-def new_phone() -> str:
-    return f"+1415555{uuid.uuid4().int % 10_000:04d}"
-
-
-def new_email() -> str:
-    return f"user.{uuid.uuid4().hex[:10]}@example.com"
-
-
-def ios_token() -> str:
-    return secrets.token_hex(32)
-
-
 def prefs_url(recipient: str) -> str:
     return f"/v1/recipients/{quote(recipient, safe='')}/preferences"
 
@@ -131,7 +126,7 @@ OPT_OUTS = [{"channel": "SMS", "category": "marketing"}, {"channel": "*", "categ
 
 def test_preferences_round_trip(client: httpx.Client, auth: Callable[..., dict[str, str]],
                                 cql: Session, settings: Settings) -> None:
-    phone = new_phone()
+    phone = fresh_phone()
     rhash = recipient_hash("acme", phone)
     assert client.get(prefs_url(phone), headers=auth("acme")).status_code == 404
 
@@ -171,7 +166,7 @@ def test_preferences_round_trip(client: httpx.Client, auth: Callable[..., dict[s
 
 def test_recipient_forms_hash_like_send_requests(client: httpx.Client,
                                                  auth: Callable[..., dict[str, str]]) -> None:
-    email = new_email()
+    email = fresh_email()
     mixed = email.replace("user", "User").replace("example.com", "EXAMPLE.com")
     r = client.put(prefs_url(mixed), headers=auth("acme"), json={})
     assert r.status_code == 200, r.text
@@ -180,14 +175,14 @@ def test_recipient_forms_hash_like_send_requests(client: httpx.Client,
     assert r.json()["recipient_hash"] == recipient_hash("acme", req.recipient_key())
     assert client.get(prefs_url(email), headers=auth("acme")).json()["version"] == 1
 
-    token = ios_token()
+    token = fresh_ios_token()
     push = f"ios:{token}"
     r = client.put(prefs_url(push), headers=auth("acme"), json={"opt_outs": [{}]})
     assert r.status_code == 200, r.text
     assert r.json()["recipient_hash"] == recipient_hash("acme", push)
     assert token not in r.text
 
-    phone = new_phone()
+    phone = fresh_phone()
     encoded = client.put(f"/v1/recipients/%2B{phone[1:]}/preferences", headers=auth("acme"),
                          json={})
     assert encoded.json()["recipient_hash"] == recipient_hash("acme", phone)
@@ -195,7 +190,7 @@ def test_recipient_forms_hash_like_send_requests(client: httpx.Client,
 
 def test_preference_rejections(client: httpx.Client,
                                auth: Callable[..., dict[str, str]]) -> None:
-    phone = new_phone()
+    phone = fresh_phone()
     r = client.put(prefs_url(phone), headers=auth("acme"), json={"timezone": "Mars/Olympus"})
     assert r.status_code == 422
     assert r.json()["reason"] == "invalid_body"
@@ -224,7 +219,7 @@ def test_preference_rejections(client: httpx.Client,
 
 def test_preferences_are_tenant_scoped(client: httpx.Client,
                                        auth: Callable[..., dict[str, str]]) -> None:
-    phone = new_phone()
+    phone = fresh_phone()
     a = client.put(prefs_url(phone), headers=auth("acme"), json={"timezone": "Europe/Paris"})
     assert a.status_code == 200
     assert client.get(prefs_url(phone), headers=auth("globex")).status_code == 404
@@ -239,7 +234,7 @@ def test_preferences_are_tenant_scoped(client: httpx.Client,
 
 async def test_concurrent_updates_get_distinct_versions(
         api: str, auth: Callable[..., dict[str, str]], cql: Session) -> None:
-    phone = new_phone()
+    phone = fresh_phone()
     zones = ["Europe/Zurich", "Europe/Paris", "Asia/Tokyo", "America/New_York", "UTC"]
     async with httpx.AsyncClient(base_url=api, timeout=30.0) as c:
         replies = await asyncio.gather(*(
@@ -263,8 +258,8 @@ async def test_concurrent_updates_get_distinct_versions(
 def test_device_delete_suppresses_and_put_reactivates(
         client: httpx.Client, auth: Callable[..., dict[str, str]], cql: Session,
         settings: Settings) -> None:
-    owner = new_email()
-    token = ios_token()
+    owner = fresh_email()
+    token = fresh_ios_token()
     push_hash = recipient_hash("acme", f"ios:{token}")
     owner_hash = recipient_hash("acme", owner)
 
@@ -317,8 +312,8 @@ def test_device_delete_suppresses_and_put_reactivates(
 
 def test_device_rejections_and_scoping(client: httpx.Client,
                                        auth: Callable[..., dict[str, str]]) -> None:
-    owner = new_phone()
-    token = ios_token()
+    owner = fresh_phone()
+    token = fresh_ios_token()
     assert client.delete(device_url(owner, token), headers=auth("acme")).status_code == 404
 
     r = client.put(device_url(owner, token), headers=auth("acme"), json={"platform": "fax"})

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import quote
 
 import httpx
@@ -16,12 +16,11 @@ from notiflow.adapters.envelope import envelope, load
 from notiflow.schemas.enums import Channel, PushPlatform, Tier
 from notiflow.schemas.messages import PushRecipient
 from notiflow.settings import Settings
+from tests.helpers import fresh_email, fresh_ios_token, fresh_phone
 from tests.integration.api.support import find_record, key
 
 pytestmark = pytest.mark.integration
 
-IOS = "e4" * 32
-PHONE, EMAIL = "+33612345678", "ana@example.com"
 TEMPLATES = {"PUSH": "order-shipped-push", "SMS": "order-shipped-sms",
              "EMAIL": "order-shipped-email"}
 
@@ -36,15 +35,31 @@ def templates(client: httpx.Client, auth: Callable[..., dict[str, str]]) -> None
         assert r.status_code in (200, 201), r.text
 
 
+class Person(NamedTuple):
+    """A user of tenant ``acme`` with addresses of its own (tests opt them out)."""
+
+    uid: str
+    phone: str
+    email: str
+    ios: str
+
+
 @pytest.fixture
-def user(client: httpx.Client, auth: Callable[..., dict[str, str]],
-         templates: None) -> str:
-    uid = f"user-{uuid.uuid4().hex[:10]}"
-    r = client.put(f"/v1/users/{uid}", headers=auth("acme"), json={
-        "phones": [PHONE], "emails": [EMAIL], "devices": [{"platform": "ios", "token": IOS}],
+def person(client: httpx.Client, auth: Callable[..., dict[str, str]],
+           templates: None) -> Person:
+    who = Person(f"user-{uuid.uuid4().hex[:10]}", fresh_phone(), fresh_email(),
+                 fresh_ios_token())
+    r = client.put(f"/v1/users/{who.uid}", headers=auth("acme"), json={
+        "phones": [who.phone], "emails": [who.email],
+        "devices": [{"platform": "ios", "token": who.ios}],
         "in_app": False, "timezone": "Europe/Paris"})
     assert r.status_code == 201, r.text
-    return uid
+    return who
+
+
+@pytest.fixture
+def user(person: Person) -> str:
+    return person.uid
 
 
 def send(uid: str, *channels: str, **over: Any) -> dict[str, Any]:
@@ -64,8 +79,9 @@ def opt_out(client: httpx.Client, auth: Callable[..., dict[str, str]], address: 
 
 
 def test_the_first_channel_that_may_receive_it_gets_it(
-        client: httpx.Client, auth: Callable[..., dict[str, str]], user: str,
+        client: httpx.Client, auth: Callable[..., dict[str, str]], person: Person,
         stack: Settings) -> None:
+    user = person.uid
     r = client.post("/v1/messages", headers=auth("acme"),
                     json=send(user, "PUSH", "SMS", "EMAIL"))
     assert r.status_code == 202, r.text
@@ -75,14 +91,14 @@ def test_the_first_channel_that_may_receive_it_gets_it(
     assert (body["status"], body["deliver"]) == ("QUEUED", "first")
     assert [(m["channel"], m["message_id"]) for m in body["messages"]] == [
         ("PUSH", f"{parent}-push0")]
-    assert body["messages"][0]["address"].startswith("ios:e4e4")
-    assert IOS not in r.text and PHONE not in r.text
+    assert body["messages"][0]["address"].startswith(f"ios:{person.ios[:4]}")
+    assert person.ios not in r.text and person.phone not in r.text
     assert body["skipped"] == [{"channel": "SMS", "index": None, "reason": "not_needed"},
                                {"channel": "EMAIL", "index": None, "reason": "not_needed"}]
     record = find_record(stack, stack.ingest_topic(Channel.PUSH, Tier.P1), f"{parent}-push0")
     sent = load(record.value() or b"", envelope(stack))
     assert (sent.recipient, sent.template_id, sent.variables) == (
-        PushRecipient(device_token=IOS, platform=PushPlatform.IOS), TEMPLATES["PUSH"],
+        PushRecipient(device_token=person.ios, platform=PushPlatform.IOS), TEMPLATES["PUSH"],
         {"order": "A-1"})
     assert sent.user is not None and sent.user.timezone == "Europe/Paris"
     assert user not in sent.user.user_hash
@@ -101,8 +117,9 @@ def test_the_first_channel_that_may_receive_it_gets_it(
 
 
 def test_an_opt_out_moves_the_next_message_to_the_next_channel(
-        client: httpx.Client, auth: Callable[..., dict[str, str]], user: str) -> None:
-    version = opt_out(client, auth, f"ios:{IOS}", "PUSH")
+        client: httpx.Client, auth: Callable[..., dict[str, str]], person: Person) -> None:
+    user = person.uid
+    version = opt_out(client, auth, f"ios:{person.ios}", "PUSH")
     r = client.post("/v1/messages", headers=auth("acme"),
                     json=send(user, "PUSH", "SMS", "EMAIL"))
     assert r.status_code == 202, r.text
@@ -116,7 +133,7 @@ def test_an_opt_out_moves_the_next_message_to_the_next_channel(
                         json=send(user, "PUSH", "SMS", "EMAIL", deliver="every"))
     assert [m["channel"] for m in every.json()["messages"]] == ["SMS", "EMAIL"]
 
-    opt_out(client, auth, PHONE, "SMS")
+    opt_out(client, auth, person.phone, "SMS")
     none = client.post("/v1/messages", headers=auth("acme"), json=send(user, "PUSH", "SMS"))
     assert none.status_code == 202, none.text
     assert (none.json()["status"], none.json()["messages"]) == ("SUPPRESSED", [])
