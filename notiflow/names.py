@@ -332,6 +332,12 @@ RECEIPTS_FORGED = Metric(
 through another provider or under another provider message id (reason: provider,
 provider_message_id, message_id, attempt); attributes provider, reason."""
 
+SMS_KEYWORDS = Metric(
+    "notiflow.sms.keywords", C, "{message}", ("provider", "keyword"),
+    "inbound texts taken from a provider, by the keyword they are")
+"""Counter {message}: texts people sent to the platform's numbers (keyword: STOP, START,
+HELP, or none for any other text); attributes provider, keyword."""
+
 # --- providers, limits and breakers ----------------------------------------------------------
 
 PROVIDER_REQUEST_DURATION = Metric(

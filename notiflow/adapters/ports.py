@@ -160,6 +160,16 @@ class Preferences(Protocol):
                                older: Sequence[str] = ()) -> Any: ...
 
 
+class SmsConsent(Protocol):
+    """A phone number's SMS consent as an inbound keyword changes it (``PreferenceStore``)."""
+
+    async def suppress(self, tenant_id: str, recipient_hash: str,
+                       reason: Suppression) -> Any: ...
+
+    async def unsuppress(self, tenant_id: str, recipient_hash: str, *,
+                         only: Suppression | None = None) -> Any: ...
+
+
 UserChange = Callable[[UserProfile | None], UserProfile | None]
 """Given the stored profile (None for a new user), the wanted profile, or None when nothing
 changes."""

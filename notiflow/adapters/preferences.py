@@ -136,10 +136,11 @@ class PreferenceStore:
         return state
 
     async def unsuppress(self, tenant_id: str, recipient_hash: str,
-                         now: datetime | None = None) -> PreferenceState | None:
-        """Clear a suppression; returns the stored state (None when there is none) after it
-        was published."""
-        state = await self.store.unsuppress(tenant_id, recipient_hash, now)
+                         now: datetime | None = None, *,
+                         only: Suppression | None = None) -> PreferenceState | None:
+        """Clear a suppression (with ``only``, one for that reason); returns the stored
+        state (None when there is none) after it was published."""
+        state = await self.store.unsuppress(tenant_id, recipient_hash, now, only=only)
         if state is not None:
             await self.publish(state)
         return state

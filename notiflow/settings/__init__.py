@@ -33,7 +33,7 @@ from notiflow.settings.providers import (
     WebhookPrefixes,
     insecure_endpoint,
 )
-from notiflow.settings.rendering import RenderLimits, Unsubscribe
+from notiflow.settings.rendering import RenderLimits, SmsReplies, Unsubscribe
 from notiflow.settings.security import EgressSettings, IngestBinding, IngestEncryption, JwtAuth
 from notiflow.settings.serving import (
     ApiRedisTimeout,
@@ -115,6 +115,7 @@ __all__ = [
     "SchedulingRule",
     "ServerLimits",
     "Settings",
+    "SmsReplies",
     "TelemetrySettings",
     "TenantConfig",
     "TierPolicy",

@@ -32,7 +32,7 @@ from notiflow.settings.providers import (
     ProviderRoute,
     insecure_endpoint,
 )
-from notiflow.settings.rendering import RenderLimits, Unsubscribe
+from notiflow.settings.rendering import RenderLimits, SmsReplies, Unsubscribe
 from notiflow.settings.security import EgressSettings, IngestBinding, IngestEncryption, JwtAuth
 from notiflow.settings.serving import (
     ApiRedisTimeout,
@@ -291,8 +291,9 @@ class Settings(BaseSettings, ProviderSections):
     """Where tenant-supplied URLs may lead (docs/webhooks.md, "Allowed URLs")."""
     dlq: DlqRule = DlqRule()
     render_limits: RenderLimits = RenderLimits()
-    unsubscribe: Unsubscribe = Unsubscribe()
     """The budget of every template render (``NOTIFLOW_RENDER_LIMITS__CPU_TIME`` ...)."""
+    unsubscribe: Unsubscribe = Unsubscribe()
+    sms_replies: SmsReplies = SmsReplies()
     category_tiers: CategoryTiers = CategoryTiers()
     """Tiers each message category may use (``NOTIFLOW_CATEGORY_TIERS__ALLOWED``, JSON)."""
     ingest_encryption: IngestEncryption = IngestEncryption()

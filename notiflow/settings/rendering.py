@@ -42,3 +42,19 @@ class Unsubscribe(_Frozen):
     ``mailto:`` link (RFC 2369) beside the https one; the token is its subject."""
     max_age: timedelta = Field(timedelta(days=400), gt=timedelta(0))
     """How long after the email was sent its link still unsubscribes."""
+
+
+class SmsReplies(_Frozen):
+    """What the platform texts back to an inbound SMS keyword (``NOTIFLOW_SMS_REPLIES__*``;
+    carriers require an answer to each). Twilio numbers answer in the webhook's TwiML;
+    an unset text sends no answer (the provider's own opt-out handling may answer)."""
+
+    stop: str | None = Field(
+        "You are unsubscribed and will receive no more messages from this number. "
+        "Reply START to resubscribe.", max_length=320)
+    start: str | None = Field(
+        "You are subscribed again. Reply STOP to unsubscribe, HELP for help.", max_length=320)
+    help: str | None = Field(
+        "Reply STOP to unsubscribe, START to resubscribe. Msg&data rates may apply.",
+        max_length=320)
+    """Answer to HELP unless the number is one tenant's with its own ``sms_help``."""

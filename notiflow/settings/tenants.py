@@ -114,6 +114,10 @@ class TenantConfig(_Frozen):
     alphanumeric ids exactly, email addresses in any case, ``@domain`` for every address at a
     domain. Empty: only the provider accounts' own senders."""
 
+    sms_help: str | None = Field(None, min_length=1, max_length=320)
+    """What a HELP texted to one of the tenant's own numbers (``senders``) is answered with:
+    the programme's name and how to reach support. None: the platform's text."""
+
     @field_validator("senders")
     @classmethod
     def _normalised_senders(cls, v: frozenset[str]) -> frozenset[str]:

@@ -13,8 +13,11 @@ from notiflow.settings import Settings
 from tests.helpers import dev_environ
 
 ERROR_REF = "#/components/schemas/ErrorBody"
-WEBHOOK_SCHEMES = {"/webhooks/twilio": "TwilioSignature", "/webhooks/sendgrid":
-                   "SendGridSignature", "/webhooks/vonage": "VonageSignature",
+WEBHOOK_SCHEMES = {"/webhooks/twilio": "TwilioSignature",
+                   "/webhooks/twilio/inbound": "TwilioSignature",
+                   "/webhooks/sendgrid": "SendGridSignature",
+                   "/webhooks/vonage": "VonageSignature",
+                   "/webhooks/vonage/inbound": "VonageSignature",
                    "/webhooks/smtp-dsn": "DsnWebhookSecret", "/webhooks/ses": "SnsSignature"}
 
 
@@ -86,7 +89,8 @@ def test_success_answers_have_models_and_links(doc: dict[str, Any]) -> None:
         ok = [c for c in op["responses"] if c.startswith("2")]
         assert ok, (method, path)
         for code in ok:
-            media = "text/html" if path.startswith("/unsubscribe/") else "application/json"
+            media = ("text/html" if path.startswith("/unsubscribe/") else "application/xml"
+                     if path == "/webhooks/twilio/inbound" else "application/json")
             if code != "204" and path != "/webhooks/twilio":
                 assert "schema" in op["responses"][code]["content"][media], (
                     method, path, code)

@@ -351,7 +351,8 @@ class Devices(Store):
         found = self.rows.get((owner_hash, token))
         return DeviceRow(tenant, owner_hash, token, **found) if found is not None else None
 
-    async def unsuppress(self, tenant: str, h: str, now: Any = None) -> PreferenceState | None:
+    async def unsuppress(self, tenant: str, h: str, now: Any = None, *,
+                         only: Any = None) -> PreferenceState | None:
         state = self.states.get(state_key(tenant, h))
         if state is not None and state.suppressed is not None:
             state = self.states[state_key(tenant, h)] = state.model_copy(

@@ -185,11 +185,15 @@ class RecipientStore:
         return state
 
     async def unsuppress(self, tenant_id: str, recipient_hash: str,
-                         now: datetime | None = None) -> PreferenceState | None:
-        """Clear a suppression (a device token registered again); the stored state, None
-        when there is none."""
+                         now: datetime | None = None, *,
+                         only: Suppression | None = None) -> PreferenceState | None:
+        """Clear a suppression (a device token registered again), or only one for reason
+        ``only`` (START clears ``unsubscribed``, never a dead number); the stored state,
+        None when there is none."""
         def change(st: PreferenceState) -> PreferenceState | None:
-            return None if st.suppressed is None else st.model_copy(update={"suppressed": None})
+            if st.suppressed is None or only not in (None, st.suppressed):
+                return None
+            return st.model_copy(update={"suppressed": None})
 
         state, _ = await self.change_state(tenant_id, recipient_hash, change, now)
         return state

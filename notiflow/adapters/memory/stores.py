@@ -68,7 +68,8 @@ class MemoryMessages:
 
 
 class MemoryPreferences:
-    """The :class:`~notiflow.adapters.ports.Preferences` port over a dict of states by
+    """The :class:`~notiflow.adapters.ports.Preferences` and
+    :class:`~notiflow.adapters.ports.SmsConsent` ports over a dict of states by
     ``state_key``; each write makes a new version (as ``PreferenceStore`` does)."""
 
     def __init__(self, clock: Clock) -> None:
@@ -107,6 +108,14 @@ class MemoryPreferences:
                        reason: Suppression) -> PreferenceState:
         with self._lock:
             return self._write(tenant_id, recipient_hash, suppressed=reason)
+
+    async def unsuppress(self, tenant_id: str, recipient_hash: str, *,
+                         only: Suppression | None = None) -> PreferenceState | None:
+        with self._lock:
+            old = self.states.get(state_key(tenant_id, recipient_hash))
+            if old is None or old.suppressed is None or only not in (None, old.suppressed):
+                return old
+            return self._write(tenant_id, recipient_hash, suppressed=None)
 
     async def deactivate_token(self, tenant_id: str, token_hash: str, reason: str, *,
                                older: Sequence[str] = ()) -> PreferenceState:

@@ -21,6 +21,9 @@ class TwilioSettings(_Frozen):
     auth_token: SecretStr | None = None
     from_number: str = "+15005550006"
     status_callback_url: str | None = None
+    inbound_url: str | None = None
+    """The public URL of ``/webhooks/twilio/inbound`` as set on the account's numbers ("A
+    message comes in"), which Twilio signs; unset: the URL the request arrived at."""
 
 
 class TwilioPlugin(ProviderPlugin):

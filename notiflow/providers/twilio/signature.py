@@ -1,5 +1,5 @@
-"""``X-Twilio-Signature`` of Twilio's webhooks (status callbacks): computing, verifying, and the
-gateway's check of one callback (pure)."""
+"""``X-Twilio-Signature`` of Twilio's webhooks (status callbacks, incoming messages):
+computing, verifying, and the gateway's check of one callback (pure)."""
 
 from __future__ import annotations
 
@@ -45,11 +45,13 @@ def signed_url(request_url: str, configured: str | None) -> str:
 
 
 def check_callback(config: TwilioSettings, request_url: str, params: Mapping[str, str],
-                   header: str | None) -> None:
+                   header: str | None, *, inbound: bool = False) -> None:
     """Raise :class:`WebhookRefused` unless ``header`` is the account's signature of this
-    callback (``request_url`` as received, ``params`` its form body)."""
+    callback (``request_url`` as received, ``params`` its form body): a status callback, or
+    with ``inbound`` a text sent to one of the account's numbers (signed over the number's
+    configured ``inbound_url``)."""
     token = config.auth_token
-    url = signed_url(request_url, config.status_callback_url)
+    url = signed_url(request_url, config.inbound_url if inbound else config.status_callback_url)
     if token is None or not verify_signature(token.get_secret_value(), url, params, header):
         raise WebhookRefused("invalid_signature",
                              f"{SIGNATURE_HEADER} does not match this request")
