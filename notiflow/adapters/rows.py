@@ -10,10 +10,12 @@ them as they are.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from datetime import datetime
 
 from notiflow.schemas.enums import Status
+from notiflow.schemas.locales import best_variant
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,8 +108,19 @@ class AttemptRow:
 
 
 @dataclass(frozen=True, slots=True)
+class LocaleVariant:
+    """A template version's content in one locale (``checksum``: of this content)."""
+
+    subject: str | None
+    body: str
+    checksum: str
+
+
+@dataclass(frozen=True, slots=True)
 class TemplateRow:
-    """One version of a template, as stored."""
+    """One version of a template, as stored: its default content and its variants by
+    canonical locale tag. ``checksum`` identifies the whole version (the default content's
+    own when it has no variants)."""
 
     tenant_id: str
     template_id: str
@@ -119,3 +132,10 @@ class TemplateRow:
     checksum: str
     created_at: datetime
     description: str | None = None
+    locales: Mapping[str, LocaleVariant] = field(default_factory=dict)
+
+    def in_locale(self, locale: str | None) -> tuple[str | None, TemplateRow | LocaleVariant]:
+        """The content that serves ``locale`` (``schemas/locales.py``) and its tag (None:
+        the default content)."""
+        tag = best_variant(self.locales.keys(), locale)
+        return (tag, self.locales[tag]) if tag is not None else (None, self)

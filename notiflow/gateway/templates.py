@@ -5,6 +5,11 @@ version with identical content (same channel and checksum) answers ``200`` with 
 representation; different content answers ``409 template_version_immutable``. Without a
 version the next one (latest + 1) is created, unless the latest already has identical
 content, which is then returned with ``200``.
+
+A version may carry variants by locale (``locales``), written and immutable with it; each
+must use exactly the default content's variables and have a subject exactly when the
+default has one (``422`` otherwise), so any message that renders in one locale renders in
+all.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from fastapi import APIRouter, Path, Request, Response
 from pydantic import BaseModel, ConfigDict
 
 from notiflow.adapters.cassandra.store import CassandraStore
-from notiflow.adapters.rows import TemplateRow
+from notiflow.adapters.rows import LocaleVariant, TemplateRow
 from notiflow.audit import Action, AuditEvent
 from notiflow.gateway import examples
 from notiflow.gateway.auth import RuntimeDep, Tenant, actor_of, read_model
@@ -35,8 +40,15 @@ from notiflow.gateway.openapi import json_body, link, location, success, tenant_
 from notiflow.gateway.runtime import Runtime, now_ms
 from notiflow.schemas.enums import Channel
 from notiflow.schemas.formats import TEMPLATE_ID_PATTERN
-from notiflow.schemas.messages import TemplateCreate, TemplateVersion
-from notiflow.templating import TemplateInfo, TemplateRefused, TemplateSyntaxError, check
+from notiflow.schemas.messages import LocaleContent, TemplateCreate, TemplateVersion
+from notiflow.settings import RenderLimits
+from notiflow.templating import (
+    TemplateInfo,
+    TemplateRefused,
+    TemplateSyntaxError,
+    check,
+    version_checksum,
+)
 
 router = APIRouter()
 TEMPLATE_ID: Final = re.compile(TEMPLATE_ID_PATTERN)
@@ -61,6 +73,8 @@ class TemplateCreated(BaseModel):
     variables: tuple[str, ...]
     checksum: str
     created_at: datetime
+    locales: tuple[str, ...] = ()
+    """The locales of its variants."""
 
 
 class TemplateView(TemplateVersion):
@@ -79,7 +93,7 @@ def _created(row: TemplateRow, status: int) -> Response:
     body = TemplateCreated(
         template_id=row.template_id, version=row.version, channel=Channel(row.channel),
         variables=row.variables, checksum=row.checksum, created_at=row.created_at,
-    )
+        locales=tuple(sorted(row.locales)))
     headers = {"Location": f"/v1/templates/{row.template_id}/versions/{row.version}"}
     return Response(body.model_dump_json(), status_code=status, media_type=JSON,
                     headers=headers)
@@ -119,7 +133,10 @@ async def _insert_next(store: CassandraStore, new: TemplateRow) -> tuple[Templat
                  "`versions_exhausted` (the next version would pass 1,000,000).",
             r422="Not stated by the schema: `template_syntax_error` (with `field`, `line`); "
                  "`template_refused` (with `field`): the sandbox refuses it whatever its "
-                 "variables (a literal over the render budget, nesting too deep).",
+                 "variables (a literal over the render budget, nesting too deep); "
+                 "`locale_variables_differ`, `locale_subject_differs` (with `field`): a "
+                 "locale variant uses other variables than the default content, or has a "
+                 "subject when it has none or the reverse.",
             r503="`template_version_contention` (concurrent versions; retry).")},
     openapi_extra=json_body(TemplateCreate, "One immutable template version.",
                             examples.TEMPLATE))
@@ -129,12 +146,13 @@ async def create_template(request: Request, tenant: Tenant, rt: RuntimeDep) -> R
     if not tenant.allows_template(tc.template_id):
         raise forbidden("template_not_allowed",
                         f"tenant {tenant.id} may not use template {tc.template_id}")
-    info = await _checked(rt, tc)
+    info, variants = await _checked(rt, tc)
     new = TemplateRow(
         tenant_id=tenant.id, template_id=tc.template_id, version=tc.version or 0,
         channel=tc.channel.value, subject=tc.subject, body=tc.body,
-        variables=tuple(info.variables), checksum=info.checksum, created_at=now_ms(),
-        description=tc.description)
+        variables=tuple(info.variables),
+        checksum=version_checksum(info.checksum, {t: v.checksum for t, v in variants.items()}),
+        created_at=now_ms(), description=tc.description, locales=variants)
     store = rt.store()
     if tc.version is None:
         row, status = await _insert_next(store, new)
@@ -154,16 +172,46 @@ async def create_template(request: Request, tenant: Tenant, rt: RuntimeDep) -> R
                    "different content")
 
 
-async def _checked(rt: Runtime, tc: TemplateCreate) -> TemplateInfo:
-    """The template's analysis and test compile, off the event loop; 422 when refused."""
+def _check_one(field: str, content: TemplateCreate | LocaleContent,
+               limits: RenderLimits) -> TemplateInfo:
+    """:func:`check` of one content, its errors' ``field`` prefixed with ``field``."""
     try:
-        return await asyncio.get_running_loop().run_in_executor(
-            _checks, check, tc.subject, tc.body, rt.settings.render_limits)
+        return check(content.subject, content.body, limits)
     except TemplateSyntaxError as exc:
-        raise unprocessable("template_syntax_error", str(exc), field=exc.field,
+        raise unprocessable("template_syntax_error", str(exc), field=field + exc.field,
                             line=exc.lineno) from None
     except TemplateRefused as exc:
-        raise unprocessable("template_refused", str(exc), field=exc.field) from None
+        raise unprocessable("template_refused", str(exc), field=field + exc.field) from None
+
+
+def check_version(tc: TemplateCreate, limits: RenderLimits
+                  ) -> tuple[TemplateInfo, dict[str, LocaleVariant]]:
+    """The default content's analysis and each locale variant's, checked alike (``422``
+    :class:`~notiflow.gateway.errors.ApiError` for any refusal)."""
+    info = _check_one("", tc, limits)
+    variants = {}
+    for tag, content in sorted(tc.locales.items()):
+        field = f"locales.{tag}."
+        got = _check_one(field, content, limits)
+        if set(got.variables) != set(info.variables):
+            raise unprocessable(
+                "locale_variables_differ",
+                f"locale {tag} uses {sorted(got.variables)}, the default content "
+                f"{sorted(info.variables)}", field=f"locales.{tag}")
+        if (content.subject is None) != (tc.subject is None):
+            raise unprocessable("locale_subject_differs",
+                                f"locale {tag} must have a subject exactly when the default "
+                                "content has one", field=f"locales.{tag}.subject")
+        variants[tag] = LocaleVariant(content.subject, content.body, got.checksum)
+    return info, variants
+
+
+async def _checked(rt: Runtime, tc: TemplateCreate
+                   ) -> tuple[TemplateInfo, dict[str, LocaleVariant]]:
+    """The analysis and test compile of the template and its variants, off the event loop;
+    422 when refused."""
+    return await asyncio.get_running_loop().run_in_executor(
+        _checks, check_version, tc, rt.settings.render_limits)
 
 
 def _audit(rt: Runtime, request: Request, created: TemplateRow) -> None:
@@ -191,5 +239,7 @@ async def get_template(
         channel=Channel(row.channel), subject=row.subject, body=row.body,
         variables=row.variables, checksum=row.checksum, created_at=row.created_at,
         description=row.description,
+        locales={t: LocaleContent(subject=v.subject, body=v.body)
+                 for t, v in sorted(row.locales.items())},
     )
     return Response(view.model_dump_json(), media_type=JSON)

@@ -21,7 +21,7 @@ import hashlib
 import json
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 from fastapi import Response
 
@@ -121,10 +121,19 @@ async def _states(rt: Runtime, tenant_id: str, keys: list[str]
             for k, hashes in wanted.items()}
 
 
-async def decide(rt: Runtime, tenant: TenantConfig, req: UserSendRequest
-                 ) -> tuple[Decision, dict[Channel, tuple[str, ...]], UserStamp]:
-    """The decision for ``req``, the addresses its picks index and the stamp of its
-    messages (``422 unknown_user`` when the tenant has no such user)."""
+class Decided(NamedTuple):
+    """What :func:`decide` found: the decision, the addresses its picks index, the stamp of
+    the messages and the user's own locale."""
+
+    decision: Decision
+    addresses: dict[Channel, tuple[str, ...]]
+    stamp: UserStamp
+    locale: str | None
+
+
+async def decide(rt: Runtime, tenant: TenantConfig, req: UserSendRequest) -> Decided:
+    """The decision for ``req`` and what its messages need (``422 unknown_user`` when the
+    tenant has no such user)."""
     user = await rt.users().get(tenant.id, req.user_id)
     if user is None:
         raise unprocessable("unknown_user", f"tenant {tenant.id} has no user {req.user_id}",
@@ -144,8 +153,8 @@ async def decide(rt: Runtime, tenant: TenantConfig, req: UserSendRequest
         return state.blocks(channel, req.category), state.version  # type: ignore[return-value]
 
     stamp = UserStamp(user_hash=user_hash(tenant.id, req.user_id), timezone=user.timezone)
-    return (choose(wanted, addresses, block, req.deliver, in_app=user.in_app), addresses,
-            stamp)
+    return Decided(choose(wanted, addresses, block, req.deliver, in_app=user.in_app),
+                   addresses, stamp, user.locale)
 
 
 def _replayed(record: UserSendRecord, hashes: tuple[str, ...]) -> Response:
@@ -183,7 +192,7 @@ async def accept_user_request(rt: Runtime, tenant: TenantConfig, data: Any,
             return _replayed(earlier, hashes)
         for option in options:
             await check_template(rt, tenant, option, req.variables)
-        decision, addresses, stamp = await decide(rt, tenant, req)
+        decision, addresses, stamp, user_locale = await decide(rt, tenant, req)
     except CASSANDRA_DOWN as exc:
         raise store_unavailable(exc) from None
     accepted_at = now_ms()
@@ -192,7 +201,7 @@ async def accept_user_request(rt: Runtime, tenant: TenantConfig, data: Any,
     trace = traceparent(incoming_trace)
     for pick in decision.picks:
         address = addresses[pick.channel][pick.index]
-        leg = req.leg(by_channel[pick.channel], address)
+        leg = req.leg(by_channel[pick.channel], address, user_locale)
         check_policy(rt.settings, tenant, leg)
         expires_at = effective_expiry(rt.settings, leg, accepted_at)
         await rt.admission.check(tenant, leg)

@@ -34,12 +34,14 @@ from notiflow.schemas.formats import (
     E164_PATTERN,
     FCM_TOKEN_PATTERN,
     INAPP_PATTERN,
+    LOCALE_PATTERN,
     SHORT_CODE_PATTERN,
     TEMPLATE_ID_PATTERN,
     VARIABLE_NAME_PATTERN,
     push_token_rule,
     send_request_rules,
 )
+from notiflow.schemas.locales import MAX_LOCALE, Locale
 
 SCHEMA_VERSION: Final = 1
 MAX_VARIABLES = 64
@@ -216,6 +218,9 @@ class SendRequest(Wire):
     status_webhook: HttpUrl | None = None
     sender: ChannelSender = None
     """Who the message comes from (:func:`sender_for`); None: the provider account's own."""
+    locale: Locale | None = None
+    """The language the recipient reads: the template's variant for it, else for its
+    language, else its default content (``schemas/locales.py``)."""
 
     @field_validator("recipient")
     @classmethod
@@ -440,8 +445,25 @@ class DlqRecord(Wire):
     attempts: tuple[AttemptRecord, ...] = ()
 
 
+class LocaleContent(Wire):
+    """A template version's content in one locale: the same variables as its default."""
+
+    subject: str | None = Field(None, max_length=998)
+    body: str = Field(min_length=1, max_length=65_536)
+
+
+def _locale_keys(schema: dict[str, Any]) -> None:
+    """``locales`` in JSON Schema: keys of the locale pattern, each a ``LocaleContent``."""
+    locales = schema["properties"]["locales"]
+    (content,) = locales.pop("patternProperties").values()
+    locales.update(propertyNames={"pattern": LOCALE_PATTERN, "maxLength": MAX_LOCALE},
+                   additionalProperties=content)
+
+
 class TemplateCreate(Wire):
     """Body of ``POST /v1/templates``; omit ``version`` to get the next one."""
+
+    model_config = ConfigDict(json_schema_extra=_locale_keys)
 
     template_id: TemplateId
     channel: Channel
@@ -449,6 +471,17 @@ class TemplateCreate(Wire):
     subject: str | None = Field(None, max_length=998)
     body: str = Field(min_length=1, max_length=65_536)
     description: str | None = Field(None, max_length=1024)
+    locales: dict[Locale, LocaleContent] = Field(default_factory=dict, max_length=64)
+    """Variants by locale (``fr``, ``fr-CA``); the content above is the default."""
+
+    @field_validator("locales", mode="before")
+    @classmethod
+    def _each_once(cls, v: Any) -> Any:
+        if isinstance(v, dict):
+            tags = [k.lower() for k in v if isinstance(k, str)]
+            if len(set(tags)) != len(tags):
+                raise ValueError("each locale is listed once (tags compare in any case)")
+        return v
 
 
 class TemplateVersion(Wire):
@@ -461,6 +494,7 @@ class TemplateVersion(Wire):
     variables: tuple[str, ...]
     checksum: str
     created_at: datetime
+    locales: dict[str, LocaleContent] = Field(default_factory=dict)
 
 
 class Accepted(Wire):

@@ -24,6 +24,7 @@ from pydantic import (
 
 from notiflow.schemas.enums import Category, Channel, PushPlatform, Status, Tier
 from notiflow.schemas.formats import channel_option_rules, user_send_rules
+from notiflow.schemas.locales import Locale
 from notiflow.schemas.messages import (
     ChannelSender,
     PushRecipient,
@@ -87,6 +88,8 @@ class UserSendRequest(Wire):
     scheduled_at: AwareDatetime | None = None
     ordering_key: str | None = Field(None, min_length=1, max_length=256)
     status_webhook: HttpUrl | None = None
+    locale: Locale | None = None
+    """The template variant's locale; None: the user's own (``locale`` of their profile)."""
 
     @field_validator("channels")
     @classmethod
@@ -110,9 +113,11 @@ class UserSendRequest(Wire):
                 "expires_at": self.expires_at, "scheduled_at": self.scheduled_at,
                 "ordering_key": self.ordering_key, "status_webhook": self.status_webhook}
 
-    def leg(self, option: ChannelOption, address: str) -> SendRequest:
+    def leg(self, option: ChannelOption, address: str,
+            user_locale: str | None = None) -> SendRequest:
         """The single send request of ``option`` to ``address`` (a recipient key:
-        ``<platform>:<token>`` for push, ``inapp:<user id>`` for the inbox)."""
+        ``<platform>:<token>`` for push, ``inapp:<user id>`` for the inbox), in this
+        request's locale, else ``user_locale``."""
         recipient: Recipient = address
         if option.channel is Channel.PUSH:
             platform, _, token = address.partition(":")
@@ -120,7 +125,7 @@ class UserSendRequest(Wire):
         return SendRequest.model_validate({
             **self._common(), "channel": option.channel, "recipient": recipient,
             "template_id": option.template_id, "template_version": option.template_version,
-            "sender": option.sender})
+            "sender": option.sender, "locale": self.locale or user_locale})
 
 
 class Pick(Wire):

@@ -27,12 +27,12 @@ from pydantic import (
 
 from notiflow.schemas.enums import Channel, PushPlatform
 from notiflow.schemas.formats import (
-    LOCALE_PATTERN,
     PROPERTY_NAME_PATTERN,
     user_device_rule,
     user_patch_rules,
     user_rules,
 )
+from notiflow.schemas.locales import Locale
 from notiflow.schemas.messages import (
     SCHEMA_VERSION,
     ChatWebhookUrl,
@@ -52,21 +52,6 @@ PROPERTY_NAME: Final = re.compile(PROPERTY_NAME_PATTERN)
 
 UserId = Annotated[str, Field(pattern=USER_ID_PATTERN)]
 PropertyValue = str | int | float | bool | None
-
-
-def _locale(value: str) -> str:
-    """The tag with its parts in their usual case: ``FR-ca`` → ``fr-CA``."""
-    if not re.fullmatch(LOCALE_PATTERN, value):
-        raise ValueError("locale is a BCP 47 tag: language, optional script and region "
-                         "(e.g. fr, fr-CA, zh-Hant-TW)")
-    parts = value.split("-")
-    out = [parts[0].lower()]
-    for part in parts[1:]:
-        out.append(part.title() if len(part) == 4 else part.upper())
-    return "-".join(out)
-
-
-Locale = Annotated[str, Field(max_length=20), AfterValidator(_locale)]
 TimeZone = Annotated[str, Field(max_length=64), AfterValidator(known_zone)]
 
 

@@ -91,6 +91,16 @@ def checksum(subject: str | None, body: str) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
+def version_checksum(default: str, variants: Mapping[str, str]) -> str:
+    """The checksum of a template version: its default content's (``default``) when it has
+    no locale variants, else of that and each variant's checksum by tag."""
+    if not variants:
+        return default
+    canonical = json.dumps({"default": default, "locales": dict(sorted(variants.items()))},
+                           separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
 def _parse(field: str, source: str) -> nodes.Template:
     try:
         return _env.parse(source)

@@ -52,12 +52,14 @@ STATE_RULES = frozenset({
     "uncorrelated_dsn", "unknown_callback", "unknown_receipt", "invalid_batch",
     "recipient_not_served", "inbox_not_configured", "category_tier_not_allowed",
     "webhook_url_not_allowed", "template_refused", "unknown_user",
+    "locale_variables_differ", "locale_subject_differs",
 })
 """The 422/400 reasons the document lists as rules the schema does not state."""
 NOT_STATED = ("scheduled_at must be before expires_at", "ends_at must be after starts_at",
               "window start and end must differ", "not a valid number for its country code",
               "a webhook URL", "email addresses are listed once each",
-              "properties take at most", "each channel is listed once")
+              "properties take at most", "each channel is listed once",
+              "each locale is listed once")
 """Schema failures the document names as beyond JSON Schema: rules between two fields,
 libphonenumber's validity of a number for its country (``format: e164``; the coverage
 phase builds numbers from the pattern alone), a webhook URL's rules beyond its pattern

@@ -3,9 +3,28 @@ version first in their partition."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
+import orjson
+
 from notiflow.adapters.cassandra.session import Row, Statements
 from notiflow.adapters.cassandra.values import utc
-from notiflow.adapters.rows import TemplateRow
+from notiflow.adapters.rows import LocaleVariant, TemplateRow
+
+
+def locales_json(locales: Mapping[str, LocaleVariant]) -> str | None:
+    """The ``locales`` column of a version's variants (None: it has none)."""
+    if not locales:
+        return None
+    return orjson.dumps({tag: {"subject": v.subject, "body": v.body, "checksum": v.checksum}
+                         for tag, v in sorted(locales.items())}).decode()
+
+
+def locales_of(text: str | None) -> dict[str, LocaleVariant]:
+    if not text:
+        return {}
+    return {tag: LocaleVariant(v.get("subject"), v["body"], v["checksum"])
+            for tag, v in orjson.loads(text).items()}
 
 
 def template_row(row: Row) -> TemplateRow:
@@ -15,7 +34,7 @@ def template_row(row: Row) -> TemplateRow:
         version=int(row["version"]), channel=row["channel"], subject=row.get("subject"),
         body=row["body"], variables=tuple(row.get("variables") or ()),
         checksum=row.get("checksum") or "", created_at=utc(row["created_at"]),
-        description=row.get("description"))
+        description=row.get("description"), locales=locales_of(row.get("locales")))
 
 
 class TemplateStore:
@@ -31,6 +50,7 @@ class TemplateStore:
         row = await self.cql.first("template_insert", (
             t.tenant_id, t.template_id, t.version, t.channel, t.subject, t.body,
             list(t.variables), t.description, t.checksum, t.created_at,
+            locales_json(t.locales),
         )) or {}
         if row.get("[applied]"):
             return True, None
@@ -53,8 +73,8 @@ class TemplateStore:
 
 STATEMENTS: dict[str, str] = {
     "template_insert": "INSERT INTO templates (tenant_id, template_id, version, channel, subject, "
-    "body, variables, description, checksum, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
-    "IF NOT EXISTS",
+    "body, variables, description, checksum, created_at, locales) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) IF NOT EXISTS",
     "template_get": "SELECT * FROM templates WHERE tenant_id = ? AND template_id = ? "
     "AND version = ?",
     "template_latest": "SELECT version FROM templates WHERE tenant_id = ? AND template_id = ? "

@@ -73,9 +73,10 @@ class MemoryState:
         return self.limits.breakers[lane].trip(provider_id)
 
     def put_template(self, tenant_id: str, template_id: str, channel: Channel | str,
-                     body: str, subject: str | None = None, version: int = 1) -> int:
+                     body: str, subject: str | None = None, version: int = 1,
+                     locales: Mapping[str, tuple[str | None, str]] | None = None) -> int:
         return self.messages.put_template(tenant_id, template_id, str(Channel(channel).value),
-                                          body, subject, version)
+                                          body, subject, version, locales)
 
     def put_preference(self, state: PreferenceState) -> None:
         self.preferences.put(state)

@@ -11,11 +11,11 @@ from datetime import datetime
 from typing import Any
 
 from notiflow.adapters.memory.clock import Clock
-from notiflow.adapters.rows import AttemptRow, MessageRow, TemplateRow
+from notiflow.adapters.rows import AttemptRow, LocaleVariant, MessageRow, TemplateRow
 from notiflow.schemas.enums import Status
 from notiflow.schemas.preferences import PreferenceState, Suppression, state_key
 from notiflow.schemas.status import rank
-from notiflow.templating import analyse
+from notiflow.templating import analyse, version_checksum
 
 
 class MemoryMessages:
@@ -29,14 +29,20 @@ class MemoryMessages:
         self._lock = threading.Lock()
 
     def put_template(self, tenant_id: str, template_id: str, channel: str, body: str,
-                     subject: str | None = None, version: int = 1) -> int:
-        """Store a template row as the API writes it; returns its version."""
+                     subject: str | None = None, version: int = 1,
+                     locales: Mapping[str, tuple[str | None, str]] | None = None) -> int:
+        """Store a template row as the API writes it (``locales``: tag → subject and body
+        of each variant); returns its version."""
         info = analyse(subject, body)
+        variants = {tag: LocaleVariant(vs, vb, analyse(vs, vb).checksum)
+                    for tag, (vs, vb) in (locales or {}).items()}
         with self._lock:
             self.templates[(tenant_id, template_id, version)] = TemplateRow(
                 tenant_id=tenant_id, template_id=template_id, version=version,
                 channel=channel, subject=subject, body=body, variables=info.variables,
-                checksum=info.checksum, created_at=self.clock())
+                checksum=version_checksum(info.checksum,
+                                          {t: v.checksum for t, v in variants.items()}),
+                created_at=self.clock(), locales=variants)
         return version
 
     def set_status(self, message_id: str, status: Status, attempt: int = 0,

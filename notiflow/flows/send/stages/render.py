@@ -1,5 +1,6 @@
-"""Render: the template of each message (read once per process and version from Cassandra)
-filled with its variables (a Slack message's escaped, :func:`escaping`), off the dispatcher's
+"""Render: the template of each message (read once per process and version from Cassandra),
+in the variant for the message's ``locale`` (``TemplateRow.in_locale``), filled with its
+variables (a Slack message's escaped, :func:`escaping`), off the dispatcher's
 event loop and within the render budget (``settings.render_limits``). A missing template, a
 channel mismatch, a missing variable or any rendering failure (the template's own error, a
 sandbox refusal, the budget) ends the message FAILED: a template is tenant input, so it never
@@ -59,7 +60,8 @@ def rendered(w: Work, template: TemplateRow | None,
     try:
         variables = r.variables if escape is None else {
             k: escape(v) if isinstance(v, str) else v for k, v in r.variables.items()}
-        subject, body = render(template, variables, limits or RenderLimits())
+        _, content = template.in_locale(r.locale)
+        subject, body = render(content, variables, limits or RenderLimits())
     except MissingVariable as exc:
         return f"missing_template_variable:{exc.name}"
     except OverBudget as exc:
@@ -93,16 +95,16 @@ Job = tuple[Work, TemplateKey, TemplateRow | None, Callable[[str], str] | None]
 
 def render_all(jobs: list[Job],
                limits: RenderLimits) -> list[OutboundMessage | str | RenderFailure]:
-    """Every job rendered in order. Once a template version has spent its budget, the rest
-    of its messages here fail without rendering (one costly template costs one budget per
-    batch, not one per message)."""
-    spent: dict[TemplateKey, RenderFailure] = {}
+    """Every job rendered in order. Once a template version has spent its budget in one
+    locale, the rest of its messages in that locale here fail without rendering (one costly
+    template costs one budget per batch, not one per message)."""
+    spent: dict[tuple[TemplateKey, str | None], RenderFailure] = {}
     out: list[OutboundMessage | str | RenderFailure] = []
     for w, key, template, escape in jobs:
-        done = spent.get(key)
+        done = spent.get((key, w.record.locale))
         result = done if done is not None else rendered(w, template, escape, limits)
         if isinstance(result, RenderFailure) and result.spent:
-            spent[key] = result
+            spent[key, w.record.locale] = result
         out.append(result)
     return out
 
