@@ -90,14 +90,17 @@ def _variable_columns(schema: dict[str, Any]) -> None:
 
 class ColumnMapping(Wire):
     """Which manifest column holds what: the recipient (E.164 number, e-mail address or
-    device token), the push platform (push only), the recipient's IANA zone (optional), and
-    each template variable's column."""
+    device token), the push platform (push only), the recipient's IANA zone and locale
+    (optional), and each template variable's column."""
 
     model_config = ConfigDict(json_schema_extra=_variable_columns)
 
     recipient: str = Field(pattern=_COLUMN)
     platform: str | None = Field(None, pattern=_COLUMN)
     timezone: str | None = Field(None, pattern=_COLUMN)
+    locale: str | None = Field(None, pattern=_COLUMN)
+    """The column of the recipient's BCP 47 locale (the template variant); empty: the
+    default content."""
     variables: dict[str, str] = Field(default_factory=dict, max_length=64)
 
     @field_validator("variables")

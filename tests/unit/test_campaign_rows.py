@@ -141,6 +141,16 @@ def test_other_invalid_fields_name_the_field_not_the_value() -> None:
     assert echo == "recipient: invalid (value_error)"
 
 
+def test_a_locale_column_sets_each_rows_locale() -> None:
+    s = spec(locale="lang")
+    assert mapped(s, row(to="+14155550100", lang="fr-ca")).record.locale == "fr-CA"
+    assert mapped(s, row(to="+14155550100", lang=" ")).record.locale is None
+    assert mapped(s, row(to="+14155550100")).record.locale is None
+    assert mapped(spec(), row(to="+14155550100", lang="fr")).record.locale is None
+    assert rejected(s, row(to="+14155550100", lang="klingon!")).startswith(
+        "locale: locale is a BCP 47 tag")
+
+
 @pytest.mark.parametrize("zone", ["Mars/Olympus", "America", "Europe/", "../etc/passwd",
                                   "x" * 300])
 def test_an_unknown_zone_in_the_row_is_rejected(zone: str) -> None:

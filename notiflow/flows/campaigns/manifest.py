@@ -277,6 +277,7 @@ def map_row(spec: CampaignSpec, row: ManifestRow, now: datetime, keys: Correlati
     recipient: Any = address if m.platform is None else {
         "device_token": address, "platform": _text(f[m.platform]).lower()}
     variables = {name: f[column] for name, column in m.variables.items()}
+    locale = (_text(f.get(m.locale)) if m.locale is not None else "") or None
     zone_name = _text(f.get(m.timezone)) if m.timezone is not None else ""
     zone = _zone(zone_name) if zone_name else None
     if zone_name and zone is None:
@@ -286,7 +287,7 @@ def map_row(spec: CampaignSpec, row: ManifestRow, now: datetime, keys: Correlati
             "channel": spec.channel, "tier": spec.tier, "recipient": recipient,
             "template_id": spec.template_id, "template_version": spec.template_version,
             "variables": variables, "category": spec.category, "expires_at": spec.ends_at,
-            "tenant_id": spec.tenant_id, "sender": spec.sender,
+            "tenant_id": spec.tenant_id, "sender": spec.sender, "locale": locale,
             "message_id": row_message_id(keys, spec.campaign_id, row.number),
             "accepted_at": now})
     except ValidationError as exc:
