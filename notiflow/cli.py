@@ -373,7 +373,9 @@ def status(message_id: str) -> None:
 def _print_user_send(record: UserSendRecord, statuses: dict[str, str | None]) -> None:
     console.print(f"[bold]{record.message_id}[/bold]  send to a user  tenant={record.tenant_id}"
                   f"  {record.tier.value}/{record.category.value}  deliver={record.deliver}"
-                  f"  accepted={record.accepted_at}", highlight=False)
+                  f"  accepted={record.accepted_at}"
+                  f"  user preferences version={record.user_preferences_version}",
+                  highlight=False)
     sent = Table("channel", "address", "message", "status", "preferences version",
                  title="sent to")
     for leg, pick in zip(record.messages, record.picks, strict=True):

@@ -137,6 +137,17 @@ def recipient_hash(tenant_id: str, recipient_key: str) -> str:
     return hasher().hash(tenant_id, recipient_key)
 
 
+def user_recipient_key(user_id: str) -> str:
+    """A user as a recipient key (``user:<id>``): hashed like an address."""
+    return f"user:{user_id}"
+
+
+def user_hash(tenant_id: str, user_id: str) -> str:
+    """The keyed hash of a user (:func:`user_recipient_key`): what their messages are counted under
+    (caps) and their own preferences are stored under; never reversible."""
+    return recipient_hash(tenant_id, user_recipient_key(user_id))
+
+
 def recipient_hashes(tenant_id: str, recipient_key: str) -> tuple[str, ...]:
     """Every hash a recipient's stored state may be under, :func:`recipient_hash` first."""
     return hasher().candidates(tenant_id, recipient_key)

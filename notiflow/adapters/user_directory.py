@@ -9,7 +9,8 @@ addresses everywhere the platform keeps them, then the user.
    Cassandra's once every writer has finished (as ``adapters/preferences.py`` does).
 3. An erasure first forgets what is kept by the user's addresses (their preference states
    are reduced to their suppression, a hashed trace that keeps a bounced or unsubscribed
-   address suppressed; the devices registered under their phones and emails; their inbox),
+   address suppressed; the devices registered under their phones and emails; the user's
+   own preferences; their inbox),
    then deletes the user and publishes a tombstone. Each step is idempotent, so an erasure
    that failed part way is completed by repeating it; history keeps only hashes and masked
    forms.
@@ -24,7 +25,7 @@ from typing import Protocol
 from notiflow.adapters.kafka_io import OutRecord
 from notiflow.adapters.ports import UserRecords
 from notiflow.adapters.preferences import RecordProducer
-from notiflow.redact import recipient_hash, recipient_hashes
+from notiflow.redact import recipient_hash, recipient_hashes, user_recipient_key
 from notiflow.schemas.enums import Channel
 from notiflow.schemas.messages import SCHEMA_VERSION
 from notiflow.schemas.users import UserPatch, UserProfile, UserState, UserView, user_key
@@ -127,6 +128,8 @@ class UserDirectory:
                     await self.forgetting.forget_address(tenant_id, h)
                     if channel in (Channel.SMS, Channel.EMAIL):
                         await self.forgetting.forget_owner(tenant_id, h)
+        for h in recipient_hashes(tenant_id, user_recipient_key(user_id)):
+            await self.forgetting.forget_address(tenant_id, h)
         await self.forgetting.forget_inbox(tenant_id, user_id)
         await self.records.erase(tenant_id, user_id)
         await self.producer.produce(tombstone(self.topic, tenant_id, user_id))

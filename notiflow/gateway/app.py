@@ -45,6 +45,7 @@ from notiflow.gateway import (
     schedules,
     templates,
     unsubscribe,
+    user_preferences,
     users,
 )
 from notiflow.gateway.access_log import AccessLog, route_template
@@ -187,6 +188,7 @@ def build_app(settings: Settings) -> FastAPI:
     app.include_router(templates.router)
     app.include_router(recipients.router)
     app.include_router(users.router)
+    app.include_router(user_preferences.router)
     app.include_router(schedules.router)
     app.include_router(campaigns.router)
     if settings.api_lane != "priority":

@@ -93,7 +93,7 @@ def token_key(platform: PushPlatform, token: str) -> str:
         raise _invalid("invalid_device_token", "token", str(exc)) from None
 
 
-async def _changed(call: Awaitable[T]) -> T:
+async def state_change(call: Awaitable[T]) -> T:
     """``503 preferences_contention`` when the state kept changing under the call."""
     try:
         return await call
@@ -121,7 +121,7 @@ async def put_preferences(recipient: Address, request: Request, tenant: Tenant,
     key = recipient_key(recipient)
     update = await read_model(request, PreferencesUpdate)
     await carry_forward(rt, tenant.id, key)
-    state = await _changed(rt.preferences().set_preferences(
+    state = await state_change(rt.preferences().set_preferences(
         tenant.id, recipient_hash(tenant.id, key), update))
     return _state_response(state, key)
 
@@ -156,7 +156,7 @@ async def carry_forward(rt: Runtime, tenant_id: str, key: str) -> None:
         return
     previous = await stored_state(rt, tenant_id, tuple(older))
     if previous is not None and previous.suppressed is not None:
-        await _changed(rt.preferences().suppress(tenant_id, current, previous.suppressed))
+        await state_change(rt.preferences().suppress(tenant_id, current, previous.suppressed))
 
 
 @router.put(
@@ -192,7 +192,7 @@ async def reactivated(rt: Runtime, tenant_id: str, push: str,
     under any of them would keep it dead); the token's state afterwards, None when it has
     none."""
     prefs = rt.preferences()
-    states = [await _changed(prefs.unsuppress(tenant_id, h, now))
+    states = [await state_change(prefs.unsuppress(tenant_id, h, now))
               for h in recipient_hashes(tenant_id, push)]
     return combined_state(states)
 
@@ -244,7 +244,7 @@ async def delete_device(recipient: Owner, token: str, tenant: Tenant,
     registered for this recipient."""
     device = await registered(rt, tenant, recipient, token)
     now = now_ms()
-    await _changed(rt.preferences().suppress(tenant.id, recipient_hash(tenant.id, device.push),
+    await state_change(rt.preferences().suppress(tenant.id, recipient_hash(tenant.id, device.push),
                                              "token_deactivated", now))
     row = device.row
     if row.active is not False or row.deactivated_reason != DELETED_BY_CLIENT:

@@ -45,7 +45,7 @@ from notiflow.gateway.errors import (
 from notiflow.gateway.outbox import traceparent
 from notiflow.gateway.runtime import Runtime, now_ms
 from notiflow.recipient_checks import recipient_problem
-from notiflow.redact import hasher, mask, recipient_hash, recipient_hashes
+from notiflow.redact import hasher, mask, recipient_hashes, user_hash, user_recipient_key
 from notiflow.schemas.enums import Category, Channel, Status, Tier
 from notiflow.schemas.messages import UserStamp, derived_message_id, new_message_id
 from notiflow.schemas.preferences import PreferenceState, combined_state, state_key
@@ -98,11 +98,6 @@ def leg_key(key: str | None, channel: Channel, index: int) -> str | None:
     return f"{KEY_PREFIX}{digest}:{channel.value.lower()}{index}"
 
 
-def user_hash(tenant_id: str, user_id: str) -> str:
-    """The keyed hash a user's messages are counted under (caps), never reversible."""
-    return recipient_hash(tenant_id, f"user:{user_id}")
-
-
 def leg_id(message_id: str, channel: Channel, index: int) -> str:
     return f"{message_id}-{channel.value.lower()}{index}"
 
@@ -141,20 +136,30 @@ async def decide(rt: Runtime, tenant: TenantConfig, req: UserSendRequest) -> Dec
     addresses = candidates(user.addresses(), req.user_id, user.in_app)
     wanted = [o.channel for o in req.channels]
     keys = [k for c in wanted for k in addresses.get(c, ())]
-    states = await _states(rt, tenant.id, keys)
+    own = user_recipient_key(req.user_id)
+    states = await _states(rt, tenant.id, [*keys, own])
+    mine = states.get(own)
 
     def block(channel: Channel, key: str) -> tuple[SkipReason | None, int]:
+        """The address's suppression, else the user's own opt-out, else the address's."""
         problem = recipient_problem(rt.settings, tenant, channel, key)
         if problem is not None:
             return problem.code, 0  # type: ignore[return-value]  # codes are skip reasons
         state = states.get(key)
+        version = state.version if state is not None else 0
+        if state is not None and state.suppressed is not None:
+            return state.suppressed, version
+        if mine is not None and (reason := mine.blocks(channel, req.category)):
+            return reason, version  # type: ignore[return-value]
         if state is None:
             return None, 0
-        return state.blocks(channel, req.category), state.version  # type: ignore[return-value]
+        return state.blocks(channel, req.category), version  # type: ignore[return-value]
 
     stamp = UserStamp(user_hash=user_hash(tenant.id, req.user_id), timezone=user.timezone)
-    return Decided(choose(wanted, addresses, block, req.deliver, in_app=user.in_app),
-                   addresses, stamp, user.locale)
+    decision = choose(wanted, addresses, block, req.deliver, in_app=user.in_app)
+    return Decided(decision.model_copy(update={
+        "user_preferences_version": mine.version if mine is not None else 0}),
+        addresses, stamp, user.locale)
 
 
 def _replayed(record: UserSendRecord, hashes: tuple[str, ...]) -> Response:
@@ -216,7 +221,8 @@ async def accept_user_request(rt: Runtime, tenant: TenantConfig, data: Any,
         message_id=message_id, tenant_id=tenant.id, request_hash=hashes[0], tier=req.tier,
         category=req.category, deliver=req.deliver, accepted_at=accepted_at,
         status=_status(req, accepted_at, bool(legs)), picks=decision.picks,
-        messages=tuple(legs), skipped=decision.skipped)
+        messages=tuple(legs), skipped=decision.skipped,
+        user_preferences_version=decision.user_preferences_version)
     try:
         await store.user_sends.put(record)
     except CASSANDRA_DOWN as exc:
@@ -254,7 +260,8 @@ async def user_send_view(rt: Runtime, tenant_id: str, message_id: str
         message_id=record.message_id, status=furthest([leg.status for leg in legs],
                                                       record.status),
         tier=record.tier, category=record.category, deliver=record.deliver,
-        accepted_at=record.accepted_at, messages=legs, skipped=record.skipped)
+        accepted_at=record.accepted_at, messages=legs, skipped=record.skipped,
+        user_preferences_version=record.user_preferences_version)
 
 
 def _current(row: MessageRow | None) -> Status | None:

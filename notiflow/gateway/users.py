@@ -61,7 +61,7 @@ EXAMPLE: Final = {"ana": {"phones": ["+33612345678"], "emails": ["ana@example.co
                           "properties": {"first_name": "Ana", "plan": "pro"}}}
 
 
-def _user_id(user_id: str) -> str:
+def checked_user_id(user_id: str) -> str:
     """``422 invalid_user_id`` for an id outside :data:`USER_ID_PATTERN`."""
     if not USER_ID.fullmatch(user_id):
         raise ApiError(422, "validation_failed", "invalid_user_id",
@@ -98,7 +98,7 @@ async def put_user(user_id: UserIdPath, request: Request, tenant: Tenant,
                    rt: RuntimeDep) -> Response:
     """Create or replace a user; ``201`` when new, ``200`` otherwise, with the stored
     user (``version`` 1 when new, one more with each change)."""
-    _user_id(user_id)
+    checked_user_id(user_id)
     profile = await read_model(request, UserProfile)
     await _chat_webhooks_allowed(rt, profile.chat_webhooks)
     user, created = await _contended(rt.users().put(tenant.id, user_id, profile))
@@ -115,7 +115,7 @@ async def patch_user(user_id: UserIdPath, request: Request, tenant: Tenant,
                      rt: RuntimeDep) -> Response:
     """Change some fields of a user: a field present replaces the stored one, ``null``
     clears it, ``properties`` merge name by name; ``404`` when there is no such user."""
-    _user_id(user_id)
+    checked_user_id(user_id)
     patch = await read_model(request, UserPatch)
     await _chat_webhooks_allowed(rt, patch.chat_webhooks)
     try:
@@ -131,7 +131,7 @@ async def patch_user(user_id: UserIdPath, request: Request, tenant: Tenant,
             responses=tenant_errors(404, 422, r422="`invalid_user_id`."))
 async def get_user(user_id: UserIdPath, tenant: Tenant, rt: RuntimeDep) -> Response:
     """The stored user; ``404`` when the tenant has no such user."""
-    _user_id(user_id)
+    checked_user_id(user_id)
     user = await rt.users().get(tenant.id, user_id)
     if user is None:
         raise not_found()
@@ -148,7 +148,7 @@ async def delete_user(user_id: UserIdPath, request: Request, tenant: Tenant,
     the devices registered under their phones and emails, their inbox, then the user;
     ``404`` when there is no such user. Repeat a call that failed: each step is
     idempotent."""
-    _user_id(user_id)
+    checked_user_id(user_id)
     erased = await _contended(rt.users().erase(tenant.id, user_id))
     if not erased:
         raise not_found()

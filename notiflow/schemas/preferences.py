@@ -38,14 +38,28 @@ _PHONE: TypeAdapter[str] = TypeAdapter(PhoneNumber)
 _EMAIL: TypeAdapter[str] = TypeAdapter(EmailAddress)
 
 
+REQUIRED_CATEGORIES: frozenset[Category] = frozenset({Category.OTP, Category.SECURITY})
+"""Categories no one can opt out of (a sign-in code, a security alert): an opt-out never
+blocks them; a suppression of the address (dead, bounced, STOP) still does."""
+
+
 class OptOut(Wire):
-    """No messages of ``category`` on ``channel``; ``"*"`` matches any."""
+    """No messages of ``category`` on ``channel``; ``"*"`` matches any (never a category of
+    :data:`REQUIRED_CATEGORIES`)."""
 
     channel: Channel | Literal["*"] = "*"
     category: Category | Literal["*"] = "*"
 
     def matches(self, channel: Channel, category: Category) -> bool:
-        return self.channel in ("*", channel) and self.category in ("*", category)
+        return (category not in REQUIRED_CATEGORIES and self.channel in ("*", channel)
+                and self.category in ("*", category))
+
+
+class OptOutChoice(OptOut):
+    """An opt-out as a person or tenant asks for it: of any category but a required one."""
+
+    category: Literal[Category.TRANSACTIONAL, Category.ACCOUNT, Category.MARKETING,
+                      "*"] = "*"
 
 
 class QuietWindow(Wire):
@@ -71,7 +85,7 @@ class PreferencesUpdate(Wire):
 
     timezone: str | None = None
     quiet_hours: QuietWindow | None = None
-    opt_outs: tuple[OptOut, ...] = Field(default=(), max_length=64)
+    opt_outs: tuple[OptOutChoice, ...] = Field(default=(), max_length=64)
 
     @field_validator("timezone")
     @classmethod
@@ -179,6 +193,25 @@ class PreferencesView(Wire):
                    version=state.version, updated_at=state.updated_at,
                    timezone=state.timezone, quiet_hours=state.quiet_hours,
                    opt_outs=state.opt_outs, suppressed=state.suppressed)
+
+
+class UserPreferencesUpdate(Wire):
+    """Body of ``PUT /v1/users/{user_id}/preferences``: what the user does not want, per
+    channel and category, on every address of theirs (replaces the stored opt-outs)."""
+
+    opt_outs: tuple[OptOutChoice, ...] = Field(default=(), max_length=64)
+
+
+class UserPreferencesView(Wire):
+    """Body of ``GET``/``PUT /v1/users/{user_id}/preferences``: the user's opt-outs, the
+    version a send records when it honours them (0: none stored yet), and the categories
+    no one can opt out of."""
+
+    user_id: str
+    version: int = Field(ge=0)
+    updated_at: AwareDatetime | None
+    opt_outs: tuple[OptOut, ...]
+    required: tuple[Category, ...] = tuple(sorted(REQUIRED_CATEGORIES))
 
 
 class DeviceRegistration(Wire):

@@ -146,10 +146,12 @@ class Skip(Wire):
 
 
 class Decision(Wire):
-    """Where a message to a user goes and what was left out, in the request's order."""
+    """Where a message to a user goes and what was left out, in the request's order, and
+    the version of the user's own preferences it honoured (0: none stored)."""
 
     picks: tuple[Pick, ...] = ()
     skipped: tuple[Skip, ...] = ()
+    user_preferences_version: int = Field(0, ge=0)
 
 
 class LegView(Wire):
@@ -189,6 +191,8 @@ class UserMessageView(Wire):
     accepted_at: datetime
     messages: tuple[LegView, ...]
     skipped: tuple[Skip, ...]
+    user_preferences_version: int = Field(0, ge=0)
+    """The version of the user's preferences the decision honoured (0: none stored)."""
 
 
 class UserSendRecord(Wire):
@@ -207,6 +211,7 @@ class UserSendRecord(Wire):
     picks: tuple[Pick, ...]
     messages: tuple[LegView, ...]
     skipped: tuple[Skip, ...]
+    user_preferences_version: int = Field(0, ge=0)
 
     def accepted(self) -> UserAccepted:
         return UserAccepted(message_id=self.message_id, status=self.status,

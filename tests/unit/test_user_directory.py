@@ -15,7 +15,7 @@ import pytest
 from notiflow.adapters.kafka_io import DeliveryFailed, OutRecord
 from notiflow.adapters.memory.users import MemoryUsers
 from notiflow.adapters.user_directory import UserDirectory
-from notiflow.redact import recipient_hash
+from notiflow.redact import recipient_hash, user_hash
 from notiflow.schemas.users import UserPatch, UserProfile
 from tests.fakes import Producer
 from tests.user_records_contract import check_user_records
@@ -109,14 +109,15 @@ def test_a_newer_version_stored_while_publishing_is_published_too() -> None:
     assert (values(producer)[-1] or {}).get("locale") == "it"
 
 
-def test_an_erasure_forgets_every_address_then_the_user_then_publishes_a_tombstone() -> None:
+def test_an_erasure_forgets_every_address_and_the_users_preferences_then_the_user() -> None:
     users, records, producer, log = directory()
     asyncio.run(users.put("acme", "u-1", ana()))
     assert asyncio.run(users.erase("acme", "u-1")) is True
     phone, email = (recipient_hash("acme", k) for k in ("+33612345678", "ana@example.com"))
     token = recipient_hash("acme", f"ios:{IOS}")
+    own = user_hash("acme", "u-1")
     assert log == [f"address {phone}", f"owner {phone}", f"address {email}",
-                   f"owner {email}", f"address {token}", "inbox u-1"]
+                   f"owner {email}", f"address {token}", f"address {own}", "inbox u-1"]
     assert asyncio.run(records.get("acme", "u-1")) is None
     last = producer.records[-1]
     assert (last.key, last.value) == (b"acme:u-1", None)

@@ -11,8 +11,10 @@ from urllib.parse import quote
 
 import httpx
 import pytest
+from cassandra.cluster import Session
 
 from notiflow.adapters.envelope import envelope, load
+from notiflow.redact import user_hash
 from notiflow.schemas.enums import Channel, PushPlatform, Tier
 from notiflow.schemas.messages import PushRecipient
 from notiflow.settings import Settings
@@ -174,3 +176,43 @@ def test_a_batch_item_may_name_a_user(client: httpx.Client,
     ok, refused = r.json()["results"]
     assert (ok["code"], [m["channel"] for m in ok["messages"]]) == (202, ["EMAIL"])
     assert (refused["code"], refused["reason"]) == (422, "unknown_user")
+
+
+def test_the_users_own_opt_out_moves_every_address_of_that_channel(
+        client: httpx.Client, auth: Callable[..., dict[str, str]], person: Person,
+        cql: Session) -> None:
+    user = person.uid
+    empty = client.get(f"/v1/users/{user}/preferences", headers=auth("acme"))
+    assert (empty.status_code, empty.json()["version"], empty.json()["opt_outs"]) == (
+        200, 0, [])
+    assert empty.json()["required"] == ["otp", "security"]
+    r = client.put(f"/v1/users/{user}/preferences", headers=auth("acme"), json={
+        "opt_outs": [{"channel": "PUSH", "category": "transactional"}]})
+    assert r.status_code == 200, r.text
+    version = r.json()["version"]
+    assert version >= 1 and person.ios not in r.text
+
+    sent = client.post("/v1/messages", headers=auth("acme"),
+                       json=send(user, "PUSH", "SMS", "EMAIL"))
+    assert sent.status_code == 202, sent.text
+    assert [m["channel"] for m in sent.json()["messages"]] == ["SMS"]
+    assert sent.json()["skipped"][0] == {"channel": "PUSH", "index": 0, "reason": "opted_out"}
+    shown = client.get(f"/v1/messages/{sent.json()['message_id']}", headers=auth("acme"))
+    assert shown.json()["user_preferences_version"] == version
+
+    code = client.post("/v1/messages", headers=auth("acme"),
+                       json=send(user, "PUSH", "SMS", category="otp"))
+    assert [m["channel"] for m in code.json()["messages"]] == ["PUSH"]
+    refused = client.put(f"/v1/users/{user}/preferences", headers=auth("acme"), json={
+        "opt_outs": [{"channel": "*", "category": "security"}]})
+    assert (refused.status_code, refused.json()["reason"]) == (422, "invalid_body")
+    assert client.get(f"/v1/users/{user}/preferences",
+                      headers=auth("globex")).status_code == 404
+    assert client.put("/v1/users/nobody-z/preferences", headers=auth("acme"),
+                      json={"opt_outs": []}).status_code == 404
+
+    assert client.delete(f"/v1/users/{user}", headers=auth("acme")).status_code == 204
+    assert client.get(f"/v1/users/{user}/preferences", headers=auth("acme")).status_code == 404
+    kept = cql.execute("SELECT opt_outs FROM recipient_preferences WHERE tenant_id = %s AND "
+                       "recipient_hash = %s", ("acme", user_hash("acme", user))).one()
+    assert kept is not None and not kept["opt_outs"]

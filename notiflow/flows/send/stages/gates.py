@@ -1,6 +1,7 @@
 """Gates: the reasons a leased attempt is not sent. Expired → EXPIRED; over a recipient or
 tenant cap → SUPPRESSED; the same content sent to the same recipient within the window →
-SUPPRESSED; a strong-consent category (marketing) opted out in Cassandra → SUPPRESSED."""
+SUPPRESSED; a strong-consent category (marketing) opted out in Cassandra, or a category the
+user a message was sent to opted out of → SUPPRESSED."""
 
 from __future__ import annotations
 
@@ -18,7 +19,12 @@ from notiflow.flows.send.stages.emit import finish
 from notiflow.flows.send.stages.send_batch import Batch, attempt_key
 from notiflow.redact import hasher, recipient_hashes
 from notiflow.schemas.enums import Status
-from notiflow.schemas.preferences import PreferenceState, combined_state, state_key
+from notiflow.schemas.preferences import (
+    REQUIRED_CATEGORIES,
+    PreferenceState,
+    combined_state,
+    state_key,
+)
 
 REDIS_CLOSED_WAIT = timedelta(seconds=30)
 """How long a fail-closed cap check waits for Redis before it is tried again."""
@@ -98,20 +104,30 @@ class ContentDedup:
                 batch.content_keys[attempt_key(w)] = ckey
 
 
+def _own(w: Work) -> tuple[str, str] | None:
+    """The key of the preferences of the user a message was sent to, when they apply."""
+    r = w.record
+    if r.user is None or r.category in REQUIRED_CATEGORIES:
+        return None
+    return r.tenant_id, r.user.user_hash
+
+
 class StrongConsent:
-    """Re-read the preferences of strong-consent categories (marketing) from Cassandra, so
-    an opt-out acknowledged by the API applies to every later send; a recipient's state is
-    combined from those under each of its hashes (``redact.recipient_hashes``,
-    ``combined_state``)."""
+    """Re-read from Cassandra the preferences of strong-consent categories (marketing) and,
+    for a message sent to a user, the user's own, so an opt-out acknowledged by the API
+    applies to every later send; a recipient's state is combined from those under each of
+    its hashes (``redact.recipient_hashes``, ``combined_state``)."""
 
     async def __call__(self, batch: Batch, ctx: SendContext) -> None:
+        categories = ctx.settings.strong_consent_categories
         strong = [w for w in batch.live
-                  if w.record.category in ctx.settings.strong_consent_categories]
+                  if w.record.category in categories or _own(w) is not None]
         if not strong:
             return
         hashes = {id(w): recipient_hashes(w.record.tenant_id, w.record.recipient_key())
-                  for w in strong}
-        keys = sorted({(w.record.tenant_id, h) for w in strong for h in hashes[id(w)]})
+                  if w.record.category in categories else () for w in strong}
+        keys = sorted({(w.record.tenant_id, h) for w in strong for h in hashes[id(w)]}
+                      | {own for w in strong if (own := _own(w)) is not None})
         states: dict[str, PreferenceState] = {}
         step = ctx.policy.store_concurrency
         for i in range(0, len(keys), step):
@@ -119,9 +135,13 @@ class StrongConsent:
             states.update(await ctx.infra(
                 "cassandra", functools.partial(ctx.ports.preferences.get_states, chunk)))
         for w in strong:
-            state = combined_state([states.get(state_key(w.record.tenant_id, h))
+            r = w.record
+            state = combined_state([states.get(state_key(r.tenant_id, h))
                                     for h in hashes[id(w)]])
-            reason = state.blocks(w.record.channel, w.record.category) if state else None
+            reason = state.blocks(r.channel, r.category) if state else None
+            own = _own(w)
+            mine = states.get(state_key(*own)) if own is not None else None
+            reason = reason or (mine.blocks(r.channel, r.category) if mine else None)
             if reason:
                 batch.decide(w, await finish(ctx, w, ctx.event(
                     w, Status.SUPPRESSED, batch.now, reason=reason)))
