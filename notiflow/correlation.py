@@ -55,6 +55,11 @@ class CorrelationKeys:
                 for k in settings.dlq_key.get_secret_value().split(",") if k.strip()))
         raise CorrelationKeyMissing("NOTIFLOW_CORRELATION_KEY (or NOTIFLOW_DLQ_KEY) is not set")
 
+    def derived(self, label: bytes) -> tuple[bytes, ...]:
+        """One key per correlation key for another use, named by ``label`` (HMAC-SHA-256 of
+        the label): the current one first, so a rotation carries over."""
+        return tuple(hmac.new(k, label, hashlib.sha256).digest() for k in self.keys)
+
     def tag(self, *parts: str) -> str:
         """The tag of ``parts`` under the current key."""
         return _tag(self.keys[0], parts)

@@ -141,6 +141,7 @@ def dev_environment(*, api_port: int, fakes_port: int, time_scale: float = 1.0,
         "NOTIFLOW_TIME_SCALE": str(time_scale),
         "NOTIFLOW_UNSUBSCRIBE__BASE_URL": f"http://127.0.0.1:{hooks}",
         "NOTIFLOW_UNSUBSCRIBE__MAILTO": "unsubscribe@notiflow.example",
+        "NOTIFLOW_PREFERENCE_PAGE__BASE_URL": f"http://127.0.0.1:{hooks}",
         **provider_environment(Settings, DevEndpoints.loopback(
             fakes_port=fakes_port, webhook_port=hooks, apns_port=apns_port, tls_dir=tls_dir)),
         **LOOPBACK_EGRESS,

@@ -11,8 +11,6 @@ listed.
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Final
@@ -53,8 +51,7 @@ class UnsubscribeKeys:
 
     @classmethod
     def of(cls, correlation: CorrelationKeys) -> UnsubscribeKeys:
-        return cls(tuple(hmac.new(k, _DERIVATION, hashlib.sha256).digest()
-                         for k in correlation.keys))
+        return cls(correlation.derived(_DERIVATION))
 
     def issue(self, u: Unsubscription) -> str:
         claims = {"aud": AUDIENCE, "tid": u.tenant_id, "rh": u.recipient_hash,

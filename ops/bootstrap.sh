@@ -2,8 +2,8 @@
 # Install what notiflow needs on a fresh clone, by profile (safe to run repeatedly):
 #
 #   ops/bootstrap.sh          everything (`make test`, `make stack-up`): system packages
-#                             (Java 17, Maven, redis-server, and promtool from Debian's
-#                             prometheus package) when missing, the Python venv with pinned
+#                             (Java 17, Maven, redis-server, promtool from Debian's
+#                             prometheus package, chromium and chromium-driver) when missing, the Python venv with pinned
 #                             dependencies and the dev, bench, analytics, emulators, archive and
 #                             ses extras, the Kafka and Cassandra jars from Maven Central,
 #                             SeaweedFS's weed, toxiproxy, helm and kubeconform built with Go
@@ -34,7 +34,7 @@ done
 
 # the steps of each profile, in order; `--plan` prints them
 case "$profile" in
-  full) steps=(system-packages promtool venv-full stack-fetch kube-tools) ;;
+  full) steps=(system-packages promtool browser venv-full stack-fetch kube-tools) ;;
   demo) steps=(system-packages venv) ;;
 esac
 if [ "$plan" = 1 ]; then
@@ -78,6 +78,13 @@ fi
 if step promtool && ! command -v promtool >/dev/null 2>&1; then
   say "installing promtool (Debian package prometheus)"
   apt_install "promtool (Prometheus)" --no-install-recommends prometheus
+fi
+
+# The hosted pages are tested in a real browser: Debian's Chromium and its WebDriver, driven
+# by Selenium (tests/integration/test_preference_page.py).
+if step browser && ! command -v chromedriver >/dev/null 2>&1; then
+  say "installing chromium and chromium-driver (browser tests)"
+  apt_install "chromium and chromium-driver" --no-install-recommends chromium chromium-driver
 fi
 
 PY=""

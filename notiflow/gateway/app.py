@@ -41,6 +41,7 @@ from notiflow.gateway import (
     message_list,
     messages,
     openapi,
+    preference_page,
     recipients,
     schedules,
     templates,
@@ -193,6 +194,7 @@ def build_app(settings: Settings) -> FastAPI:
     app.include_router(campaigns.router)
     if settings.api_lane != "priority":
         app.include_router(unsubscribe.router)
+        app.include_router(preference_page.router)
         for routes in receipt_routes(settings):
             app.include_router(routes.router)
 

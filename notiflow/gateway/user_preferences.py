@@ -14,11 +14,12 @@ from __future__ import annotations
 from fastapi import APIRouter, Request, Response
 
 from notiflow.gateway.auth import RuntimeDep, Tenant, read_model
-from notiflow.gateway.errors import not_found
+from notiflow.gateway.errors import not_found, unavailable
 from notiflow.gateway.openapi import json_body, tenant_errors
 from notiflow.gateway.recipients import STATE_ERRORS, state_change, stored_state
 from notiflow.gateway.runtime import Runtime
 from notiflow.gateway.users import UserIdPath, checked_user_id
+from notiflow.preference_links import PageLink, preference_link
 from notiflow.redact import recipient_hashes, user_hash, user_recipient_key
 from notiflow.schemas.preferences import (
     PreferenceState,
@@ -29,6 +30,7 @@ from notiflow.schemas.preferences import (
 
 router = APIRouter()
 JSON = "application/json"
+
 EXAMPLE = {"no-marketing-sms": {"opt_outs": [{"channel": "SMS", "category": "marketing"}]}}
 
 
@@ -87,3 +89,19 @@ async def put_user_preferences(user_id: UserIdPath, request: Request, tenant: Te
     update = await read_model(request, UserPreferencesUpdate)
     state = await set_user_preferences(rt, tenant.id, user_id, update)
     return _answer(preferences_view(user_id, state))
+
+
+@router.post("/v1/users/{user_id}/preferences:link", response_model=PageLink,
+             responses=tenant_errors(404, 422, r422="`invalid_user_id`.",
+                                     r503="`preference_page_not_configured`: no "
+                                          "`NOTIFLOW_PREFERENCE_PAGE__BASE_URL` or no "
+                                          "correlation key."))
+async def link_user_preferences(user_id: UserIdPath, tenant: Tenant,
+                                rt: RuntimeDep) -> Response:
+    """A signed link to the user's hosted preference page, to put in a message or an app."""
+    await _existing(rt, tenant.id, user_id)
+    link = preference_link(rt.settings, tenant.id, user_id)
+    if link is None:
+        raise unavailable("preference_page_not_configured",
+                          "this deployment has no hosted preference page")
+    return Response(link.model_dump_json(), media_type=JSON)

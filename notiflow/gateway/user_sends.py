@@ -44,6 +44,7 @@ from notiflow.gateway.errors import (
 )
 from notiflow.gateway.outbox import traceparent
 from notiflow.gateway.runtime import Runtime, now_ms
+from notiflow.preference_links import LINK_VARIABLE, preference_link
 from notiflow.recipient_checks import recipient_problem
 from notiflow.redact import hasher, mask, recipient_hashes, user_hash, user_recipient_key
 from notiflow.schemas.enums import Category, Channel, Status, Tier
@@ -176,6 +177,20 @@ def _answer(record: UserSendRecord, *, replayed: bool = False) -> Response:
                     headers=headers)
 
 
+async def with_link(rt: Runtime, tenant_id: str, req: UserSendRequest) -> dict[str, Any]:
+    """The request's variables with ``preferences_url``, the user's preference page link
+    (the template helper), when one of its templates reads it, the request does not set it
+    and the deployment has a page."""
+    if LINK_VARIABLE in req.variables:
+        return req.variables
+    rows = [await rt.template(tenant_id, o.template_id, o.template_version)
+            for o in req.channels]
+    if not any(row is not None and LINK_VARIABLE in row.variables for row in rows):
+        return req.variables
+    link = preference_link(rt.settings, tenant_id, req.user_id)
+    return req.variables if link is None else {**req.variables, LINK_VARIABLE: link.url}
+
+
 async def accept_user_request(rt: Runtime, tenant: TenantConfig, data: Any,
                               key: str | None, incoming_trace: str | None,
                               labels: dict[str, str]) -> Response:
@@ -195,8 +210,9 @@ async def accept_user_request(rt: Runtime, tenant: TenantConfig, data: Any,
     try:
         if key is not None and (earlier := await store.user_sends.get(message_id)):
             return _replayed(earlier, hashes)
+        variables = await with_link(rt, tenant.id, req)
         for option in options:
-            await check_template(rt, tenant, option, req.variables)
+            await check_template(rt, tenant, option, variables)
         decision, addresses, stamp, user_locale = await decide(rt, tenant, req)
     except CASSANDRA_DOWN as exc:
         raise store_unavailable(exc) from None
@@ -206,14 +222,15 @@ async def accept_user_request(rt: Runtime, tenant: TenantConfig, data: Any,
     trace = traceparent(incoming_trace)
     for pick in decision.picks:
         address = addresses[pick.channel][pick.index]
-        leg = req.leg(by_channel[pick.channel], address, user_locale)
+        asked = req.leg(by_channel[pick.channel], address, user_locale)
+        leg = asked.model_copy(update={"variables": variables})
         check_policy(rt.settings, tenant, leg)
         expires_at = effective_expiry(rt.settings, leg, accepted_at)
         await rt.admission.check(tenant, leg)
         check_kafka_window(rt, leg.tier)
         child = leg_id(message_id, pick.channel, pick.index)
         await accept(rt, tenant, leg, leg_key(key, pick.channel, pick.index),
-                     request_hash(leg), accepted_at, expires_at, trace,
+                     request_hash(asked), accepted_at, expires_at, trace,
                      message_id=child, user=stamp)
         legs.append(LegView(channel=pick.channel, address=_shown(pick.channel, address),
                             message_id=child))

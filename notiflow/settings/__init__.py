@@ -33,7 +33,7 @@ from notiflow.settings.providers import (
     WebhookPrefixes,
     insecure_endpoint,
 )
-from notiflow.settings.rendering import RenderLimits, SmsReplies, Unsubscribe
+from notiflow.settings.rendering import PreferencePage, RenderLimits, SmsReplies, Unsubscribe
 from notiflow.settings.security import EgressSettings, IngestBinding, IngestEncryption, JwtAuth
 from notiflow.settings.serving import (
     ApiRedisTimeout,
@@ -106,6 +106,7 @@ __all__ = [
     "ObjectStoreSettings",
     "OutageWindow",
     "PaceRule",
+    "PreferencePage",
     "ProviderRoute",
     "QuietHours",
     "RedisSecurity",

@@ -32,7 +32,7 @@ from notiflow.settings.providers import (
     ProviderRoute,
     insecure_endpoint,
 )
-from notiflow.settings.rendering import RenderLimits, SmsReplies, Unsubscribe
+from notiflow.settings.rendering import PreferencePage, RenderLimits, SmsReplies, Unsubscribe
 from notiflow.settings.security import EgressSettings, IngestBinding, IngestEncryption, JwtAuth
 from notiflow.settings.serving import (
     ApiRedisTimeout,
@@ -294,6 +294,7 @@ class Settings(BaseSettings, ProviderSections):
     """The budget of every template render (``NOTIFLOW_RENDER_LIMITS__CPU_TIME`` ...)."""
     unsubscribe: Unsubscribe = Unsubscribe()
     sms_replies: SmsReplies = SmsReplies()
+    preference_page: PreferencePage = PreferencePage()
     category_tiers: CategoryTiers = CategoryTiers()
     """Tiers each message category may use (``NOTIFLOW_CATEGORY_TIERS__ALLOWED``, JSON)."""
     ingest_encryption: IngestEncryption = IngestEncryption()

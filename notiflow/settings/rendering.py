@@ -58,3 +58,15 @@ class SmsReplies(_Frozen):
         "Reply STOP to unsubscribe, START to resubscribe. Msg&data rates may apply.",
         max_length=320)
     """Answer to HELP unless the number is one tenant's with its own ``sms_help``."""
+
+
+class PreferencePage(_Frozen):
+    """The hosted preference page (``NOTIFLOW_PREFERENCE_PAGE__*``): where its links point
+    and how long one works."""
+
+    base_url: str | None = Field(None, pattern=r"^https?://[^\s/?#]+(/[^\s?#]*)?$")
+    """The public URL of the Messaging API's bulk lane (``https://notify.example.com``); links
+    are ``{base_url}/preferences/{token}``. Unset: no link is issued, and a template of a
+    send to a user that reads ``preferences_url`` is refused."""
+    max_age: timedelta = Field(timedelta(days=30), gt=timedelta(0))
+    """How long a link works after it was issued."""

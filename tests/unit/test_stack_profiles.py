@@ -113,8 +113,8 @@ def bootstrap(*args: str) -> subprocess.CompletedProcess[str]:
 def test_the_full_profile_installs_everything() -> None:
     done = bootstrap("--plan")
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["system-packages", "promtool", "venv-full", "stack-fetch",
-                                   "kube-tools"]
+    assert done.stdout.split() == ["system-packages", "promtool", "browser", "venv-full",
+                                   "stack-fetch", "kube-tools"]
 
 
 def test_the_demo_profile_builds_nothing_with_go() -> None:
