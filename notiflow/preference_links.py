@@ -1,11 +1,11 @@
 """Links to a user's hosted preference page: a signed, expiring token naming the tenant and
 the user, ``{base_url}/preferences/{token}``.
 
-A token is a JWT (HS256, PyJWT) with the tenant id, the tenant's own user id (visible in
-the link: it is not secret, the signature is what grants access), when it was issued and
-when it expires. It is the only credential of the page and its JSON twin, so it is as good
-as the user's consent settings until it expires. The signing key is derived from each
-correlation key, as the unsubscribe links' are, under another label.
+A token is a JWT (HS256, ``notiflow/signed_tokens.py``) with the tenant id, the tenant's own
+user id (visible in the link: it is not secret, the signature is what grants access), when
+it was issued and when it expires. It is the only credential of the page and its JSON twin,
+so it is as good as the user's consent settings until it expires. The signing key is
+derived from each correlation key, as the unsubscribe links' are, under another label.
 """
 
 from __future__ import annotations
@@ -14,14 +14,13 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, time, timedelta
 from typing import Final
 
-import jwt
 from pydantic import AwareDatetime
 
 from notiflow.correlation import CorrelationKeyMissing, CorrelationKeys
 from notiflow.schemas.messages import Wire
 from notiflow.settings import Settings
+from notiflow.signed_tokens import sign, verified_claims
 
-ALGORITHM: Final = "HS256"
 AUDIENCE: Final = "notiflow-preferences"
 _DERIVATION: Final = b"notiflow preference page v1"
 LINK_VARIABLE: Final = "preferences_url"
@@ -57,30 +56,21 @@ class PreferenceLinks:
         expires = datetime.fromtimestamp(int((now + max_age).timestamp()), UTC)
         claims = {"aud": AUDIENCE, "tid": tenant_id, "uid": user_id,
                   "iat": int(now.timestamp()), "exp": int(expires.timestamp())}
-        return (jwt.encode(claims, self.keys[0], algorithm=ALGORITHM),
-                PageGrant(tenant_id, user_id, expires))
+        return sign(claims, self.keys), PageGrant(tenant_id, user_id, expires)
 
     def verify(self, token: str, now: datetime) -> PageGrant:
         """Whose page ``token`` opens; :class:`InvalidLink` when no key signed it, a claim
         is missing or malformed, or it expired before ``now``."""
-        for key in self.keys:
-            try:
-                claims = jwt.decode(token, key, algorithms=[ALGORITHM], audience=AUDIENCE,
-                                    options={"require": ["aud", "exp", "tid", "uid"],
-                                             "verify_exp": False})
-            except jwt.InvalidSignatureError:
-                continue
-            except jwt.PyJWTError as exc:
-                raise InvalidLink(str(exc)) from None
-            try:
-                grant = PageGrant(str(claims["tid"]), str(claims["uid"]),
-                                  datetime.fromtimestamp(int(claims["exp"]), UTC))
-            except (KeyError, ValueError, OverflowError, TypeError):
-                raise InvalidLink("claims are not a page grant") from None
-            if now >= grant.expires_at:
-                raise InvalidLink("the link has expired")
-            return grant
-        raise InvalidLink("signature not valid under any key")
+        claims = verified_claims(token, self.keys, AUDIENCE, ["exp", "tid", "uid"],
+                                 InvalidLink)
+        try:
+            grant = PageGrant(str(claims["tid"]), str(claims["uid"]),
+                              datetime.fromtimestamp(int(claims["exp"]), UTC))
+        except (KeyError, ValueError, OverflowError, TypeError):
+            raise InvalidLink("claims are not a page grant") from None
+        if now >= grant.expires_at:
+            raise InvalidLink("the link has expired")
+        return grant
 
 
 def page_url(base_url: str, token: str) -> str:

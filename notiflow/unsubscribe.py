@@ -15,12 +15,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Final
 
-import jwt
-
 from notiflow.correlation import CorrelationKeys
 from notiflow.schemas.enums import Category, Channel, Tier
+from notiflow.signed_tokens import sign, verified_claims
 
-ALGORITHM: Final = "HS256"
 AUDIENCE: Final = "notiflow-unsubscribe"
 _DERIVATION: Final = b"notiflow unsubscribe v1"
 ONE_CLICK: Final = "List-Unsubscribe=One-Click"
@@ -54,24 +52,15 @@ class UnsubscribeKeys:
         return cls(correlation.derived(_DERIVATION))
 
     def issue(self, u: Unsubscription) -> str:
-        claims = {"aud": AUDIENCE, "tid": u.tenant_id, "rh": u.recipient_hash,
-                  "cat": u.category.value, "iat": int(u.issued_at.timestamp())}
-        return jwt.encode(claims, self.keys[0], algorithm=ALGORITHM)
+        return sign({"aud": AUDIENCE, "tid": u.tenant_id, "rh": u.recipient_hash,
+                     "cat": u.category.value, "iat": int(u.issued_at.timestamp())}, self.keys)
 
     def verify(self, token: str, now: datetime, max_age: timedelta) -> Unsubscription:
         """The unsubscription of ``token``; :class:`InvalidToken` when no key signed it, a
         claim is missing or malformed, or it was issued more than ``max_age`` before
         ``now``."""
-        for key in self.keys:
-            try:
-                claims = jwt.decode(token, key, algorithms=[ALGORITHM], audience=AUDIENCE,
-                                    options={"require": ["aud", "iat"]})
-            except jwt.InvalidSignatureError:
-                continue
-            except jwt.PyJWTError as exc:
-                raise InvalidToken(str(exc)) from None
-            return _unsubscription(claims, now, max_age)
-        raise InvalidToken("signature not valid under any key")
+        claims = verified_claims(token, self.keys, AUDIENCE, ["iat"], InvalidToken)
+        return _unsubscription(claims, now, max_age)
 
 
 def _unsubscription(claims: dict[str, object], now: datetime,
@@ -101,3 +90,4 @@ def list_unsubscribe(token: str, base_url: str, mailto: str | None
     if mailto is not None:
         links.append(f"<mailto:{mailto}?subject=unsubscribe%20{token}>")
     return (("List-Unsubscribe", ", ".join(links)), ("List-Unsubscribe-Post", ONE_CLICK))
+

@@ -20,6 +20,7 @@ from notiflow.gateway.auth import RuntimeDep
 from notiflow.gateway.errors import bad_request, unavailable
 from notiflow.gateway.inbound_sms import take_inbound
 from notiflow.gateway.openapi import raw_body
+from notiflow.gateway.runtime import Runtime
 from notiflow.gateway.webhook_openapi import FLAT_OBJECT, FORM, webhook_errors
 from notiflow.gateway.webhooks import MAX_BODY, precheck, publish, read_body, verified
 from notiflow.providers.twilio import receipts as twilio_receipts
@@ -41,6 +42,19 @@ TWILIO_BODY: Final = raw_body("A Twilio status callback.", {FORM: {"schema": {
 router = APIRouter()
 
 
+async def signed_form(request: Request, runtime: Runtime, *, inbound: bool) -> dict[str, str]:
+    """The form a Twilio webhook posted, once its ``X-Twilio-Signature`` is checked (the
+    headers before the body is read, then the whole request); ``403`` otherwise."""
+    precheck(lambda: twilio_signature.check_headers(runtime.keyring.sections("twilio"),
+                                                    request.headers))
+    raw = await read_body(request, MAX_BODY)
+    params = dict(parse_qsl(raw.decode(errors="replace"), keep_blank_values=True))
+    verified(runtime, "twilio", lambda config: twilio_signature.check_callback(
+        config, str(request.url), params,
+        request.headers.get(twilio_signature.SIGNATURE_HEADER), inbound=inbound))
+    return params
+
+
 @router.post("/webhooks/twilio",
              responses={200: {"description": "Taken (empty body)."},
                         **webhook_errors(400, 413, r400="`unknown_callback`.")},
@@ -48,13 +62,7 @@ router = APIRouter()
 async def twilio_status(request: Request, runtime: RuntimeDep) -> Response:
     """One Twilio status callback → at most one receipt; ``403`` unless signed."""
     settings = runtime.settings
-    precheck(lambda: twilio_signature.check_headers(runtime.keyring.sections("twilio"),
-                                                    request.headers))
-    raw = await read_body(request, MAX_BODY)
-    params = dict(parse_qsl(raw.decode(errors="replace"), keep_blank_values=True))
-    verified(runtime, "twilio", lambda config: twilio_signature.check_callback(
-        config, str(request.url), params,
-        request.headers.get(twilio_signature.SIGNATURE_HEADER)))
+    params = await signed_form(request, runtime, inbound=False)
     query = dict(request.query_params)
     try:
         receipt = twilio_receipts.callback_receipt(params, query, settings.twilio.provider_id,
@@ -105,13 +113,7 @@ async def twilio_inbound(request: Request, runtime: RuntimeDep) -> Response:
     """A text to one of the account's numbers; STOP, START and HELP change consent before
     the answer; ``403`` unless signed."""
     settings = runtime.settings
-    precheck(lambda: twilio_signature.check_headers(runtime.keyring.sections("twilio"),
-                                                    request.headers))
-    raw = await read_body(request, MAX_BODY)
-    params = dict(parse_qsl(raw.decode(errors="replace"), keep_blank_values=True))
-    verified(runtime, "twilio", lambda config: twilio_signature.check_callback(
-        config, str(request.url), params,
-        request.headers.get(twilio_signature.SIGNATURE_HEADER), inbound=True))
+    params = await signed_form(request, runtime, inbound=True)
     try:
         sms = inbound_sms(params, settings.twilio.provider_id)
     except ValueError as exc:
