@@ -81,7 +81,7 @@ if step promtool && ! command -v promtool >/dev/null 2>&1; then
 fi
 
 # The hosted pages are tested in a real browser: Debian's Chromium and its WebDriver, driven
-# by Selenium (tests/integration/test_preference_page.py).
+# by Selenium (tests/integration/test_preference_page_browser.py).
 if step browser && ! command -v chromedriver >/dev/null 2>&1; then
   say "installing chromium and chromium-driver (browser tests)"
   apt_install "chromium and chromium-driver" --no-install-recommends chromium chromium-driver

@@ -27,7 +27,8 @@ def test_template_versions_are_immutable(client: httpx.Client,
     assert created["version"] == 1
     assert created["variables"] == ["eta", "name", "order_id"]
     assert set(created) == {"template_id", "version", "channel", "variables", "checksum",
-                            "created_at"}
+                            "created_at", "locales"}
+    assert created["locales"] == []
 
     same = client.post("/v1/templates", headers=auth("acme"), json={
         "template_id": tid, "channel": "SMS", "version": 1, "subject": "Hi {{ name }}",
