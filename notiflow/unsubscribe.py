@@ -11,8 +11,12 @@ listed.
 
 from __future__ import annotations
 
+import email
+import email.policy
+import re
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from email.message import EmailMessage
 from typing import Final
 
 from notiflow.correlation import CorrelationKeys
@@ -91,3 +95,22 @@ def list_unsubscribe(token: str, base_url: str, mailto: str | None
         links.append(f"<mailto:{mailto}?subject=unsubscribe%20{token}>")
     return (("List-Unsubscribe", ", ".join(links)), ("List-Unsubscribe-Post", ONE_CLICK))
 
+
+_TOKEN: Final = re.compile(r"[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}")
+MAX_MAIL_TEXT: Final = 64 * 1024
+
+
+def mailed_token(raw: bytes) -> str | None:
+    """The unsubscribe token of a mail sent to the ``mailto:`` link: in its subject
+    (``unsubscribe <token>``, as the link sets it), else in the first ``text/plain`` part
+    (a client that dropped the subject); None when it has none. Never raises."""
+    try:
+        msg = email.message_from_bytes(raw, policy=email.policy.default)
+        found = _TOKEN.search(str(msg.get("Subject") or ""))
+        if found is None and isinstance(msg, EmailMessage):
+            part = msg.get_body(preferencelist=("plain",))
+            text = part.get_content() if part is not None else ""
+            found = _TOKEN.search(str(text)[:MAX_MAIL_TEXT])
+    except Exception:
+        return None
+    return found.group(0) if found else None

@@ -24,6 +24,7 @@ from notiflow.gateway.auth import RuntimeDep
 from notiflow.gateway.bodies import read_limited
 from notiflow.gateway.errors import not_found, unavailable
 from notiflow.gateway.openapi import errors, raw_body
+from notiflow.gateway.runtime import Runtime
 from notiflow.schemas.enums import Channel
 from notiflow.settings import Settings
 from notiflow.unsubscribe import ONE_CLICK, InvalidToken, UnsubscribeKeys, Unsubscription
@@ -56,6 +57,17 @@ def unsubscription(settings: Settings, token: str) -> Unsubscription:
         raise not_found() from None
 
 
+async def opt_out(rt: Runtime, u: Unsubscription) -> None:
+    """Opt ``u``'s recipient out of its category on email; returns once stored and
+    published (``503`` on contention)."""
+    try:
+        await rt.preferences().opt_out(u.tenant_id, u.recipient_hash, Channel.EMAIL,
+                                       u.category)
+    except StateContention:
+        raise unavailable("preferences_contention",
+                          "the recipient's state is changing concurrently; retry") from None
+
+
 @router.get("/unsubscribe/{token}", response_class=Response,
             responses={200: {"description": "A page with one button that unsubscribes.",
                              "content": {"text/html": {"schema": {"type": "string"}}}},
@@ -85,11 +97,6 @@ async def unsubscribe(token: Token, request: Request, rt: RuntimeDep) -> Respons
     published."""
     await read_limited(request, MAX_BODY)
     u = unsubscription(rt.settings, token)
-    try:
-        await rt.preferences().opt_out(u.tenant_id, u.recipient_hash, Channel.EMAIL,
-                                       u.category)
-    except StateContention:
-        raise unavailable("preferences_contention",
-                          "the recipient's state is changing concurrently; retry") from None
+    await opt_out(rt, u)
     done = f"<p>You will get no more {html.escape(u.category.value)} email.</p>"
     return Response(PAGE.format(title="Unsubscribed", content=done), media_type=HTML)

@@ -18,7 +18,9 @@ WEBHOOK_SCHEMES = {"/webhooks/twilio": "TwilioSignature",
                    "/webhooks/sendgrid": "SendGridSignature",
                    "/webhooks/vonage": "VonageSignature",
                    "/webhooks/vonage/inbound": "VonageSignature",
-                   "/webhooks/smtp-dsn": "DsnWebhookSecret", "/webhooks/ses": "SnsSignature"}
+                   "/webhooks/smtp-dsn": "DsnWebhookSecret",
+                   "/webhooks/unsubscribe-mail": "DsnWebhookSecret",
+                   "/webhooks/ses": "SnsSignature"}
 
 
 @pytest.fixture(scope="module")

@@ -5,6 +5,7 @@ by Python's ``email`` package (RFC 2369 / RFC 8058)."""
 from __future__ import annotations
 
 import email
+import email.message
 import email.policy
 import re
 from datetime import UTC, datetime, timedelta
@@ -34,6 +35,7 @@ from notiflow.unsubscribe import (
     UnsubscribeKeys,
     Unsubscription,
     list_unsubscribe,
+    mailed_token,
     wants_unsubscribe,
 )
 
@@ -159,3 +161,22 @@ def test_the_send_step_adds_the_headers_to_bulk_email_only() -> None:
     assert with_unsubscribe(ctx, otp, message(()), NOW).headers == ()  # type: ignore[arg-type]
     off = SimpleNamespace(settings=Settings(_env_file=None), unsubscribe_keys=None)  # type: ignore[call-arg]
     assert with_unsubscribe(off, bulk, message(()), NOW).headers == ()  # type: ignore[arg-type]
+
+
+def mail(subject: str | None, body: str = "Please stop.") -> bytes:
+    msg = email.message.EmailMessage()
+    msg["From"], msg["To"] = "ana@example.com", "unsubscribe@notify.example.com"
+    if subject is not None:
+        msg["Subject"] = subject
+    msg.set_content(body)
+    return msg.as_bytes()
+
+
+def test_a_mail_to_the_mailto_link_carries_its_token_in_the_subject_or_the_body() -> None:
+    token = keys(OLD).issue(U)
+    assert mailed_token(mail(f"unsubscribe {token}")) == token
+    assert mailed_token(mail("Re: newsletter", f"unsubscribe {token}\n-- \nAna")) == token
+    assert mailed_token(mail(None, f"> {token}")) == token
+    assert mailed_token(mail("stop sending me this")) is None
+    assert mailed_token(b"\xff\xfe not a mail at all") is None
+    assert mailed_token(b"") is None

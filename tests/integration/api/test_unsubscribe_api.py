@@ -4,6 +4,7 @@ and published), again and again without another change, and a forged link is ref
 
 from __future__ import annotations
 
+import email.message
 import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -68,3 +69,36 @@ def test_forged_expired_and_foreign_links_are_unknown(client: httpx.Client,
         r = client.post(url, content=ONE_CLICK, headers=FORM)
         assert (r.status_code, r.json()) == (404, {"error": "not_found"}), url
         assert client.get(url).status_code == 404
+
+
+def test_a_mail_to_the_mailto_link_opts_out_and_anything_else_changes_nothing(
+        client: httpx.Client, stack: Settings, auth: Callable[..., dict[str, str]]) -> None:
+    address = f"reader-{uuid.uuid4().hex[:8]}@example.com"
+    token = link_for(stack, "acme", address, Category.MARKETING).removeprefix("/unsubscribe/")
+    secret = stack.smtp.dsn_webhook_secret
+    assert secret is not None
+    pipe = {"Authorization": f"Bearer {secret.get_secret_value()}",
+            "Content-Type": "message/rfc822"}
+
+    def mailed(subject: str) -> bytes:
+        msg = email.message.EmailMessage()
+        msg["From"], msg["To"] = address, stack.unsubscribe.mailto or ""
+        msg["Subject"] = subject
+        msg.set_content("")
+        return msg.as_bytes()
+
+    junk = client.post("/webhooks/unsubscribe-mail", content=mailed("hello"), headers=pipe)
+    assert (junk.status_code, junk.json()) == (200, {"unsubscribed": 0})
+    forged = client.post("/webhooks/unsubscribe-mail", headers=pipe,
+                         content=mailed(f"unsubscribe {token[:-4]}AAAA"))
+    assert forged.json() == {"unsubscribed": 0}
+    assert preferences(client, auth, address) == {}
+    stranger = client.post("/webhooks/unsubscribe-mail", content=mailed(f"unsubscribe {token}"),
+                           headers={**pipe, "Authorization": "Bearer not-the-secret"})
+    assert stranger.status_code == 403
+
+    r = client.post("/webhooks/unsubscribe-mail", content=mailed(f"unsubscribe {token}"),
+                    headers=pipe)
+    assert (r.status_code, r.json()) == (200, {"unsubscribed": 1})
+    assert preferences(client, auth, address)["opt_outs"] == [
+        {"channel": "EMAIL", "category": "marketing"}]
