@@ -12,10 +12,11 @@ imports no driver and no implementation, not even indirectly
 from __future__ import annotations
 
 import enum
+import zlib
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 import orjson
 
@@ -168,6 +169,37 @@ class SmsConsent(Protocol):
 
     async def unsuppress(self, tenant_id: str, recipient_hash: str, *,
                          only: Suppression | None = None) -> Any: ...
+
+
+TOPIC_BUCKETS: Final = 16
+"""The pieces a topic's subscribers are kept in (by a stable hash of the user id)."""
+
+
+def topic_bucket(user_id: str) -> int:
+    """The bucket of a user in every topic: stable across processes and versions."""
+    return zlib.crc32(user_id.encode()) % TOPIC_BUCKETS
+
+
+class TopicSubscriptions(Protocol):
+    """Which of a tenant's users follow which topic (Cassandra ``topic_subscribers`` and
+    ``user_topics``); every write is idempotent."""
+
+    async def subscribe(self, tenant_id: str, topic: str, user_ids: Sequence[str],
+                        now: datetime) -> None: ...
+
+    async def unsubscribe(self, tenant_id: str, topic: str,
+                          user_ids: Sequence[str]) -> None: ...
+
+    async def subscribers(self, tenant_id: str, topic: str, bucket: int,
+                          after: str | None, limit: int) -> list[str]:
+        """User ids of one bucket in id order, those after ``after``, at most ``limit``."""
+        ...
+
+    async def topics_of(self, tenant_id: str, user_id: str) -> list[str]: ...
+
+    async def forget_user(self, tenant_id: str, user_id: str) -> None:
+        """Remove every subscription of the user (an erasure)."""
+        ...
 
 
 UserChange = Callable[[UserProfile | None], UserProfile | None]

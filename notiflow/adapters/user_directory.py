@@ -10,7 +10,7 @@ addresses everywhere the platform keeps them, then the user.
 3. An erasure first forgets what is kept by the user's addresses (their preference states
    are reduced to their suppression, a hashed trace that keeps a bounced or unsubscribed
    address suppressed; the devices registered under their phones and emails; the user's
-   own preferences; their inbox),
+   own preferences; their inbox; their topic subscriptions),
    then deletes the user and publishes a tombstone. Each step is idempotent, so an erasure
    that failed part way is completed by repeating it; history keeps only hashes and masked
    forms.
@@ -45,6 +45,10 @@ class Forgetting(Protocol):
         ...
 
     async def forget_inbox(self, tenant_id: str, user_id: str) -> None: ...
+
+    async def forget_topics(self, tenant_id: str, user_id: str) -> None:
+        """Remove the user from every topic they follow."""
+        ...
 
 
 def user_state(tenant_id: str, user: UserView,
@@ -131,6 +135,7 @@ class UserDirectory:
         for h in recipient_hashes(tenant_id, user_recipient_key(user_id)):
             await self.forgetting.forget_address(tenant_id, h)
         await self.forgetting.forget_inbox(tenant_id, user_id)
+        await self.forgetting.forget_topics(tenant_id, user_id)
         await self.records.erase(tenant_id, user_id)
         await self.producer.produce(tombstone(self.topic, tenant_id, user_id))
         return True

@@ -312,7 +312,8 @@ class Runtime:
         records, inbox = self._user_stores
         preferences = self.preferences()
         return UserDirectory(records, self.producer(), self.settings.users_topic,
-                             StoreForgetting(preferences, store.recipients, inbox))
+                             StoreForgetting(preferences, store.recipients, inbox,
+                                             store.topics))
 
     def preferences(self) -> PreferenceStore:
         """Recipient state (write to Cassandra, then publish); ``503`` while either is

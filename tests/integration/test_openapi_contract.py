@@ -59,7 +59,7 @@ NOT_STATED = ("scheduled_at must be before expires_at", "ends_at must be after s
               "window start and end must differ", "not a valid number for its country code",
               "a webhook URL", "email addresses are listed once each",
               "properties take at most", "each channel is listed once",
-              "each locale is listed once")
+              "each locale is listed once", "each user is listed once")
 """Schema failures the document names as beyond JSON Schema: rules between two fields,
 libphonenumber's validity of a number for its country (``format: e164``; the coverage
 phase builds numbers from the pattern alone), a webhook URL's rules beyond its pattern

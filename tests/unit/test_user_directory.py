@@ -42,6 +42,9 @@ class Forgetting:
     async def forget_inbox(self, tenant_id: str, user_id: str) -> None:
         self.log.append(f"inbox {user_id}")
 
+    async def forget_topics(self, tenant_id: str, user_id: str) -> None:
+        self.log.append(f"topics {user_id}")
+
 
 def directory() -> tuple[UserDirectory, MemoryUsers, Producer, list[str]]:
     records, producer, log = MemoryUsers(lambda: NOW), Producer(), []
@@ -117,7 +120,8 @@ def test_an_erasure_forgets_every_address_and_the_users_preferences_then_the_use
     token = recipient_hash("acme", f"ios:{IOS}")
     own = user_hash("acme", "u-1")
     assert log == [f"address {phone}", f"owner {phone}", f"address {email}",
-                   f"owner {email}", f"address {token}", f"address {own}", "inbox u-1"]
+                   f"owner {email}", f"address {token}", f"address {own}", "inbox u-1",
+                   "topics u-1"]
     assert asyncio.run(records.get("acme", "u-1")) is None
     last = producer.records[-1]
     assert (last.key, last.value) == (b"acme:u-1", None)

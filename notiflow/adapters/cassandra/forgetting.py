@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from notiflow.adapters.cassandra.recipients import RecipientStore
 from notiflow.adapters.inbox_store import InboxStore
+from notiflow.adapters.ports import TopicSubscriptions
 from notiflow.adapters.preferences import PreferenceStore
 from notiflow.redact import recipient_hashes
 from notiflow.schemas.preferences import PreferencesUpdate
@@ -12,13 +13,15 @@ from notiflow.schemas.preferences import PreferencesUpdate
 
 class StoreForgetting:
     """Preference states through :class:`PreferenceStore` (so the reduced state is
-    published to ``notify.preferences`` too), device rows, the inbox."""
+    published to ``notify.preferences`` too), device rows, the inbox, topic
+    subscriptions."""
 
     def __init__(self, preferences: PreferenceStore, recipients: RecipientStore,
-                 inbox: InboxStore) -> None:
+                 inbox: InboxStore, topics: TopicSubscriptions) -> None:
         self.preferences = preferences
         self.recipients = recipients
         self.inbox = inbox
+        self.topics = topics
 
     async def forget_address(self, tenant_id: str, recipient_hash: str) -> None:
         if await self.preferences.get_state(tenant_id, recipient_hash) is None:
@@ -30,3 +33,6 @@ class StoreForgetting:
 
     async def forget_inbox(self, tenant_id: str, user_id: str) -> None:
         await self.inbox.erase(tenant_id, user_id)
+
+    async def forget_topics(self, tenant_id: str, user_id: str) -> None:
+        await self.topics.forget_user(tenant_id, user_id)

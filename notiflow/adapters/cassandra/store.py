@@ -17,6 +17,7 @@ from notiflow.adapters.cassandra.messages import MessageStore
 from notiflow.adapters.cassandra.recipients import RecipientStore
 from notiflow.adapters.cassandra.session import Statements, Write, connect
 from notiflow.adapters.cassandra.templates import TemplateStore
+from notiflow.adapters.cassandra.topics import CassandraTopics
 from notiflow.adapters.cassandra.user_sends import UserSendStore
 from notiflow.adapters.rows import AttemptRow, MessageRow, TemplateRow
 from notiflow.settings import Settings
@@ -25,7 +26,7 @@ from notiflow.settings import Settings
 class CassandraStore:
     """Every read and write notiflow makes to its Cassandra tables, by aggregate
     (``idempotency``, ``messages``, ``listing``, ``delivery``: attempts and receipts,
-    ``templates``, ``recipients``, ``user_sends``). Also the
+    ``templates``, ``recipients``, ``user_sends``, ``topics``). Also the
     :class:`~notiflow.adapters.ports.Messages` port."""
 
     def __init__(self, session: Session, settings: Settings) -> None:
@@ -39,6 +40,7 @@ class CassandraStore:
         self.templates = TemplateStore(self.cql)
         self.recipients = RecipientStore(self.cql)
         self.user_sends = UserSendStore(self.cql, settings)
+        self.topics = CassandraTopics(self.cql)
         self.cql.prepare({"ping": "SELECT release_version FROM system.local"})
 
     def coalesce(self, *, max_keys: int, max_rows: int) -> CassandraStore:

@@ -1,0 +1,82 @@
+"""Topics against the real stack: the Cassandra port keeps the subscriptions contract; the API
+adds the tenant's users to a topic (and names the unknown ones), pages through 250
+subscribers once each, removes some, lists a user's topics and forgets them at erasure."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Callable
+
+import httpx
+import pytest
+
+from notiflow.adapters.cassandra.session import Statements, connect
+from notiflow.adapters.cassandra.topics import CassandraTopics
+from notiflow.settings import Settings
+from tests.topic_subscriptions_contract import check_topic_subscriptions
+
+pytestmark = pytest.mark.integration
+
+
+def test_the_cassandra_port_keeps_the_contract(stack: Settings) -> None:
+    async def run() -> None:
+        cluster, session = await asyncio.to_thread(connect, stack)
+        try:
+            await check_topic_subscriptions(CassandraTopics(Statements(session)),
+                                            tenant=f"contract{uuid.uuid4().hex[:6]}")
+        finally:
+            cluster.shutdown()
+
+    asyncio.run(run())
+
+
+def test_a_topic_gains_pages_loses_and_forgets_its_subscribers(
+        client: httpx.Client, auth: Callable[..., dict[str, str]]) -> None:
+    acme, run = auth("acme"), uuid.uuid4().hex[:8]
+    ids = [f"fan-{run}-{i:03d}" for i in range(250)]
+    r = client.post("/v1/users:batch", headers=acme,
+                    json={"users": [{"user_id": u, "in_app": True} for u in ids]})
+    assert r.status_code == 200, r.text
+    topic = f"project-{run}"
+    added = client.put(f"/v1/topics/{topic}/subscribers", headers=acme,
+                       json={"users": [*ids, "nobody-here"]})
+    assert (added.status_code, added.json()) == (
+        200, {"subscribed": 250, "unknown": ["nobody-here"]})
+    assert client.put(f"/v1/topics/{topic}/subscribers", headers=acme,
+                      json={"users": ids[:5]}).json()["subscribed"] == 5
+
+    seen: list[str] = []
+    cursor = None
+    for _ in range(10):
+        page = client.get(f"/v1/topics/{topic}/subscribers", headers=acme,
+                          params={"limit": 100, **({"cursor": cursor} if cursor else {})})
+        assert page.status_code == 200, page.text
+        seen += page.json()["users"]
+        cursor = page.json()["next_cursor"]
+        if cursor is None:
+            break
+    assert sorted(seen) == sorted(ids) and len(seen) == 250
+
+    removed = client.request("DELETE", f"/v1/topics/{topic}/subscribers", headers=acme,
+                             json={"users": ids[:50]})
+    assert (removed.status_code, removed.json()) == (200, {"unsubscribed": 50})
+    assert client.get(f"/v1/users/{ids[0]}/topics", headers=acme).json() == {"topics": []}
+    assert client.get(f"/v1/users/{ids[60]}/topics", headers=acme).json() == {
+        "topics": [topic]}
+    assert client.delete(f"/v1/users/{ids[60]}", headers=acme).status_code == 204
+    rest = client.get(f"/v1/topics/{topic}/subscribers", headers=acme,
+                      params={"limit": 1000}).json()
+    assert len(rest["users"]) == 199 and ids[60] not in rest["users"]
+    assert client.get(f"/v1/topics/{topic}/subscribers",
+                      headers=auth("globex")).json()["users"] == []
+
+    bad = client.put("/v1/topics/bad%20topic/subscribers", headers=acme,
+                     json={"users": ids[:1]})
+    assert (bad.status_code, bad.json()["reason"]) == (422, "invalid_topic")
+    twice = client.put(f"/v1/topics/{topic}/subscribers", headers=acme,
+                       json={"users": [ids[1], ids[1]]})
+    assert twice.status_code == 422
+    cursor_bad = client.get(f"/v1/topics/{topic}/subscribers", headers=acme,
+                            params={"cursor": "bm90LWEtY3Vyc29y"})
+    assert (cursor_bad.status_code, cursor_bad.json()["reason"]) == (422, "invalid_cursor")
