@@ -20,6 +20,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from notiflow.adapters.admission import retry_after_s
+from notiflow.adapters.cassandra.recipients import StateContention
 from notiflow.adapters.kafka_io import DeliveryFailed
 from notiflow.adapters.outages import CASSANDRA_DOWN
 
@@ -152,6 +153,12 @@ def kafka_unavailable(exc: BaseException) -> ApiError:
     return unavailable("kafka_unavailable", "the message log did not acknowledge the request")
 
 
+def state_contended(exc: BaseException) -> ApiError:
+    log.info("preference state contended: %s", exc)
+    return unavailable("preferences_contention",
+                       "the recipient's state is changing concurrently; retry")
+
+
 def allowed_methods(routes: Iterable[Any], path: str) -> list[str]:
     """Every method some route serves at ``path`` (routers included into the app are
     walked), for the ``Allow`` header of a 405."""
@@ -192,12 +199,16 @@ def install(app: FastAPI) -> None:
     async def on_kafka(_: Request, exc: Exception) -> JSONResponse:
         return kafka_unavailable(exc).response()
 
+    async def on_contention(_: Request, exc: Exception) -> JSONResponse:
+        return state_contended(exc).response()
+
     app.add_exception_handler(ApiError, on_api_error)
     app.add_exception_handler(RequestValidationError, on_request_validation)
     app.add_exception_handler(StarletteHTTPException, on_http)
     for cls in CASSANDRA_DOWN:
         app.add_exception_handler(cls, on_store)
     app.add_exception_handler(DeliveryFailed, on_kafka)
+    app.add_exception_handler(StateContention, on_contention)
     app.add_middleware(CatchAll)
 
 

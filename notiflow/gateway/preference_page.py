@@ -37,6 +37,7 @@ from notiflow.schemas.preferences import (
     OptOutChoice,
     PreferenceState,
     UserPreferencesUpdate,
+    as_choices,
 )
 from notiflow.schemas.users import UserView
 from notiflow.user_choice import candidates
@@ -90,7 +91,7 @@ def opt_outs_after(existing: Iterable[OptOut], shown: list[Pair],
     """The opt-outs once the page was saved: each shown pair not ticked, and each stored
     opt-out that covers no shown pair (a channel the user has no address on yet)."""
     kept = [o for o in existing if not any(o.matches(ch, cat) for cat, ch in shown)]
-    return (*(OptOutChoice.model_validate(o.model_dump()) for o in kept),
+    return (*as_choices(kept),
             *(OptOutChoice(channel=ch, category=cat) for cat, ch in shown
               if (cat, ch) not in receive))
 
@@ -193,8 +194,7 @@ class PageData(UserPreferencesUpdate):
 
 
 def _data(user: UserView, state: PreferenceState | None) -> Response:
-    data = PageData(opt_outs=tuple(OptOutChoice.model_validate(o.model_dump())
-                                   for o in (state.opt_outs if state else ())),
+    data = PageData(opt_outs=as_choices(state.opt_outs if state else ()),
                     version=state.version if state else 0, channels=tuple(user_channels(user)))
     return Response(data.model_dump_json(), media_type="application/json", headers=HEADERS)
 

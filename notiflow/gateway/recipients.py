@@ -10,17 +10,16 @@ it. See ``docs/api.md``.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Annotated, Final, TypeVar
 
 from fastapi import APIRouter, Path, Request, Response
 
-from notiflow.adapters.cassandra.recipients import DeviceRow, StateContention
+from notiflow.adapters.cassandra.recipients import DeviceRow
 from notiflow.gateway import examples
 from notiflow.gateway.auth import RuntimeDep, Tenant, read_model
-from notiflow.gateway.errors import ApiError, not_found, unavailable
+from notiflow.gateway.errors import ApiError, not_found
 from notiflow.gateway.openapi import json_body, link, tenant_errors
 from notiflow.gateway.runtime import Runtime, now_ms
 from notiflow.redact import mask, recipient_hash, recipient_hashes
@@ -93,15 +92,6 @@ def token_key(platform: PushPlatform, token: str) -> str:
         raise _invalid("invalid_device_token", "token", str(exc)) from None
 
 
-async def state_change(call: Awaitable[T]) -> T:
-    """``503 preferences_contention`` when the state kept changing under the call."""
-    try:
-        return await call
-    except StateContention:
-        raise unavailable("preferences_contention",
-                          "the recipient's state is changing concurrently; retry") from None
-
-
 def _state_response(state: PreferenceState, key: str) -> Response:
     return Response(PreferencesView.of(state, mask(key)).model_dump_json(), media_type=JSON)
 
@@ -121,8 +111,8 @@ async def put_preferences(recipient: Address, request: Request, tenant: Tenant,
     key = recipient_key(recipient)
     update = await read_model(request, PreferencesUpdate)
     await carry_forward(rt, tenant.id, key)
-    state = await state_change(rt.preferences().set_preferences(
-        tenant.id, recipient_hash(tenant.id, key), update))
+    state = await rt.preferences().set_preferences(
+        tenant.id, recipient_hash(tenant.id, key), update)
     return _state_response(state, key)
 
 
@@ -156,7 +146,7 @@ async def carry_forward(rt: Runtime, tenant_id: str, key: str) -> None:
         return
     previous = await stored_state(rt, tenant_id, tuple(older))
     if previous is not None and previous.suppressed is not None:
-        await state_change(rt.preferences().suppress(tenant_id, current, previous.suppressed))
+        await rt.preferences().suppress(tenant_id, current, previous.suppressed)
 
 
 @router.put(
@@ -192,7 +182,7 @@ async def reactivated(rt: Runtime, tenant_id: str, push: str,
     under any of them would keep it dead); the token's state afterwards, None when it has
     none."""
     prefs = rt.preferences()
-    states = [await state_change(prefs.unsuppress(tenant_id, h, now))
+    states = [await prefs.unsuppress(tenant_id, h, now)
               for h in recipient_hashes(tenant_id, push)]
     return combined_state(states)
 
@@ -244,8 +234,8 @@ async def delete_device(recipient: Owner, token: str, tenant: Tenant,
     registered for this recipient."""
     device = await registered(rt, tenant, recipient, token)
     now = now_ms()
-    await state_change(rt.preferences().suppress(tenant.id, recipient_hash(tenant.id, device.push),
-                                             "token_deactivated", now))
+    await rt.preferences().suppress(tenant.id, recipient_hash(tenant.id, device.push),
+                                    "token_deactivated", now)
     row = device.row
     if row.active is not False or row.deactivated_reason != DELETED_BY_CLIENT:
         await rt.store().recipients.deactivate_device(tenant.id, device.owner_hash, token,

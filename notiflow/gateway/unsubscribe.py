@@ -18,7 +18,6 @@ from typing import Annotated, Final
 
 from fastapi import APIRouter, Path, Request, Response
 
-from notiflow.adapters.cassandra.recipients import StateContention
 from notiflow.correlation import CorrelationKeyMissing, CorrelationKeys
 from notiflow.gateway.auth import RuntimeDep
 from notiflow.gateway.bodies import read_limited
@@ -59,13 +58,8 @@ def unsubscription(settings: Settings, token: str) -> Unsubscription:
 
 async def opt_out(rt: Runtime, u: Unsubscription) -> None:
     """Opt ``u``'s recipient out of its category on email; returns once stored and
-    published (``503`` on contention)."""
-    try:
-        await rt.preferences().opt_out(u.tenant_id, u.recipient_hash, Channel.EMAIL,
-                                       u.category)
-    except StateContention:
-        raise unavailable("preferences_contention",
-                          "the recipient's state is changing concurrently; retry") from None
+    published."""
+    await rt.preferences().opt_out(u.tenant_id, u.recipient_hash, Channel.EMAIL, u.category)
 
 
 @router.get("/unsubscribe/{token}", response_class=Response,

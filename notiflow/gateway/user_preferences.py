@@ -16,7 +16,7 @@ from fastapi import APIRouter, Request, Response
 from notiflow.gateway.auth import RuntimeDep, Tenant, read_model
 from notiflow.gateway.errors import not_found, unavailable
 from notiflow.gateway.openapi import json_body, tenant_errors
-from notiflow.gateway.recipients import STATE_ERRORS, state_change, stored_state
+from notiflow.gateway.recipients import STATE_ERRORS, stored_state
 from notiflow.gateway.runtime import Runtime
 from notiflow.gateway.users import UserIdPath, checked_user_id
 from notiflow.preference_links import PageLink, preference_link
@@ -51,8 +51,8 @@ async def user_preferences(rt: Runtime, tenant_id: str, user_id: str
 async def set_user_preferences(rt: Runtime, tenant_id: str, user_id: str,
                                update: UserPreferencesUpdate) -> PreferenceState:
     """Replace the user's opt-outs; returns the state once stored and published."""
-    return await state_change(rt.preferences().set_preferences(
-        tenant_id, user_hash(tenant_id, user_id), PreferencesUpdate(opt_outs=update.opt_outs)))
+    return await rt.preferences().set_preferences(
+        tenant_id, user_hash(tenant_id, user_id), PreferencesUpdate(opt_outs=update.opt_outs))
 
 
 async def _existing(rt: Runtime, tenant_id: str, user_id: str) -> None:

@@ -7,7 +7,7 @@ send flows join with messages by recipient.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from datetime import time
 from typing import Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -60,6 +60,13 @@ class OptOutChoice(OptOut):
 
     category: Literal[Category.TRANSACTIONAL, Category.ACCOUNT, Category.MARKETING,
                       "*"] = "*"
+
+
+def as_choices(opt_outs: Iterable[OptOut]) -> tuple[OptOutChoice, ...]:
+    """Stored opt-outs as choices a person may make again: those naming a required
+    category (stored before they were refused; they block nothing) are left out."""
+    return tuple(OptOutChoice(channel=o.channel, category=o.category) for o in opt_outs
+                 if o.category not in REQUIRED_CATEGORIES)
 
 
 class QuietWindow(Wire):

@@ -14,10 +14,9 @@ from xml.sax.saxutils import escape
 from fastapi import APIRouter, Depends, Request, Response
 from fastapi.security import APIKeyHeader
 
-from notiflow.adapters.cassandra.recipients import StateContention
 from notiflow.adapters.providers.base import ReceiptRoutes
 from notiflow.gateway.auth import RuntimeDep
-from notiflow.gateway.errors import bad_request, unavailable
+from notiflow.gateway.errors import bad_request
 from notiflow.gateway.inbound_sms import take_inbound
 from notiflow.gateway.openapi import raw_body
 from notiflow.gateway.runtime import Runtime
@@ -105,7 +104,7 @@ def inbound_sms(params: dict[str, str], provider_id: str) -> InboundSms:
                                              "any.", "content": {TWIML: {"schema": {
                                                  "type": "string"}}}},
                         **webhook_errors(400, 413, r400="`unknown_callback`.",
-                                         r503="`kafka_unavailable`, `store_unavailable`, "
+                                         r503="`kafka_unavailable`, `cassandra_unavailable`, "
                                               "`preferences_contention`: Twilio may post "
                                               "again; nothing is applied twice.")},
              openapi_extra=TWILIO_INBOUND_BODY, dependencies=[Depends(TWILIO_SIGNATURE)])
@@ -118,12 +117,8 @@ async def twilio_inbound(request: Request, runtime: RuntimeDep) -> Response:
         sms = inbound_sms(params, settings.twilio.provider_id)
     except ValueError as exc:
         raise bad_request("unknown_callback", str(exc)) from None
-    try:
-        reply = await take_inbound(runtime.preferences(), settings, sms,
-                                   (settings.twilio.from_number,))
-    except StateContention:
-        raise unavailable("preferences_contention",
-                          "the number's state is changing concurrently; retry") from None
+    reply = await take_inbound(runtime.preferences(), settings, sms,
+                               (settings.twilio.from_number,))
     return twiml(reply)
 
 

@@ -18,10 +18,9 @@ from fastapi.responses import JSONResponse
 from fastapi.security import APIKeyQuery
 from pydantic import BaseModel, ValidationError
 
-from notiflow.adapters.cassandra.recipients import StateContention
 from notiflow.adapters.providers.base import ReceiptRoutes
 from notiflow.gateway.auth import RuntimeDep
-from notiflow.gateway.errors import bad_request, unavailable
+from notiflow.gateway.errors import bad_request
 from notiflow.gateway.inbound_sms import take_inbound
 from notiflow.gateway.openapi import raw_body
 from notiflow.gateway.webhook_openapi import FLAT_OBJECT, FORM, webhook_errors
@@ -122,7 +121,7 @@ def account_numbers(from_name: str) -> tuple[str, ...]:
 
 INBOUND_ERRORS: Final = webhook_errors(
     400, 413, r400="`invalid_json`, `invalid_receipt`, `unknown_callback`.",
-    r503="`kafka_unavailable`, `store_unavailable`, `preferences_contention`: Vonage posts "
+    r503="`kafka_unavailable`, `cassandra_unavailable`, `preferences_contention`: Vonage posts "
          "again; nothing is applied twice.")
 
 
@@ -143,12 +142,8 @@ async def vonage_inbound(request: Request, runtime: RuntimeDep) -> JSONResponse:
         sms = inbound_sms(params, settings.vonage.provider_id)
     except ValueError as exc:
         raise bad_request("unknown_callback", str(exc)) from None
-    try:
-        await take_inbound(runtime.preferences(), settings, sms,
-                           account_numbers(settings.vonage.from_name))
-    except StateContention:
-        raise unavailable("preferences_contention",
-                          "the number's state is changing concurrently; retry") from None
+    await take_inbound(runtime.preferences(), settings, sms,
+                       account_numbers(settings.vonage.from_name))
     return JSONResponse({"keyword": sms.keyword.value if sms.keyword else None})
 
 
