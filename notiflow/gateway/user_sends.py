@@ -1,8 +1,8 @@
 """``POST /v1/messages`` to a user (``recipient: "user:<id>"``) and its ``GET``.
 
 After the checks every send request passes (lane, tenant policy and every channel's
-template, 403/421/422), the API reads the user and the stored preferences of each of the
-user's addresses, chooses (:func:`notiflow.user_choice.choose`), and accepts one message per
+template, 403/421/422), the API resolves the user to addresses
+(:func:`notiflow.user_resolution.resolve`) and accepts one message per
 chosen address exactly as ``POST /v1/messages`` accepts one (admission, outbox, Kafka), with
 the id ``{message_id}-{channel}{index}``. The decision is then stored under the request's
 ``message_id`` (``user_sends``) and answered ``202``; a request whose every channel is
@@ -21,7 +21,7 @@ import hashlib
 import json
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Final, NamedTuple
+from typing import Any, Final
 
 from fastapi import Response
 
@@ -45,23 +45,19 @@ from notiflow.gateway.errors import (
 from notiflow.gateway.outbox import traceparent
 from notiflow.gateway.runtime import Runtime, now_ms
 from notiflow.preference_links import LINK_VARIABLE, preference_link
-from notiflow.recipient_checks import recipient_problem
-from notiflow.redact import hasher, mask, recipient_hashes, user_hash, user_recipient_key
+from notiflow.redact import hasher, mask
 from notiflow.schemas.enums import Category, Channel, Status, Tier
-from notiflow.schemas.messages import UserStamp, derived_message_id, new_message_id
-from notiflow.schemas.preferences import PreferenceState, combined_state, state_key
+from notiflow.schemas.messages import derived_message_id, new_message_id
 from notiflow.schemas.status import rank
 from notiflow.schemas.user_sends import (
     ChannelOption,
-    Decision,
     LegView,
-    SkipReason,
     UserMessageView,
     UserSendRecord,
     UserSendRequest,
 )
 from notiflow.settings import TenantConfig
-from notiflow.user_choice import candidates, choose
+from notiflow.user_resolution import Resolved, resolve
 
 JSON: Final = "application/json"
 KEY_PREFIX: Final = "user-send:"
@@ -107,60 +103,15 @@ def _shown(channel: Channel, address: str) -> str:
     return "inapp:…" if channel is Channel.INAPP else mask(address)
 
 
-async def _states(rt: Runtime, tenant_id: str, keys: list[str]
-                  ) -> dict[str, PreferenceState | None]:
-    """The stored state of each address, combined over its hashes (one read of all)."""
-    wanted = {k: recipient_hashes(tenant_id, k) for k in keys}
-    found = await rt.preferences().get_states(
-        (tenant_id, h) for hashes in wanted.values() for h in hashes)
-    return {k: combined_state([found.get(state_key(tenant_id, h)) for h in hashes])
-            for k, hashes in wanted.items()}
-
-
-class Decided(NamedTuple):
-    """What :func:`decide` found: the decision, the addresses its picks index, the stamp of
-    the messages and the user's own locale."""
-
-    decision: Decision
-    addresses: dict[Channel, tuple[str, ...]]
-    stamp: UserStamp
-    locale: str | None
-
-
-async def decide(rt: Runtime, tenant: TenantConfig, req: UserSendRequest) -> Decided:
+async def decide(rt: Runtime, tenant: TenantConfig, req: UserSendRequest) -> Resolved:
     """The decision for ``req`` and what its messages need (``422 unknown_user`` when the
     tenant has no such user)."""
-    user = await rt.users().get(tenant.id, req.user_id)
-    if user is None:
+    found = await resolve(rt.settings, tenant, rt.users(), rt.preferences(), req.user_id,
+                          [o.channel for o in req.channels], req.category, req.deliver)
+    if found is None:
         raise unprocessable("unknown_user", f"tenant {tenant.id} has no user {req.user_id}",
                             field="recipient")
-    addresses = candidates(user.addresses(), req.user_id, user.in_app)
-    wanted = [o.channel for o in req.channels]
-    keys = [k for c in wanted for k in addresses.get(c, ())]
-    own = user_recipient_key(req.user_id)
-    states = await _states(rt, tenant.id, [*keys, own])
-    mine = states.get(own)
-
-    def block(channel: Channel, key: str) -> tuple[SkipReason | None, int]:
-        """The address's suppression, else the user's own opt-out, else the address's."""
-        problem = recipient_problem(rt.settings, tenant, channel, key)
-        if problem is not None:
-            return problem.code, 0  # type: ignore[return-value]  # codes are skip reasons
-        state = states.get(key)
-        version = state.version if state is not None else 0
-        if state is not None and state.suppressed is not None:
-            return state.suppressed, version
-        if mine is not None and (reason := mine.blocks(channel, req.category)):
-            return reason, version  # type: ignore[return-value]
-        if state is None:
-            return None, 0
-        return state.blocks(channel, req.category), version  # type: ignore[return-value]
-
-    stamp = UserStamp(user_hash=user_hash(tenant.id, req.user_id), timezone=user.timezone)
-    decision = choose(wanted, addresses, block, req.deliver, in_app=user.in_app)
-    return Decided(decision.model_copy(update={
-        "user_preferences_version": mine.version if mine is not None else 0}),
-        addresses, stamp, user.locale)
+    return found
 
 
 def _replayed(record: UserSendRecord, hashes: tuple[str, ...]) -> Response:
