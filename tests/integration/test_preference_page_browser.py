@@ -17,6 +17,8 @@ import pytest
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
+from selenium.webdriver.support import expected_conditions
+from selenium.webdriver.support.ui import WebDriverWait
 
 from notiflow.settings import Settings
 from tests.helpers import fresh_email, fresh_ios_token, fresh_phone
@@ -98,7 +100,8 @@ def test_a_user_opts_out_of_push_on_the_page_and_the_next_message_goes_by_sms(
     push = browser.find_element(By.CSS_SELECTOR, "input[value='transactional:PUSH']")
     push.click()
     browser.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
-    status = browser.find_element(By.CSS_SELECTOR, "[role=status]")
+    status = WebDriverWait(browser, 30).until(
+        expected_conditions.presence_of_element_located((By.CSS_SELECTOR, "[role=status]")))
     assert status.text == "Vos préférences sont enregistrées."
     browser.save_screenshot(str(shots / "preferences-saved.png"))
     assert not browser.find_element(
