@@ -30,6 +30,7 @@ from notiflow.schemas.campaigns import (
     CampaignState,
     RowError,
 )
+from notiflow.schemas.topic_sends import campaign_request
 from notiflow.settings import Settings
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -133,7 +134,7 @@ def _row(r: dict[str, Any]) -> CampaignRow:
         first_expanded_at=utc(r.get("first_expanded_at")))
     return CampaignRow(
         tenant_id=r["tenant_id"], campaign_id=r["campaign_id"], name=r["name"] or "",
-        request=CampaignRequest.model_validate_json(r["spec"]), state=r["state"],
+        request=campaign_request(r["spec"]), state=r["state"],
         reason=r.get("reason"), starts_at=utc(r["starts_at"]) or EPOCH,
         ends_at=utc(r["ends_at"]) or EPOCH, max_rate=r["max_rate"], quota=r["quota"],
         created_at=utc(r["created_at"]) or EPOCH, updated_at=utc(r["updated_at"]) or EPOCH,

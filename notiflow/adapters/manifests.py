@@ -9,7 +9,7 @@ can neither read another tenant's object nor learn whether it exists or how larg
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterable, AsyncIterator
 from pathlib import Path
 
 from notiflow.adapters.object_store import (
@@ -122,6 +122,14 @@ class Manifests:
                 yield data
         except ObjectNotFound:
             raise ManifestUnreadable(f"no object at {uri}") from None
+
+
+    async def write(self, uri: str, tenant_id: str, data: AsyncIterable[bytes]) -> int:
+        """Store ``data`` as ``tenant_id``'s manifest ``uri`` (a topic send's snapshot),
+        replacing it; its size (refused as :meth:`size` is)."""
+        store, key = self._open(uri, tenant_id)
+        await store.put(key, data)
+        return (await store.head(key)).size
 
 
 __all__ = ["ManifestNotAllowed", "ManifestUnreadable", "Manifests", "ObjectStoreUnavailable",

@@ -60,6 +60,17 @@ def state_record(topic: str, state: PreferenceState) -> OutRecord:
     )
 
 
+class StoredStates:
+    """Read-only access to recipient states by :func:`state_key` (the expander's view)."""
+
+    def __init__(self, store: RecipientStore) -> None:
+        self.store = store
+
+    async def get_states(self, keys: Iterable[tuple[str, str]]) -> dict[str, PreferenceState]:
+        found = await self.store.get_states(keys)
+        return {st.key: st for st in found.values()}
+
+
 class PreferenceStore:
     """Reads and changes of recipient state; every change is written, then published."""
 

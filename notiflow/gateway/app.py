@@ -45,6 +45,7 @@ from notiflow.gateway import (
     recipients,
     schedules,
     templates,
+    topic_sends,
     topics,
     unsubscribe,
     user_preferences,
@@ -192,6 +193,7 @@ def build_app(settings: Settings) -> FastAPI:
     app.include_router(users.router)
     app.include_router(user_preferences.router)
     app.include_router(topics.router)
+    app.include_router(topic_sends.router)
     app.include_router(schedules.router)
     app.include_router(campaigns.router)
     if settings.api_lane != "priority":

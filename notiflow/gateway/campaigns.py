@@ -68,6 +68,7 @@ from notiflow.schemas.campaigns import (
     new_campaign_id,
     row_message_id,
 )
+from notiflow.schemas.topic_sends import TopicCampaign
 from notiflow.settings import Settings, TenantConfig
 
 router = APIRouter()
@@ -109,7 +110,9 @@ def view(row: CampaignRow, counts: CampaignCounts, now: datetime) -> CampaignVie
         campaign_id=row.campaign_id, name=row.name, state=row.state, reason=row.reason,
         channel=row.request.channel, tier=row.request.tier,
         template_id=row.request.template_id, template_version=row.request.template_version,
-        manifest=row.request.manifest, starts_at=row.starts_at, ends_at=row.ends_at,
+        manifest=row.request.manifest,
+        topic=row.request.audience.topic if isinstance(row.request, TopicCampaign) else None,
+        starts_at=row.starts_at, ends_at=row.ends_at,
         max_rate=row.max_rate, quota=row.quota, created_at=row.created_at,
         updated_at=row.updated_at, finished_at=row.finished_at,
         manifest_bytes=p.manifest_bytes, bytes_read=p.bytes_read, counts=counts,
@@ -170,9 +173,25 @@ async def create_campaign(request: Request, tenant: Tenant, rt: RuntimeDep) -> R
     """Create a campaign: 201 with its view (state ``scheduled`` until an expander takes
     it)."""
     req = await read_model(request, CampaignRequest)
+    check_lane(rt.settings, req)
+    check_sender(rt.settings, tenant, req)
+    starts, ends = await check_campaign(rt, tenant, req)
+    if (refusal := tenant_refusal(rt.settings, tenant.id, req.manifest)) is not None:
+        raise unprocessable("manifest_not_allowed", refusal, field="manifest")
+    await check_template(rt, tenant, req, req.mapping.variables, how="mapped to a column")
+    try:
+        size = await rt.manifests().size(req.manifest, tenant.id)
+    except ManifestNotAllowed as exc:
+        raise unprocessable("manifest_not_allowed", exc.reason, field="manifest") from None
+    except ManifestUnreadable as exc:
+        raise unprocessable("manifest_unreadable", exc.reason, field="manifest") from None
+    return await start_campaign(rt, tenant, req, new_campaign_id(), starts, ends, size)
+
+
+async def check_campaign(rt: Runtime, tenant: TenantConfig, req: CampaignRequest
+                         ) -> tuple[datetime, datetime]:
+    """The checks of every campaign's limits, webhook and window (422); its start and end."""
     settings = rt.settings
-    check_lane(settings, req)
-    check_sender(settings, tenant, req)
     _check_limits(settings, tenant, req)
     await check_webhook_url(rt, req.webhook, "webhook")
     now = now_ms()
@@ -183,31 +202,31 @@ async def create_campaign(request: Request, tenant: Tenant, rt: RuntimeDep) -> R
                             f"{settings.campaigns.max_duration}", field="ends_at")
     if ends <= now:
         raise unprocessable("window_over", "ends_at is in the past", field="ends_at")
-    if (refusal := tenant_refusal(settings, tenant.id, req.manifest)) is not None:
-        raise unprocessable("manifest_not_allowed", refusal, field="manifest")
-    await check_template(rt, tenant, req, req.mapping.variables, how="mapped to a column")
-    try:
-        size = await rt.manifests().size(req.manifest, tenant.id)
-    except ManifestNotAllowed as exc:
-        raise unprocessable("manifest_not_allowed", exc.reason, field="manifest") from None
-    except ManifestUnreadable as exc:
-        raise unprocessable("manifest_unreadable", exc.reason, field="manifest") from None
+    return starts, ends
+
+
+async def start_campaign(rt: Runtime, tenant: TenantConfig, req: CampaignRequest,
+                         campaign_id: str, starts: datetime, ends: datetime,
+                         size: int | None) -> Response:
+    """Store a checked campaign (``size``: its manifest's bytes, None for a snapshot not
+    written yet) after the tenant's and the tier's quotas (429); its ``201``."""
     store = rt.campaigns()
     await _check_quota(store, tenant)
     await rt.admission.check_campaign(req.tier)
+    now = now_ms()
     quota = req.quota or tenant.max_campaign_recipients or 1_000_000_000
     row = CampaignRow(
-        tenant_id=tenant.id, campaign_id=new_campaign_id(), name=req.name, request=req,
+        tenant_id=tenant.id, campaign_id=campaign_id, name=req.name, request=req,
         state="scheduled", reason=None, starts_at=starts, ends_at=ends,
-        max_rate=req.max_rate or settings.campaigns.default_rate, quota=quota,
+        max_rate=req.max_rate or rt.settings.campaigns.default_rate, quota=quota,
         created_at=now, updated_at=now, finished_at=None,
         progress=Progress(manifest_bytes=size), lease_until=EPOCH)
     await store.create(row)
     notice = notice_of(row, row.counts(), now)
     if notice is not None:
         await rt.notices().add(notice)
-    log.info("campaign %s of %s created: %d bytes of manifest, %s to %s", row.campaign_id,
-             tenant.id, size, starts.isoformat(), ends.isoformat())
+    log.info("campaign %s of %s created: %s bytes of manifest, %s to %s", row.campaign_id,
+             tenant.id, "?" if size is None else size, starts.isoformat(), ends.isoformat())
     return Response(view(row, row.counts(), now).model_dump_json(), status_code=201,
                     media_type=JSON, headers={"Location": f"/v1/campaigns/{row.campaign_id}"})
 

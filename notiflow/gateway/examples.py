@@ -36,6 +36,11 @@ DEVICE: Final = {"android": {"platform": "android"}}
 SCHEDULE: Final = {"weekdays": {
     "rrule": "FREQ=WEEKLY;BYDAY=MO,TU,WE,TH,FR;BYHOUR=9;BYMINUTE=30;BYSECOND=0",
     "timezone": "Europe/Paris", "message": {**EMAIL, "tier": "P3"}}}
+TOPIC_SEND: Final = {"release": {
+    "name": "release 2.4", "tier": "P3", "category": "marketing",
+    "channels": [{"channel": "PUSH", "template_id": "release-push", "template_version": 1},
+                 {"channel": "EMAIL", "template_id": "release-mail", "template_version": 1}],
+    "deliver": "first", "variables": {"version": "2.4"}, "max_rate": 500}}
 CAMPAIGN: Final = {"winter": {
     "name": "winter sale", "channel": "SMS", "tier": "P3", "category": "marketing",
     "template_id": "winter", "template_version": 1,

@@ -16,7 +16,7 @@ import math
 import re
 import uuid
 from datetime import UTC, datetime, time, timedelta
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Final, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import (
@@ -45,7 +45,12 @@ ID_PREFIX = "cmp_"
 """Every campaign id, and so every campaign message id, starts with it."""
 ROW_PURPOSE = "campaign-row"
 """What a row message id's tag is made over, with the campaign id and the row."""
-_ID = re.compile(r"^(cmp_[0-9a-f]{32})_([1-9][0-9]{0,11})_([a-z2-7]{13})$")
+_ID = re.compile(r"^(cmp_[0-9a-f]{32})_(([1-9][0-9]{0,11})(?:[secpi][0-9a-f])?)_([a-z2-7]{13})$")
+LEG_CODES: Final = {Channel.SMS: "s", Channel.EMAIL: "e", Channel.CHAT: "c",
+                    Channel.PUSH: "p", Channel.INAPP: "i"}
+"""A leg's channel in a row-leg message id."""
+MAX_LEG_ROW: Final = 99_999_999_999
+"""The last row a row-leg message id can name (11 digits: the id stays within 64)."""
 _COLUMN = r"^[A-Za-z0-9_. -]{1,128}$"
 _VARIABLE = r"^[A-Za-z_][A-Za-z0-9_]{0,63}$"
 
@@ -60,13 +65,25 @@ def row_message_id(keys: CorrelationKeys, campaign_id: str, row: int) -> str:
     return f"{campaign_id}_{row}_{keys.tag(ROW_PURPOSE, campaign_id, str(row))}"
 
 
+def row_leg_message_id(keys: CorrelationKeys, campaign_id: str, row: int, channel: Channel,
+                       index: int) -> str:
+    """The message of row ``row`` of a topic campaign on ``channel`` to the user's address
+    ``index`` (0-15): ``{campaign_id}_{row}{c}{i}_{tag}``, ``c`` the channel's letter
+    (:data:`LEG_CODES`), ``i`` the index in hex; rows up to :data:`MAX_LEG_ROW`."""
+    if not 1 <= row <= MAX_LEG_ROW or not 0 <= index < 16:
+        raise ValueError("row or address index out of range")
+    part = f"{row}{LEG_CODES[channel]}{index:x}"
+    return f"{campaign_id}_{part}_{keys.tag(ROW_PURPOSE, campaign_id, part)}"
+
+
 def parse_row_message_id(keys: CorrelationKeys, message_id: str) -> tuple[str, int] | None:
-    """(campaign id, row) of a campaign's message; None for any other message, including
-    one shaped like a campaign's whose tag none of ``keys`` made."""
+    """(campaign id, row) of a campaign's message (a row's or a row leg's); None for any
+    other message, including one shaped like a campaign's whose tag none of ``keys``
+    made."""
     m = _ID.fullmatch(message_id)
-    if m is None or not keys.valid(m.group(3), ROW_PURPOSE, m.group(1), m.group(2)):
+    if m is None or not keys.valid(m.group(4), ROW_PURPOSE, m.group(1), m.group(2)):
         return None
-    return m.group(1), int(m.group(2))
+    return m.group(1), int(m.group(3))
 
 
 def format_of(uri: str, declared: ManifestFormat | None) -> ManifestFormat:
@@ -265,6 +282,9 @@ class CampaignView(Wire):
     template_id: str
     template_version: int
     manifest: str
+    """The manifest; for a topic send, the snapshot of its subscribers."""
+    topic: str | None = None
+    """The topic of a topic send (``POST /v1/topics/{topic}/messages``)."""
     starts_at: datetime
     ends_at: datetime
     max_rate: float

@@ -32,7 +32,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Protocol
@@ -53,15 +53,24 @@ from notiflow.flows.campaigns.manifest import (
     RowReader,
     map_row,
 )
+from notiflow.flows.campaigns.members import (
+    People,
+    map_member,
+    member_of,
+    resolve_rows,
+    snapshot_lines,
+)
 from notiflow.flows.campaigns.state_notices import NoticeBoard, Notifier
 from notiflow.flows.common.items import utcnow
 from notiflow.flows.common.runner import run_until_signalled
 from notiflow.flows.common.yielding import YieldWindow
 from notiflow.ingest_binding import Binder, binder
+from notiflow.preference_links import preference_link
 from notiflow.recipient_checks import recipient_problem
 from notiflow.schemas.campaigns import CampaignState, RowError, format_of
 from notiflow.schemas.enums import Channel, Tier
 from notiflow.schemas.scheduling import ScheduledRow
+from notiflow.schemas.topic_sends import TopicCampaign
 from notiflow.settings import CampaignRule, Settings, TenantConfig
 
 log = logging.getLogger("notiflow.flows.expander")
@@ -98,6 +107,10 @@ class Manifests(Protocol):
 
     def chunks(self, uri: str, tenant_id: str, start: int,
                size: int | None = None) -> AsyncIterator[bytes]: ...
+
+    async def write(self, uri: str, tenant_id: str, data: AsyncIterable[bytes]) -> int:
+        """Store ``data`` as ``uri`` (replacing it); its size."""
+        ...
 
 
 class Signals(Protocol):
@@ -163,6 +176,8 @@ class Batch:
     held: list[ScheduledRow]
     errors: list[RowError]
     over_quota: bool
+    rows_used: int
+    """Rows the batch took (fewer than it was given once the quota is reached)."""
 
 
 class Expander:
@@ -171,7 +186,7 @@ class Expander:
     def __init__(self, settings: Settings, board: Board, manifests: Manifests,
                  publish: Publish, hold: Hold, signals: Signals, owner: str,
                  clock: Clock = utcnow, notices: NoticeBoard | None = None,
-                 notifier: Notifier | None = None) -> None:
+                 notifier: Notifier | None = None, people: People | None = None) -> None:
         self.settings = settings
         self.keys = CorrelationKeys.from_settings(settings)
         self.rule: CampaignRule = settings.campaigns
@@ -186,6 +201,7 @@ class Expander:
                                   settings.policy(Tier.P0).sla.total_seconds(), YIELD_CEILING)
         self.notices = notices
         self.notifier = notifier
+        self.people = people
         self.tasks: dict[str, asyncio.Task[str]] = {}
         self.outcomes: dict[str, str] = {}
 
@@ -277,6 +293,11 @@ class Expander:
     async def _expand(self, row: CampaignRow) -> str:
         req = row.request
         p = row.progress
+        if p.manifest_bytes is None and isinstance(req, TopicCampaign):
+            p = replace(p, manifest_bytes=await self._snapshot(row, req))
+            if not await self.board.checkpoint(row, self.owner, p,
+                                               self.clock() + self.rule.lease, self.clock()):
+                return "stopped"
         if p.manifest_bytes is None:
             p = replace(p, manifest_bytes=await self.manifests.size(req.manifest,
                                                                      row.tenant_id))
@@ -310,6 +331,17 @@ class Expander:
                  self.owner, row.campaign_id, p.rows_read, p.expanded, p.rejected)
         return "completed"
 
+    async def _snapshot(self, row: CampaignRow, req: TopicCampaign) -> int:
+        """Write the topic's subscribers to the campaign's snapshot; its size."""
+        if self.people is None:
+            raise ManifestError("this expander cannot read topics")
+        lines = snapshot_lines(self.people.topics, row.tenant_id, req.audience.topic,
+                               self.people.buckets)
+        size = await self.manifests.write(req.manifest, row.tenant_id, lines)
+        log.info("expander %s: campaign %s: snapshot of topic subscribers written (%d "
+                 "bytes)", self.owner, row.campaign_id, size)
+        return size
+
     async def _finish(self, row: CampaignRow, p: Progress, state: CampaignState,
                       reason: str | None) -> None:
         now = self.clock()
@@ -341,7 +373,8 @@ class Expander:
         if now >= row.ends_at:
             await self._finish(row, p, "completed", "window_ended")
             return p, "window_ended"
-        batch = self._map(spec, rows, now, row.quota - p.expanded)
+        batch = self._map(spec, await self._rows(row, spec, rows, now), now,
+                          row.quota - p.expanded)
         await asyncio.gather(self.publish(batch.records), self.hold(batch.held, now),
                              self.board.reject(row.campaign_id, batch.errors))
         expanded = len(batch.records) + len(batch.held)
@@ -351,7 +384,7 @@ class Expander:
             if n:
                 _rows.add(n, {**labels, "outcome": outcome})
         last = rows[-1] if not batch.over_quota else None
-        read = len(rows) if last is not None else expanded + len(batch.errors)
+        read = batch.rows_used
         p = replace(p, bytes_read=last.end_offset if last else p.bytes_read,
                     next_row=last.number + 1 if last else p.next_row,
                     rows_read=p.rows_read + read, expanded=p.expanded + expanded,
@@ -393,34 +426,63 @@ class Expander:
                                                    now):
                     return "stopped"
 
-    def _map(self, spec: CampaignSpec, rows: list[ManifestRow], now: datetime,
-             room: int) -> Batch:
-        """Map rows until the quota's ``room`` is used up (the rest stay unread)."""
+    async def _rows(self, row: CampaignRow, spec: CampaignSpec, rows: list[ManifestRow],
+                    now: datetime) -> list[tuple[int, list[Mapped] | Rejected]]:
+        """Each row's messages (one, of a manifest row; one per chosen address, of a topic
+        send's subscriber) or why it sends nothing."""
+        req = row.request
+        tenant = self.settings.tenant(spec.tenant_id)
+        if isinstance(req, TopicCampaign):
+            if self.people is None or tenant is None:
+                raise ManifestError("this expander cannot resolve users")
+            found = await resolve_rows(self.settings, tenant, self.people, req.audience,
+                                       spec, rows)
+            return [(r.number, map_member(spec, req.audience, r, f, now, self.keys,
+                                          self._link(req, spec.tenant_id, r)))
+                    for r, f in zip(rows, found, strict=True)]
+        out: list[tuple[int, list[Mapped] | Rejected]] = []
+        for r in rows:
+            one = served_row(self.settings, tenant, map_row(spec, r, now, self.keys))
+            out.append((r.number, one if isinstance(one, Rejected) else [one]))
+        return out
+
+    def _link(self, req: TopicCampaign, tenant_id: str, row: ManifestRow) -> str | None:
+        """The row's user's preference page link, when the send's templates read it."""
+        user_id = member_of(row) if req.audience.link else None
+        if not isinstance(user_id, str):
+            return None
+        link = preference_link(self.settings, tenant_id, user_id)
+        return None if link is None else link.url
+
+    def _map(self, spec: CampaignSpec, rows: list[tuple[int, list[Mapped] | Rejected]],
+             now: datetime, room: int) -> Batch:
+        """Rows to records, until the quota's ``room`` is used up (the rest stay unread)."""
         records: list[OutRecord] = []
         held: list[ScheduledRow] = []
         errors: list[RowError] = []
-        topic = self.settings.ingest_topic(spec.channel, spec.tier)
         lead = self.settings.scheduling.min_lead
-        tenant = self.settings.tenant(spec.tenant_id)
-        for r in rows:
-            if len(records) + len(held) >= room:
-                return Batch(records, held, errors, over_quota=True)
-            out = served_row(self.settings, tenant, map_row(spec, r, now, self.keys))
-            if isinstance(out, Rejected):
-                errors.append(RowError(row=out.row, reason=out.reason))
+        for used, (_number, outs) in enumerate(rows):
+            filled = len(records) + len(held)
+            if filled >= room or (not isinstance(outs, Rejected)
+                                  and filled + len(outs) > room):
+                return Batch(records, held, errors, over_quota=True, rows_used=used)
+            if isinstance(outs, Rejected):
+                errors.append(RowError(row=outs.row, reason=outs.reason))
                 continue
-            record = out.record
-            if out.due > now:
-                record = record.model_copy(update={"scheduled_at": out.due})
-            payload = dump(record, envelope(self.settings))
-            if out.due - now >= lead:
-                held.append(ScheduledRow.waiting(record, out.due, topic, payload,
-                                                 self.settings.scheduling.bucket,
-                                                 self.settings.scheduling.shards))
-            else:
-                records.append(_record(topic, record.partition_key(), payload, out,
-                                       binder(self.settings)))
-        return Batch(records, held, errors, over_quota=False)
+            for out in outs:
+                record = out.record
+                if out.due > now:
+                    record = record.model_copy(update={"scheduled_at": out.due})
+                payload = dump(record, envelope(self.settings))
+                leg_topic = self.settings.ingest_topic(record.channel, spec.tier)
+                if out.due - now >= lead:
+                    held.append(ScheduledRow.waiting(record, out.due, leg_topic, payload,
+                                                     self.settings.scheduling.bucket,
+                                                     self.settings.scheduling.shards))
+                else:
+                    records.append(_record(leg_topic, record.partition_key(), payload, out,
+                                           binder(self.settings)))
+        return Batch(records, held, errors, over_quota=False, rows_used=len(rows))
 
 
 def served_row(settings: Settings, tenant: TenantConfig | None,
@@ -458,6 +520,7 @@ async def serve(settings: Settings, owner: str, stop: asyncio.Event) -> None:
     from notiflow.adapters.scheduled_store import ScheduledStore
 
     cluster, session = await asyncio.to_thread(connect, settings)
+    people = await asyncio.to_thread(open_people, settings, session)
     producer = AsyncProducer(settings)
     signals = AdmissionStore.open(settings)
     client = WebhookClient(settings.client_webhooks.timeout,
@@ -476,13 +539,32 @@ async def serve(settings: Settings, owner: str, stop: asyncio.Event) -> None:
                  settings.campaigns.batch, settings.campaigns.max_per_expander)
         await Expander(settings, CampaignStore(session, settings),
                        ObjectManifests(settings), publish, hold, signals, owner,
-                       notices=notices, notifier=Notifier(settings, notices, client.post)
-                       ).run(stop)
+                       notices=notices, notifier=Notifier(settings, notices, client.post),
+                       people=people).run(stop)
     finally:
         await client.aclose()
         await signals.aclose()
         await asyncio.to_thread(producer.close)
         cluster.shutdown()
+
+
+def open_people(settings: Settings, session: object) -> People | None:
+    """Users, address states and topics over Cassandra ``session``; None without
+    ``NOTIFLOW_DLQ_KEY`` (profiles are sealed with it), so topic sends fail."""
+    from notiflow.adapters.cassandra.recipients import RecipientStore
+    from notiflow.adapters.cassandra.session import Statements
+    from notiflow.adapters.cassandra.topics import CassandraTopics
+    from notiflow.adapters.cassandra.users import CassandraUsers
+    from notiflow.adapters.dlq_crypto import DlqCipher
+    from notiflow.adapters.ports import TOPIC_BUCKETS
+    from notiflow.adapters.preferences import StoredStates
+
+    if settings.dlq_key is None:
+        return None
+    cql = Statements(session)  # type: ignore[arg-type]  # a cassandra Session
+    return People(users=CassandraUsers(cql, DlqCipher.from_settings(settings)),
+                  prefs=StoredStates(RecipientStore(cql)), topics=CassandraTopics(cql),
+                  buckets=TOPIC_BUCKETS)
 
 
 def main(settings: Settings, owner: str) -> None:

@@ -236,7 +236,7 @@ class Mapped:
 
 
 @functools.lru_cache(maxsize=1024)
-def _zone(name: str) -> ZoneInfo | None:
+def zone_of(name: str) -> ZoneInfo | None:
     try:
         return ZoneInfo(name)
     except (ZoneInfoNotFoundError, ValueError, OSError):
@@ -279,7 +279,7 @@ def map_row(spec: CampaignSpec, row: ManifestRow, now: datetime, keys: Correlati
     variables = {name: f[column] for name, column in m.variables.items()}
     locale = (_text(f.get(m.locale)) if m.locale is not None else "") or None
     zone_name = _text(f.get(m.timezone)) if m.timezone is not None else ""
-    zone = _zone(zone_name) if zone_name else None
+    zone = zone_of(zone_name) if zone_name else None
     if zone_name and zone is None:
         return Rejected(row.number, f"unknown time zone in column {m.timezone!r}")
     try:
@@ -295,8 +295,8 @@ def map_row(spec: CampaignSpec, row: ManifestRow, now: datetime, keys: Correlati
     due = now
     if spec.window is not None:
         if zone is None and spec.channel is Channel.SMS and isinstance(record.recipient, str):
-            zone = _zone(phone_timezone(record.recipient) or spec.default_zone)
-        if (zone := zone or _zone(spec.default_zone)) is None:
+            zone = zone_of(phone_timezone(record.recipient) or spec.default_zone)
+        if (zone := zone or zone_of(spec.default_zone)) is None:
             raise ManifestError(f"unknown time zone {spec.default_zone!r}")
         due = spec.window.next_open(now, zone)
     if due >= spec.ends_at:

@@ -80,3 +80,39 @@ def test_a_topic_gains_pages_loses_and_forgets_its_subscribers(
     cursor_bad = client.get(f"/v1/topics/{topic}/subscribers", headers=acme,
                             params={"cursor": "bm90LWEtY3Vyc29y"})
     assert (cursor_bad.status_code, cursor_bad.json()["reason"]) == (422, "invalid_cursor")
+
+
+def test_a_send_to_a_topic_is_a_campaign_checked_like_a_send_to_a_user(
+        client: httpx.Client, auth: Callable[..., dict[str, str]]) -> None:
+    mkt, run = auth("mkt"), uuid.uuid4().hex[:8]
+    template = f"news-{run}"
+    r = client.post("/v1/templates", headers=mkt, json={
+        "template_id": template, "channel": "SMS",
+        "body": "News: {{ item }}. Reply STOP to opt out."})
+    assert r.status_code == 201, r.text
+    option = {"channel": "SMS", "template_id": template, "template_version": 1}
+    topic = f"news-{run}"
+    r = client.post(f"/v1/topics/{topic}/messages", headers=mkt,
+                    json={"channels": [option], "variables": {"item": "2.4"}})
+    assert r.status_code == 201, r.text
+    view = r.json()
+    cid = view["campaign_id"]
+    assert (view["topic"], view["state"], view["channel"], view["tier"]) == (
+        topic, "scheduled", "SMS", "P3")
+    assert view["manifest"].endswith(f"/mkt/topics/{cid}.jsonl")
+    assert r.headers["Location"] == f"/v1/campaigns/{cid}"
+    assert client.get(f"/v1/campaigns/{cid}", headers=mkt).json()["topic"] == topic
+    assert client.post(f"/v1/campaigns/{cid}/cancel",
+                       headers=mkt).json()["state"] == "cancelled"
+
+    def refused(path_topic: str, body: dict[str, object]) -> tuple[int, str]:
+        r = client.post(f"/v1/topics/{path_topic}/messages", headers=mkt, json=body)
+        return r.status_code, r.json()["reason"]
+
+    assert refused(topic, {"channels": [option]}) == (422, "missing_template_variable")
+    assert refused("no spaces here", {"channels": [option]}) == (422, "invalid_topic")
+    assert refused(topic, {"channels": [option, option]}) == (422, "invalid_body")
+    assert refused(topic, {"channels": [option], "tier": "P1",
+                           "variables": {"item": "x"}}) == (422, "invalid_body")
+    other = {"channel": "SMS", "template_id": f"none-{run}", "template_version": 1}
+    assert refused(topic, {"channels": [other]}) == (422, "unknown_template")
