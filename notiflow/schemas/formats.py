@@ -252,6 +252,13 @@ def user_patch_rules(schema: dict[str, Any]) -> None:
 
 def _message_fields(props: dict[str, Any]) -> None:
     """``variables`` and ``status_webhook`` of a send request, whoever it is addressed to."""
+    _variables(props)
+    props["status_webhook"] = {"anyOf": [HTTP_URL, {"type": "null"}],
+                               "description": "Receives a signed event at every status "
+                                              "change of the message."}
+
+
+def _variables(props: dict[str, Any]) -> None:
     props["variables"].update({
         "maxProperties": 64, "propertyNames": {"pattern": VARIABLE_NAME_PATTERN},
         "additionalProperties": {"anyOf": [
@@ -261,9 +268,6 @@ def _message_fields(props: dict[str, Any]) -> None:
                        "16 KiB in all (names and values as text; the deployment's "
                        "`max_variables_bytes` of JSON may be less: 422 "
                        "`variables_too_large`)."})
-    props["status_webhook"] = {"anyOf": [HTTP_URL, {"type": "null"}],
-                               "description": "Receives a signed event at every status "
-                                              "change of the message."}
 
 
 def channel_option_rules(schema: dict[str, Any]) -> None:
@@ -285,6 +289,19 @@ def user_send_rules(schema: dict[str, Any]) -> None:
                                         "preferred first; a channel at most once.")
     schema["anyOf"] = [{"properties": {"tier": {"enum": ["P2", "P3"]}}},
                        {"properties": {"scheduled_at": {"type": "null"}}}]
+
+
+def topic_send_rules(schema: dict[str, Any]) -> None:
+    """``json_schema_extra`` of a send to a topic: its zone, the variables' names and sizes,
+    P2 or P3, each channel once."""
+    zoned(schema)
+    props = schema["properties"]
+    _variables(props)
+    props["tier"] = {"enum": ["P2", "P3"], "default": "P3",
+                     "description": "Topic sends are P2 or P3."}
+    props["channels"]["uniqueItems"] = True
+    props["channels"]["description"] = ("The channels each message may go out on, the "
+                                        "preferred first; a channel at most once.")
 
 
 def send_request_rules(schema: dict[str, Any]) -> None:

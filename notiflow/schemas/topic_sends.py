@@ -19,6 +19,7 @@ from typing import Annotated
 import orjson
 from pydantic import (
     AwareDatetime,
+    ConfigDict,
     Field,
     HttpUrl,
     WithJsonSchema,
@@ -33,7 +34,7 @@ from notiflow.schemas.campaigns import (
     LocalWindow,
 )
 from notiflow.schemas.enums import Category, Tier
-from notiflow.schemas.formats import HTTP_URL
+from notiflow.schemas.formats import HTTP_URL, topic_send_rules
 from notiflow.schemas.messages import Variables, Wire
 from notiflow.schemas.topics import TOPIC_PATTERN
 from notiflow.schemas.user_sends import ChannelOption, Deliver
@@ -85,6 +86,8 @@ class TopicCampaign(CampaignRequest):
 class TopicSendRequest(Wire):
     """Body of ``POST /v1/topics/{topic}/messages``: one message (per chosen channel) to
     every user who follows the topic when the send starts."""
+
+    model_config = ConfigDict(json_schema_extra=topic_send_rules)
 
     name: str | None = Field(None, min_length=1, max_length=200)
     """None: ``topic <topic>``."""
