@@ -42,10 +42,10 @@ def test_isolation_smoke(stack: Settings, tmp_path: Path) -> None:
 
 
 def test_throughput_and_scale_smoke(stack: Settings, tmp_path: Path) -> None:
-    doc = throughput.run(tmp_path, n=300, profile=True, log=print, warmup=0)
-    assert doc["e2e"]["status_written"] == 300 and doc["e2e"]["provider_done"]
-    assert doc["minimal"]["n"] == 300 and doc["passthrough"]["n"] == 300
-    assert doc["minimal"]["outcomes"] == {"accepted": 300}
+    doc = throughput.run(tmp_path, n=150, profile=True, log=print, warmup=0)
+    assert doc["e2e"]["status_written"] == 150 and doc["e2e"]["provider_done"]
+    assert doc["minimal"]["n"] == 150 and doc["passthrough"]["n"] == 150
+    assert doc["minimal"]["outcomes"] == {"accepted": 150}
     assert doc["ratio_minimal"] > 0 and 0 < doc["ratio_passthrough"] < 1
     assert doc["profile"]["send-p2"]["stages"], "py-spy saw the send flow"
     assert "Profile of send-p2" in throughput_markdown(doc)
@@ -55,9 +55,9 @@ def test_throughput_and_scale_smoke(stack: Settings, tmp_path: Path) -> None:
         assert doc[phase]["machine_cpu_ms_per_msg"] > 0
         assert 0 <= doc[phase]["machine_idle_share"] < 1
     assert "The whole machine during each measured phase" in throughput_markdown(doc)
-    scale = throughput.run_scale(tmp_path, n=200, processes=[2], log=print, warmup=0)
+    scale = throughput.run_scale(tmp_path, n=100, processes=[2], log=print, warmup=0)
     assert [r["processes"] for r in scale["runs"]] == [2]
-    assert all(r["status_written"] == 200 and r["rate"] > 0 for r in scale["runs"])
+    assert all(r["status_written"] == 100 and r["rate"] > 0 for r in scale["runs"])
 
 
 def test_a_phase_drops_only_its_own_redis_keys(stack: Settings) -> None:
@@ -83,7 +83,7 @@ def test_a_phase_drops_only_its_own_redis_keys(stack: Settings) -> None:
 def test_scheduler_smoke(stack: Settings, tmp_path: Path) -> None:
     from notiflow.bench import scheduler
 
-    doc = scheduler.run(tmp_path, n=300, rate=100, failover_n=60, window=12, log=print, lead=4.0)
+    doc = scheduler.run(tmp_path, n=200, rate=100, failover_n=40, window=8, log=print, lead=4.0)
     for phase in ("failover", "load"):
         r = doc[phase]
         assert r["lost"] == 0 and r["early"] == 0, (phase, r)

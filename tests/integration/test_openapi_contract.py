@@ -30,7 +30,7 @@ from schemathesis.engine import Status, events
 
 from notiflow.schemas.messages import SendRequest
 
-MAX_EXAMPLES = 40
+MAX_EXAMPLES = 20
 
 TEMPLATES = [
     ("contract-sms", "SMS", "hello"), ("contract-email", "EMAIL", "hello"),

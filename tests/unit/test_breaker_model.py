@@ -201,7 +201,7 @@ asks = st.builds(Event, times, st.sampled_from(["k", "n", "g"]))
 events = st.lists(st.one_of(records, records, asks), min_size=30, max_size=300)
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(events)
 def test_random_traces_follow_the_rules_small(trace: list[Event]) -> None:
     run_checked(SMALL, trace)
@@ -235,7 +235,7 @@ def phased(draw: st.DrawFn) -> list[Event]:
     return out
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(phased())
 def test_random_traces_follow_the_rules_default(trace: list[Event]) -> None:
     run_checked(DEFAULT, trace)
@@ -244,7 +244,7 @@ def test_random_traces_follow_the_rules_default(trace: list[Event]) -> None:
 # the named properties ----------------------------------------------------------------------
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(st.lists(st.tuples(times, st.sampled_from([OUTCOMES[0], OUTCOMES[1], OUTCOMES[2],
                                                    OUTCOMES[-1]]),
                           st.sampled_from(LATENCIES)), max_size=300),
@@ -270,7 +270,7 @@ def test_never_opens_on_permanent_or_throttled_outcomes_alone(
         assert throttled.calls == 0 and throttled.state is State.CLOSED
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(st.lists(st.integers(0, 12 * S), min_size=5, max_size=60))
 def test_opens_at_exactly_the_fifth_failure_within_30_s(gaps: list[int]) -> None:
     s = ModelState()

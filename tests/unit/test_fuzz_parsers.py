@@ -58,8 +58,8 @@ from notiflow.schemas.enums import Category, Channel, Tier
 from notiflow.schemas.messages import DlqRecord, IngestRecord, Receipt, StatusEvent
 from notiflow.settings import IngestBinding, IngestEncryption, Settings
 
-EXAMPLES = int(os.environ.get("NOTIFLOW_FUZZ_EXAMPLES", "1000"))
-"""Inputs per parser: 1,000 in the test command, 10,000 or more with ``make fuzz``."""
+EXAMPLES = int(os.environ.get("NOTIFLOW_FUZZ_EXAMPLES", "500"))
+"""Inputs per parser: 500 in the test command, 10,000 or more with ``make fuzz``."""
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize=True,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
