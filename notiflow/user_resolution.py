@@ -18,7 +18,7 @@ from notiflow.redact import recipient_hashes, user_hash, user_recipient_key
 from notiflow.schemas.enums import Category, Channel
 from notiflow.schemas.messages import UserStamp
 from notiflow.schemas.preferences import PreferenceState, combined_state, state_key
-from notiflow.schemas.user_sends import Decision, Deliver, SkipReason
+from notiflow.schemas.user_sends import Decision, Deliver, Skip, SkipReason
 from notiflow.schemas.users import UserView
 from notiflow.settings import Settings, TenantConfig
 from notiflow.user_choice import candidates, choose
@@ -55,9 +55,11 @@ async def address_states(prefs: StateLookup, tenant_id: str, keys: Sequence[str]
 
 async def resolve(settings: Settings, tenant: TenantConfig, users: UserLookup,
                   prefs: StateLookup, user_id: str, channels: Sequence[Channel],
-                  category: Category, deliver: Deliver) -> Resolved | None:
+                  category: Category, deliver: Deliver, topic: str | None = None
+                  ) -> Resolved | None:
     """Where a message of ``category`` to ``user_id`` goes among ``channels`` (the tenant's
-    order); None when the tenant has no such user."""
+    order); None when the tenant has no such user. A send to a ``topic`` the user muted
+    goes nowhere: every channel is skipped as ``topic_muted``."""
     user = await users.get(tenant.id, user_id)
     if user is None:
         return None
@@ -82,7 +84,11 @@ async def resolve(settings: Settings, tenant: TenantConfig, users: UserLookup,
         return state.blocks(channel, category), version  # type: ignore[return-value]
 
     stamp = UserStamp(user_hash=user_hash(tenant.id, user_id), timezone=user.timezone)
-    decision = choose(channels, addresses, block, deliver, in_app=user.in_app)
+    if topic is not None and mine is not None and topic in mine.muted_topics:
+        decision = Decision(picks=(), skipped=tuple(
+            Skip(channel=c, reason="topic_muted") for c in channels))
+    else:
+        decision = choose(channels, addresses, block, deliver, in_app=user.in_app)
     return Resolved(decision.model_copy(update={
         "user_preferences_version": mine.version if mine is not None else 0}),
         addresses, stamp, user.locale)

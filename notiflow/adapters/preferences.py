@@ -92,14 +92,18 @@ class PreferenceStore:
         return {st.key: st for st in found.values()}
 
     async def set_preferences(self, tenant_id: str, recipient_hash: str,
-                              update: PreferencesUpdate,
-                              now: datetime | None = None) -> PreferenceState:
-        """Replace timezone, quiet hours and opt-outs (always a new version); the
-        suppression is kept. Returns the state written, after it was published."""
+                              update: PreferencesUpdate, now: datetime | None = None, *,
+                              muted_topics: tuple[str, ...] | None = None
+                              ) -> PreferenceState:
+        """Replace timezone, quiet hours and opt-outs, and the muted topics when given
+        (always a new version); the suppression is kept. Returns the state written, after
+        it was published."""
         def change(st: PreferenceState) -> PreferenceState:
+            mutes = st.muted_topics if muted_topics is None else muted_topics
             return st.model_copy(update={"timezone": update.timezone,
                                          "quiet_hours": update.quiet_hours,
-                                         "opt_outs": update.opt_outs})
+                                         "opt_outs": update.opt_outs,
+                                         "muted_topics": mutes})
 
         state, _ = await self.store.change_state(tenant_id, recipient_hash, change, now)
         if state is None:

@@ -177,14 +177,15 @@ async def save_preference_page(token: Token, request: Request, rt: RuntimeDep) -
     receive = {(cat, ch) for cat, ch in shown if f"{cat.value}:{ch.value}" in ticked}
     state = await user_preferences(rt, grant.tenant_id, grant.user_id)
     opt_outs = opt_outs_after(state.opt_outs if state else (), shown, receive)
-    await set_user_preferences(rt, grant.tenant_id, grant.user_id,
-                               UserPreferencesUpdate(opt_outs=opt_outs))
+    await set_user_preferences(rt, grant.tenant_id, grant.user_id, UserPreferencesUpdate(
+        opt_outs=opt_outs, muted_topics=state.muted_topics if state else ()))
     return RedirectResponse(f"/preferences/{token}?saved=true", status_code=303,
                             headers=HEADERS)
 
 
 class PageData(UserPreferencesUpdate):
-    """Body of ``GET``/``PUT /preferences/{token}/data``: the user's opt-outs, the channels
+    """Body of ``GET``/``PUT /preferences/{token}/data``: the user's opt-outs and muted
+    topics, the channels
     they have an address on and the categories they may choose (and those they may not)."""
 
     version: int
@@ -195,6 +196,7 @@ class PageData(UserPreferencesUpdate):
 
 def _data(user: UserView, state: PreferenceState | None) -> Response:
     data = PageData(opt_outs=as_choices(state.opt_outs if state else ()),
+                    muted_topics=state.muted_topics if state else (),
                     version=state.version if state else 0, channels=tuple(user_channels(user)))
     return Response(data.model_dump_json(), media_type="application/json", headers=HEADERS)
 
@@ -211,10 +213,11 @@ async def preference_data(token: Token, rt: RuntimeDep) -> Response:
 
 @router.put("/preferences/{token}/data", response_model=PageData,
             responses=errors(400, 404, 413, 422, 503),
-            openapi_extra=json_body(UserPreferencesUpdate, "Replaces the user's opt-outs.",
+            openapi_extra=json_body(UserPreferencesUpdate,
+                                    "Replaces the user's opt-outs and muted topics.",
                                     {"no-news": {"opt_outs": [{"category": "marketing"}]}}))
 async def save_preference_data(token: Token, request: Request, rt: RuntimeDep) -> Response:
-    """Replace the user's opt-outs from JSON; answers the page's data."""
+    """Replace the user's opt-outs and muted topics from JSON; answers the page's data."""
     found = await _user(rt, token)
     if found is None:
         raise not_found()

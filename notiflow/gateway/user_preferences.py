@@ -38,7 +38,8 @@ def preferences_view(user_id: str, state: PreferenceState | None) -> UserPrefere
     if state is None:
         return UserPreferencesView(user_id=user_id, version=0, updated_at=None, opt_outs=())
     return UserPreferencesView(user_id=user_id, version=state.version,
-                               updated_at=state.updated_at, opt_outs=state.opt_outs)
+                               updated_at=state.updated_at, opt_outs=state.opt_outs,
+                               muted_topics=state.muted_topics)
 
 
 async def user_preferences(rt: Runtime, tenant_id: str, user_id: str
@@ -50,9 +51,11 @@ async def user_preferences(rt: Runtime, tenant_id: str, user_id: str
 
 async def set_user_preferences(rt: Runtime, tenant_id: str, user_id: str,
                                update: UserPreferencesUpdate) -> PreferenceState:
-    """Replace the user's opt-outs; returns the state once stored and published."""
+    """Replace the user's opt-outs and muted topics; returns the state once stored and
+    published."""
     return await rt.preferences().set_preferences(
-        tenant_id, user_hash(tenant_id, user_id), PreferencesUpdate(opt_outs=update.opt_outs))
+        tenant_id, user_hash(tenant_id, user_id), PreferencesUpdate(opt_outs=update.opt_outs),
+        muted_topics=update.muted_topics)
 
 
 async def _existing(rt: Runtime, tenant_id: str, user_id: str) -> None:

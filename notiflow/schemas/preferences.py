@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from datetime import time
-from typing import Literal
+from typing import Annotated, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import phonenumbers
@@ -24,7 +24,7 @@ from pydantic import (
 )
 
 from notiflow.schemas.enums import Category, Channel, PushPlatform
-from notiflow.schemas.formats import wall_clock_window, zoned
+from notiflow.schemas.formats import TOPIC_PATTERN, wall_clock_window, zoned
 from notiflow.schemas.messages import (
     SCHEMA_VERSION,
     EmailAddress,
@@ -126,6 +126,8 @@ class PreferenceState(Wire):
     opt_outs: tuple[OptOut, ...] = ()
     suppressed: Suppression | None = None
     """Set for a dead address or device token: nothing is sent to it."""
+    muted_topics: tuple[str, ...] = ()
+    """Topics whose sends skip this recipient (a user's own preferences only)."""
 
     @property
     def key(self) -> str:
@@ -207,6 +209,16 @@ class UserPreferencesUpdate(Wire):
     channel and category, on every address of theirs (replaces the stored opt-outs)."""
 
     opt_outs: tuple[OptOutChoice, ...] = Field(default=(), max_length=64)
+    muted_topics: tuple[Annotated[str, Field(pattern=TOPIC_PATTERN, max_length=128)], ...] = (
+        Field(default=(), max_length=256))
+    """Topics the user hears nothing from (a send to the topic skips them); each once."""
+
+    @field_validator("muted_topics")
+    @classmethod
+    def _each_once(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        if len(set(v)) != len(v):
+            raise ValueError("each topic is listed once")
+        return tuple(sorted(v))
 
 
 class UserPreferencesView(Wire):
@@ -218,6 +230,7 @@ class UserPreferencesView(Wire):
     version: int = Field(ge=0)
     updated_at: AwareDatetime | None
     opt_outs: tuple[OptOut, ...]
+    muted_topics: tuple[str, ...] = ()
     required: tuple[Category, ...] = tuple(sorted(REQUIRED_CATEGORIES))
 
 

@@ -7,10 +7,11 @@ from typing import Annotated, Final
 
 from pydantic import Field, field_validator
 
+from notiflow.schemas.formats import TOPIC_PATTERN
 from notiflow.schemas.messages import Wire
 from notiflow.schemas.users import USER_ID_PATTERN
 
-TOPIC_PATTERN: Final = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
+TopicName = Annotated[str, Field(pattern=TOPIC_PATTERN, max_length=128)]
 MAX_USERS: Final = 1000
 UserId = Annotated[str, Field(pattern=USER_ID_PATTERN, max_length=128)]
 

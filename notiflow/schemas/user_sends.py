@@ -47,10 +47,11 @@ message; ``every``: every such channel."""
 SkipReason = Literal[
     "no_address", "in_app_off", "opted_out", "not_needed", "recipient_not_served",
     "inbox_not_configured", "token_deactivated", "hard_bounce", "unsubscribed", "complaint",
-    "webhook_revoked"]
+    "webhook_revoked", "topic_muted"]
 """Why a channel or an address got nothing: the user has no address on it, reads no inbox,
 opted out of the category on it, a channel earlier in the order was chosen (``first``), the
-platform cannot serve the address, or the address's suppression."""
+platform cannot serve the address, the address's suppression, or (a send to a topic) the
+user muted the topic."""
 
 
 def is_user_recipient(data: Any) -> bool:

@@ -77,11 +77,13 @@ class World:
         wanted = UserProfile.model_validate(profile)
         self.users.rows[(TENANT, user_id)] = next_version(None, wanted, user_id, NOW)
 
-    def opt_out(self, user_id: str, channel: Channel) -> None:
+    def opt_out(self, user_id: str, channel: Channel | None = None,
+                muted: tuple[str, ...] = ()) -> None:
         self.prefs.put(PreferenceState(
             tenant_id=TENANT, version=4, updated_at=NOW,
             recipient_hash=recipient_hashes(TENANT, user_recipient_key(user_id))[0],
-            opt_outs=(OptOut(channel=channel, category=Category.MARKETING),)))
+            opt_outs=(OptOut(channel=channel, category=Category.MARKETING),) if channel
+            else (), muted_topics=muted))
 
 
 def settings() -> Settings:
@@ -162,6 +164,17 @@ async def test_each_subscriber_gets_the_first_channel_that_may_receive_it() -> N
     opted = [m for m in sent if m.message_id == row_leg_message_id(
         KEYS, CID, row_of["u0003"], Channel.SMS, 0)]
     assert len(opted) == 1 and opted[0].channel is Channel.SMS
+
+
+async def test_a_user_who_muted_the_topic_gets_nothing_from_it() -> None:
+    world, sink = World.new(), Sink()
+    await audience(world, 6)
+    world.opt_out("u0001", muted=("deals", "releases"))
+    world.opt_out("u0002", muted=("deals",))
+    board = Board(topic_row())
+    assert await run_one(expander(world, board, sink)) == "completed"
+    assert len(sink.records) == 5
+    assert list(board.errors.values()) == ["nothing_sent: push topic_muted, sms topic_muted"]
 
 
 async def test_every_sends_one_message_per_channel_with_ids_of_the_row() -> None:

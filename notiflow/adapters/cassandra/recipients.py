@@ -83,17 +83,19 @@ def state_from_row(row: Row) -> PreferenceState:
         version=int(row.get("version") or 0), updated_at=updated_at,
         timezone=row.get("timezone"), quiet_hours=quiet, opt_outs=tuple(opt_outs),
         suppressed=row.get("suppressed"),
+        muted_topics=tuple(sorted(row.get("muted_topics") or ())),
     )
 
 
 def state_columns(state: PreferenceState) -> tuple[Any, ...]:
-    """``(version, timezone, quiet_start, quiet_end, opt_outs, suppressed, updated_at)``."""
+    """``(version, timezone, quiet_start, quiet_end, opt_outs, suppressed, updated_at,
+    muted_topics)``."""
     q = state.quiet_hours
     return (
         state.version, state.timezone,
         q.start.isoformat() if q else None, q.end.isoformat() if q else None,
         [opt_out_text(o) for o in state.opt_outs] or None, state.suppressed,
-        state.updated_at,
+        state.updated_at, set(state.muted_topics) or None,
     )
 
 
@@ -249,10 +251,10 @@ class RecipientStore:
 STATEMENTS: dict[str, str] = {
     "pref_get": "SELECT * FROM recipient_preferences WHERE tenant_id = ? AND recipient_hash = ?",
     "pref_insert": "INSERT INTO recipient_preferences (tenant_id, recipient_hash, version, "
-    "timezone, quiet_start, quiet_end, opt_outs, suppressed, updated_at) "
-    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) IF NOT EXISTS",
+    "timezone, quiet_start, quiet_end, opt_outs, suppressed, updated_at, muted_topics) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) IF NOT EXISTS",
     "pref_update": "UPDATE recipient_preferences SET version = ?, timezone = ?, quiet_start = ?, "
-    "quiet_end = ?, opt_outs = ?, suppressed = ?, updated_at = ? "
+    "quiet_end = ?, opt_outs = ?, suppressed = ?, updated_at = ?, muted_topics = ? "
     "WHERE tenant_id = ? AND recipient_hash = ? IF version = ?",
     "device_get": "SELECT * FROM device_tokens WHERE tenant_id = ? AND recipient_id = ? "
     "AND device_token = ?",

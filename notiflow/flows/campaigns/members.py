@@ -97,8 +97,8 @@ async def resolve_rows(settings: Settings, tenant: TenantConfig, people: People,
         if isinstance(user_id, Rejected):
             return user_id
         async with gate:
-            return await resolve(settings, tenant, people.users, people.prefs, user_id, channels,
-                                 spec.category, audience.deliver)
+            return await resolve(settings, tenant, people.users, people.prefs, user_id,
+                                 channels, spec.category, audience.deliver, audience.topic)
 
     return list(await asyncio.gather(*(one(r) for r in rows)))
 

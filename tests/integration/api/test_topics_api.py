@@ -14,6 +14,7 @@ import pytest
 from notiflow.adapters.cassandra.session import Statements, connect
 from notiflow.adapters.cassandra.topics import CassandraTopics
 from notiflow.settings import Settings
+from tests.helpers import fresh_phone
 from tests.topic_subscriptions_contract import check_topic_subscriptions
 
 pytestmark = pytest.mark.integration
@@ -116,3 +117,30 @@ def test_a_send_to_a_topic_is_a_campaign_checked_like_a_send_to_a_user(
                            "variables": {"item": "x"}}) == (422, "invalid_body")
     other = {"channel": "SMS", "template_id": f"none-{run}", "template_version": 1}
     assert refused(topic, {"channels": [other]}) == (422, "unknown_template")
+
+
+def test_a_user_mutes_topics_and_the_page_keeps_them(
+        client: httpx.Client, auth: Callable[..., dict[str, str]]) -> None:
+    acme, uid = auth("acme"), f"muter-{uuid.uuid4().hex[:8]}"
+    assert client.put(f"/v1/users/{uid}", headers=acme,
+                      json={"phones": [fresh_phone()]}).status_code == 201
+    r = client.put(f"/v1/users/{uid}/preferences", headers=acme,
+                   json={"opt_outs": [], "muted_topics": ["news", "deals"]})
+    assert (r.status_code, r.json()["muted_topics"]) == (200, ["deals", "news"]), r.text
+    assert client.get(f"/v1/users/{uid}/preferences",
+                      headers=acme).json()["muted_topics"] == ["deals", "news"]
+    for bad in (["news", "news"], ["no spaces"]):
+        r = client.put(f"/v1/users/{uid}/preferences", headers=acme,
+                       json={"muted_topics": bad})
+        assert (r.status_code, r.json()["reason"]) == (422, "invalid_body")
+
+    link = client.post(f"/v1/users/{uid}/preferences:link", headers=acme)
+    assert link.status_code == 200, link.text
+    page = "/" + link.json()["url"].split("/", 3)[3]
+    saved = client.post(page, content="receive=transactional%3ASMS",
+                        headers={"Content-Type": "application/x-www-form-urlencoded"})
+    assert saved.status_code == 303, saved.text
+    data = client.get(f"{page}/data").json()
+    assert data["muted_topics"] == ["deals", "news"]
+    assert {"channel": "SMS", "category": "marketing"} in data["opt_outs"]
+    assert {"channel": "SMS", "category": "transactional"} not in data["opt_outs"]
