@@ -15,6 +15,9 @@ until a step accepts under ``min_share`` of what it offered or its p99 passes
   ``batch-p3``);
 - ``single-p0``: ``POST /v1/messages`` of P0 OTPs to the priority lane (tenant ``acme``);
 - ``single-p3``: P3 marketing SMS to the bulk lane (tenant ``mkt``);
+- ``user-p3``: the same message to a user (``recipient: "user:<id>"``, SMS allowed; 500
+  users with a phone and an email address each): the API reads the user and the state of
+  each address before it accepts, the cost ``single-p3`` does not pay;
 - ``batch-p3``: ``POST /v1/messages:batch`` of ``batch_size`` P3 items to the bulk lane;
 - ``p0-half`` (after ``single-p0``): one step of P0 at half its maximum, once the stack is
   quiet again (:func:`_quiet`; the ascent before it saturates the stack).
@@ -40,11 +43,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import httpx
 import psutil
 
 from notiflow.adapters.cassandra.session import connect
 from notiflow.bench import openloop
-from notiflow.bench.api_requests import Target, session, sms_body
+from notiflow.bench.api_requests import Target, session, sms_body, user_body
 from notiflow.bench.cassandra_quiet import background
 from notiflow.bench.harness import UNBOUND_RATES, Phase
 from notiflow.bench.proc_cpu import at_rest, cpu_now, wait_quiet
@@ -54,10 +58,11 @@ from notiflow.ops.stack import Stack
 from notiflow.schemas.enums import Channel, Tier
 from notiflow.settings import Settings
 
-MODES = ("ceiling", "batch-ceiling", "single-p0", "single-p3", "batch-p3")
+MODES = ("ceiling", "batch-ceiling", "single-p0", "single-p3", "user-p3", "batch-p3")
 BATCH_MODES = frozenset({"batch-ceiling", "batch-p3"})
 SERVER = {"ceiling": "ceiling", "batch-ceiling": "ceiling", "single-p0": "api",
-          "single-p3": "api-bulk", "batch-p3": "api-bulk", "p0-half": "api"}
+          "single-p3": "api-bulk", "user-p3": "api-bulk", "batch-p3": "api-bulk",
+          "p0-half": "api"}
 """The process each mode loads."""
 P0_HALF_TARGET_MS = 50.0
 PHONES = 500
@@ -161,7 +166,7 @@ class _Mode:
 
 
 def _targets(phase: Phase, ceiling_url: str, versions: dict[tuple[str, Channel], int],
-             plan: Plan) -> dict[str, _Mode]:
+             plan: Plan, run_id: str) -> dict[str, _Mode]:
     p0, p3 = TENANT_BY_TIER[Tier.P0], TENANT_BY_TIER[Tier.P3]
     factory = PhoneFactory(REGIONS, datetime.now(UTC))
     phones = [factory.take() for _ in range(PHONES)]
@@ -170,13 +175,31 @@ def _targets(phase: Phase, ceiling_url: str, versions: dict[tuple[str, Channel],
     p3_bodies = [sms_body(Tier.P3, ph, versions[(p3, Channel.SMS)], i)
                  for i, ph in enumerate(phones)]
     p0_mode = _Mode(f"{phase.api}/v1/messages", phase.tokens[p0], p0_bodies)
+    users = _users(phase, p3, phones, run_id)
+    user_bodies = [user_body(u, versions[(p3, Channel.SMS)], i) for i, u in enumerate(users)]
     return {"ceiling": _Mode(f"{ceiling_url}/v1/messages", phase.tokens[p0], p0_bodies),
             "batch-ceiling": _Mode(f"{ceiling_url}/v1/messages:batch", phase.tokens[p3],
                                    p3_bodies, plan.batch_size),
             "single-p0": p0_mode, "p0-half": p0_mode,
             "single-p3": _Mode(f"{phase.bulk_api}/v1/messages", phase.tokens[p3], p3_bodies),
+            "user-p3": _Mode(f"{phase.bulk_api}/v1/messages", phase.tokens[p3], user_bodies),
             "batch-p3": _Mode(f"{phase.bulk_api}/v1/messages:batch", phase.tokens[p3],
                               p3_bodies, plan.batch_size)}
+
+
+def _users(phase: Phase, tenant: str, phones: list[str], run_id: str) -> list[str]:
+    """One user per phone (the phone and an email address each), imported through the
+    API; their ids."""
+    ids = [f"bench-{run_id}-{i}" for i in range(len(phones))]
+    with httpx.Client(base_url=phase.api, timeout=60) as client:
+        r = client.post("/v1/users:batch", headers=phase.auth(tenant), json={"users": [
+            {"user_id": u, "phones": [ph], "emails": [f"{u}@example.com"], "in_app": False}
+            for u, ph in zip(ids, phones, strict=True)]})
+        r.raise_for_status()
+        refused = [x for x in r.json()["results"] if x["status"] not in (200, 201)]
+        if refused:
+            raise RuntimeError(f"bench users refused: {refused[:3]}")
+    return ids
 
 
 async def _run_mode(mode: _Mode, key: str, rates: list[float], plan: Plan,
@@ -254,7 +277,7 @@ def run(out: Path, *, plan: Plan, modes: list[str], log: Callable[[str], None],
         phase.start("ceiling", ["bench", "api-ceiling", "--port", str(ceiling_port)],
                     http=f"{ceiling_url}/healthz")
         versions = phase.templates([TENANT_BY_TIER[Tier.P0], TENANT_BY_TIER[Tier.P3]])
-        targets = _targets(phase, ceiling_url, versions, plan)
+        targets = _targets(phase, ceiling_url, versions, plan, run_id)
         procs = _watch(phase)
         doc["processes"] = {name: _scheduling(p) for name, p in procs.items()}
         if plan.idle_s > 0:
@@ -298,16 +321,33 @@ def targets_met(modes: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
     def ratio(a: float | None, b: float | None, digits: int) -> float | None:
         return None if a is None or b is None else round(a / b, digits)
 
-    ceiling, batch_ceiling, p0, p3, batch = (
-        best(m) for m in ("ceiling", "batch-ceiling", "single-p0", "single-p3", "batch-p3"))
+    ceiling, batch_ceiling, p0, p3, batch, user = (
+        best(m) for m in ("ceiling", "batch-ceiling", "single-p0", "single-p3", "batch-p3",
+                          "user-p3"))
     half = (modes.get("p0-half") or {}).get("steps") or []
     p99 = half[0]["p99_ms"] if half else None
     return {"saturated": {m: modes[m].get("stop") is not None for m in MODES if m in modes},
             "single_p0_over_ceiling": ratio(p0, ceiling, 3),
             "single_p3_over_ceiling": ratio(p3, ceiling, 3),
             "batch_over_single_p3": ratio(batch, p3, 2),
+            "user_over_single_p3": ratio(user, p3, 3),
+            "user_cpu_over_single_p3": _cpu_ratio(modes, "user-p3", "single-p3"),
             "batch_over_batch_ceiling": ratio(batch, batch_ceiling, 3),
             "batch_ceiling_over_single_p3": ratio(batch_ceiling, p3, 2),
             "p0_half_rate": half[0]["offered_per_s"] if half else None,
             "p0_half_p99_ms": p99,
             "p0_half_met": None if p99 is None else p99 <= P0_HALF_TARGET_MS}
+
+
+def _cpu_ratio(modes: Mapping[str, Mapping[str, Any]], a: str, b: str) -> float | None:
+    """The bulk API's CPU ms per message of mode ``a`` over ``b``, each at its step of most
+    accepted/s (at low rates the processes' background work outweighs the messages)."""
+    def at_max(mode: str) -> float | None:
+        steps = (modes.get(mode) or {}).get("steps") or []
+        if not steps:
+            return None
+        best = max(steps, key=lambda s: s["accepted_per_s"])
+        return (best.get("cpu_ms_per_msg") or {}).get("api-bulk")
+
+    x, y = at_max(a), at_max(b)
+    return None if x is None or not y else round(x / y, 2)

@@ -15,9 +15,10 @@ STACK = ("cassandra", "kafka", "redis")
 LABELS = {"ceiling": "ceiling (1 Cassandra write + 1 Kafka produce)",
           "batch-ceiling": "batch ceiling (1 row each in unlogged batches + 1 produce each)",
           "single-p0": "single P0 (priority lane)", "single-p3": "single P3 (bulk lane)",
+          "user-p3": "single P3 to a user (bulk lane, resolved to SMS)",
           "batch-p3": "batch P3 (bulk lane)", "p0-half": "P0 at half its maximum"}
 COLORS = {"ceiling": "tab:gray", "batch-ceiling": "tab:brown", "single-p0": "tab:blue",
-          "single-p3": "tab:orange",
+          "single-p3": "tab:orange", "user-p3": "tab:red",
           "batch-p3": "tab:green", "p0-half": "tab:purple"}
 
 
@@ -51,6 +52,10 @@ def _targets(t: Mapping[str, Any]) -> list[str]:
             "| ≥ 50 % |",
             f"| batch P3 ÷ single P3, messages/s | {_v(t.get('batch_over_single_p3'), 'x')} "
             "| ≥ 10x |",
+            f"| P3 to a user ÷ to an address, messages/s | "
+            f"{_share(t.get('user_over_single_p3'))} | reported |",
+            f"| P3 to a user ÷ to an address, bulk API CPU ms per message at each maximum | "
+            f"{_v(t.get('user_cpu_over_single_p3'), 'x')} | reported |",
             f"| P0 p99 at half its maximum ({_v(half, '/s')}) | "
             f"{_v(t.get('p0_half_p99_ms'), ' ms')} | ≤ 50 ms |",
             f"| batch P3 ÷ batch ceiling, messages/s | "

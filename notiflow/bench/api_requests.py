@@ -31,6 +31,16 @@ def sms_body(tier: Tier, recipient: str, version: int, code: int) -> dict[str, A
             "variables": {"brand": "Notiflow", "headline": "code", "code": f"{code:06d}"}}
 
 
+def user_body(user_id: str, version: int, code: int) -> dict[str, Any]:
+    """The P3 send of :func:`sms_body` to a user (``user:<id>``), SMS allowed only, so each
+    accepted request is one message as an address send is."""
+    body = sms_body(Tier.P3, "", version, code)
+    return {"recipient": f"user:{user_id}", "tier": body["tier"],
+            "category": body["category"], "variables": body["variables"],
+            "channels": [{"channel": body["channel"], "template_id": body["template_id"],
+                          "template_version": version}]}
+
+
 def session(cap: int, timeout_s: float) -> aiohttp.ClientSession:
     """A client session of at most ``cap`` connections, ``timeout_s`` per request."""
     return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=cap),

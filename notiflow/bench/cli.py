@@ -226,8 +226,8 @@ def envelope(
 @bench_app.command("api")
 def api(
     mode: Annotated[list[str] | None, typer.Option(
-        help="ceiling, batch-ceiling, single-p0, single-p3, batch-p3 (default all, in one "
-             "run; single-p0 adds p0-half).")] = None,
+        help="ceiling, batch-ceiling, single-p0, single-p3, user-p3, batch-p3 (default all, "
+             "in one run; single-p0 adds p0-half).")] = None,
     quick: Annotated[bool, typer.Option(
         help="A smoke run: two steps of 0.5 + 2 s per mode, no pre-warming.")] = False,
     duration: Annotated[float | None, typer.Option(help="Measured seconds per step.")] = None,

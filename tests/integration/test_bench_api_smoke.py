@@ -20,7 +20,7 @@ pytestmark = pytest.mark.integration
 def test_bench_api_smoke(stack: Settings, tmp_path: Path) -> None:
     doc = api.run(tmp_path, plan=api.QUICK, modes=list(api.MODES), log=print)
     assert list(doc["modes"]) == ["ceiling", "batch-ceiling", "single-p0", "p0-half",
-                                  "single-p3", "batch-p3"]
+                                  "single-p3", "user-p3", "batch-p3"]
     for name, mode in doc["modes"].items():
         assert mode["server"] == api.SERVER[name]
         assert mode["max_per_s"] > 0 and mode["steps"], name
@@ -40,6 +40,7 @@ def test_bench_api_smoke(stack: Settings, tmp_path: Path) -> None:
     targets = doc["targets"]
     assert targets["single_p0_over_ceiling"] > 0 and targets["batch_over_single_p3"] > 0
     assert targets["p0_half_p99_ms"] > 0 and targets["batch_ceiling_over_single_p3"] > 0
+    assert targets["user_over_single_p3"] > 0 and targets["user_cpu_over_single_p3"] > 0
     assert doc["processes"]["api"] and "cassandra" in doc["at_rest"]
     md = api_markdown(doc)
     paths = write(tmp_path, "api", doc, md)

@@ -17,15 +17,15 @@ from notiflow.bench.api_report import api_markdown, platform_ms
 from notiflow.bench.report import publish
 
 
-def _step(offered: float, accepted: float, p99: float, server_ms: float = 4.0
-          ) -> dict[str, Any]:
+def _step(offered: float, accepted: float, p99: float, server_ms: float = 4.0,
+          bulk_ms: float = 0.1) -> dict[str, Any]:
     offered, accepted, p99 = float(offered), float(accepted), float(p99)
     return {"rate": offered, "requests": int(offered * 2), "offered_per_s": offered,
             "accepted": int(accepted * 2), "accepted_per_s": accepted, "window_s": 2.0,
             "p50_ms": p99 / 4, "p99_ms": p99, "max_ms": p99 * 2, "statuses": {"202": 1},
             "refused": {} if accepted == offered else {"503": 3}, "lag_p99_ms": 1.0,
             "lag_max_ms": 2.0, "capped": 0,
-            "cpu_ms_per_msg": {"api": server_ms, "api-bulk": 0.1, "ceiling": 0.0,
+            "cpu_ms_per_msg": {"api": server_ms, "api-bulk": bulk_ms, "ceiling": 0.0,
                                "cassandra": 5.0, "kafka": 1.0, "redis": 0.2, "bench": 0.9}}
 
 
@@ -40,6 +40,8 @@ def _doc() -> dict[str, Any]:
         "single-p0": mode("api", [_step(20, 20, 30), _step(40, 30, 2000)], "p99"),
         "p0-half": mode("api", [_step(15, 15, 40)], None),
         "single-p3": mode("api-bulk", [_step(20, 20, 30), _step(40, 40, 60)], None),
+        "user-p3": mode("api-bulk", [_step(20, 20, 30), _step(40, 30, 1200, bulk_ms=0.25)],
+                        "p99"),
         "batch-p3": mode("api-bulk", [_step(200, 200, 300), _step(400, 380, 1500)], "p99"),
     }
     return {"bench": "api", "run_id": "abc", "plan": asdict(Plan()), "modes": modes,
@@ -51,10 +53,11 @@ def test_targets_from_the_modes_maxima() -> None:
     t = _doc()["targets"]
     assert t["single_p0_over_ceiling"] == 0.2 and t["single_p3_over_ceiling"] == 0.267
     assert t["batch_over_single_p3"] == 9.5
+    assert t["user_over_single_p3"] == 0.75 and t["user_cpu_over_single_p3"] == 2.5
     assert t["batch_over_batch_ceiling"] == 0.76 and t["batch_ceiling_over_single_p3"] == 12.5
     assert t["p0_half_rate"] == 15 and t["p0_half_p99_ms"] == 40 and t["p0_half_met"]
     assert t["saturated"] == {"ceiling": True, "batch-ceiling": True, "single-p0": True,
-                              "single-p3": False, "batch-p3": True}
+                              "single-p3": False, "user-p3": True, "batch-p3": True}
     assert targets_met({})["single_p0_over_ceiling"] is None
 
 
