@@ -1,10 +1,14 @@
-"""A topic send end to end on the real stack: 10,000 users imported and subscribed through
-the API, ``POST /v1/topics/{topic}/messages``, an expander snapshotting the subscribers to
-the S3-compatible server and resolving each user, the P3 send flow, and the SMS emulators
-counting what reached them: every subscriber once, no duplicates."""
+"""A topic send end to end on the real stack: users imported and subscribed through the API,
+``POST /v1/topics/{topic}/messages``, an expander snapshotting the subscribers to the
+S3-compatible server and resolving each user, the P3 send flow, and the SMS emulators
+counting what reached them: every subscriber once, no duplicates.
+
+The test command sends to 2,000 users (its time budget); ``NOTIFLOW_TOPIC_FANOUT_USERS=10000``
+runs the same test with 10,000 (``docs/users.md`` gives the figures of that run)."""
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +22,7 @@ from tests.integration.test_campaigns import FINAL, campaign_when, sent_rows
 
 pytestmark = pytest.mark.integration
 
-USERS = 10_000
+USERS = int(os.environ.get("NOTIFLOW_TOPIC_FANOUT_USERS", "2000"))
 PAGE = 1_000
 
 
@@ -34,7 +38,7 @@ def expander(stack: Settings, log_dir: Path) -> Iterator[ManagedProcess]:
         group.stop_all()
 
 
-def test_a_topic_of_ten_thousand_users_gets_one_message_each(
+def test_every_user_of_a_topic_gets_one_message(
         stack: Settings, api: str, tokens: dict[str, str], fakes: str,
         send_p3: ManagedProcess, expander: ManagedProcess) -> None:
     mkt = httpx.Client(base_url=api, timeout=60,
