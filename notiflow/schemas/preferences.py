@@ -210,7 +210,7 @@ class UserPreferencesUpdate(Wire):
 
     opt_outs: tuple[OptOutChoice, ...] = Field(default=(), max_length=64)
     muted_topics: tuple[Annotated[str, Field(pattern=TOPIC_PATTERN, max_length=128)], ...] = (
-        Field(default=(), max_length=256))
+        Field(default=(), max_length=256, json_schema_extra={"uniqueItems": True}))
     """Topics the user hears nothing from (a send to the topic skips them); each once."""
 
     @field_validator("muted_topics")
