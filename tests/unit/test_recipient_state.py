@@ -72,10 +72,11 @@ def state(**kw: Any) -> PreferenceState:
           opt_outs=[{"channel": "SMS", "category": "marketing"}, {}],
           suppressed="hard_bounce"),
     state(opt_outs=[{"category": "otp"}], suppressed="token_deactivated"),
+    state(muted_topics=["deals", "releases"]),
 ])
 def test_row_round_trip(st: PreferenceState) -> None:
     names = ("version", "timezone", "quiet_start", "quiet_end", "opt_outs", "suppressed",
-             "updated_at")
+             "updated_at", "muted_topics")
     row = dict(zip(names, state_columns(st), strict=True))
     row.update(tenant_id=st.tenant_id, recipient_hash=st.recipient_hash,
                updated_at=NOW.replace(tzinfo=None))
