@@ -12,7 +12,6 @@ Contracts:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import logging
 from collections import defaultdict
@@ -29,7 +28,6 @@ from notiflow.adapters.dlq.reader import (
     ReadStats,
     dlq_topics,
     read_dlq,
-    take,
     watermarks,
 )
 from notiflow.settings import Settings
@@ -89,14 +87,9 @@ class DepthMonitor:
                 for dlq_id in [i for i, offset in opened.items() if offset < lo]:
                     del opened[dlq_id]
             ranges[key] = (max(start, lo), hi)
-        records = read_dlq(self.settings, ranges, self.stats)
-        try:
-            while chunk := await asyncio.to_thread(take, records, LOOKUP_CHUNK):
-                for e in chunk:
-                    self._open[(e.topic, e.partition)][e.dlq_id] = e.offset
-        finally:
-            with contextlib.suppress(ValueError):
-                records.close()
+        found = await asyncio.to_thread(_scan, self.settings, ranges, self.stats)
+        for key, dlq_id, offset in found:
+            self._open[key][dlq_id] = offset
         self._next.update({key: hi for key, (_lo, hi) in ranges.items()})
         await self._forget_resolved()
         counts = dict.fromkeys(self.topics.values(), 0)
@@ -176,3 +169,16 @@ def dlq_depth(settings: Settings, selector: str | None = None) -> dict[str, int]
             ls.close()
 
     return asyncio.run(run())
+
+
+def _scan(settings: Settings, ranges: Mapping[PartitionKey, tuple[int, int]],
+          stats: ReadStats) -> list[tuple[PartitionKey, str, int]]:
+    """(partition, DLQ id, offset) of every dead letter in ``ranges``: the consumer is
+    opened, read and closed by the calling thread alone (a cancelled check never closes
+    it under a read still running in another thread)."""
+    records = read_dlq(settings, ranges, stats)
+    try:
+        return [((e.topic, e.partition), e.dlq_id, e.offset) for e in records]
+    finally:
+        records.close()
+
