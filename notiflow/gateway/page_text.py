@@ -24,6 +24,8 @@ TEXT: Final[dict[str, dict[str, str]]] = {
         "cat.marketing": "News and offers",
         "ch.SMS": "Text message", "ch.EMAIL": "Email", "ch.PUSH": "Phone notification",
         "ch.CHAT": "Team chat", "ch.INAPP": "In the app",
+        "topics": "Topics you follow (unticked: you hear nothing from it)",
+        "too_many": "Too many muted topics: nothing was saved.",
     },
     "fr": {
         "title": "Préférences de notification",
@@ -38,6 +40,8 @@ TEXT: Final[dict[str, dict[str, str]]] = {
         "cat.marketing": "Actualités et offres",
         "ch.SMS": "SMS", "ch.EMAIL": "E-mail", "ch.PUSH": "Notification sur le téléphone",
         "ch.CHAT": "Messagerie d'équipe", "ch.INAPP": "Dans l'application",
+        "topics": "Sujets suivis (décoché : vous n'en recevez rien)",
+        "too_many": "Trop de sujets en sourdine : rien n'a été enregistré.",
     },
     "de": {
         "title": "Benachrichtigungseinstellungen",
@@ -52,6 +56,8 @@ TEXT: Final[dict[str, dict[str, str]]] = {
         "cat.marketing": "Neuigkeiten und Angebote",
         "ch.SMS": "SMS", "ch.EMAIL": "E-Mail", "ch.PUSH": "Benachrichtigung auf dem Telefon",
         "ch.CHAT": "Team-Chat", "ch.INAPP": "In der App",
+        "topics": "Themen, denen Sie folgen (nicht angehakt: Sie erhalten nichts dazu)",
+        "too_many": "Zu viele stummgeschaltete Themen: nichts wurde gespeichert.",
     },
     "es": {
         "title": "Preferencias de notificación",
@@ -66,6 +72,8 @@ TEXT: Final[dict[str, dict[str, str]]] = {
         "cat.marketing": "Novedades y ofertas",
         "ch.SMS": "SMS", "ch.EMAIL": "Correo electrónico", "ch.PUSH": "Notificación en el móvil",
         "ch.CHAT": "Chat de equipo", "ch.INAPP": "En la aplicación",
+        "topics": "Temas que sigue (sin marcar: no recibe nada de ellos)",
+        "too_many": "Demasiados temas silenciados: no se ha guardado nada.",
     },
 }
 

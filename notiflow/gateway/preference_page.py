@@ -4,14 +4,16 @@ in the user's language that works without JavaScript, and its JSON twin ``GET``/
 
 The link's token (``notiflow/preference_links.py``) is the only credential. The page shows
 one checkbox per category a user may opt out of and channel the user has an address on
-(checked: they receive it); saving replaces exactly those pairs of the user's own
-preferences (``gateway/user_preferences.py``) and answers ``303`` to the page, which then
-says it saved. An unknown, forged or expired link, or one whose user was erased, is a
+(checked: they receive it), and one per topic the user follows or muted (checked: they hear
+from it); saving replaces exactly those pairs and topics of the user's own preferences
+(``gateway/user_preferences.py``) and answers ``303`` to the page, which then says it
+saved. An unknown, forged or expired link, or one whose user was erased, is a
 ``404`` page. See ``docs/users.md``.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Annotated, Any, Final
@@ -20,6 +22,7 @@ from urllib.parse import parse_qsl
 import jinja2
 from fastapi import APIRouter, Path, Request, Response
 from fastapi.responses import RedirectResponse
+from pydantic import ValidationError
 
 from notiflow.correlation import CorrelationKeyMissing, CorrelationKeys
 from notiflow.gateway import page_text
@@ -31,6 +34,7 @@ from notiflow.gateway.runtime import Runtime
 from notiflow.gateway.user_preferences import set_user_preferences, user_preferences
 from notiflow.preference_links import InvalidLink, PageGrant, PreferenceLinks
 from notiflow.schemas.enums import Category, Channel
+from notiflow.schemas.formats import TOPIC_PATTERN
 from notiflow.schemas.preferences import (
     REQUIRED_CATEGORIES,
     OptOut,
@@ -46,6 +50,7 @@ router = APIRouter()
 
 MAX_FORM: Final = 16 * 1024
 HTML: Final = "text/html; charset=utf-8"
+TOPIC: Final = re.compile(TOPIC_PATTERN)
 CHOOSABLE: Final = tuple(c for c in Category if c not in REQUIRED_CATEGORIES)
 Pair = tuple[Category, Channel]
 Token = Annotated[str, Path(description="The link's token (a signed JWT).",
@@ -67,6 +72,7 @@ label{display:block;padding:.25rem 0}button{font-size:1rem;padding:.5rem 1.5rem}
 .saved{background:#e6f4ea;border:1px solid #2e7d32;padding:.5rem 1rem}</style></head>
 <body><main><h1>{{ t.title }}</h1>
 {% if saved %}<p class="saved" role="status">{{ t.saved }}</p>{% endif %}
+{% if too_many %}<p role="alert">{{ t.too_many }}</p>{% endif %}
 {% if gone %}<p>{{ t.gone }}</p>{% elif not channels %}<p>{{ t.no_channels }}</p>{% else %}
 <p>{{ t.intro }}</p>
 <form method="post">
@@ -74,7 +80,11 @@ label{display:block;padding:.25rem 0}button{font-size:1rem;padding:.5rem 1.5rem}
 {% for value, channel_label, on in choices %}<label><input type="checkbox" name="receive"
  value="{{ value }}"{% if on %} checked{% endif %}> {{ channel_label }}</label>
 {% endfor %}</fieldset>
-{% endfor %}<p>{{ t.required }}</p>
+{% endfor %}{% if topics %}<fieldset><legend>{{ t.topics }}</legend>
+{% for topic, on in topics %}<input type="hidden" name="shown_topic" value="{{ topic }}">
+<label><input type="checkbox" name="hear" value="{{ topic }}"{% if on %} checked{% endif %}>
+ {{ topic }}</label>
+{% endfor %}</fieldset>{% endif %}<p>{{ t.required }}</p>
 <button type="submit">{{ t.save }}</button></form>{% endif %}
 </main></body></html>
 """)
@@ -96,16 +106,34 @@ def opt_outs_after(existing: Iterable[OptOut], shown: list[Pair],
               if (cat, ch) not in receive))
 
 
+def mutes_after(stored: Iterable[str], shown: Iterable[str], hear: set[str]
+                ) -> tuple[str, ...]:
+    """The muted topics once the page was saved: each shown topic not ticked, and each
+    stored mute the page did not show (a topic the user no longer follows)."""
+    shown_set = set(shown)
+    return tuple(sorted({t for t in stored if t not in shown_set}
+                        | {t for t in shown_set if t not in hear}))
+
+
+def page_topics(followed: Iterable[str], state: PreferenceState | None) -> list[str]:
+    """The topics the page shows: those the user follows and those they muted."""
+    muted = state.muted_topics if state is not None else ()
+    return sorted({*followed, *muted})
+
+
 def page(lang: str, *, channels: list[Channel], state: PreferenceState | None,
-         saved: bool = False, gone: bool = False) -> str:
+         saved: bool = False, gone: bool = False, topics: Iterable[str] = (),
+         too_many: bool = False) -> str:
     t = page_text.words(lang)
     opt_outs = state.opt_outs if state is not None else ()
+    muted = set(state.muted_topics) if state is not None else set()
     sections = [(category, page_text.category_label(lang, category), [
         (f"{category.value}:{channel.value}", page_text.channel_label(lang, channel),
          not any(o.matches(channel, category) for o in opt_outs))
         for channel in channels]) for category in CHOOSABLE]
     return _PAGE.render(lang=lang, t=t, sections=sections, channels=channels, saved=saved,
-                        gone=gone)
+                        gone=gone, topics=[(x, x not in muted) for x in topics],
+                        too_many=too_many)
 
 
 def _html(body: str, status: int = 200) -> Response:
@@ -158,13 +186,16 @@ async def preference_page(token: Token, request: Request, rt: RuntimeDep) -> Res
         return _gone()
     grant, user = found
     state = await user_preferences(rt, grant.tenant_id, grant.user_id)
+    followed = await rt.store().topics.topics_of(grant.tenant_id, grant.user_id)
     return _html(page(page_text.page_language(user.locale), channels=user_channels(user),
-                      state=state, saved=saved))
+                      state=state, saved=saved, topics=page_topics(followed, state)))
 
 
 @router.post("/preferences/{token}", response_class=Response, status_code=303,
              responses={303: {"description": "Saved: back to the page."}, 404:
-                        PAGE_ANSWERS[404], **errors(413, 503)})
+                        PAGE_ANSWERS[404], 422: {"description": "Too many muted topics: "
+                                                 "nothing saved.", "content": _HTML_BODY},
+                        **errors(413, 503)})
 async def save_preference_page(token: Token, request: Request, rt: RuntimeDep) -> Response:
     """Save the form: every shown choice not ticked becomes an opt-out."""
     form = parse_qsl((await read_limited(request, MAX_FORM)).decode(errors="replace"))
@@ -177,8 +208,16 @@ async def save_preference_page(token: Token, request: Request, rt: RuntimeDep) -
     receive = {(cat, ch) for cat, ch in shown if f"{cat.value}:{ch.value}" in ticked}
     state = await user_preferences(rt, grant.tenant_id, grant.user_id)
     opt_outs = opt_outs_after(state.opt_outs if state else (), shown, receive)
-    await set_user_preferences(rt, grant.tenant_id, grant.user_id, UserPreferencesUpdate(
-        opt_outs=opt_outs, muted_topics=state.muted_topics if state else ()))
+    shown_topics = [v for name, v in form if name == "shown_topic" and TOPIC.fullmatch(v)]
+    hear = {v for name, v in form if name == "hear"}
+    mutes = mutes_after(state.muted_topics if state else (), shown_topics, hear)
+    try:
+        update = UserPreferencesUpdate(opt_outs=opt_outs, muted_topics=mutes)
+    except ValidationError:
+        return _html(page(page_text.page_language(user.locale), channels=user_channels(user),
+                          state=state, topics=page_topics(shown_topics, state),
+                          too_many=True), 422)
+    await set_user_preferences(rt, grant.tenant_id, grant.user_id, update)
     return RedirectResponse(f"/preferences/{token}?saved=true", status_code=303,
                             headers=HEADERS)
 

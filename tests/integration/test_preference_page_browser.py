@@ -83,6 +83,10 @@ def test_a_user_opts_out_of_push_on_the_page_and_the_next_message_goes_by_sms(
     assert r.status_code == 201, r.text
     first = send(api, acme, uid)
     assert [m["channel"] for m in first["messages"]] == ["PUSH"]
+    topic = f"releases-{uid}"
+    r = httpx.put(f"{api}/v1/topics/{topic}/subscribers", headers=bearer(acme),
+                  json={"users": [uid]})
+    assert r.json() == {"subscribed": 1, "unknown": []}, r.text
 
     link = httpx.post(f"{api}/v1/users/{uid}/preferences:link", headers=bearer(acme))
     assert link.status_code == 200, link.text
@@ -93,8 +97,12 @@ def test_a_user_opts_out_of_push_on_the_page_and_the_next_message_goes_by_sms(
     browser.save_screenshot(str(shots / "preferences-before.png"))
     assert browser.find_element(By.TAG_NAME, "html").get_attribute("lang") == "fr"
     assert browser.title == "Préférences de notification"
-    boxes = browser.find_elements(By.CSS_SELECTOR, "input[type=checkbox]")
+    boxes = browser.find_elements(By.CSS_SELECTOR, "input[name=receive]")
     assert len(boxes) == 9 and all(b.is_selected() for b in boxes)
+    follows = browser.find_element(By.CSS_SELECTOR, f"input[name=hear][value='{topic}']")
+    assert follows.is_selected()
+    assert "Sujets suivis" in browser.page_source
+    follows.click()
     labels = [b.find_element(By.XPATH, "./ancestor::label").text for b in boxes]
     assert "Notification sur le téléphone" in labels
     push = browser.find_element(By.CSS_SELECTOR, "input[value='transactional:PUSH']")
@@ -113,6 +121,7 @@ def test_a_user_opts_out_of_push_on_the_page_and_the_next_message_goes_by_sms(
     data = httpx.get(f"{url}/data")
     assert data.status_code == 200, data.text
     assert data.json()["opt_outs"] == [{"channel": "PUSH", "category": "transactional"}]
+    assert data.json()["muted_topics"] == [topic]
     assert data.json()["channels"] == ["SMS", "EMAIL", "PUSH"]
 
     browser.get(url[:-4] + "AAAA")

@@ -11,7 +11,13 @@ import pytest
 
 from notiflow.correlation import CorrelationKeys
 from notiflow.gateway import page_text
-from notiflow.gateway.preference_page import opt_outs_after, page, shown_pairs
+from notiflow.gateway.preference_page import (
+    mutes_after,
+    opt_outs_after,
+    page,
+    page_topics,
+    shown_pairs,
+)
 from notiflow.preference_links import AUDIENCE, InvalidLink, PreferenceLinks, page_url
 from notiflow.schemas.enums import Category, Channel
 from notiflow.schemas.preferences import OptOut, PreferenceState
@@ -101,3 +107,18 @@ def test_the_page_escapes_what_it_shows() -> None:
     finally:
         del page_text.TEXT["xx"]
     assert "<script>" not in html and "&lt;script&gt;" in html
+
+
+def test_the_page_shows_followed_and_muted_topics_and_saving_keeps_what_it_hid() -> None:
+    state = PreferenceState(tenant_id="acme", recipient_hash="h", version=2, updated_at=NOW,
+                            muted_topics=("deals", "old-news"))
+    shown = page_topics(["releases", "deals"], state)
+    assert shown == ["deals", "old-news", "releases"]
+    html = page("en", channels=[Channel.SMS], state=state, topics=shown)
+    assert 'name="hear" value="releases" checked' in html.replace("\n", " ")
+    assert 'name="hear" value="deals">' in html
+    assert mutes_after(state.muted_topics, shown, {"deals", "old-news"}) == ("releases",)
+    assert mutes_after(("hidden",), ["a", "b"], {"a"}) == ("b", "hidden")
+    assert "Topics you follow" in html
+    assert 'role="alert"' in page("de", channels=[Channel.SMS], state=state, too_many=True)
+
