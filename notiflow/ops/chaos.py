@@ -477,7 +477,10 @@ def run_scenario(scenario: Scenario, out: Path, *, messages: int, rate: float,
                 return settled(ids, sends, statuses(cql, ids), recorded=True)
 
             if not wait_until(done, timeout=settle_timeout, interval=2.0):
-                run.notes.append(f"not settled within {settle_timeout:.0f} s")
+                now = statuses(cql, ids)
+                open_ = [f"{m} {now.get(m)}" for m in ids if now.get(m) not in TERMINAL]
+                run.notes.append(f"not settled within {settle_timeout:.0f} s: {len(open_)} "
+                                 f"not terminal, e.g. {', '.join(open_[:5])}")
             time.sleep(3)
             announced = None if receiver is None else _announced(
                 receiver, stream, phase.accepted_sends(), lambda ids: statuses(cql, ids))

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.integration
 def test_a_fault_loses_nothing(stack: Settings, tmp_path: Path, name: str,
                                capsys: pytest.CaptureFixture[str]) -> None:
     report = run_scenario(SCENARIOS[name], tmp_path, messages=200, rate=30, p0_rate=5,
-                          seed=7, log=lambda _m: None)
+                          seed=7, log=lambda _m: None, settle_timeout=150.0)
     with capsys.disabled():
         print(f"\n{report.as_dict()}")
     assert report.accepted >= 200
