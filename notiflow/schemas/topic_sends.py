@@ -37,18 +37,11 @@ from notiflow.schemas.enums import Category, Tier
 from notiflow.schemas.formats import HTTP_URL, topic_send_rules
 from notiflow.schemas.messages import Variables, Wire
 from notiflow.schemas.topics import TOPIC_PATTERN
-from notiflow.schemas.user_sends import ChannelOption, Deliver
+from notiflow.schemas.user_sends import ChannelOption, Deliver, distinct_channels
 from notiflow.schemas.users import TimeZone
 
 MEMBER_COLUMN = "user_id"
 """The snapshot's one column."""
-
-
-def distinct_channels(v: tuple[ChannelOption, ...]) -> tuple[ChannelOption, ...]:
-    seen = [o.channel for o in v]
-    if len(set(seen)) != len(seen):
-        raise ValueError("each channel is listed once")
-    return v
 
 
 class TopicAudience(Wire):

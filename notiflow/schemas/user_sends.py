@@ -73,6 +73,14 @@ class ChannelOption(Wire):
     sender: ChannelSender = None
 
 
+def distinct_channels(v: tuple[ChannelOption, ...]) -> tuple[ChannelOption, ...]:
+    """``channels`` with each channel once (ValueError otherwise)."""
+    seen = [o.channel for o in v]
+    if len(set(seen)) != len(seen):
+        raise ValueError("each channel is listed once")
+    return v
+
+
 class UserSendRequest(Wire):
     """Body of ``POST /v1/messages`` for a user (``recipient: "user:<id>"``)."""
 
@@ -92,13 +100,7 @@ class UserSendRequest(Wire):
     locale: Locale | None = None
     """The template variant's locale; None: the user's own (``locale`` of their profile)."""
 
-    @field_validator("channels")
-    @classmethod
-    def _distinct(cls, v: tuple[ChannelOption, ...]) -> tuple[ChannelOption, ...]:
-        seen = [o.channel for o in v]
-        if len(set(seen)) != len(seen):
-            raise ValueError("each channel is listed once")
-        return v
+    _channels = field_validator("channels")(distinct_channels)
 
     @model_validator(mode="after")
     def _schedule_bounds(self) -> UserSendRequest:
