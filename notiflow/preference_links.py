@@ -85,15 +85,17 @@ class PageLink(Wire):
 
 
 def preference_link(settings: Settings, tenant_id: str, user_id: str,
-                    now: datetime | None = None) -> PageLink | None:
+                    now: datetime | None = None, keys: CorrelationKeys | None = None
+                    ) -> PageLink | None:
     """A link to the user's preference page, the same all day (so a retried request
     carries the same link), valid for ``preference_page.max_age`` from the day's start;
-    None when the deployment has no page (``preference_page.base_url`` unset)."""
+    None when the deployment has no page (``preference_page.base_url`` unset). ``keys``:
+    the settings' correlation keys, when the caller holds them already."""
     rule = settings.preference_page
     if rule.base_url is None:
         return None
     try:
-        links = PreferenceLinks.of(CorrelationKeys.from_settings(settings))
+        links = PreferenceLinks.of(keys or CorrelationKeys.from_settings(settings))
     except CorrelationKeyMissing:
         return None
     day = datetime.combine((now or datetime.now(UTC)).date(), time(0), UTC)

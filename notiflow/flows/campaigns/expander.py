@@ -451,7 +451,7 @@ class Expander:
         user_id = member_of(row) if req.audience.link else None
         if not isinstance(user_id, str):
             return None
-        link = preference_link(self.settings, tenant_id, user_id)
+        link = preference_link(self.settings, tenant_id, user_id, keys=self.keys)
         return None if link is None else link.url
 
     def _map(self, spec: CampaignSpec, rows: list[tuple[int, list[Mapped] | Rejected]],
